@@ -1,0 +1,65 @@
+//! Command-line interface: subcommands and the options they share.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// shardkeep — durability for authoritative game servers.
+///
+/// Configuration comes from flags or the environment: DATABASE_URL (Postgres), REDIS_URL (Redis)
+/// and SHARDKEEP_NAMESPACE (prefix of every Redis key). Logging is controlled by RUST_LOG.
+#[derive(Debug, Parser)]
+#[command(name = "shardkeep", version, about, long_about)]
+pub(crate) struct Cli {
+    #[command(flatten)]
+    pub(crate) log: LogArgs,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// Logging options.
+#[derive(Debug, Args)]
+pub(crate) struct LogArgs {
+    /// Log line format.
+    #[arg(long, env = "SHARDKEEP_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub(crate) log_format: LogFormat,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Apply the SQL migrations embedded in this binary to DATABASE_URL (idempotent).
+    Migrate(PostgresArgs),
+}
+
+/// Where Postgres is.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct PostgresArgs {
+    /// Postgres connection URL, e.g. postgres://postgres@127.0.0.1:5432/shardkeep.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub(crate) database_url: Option<String>,
+
+    /// Seconds to wait for a Postgres connection before giving up.
+    #[arg(long, env = "SHARDKEEP_CONNECT_TIMEOUT", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=300))]
+    pub(crate) connect_timeout: u64,
+}
+
+/// Where Redis is, and the namespace of every key.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct RedisArgs {
+    /// Redis connection URL, e.g. redis://127.0.0.1:6379.
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
+    pub(crate) redis_url: Option<String>,
+
+    /// Prefix of every Redis key (1 to 64 characters of [A-Za-z0-9_-]).
+    #[arg(long, env = "SHARDKEEP_NAMESPACE", default_value = "shardkeep")]
+    pub(crate) namespace: String,
+}

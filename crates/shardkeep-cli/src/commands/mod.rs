@@ -1,0 +1,47 @@
+//! One module per subcommand, and the store connections they share.
+
+mod migrate;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use shardkeep::backend::redis::RedisTimeouts;
+use shardkeep::{Keyspace, PostgresBackend, RedisBackend};
+
+use crate::cli::{Command, PostgresArgs, RedisArgs};
+
+/// Runs one subcommand.
+pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Migrate(pg) => migrate::run(&pg).await,
+    }
+}
+
+/// Connects to Postgres, or fails with one line naming DATABASE_URL and what was tried.
+pub(crate) async fn connect_postgres(
+    args: &PostgresArgs,
+    max_connections: u32,
+) -> anyhow::Result<PostgresBackend> {
+    let url = args.database_url.as_deref().ok_or_else(|| {
+        anyhow!("DATABASE_URL is not set; pass --database-url or set DATABASE_URL")
+    })?;
+    Ok(PostgresBackend::connect(
+        "DATABASE_URL",
+        url,
+        max_connections,
+        Duration::from_secs(args.connect_timeout),
+    )
+    .await?)
+}
+
+/// Connects to Redis, or fails with one line naming REDIS_URL and what was tried.
+#[allow(dead_code)]
+pub(crate) async fn connect_redis(args: &RedisArgs) -> anyhow::Result<RedisBackend> {
+    let url = args
+        .redis_url
+        .as_deref()
+        .ok_or_else(|| anyhow!("REDIS_URL is not set; pass --redis-url or set REDIS_URL"))?;
+    let keys = Keyspace::new(&args.namespace).context("SHARDKEEP_NAMESPACE")?;
+    Ok(RedisBackend::connect("REDIS_URL", url, keys, RedisTimeouts::default()).await?)
+}

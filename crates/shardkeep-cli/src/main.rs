@@ -1,0 +1,35 @@
+//! The `shardkeep` binary: a thin layer of argument parsing over the library.
+//!
+//! Layout: `cli` declares the commands and shared options, `telemetry` sets up logging, and
+//! `commands/` holds one file per subcommand.
+
+mod cli;
+mod commands;
+mod telemetry;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    telemetry::init(&cli.log);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("error: cannot start the async runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(commands::run(cli.command)) {
+        Ok(code) => code,
+        Err(err) => {
+            // One line, no backtrace: the chain of causes joined with ": ".
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

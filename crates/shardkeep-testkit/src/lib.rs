@@ -1,0 +1,141 @@
+//! Test support for shardkeep's integration tests.
+//!
+//! Postgres: tests take a fresh database with every migration applied from
+//! `#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]`.
+//! Redis: [`TestRedis::new`] gives each test its own namespace on the server named by `REDIS_URL`
+//! (default `redis://127.0.0.1:6379`), and deletes every key of that namespace when dropped, so
+//! tests run in parallel and leave nothing behind.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use shardkeep::backend::redis::RedisTimeouts;
+use shardkeep::{Coordination, CoordinationConfig, Keyspace, RedisBackend};
+
+/// Address of the Redis server tests use.
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// A Redis URL on which nothing listens (a port that was just free).
+pub fn unreachable_redis_url() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    let port = listener.local_addr().expect("local addr").port();
+    drop(listener);
+    format!("redis://127.0.0.1:{port}")
+}
+
+/// A fresh namespace on the test Redis server, removed on drop.
+pub struct TestRedis {
+    url: String,
+    keys: Keyspace,
+    backend: RedisBackend,
+}
+
+impl TestRedis {
+    /// Connects with a new unique namespace.
+    pub async fn new() -> Self {
+        Self::with_url(redis_url()).await
+    }
+
+    /// Connects to `url` with a new unique namespace.
+    pub async fn with_url(url: String) -> Self {
+        let ns = format!("t-{}", uuid::Uuid::new_v4().simple());
+        let keys = Keyspace::new(&ns).expect("test namespace is valid");
+        let backend =
+            RedisBackend::connect("REDIS_URL", &url, keys.clone(), RedisTimeouts::default())
+                .await
+                .unwrap_or_else(|e| panic!("tests need Redis (run scripts/test): {e}"));
+        Self { url, keys, backend }
+    }
+
+    /// The server URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The namespace's keyspace.
+    pub fn keys(&self) -> &Keyspace {
+        &self.keys
+    }
+
+    /// The backend handle, bound to this namespace.
+    pub fn backend(&self) -> RedisBackend {
+        self.backend.clone()
+    }
+
+    /// Coordination primitives in this namespace with default tunables.
+    pub fn coordination(&self) -> Coordination {
+        Coordination::new(self.backend(), CoordinationConfig::default())
+    }
+
+    /// A raw connection, for assertions on stored keys.
+    pub async fn raw(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url.as_str())
+            .expect("valid url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("raw redis connection")
+    }
+
+    /// Every key of this namespace, sorted (SCAN, so it also works under a no-KEYS ACL).
+    pub async fn all_keys(&self) -> Vec<String> {
+        let mut conn = self.raw().await;
+        let mut found = Vec::new();
+        for pattern in self.keys.namespace_patterns() {
+            let mut cursor: u64 = 0;
+            loop {
+                let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("scan");
+                found.extend(page);
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+        found.sort();
+        found.dedup();
+        found
+    }
+}
+
+impl Drop for TestRedis {
+    fn drop(&mut self) {
+        let Ok(client) = redis::Client::open(self.url.as_str()) else {
+            return;
+        };
+        let Ok(mut conn) = client.get_connection() else {
+            return;
+        };
+        for pattern in self.keys.namespace_patterns() {
+            let mut cursor: u64 = 0;
+            loop {
+                let Ok((next, page)): redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query(&mut conn)
+                else {
+                    break;
+                };
+                if !page.is_empty() {
+                    let _: redis::RedisResult<i64> =
+                        redis::cmd("UNLINK").arg(&page).query(&mut conn);
+                }
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Admin cleanup of the presence, handoff and registry targets: dry runs count, deletes walk with
+//! SCAN and UNLINK in bounded batches. No code path issues `KEYS`.
+
+use std::collections::HashSet;
+
+use redis::AsyncCommands;
+
+use super::{CoordError, Coordination};
+use crate::keyspace::families::CleanupTarget;
+
+/// Most keys one delete call removes.
+pub const MAX_DELETE_PER_CALL: usize = 10_000;
+/// Most keys one dry run examines.
+pub const MAX_DRY_RUN_EXAMINED: usize = 1_000_000;
+/// Keys per UNLINK batch.
+pub const DELETE_BATCH: usize = 200;
+
+/// What a cleanup call does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CleanupMode {
+    /// Count matching keys; change nothing.
+    DryRun,
+    /// Delete matching keys, up to the per-call limit.
+    Delete,
+}
+
+/// What a cleanup call found or removed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CleanupReport {
+    /// The target.
+    pub target: String,
+    /// The mode it ran in.
+    pub mode: CleanupMode,
+    /// Keys matched (dry run) or examined for deletion.
+    pub matched: u64,
+    /// Keys deleted (always 0 in a dry run).
+    pub deleted: u64,
+    /// The deleted keys.
+    pub deleted_keys: Vec<String>,
+    /// False when the call stopped at its bound; call again to continue.
+    pub complete: bool,
+}
+
+impl Coordination {
+    /// Runs cleanup on the target named `target`; deletes at most `limit` keys (clamped to
+    /// 1..=[`MAX_DELETE_PER_CALL`]).
+    pub async fn cleanup_run(
+        &self,
+        target: &str,
+        mode: CleanupMode,
+        limit: usize,
+    ) -> Result<CleanupReport, CoordError> {
+        let descriptor = self.keys().cleanup_target(target).ok_or_else(|| {
+            CoordError::InvalidInput(format!("unknown cleanup target {target:?}"))
+        })?;
+        let limit = limit.clamp(1, MAX_DELETE_PER_CALL);
+        let mut report = CleanupReport {
+            target: descriptor.name.to_owned(),
+            mode,
+            matched: 0,
+            deleted: 0,
+            deleted_keys: Vec::new(),
+            complete: false,
+        };
+        match mode {
+            CleanupMode::DryRun => self.cleanup_count(&descriptor, &mut report).await?,
+            CleanupMode::Delete => self.cleanup_delete(&descriptor, limit, &mut report).await?,
+        }
+        Ok(report)
+    }
+
+    async fn scan_page(
+        &self,
+        cursor: u64,
+        pattern: &str,
+    ) -> Result<(u64, Vec<String>), CoordError> {
+        Ok(redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(self.config().scan_count)
+            .query_async(&mut self.conn())
+            .await?)
+    }
+
+    async fn cleanup_count(
+        &self,
+        target: &CleanupTarget,
+        report: &mut CleanupReport,
+    ) -> Result<(), CoordError> {
+        let mut conn = self.conn();
+        for key in &target.exact_keys {
+            if conn.exists(key).await? {
+                report.matched += 1;
+            }
+        }
+        let mut seen = HashSet::new();
+        for pattern in &target.scan_patterns {
+            let mut cursor = 0;
+            loop {
+                let (next, keys) = self.scan_page(cursor, pattern).await?;
+                seen.extend(keys);
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+                if seen.len() >= MAX_DRY_RUN_EXAMINED {
+                    report.matched += seen.len() as u64;
+                    return Ok(());
+                }
+            }
+        }
+        report.matched += seen.len() as u64;
+        report.complete = true;
+        Ok(())
+    }
+
+    async fn cleanup_delete(
+        &self,
+        target: &CleanupTarget,
+        limit: usize,
+        report: &mut CleanupReport,
+    ) -> Result<(), CoordError> {
+        for pattern in &target.scan_patterns {
+            let mut cursor = 0;
+            loop {
+                let (next, keys) = self.scan_page(cursor, pattern).await?;
+                report.matched += keys.len() as u64;
+                for batch in keys.chunks(DELETE_BATCH) {
+                    let room = limit.saturating_sub(report.deleted_keys.len());
+                    let batch = &batch[..batch.len().min(room)];
+                    self.unlink_batch(batch, report).await?;
+                }
+                cursor = next;
+                if report.deleted_keys.len() >= limit {
+                    return Ok(());
+                }
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+        let room = limit.saturating_sub(report.deleted_keys.len());
+        let exact: Vec<String> = target.exact_keys.iter().take(room).cloned().collect();
+        report.matched += exact.len() as u64;
+        self.unlink_batch(&exact, report).await?;
+        report.complete = exact.len() == target.exact_keys.len();
+        Ok(())
+    }
+
+    /// UNLINKs `keys` as one pipelined batch of single-key commands (so it also runs on a
+    /// cluster), recording the keys that still existed.
+    async fn unlink_batch(
+        &self,
+        keys: &[String],
+        report: &mut CleanupReport,
+    ) -> Result<(), CoordError> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for key in keys {
+            pipe.unlink(key);
+        }
+        let removed: Vec<i64> = pipe.query_async(&mut self.conn()).await?;
+        for (key, n) in keys.iter().zip(removed) {
+            if n > 0 {
+                report.deleted += 1;
+                report.deleted_keys.push(key.clone());
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,140 @@
+//! Coordination primitives on Redis: handoffs and consumed markers, transfer activation markers,
+//! presence, the service registry, login throttles, internal-request nonces, resume-ledger
+//! records and admin cleanup.
+//!
+//! Every key comes from [`crate::keyspace`]; every multi-key write is one Lua script (run through
+//! `EVALSHA`, reloaded on `NOSCRIPT`) or one `MULTI` over keys that share a hash tag. Input is
+//! validated before anything is sent, so a rejected call writes nothing.
+
+pub mod cleanup;
+pub mod handoff;
+pub mod nonce;
+pub mod presence;
+pub mod registry;
+pub mod resume;
+pub mod throttle;
+pub mod transfer;
+
+use crate::backend::RedisBackend;
+use crate::keyspace::{DEFAULT_CONSUMED_MARKER_TTL, KeyError, Keyspace};
+use crate::ttl::{Ttl, TtlError};
+
+pub use cleanup::{CleanupMode, CleanupReport};
+pub use handoff::{HandoffMove, HandoffTake};
+pub use nonce::NonceRegistration;
+pub use presence::{PresencePrune, PresenceRecord};
+pub use registry::{InstanceRecord, RegistryListing};
+pub use resume::ResumeLedgerRecord;
+pub use throttle::{ThrottlePolicy, ThrottleStatus};
+pub use transfer::{TransferActivation, TransferReconcile};
+
+/// Default signed-request skew window (and nonce lifetime): 300 s.
+pub const DEFAULT_NONCE_SKEW_WINDOW: Ttl = Ttl::from_static_secs(300);
+
+/// Largest opaque payload (handoff snapshot, record body) accepted, in bytes.
+pub const MAX_PAYLOAD_BYTES: usize = 4 * 1024 * 1024;
+
+/// A coordination call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordError {
+    /// A key could not be built from the input; nothing was written.
+    #[error("invalid key input: {0}")]
+    InvalidKey(#[from] KeyError),
+    /// A TTL was zero, negative or too long; nothing was written.
+    #[error("invalid TTL: {0}")]
+    InvalidTtl(#[from] TtlError),
+    /// Other invalid input; nothing was written.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// A stored record could not be decoded.
+    #[error("stored record at {key} is not valid: {source}")]
+    Decode {
+        /// The key holding the bad record.
+        key: String,
+        /// The decode failure.
+        source: serde_json::Error,
+    },
+    /// Redis failed or could not be reached.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// A script answered something this version does not understand.
+    #[error("unexpected script reply: {0}")]
+    Protocol(String),
+}
+
+/// Tunables of the coordination primitives.
+#[derive(Debug, Clone, Copy)]
+pub struct CoordinationConfig {
+    /// Lifetime of a consumed-handoff marker.
+    pub consumed_marker_ttl: Ttl,
+    /// Signed-request skew window; nonces live this long.
+    pub nonce_skew_window: Ttl,
+    /// Keys examined per SCAN round trip (the `COUNT` hint).
+    pub scan_count: usize,
+}
+
+impl Default for CoordinationConfig {
+    fn default() -> Self {
+        Self {
+            consumed_marker_ttl: DEFAULT_CONSUMED_MARKER_TTL,
+            nonce_skew_window: DEFAULT_NONCE_SKEW_WINDOW,
+            scan_count: 256,
+        }
+    }
+}
+
+/// Handle on the coordination primitives. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Coordination {
+    redis: RedisBackend,
+    config: CoordinationConfig,
+}
+
+impl Coordination {
+    /// Coordination over `redis` with the given tunables.
+    pub fn new(redis: RedisBackend, config: CoordinationConfig) -> Self {
+        Self { redis, config }
+    }
+
+    /// The keyspace in use.
+    pub fn keys(&self) -> &Keyspace {
+        self.redis.keys()
+    }
+
+    /// The tunables in use.
+    pub fn config(&self) -> &CoordinationConfig {
+        &self.config
+    }
+
+    fn conn(&self) -> redis::aio::ConnectionManager {
+        self.redis.conn()
+    }
+}
+
+pub(crate) fn check_payload(what: &str, bytes: usize) -> Result<(), CoordError> {
+    if bytes == 0 {
+        return Err(CoordError::InvalidInput(format!(
+            "{what} must not be empty"
+        )));
+    }
+    if bytes > MAX_PAYLOAD_BYTES {
+        return Err(CoordError::InvalidInput(format!(
+            "{what} is {bytes} bytes; at most {MAX_PAYLOAD_BYTES} are allowed"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn decode<T: serde::de::DeserializeOwned>(
+    key: &str,
+    raw: &[u8],
+) -> Result<T, CoordError> {
+    serde_json::from_slice(raw).map_err(|source| CoordError::Decode {
+        key: key.to_owned(),
+        source,
+    })
+}
+
+pub(crate) fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, CoordError> {
+    serde_json::to_vec(value).map_err(|e| CoordError::InvalidInput(e.to_string()))
+}

@@ -1,0 +1,23 @@
+//! shardkeep: the durability layer for authoritative game servers.
+//!
+//! Player state lives in shard memory; shardkeep writes it down a ladder (Redis checkpoint, then a
+//! fenced Postgres compare-and-swap), turns writes that cannot finish synchronously into durable
+//! retry jobs, and runs cleanup after a realtime stream closes through a durable Redis journal.
+//!
+//! # Layout
+//!
+//! - [`keyspace`] — every Redis key name, its owner, TTL rule and cleanup descriptor (pure).
+//! - [`ttl`] — the validated, strictly positive TTL type (pure).
+//! - [`backend`] — the Postgres pool and Redis connection, and the embedded migrations.
+//! - [`coord`] — coordination primitives on Redis: handoffs, transfer markers, presence,
+//!   registry, throttles, nonces, resume ledger, admin cleanup.
+
+pub mod backend;
+pub mod coord;
+pub mod keyspace;
+pub mod ttl;
+
+pub use backend::{ConnectError, PostgresBackend, RedisBackend};
+pub use coord::{CoordError, Coordination, CoordinationConfig};
+pub use keyspace::{HandoffScope, KeyError, Keyspace};
+pub use ttl::{Ttl, TtlError};
