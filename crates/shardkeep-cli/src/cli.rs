@@ -37,7 +37,18 @@ pub(crate) enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Apply the SQL migrations embedded in this binary to DATABASE_URL (idempotent).
-    Migrate(PostgresArgs),
+    Migrate(MigrateArgs),
+}
+
+/// Options of `shardkeep migrate`.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct MigrateArgs {
+    #[command(flatten)]
+    pub(crate) postgres: PostgresArgs,
+
+    /// Create the database named in DATABASE_URL first, if it does not exist.
+    #[arg(long)]
+    pub(crate) create_database: bool,
 }
 
 /// Where Postgres is.

@@ -1,4 +1,4 @@
-//! Logging setup: `RUST_LOG` filters (default `info`), text or JSON lines on stderr.
+//! Logging setup: `RUST_LOG` filters (default `info,sqlx=warn`), text or JSON lines on stderr.
 
 use tracing_subscriber::EnvFilter;
 
@@ -6,7 +6,7 @@ use crate::cli::{LogArgs, LogFormat};
 
 /// Installs the global subscriber.
 pub(crate) fn init(args: &LogArgs) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -4,11 +4,19 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use crate::cli::PostgresArgs;
+use shardkeep::PostgresBackend;
+
+use crate::cli::MigrateArgs;
 
 /// Applies every pending migration and prints what it applied.
-pub(crate) async fn run(args: &PostgresArgs) -> anyhow::Result<ExitCode> {
-    let pg = super::connect_postgres(args, 1).await?;
+pub(crate) async fn run(args: &MigrateArgs) -> anyhow::Result<ExitCode> {
+    if args.create_database {
+        let url = super::database_url(&args.postgres)?;
+        if PostgresBackend::create_database_if_missing("DATABASE_URL", url).await? {
+            println!("migrations: created the database named in DATABASE_URL");
+        }
+    }
+    let pg = super::connect_postgres(&args.postgres, 1).await?;
     let applied = pg.migrate().await.context("applying migrations")?;
     if applied.is_empty() {
         println!("migrations: database is up to date");

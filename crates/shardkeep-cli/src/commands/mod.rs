@@ -14,8 +14,16 @@ use crate::cli::{Command, PostgresArgs, RedisArgs};
 /// Runs one subcommand.
 pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
-        Command::Migrate(pg) => migrate::run(&pg).await,
+        Command::Migrate(args) => migrate::run(&args).await,
     }
+}
+
+/// The Postgres URL, or an error naming DATABASE_URL.
+pub(crate) fn database_url(args: &PostgresArgs) -> anyhow::Result<&str> {
+    args.database_url
+        .as_deref()
+        .filter(|url| !url.trim().is_empty())
+        .ok_or_else(|| anyhow!("DATABASE_URL is not set; pass --database-url or set DATABASE_URL"))
 }
 
 /// Connects to Postgres, or fails with one line naming DATABASE_URL and what was tried.
@@ -23,9 +31,7 @@ pub(crate) async fn connect_postgres(
     args: &PostgresArgs,
     max_connections: u32,
 ) -> anyhow::Result<PostgresBackend> {
-    let url = args.database_url.as_deref().ok_or_else(|| {
-        anyhow!("DATABASE_URL is not set; pass --database-url or set DATABASE_URL")
-    })?;
+    let url = database_url(args)?;
     Ok(PostgresBackend::connect(
         "DATABASE_URL",
         url,
@@ -41,6 +47,7 @@ pub(crate) async fn connect_redis(args: &RedisArgs) -> anyhow::Result<RedisBacke
     let url = args
         .redis_url
         .as_deref()
+        .filter(|url| !url.trim().is_empty())
         .ok_or_else(|| anyhow!("REDIS_URL is not set; pass --redis-url or set REDIS_URL"))?;
     let keys = Keyspace::new(&args.namespace).context("SHARDKEEP_NAMESPACE")?;
     Ok(RedisBackend::connect("REDIS_URL", url, keys, RedisTimeouts::default()).await?)

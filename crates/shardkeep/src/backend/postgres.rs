@@ -2,9 +2,11 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
+use std::str::FromStr;
+
 use sqlx::migrate::Migrator;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgPool};
 
 use super::{ConnectError, one_line, redact_url};
 
@@ -39,13 +41,41 @@ impl PostgresBackend {
             target: redact_url(url),
             reason,
         };
+        let options = PgConnectOptions::from_str(url).map_err(|e| fail(one_line(&e)))?;
+        // One direct connection first, so an unreachable server reports its real cause
+        // (refused, unknown host, bad password) rather than a pool timeout.
+        let probe = tokio::time::timeout(timeout, options.connect())
+            .await
+            .map_err(|_| fail(format!("no answer within {} s", timeout.as_secs())))?
+            .map_err(|e| fail(one_line(&e)))?;
+        probe.close().await.map_err(|e| fail(one_line(&e)))?;
         let pool = PgPoolOptions::new()
             .max_connections(max_connections)
             .acquire_timeout(timeout)
-            .connect(url)
+            .connect_with(options)
             .await
             .map_err(|e| fail(one_line(&e)))?;
         Ok(Self { pool })
+    }
+
+    /// Creates the database named in `url` when it does not exist; true when it created it.
+    pub async fn create_database_if_missing(
+        setting: &'static str,
+        url: &str,
+    ) -> Result<bool, ConnectError> {
+        use sqlx::migrate::MigrateDatabase;
+        let fail = |reason: String| ConnectError {
+            setting,
+            target: redact_url(url),
+            reason,
+        };
+        if sqlx::Postgres::database_exists(url).await.map_err(|e| fail(one_line(&e)))? {
+            return Ok(false);
+        }
+        sqlx::Postgres::create_database(url)
+            .await
+            .map_err(|e| fail(one_line(&e)))?;
+        Ok(true)
     }
 
     /// Wraps an existing pool (tests get one per fresh database).

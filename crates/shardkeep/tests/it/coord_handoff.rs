@@ -1,0 +1,194 @@
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use shardkeep::coord::{CoordError, HandoffMove, HandoffTake};
+use shardkeep::{HandoffScope, KeyError, Ttl};
+use shardkeep_testkit::TestRedis;
+
+fn instance(id: &str) -> HandoffScope {
+    HandoffScope::Instance(id.into())
+}
+
+fn placement(id: &str) -> HandoffScope {
+    HandoffScope::Placement(id.into())
+}
+
+#[tokio::test]
+async fn second_take_of_a_handoff_is_already_consumed() {
+    let redis = TestRedis::new().await;
+    let coord = redis.coordination();
+    let ttl = Ttl::from_secs(60).unwrap();
+    coord.handoff_put("tok", &instance("i-1"), b"snapshot", ttl).await.unwrap();
+
+    let first = coord.handoff_take("tok", &[instance("i-1")]).await.unwrap();
+    assert_eq!(
+        first,
+        HandoffTake::Taken {
+            scope: instance("i-1"),
+            payload: b"snapshot".to_vec()
+        }
+    );
+    let second = coord.handoff_take("tok", &[instance("i-1")]).await.unwrap();
+    assert_eq!(second, HandoffTake::AlreadyConsumed);
+    assert!(coord.handoff_is_consumed("tok").await.unwrap());
+    // The payload is gone and the marker carries the default TTL.
+    let mut raw = redis.raw().await;
+    let payload_key = redis.keys().handoff("tok", &instance("i-1")).unwrap();
+    assert!(!raw.exists::<_, bool>(&payload_key).await.unwrap());
+    let marker_ttl: i64 = raw.ttl(redis.keys().handoff_consumed("tok").unwrap()).await.unwrap();
+    assert!((24 * 3600 - 5..=24 * 3600).contains(&marker_ttl), "{marker_ttl}");
+}
+
+#[tokio::test]
+async fn take_after_payload_ttl_ran_out_still_answers_already_consumed() {
+    let redis = TestRedis::new().await;
+    let coord = redis.coordination();
+    let short = Ttl::from_millis(150).unwrap();
+    coord.handoff_put("tok", &instance("i-1"), b"a", short).await.unwrap();
+    coord.handoff_put("tok", &placement("p-1"), b"b", short).await.unwrap();
+    let scopes = [placement("p-1"), instance("i-1")];
+    assert!(matches!(coord.handoff_take("tok", &scopes).await.unwrap(), HandoffTake::Taken { .. }));
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(coord.handoff_take("tok", &scopes).await.unwrap(), HandoffTake::AlreadyConsumed);
+    // A re-put after consumption cannot be taken either: replay stays blocked.
+    coord.handoff_put("tok", &instance("i-1"), b"again", short).await.unwrap();
+    assert_eq!(coord.handoff_take("tok", &scopes).await.unwrap(), HandoffTake::AlreadyConsumed);
+}
+
+#[tokio::test]
+async fn an_untaken_expired_handoff_is_not_found() {
+    let redis = TestRedis::new().await;
+    let coord = redis.coordination();
+    coord
+        .handoff_put("tok", &instance("i-1"), b"a", Ttl::from_millis(50).unwrap())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert_eq!(coord.handoff_take("tok", &[instance("i-1")]).await.unwrap(), HandoffTake::NotFound);
+    assert!(!coord.handoff_is_consumed("tok").await.unwrap());
+}
+
+#[tokio::test]
+async fn take_tries_scopes_in_documented_order() {
+    let redis = TestRedis::new().await;
+    let coord = redis.coordination();
+    let ttl = Ttl::from_secs(60).unwrap();
+    coord.handoff_put("tok", &HandoffScope::Port(7777), b"port", ttl).await.unwrap();
+    coord.handoff_put("tok", &placement("p-1"), b"placement", ttl).await.unwrap();
+    let taken = coord
+        .handoff_take("tok", &[HandoffScope::Port(7777), placement("p-1"), instance("i-9")])
+        .await
+        .unwrap();
+    assert_eq!(
+        taken,
+        HandoffTake::Taken {
+            scope: placement("p-1"),
+            payload: b"placement".to_vec()
+        }
+    );
+    // Every scope of the token was cleared with the take.
+    assert!(redis.all_keys().await.iter().all(|k| k.ends_with(":consumed")));
+}
+
+#[tokio::test]
+async fn concurrent_takes_of_one_token_yield_one_winner() {
+    let redis = TestRedis::new().await;
+    let coord = redis.coordination();
+    coord
+        .handoff_put("race", &instance("i-1"), b"x", Ttl::from_secs(60).unwrap())
+        .await
+        .unwrap();
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let coord = coord.clone();
+            tokio::spawn(async move { coord.handoff_take("race", &[instance("i-1")]).await })
+        })
+        .collect();
+    let mut taken = 0;
+    for task in tasks {
+        match task.await.unwrap().unwrap() {
+            HandoffTake::Taken { .. } => taken += 1,
+            HandoffTake::AlreadyConsumed => {}
+            HandoffTake::NotFound => panic!("a racer saw neither payload nor marker"),
+        }
+    }
+    assert_eq!(taken, 1);
+}
+
+#[tokio::test]
+async fn move_keeps_the_remaining_ttl() {
+    let redis = TestRedis::new().await;
+    let coord = redis.coordination();
+    coord
+        .handoff_put("tok", &instance("old"), b"snap", Ttl::from_secs(40).unwrap())
+        .await
+        .unwrap();
+    let moved = coord.handoff_move("tok", &instance("old"), &instance("new")).await.unwrap();
+    let HandoffMove::Moved { remaining } = moved else {
+        panic!("expected a move, got {moved:?}");
+    };
+    assert!(remaining <= Duration::from_secs(40) && remaining > Duration::from_secs(39));
+    let mut raw = redis.raw().await;
+    let new_key = redis.keys().handoff("tok", &instance("new")).unwrap();
+    let pttl: i64 = raw.pttl(&new_key).await.unwrap();
+    assert!((39_000..=40_000).contains(&pttl), "destination TTL {pttl} ms");
+    let old_key = redis.keys().handoff("tok", &instance("old")).unwrap();
+    assert!(!raw.exists::<_, bool>(&old_key).await.unwrap());
+    // The moved payload is what a take returns.
+    let taken = coord.handoff_take("tok", &[instance("new")]).await.unwrap();
+    assert_eq!(
+        taken,
+        HandoffTake::Taken {
+            scope: instance("new"),
+            payload: b"snap".to_vec()
+        }
+    );
+    // Moving a consumed or absent handoff does nothing.
+    assert_eq!(
+        coord.handoff_move("tok", &instance("new"), &instance("x")).await.unwrap(),
+        HandoffMove::AlreadyConsumed
+    );
+    assert_eq!(
+        coord.handoff_move("other", &instance("new"), &instance("x")).await.unwrap(),
+        HandoffMove::NotFound
+    );
+}
+
+#[tokio::test]
+async fn glob_characters_in_a_token_cannot_reach_another_token() {
+    let redis = TestRedis::new().await;
+    let coord = redis.coordination();
+    let ttl = Ttl::from_secs(60).unwrap();
+    coord.handoff_put("ab", &instance("i"), b"victim", ttl).await.unwrap();
+    coord.handoff_put("a*", &instance("i"), b"own", ttl).await.unwrap();
+    let taken = coord.handoff_take("a*", &[instance("i")]).await.unwrap();
+    assert_eq!(
+        taken,
+        HandoffTake::Taken {
+            scope: instance("i"),
+            payload: b"own".to_vec()
+        }
+    );
+    assert_eq!(coord.handoff_take("a?", &[instance("i")]).await.unwrap(), HandoffTake::NotFound);
+    assert!(matches!(coord.handoff_take("ab", &[instance("i")]).await.unwrap(), HandoffTake::Taken { .. }));
+}
+
+#[tokio::test]
+async fn bad_handoff_input_is_a_typed_error_and_writes_nothing() {
+    let redis = TestRedis::new().await;
+    let coord = redis.coordination();
+    let ttl = Ttl::from_secs(60).unwrap();
+    let err = coord.handoff_put("", &instance("i"), b"x", ttl).await.unwrap_err();
+    assert!(matches!(err, CoordError::InvalidKey(KeyError::Empty { what: "handoff token" })));
+    let long = "t".repeat(300);
+    let err = coord.handoff_put(&long, &instance("i"), b"x", ttl).await.unwrap_err();
+    assert!(matches!(err, CoordError::InvalidKey(KeyError::TooLong { .. })));
+    let err = coord.handoff_put("tok", &instance(""), b"x", ttl).await.unwrap_err();
+    assert!(matches!(err, CoordError::InvalidKey(KeyError::Empty { what: "instance id" })));
+    let err = coord.handoff_put("tok", &instance("i"), b"", ttl).await.unwrap_err();
+    assert!(matches!(err, CoordError::InvalidInput(_)));
+    let err = coord.handoff_take("tok", &[]).await.unwrap_err();
+    assert!(matches!(err, CoordError::InvalidInput(_)));
+    assert!(Ttl::from_secs(0).is_err() && Ttl::from_secs(-3).is_err());
+    assert!(redis.all_keys().await.is_empty());
+}

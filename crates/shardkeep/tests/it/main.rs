@@ -1,0 +1,9 @@
+//! Integration tests against real Postgres and Redis. Each test gets a fresh database (through
+//! `#[sqlx::test]`) and a fresh Redis namespace ([`shardkeep_testkit::TestRedis`]).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod coord_cleanup;
+mod coord_handoff;
+mod coord_records;
+mod migrate;

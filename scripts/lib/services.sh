@@ -1,0 +1,191 @@
+# shellcheck shell=bash
+# Finds or starts the Postgres and Redis that shardkeep's scripts need.
+#
+# sk_services_up exports DATABASE_URL and REDIS_URL. It keeps a reachable server named by those
+# variables, else tries the conventional local addresses, else starts a private server from the
+# installed binaries in a temporary directory on a free port. sk_services_down stops whatever
+# sk_services_up started (and nothing else). Where the binaries are missing it says how to
+# install them.
+
+SK_TMP=""
+SK_PG_SOURCE=""
+SK_PG_DIR=""
+SK_PG_USER=""
+SK_REDIS_PORT=""
+
+sk_log() { printf '[services] %s\n' "$*" >&2; }
+
+# True when something accepts TCP connections on host $1 port $2.
+sk_tcp_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+
+# A port nothing listens on, from the dynamic range.
+sk_free_port() {
+  local port
+  for _ in $(seq 1 200); do
+    port=$((20000 + RANDOM % 40000))
+    if ! sk_tcp_open 127.0.0.1 "$port"; then
+      echo "$port"
+      return 0
+    fi
+  done
+  return 1
+}
+
+sk_pg_reachable() {
+  local url=$1
+  if command -v psql >/dev/null 2>&1; then
+    PGCONNECT_TIMEOUT=3 psql "$url" -Atqc 'SELECT 1' >/dev/null 2>&1
+  elif command -v pg_isready >/dev/null 2>&1; then
+    pg_isready -q -t 3 -d "$url" >/dev/null 2>&1
+  else
+    local hostport=${url#*@}
+    hostport=${hostport%%/*}
+    sk_tcp_open "${hostport%%:*}" "${hostport##*:}"
+  fi
+}
+
+sk_redis_reachable() {
+  local url=$1
+  if command -v redis-cli >/dev/null 2>&1; then
+    [ "$(timeout 3 redis-cli -u "$url" PING 2>/dev/null)" = "PONG" ]
+  else
+    local hostport=${url#redis://}
+    hostport=${hostport#*@}
+    hostport=${hostport%%/*}
+    sk_tcp_open "${hostport%%:*}" "${hostport##*:}"
+  fi
+}
+
+sk_tmpdir() {
+  if [ -z "$SK_TMP" ]; then
+    SK_TMP=$(mktemp -d "${TMPDIR:-/tmp}/shardkeep-services.XXXXXX")
+    chmod 755 "$SK_TMP"
+  fi
+}
+
+# Directory holding initdb and pg_ctl, if PostgreSQL's server binaries are installed.
+sk_pg_bindir() {
+  local dir
+  if command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1; then
+    dirname "$(readlink -f "$(command -v initdb)")"
+    return 0
+  fi
+  for dir in /usr/lib/postgresql/*/bin /usr/local/opt/postgresql*/bin /opt/homebrew/opt/postgresql*/bin; do
+    if [ -x "$dir/initdb" ] && [ -x "$dir/pg_ctl" ]; then
+      echo "$dir"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# Runs a command as the unprivileged owner of the private cluster (Postgres refuses root).
+sk_as_pg_user() {
+  if [ -n "$SK_PG_USER" ]; then
+    runuser -u "$SK_PG_USER" -- "$@"
+  else
+    "$@"
+  fi
+}
+
+sk_start_postgres() {
+  local bindir port
+  if ! bindir=$(sk_pg_bindir); then
+    sk_log "Postgres is not reachable and its server binaries (initdb, pg_ctl) are not installed."
+    sk_log "Install them, e.g. 'sudo apt-get install postgresql' (Debian/Ubuntu) or"
+    sk_log "'brew install postgresql@16' (macOS), or set DATABASE_URL to a reachable server."
+    return 1
+  fi
+  sk_tmpdir
+  port=$(sk_free_port) || { sk_log "no free port for Postgres"; return 1; }
+  SK_PG_DIR="$SK_TMP/pg"
+  mkdir -p "$SK_PG_DIR"
+  if [ "$(id -u)" = "0" ]; then
+    if id postgres >/dev/null 2>&1; then SK_PG_USER=postgres; else SK_PG_USER=nobody; fi
+    chown -R "$SK_PG_USER" "$SK_PG_DIR"
+  fi
+  sk_log "starting a private Postgres on 127.0.0.1:$port ($SK_PG_DIR)"
+  sk_as_pg_user "$bindir/initdb" -D "$SK_PG_DIR/data" -U postgres -A trust -E UTF8 --no-sync >"$SK_TMP/initdb.log" 2>&1 \
+    || { sk_log "initdb failed:"; cat "$SK_TMP/initdb.log" >&2; return 1; }
+  sk_as_pg_user "$bindir/pg_ctl" -D "$SK_PG_DIR/data" -l "$SK_PG_DIR/postgres.log" -w -t 60 \
+    -o "-p $port -k $SK_PG_DIR -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" \
+    start >/dev/null \
+    || { sk_log "Postgres did not start:"; cat "$SK_PG_DIR/postgres.log" >&2; return 1; }
+  SK_PG_BINDIR=$bindir
+  export DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres"
+}
+
+sk_start_redis() {
+  local port
+  if ! command -v redis-server >/dev/null 2>&1; then
+    sk_log "Redis is not reachable and redis-server is not installed."
+    sk_log "Install it, e.g. 'sudo apt-get install redis-server' (Debian/Ubuntu) or"
+    sk_log "'brew install redis' (macOS), or set REDIS_URL to a reachable server."
+    return 1
+  fi
+  sk_tmpdir
+  port=$(sk_free_port) || { sk_log "no free port for Redis"; return 1; }
+  sk_log "starting a private Redis on 127.0.0.1:$port"
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
+    --dir "$SK_TMP" --pidfile "$SK_TMP/redis.pid" --logfile "$SK_TMP/redis.log" >/dev/null
+  for _ in $(seq 1 100); do
+    if sk_tcp_open 127.0.0.1 "$port"; then
+      SK_REDIS_PORT=$port
+      export REDIS_URL="redis://127.0.0.1:$port"
+      return 0
+    fi
+    sleep 0.1
+  done
+  sk_log "Redis did not start:"
+  cat "$SK_TMP/redis.log" >&2
+  return 1
+}
+
+sk_services_up() {
+  local candidate
+  if [ -n "${DATABASE_URL:-}" ] && sk_pg_reachable "$DATABASE_URL"; then
+    sk_log "using Postgres from DATABASE_URL"
+    SK_PG_SOURCE=env
+  else
+    [ -n "${DATABASE_URL:-}" ] && sk_log "DATABASE_URL is set but not reachable; looking elsewhere"
+    unset DATABASE_URL
+    for candidate in postgres://postgres@127.0.0.1:5432/postgres postgres://postgres@127.0.0.1:5432/test; do
+      if sk_pg_reachable "$candidate"; then
+        export DATABASE_URL=$candidate
+        SK_PG_SOURCE=local
+        sk_log "using the local Postgres at $candidate"
+        break
+      fi
+    done
+    if [ -z "${DATABASE_URL:-}" ]; then
+      sk_start_postgres || return 1
+      SK_PG_SOURCE=private
+    fi
+  fi
+  if [ -n "${REDIS_URL:-}" ] && sk_redis_reachable "$REDIS_URL"; then
+    sk_log "using Redis from REDIS_URL"
+  elif sk_redis_reachable redis://127.0.0.1:6379; then
+    export REDIS_URL=redis://127.0.0.1:6379
+    sk_log "using the local Redis at $REDIS_URL"
+  else
+    sk_start_redis || return 1
+  fi
+}
+
+sk_services_down() {
+  if [ -n "$SK_PG_DIR" ] && [ -d "$SK_PG_DIR/data" ]; then
+    sk_as_pg_user "$SK_PG_BINDIR/pg_ctl" -D "$SK_PG_DIR/data" -m fast -w stop >/dev/null 2>&1 || true
+    sk_log "stopped the private Postgres"
+  fi
+  if [ -n "$SK_REDIS_PORT" ]; then
+    if command -v redis-cli >/dev/null 2>&1; then
+      redis-cli -p "$SK_REDIS_PORT" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
+    elif [ -f "$SK_TMP/redis.pid" ]; then
+      kill "$(cat "$SK_TMP/redis.pid")" 2>/dev/null || true
+    fi
+    sk_log "stopped the private Redis"
+  fi
+  if [ -n "$SK_TMP" ]; then
+    rm -rf "$SK_TMP"
+  fi
+}
