@@ -6,7 +6,8 @@ use crate::cli::{LogArgs, LogFormat};
 
 /// Installs the global subscriber.
 pub(crate) fn init(args: &LogArgs) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -25,10 +25,21 @@ fn stderr(out: &Output) -> String {
 /// A failure is one clear line, with no panic and no backtrace.
 fn assert_one_line_failure(out: &Output, needle: &str) {
     let err = stderr(out);
-    assert!(!out.status.success(), "expected failure, got {:?}", out.status);
+    assert!(
+        !out.status.success(),
+        "expected failure, got {:?}",
+        out.status
+    );
     assert!(err.contains(needle), "stderr lacks {needle:?}: {err}");
-    assert!(!err.contains("panicked") && !err.contains("backtrace"), "{err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "one line expected: {err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{err}"
+    );
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "one line expected: {err}"
+    );
 }
 
 #[test]
@@ -36,7 +47,12 @@ fn help_lists_every_subcommand() {
     let out = shardkeep(&["--help"], &[]);
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    for needle in ["migrate", "DATABASE_URL", "REDIS_URL", "SHARDKEEP_NAMESPACE"] {
+    for needle in [
+        "migrate",
+        "DATABASE_URL",
+        "REDIS_URL",
+        "SHARDKEEP_NAMESPACE",
+    ] {
         assert!(text.contains(needle), "--help lacks {needle}");
     }
 }
@@ -51,10 +67,20 @@ fn missing_database_url_names_the_variable() {
 
 #[test]
 fn unreachable_database_says_what_was_tried_without_the_password() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let url = format!("postgres://app:hunter2@127.0.0.1:{port}/db");
-    let out = shardkeep(&["migrate", "--connect-timeout", "2"], &[("DATABASE_URL", &url)]);
-    assert_one_line_failure(&out, &format!("DATABASE_URL=postgres://app:***@127.0.0.1:{port}/db"));
+    let out = shardkeep(
+        &["migrate", "--connect-timeout", "2"],
+        &[("DATABASE_URL", &url)],
+    );
+    assert_one_line_failure(
+        &out,
+        &format!("DATABASE_URL=postgres://app:***@127.0.0.1:{port}/db"),
+    );
     assert!(!stderr(&out).contains("hunter2"));
 }
 
@@ -80,7 +106,11 @@ fn malformed_arguments_are_rejected_by_the_parser() {
 
 fn database_url_of(pool: &PgPool) -> String {
     let base = std::env::var("DATABASE_URL").expect("tests run with DATABASE_URL set");
-    let db = pool.connect_options().get_database().expect("test database name").to_owned();
+    let db = pool
+        .connect_options()
+        .get_database()
+        .expect("test database name")
+        .to_owned();
     let (server, _) = base.rsplit_once('/').expect("url with a database");
     format!("{server}/{db}")
 }

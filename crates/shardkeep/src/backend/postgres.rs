@@ -69,7 +69,10 @@ impl PostgresBackend {
             target: redact_url(url),
             reason,
         };
-        if sqlx::Postgres::database_exists(url).await.map_err(|e| fail(one_line(&e)))? {
+        if sqlx::Postgres::database_exists(url)
+            .await
+            .map_err(|e| fail(one_line(&e)))?
+        {
             return Ok(false);
         }
         sqlx::Postgres::create_database(url)
@@ -81,11 +84,6 @@ impl PostgresBackend {
     /// Wraps an existing pool (tests get one per fresh database).
     pub fn from_pool(pool: PgPool) -> Self {
         Self { pool }
-    }
-
-    /// The pool, for store adapters inside this crate.
-    pub(crate) fn pool(&self) -> &PgPool {
-        &self.pool
     }
 
     /// Applies every embedded migration not yet applied, returning the ones it applied.

@@ -19,12 +19,23 @@ async fn populate(coord: &Coordination) {
         };
         coord.presence_put(&record).await.unwrap();
         coord
-            .handoff_put(&format!("h-{i}"), &HandoffScope::Instance("i-1".into()), b"x", ttl)
+            .handoff_put(
+                &format!("h-{i}"),
+                &HandoffScope::Instance("i-1".into()),
+                b"x",
+                ttl,
+            )
             .await
             .unwrap();
     }
-    coord.handoff_put("h-0", &HandoffScope::Port(7000), b"x", ttl).await.unwrap();
-    coord.handoff_put("taken", &HandoffScope::Instance("i-1".into()), b"x", ttl).await.unwrap();
+    coord
+        .handoff_put("h-0", &HandoffScope::Port(7000), b"x", ttl)
+        .await
+        .unwrap();
+    coord
+        .handoff_put("taken", &HandoffScope::Instance("i-1".into()), b"x", ttl)
+        .await
+        .unwrap();
     coord
         .handoff_take("taken", &[HandoffScope::Instance("i-1".into())])
         .await
@@ -39,7 +50,10 @@ async fn populate(coord: &Coordination) {
         };
         coord.registry_register(&record, ttl).await.unwrap();
     }
-    coord.nonce_register("ops", "nonce-0123456789abcdef").await.unwrap();
+    coord
+        .nonce_register("ops", "nonce-0123456789abcdef")
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -48,13 +62,25 @@ async fn dry_run_counts_and_changes_nothing() {
     let coord = redis.coordination();
     populate(&coord).await;
     let before = redis.all_keys().await;
-    let presence = coord.cleanup_run("presence", CleanupMode::DryRun, 10).await.unwrap();
-    assert_eq!(presence.matched, 62, "30 account + 30 character records + 2 index sets");
+    let presence = coord
+        .cleanup_run("presence", CleanupMode::DryRun, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        presence.matched, 62,
+        "30 account + 30 character records + 2 index sets"
+    );
     assert_eq!(presence.deleted, 0);
     assert!(presence.complete);
-    let handoff = coord.cleanup_run("handoff", CleanupMode::DryRun, 10).await.unwrap();
+    let handoff = coord
+        .cleanup_run("handoff", CleanupMode::DryRun, 10)
+        .await
+        .unwrap();
     assert_eq!(handoff.matched, 31);
-    let registry = coord.cleanup_run("registry", CleanupMode::DryRun, 10).await.unwrap();
+    let registry = coord
+        .cleanup_run("registry", CleanupMode::DryRun, 10)
+        .await
+        .unwrap();
     assert_eq!(registry.matched, 6);
     assert_eq!(redis.all_keys().await, before);
 }
@@ -69,7 +95,10 @@ async fn delete_removes_exactly_the_matching_keys() {
     let neighbour_before = neighbour.all_keys().await;
     let before = redis.all_keys().await;
 
-    let report = coord.cleanup_run("handoff", CleanupMode::Delete, 10_000).await.unwrap();
+    let report = coord
+        .cleanup_run("handoff", CleanupMode::Delete, 10_000)
+        .await
+        .unwrap();
     assert!(report.complete);
     assert_eq!(report.deleted, 31);
     let after = redis.all_keys().await;
@@ -80,9 +109,21 @@ async fn delete_removes_exactly_the_matching_keys() {
         .collect();
     expected.sort();
     assert_eq!(after, expected);
-    assert!(report.deleted_keys.iter().all(|k| k.contains(":handoff:") && !k.ends_with(":consumed")));
-    assert!(after.contains(&redis.keys().handoff_consumed("taken").unwrap()), "consumed markers stay");
-    assert_eq!(neighbour.all_keys().await, neighbour_before, "another namespace is untouched");
+    assert!(
+        report
+            .deleted_keys
+            .iter()
+            .all(|k| k.contains(":handoff:") && !k.ends_with(":consumed"))
+    );
+    assert!(
+        after.contains(&redis.keys().handoff_consumed("taken").unwrap()),
+        "consumed markers stay"
+    );
+    assert_eq!(
+        neighbour.all_keys().await,
+        neighbour_before,
+        "another namespace is untouched"
+    );
 }
 
 #[tokio::test]
@@ -90,12 +131,18 @@ async fn delete_is_bounded_per_call_and_resumable() {
     let redis = TestRedis::new().await;
     let coord = redis.coordination();
     populate(&coord).await;
-    let first = coord.cleanup_run("presence", CleanupMode::Delete, 25).await.unwrap();
+    let first = coord
+        .cleanup_run("presence", CleanupMode::Delete, 25)
+        .await
+        .unwrap();
     assert_eq!(first.deleted, 25);
     assert!(!first.complete);
     let mut total = first.deleted;
     for _ in 0..10 {
-        let next = coord.cleanup_run("presence", CleanupMode::Delete, 25).await.unwrap();
+        let next = coord
+            .cleanup_run("presence", CleanupMode::Delete, 25)
+            .await
+            .unwrap();
         total += next.deleted;
         if next.complete {
             break;
@@ -117,10 +164,17 @@ async fn cleanup_runs_as_a_user_denied_keys() {
         .query_async(&mut raw)
         .await
         .unwrap();
-    let url = admin.url().replacen("redis://", &format!("redis://{user}:pw@"), 1);
-    let restricted = RedisBackend::connect("REDIS_URL", &url, admin.keys().clone(), RedisTimeouts::default())
-        .await
-        .unwrap();
+    let url = admin
+        .url()
+        .replacen("redis://", &format!("redis://{user}:pw@"), 1);
+    let restricted = RedisBackend::connect(
+        "REDIS_URL",
+        &url,
+        admin.keys().clone(),
+        RedisTimeouts::default(),
+    )
+    .await
+    .unwrap();
     let coord = Coordination::new(restricted, CoordinationConfig::default());
 
     // The ACL really refuses KEYS for this user.
@@ -129,17 +183,27 @@ async fn cleanup_runs_as_a_user_denied_keys() {
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let denied: redis::RedisResult<Vec<String>> = redis::cmd("KEYS").arg("*").query_async(&mut as_user).await;
+    let denied: redis::RedisResult<Vec<String>> =
+        redis::cmd("KEYS").arg("*").query_async(&mut as_user).await;
     assert!(denied.is_err(), "KEYS must be denied for {user}");
 
     populate(&coord).await;
-    let dry = coord.cleanup_run("registry", CleanupMode::DryRun, 100).await.unwrap();
+    let dry = coord
+        .cleanup_run("registry", CleanupMode::DryRun, 100)
+        .await
+        .unwrap();
     assert_eq!(dry.matched, 6);
-    let deleted = coord.cleanup_run("registry", CleanupMode::Delete, 100).await.unwrap();
+    let deleted = coord
+        .cleanup_run("registry", CleanupMode::Delete, 100)
+        .await
+        .unwrap();
     assert_eq!(deleted.deleted, 6);
     assert!(coord.registry_list().await.unwrap().instances.is_empty());
 
-    let _: redis::RedisResult<i64> = redis::cmd("ACL").arg(&["DELUSER", &user][..]).query_async(&mut raw).await;
+    let _: redis::RedisResult<i64> = redis::cmd("ACL")
+        .arg(&["DELUSER", &user][..])
+        .query_async(&mut raw)
+        .await;
     let left: bool = raw.exists(admin.keys().registry_index()).await.unwrap();
     assert!(!left);
 }

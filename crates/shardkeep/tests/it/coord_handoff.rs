@@ -18,7 +18,10 @@ async fn second_take_of_a_handoff_is_already_consumed() {
     let redis = TestRedis::new().await;
     let coord = redis.coordination();
     let ttl = Ttl::from_secs(60).unwrap();
-    coord.handoff_put("tok", &instance("i-1"), b"snapshot", ttl).await.unwrap();
+    coord
+        .handoff_put("tok", &instance("i-1"), b"snapshot", ttl)
+        .await
+        .unwrap();
 
     let first = coord.handoff_take("tok", &[instance("i-1")]).await.unwrap();
     assert_eq!(
@@ -35,8 +38,14 @@ async fn second_take_of_a_handoff_is_already_consumed() {
     let mut raw = redis.raw().await;
     let payload_key = redis.keys().handoff("tok", &instance("i-1")).unwrap();
     assert!(!raw.exists::<_, bool>(&payload_key).await.unwrap());
-    let marker_ttl: i64 = raw.ttl(redis.keys().handoff_consumed("tok").unwrap()).await.unwrap();
-    assert!((24 * 3600 - 5..=24 * 3600).contains(&marker_ttl), "{marker_ttl}");
+    let marker_ttl: i64 = raw
+        .ttl(redis.keys().handoff_consumed("tok").unwrap())
+        .await
+        .unwrap();
+    assert!(
+        (24 * 3600 - 5..=24 * 3600).contains(&marker_ttl),
+        "{marker_ttl}"
+    );
 }
 
 #[tokio::test]
@@ -44,15 +53,33 @@ async fn take_after_payload_ttl_ran_out_still_answers_already_consumed() {
     let redis = TestRedis::new().await;
     let coord = redis.coordination();
     let short = Ttl::from_millis(150).unwrap();
-    coord.handoff_put("tok", &instance("i-1"), b"a", short).await.unwrap();
-    coord.handoff_put("tok", &placement("p-1"), b"b", short).await.unwrap();
+    coord
+        .handoff_put("tok", &instance("i-1"), b"a", short)
+        .await
+        .unwrap();
+    coord
+        .handoff_put("tok", &placement("p-1"), b"b", short)
+        .await
+        .unwrap();
     let scopes = [placement("p-1"), instance("i-1")];
-    assert!(matches!(coord.handoff_take("tok", &scopes).await.unwrap(), HandoffTake::Taken { .. }));
+    assert!(matches!(
+        coord.handoff_take("tok", &scopes).await.unwrap(),
+        HandoffTake::Taken { .. }
+    ));
     tokio::time::sleep(Duration::from_millis(250)).await;
-    assert_eq!(coord.handoff_take("tok", &scopes).await.unwrap(), HandoffTake::AlreadyConsumed);
+    assert_eq!(
+        coord.handoff_take("tok", &scopes).await.unwrap(),
+        HandoffTake::AlreadyConsumed
+    );
     // A re-put after consumption cannot be taken either: replay stays blocked.
-    coord.handoff_put("tok", &instance("i-1"), b"again", short).await.unwrap();
-    assert_eq!(coord.handoff_take("tok", &scopes).await.unwrap(), HandoffTake::AlreadyConsumed);
+    coord
+        .handoff_put("tok", &instance("i-1"), b"again", short)
+        .await
+        .unwrap();
+    assert_eq!(
+        coord.handoff_take("tok", &scopes).await.unwrap(),
+        HandoffTake::AlreadyConsumed
+    );
 }
 
 #[tokio::test]
@@ -64,7 +91,10 @@ async fn an_untaken_expired_handoff_is_not_found() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(120)).await;
-    assert_eq!(coord.handoff_take("tok", &[instance("i-1")]).await.unwrap(), HandoffTake::NotFound);
+    assert_eq!(
+        coord.handoff_take("tok", &[instance("i-1")]).await.unwrap(),
+        HandoffTake::NotFound
+    );
     assert!(!coord.handoff_is_consumed("tok").await.unwrap());
 }
 
@@ -73,10 +103,19 @@ async fn take_tries_scopes_in_documented_order() {
     let redis = TestRedis::new().await;
     let coord = redis.coordination();
     let ttl = Ttl::from_secs(60).unwrap();
-    coord.handoff_put("tok", &HandoffScope::Port(7777), b"port", ttl).await.unwrap();
-    coord.handoff_put("tok", &placement("p-1"), b"placement", ttl).await.unwrap();
+    coord
+        .handoff_put("tok", &HandoffScope::Port(7777), b"port", ttl)
+        .await
+        .unwrap();
+    coord
+        .handoff_put("tok", &placement("p-1"), b"placement", ttl)
+        .await
+        .unwrap();
     let taken = coord
-        .handoff_take("tok", &[HandoffScope::Port(7777), placement("p-1"), instance("i-9")])
+        .handoff_take(
+            "tok",
+            &[HandoffScope::Port(7777), placement("p-1"), instance("i-9")],
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -87,7 +126,13 @@ async fn take_tries_scopes_in_documented_order() {
         }
     );
     // Every scope of the token was cleared with the take.
-    assert!(redis.all_keys().await.iter().all(|k| k.ends_with(":consumed")));
+    assert!(
+        redis
+            .all_keys()
+            .await
+            .iter()
+            .all(|k| k.ends_with(":consumed"))
+    );
 }
 
 #[tokio::test]
@@ -120,10 +165,18 @@ async fn move_keeps_the_remaining_ttl() {
     let redis = TestRedis::new().await;
     let coord = redis.coordination();
     coord
-        .handoff_put("tok", &instance("old"), b"snap", Ttl::from_secs(40).unwrap())
+        .handoff_put(
+            "tok",
+            &instance("old"),
+            b"snap",
+            Ttl::from_secs(40).unwrap(),
+        )
         .await
         .unwrap();
-    let moved = coord.handoff_move("tok", &instance("old"), &instance("new")).await.unwrap();
+    let moved = coord
+        .handoff_move("tok", &instance("old"), &instance("new"))
+        .await
+        .unwrap();
     let HandoffMove::Moved { remaining } = moved else {
         panic!("expected a move, got {moved:?}");
     };
@@ -131,7 +184,10 @@ async fn move_keeps_the_remaining_ttl() {
     let mut raw = redis.raw().await;
     let new_key = redis.keys().handoff("tok", &instance("new")).unwrap();
     let pttl: i64 = raw.pttl(&new_key).await.unwrap();
-    assert!((39_000..=40_000).contains(&pttl), "destination TTL {pttl} ms");
+    assert!(
+        (39_000..=40_000).contains(&pttl),
+        "destination TTL {pttl} ms"
+    );
     let old_key = redis.keys().handoff("tok", &instance("old")).unwrap();
     assert!(!raw.exists::<_, bool>(&old_key).await.unwrap());
     // The moved payload is what a take returns.
@@ -145,11 +201,17 @@ async fn move_keeps_the_remaining_ttl() {
     );
     // Moving a consumed or absent handoff does nothing.
     assert_eq!(
-        coord.handoff_move("tok", &instance("new"), &instance("x")).await.unwrap(),
+        coord
+            .handoff_move("tok", &instance("new"), &instance("x"))
+            .await
+            .unwrap(),
         HandoffMove::AlreadyConsumed
     );
     assert_eq!(
-        coord.handoff_move("other", &instance("new"), &instance("x")).await.unwrap(),
+        coord
+            .handoff_move("other", &instance("new"), &instance("x"))
+            .await
+            .unwrap(),
         HandoffMove::NotFound
     );
 }
@@ -159,8 +221,14 @@ async fn glob_characters_in_a_token_cannot_reach_another_token() {
     let redis = TestRedis::new().await;
     let coord = redis.coordination();
     let ttl = Ttl::from_secs(60).unwrap();
-    coord.handoff_put("ab", &instance("i"), b"victim", ttl).await.unwrap();
-    coord.handoff_put("a*", &instance("i"), b"own", ttl).await.unwrap();
+    coord
+        .handoff_put("ab", &instance("i"), b"victim", ttl)
+        .await
+        .unwrap();
+    coord
+        .handoff_put("a*", &instance("i"), b"own", ttl)
+        .await
+        .unwrap();
     let taken = coord.handoff_take("a*", &[instance("i")]).await.unwrap();
     assert_eq!(
         taken,
@@ -169,8 +237,14 @@ async fn glob_characters_in_a_token_cannot_reach_another_token() {
             payload: b"own".to_vec()
         }
     );
-    assert_eq!(coord.handoff_take("a?", &[instance("i")]).await.unwrap(), HandoffTake::NotFound);
-    assert!(matches!(coord.handoff_take("ab", &[instance("i")]).await.unwrap(), HandoffTake::Taken { .. }));
+    assert_eq!(
+        coord.handoff_take("a?", &[instance("i")]).await.unwrap(),
+        HandoffTake::NotFound
+    );
+    assert!(matches!(
+        coord.handoff_take("ab", &[instance("i")]).await.unwrap(),
+        HandoffTake::Taken { .. }
+    ));
 }
 
 #[tokio::test]
@@ -178,14 +252,39 @@ async fn bad_handoff_input_is_a_typed_error_and_writes_nothing() {
     let redis = TestRedis::new().await;
     let coord = redis.coordination();
     let ttl = Ttl::from_secs(60).unwrap();
-    let err = coord.handoff_put("", &instance("i"), b"x", ttl).await.unwrap_err();
-    assert!(matches!(err, CoordError::InvalidKey(KeyError::Empty { what: "handoff token" })));
+    let err = coord
+        .handoff_put("", &instance("i"), b"x", ttl)
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        CoordError::InvalidKey(KeyError::Empty {
+            what: "handoff token"
+        })
+    ));
     let long = "t".repeat(300);
-    let err = coord.handoff_put(&long, &instance("i"), b"x", ttl).await.unwrap_err();
-    assert!(matches!(err, CoordError::InvalidKey(KeyError::TooLong { .. })));
-    let err = coord.handoff_put("tok", &instance(""), b"x", ttl).await.unwrap_err();
-    assert!(matches!(err, CoordError::InvalidKey(KeyError::Empty { what: "instance id" })));
-    let err = coord.handoff_put("tok", &instance("i"), b"", ttl).await.unwrap_err();
+    let err = coord
+        .handoff_put(&long, &instance("i"), b"x", ttl)
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        CoordError::InvalidKey(KeyError::TooLong { .. })
+    ));
+    let err = coord
+        .handoff_put("tok", &instance(""), b"x", ttl)
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        CoordError::InvalidKey(KeyError::Empty {
+            what: "instance id"
+        })
+    ));
+    let err = coord
+        .handoff_put("tok", &instance("i"), b"", ttl)
+        .await
+        .unwrap_err();
     assert!(matches!(err, CoordError::InvalidInput(_)));
     let err = coord.handoff_take("tok", &[]).await.unwrap_err();
     assert!(matches!(err, CoordError::InvalidInput(_)));

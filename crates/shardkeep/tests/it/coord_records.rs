@@ -4,8 +4,8 @@ use std::time::Duration;
 use chrono::Utc;
 use redis::AsyncCommands;
 use shardkeep::coord::{
-    CoordError, InstanceRecord, NonceRegistration, PresenceRecord, ResumeLedgerRecord, ThrottlePolicy,
-    ThrottleStatus, TransferActivation,
+    CoordError, InstanceRecord, NonceRegistration, PresenceRecord, ResumeLedgerRecord,
+    ThrottlePolicy, ThrottleStatus, TransferActivation,
 };
 use shardkeep::{Ttl, TtlError};
 use shardkeep_testkit::TestRedis;
@@ -27,10 +27,19 @@ async fn presence_reads_by_account_and_character_with_derived_ttl() {
     let coord = redis.coordination();
     let record = presence("acc-1", "chr-1", "s-1", 30_000);
     coord.presence_put(&record).await.unwrap();
-    assert_eq!(coord.presence_by_account("acc-1").await.unwrap(), Some(record.clone()));
-    assert_eq!(coord.presence_by_character("chr-1").await.unwrap(), Some(record));
+    assert_eq!(
+        coord.presence_by_account("acc-1").await.unwrap(),
+        Some(record.clone())
+    );
+    assert_eq!(
+        coord.presence_by_character("chr-1").await.unwrap(),
+        Some(record)
+    );
     let mut raw = redis.raw().await;
-    let pttl: i64 = raw.pttl(redis.keys().presence_account("acc-1").unwrap()).await.unwrap();
+    let pttl: i64 = raw
+        .pttl(redis.keys().presence_account("acc-1").unwrap())
+        .await
+        .unwrap();
     assert!((28_000..=30_000).contains(&pttl), "{pttl}");
 }
 
@@ -38,9 +47,18 @@ async fn presence_reads_by_account_and_character_with_derived_ttl() {
 async fn presence_in_the_past_is_rejected_and_nothing_written() {
     let redis = TestRedis::new().await;
     let coord = redis.coordination();
-    let err = coord.presence_put(&presence("acc", "chr", "s", -1_000)).await.unwrap_err();
-    assert!(matches!(err, CoordError::InvalidTtl(TtlError::NotPositive { .. })));
-    let err = coord.presence_put(&presence("", "chr", "s", 1_000)).await.unwrap_err();
+    let err = coord
+        .presence_put(&presence("acc", "chr", "s", -1_000))
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        CoordError::InvalidTtl(TtlError::NotPositive { .. })
+    ));
+    let err = coord
+        .presence_put(&presence("", "chr", "s", 1_000))
+        .await
+        .unwrap_err();
     assert!(matches!(err, CoordError::InvalidKey(_)));
     assert!(redis.all_keys().await.is_empty());
 }
@@ -49,23 +67,43 @@ async fn presence_in_the_past_is_rejected_and_nothing_written() {
 async fn presence_reads_prune_expired_index_members() {
     let redis = TestRedis::new().await;
     let coord = redis.coordination();
-    coord.presence_put(&presence("acc-1", "chr-1", "s-1", 100)).await.unwrap();
-    coord.presence_put(&presence("acc-2", "chr-2", "s-2", 100)).await.unwrap();
-    coord.presence_put(&presence("acc-3", "chr-3", "s-3", 60_000)).await.unwrap();
+    coord
+        .presence_put(&presence("acc-1", "chr-1", "s-1", 100))
+        .await
+        .unwrap();
+    coord
+        .presence_put(&presence("acc-2", "chr-2", "s-2", 100))
+        .await
+        .unwrap();
+    coord
+        .presence_put(&presence("acc-3", "chr-3", "s-3", 60_000))
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut raw = redis.raw().await;
     let accounts = redis.keys().presence_account_index();
-    assert_eq!(raw.scard::<_, usize>(&accounts).await.unwrap(), 3, "members outlive records");
+    assert_eq!(
+        raw.scard::<_, usize>(&accounts).await.unwrap(),
+        3,
+        "members outlive records"
+    );
 
     assert_eq!(coord.presence_by_account("acc-1").await.unwrap(), None);
-    assert!(!raw.sismember::<_, _, bool>(&accounts, "acc-1").await.unwrap());
+    assert!(
+        !raw.sismember::<_, _, bool>(&accounts, "acc-1")
+            .await
+            .unwrap()
+    );
 
     let pruned = coord.presence_prune(1000).await.unwrap();
     assert_eq!(pruned.removed, 3, "acc-2, chr-1 and chr-2 were stale");
     let mut left: Vec<String> = raw.smembers(&accounts).await.unwrap();
     left.sort();
     assert_eq!(left, vec!["acc-3".to_string()]);
-    let characters: Vec<String> = raw.smembers(redis.keys().presence_character_index()).await.unwrap();
+    let characters: Vec<String> = raw
+        .smembers(redis.keys().presence_character_index())
+        .await
+        .unwrap();
     assert_eq!(characters, vec!["chr-3".to_string()]);
 }
 
@@ -73,23 +111,43 @@ async fn presence_reads_prune_expired_index_members() {
 async fn presence_reads_delete_mismatched_records() {
     let redis = TestRedis::new().await;
     let coord = redis.coordination();
-    coord.presence_put(&presence("acc-1", "chr-1", "s-1", 60_000)).await.unwrap();
+    coord
+        .presence_put(&presence("acc-1", "chr-1", "s-1", 60_000))
+        .await
+        .unwrap();
     // The account moves on to another character: chr-1's record is now stale.
     let newer = presence("acc-1", "chr-2", "s-2", 60_000);
     coord.presence_put(&newer).await.unwrap();
     assert_eq!(coord.presence_by_character("chr-1").await.unwrap(), None);
     let mut raw = redis.raw().await;
-    assert!(!raw.exists::<_, bool>(redis.keys().presence_character("chr-1").unwrap()).await.unwrap());
-    assert_eq!(coord.presence_by_account("acc-1").await.unwrap(), Some(newer.clone()));
-    assert_eq!(coord.presence_by_character("chr-2").await.unwrap(), Some(newer));
+    assert!(
+        !raw.exists::<_, bool>(redis.keys().presence_character("chr-1").unwrap())
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        coord.presence_by_account("acc-1").await.unwrap(),
+        Some(newer.clone())
+    );
+    assert_eq!(
+        coord.presence_by_character("chr-2").await.unwrap(),
+        Some(newer)
+    );
 
     // An account record whose character record names another session is deleted on read.
-    coord.presence_put(&presence("acc-9", "chr-9", "s-old", 60_000)).await.unwrap();
+    coord
+        .presence_put(&presence("acc-9", "chr-9", "s-old", 60_000))
+        .await
+        .unwrap();
     let mut drifted = presence("acc-9", "chr-9", "s-new", 60_000);
     drifted.account_id = "acc-other".into();
     coord.presence_put(&drifted).await.unwrap();
     assert_eq!(coord.presence_by_account("acc-9").await.unwrap(), None);
-    assert!(!raw.exists::<_, bool>(redis.keys().presence_account("acc-9").unwrap()).await.unwrap());
+    assert!(
+        !raw.exists::<_, bool>(redis.keys().presence_account("acc-9").unwrap())
+            .await
+            .unwrap()
+    );
 }
 
 fn instance(id: &str) -> InstanceRecord {
@@ -106,20 +164,42 @@ fn instance(id: &str) -> InstanceRecord {
 async fn registry_listing_prunes_lapsed_instances() {
     let redis = TestRedis::new().await;
     let coord = redis.coordination();
-    coord.registry_register(&instance("a"), Ttl::from_secs(60).unwrap()).await.unwrap();
-    coord.registry_register(&instance("b"), Ttl::from_millis(100).unwrap()).await.unwrap();
+    coord
+        .registry_register(&instance("a"), Ttl::from_secs(60).unwrap())
+        .await
+        .unwrap();
+    coord
+        .registry_register(&instance("b"), Ttl::from_millis(100).unwrap())
+        .await
+        .unwrap();
     let listed = coord.registry_list().await.unwrap();
     assert_eq!(listed.instances.len(), 2);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!coord.registry_heartbeat("b", Ttl::from_secs(60).unwrap()).await.unwrap());
-    assert!(coord.registry_heartbeat("a", Ttl::from_secs(90).unwrap()).await.unwrap());
+    assert!(
+        !coord
+            .registry_heartbeat("b", Ttl::from_secs(60).unwrap())
+            .await
+            .unwrap()
+    );
+    assert!(
+        coord
+            .registry_heartbeat("a", Ttl::from_secs(90).unwrap())
+            .await
+            .unwrap()
+    );
     let listed = coord.registry_list().await.unwrap();
     assert_eq!(listed.pruned, 1);
-    assert_eq!(listed.instances, vec![instance_with_time("a", &listed.instances[0])]);
+    assert_eq!(
+        listed.instances,
+        vec![instance_with_time("a", &listed.instances[0])]
+    );
     let mut raw = redis.raw().await;
     let members: Vec<String> = raw.smembers(redis.keys().registry_index()).await.unwrap();
     assert_eq!(members, vec!["a".to_string()]);
-    let ttl: i64 = raw.ttl(redis.keys().registry_instance("a").unwrap()).await.unwrap();
+    let ttl: i64 = raw
+        .ttl(redis.keys().registry_instance("a").unwrap())
+        .await
+        .unwrap();
     assert!(ttl > 60, "heartbeat extended the registration: {ttl}");
     coord.registry_deregister("a").await.unwrap();
     assert!(coord.registry_list().await.unwrap().instances.is_empty());
@@ -137,13 +217,28 @@ async fn a_nonce_registers_once_inside_the_skew_window() {
     let redis = TestRedis::new().await;
     let coord = redis.coordination();
     let nonce = "n0nce-0123456789abcdef";
-    assert_eq!(coord.nonce_register("ops", nonce).await.unwrap(), NonceRegistration::Registered);
-    assert_eq!(coord.nonce_register("ops", nonce).await.unwrap(), NonceRegistration::Replayed);
+    assert_eq!(
+        coord.nonce_register("ops", nonce).await.unwrap(),
+        NonceRegistration::Registered
+    );
+    assert_eq!(
+        coord.nonce_register("ops", nonce).await.unwrap(),
+        NonceRegistration::Replayed
+    );
     // The same nonce under another key id is a different request.
-    assert_eq!(coord.nonce_register("ci", nonce).await.unwrap(), NonceRegistration::Registered);
+    assert_eq!(
+        coord.nonce_register("ci", nonce).await.unwrap(),
+        NonceRegistration::Registered
+    );
     let mut raw = redis.raw().await;
-    let ttl: i64 = raw.ttl(redis.keys().internal_nonce("ops", nonce).unwrap()).await.unwrap();
-    assert!((295..=300).contains(&ttl), "nonce lives for the skew window: {ttl}");
+    let ttl: i64 = raw
+        .ttl(redis.keys().internal_nonce("ops", nonce).unwrap())
+        .await
+        .unwrap();
+    assert!(
+        (295..=300).contains(&ttl),
+        "nonce lives for the skew window: {ttl}"
+    );
 }
 
 #[tokio::test]
@@ -160,7 +255,9 @@ async fn the_throttle_counts_failures_in_a_window() {
             ThrottleStatus::Allowed { remaining }
         );
     }
-    let ThrottleStatus::Throttled { retry_after } = coord.login_failure_record("acc-1", policy).await.unwrap() else {
+    let ThrottleStatus::Throttled { retry_after } =
+        coord.login_failure_record("acc-1", policy).await.unwrap()
+    else {
         panic!("the fourth failure must throttle");
     };
     assert!(retry_after <= Duration::from_millis(400) && retry_after > Duration::ZERO);
@@ -197,7 +294,10 @@ async fn resume_ledger_store_load_delete() {
         zone_id: "darkwood".into(),
         recorded_at: Utc::now(),
     };
-    coord.resume_store(&record, Ttl::from_secs(120).unwrap()).await.unwrap();
+    coord
+        .resume_store(&record, Ttl::from_secs(120).unwrap())
+        .await
+        .unwrap();
     assert_eq!(coord.resume_load("s-1").await.unwrap(), Some(record));
     assert!(coord.resume_delete("s-1").await.unwrap());
     assert!(!coord.resume_delete("s-1").await.unwrap());
@@ -209,8 +309,14 @@ async fn a_corrupt_resume_record_is_a_decode_error() {
     let redis = TestRedis::new().await;
     let coord = redis.coordination();
     let mut raw = redis.raw().await;
-    let () = raw.set(redis.keys().resume_ledger("s-1").unwrap(), "{not json").await.unwrap();
-    assert!(matches!(coord.resume_load("s-1").await.unwrap_err(), CoordError::Decode { .. }));
+    let () = raw
+        .set(redis.keys().resume_ledger("s-1").unwrap(), "{not json")
+        .await
+        .unwrap();
+    assert!(matches!(
+        coord.resume_load("s-1").await.unwrap_err(),
+        CoordError::Decode { .. }
+    ));
 }
 
 fn activation(token: &str) -> TransferActivation {
@@ -229,19 +335,43 @@ async fn reconcile_removes_markers_without_a_live_pending_token() {
     let coord = redis.coordination();
     let ttl = Ttl::from_secs(600).unwrap();
     for token in ["t-live", "t-stale-1", "t*stale"] {
-        coord.transfer_marker_set(&activation(token), ttl).await.unwrap();
+        coord
+            .transfer_marker_set(&activation(token), ttl)
+            .await
+            .unwrap();
     }
-    neighbour.coordination().transfer_marker_set(&activation("t-stale-1"), ttl).await.unwrap();
+    neighbour
+        .coordination()
+        .transfer_marker_set(&activation("t-stale-1"), ttl)
+        .await
+        .unwrap();
     let live: HashSet<String> = ["t-live".to_string()].into();
-    let report = coord.transfer_markers_reconcile(&live, 10_000).await.unwrap();
+    let report = coord
+        .transfer_markers_reconcile(&live, 10_000)
+        .await
+        .unwrap();
     let mut removed = report.removed.clone();
     removed.sort();
-    assert_eq!(removed, vec!["t*stale".to_string(), "t-stale-1".to_string()]);
+    assert_eq!(
+        removed,
+        vec!["t*stale".to_string(), "t-stale-1".to_string()]
+    );
     assert!(report.complete);
     assert!(coord.transfer_marker_get("t-live").await.unwrap().is_some());
-    assert!(coord.transfer_marker_get("t-stale-1").await.unwrap().is_none());
     assert!(
-        neighbour.coordination().transfer_marker_get("t-stale-1").await.unwrap().is_some(),
+        coord
+            .transfer_marker_get("t-stale-1")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        neighbour
+            .coordination()
+            .transfer_marker_get("t-stale-1")
+            .await
+            .unwrap()
+            .is_some(),
         "another namespace is never touched"
     );
 }

@@ -9,10 +9,14 @@ async fn migrate_applies_everything_once(pool: PgPool) {
     assert!(!applied.is_empty());
     assert_eq!(applied[0].version, 1);
     assert!(pg.migrations_current().await.unwrap());
-    assert!(pg.migrate().await.unwrap().is_empty(), "a second run applies nothing");
-    let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_tables WHERE tablename = 'characters'")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    assert!(
+        pg.migrate().await.unwrap().is_empty(),
+        "a second run applies nothing"
+    );
+    let tables: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pg_tables WHERE tablename = 'characters'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(tables, 1);
 }
