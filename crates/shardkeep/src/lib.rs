@@ -7,6 +7,7 @@
 //! # Layout
 //!
 //! - [`keyspace`] — every Redis key name, its owner, TTL rule and cleanup descriptor (pure).
+//! - [`telemetry`] — names of every metric shardkeep records.
 //! - [`ttl`] — the validated, strictly positive TTL type (pure).
 //! - [`backend`] — the Postgres pool and Redis connection, and the embedded migrations.
 //! - [`coord`] — coordination primitives on Redis: handoffs, transfer markers, presence,
@@ -15,6 +16,7 @@
 pub mod backend;
 pub mod coord;
 pub mod keyspace;
+pub mod telemetry;
 pub mod ttl;
 
 pub use backend::{ConnectError, PostgresBackend, RedisBackend};

@@ -67,6 +67,8 @@ impl Coordination {
             CleanupMode::DryRun => self.cleanup_count(&descriptor, &mut report).await?,
             CleanupMode::Delete => self.cleanup_delete(&descriptor, limit, &mut report).await?,
         }
+        metrics::counter!(crate::telemetry::CLEANUP_DELETED_TOTAL, "target" => descriptor.name)
+            .increment(report.deleted);
         Ok(report)
     }
 

@@ -8,6 +8,7 @@ use redis::{AsyncCommands, Script, Value};
 
 use super::{CoordError, Coordination, check_payload};
 use crate::keyspace::HandoffScope;
+use crate::telemetry;
 use crate::ttl::Ttl;
 
 static TAKE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/handoff_take.lua")));
@@ -85,25 +86,14 @@ impl Coordination {
         }
         call.arg(self.config().consumed_marker_ttl.as_millis());
         let reply: Vec<Value> = call.invoke_async(&mut self.conn()).await?;
-        match reply.as_slice() {
-            [tag] if is(tag, "consumed") => Ok(HandoffTake::AlreadyConsumed),
-            [tag] if is(tag, "missing") => Ok(HandoffTake::NotFound),
-            [tag, Value::BulkString(index), Value::BulkString(payload)] if is(tag, "taken") => {
-                let index: usize = std::str::from_utf8(index)
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .ok_or_else(|| CoordError::Protocol("take index".into()))?;
-                let scope = ordered
-                    .get(index.wrapping_sub(1))
-                    .cloned()
-                    .ok_or_else(|| CoordError::Protocol(format!("take index {index}")))?;
-                Ok(HandoffTake::Taken {
-                    scope,
-                    payload: payload.clone(),
-                })
-            }
-            other => Err(CoordError::Protocol(format!("handoff take: {other:?}"))),
-        }
+        let outcome = decode_take(&reply, &ordered)?;
+        let label = match &outcome {
+            HandoffTake::Taken { .. } => "taken",
+            HandoffTake::AlreadyConsumed => "already_consumed",
+            HandoffTake::NotFound => "not_found",
+        };
+        metrics::counter!(telemetry::HANDOFF_TAKES_TOTAL, "outcome" => label).increment(1);
+        Ok(outcome)
     }
 
     /// Moves `token`'s handoff from `from` to `to`, keeping its remaining TTL, atomically.
@@ -140,4 +130,27 @@ impl Coordination {
 pub(crate) fn is(value: &Value, tag: &str) -> bool {
     matches!(value, Value::BulkString(b) if b == tag.as_bytes())
         || matches!(value, Value::SimpleString(s) if s == tag)
+}
+
+/// Interprets the take script's reply against the scopes it was given.
+fn decode_take(reply: &[Value], ordered: &[HandoffScope]) -> Result<HandoffTake, CoordError> {
+    match reply {
+        [tag] if is(tag, "consumed") => Ok(HandoffTake::AlreadyConsumed),
+        [tag] if is(tag, "missing") => Ok(HandoffTake::NotFound),
+        [tag, Value::BulkString(index), Value::BulkString(payload)] if is(tag, "taken") => {
+            let index: usize = std::str::from_utf8(index)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| CoordError::Protocol("take index".into()))?;
+            let scope = ordered
+                .get(index.wrapping_sub(1))
+                .cloned()
+                .ok_or_else(|| CoordError::Protocol(format!("take index {index}")))?;
+            Ok(HandoffTake::Taken {
+                scope,
+                payload: payload.clone(),
+            })
+        }
+        other => Err(CoordError::Protocol(format!("handoff take: {other:?}"))),
+    }
 }

@@ -27,9 +27,16 @@ impl Coordination {
             .arg(self.config().nonce_skew_window.as_millis())
             .query_async(&mut self.conn())
             .await?;
-        Ok(match set {
+        let outcome = match set {
             Some(_) => NonceRegistration::Registered,
             None => NonceRegistration::Replayed,
-        })
+        };
+        let label = match outcome {
+            NonceRegistration::Registered => "registered",
+            NonceRegistration::Replayed => "replayed",
+        };
+        metrics::counter!(crate::telemetry::NONCE_REGISTRATIONS_TOTAL, "outcome" => label)
+            .increment(1);
+        Ok(outcome)
     }
 }

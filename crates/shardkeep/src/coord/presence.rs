@@ -179,6 +179,7 @@ impl Coordination {
             total.examined += pass.examined;
             total.removed += pass.removed;
         }
+        metrics::counter!(crate::telemetry::PRESENCE_PRUNED_TOTAL).increment(total.removed as u64);
         Ok(total)
     }
 

@@ -101,6 +101,7 @@ impl Coordination {
             })
             .await?
             .removed;
+        metrics::counter!(crate::telemetry::REGISTRY_PRUNED_TOTAL).increment(pruned as u64);
         let mut listing = RegistryListing {
             pruned,
             ..RegistryListing::default()

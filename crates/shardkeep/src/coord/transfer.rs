@@ -107,6 +107,8 @@ impl Coordination {
                 break;
             }
         }
+        metrics::counter!(crate::telemetry::TRANSFER_MARKERS_REMOVED_TOTAL)
+            .increment(report.removed.len() as u64);
         Ok(report)
     }
 }

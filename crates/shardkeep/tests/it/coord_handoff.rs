@@ -291,3 +291,30 @@ async fn bad_handoff_input_is_a_typed_error_and_writes_nothing() {
     assert!(Ttl::from_secs(0).is_err() && Ttl::from_secs(-3).is_err());
     assert!(redis.all_keys().await.is_empty());
 }
+
+#[tokio::test]
+async fn scripts_reload_after_the_server_forgets_them() {
+    let redis = TestRedis::new().await;
+    let coord = redis.coordination();
+    let ttl = Ttl::from_secs(60).unwrap();
+    coord
+        .handoff_put("a", &instance("i"), b"x", ttl)
+        .await
+        .unwrap();
+    coord.handoff_take("a", &[instance("i")]).await.unwrap();
+    // Forget every cached script: the next EVALSHA answers NOSCRIPT and must reload.
+    let mut raw = redis.raw().await;
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    coord
+        .handoff_put("b", &instance("i"), b"y", ttl)
+        .await
+        .unwrap();
+    assert!(matches!(
+        coord.handoff_take("b", &[instance("i")]).await.unwrap(),
+        HandoffTake::Taken { .. }
+    ));
+}
