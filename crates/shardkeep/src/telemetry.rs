@@ -16,6 +16,9 @@ pub const NONCE_REGISTRATIONS_TOTAL: &str = "shardkeep_nonce_registrations_total
 /// Keys deleted by admin cleanup, labelled `target`.
 pub const CLEANUP_DELETED_TOTAL: &str = "shardkeep_cleanup_deleted_total";
 
+/// Checkpoint reads that failed (Redis down or corrupt value); the row was used instead.
+pub const CHECKPOINT_READ_FAILURES_TOTAL: &str = "shardkeep_checkpoint_read_failures_total";
+
 /// Registers a description for every metric, for exporters that show them.
 pub fn describe() {
     use metrics::describe_counter;

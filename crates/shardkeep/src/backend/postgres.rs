@@ -86,6 +86,11 @@ impl PostgresBackend {
         Self { pool }
     }
 
+    /// The pool, for store adapters inside this crate.
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
     /// Applies every embedded migration not yet applied, returning the ones it applied.
     pub async fn migrate(&self) -> Result<Vec<AppliedMigration>, sqlx::migrate::MigrateError> {
         let before = self.applied_versions().await?;

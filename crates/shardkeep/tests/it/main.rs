@@ -6,4 +6,5 @@
 mod coord_cleanup;
 mod coord_handoff;
 mod coord_records;
+mod ladder_store;
 mod migrate;

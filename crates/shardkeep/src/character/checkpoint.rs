@@ -1,0 +1,172 @@
+//! The Redis checkpoint tier: the full snapshot under the normalized character name, guarded by
+//! a Lua ownership check so a stale owner can never overwrite a newer owner's checkpoint.
+
+use std::sync::LazyLock;
+
+use redis::{Script, Value};
+
+use super::snapshot::CharacterSnapshot;
+use crate::backend::RedisBackend;
+use crate::coord::handoff::is;
+use crate::keyspace::{CHECKPOINT_TTL, KeyError};
+use crate::ttl::Ttl;
+
+static WRITE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/checkpoint_write.lua")));
+
+/// A checkpoint call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// The name could not form a key; nothing was written.
+    #[error("invalid checkpoint key: {0}")]
+    InvalidKey(#[from] KeyError),
+    /// Redis failed or could not be reached.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The stored checkpoint is not a valid snapshot.
+    #[error("checkpoint for {name:?} is corrupt: {reason}")]
+    Corrupt {
+        /// The character name.
+        name: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The snapshot could not be encoded.
+    #[error("snapshot could not be encoded: {0}")]
+    Encode(serde_json::Error),
+    /// A script answered something this version does not understand.
+    #[error("unexpected checkpoint script reply: {0}")]
+    Protocol(String),
+}
+
+/// How a checkpoint write ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointWrite {
+    /// Stored.
+    Written,
+    /// Refused: a newer owner (this epoch) holds the checkpoint. A double-own signal for the zone.
+    NotOwner {
+        /// The epoch stored in the checkpoint.
+        stored_epoch: i64,
+    },
+}
+
+/// Handle on the checkpoint tier. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct CheckpointStore {
+    redis: RedisBackend,
+    ttl: Ttl,
+}
+
+impl CheckpointStore {
+    /// Checkpoints over `redis`, kept for the standard hour.
+    pub fn new(redis: RedisBackend) -> Self {
+        Self {
+            redis,
+            ttl: CHECKPOINT_TTL,
+        }
+    }
+
+    /// Checkpoints kept for `ttl` instead.
+    pub fn with_ttl(redis: RedisBackend, ttl: Ttl) -> Self {
+        Self { redis, ttl }
+    }
+
+    /// Writes `snapshot` unless a newer owner's checkpoint is stored.
+    pub async fn write(
+        &self,
+        snapshot: &CharacterSnapshot,
+    ) -> Result<CheckpointWrite, CheckpointError> {
+        let mut results = self.write_many(&[snapshot]).await?;
+        results
+            .pop()
+            .ok_or_else(|| CheckpointError::Protocol("empty reply".into()))
+    }
+
+    /// Writes many snapshots in one pipelined round trip, one result per snapshot in order.
+    pub async fn write_many(
+        &self,
+        snapshots: &[&CharacterSnapshot],
+    ) -> Result<Vec<CheckpointWrite>, CheckpointError> {
+        if snapshots.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut invocations = Vec::with_capacity(snapshots.len());
+        for snapshot in snapshots {
+            let body = serde_json::to_vec(snapshot).map_err(CheckpointError::Encode)?;
+            let mut call = WRITE.prepare_invoke();
+            call.key(self.redis.keys().checkpoint(&snapshot.name)?)
+                .arg(snapshot.owner_epoch)
+                .arg(body)
+                .arg(self.ttl.as_millis());
+            invocations.push(call);
+        }
+        // Loading first makes the pipelined EVALSHAs immune to a flushed script cache.
+        let mut pipe = redis::pipe();
+        pipe.load_script(&WRITE).ignore();
+        for call in &invocations {
+            pipe.invoke_script(call);
+        }
+        let replies: Vec<Vec<Value>> = pipe.query_async(&mut self.redis.conn()).await?;
+        replies.iter().map(|reply| decode_write(reply)).collect()
+    }
+
+    /// The checkpoint of the character named `name`, if one is stored.
+    pub async fn read(&self, name: &str) -> Result<Option<CharacterSnapshot>, CheckpointError> {
+        let key = self.redis.keys().checkpoint(name)?;
+        let (epoch, body): (Option<i64>, Option<Vec<u8>>) = redis::cmd("HMGET")
+            .arg(&key)
+            .arg("epoch")
+            .arg("snapshot")
+            .query_async(&mut self.redis.conn())
+            .await
+            .map_err(|e| {
+                if e.code() == Some("WRONGTYPE") {
+                    CheckpointError::Corrupt {
+                        name: name.to_owned(),
+                        reason: "not a checkpoint hash".into(),
+                    }
+                } else {
+                    CheckpointError::Redis(e)
+                }
+            })?;
+        let Some(body) = body else {
+            return Ok(None);
+        };
+        let corrupt = |reason: String| CheckpointError::Corrupt {
+            name: name.to_owned(),
+            reason,
+        };
+        let snapshot: CharacterSnapshot =
+            serde_json::from_slice(&body).map_err(|e| corrupt(e.to_string()))?;
+        if epoch != Some(snapshot.owner_epoch) {
+            return Err(corrupt(format!(
+                "guard epoch {epoch:?} differs from snapshot epoch {}",
+                snapshot.owner_epoch
+            )));
+        }
+        Ok(Some(snapshot))
+    }
+
+    /// Deletes the checkpoint of `name`.
+    pub async fn delete(&self, name: &str) -> Result<(), CheckpointError> {
+        let key = self.redis.keys().checkpoint(name)?;
+        let _: i64 = redis::cmd("DEL")
+            .arg(key)
+            .query_async(&mut self.redis.conn())
+            .await?;
+        Ok(())
+    }
+}
+
+fn decode_write(reply: &[Value]) -> Result<CheckpointWrite, CheckpointError> {
+    match reply {
+        [tag] if is(tag, "ok") => Ok(CheckpointWrite::Written),
+        [tag, Value::BulkString(epoch)] if is(tag, "not_owner") => std::str::from_utf8(epoch)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .map(|stored_epoch| CheckpointWrite::NotOwner { stored_epoch })
+            .ok_or_else(|| CheckpointError::Protocol("not_owner epoch".into())),
+        other => Err(CheckpointError::Protocol(format!("{other:?}"))),
+    }
+}

@@ -1,0 +1,213 @@
+//! Login-time load: claim the character, read the row and the checkpoint, and pick the freshest.
+//!
+//! Runs off the simulation thread. Fails closed: a character whose claim or row read fails gets no
+//! session at all, never an ephemeral one. A checkpoint that cannot be read (Redis down, corrupt
+//! value) only costs the crash-window shortening: the row is used.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use super::checkpoint::CheckpointStore;
+use super::snapshot::{CharacterSnapshot, Freshest, freshest};
+use super::store::{CharacterStore, StoreError};
+
+/// Why a character could not be loaded for a session.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The claim or the row read failed; the login must be refused.
+    #[error("cannot claim or read character {character_id}: {source}")]
+    Store {
+        /// The character.
+        character_id: Uuid,
+        /// The failure.
+        source: StoreError,
+    },
+    /// The claim or row read did not answer in time; the login must be refused.
+    #[error("claiming character {0} timed out")]
+    Timeout(Uuid),
+}
+
+/// A claimed character, ready to apply on the zone.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadedCharacter {
+    /// The freshest content, carrying the row's `state_version` (the CAS token) and the newly
+    /// minted `owner_epoch`.
+    pub snapshot: CharacterSnapshot,
+    /// Which tier the content came from.
+    pub source: Freshest,
+    /// True when the row had never been placed in a zone (a brand-new character).
+    pub brand_new: bool,
+}
+
+/// Loads characters for sessions. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct CharacterLoader {
+    store: CharacterStore,
+    checkpoints: Option<CheckpointStore>,
+    io_timeout: Duration,
+}
+
+impl CharacterLoader {
+    /// A loader over the store and, when configured, the checkpoint tier.
+    pub fn new(
+        store: CharacterStore,
+        checkpoints: Option<CheckpointStore>,
+        io_timeout: Duration,
+    ) -> Self {
+        Self {
+            store,
+            checkpoints,
+            io_timeout,
+        }
+    }
+
+    /// Claims `character_id` with the directory's epoch `floor`, then loads the freshest copy.
+    pub async fn claim_and_load(
+        &self,
+        character_id: Uuid,
+        floor: i64,
+    ) -> Result<LoadedCharacter, LoadError> {
+        let claimed = tokio::time::timeout(self.io_timeout, self.store.claim(character_id, floor))
+            .await
+            .map_err(|_| LoadError::Timeout(character_id))?
+            .map_err(|source| LoadError::Store {
+                character_id,
+                source,
+            })?;
+        let row = claimed.row;
+        let checkpoint = self.read_checkpoint(&row.name).await;
+        Ok(choose(row, checkpoint, claimed.new_epoch))
+    }
+
+    async fn read_checkpoint(&self, name: &str) -> Option<CharacterSnapshot> {
+        let checkpoints = self.checkpoints.as_ref()?;
+        match tokio::time::timeout(self.io_timeout, checkpoints.read(name)).await {
+            Ok(Ok(found)) => found,
+            Ok(Err(err)) => {
+                tracing::warn!(event = "checkpoint_read_failed", character = name, error = %err,
+                    "loading from the row");
+                metrics::counter!(crate::telemetry::CHECKPOINT_READ_FAILURES_TOTAL).increment(1);
+                None
+            }
+            Err(_) => {
+                tracing::warn!(
+                    event = "checkpoint_read_failed",
+                    character = name,
+                    error = "timeout",
+                    "loading from the row"
+                );
+                metrics::counter!(crate::telemetry::CHECKPOINT_READ_FAILURES_TOTAL).increment(1);
+                None
+            }
+        }
+    }
+}
+
+/// Combines the row (with its pre-claim epoch) and an optional checkpoint into the snapshot a
+/// session starts from. Identity always comes from the row; so does the CAS token.
+pub fn choose(
+    row: CharacterSnapshot,
+    checkpoint: Option<CharacterSnapshot>,
+    new_epoch: i64,
+) -> LoadedCharacter {
+    let brand_new = row.zone_ref.is_none();
+    let pick = checkpoint
+        .filter(|c| c.character_id == row.character_id)
+        .map(|c| {
+            let which = freshest(
+                (row.owner_epoch, row.state_version),
+                (c.owner_epoch, c.state_version),
+            );
+            (which, c)
+        });
+    let (source, mut snapshot) = match pick {
+        Some((Freshest::Checkpoint, c)) => {
+            let mut s = c;
+            if s.zone_ref.is_none() {
+                // The checkpoint was dumped inside an instance; the durable anchor stands.
+                s.zone_ref = row.zone_ref.clone();
+                s.room_ref = row.room_ref.clone();
+            }
+            s.account_id = row.account_id;
+            s.name = row.name.clone();
+            (Freshest::Checkpoint, s)
+        }
+        _ => (Freshest::Row, row.clone()),
+    };
+    snapshot.state_version = row.state_version;
+    snapshot.owner_epoch = new_epoch;
+    LoadedCharacter {
+        snapshot,
+        source,
+        brand_new,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap(epoch: i64, version: i64, zone: Option<&str>, marker: &str) -> CharacterSnapshot {
+        CharacterSnapshot {
+            character_id: Uuid::nil(),
+            account_id: Uuid::nil(),
+            name: "Aria".into(),
+            zone_ref: zone.map(str::to_owned),
+            room_ref: zone.map(|_| "r1".to_owned()),
+            state: serde_json::json!({ "marker": marker }),
+            chargen: None,
+            state_version: version,
+            owner_epoch: epoch,
+        }
+    }
+
+    #[test]
+    fn checkpoint_content_at_a_tie_with_the_rows_token_and_new_epoch() {
+        let loaded = choose(
+            snap(3, 7, Some("a"), "row"),
+            Some(snap(3, 7, Some("b"), "ckpt")),
+            4,
+        );
+        assert_eq!(loaded.source, Freshest::Checkpoint);
+        assert_eq!(loaded.snapshot.state["marker"], "ckpt");
+        assert_eq!(loaded.snapshot.zone_ref.as_deref(), Some("b"));
+        assert_eq!(
+            (loaded.snapshot.state_version, loaded.snapshot.owner_epoch),
+            (7, 4)
+        );
+    }
+
+    #[test]
+    fn a_stale_owners_checkpoint_never_outranks_the_row() {
+        let loaded = choose(
+            snap(5, 2, Some("a"), "row"),
+            Some(snap(4, 40, Some("b"), "zombie")),
+            6,
+        );
+        assert_eq!(loaded.source, Freshest::Row);
+        assert_eq!(loaded.snapshot.state["marker"], "row");
+        assert_eq!(
+            (loaded.snapshot.state_version, loaded.snapshot.owner_epoch),
+            (2, 6)
+        );
+    }
+
+    #[test]
+    fn an_instance_checkpoint_keeps_the_rows_anchor() {
+        let loaded = choose(
+            snap(3, 7, Some("a"), "row"),
+            Some(snap(3, 7, None, "ckpt")),
+            4,
+        );
+        assert_eq!(loaded.snapshot.state["marker"], "ckpt");
+        assert_eq!(loaded.snapshot.zone_ref.as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn no_checkpoint_means_the_row() {
+        let loaded = choose(snap(1, 1, None, "row"), None, 2);
+        assert_eq!(loaded.source, Freshest::Row);
+        assert!(loaded.brand_new);
+    }
+}

@@ -1,0 +1,136 @@
+//! The character snapshot — the one type every tier stores — and the pure rules that compare
+//! snapshots.
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Everything durable about one character, as one serde type.
+///
+/// The zone dumps it on its own thread; the saver writes it to Redis (whole) and Postgres
+/// (columns plus the `state` document); a cross-shard handoff carries it over the wire. Adding a
+/// field here threads it through every tier, and the drift-guard tests fail if a tier drops one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CharacterSnapshot {
+    /// Stable character id.
+    pub character_id: Uuid,
+    /// Owning account.
+    pub account_id: Uuid,
+    /// Display name (unique without regard to case).
+    pub name: String,
+    /// Durable zone anchor; `None` keeps the stored one (an instance never overwrites it).
+    pub zone_ref: Option<String>,
+    /// Room inside `zone_ref`; ignored when `zone_ref` is `None`.
+    pub room_ref: Option<String>,
+    /// The game's state document (the reference model's is [`crate::game::StateDocument`]).
+    pub state: serde_json::Value,
+    /// Pending content-driven chargen input; `None` once applied.
+    pub chargen: Option<serde_json::Value>,
+    /// Contention token: the row version this snapshot was dumped at.
+    pub state_version: i64,
+    /// Ownership fence: the epoch of the copy that dumped it.
+    pub owner_epoch: i64,
+}
+
+/// How a compare-and-swap save ended. There is deliberately no `Default`: every variant demands
+/// different handling, and none may be mistaken for success.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaveOutcome {
+    /// Written; the row is now at this version.
+    Saved(i64),
+    /// Somebody wrote since this snapshot was dumped; the row is at this version.
+    VersionConflict(i64),
+    /// A newer owner claimed the character; the row's epoch is this. Terminal.
+    OwnershipLost(i64),
+    /// No row with this id.
+    NotFound,
+}
+
+/// Which copy a load should use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Freshest {
+    /// The Postgres row.
+    Row,
+    /// The Redis checkpoint.
+    Checkpoint,
+}
+
+/// Picks the fresher of a row and a checkpoint by `(owner_epoch, state_version)`: ownership first,
+/// so a stale owner's checkpoint never outranks the live owner's row; on a full tie the
+/// checkpoint wins, because checkpoints are dumped at the pre-flush version with newer content.
+pub fn freshest(row: (i64, i64), checkpoint: (i64, i64)) -> Freshest {
+    if checkpoint >= row {
+        Freshest::Checkpoint
+    } else {
+        Freshest::Row
+    }
+}
+
+/// Decides a save's outcome from the row as locked by the save statement.
+///
+/// `row` is `None` when no row exists; `saved` is the new version when the update applied.
+/// An ownership loss outranks a version conflict: a stale owner must learn it is stale rather
+/// than rebase and try again.
+pub fn classify_save(
+    row: Option<(i64, i64)>,
+    saved: Option<i64>,
+    writer_epoch: i64,
+) -> SaveOutcome {
+    match (row, saved) {
+        (_, Some(version)) => SaveOutcome::Saved(version),
+        (None, None) => SaveOutcome::NotFound,
+        (Some((_, epoch)), None) if epoch > writer_epoch => SaveOutcome::OwnershipLost(epoch),
+        (Some((version, _)), None) => SaveOutcome::VersionConflict(version),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tie_goes_to_the_checkpoint() {
+        assert_eq!(freshest((3, 7), (3, 7)), Freshest::Checkpoint);
+    }
+
+    #[test]
+    fn a_higher_row_version_wins() {
+        assert_eq!(freshest((3, 8), (3, 7)), Freshest::Row);
+    }
+
+    #[test]
+    fn a_higher_checkpoint_version_wins() {
+        assert_eq!(freshest((3, 7), (3, 8)), Freshest::Checkpoint);
+    }
+
+    #[test]
+    fn a_stale_owners_checkpoint_loses_to_the_live_row_despite_a_higher_version() {
+        assert_eq!(freshest((4, 2), (3, 50)), Freshest::Row);
+    }
+
+    #[test]
+    fn a_newer_owners_checkpoint_beats_an_older_row() {
+        assert_eq!(freshest((3, 9), (4, 1)), Freshest::Checkpoint);
+    }
+
+    #[test]
+    fn save_outcomes_are_classified_ownership_first() {
+        assert_eq!(
+            classify_save(Some((5, 2)), Some(6), 2),
+            SaveOutcome::Saved(6)
+        );
+        assert_eq!(classify_save(None, None, 2), SaveOutcome::NotFound);
+        assert_eq!(
+            classify_save(Some((5, 3)), None, 2),
+            SaveOutcome::OwnershipLost(3)
+        );
+        assert_eq!(
+            classify_save(Some((5, 2)), None, 2),
+            SaveOutcome::VersionConflict(5)
+        );
+        assert_eq!(
+            classify_save(Some((5, 1)), None, 2),
+            SaveOutcome::VersionConflict(5)
+        );
+    }
+}

@@ -1,0 +1,358 @@
+//! The Postgres character store: create, claim (mint the next owner epoch), load, and the
+//! compare-and-swap save, single and batched. Every fence sits in the statement that writes.
+
+use uuid::Uuid;
+
+use super::snapshot::{CharacterSnapshot, SaveOutcome, classify_save};
+use crate::backend::PostgresBackend;
+
+/// Most characters one batched save accepts.
+pub const MAX_SAVE_BATCH: usize = 1024;
+
+/// A character store call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Postgres failed or could not be reached.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The name is already taken (names are unique without regard to case).
+    #[error("the character name {0:?} is taken")]
+    NameTaken(String),
+    /// No character with this id.
+    #[error("no character with id {0}")]
+    NotFound(Uuid),
+    /// The call's input was invalid; nothing was written.
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+}
+
+/// A character to create.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewCharacter {
+    /// Its id.
+    pub character_id: Uuid,
+    /// Owning account.
+    pub account_id: Uuid,
+    /// Display name.
+    pub name: String,
+    /// Initial zone anchor (`None`: the shard's home zone on first login).
+    pub zone_ref: Option<String>,
+    /// Initial room.
+    pub room_ref: Option<String>,
+    /// Initial state document.
+    pub state: serde_json::Value,
+    /// Content-driven chargen input, applied on first spawn.
+    pub chargen: Option<serde_json::Value>,
+}
+
+/// Result of a claim: the new epoch and the row as it was just before the claim.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimedRow {
+    /// The epoch minted for the claimant; it names exactly one live copy.
+    pub new_epoch: i64,
+    /// The row, with the owner epoch it had before this claim (what freshness compares).
+    pub row: CharacterSnapshot,
+}
+
+/// Handle on the `characters` table. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct CharacterStore {
+    pg: PostgresBackend,
+}
+
+type RowTuple = (
+    Uuid,
+    Uuid,
+    String,
+    Option<String>,
+    Option<String>,
+    serde_json::Value,
+    Option<serde_json::Value>,
+    i64,
+    i64,
+);
+
+fn snapshot_of(row: RowTuple) -> CharacterSnapshot {
+    let (
+        character_id,
+        account_id,
+        name,
+        zone_ref,
+        room_ref,
+        state,
+        chargen,
+        state_version,
+        owner_epoch,
+    ) = row;
+    CharacterSnapshot {
+        character_id,
+        account_id,
+        name,
+        zone_ref,
+        room_ref,
+        state,
+        chargen,
+        state_version,
+        owner_epoch,
+    }
+}
+
+const SAVE_ONE: &str = "
+WITH cur AS (
+    SELECT id, state_version, owner_epoch FROM characters WHERE id = $1 FOR UPDATE
+), upd AS (
+    UPDATE characters c
+       SET state = $4,
+           chargen = $5,
+           zone_ref = COALESCE(NULLIF($6, ''), c.zone_ref),
+           room_ref = CASE WHEN NULLIF($6, '') IS NULL THEN c.room_ref ELSE $7 END,
+           state_version = c.state_version + 1,
+           updated_at = now()
+      FROM cur
+     WHERE c.id = cur.id AND cur.state_version = $2 AND cur.owner_epoch <= $3
+ RETURNING c.state_version
+)
+SELECT cur.state_version, cur.owner_epoch, (SELECT state_version FROM upd) FROM cur";
+
+const SAVE_MANY: &str = "
+WITH input AS (
+    SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::int8[], $4::jsonb[], $5::jsonb[], $6::text[], $7::text[])
+        AS t(id, expected, epoch, state, chargen, zone_ref, room_ref)
+), cur AS (
+    SELECT c.id, c.state_version, c.owner_epoch
+      FROM characters c
+     WHERE c.id IN (SELECT id FROM input)
+     ORDER BY c.id
+       FOR UPDATE
+), upd AS (
+    UPDATE characters c
+       SET state = i.state,
+           chargen = i.chargen,
+           zone_ref = COALESCE(NULLIF(i.zone_ref, ''), c.zone_ref),
+           room_ref = CASE WHEN NULLIF(i.zone_ref, '') IS NULL THEN c.room_ref ELSE i.room_ref END,
+           state_version = c.state_version + 1,
+           updated_at = now()
+      FROM input i JOIN cur ON cur.id = i.id
+     WHERE c.id = i.id AND cur.state_version = i.expected AND cur.owner_epoch <= i.epoch
+ RETURNING c.id, c.state_version
+)
+SELECT i.id, cur.state_version, cur.owner_epoch, upd.state_version
+  FROM input i
+  LEFT JOIN cur ON cur.id = i.id
+  LEFT JOIN upd ON upd.id = i.id";
+
+const CLAIM: &str = "
+WITH prev AS (
+    SELECT id, owner_epoch FROM characters WHERE id = $1 FOR UPDATE
+)
+UPDATE characters c
+   SET owner_epoch = GREATEST(prev.owner_epoch, $2) + 1, updated_at = now()
+  FROM prev
+ WHERE c.id = prev.id
+RETURNING c.owner_epoch, c.id, c.account_id, c.name, c.zone_ref, c.room_ref, c.state, c.chargen,
+          c.state_version, prev.owner_epoch";
+
+const SELECT_BY_ID: &str = "SELECT id, account_id, name, zone_ref, room_ref, state, chargen, \
+    state_version, owner_epoch FROM characters WHERE id = $1";
+
+const SELECT_BY_NAME: &str = "SELECT id, account_id, name, zone_ref, room_ref, state, chargen, \
+    state_version, owner_epoch FROM characters WHERE lower(name) = lower(btrim($1))";
+
+impl CharacterStore {
+    /// A store over `pg`.
+    pub fn new(pg: PostgresBackend) -> Self {
+        Self { pg }
+    }
+
+    /// Creates a character; its state starts at version 0 and epoch 0.
+    pub async fn create(&self, new: &NewCharacter) -> Result<(), StoreError> {
+        let mut conn = self.pg.pool().acquire().await?;
+        Self::create_in(&mut conn, new).await
+    }
+
+    /// Creates a character on `conn` (inside the caller's transaction, when it has one).
+    pub(crate) async fn create_in(
+        conn: &mut sqlx::PgConnection,
+        new: &NewCharacter,
+    ) -> Result<(), StoreError> {
+        let name = new.name.trim();
+        if name.is_empty() || name.chars().count() > 64 {
+            return Err(StoreError::InvalidInput(
+                "a name is 1 to 64 characters".into(),
+            ));
+        }
+        let zone_ref = new.zone_ref.as_deref().filter(|z| !z.is_empty());
+        sqlx::query(
+            "INSERT INTO characters (id, account_id, name, zone_ref, room_ref, state, chargen)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(new.character_id)
+        .bind(new.account_id)
+        .bind(name)
+        .bind(zone_ref)
+        .bind(zone_ref.and(new.room_ref.as_deref()))
+        .bind(&new.state)
+        .bind(&new.chargen)
+        .execute(conn)
+        .await
+        .map_err(|e| match &e {
+            sqlx::Error::Database(db) if db.constraint() == Some("characters_name_ci") => {
+                StoreError::NameTaken(name.to_owned())
+            }
+            _ => StoreError::Database(e),
+        })?;
+        Ok(())
+    }
+
+    /// Mints the next owner epoch for `character_id` — `max(row, floor) + 1`, in one statement —
+    /// and returns it with the row as it stood before the claim.
+    pub async fn claim(&self, character_id: Uuid, floor: i64) -> Result<ClaimedRow, StoreError> {
+        if floor < 0 {
+            return Err(StoreError::InvalidInput(format!(
+                "epoch floor {floor} is negative"
+            )));
+        }
+        type ClaimTuple = (
+            i64,
+            Uuid,
+            Uuid,
+            String,
+            Option<String>,
+            Option<String>,
+            serde_json::Value,
+            Option<serde_json::Value>,
+            i64,
+            i64,
+        );
+        let row: Option<ClaimTuple> = sqlx::query_as(CLAIM)
+            .bind(character_id)
+            .bind(floor)
+            .fetch_optional(self.pg.pool())
+            .await?;
+        let (new_epoch, id, account, name, zone, room, state, chargen, version, previous) =
+            row.ok_or(StoreError::NotFound(character_id))?;
+        Ok(ClaimedRow {
+            new_epoch,
+            row: snapshot_of((
+                id, account, name, zone, room, state, chargen, version, previous,
+            )),
+        })
+    }
+
+    /// The row of `character_id`, if it exists.
+    pub async fn load(&self, character_id: Uuid) -> Result<Option<CharacterSnapshot>, StoreError> {
+        let row: Option<RowTuple> = sqlx::query_as(SELECT_BY_ID)
+            .bind(character_id)
+            .fetch_optional(self.pg.pool())
+            .await?;
+        Ok(row.map(snapshot_of))
+    }
+
+    /// The row of the character named `name` (any case), if it exists.
+    pub async fn load_by_name(&self, name: &str) -> Result<Option<CharacterSnapshot>, StoreError> {
+        let row: Option<RowTuple> = sqlx::query_as(SELECT_BY_NAME)
+            .bind(name)
+            .fetch_optional(self.pg.pool())
+            .await?;
+        Ok(row.map(snapshot_of))
+    }
+
+    /// Compare-and-swap save of one snapshot, decided in one round trip.
+    pub async fn save(&self, snapshot: &CharacterSnapshot) -> Result<SaveOutcome, StoreError> {
+        let zone_ref = snapshot.zone_ref.as_deref().filter(|z| !z.is_empty());
+        let row: Option<(i64, i64, Option<i64>)> = sqlx::query_as(SAVE_ONE)
+            .bind(snapshot.character_id)
+            .bind(snapshot.state_version)
+            .bind(snapshot.owner_epoch)
+            .bind(&snapshot.state)
+            .bind(&snapshot.chargen)
+            .bind(zone_ref)
+            .bind(zone_ref.and(snapshot.room_ref.as_deref()))
+            .fetch_optional(self.pg.pool())
+            .await?;
+        let outcome = match row {
+            None => SaveOutcome::NotFound,
+            Some((version, epoch, saved)) => {
+                classify_save(Some((version, epoch)), saved, snapshot.owner_epoch)
+            }
+        };
+        Ok(outcome)
+    }
+
+    /// Compare-and-swap save of many snapshots in one statement, one outcome per snapshot (in
+    /// input order). Ids must be distinct; at most [`MAX_SAVE_BATCH`].
+    pub async fn save_many(
+        &self,
+        snapshots: &[&CharacterSnapshot],
+    ) -> Result<Vec<(Uuid, SaveOutcome)>, StoreError> {
+        if snapshots.is_empty() {
+            return Ok(Vec::new());
+        }
+        if snapshots.len() > MAX_SAVE_BATCH {
+            return Err(StoreError::InvalidInput(format!(
+                "a batch holds at most {MAX_SAVE_BATCH} snapshots, got {}",
+                snapshots.len()
+            )));
+        }
+        let mut ids = Vec::with_capacity(snapshots.len());
+        let mut seen = std::collections::HashSet::with_capacity(snapshots.len());
+        for s in snapshots {
+            if !seen.insert(s.character_id) {
+                return Err(StoreError::InvalidInput(format!(
+                    "character {} appears twice in one batch",
+                    s.character_id
+                )));
+            }
+            ids.push(s.character_id);
+        }
+        let expected: Vec<i64> = snapshots.iter().map(|s| s.state_version).collect();
+        let epochs: Vec<i64> = snapshots.iter().map(|s| s.owner_epoch).collect();
+        let states: Vec<&serde_json::Value> = snapshots.iter().map(|s| &s.state).collect();
+        let chargens: Vec<Option<&serde_json::Value>> =
+            snapshots.iter().map(|s| s.chargen.as_ref()).collect();
+        let zones: Vec<Option<&str>> = snapshots
+            .iter()
+            .map(|s| s.zone_ref.as_deref().filter(|z| !z.is_empty()))
+            .collect();
+        let rooms: Vec<Option<&str>> = snapshots
+            .iter()
+            .zip(&zones)
+            .map(|(s, z)| z.and(s.room_ref.as_deref()))
+            .collect();
+        let rows: Vec<(Uuid, Option<i64>, Option<i64>, Option<i64>)> = sqlx::query_as(SAVE_MANY)
+            .bind(&ids)
+            .bind(&expected)
+            .bind(&epochs)
+            .bind(&states)
+            .bind(&chargens)
+            .bind(&zones)
+            .bind(&rooms)
+            .fetch_all(self.pg.pool())
+            .await?;
+        let by_id: std::collections::HashMap<Uuid, SaveOutcome> = rows
+            .into_iter()
+            .map(|(id, version, epoch, saved)| {
+                let current = version.zip(epoch);
+                let writer = snapshots
+                    .iter()
+                    .find(|s| s.character_id == id)
+                    .map_or(i64::MAX, |s| s.owner_epoch);
+                (id, classify_save(current, saved, writer))
+            })
+            .collect();
+        Ok(ids
+            .into_iter()
+            .map(|id| (id, by_id.get(&id).copied().unwrap_or(SaveOutcome::NotFound)))
+            .collect())
+    }
+
+    /// The row's current `(state_version, owner_epoch)`.
+    pub async fn version_of(&self, character_id: Uuid) -> Result<Option<(i64, i64)>, StoreError> {
+        Ok(
+            sqlx::query_as("SELECT state_version, owner_epoch FROM characters WHERE id = $1")
+                .bind(character_id)
+                .fetch_optional(self.pg.pool())
+                .await?,
+        )
+    }
+}
