@@ -72,6 +72,9 @@ type RowTuple = (
     i64,
 );
 
+/// One row of the batched save's answer: id, locked version and epoch, new version if saved.
+type BatchRow = (Uuid, Option<i64>, Option<i64>, Option<i64>);
+
 fn snapshot_of(row: RowTuple) -> CharacterSnapshot {
     let (
         character_id,
@@ -319,7 +322,7 @@ impl CharacterStore {
             .zip(&zones)
             .map(|(s, z)| z.and(s.room_ref.as_deref()))
             .collect();
-        let rows: Vec<(Uuid, Option<i64>, Option<i64>, Option<i64>)> = sqlx::query_as(SAVE_MANY)
+        let rows: Vec<BatchRow> = sqlx::query_as(SAVE_MANY)
             .bind(&ids)
             .bind(&expected)
             .bind(&epochs)
