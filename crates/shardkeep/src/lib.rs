@@ -6,6 +6,7 @@
 //!
 //! # Layout
 //!
+//! - [`game`] — the reference game-state model: items, state, applier, zones and resets.
 //! - [`keyspace`] — every Redis key name, its owner, TTL rule and cleanup descriptor (pure).
 //! - [`telemetry`] — names of every metric shardkeep records.
 //! - [`ttl`] — the validated, strictly positive TTL type (pure).
@@ -17,6 +18,7 @@
 pub mod backend;
 pub mod character;
 pub mod coord;
+pub mod game;
 pub mod keyspace;
 pub mod telemetry;
 pub mod ttl;
