@@ -6,8 +6,12 @@
 //!
 //! # Layout
 //!
+//! - [`drain`] — bounded batch-drained queues with a shutdown barrier (saver, placement writer).
 //! - [`game`] — the reference game-state model: items, state, applier, zones and resets.
 //! - [`keyspace`] — every Redis key name, its owner, TTL rule and cleanup descriptor (pure).
+//! - [`placement`] — fenced placement records and their background writer.
+//! - [`saver`] — the background saver: checkpoints, CAS flushes, conflicts, the final rebase.
+//! - [`shard`] — the reference shard runtime: zones, players, cadences, sessions, landing.
 //! - [`telemetry`] — names of every metric shardkeep records.
 //! - [`ttl`] — the validated, strictly positive TTL type (pure).
 //! - [`backend`] — the Postgres pool and Redis connection, and the embedded migrations.
@@ -18,8 +22,12 @@
 pub mod backend;
 pub mod character;
 pub mod coord;
+pub mod drain;
 pub mod game;
 pub mod keyspace;
+pub mod placement;
+pub mod saver;
+pub mod shard;
 pub mod telemetry;
 pub mod ttl;
 

@@ -19,6 +19,27 @@ pub const CLEANUP_DELETED_TOTAL: &str = "shardkeep_cleanup_deleted_total";
 /// Checkpoint reads that failed (Redis down or corrupt value); the row was used instead.
 pub const CHECKPOINT_READ_FAILURES_TOTAL: &str = "shardkeep_checkpoint_read_failures_total";
 
+/// Saver requests waiting.
+pub const SAVER_QUEUE_DEPTH: &str = "shardkeep_saver_queue_depth";
+/// Saver requests dropped at enqueue, labelled `reason` and `cause` (full, closed).
+pub const SAVER_DROPPED_TOTAL: &str = "shardkeep_saver_dropped_total";
+/// CAS saves that lost the version race, labelled `reason`.
+pub const SAVER_CONFLICTS_TOTAL: &str = "shardkeep_saver_conflicts_total";
+/// CAS saves fenced by a newer owner.
+pub const SAVER_OWNERSHIP_LOST_TOTAL: &str = "shardkeep_saver_ownership_lost_total";
+/// Checkpoint writes refused by the ownership guard.
+pub const CHECKPOINT_REFUSED_TOTAL: &str = "shardkeep_checkpoint_refused_total";
+/// Saver writes that failed, labelled `tier` (redis, postgres).
+pub const SAVER_WRITE_FAILURES_TOTAL: &str = "shardkeep_saver_write_failures_total";
+/// Final flushes given up after the rebase budget.
+pub const SAVER_FINAL_DROPPED_TOTAL: &str = "shardkeep_saver_final_dropped_total";
+/// Duration of one batched CAS save.
+pub const SAVER_FLUSH_SECONDS: &str = "shardkeep_saver_flush_seconds";
+/// Placement writes refused because a newer owner wrote the record.
+pub const PLACEMENT_STALE_TOTAL: &str = "shardkeep_placement_stale_total";
+/// Placement updates dropped at enqueue.
+pub const PLACEMENT_DROPPED_TOTAL: &str = "shardkeep_placement_dropped_total";
+
 /// Registers a description for every metric, for exporters that show them.
 pub fn describe() {
     use metrics::describe_counter;

@@ -28,14 +28,25 @@ pub enum LoadError {
     Timeout(Uuid),
 }
 
+/// Where a loaded character's content came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoadSource {
+    /// The Postgres row.
+    Row,
+    /// The Redis checkpoint (fresher than, or tied with, the row).
+    Checkpoint,
+    /// The snapshot carried by a cross-shard handoff.
+    Handoff,
+}
+
 /// A claimed character, ready to apply on the zone.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoadedCharacter {
     /// The freshest content, carrying the row's `state_version` (the CAS token) and the newly
     /// minted `owner_epoch`.
     pub snapshot: CharacterSnapshot,
-    /// Which tier the content came from.
-    pub source: Freshest,
+    /// Where the content came from.
+    pub source: LoadSource,
     /// True when the row had never been placed in a zone (a brand-new character).
     pub brand_new: bool,
 }
@@ -78,6 +89,36 @@ impl CharacterLoader {
         let row = claimed.row;
         let checkpoint = self.read_checkpoint(&row.name).await;
         Ok(choose(row, checkpoint, claimed.new_epoch))
+    }
+
+    /// Claims a character arriving by cross-shard handoff. The carried snapshot is the content
+    /// (it is newer than any durable copy); the row supplies the CAS token, and the claim mints
+    /// the destination's epoch.
+    pub async fn claim_for_handoff(
+        &self,
+        carried: CharacterSnapshot,
+        floor: i64,
+    ) -> Result<LoadedCharacter, LoadError> {
+        let character_id = carried.character_id;
+        let claimed = tokio::time::timeout(self.io_timeout, self.store.claim(character_id, floor))
+            .await
+            .map_err(|_| LoadError::Timeout(character_id))?
+            .map_err(|source| LoadError::Store {
+                character_id,
+                source,
+            })?;
+        let snapshot = CharacterSnapshot {
+            state_version: claimed.row.state_version,
+            owner_epoch: claimed.new_epoch,
+            account_id: claimed.row.account_id,
+            name: claimed.row.name,
+            ..carried
+        };
+        Ok(LoadedCharacter {
+            snapshot,
+            source: LoadSource::Handoff,
+            brand_new: false,
+        })
     }
 
     async fn read_checkpoint(&self, name: &str) -> Option<CharacterSnapshot> {
@@ -131,9 +172,9 @@ pub fn choose(
             }
             s.account_id = row.account_id;
             s.name = row.name.clone();
-            (Freshest::Checkpoint, s)
+            (LoadSource::Checkpoint, s)
         }
-        _ => (Freshest::Row, row.clone()),
+        _ => (LoadSource::Row, row.clone()),
     };
     snapshot.state_version = row.state_version;
     snapshot.owner_epoch = new_epoch;
@@ -169,7 +210,7 @@ mod tests {
             Some(snap(3, 7, Some("b"), "ckpt")),
             4,
         );
-        assert_eq!(loaded.source, Freshest::Checkpoint);
+        assert_eq!(loaded.source, LoadSource::Checkpoint);
         assert_eq!(loaded.snapshot.state["marker"], "ckpt");
         assert_eq!(loaded.snapshot.zone_ref.as_deref(), Some("b"));
         assert_eq!(
@@ -185,7 +226,7 @@ mod tests {
             Some(snap(4, 40, Some("b"), "zombie")),
             6,
         );
-        assert_eq!(loaded.source, Freshest::Row);
+        assert_eq!(loaded.source, LoadSource::Row);
         assert_eq!(loaded.snapshot.state["marker"], "row");
         assert_eq!(
             (loaded.snapshot.state_version, loaded.snapshot.owner_epoch),
@@ -207,7 +248,7 @@ mod tests {
     #[test]
     fn no_checkpoint_means_the_row() {
         let loaded = choose(snap(1, 1, None, "row"), None, 2);
-        assert_eq!(loaded.source, Freshest::Row);
+        assert_eq!(loaded.source, LoadSource::Row);
         assert!(loaded.brand_new);
     }
 }

@@ -11,6 +11,6 @@ pub mod snapshot;
 pub mod store;
 
 pub use checkpoint::{CheckpointError, CheckpointStore, CheckpointWrite};
-pub use load::{CharacterLoader, LoadError, LoadedCharacter};
+pub use load::{CharacterLoader, LoadError, LoadSource, LoadedCharacter};
 pub use snapshot::{CharacterSnapshot, Freshest, SaveOutcome, freshest};
 pub use store::{CharacterStore, ClaimedRow, NewCharacter, StoreError};

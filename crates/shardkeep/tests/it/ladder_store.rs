@@ -4,8 +4,8 @@ use redis::AsyncCommands;
 use serde_json::json;
 use shardkeep::PostgresBackend;
 use shardkeep::character::{
-    CharacterLoader, CharacterSnapshot, CharacterStore, CheckpointStore, CheckpointWrite, Freshest,
-    NewCharacter, SaveOutcome, StoreError,
+    CharacterLoader, CharacterSnapshot, CharacterStore, CheckpointStore, CheckpointWrite,
+    LoadSource, NewCharacter, SaveOutcome, StoreError,
 };
 use shardkeep_testkit::TestRedis;
 use sqlx::PgPool;
@@ -319,6 +319,6 @@ async fn a_corrupt_checkpoint_falls_back_to_the_row(pool: PgPool) {
     assert!(checkpoints.read("Aria").await.is_err());
     let loader = CharacterLoader::new(store, Some(checkpoints), std::time::Duration::from_secs(5));
     let loaded = loader.claim_and_load(row.character_id, 0).await.unwrap();
-    assert_eq!(loaded.source, Freshest::Row);
+    assert_eq!(loaded.source, LoadSource::Row);
     assert_eq!(loaded.snapshot.state, row.state);
 }

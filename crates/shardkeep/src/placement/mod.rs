@@ -1,0 +1,245 @@
+//! Placement records: which shard and zone hold a character, written on every residency change
+//! and fenced by owner epoch; a clean logout leaves a tombstone (no shard, no zone) that still
+//! carries the epoch, which is the directory's floor for the next claim.
+//!
+//! Writes go through a background [`PlacementWriter`] with the same shutdown barrier as the
+//! saver, so a quitting player's tombstone lands before shutdown.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use redis::{Script, Value};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::backend::RedisBackend;
+use crate::coord::handoff::is;
+use crate::drain::{BarrierOutcome, BatchHandler, DrainQueue};
+use crate::keyspace::{KeyError, PLACEMENT_TTL};
+use crate::telemetry;
+
+static WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("placement_write.lua")));
+
+/// Where a character is hosted.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PlacementRecord {
+    /// The character.
+    pub character_id: Uuid,
+    /// The hosting shard; `None` in a tombstone.
+    pub shard_id: Option<String>,
+    /// The zone; `None` in a tombstone.
+    pub zone_id: Option<String>,
+    /// The epoch of the copy that wrote it.
+    pub owner_epoch: i64,
+    /// When it was written.
+    pub updated_at: DateTime<Utc>,
+}
+
+impl PlacementRecord {
+    /// True for a clean-logout tombstone.
+    pub fn is_tombstone(&self) -> bool {
+        self.zone_id.is_none()
+    }
+}
+
+/// A placement call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PlacementError {
+    /// The id could not form a key.
+    #[error("invalid placement key: {0}")]
+    InvalidKey(#[from] KeyError),
+    /// Redis failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// A stored record is not valid.
+    #[error("placement record is corrupt: {0}")]
+    Corrupt(String),
+}
+
+/// How a placement write ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlacementWrite {
+    /// Stored.
+    Written,
+    /// Refused: a newer owner wrote the record.
+    Stale {
+        /// The stored epoch.
+        stored_epoch: i64,
+    },
+}
+
+/// Handle on placement records. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct PlacementStore {
+    redis: RedisBackend,
+}
+
+impl PlacementStore {
+    /// Placement records over `redis`.
+    pub fn new(redis: RedisBackend) -> Self {
+        Self { redis }
+    }
+
+    /// Writes many records in one pipelined round trip, one result each, in order.
+    pub async fn write_many(
+        &self,
+        records: &[PlacementRecord],
+    ) -> Result<Vec<PlacementWrite>, PlacementError> {
+        if records.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut calls = Vec::with_capacity(records.len());
+        for record in records {
+            let body =
+                serde_json::to_vec(record).map_err(|e| PlacementError::Corrupt(e.to_string()))?;
+            let mut call = WRITE.prepare_invoke();
+            call.key(
+                self.redis
+                    .keys()
+                    .placement(&record.character_id.to_string())?,
+            )
+            .arg(record.owner_epoch)
+            .arg(body)
+            .arg(PLACEMENT_TTL.as_millis());
+            calls.push(call);
+        }
+        let mut pipe = redis::pipe();
+        pipe.load_script(&WRITE).ignore();
+        for call in &calls {
+            pipe.invoke_script(call);
+        }
+        let replies: Vec<Vec<Value>> = pipe.query_async(&mut self.redis.conn()).await?;
+        replies
+            .iter()
+            .map(|reply| match reply.as_slice() {
+                [tag] if is(tag, "ok") => Ok(PlacementWrite::Written),
+                [tag, Value::BulkString(epoch)] if is(tag, "stale") => std::str::from_utf8(epoch)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .map(|stored_epoch| PlacementWrite::Stale { stored_epoch })
+                    .ok_or_else(|| PlacementError::Corrupt("stale epoch".into())),
+                other => Err(PlacementError::Corrupt(format!("script reply {other:?}"))),
+            })
+            .collect()
+    }
+
+    /// Writes one record.
+    pub async fn write(&self, record: &PlacementRecord) -> Result<PlacementWrite, PlacementError> {
+        self.write_many(std::slice::from_ref(record))
+            .await?
+            .pop()
+            .ok_or_else(|| PlacementError::Corrupt("empty reply".into()))
+    }
+
+    /// The record of `character_id`, if any.
+    pub async fn read(
+        &self,
+        character_id: Uuid,
+    ) -> Result<Option<PlacementRecord>, PlacementError> {
+        let key = self.redis.keys().placement(&character_id.to_string())?;
+        let body: Option<Vec<u8>> = redis::cmd("HGET")
+            .arg(&key)
+            .arg("record")
+            .query_async(&mut self.redis.conn())
+            .await?;
+        body.map(|b| serde_json::from_slice(&b).map_err(|e| PlacementError::Corrupt(e.to_string())))
+            .transpose()
+    }
+}
+
+struct PlacementWorker {
+    store: PlacementStore,
+    io_timeout: Duration,
+}
+
+impl BatchHandler<PlacementRecord> for PlacementWorker {
+    async fn handle(&mut self, batch: Vec<PlacementRecord>) {
+        // Only the last update per character matters.
+        let mut latest: Vec<PlacementRecord> = Vec::with_capacity(batch.len());
+        for record in batch {
+            match latest
+                .iter_mut()
+                .find(|r| r.character_id == record.character_id)
+            {
+                Some(kept) if record.owner_epoch >= kept.owner_epoch => *kept = record,
+                Some(_) => {}
+                None => latest.push(record),
+            }
+        }
+        match tokio::time::timeout(self.io_timeout, self.store.write_many(&latest)).await {
+            Ok(Ok(writes)) => {
+                for (record, write) in latest.iter().zip(writes) {
+                    if let PlacementWrite::Stale { stored_epoch } = write {
+                        metrics::counter!(telemetry::PLACEMENT_STALE_TOTAL).increment(1);
+                        tracing::debug!(event = "placement_stale", character = %record.character_id,
+                            writer_epoch = record.owner_epoch, stored_epoch);
+                    }
+                }
+            }
+            Ok(Err(err)) => {
+                tracing::warn!(event = "placement_write_failed", count = latest.len(), error = %err)
+            }
+            Err(_) => tracing::warn!(
+                event = "placement_write_failed",
+                count = latest.len(),
+                error = "timed out"
+            ),
+        }
+    }
+}
+
+/// Background writer of placement records, with a shutdown barrier. Cheap to clone.
+#[derive(Clone)]
+pub struct PlacementWriter {
+    queue: Option<DrainQueue<PlacementRecord>>,
+}
+
+impl std::fmt::Debug for PlacementWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlacementWriter").finish_non_exhaustive()
+    }
+}
+
+impl PlacementWriter {
+    /// Starts a writer over `store` (`None`: a storeless shard, every update is a no-op).
+    pub fn spawn(
+        store: Option<PlacementStore>,
+        depth: usize,
+        io_timeout: Duration,
+        cancel: CancellationToken,
+    ) -> Self {
+        let queue = store.map(|store| {
+            DrainQueue::spawn(depth, 256, PlacementWorker { store, io_timeout }, cancel).0
+        });
+        Self { queue }
+    }
+
+    /// Queues an update without blocking; false when it was dropped.
+    pub fn enqueue(&self, record: PlacementRecord) -> bool {
+        let Some(queue) = &self.queue else {
+            return true;
+        };
+        let queued = queue.try_enqueue(record).is_ok();
+        if !queued {
+            metrics::counter!(telemetry::PLACEMENT_DROPPED_TOTAL).increment(1);
+            tracing::warn!(event = "placement_dropped");
+        }
+        queued
+    }
+
+    /// Waits, at most `bound`, until every queued update is written.
+    pub async fn barrier(&self, bound: Duration) -> BarrierOutcome {
+        match &self.queue {
+            Some(queue) => queue.barrier(bound).await,
+            None => BarrierOutcome::Drained,
+        }
+    }
+
+    /// Stops the writer at once.
+    pub fn abort(&self) {
+        if let Some(queue) = &self.queue {
+            queue.cancel();
+        }
+    }
+}

@@ -1,0 +1,230 @@
+//! The saver: the zone produces snapshots, one background task writes them down the ladder.
+//!
+//! Enqueue never blocks — a full queue drops the request, counts it and logs `event=save_dropped`.
+//! All blocking I/O happens in the drainer, each operation bounded by the I/O timeout. Outcomes
+//! that need the zone (a flush conflict, an ownership loss, a refused checkpoint) go back through
+//! [`SaveFeedback`]; shutdown waits on [`Saver::barrier`].
+//!
+//! - [`worker`] — the batch handler: coalescing, the checkpoint leg, the CAS leg, final rebase.
+//! - [`stats`] — counters the simulator and benchmarks read.
+
+pub mod stats;
+mod worker;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::character::{CharacterSnapshot, CharacterStore, CheckpointStore};
+use crate::drain::{BarrierOutcome, DrainQueue, EnqueueError};
+use crate::telemetry;
+pub use stats::{SaverStats, SaverStatsSnapshot};
+
+/// Why a snapshot is being saved, which decides the tiers it reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SaveReason {
+    /// The ~10 s cadence: Redis only.
+    Checkpoint,
+    /// The ~60 s cadence, a drain or a live reconcile: Redis and Postgres.
+    Flush,
+    /// Logout or leave: Redis and Postgres, with the rebase path on a conflict.
+    Final,
+}
+
+impl SaveReason {
+    /// Label used in metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Checkpoint => "checkpoint",
+            Self::Flush => "flush",
+            Self::Final => "final",
+        }
+    }
+
+    /// True when the reason reaches Postgres.
+    pub fn writes_row(self) -> bool {
+        !matches!(self, Self::Checkpoint)
+    }
+}
+
+/// What the saver tells the zone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SaverEvent {
+    /// The row was written; the character's CAS token moves from `dumped_version` to `new_version`.
+    Saved {
+        /// The character.
+        character_id: Uuid,
+        /// Why it was saved.
+        reason: SaveReason,
+        /// The version the snapshot was dumped at.
+        dumped_version: i64,
+        /// The row's version now.
+        new_version: i64,
+    },
+    /// A live player's flush lost the version race: re-dump current state at `current_version`.
+    FlushConflict {
+        /// The character.
+        character_id: Uuid,
+        /// The row's version.
+        current_version: i64,
+    },
+    /// A newer owner holds the character: evict this copy. Terminal; never retried.
+    OwnershipLost {
+        /// The character.
+        character_id: Uuid,
+        /// The row's epoch.
+        current_epoch: i64,
+    },
+    /// The checkpoint tier refused this copy: another owner with a higher epoch is writing it.
+    DoubleOwn {
+        /// The character.
+        character_id: Uuid,
+        /// The checkpoint's epoch.
+        stored_epoch: i64,
+    },
+    /// A logout's final flush could not land within its retry budget.
+    FinalDropped {
+        /// The character.
+        character_id: Uuid,
+    },
+    /// The row does not exist.
+    NotFound {
+        /// The character.
+        character_id: Uuid,
+    },
+}
+
+/// The zone side of the saver: where events go, and whether a player is still held.
+pub trait SaveFeedback: Send + Sync + 'static {
+    /// Delivers `event` without blocking.
+    fn deliver(&self, event: SaverEvent);
+
+    /// True while this shard holds `character_id` in a zone.
+    fn is_present(&self, character_id: Uuid) -> bool;
+}
+
+/// Tunables.
+#[derive(Debug, Clone, Copy)]
+pub struct SaverConfig {
+    /// Requests that may wait (the document's 256).
+    pub queue_depth: usize,
+    /// Most requests one drain pass writes together.
+    pub max_batch: usize,
+    /// Bound on each Redis or Postgres operation.
+    pub io_timeout: Duration,
+    /// Final-flush rebase attempts.
+    pub final_retries: u32,
+    /// Time budget of the final-flush rebase loop.
+    pub final_budget: Duration,
+}
+
+impl Default for SaverConfig {
+    fn default() -> Self {
+        Self {
+            queue_depth: 256,
+            max_batch: 256,
+            io_timeout: Duration::from_secs(5),
+            final_retries: 8,
+            final_budget: Duration::from_secs(2),
+        }
+    }
+}
+
+/// One request to the saver.
+#[derive(Debug, Clone)]
+pub struct SaveRequest {
+    /// Why.
+    pub reason: SaveReason,
+    /// What.
+    pub snapshot: CharacterSnapshot,
+}
+
+/// Whether a save request was queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnqueueOutcome {
+    /// Queued for the drainer.
+    Queued,
+    /// Dropped: the queue was full.
+    DroppedFull,
+    /// Dropped: the saver has stopped.
+    DroppedClosed,
+}
+
+/// Handle on a shard's saver. Cheap to clone.
+#[derive(Clone)]
+pub struct Saver {
+    queue: DrainQueue<SaveRequest>,
+    stats: Arc<SaverStats>,
+}
+
+impl std::fmt::Debug for Saver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Saver")
+            .field("depth", &self.queue.depth())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Saver {
+    /// Starts a saver. With neither store nor checkpoints, every save is a no-op (a storeless,
+    /// ephemeral shard). `cancel` is the shard's run context.
+    pub fn spawn(
+        store: Option<CharacterStore>,
+        checkpoints: Option<CheckpointStore>,
+        feedback: Arc<dyn SaveFeedback>,
+        config: SaverConfig,
+        cancel: CancellationToken,
+    ) -> Self {
+        let stats = Arc::new(SaverStats::default());
+        let worker =
+            worker::SaverWorker::new(store, checkpoints, feedback, config, Arc::clone(&stats));
+        let (queue, _task) =
+            DrainQueue::spawn(config.queue_depth, config.max_batch, worker, cancel);
+        Self { queue, stats }
+    }
+
+    /// Queues a save without blocking; a full queue drops it (counted, logged).
+    pub fn enqueue(&self, reason: SaveReason, snapshot: CharacterSnapshot) -> EnqueueOutcome {
+        let character_id = snapshot.character_id;
+        let outcome = match self.queue.try_enqueue(SaveRequest { reason, snapshot }) {
+            Ok(()) => EnqueueOutcome::Queued,
+            Err(EnqueueError::Full(_)) => EnqueueOutcome::DroppedFull,
+            Err(EnqueueError::Closed(_)) => EnqueueOutcome::DroppedClosed,
+        };
+        metrics::gauge!(telemetry::SAVER_QUEUE_DEPTH).set(self.queue.depth() as f64);
+        if outcome != EnqueueOutcome::Queued {
+            let cause = if outcome == EnqueueOutcome::DroppedFull {
+                "full"
+            } else {
+                "closed"
+            };
+            self.stats.record_drop(reason);
+            metrics::counter!(telemetry::SAVER_DROPPED_TOTAL, "reason" => reason.as_str(), "cause" => cause)
+                .increment(1);
+            tracing::warn!(event = "save_dropped", character = %character_id, reason = reason.as_str(), cause);
+        }
+        outcome
+    }
+
+    /// Waits, at most `bound`, until every save queued so far finished its I/O.
+    pub async fn barrier(&self, bound: Duration) -> BarrierOutcome {
+        self.queue.barrier(bound).await
+    }
+
+    /// Stops the saver at once; queued saves are abandoned.
+    pub fn abort(&self) {
+        self.queue.cancel();
+    }
+
+    /// Requests waiting.
+    pub fn depth(&self) -> usize {
+        self.queue.depth()
+    }
+
+    /// Counters since start.
+    pub fn stats(&self) -> SaverStatsSnapshot {
+        self.stats.snapshot()
+    }
+}

@@ -1,0 +1,429 @@
+//! A shard at runtime: the zones it hosts, the players in them, the pulse that drives cadences,
+//! and the saver and placement writer behind it. Everything here runs on the shard's own thread
+//! and never waits on I/O: saves and placement updates are queued, and their outcomes come back
+//! as events handled on the next pulse.
+//!
+//! - [`zone`] — a zone's players and entities; the only writers of the residency index.
+//! - [`residency`] — character → zone, for reconnect routing and the saver's presence probe.
+//! - [`landing`] — where a returning player lands (pure).
+//! - [`directory`] — which shard owns each zone now.
+//! - `sessions` — login admission, handoff re-dial, resume, detach, logout, walks, shutdown.
+
+pub mod directory;
+mod feedback;
+pub mod landing;
+pub mod residency;
+mod sessions;
+pub mod zone;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::character::{CharacterStore, CheckpointStore};
+use crate::game::world::{ZoneDef, run_resets};
+use crate::game::{Catalog, CharacterModel, LiveCharacter};
+use crate::placement::{PlacementRecord, PlacementStore, PlacementWriter};
+use crate::saver::{SaveReason, Saver, SaverConfig, SaverEvent};
+
+pub use directory::ZoneDirectory;
+pub use landing::LandingCase;
+pub use residency::ResidencyIndex;
+pub use sessions::{AdmitError, Admitted, Arrival, OutboundHandoff, ShutdownReport, WalkOutcome};
+pub use zone::{Link, PlayerEntry, ZoneRuntime};
+
+/// Pulse length of the reference server.
+pub const PULSE: Duration = Duration::from_millis(250);
+
+/// The stores a shard writes to; any may be absent (a storeless shard is ephemeral).
+#[derive(Debug, Clone, Default)]
+pub struct ShardStores {
+    /// Postgres character rows.
+    pub characters: Option<CharacterStore>,
+    /// Redis checkpoints.
+    pub checkpoints: Option<CheckpointStore>,
+    /// Redis placement records.
+    pub placement: Option<PlacementStore>,
+}
+
+/// Tunables of one shard.
+#[derive(Debug, Clone)]
+pub struct ShardConfig {
+    /// This shard's id.
+    pub shard_id: String,
+    /// Zone for brand-new characters and unhosted zone refs.
+    pub home_zone: String,
+    /// Pulses between checkpoints (40 × 250 ms ≈ 10 s).
+    pub checkpoint_pulses: u64,
+    /// Pulses between flushes (240 × 250 ms ≈ 60 s).
+    pub flush_pulses: u64,
+    /// The saver's tunables.
+    pub saver: SaverConfig,
+    /// Placement updates that may wait.
+    pub placement_depth: usize,
+    /// Saver events that may wait for the next pulse.
+    pub event_depth: usize,
+}
+
+impl ShardConfig {
+    /// Defaults for a shard called `shard_id` whose home is `home_zone`.
+    pub fn new(shard_id: &str, home_zone: &str) -> Self {
+        Self {
+            shard_id: shard_id.to_owned(),
+            home_zone: home_zone.to_owned(),
+            checkpoint_pulses: 40,
+            flush_pulses: 240,
+            saver: SaverConfig::default(),
+            placement_depth: 4096,
+            event_depth: 8192,
+        }
+    }
+}
+
+/// Why a copy of a character was evicted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvictionCause {
+    /// The row's epoch moved past this copy's.
+    OwnershipLost {
+        /// The row's epoch.
+        current_epoch: i64,
+    },
+    /// The checkpoint tier holds a newer owner's copy.
+    DoubleOwn {
+        /// The checkpoint's epoch.
+        stored_epoch: i64,
+    },
+}
+
+/// A zombie copy the shard removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Eviction {
+    /// The character.
+    pub character_id: Uuid,
+    /// This copy's epoch.
+    pub evicted_epoch: i64,
+    /// Why.
+    pub cause: EvictionCause,
+}
+
+/// One shard.
+pub struct Shard {
+    config: ShardConfig,
+    catalog: Arc<Catalog>,
+    zones: BTreeMap<String, ZoneRuntime>,
+    directory: ZoneDirectory,
+    residency: ResidencyIndex,
+    saver: Saver,
+    placement: PlacementWriter,
+    events: mpsc::Receiver<SaverEvent>,
+    evictions: Vec<Eviction>,
+    acknowledged: Vec<SaverEvent>,
+    pulse: u64,
+    cancel: CancellationToken,
+}
+
+impl std::fmt::Debug for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shard")
+            .field("shard_id", &self.config.shard_id)
+            .field("zones", &self.zones.keys().collect::<Vec<_>>())
+            .field("pulse", &self.pulse)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shard {
+    /// Boots a shard hosting `zones`: registers them in the directory, runs their resets and
+    /// starts the saver and placement writer. Must run inside a tokio runtime.
+    pub fn boot(
+        config: ShardConfig,
+        zones: Vec<ZoneDef>,
+        catalog: Arc<Catalog>,
+        stores: ShardStores,
+        directory: ZoneDirectory,
+    ) -> Self {
+        let cancel = CancellationToken::new();
+        let residency = ResidencyIndex::default();
+        let (tx, events) = mpsc::channel(config.event_depth.max(1));
+        let feedback = Arc::new(feedback::ShardFeedback {
+            events: tx,
+            residency: residency.clone(),
+        });
+        let saver = Saver::spawn(
+            stores.characters,
+            stores.checkpoints,
+            feedback,
+            config.saver,
+            cancel.child_token(),
+        );
+        let placement = PlacementWriter::spawn(
+            stores.placement,
+            config.placement_depth,
+            config.saver.io_timeout,
+            cancel.child_token(),
+        );
+        let mut runtimes = BTreeMap::new();
+        for def in zones {
+            directory.assign(&def.id, &config.shard_id);
+            let mut zone = ZoneRuntime::new(Arc::new(def));
+            run_resets(&zone.def, &mut zone.entities, &catalog);
+            runtimes.insert(zone.def.id.clone(), zone);
+        }
+        Self {
+            config,
+            catalog,
+            zones: runtimes,
+            directory,
+            residency,
+            saver,
+            placement,
+            events,
+            evictions: Vec::new(),
+            acknowledged: Vec::new(),
+            pulse: 0,
+            cancel,
+        }
+    }
+
+    /// This shard's id.
+    pub fn id(&self) -> &str {
+        &self.config.shard_id
+    }
+
+    /// The saver handle.
+    pub fn saver(&self) -> &Saver {
+        &self.saver
+    }
+
+    /// The residency index.
+    pub fn residency(&self) -> &ResidencyIndex {
+        &self.residency
+    }
+
+    /// The content catalog.
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
+    }
+
+    /// The zones hosted here.
+    pub fn zones(&self) -> impl Iterator<Item = &ZoneRuntime> {
+        self.zones.values()
+    }
+
+    /// A hosted zone, mutably (for game actions on entities).
+    pub fn zone_mut(&mut self, zone: &str) -> Option<&mut ZoneRuntime> {
+        self.zones.get_mut(zone)
+    }
+
+    /// Pulses run so far.
+    pub fn pulse_count(&self) -> u64 {
+        self.pulse
+    }
+
+    /// The player entry of `character_id`, if held here.
+    pub fn player(&self, character_id: Uuid) -> Option<&PlayerEntry> {
+        let zone = self.residency.zone_of(character_id)?;
+        self.zones.get(&zone)?.player(character_id)
+    }
+
+    /// The player entry, mutably (game actions change the live character through it).
+    pub fn player_mut(&mut self, character_id: Uuid) -> Option<&mut PlayerEntry> {
+        let zone = self.residency.zone_of(character_id)?;
+        self.zones.get_mut(&zone)?.player_mut(character_id)
+    }
+
+    /// Where `character_id` stands: zone and room.
+    pub fn location(&self, character_id: Uuid) -> Option<(String, String)> {
+        let zone = self.residency.zone_of(character_id)?;
+        let room = self.zones.get(&zone)?.player(character_id)?.room.clone();
+        Some((zone, room))
+    }
+
+    /// Zombie copies evicted since the last call.
+    pub fn take_evictions(&mut self) -> Vec<Eviction> {
+        std::mem::take(&mut self.evictions)
+    }
+
+    /// Saver outcomes handled since the last call (saves, conflicts, drops).
+    pub fn take_saver_events(&mut self) -> Vec<SaverEvent> {
+        std::mem::take(&mut self.acknowledged)
+    }
+
+    /// Runs one pulse: handles saver events, advances timed effects, runs the save cadences and
+    /// repops. Never waits on I/O.
+    pub fn tick(&mut self) {
+        self.pulse += 1;
+        self.handle_saver_events();
+        for zone in self.zones.values_mut() {
+            for entry in zone.players_mut() {
+                if !matches!(entry.link, Link::Pending { .. }) {
+                    entry.character.pulse();
+                }
+            }
+            let repop = u64::from(zone.def.repop_pulses.max(1));
+            if self.pulse.is_multiple_of(repop) {
+                run_resets(&zone.def, &mut zone.entities, &self.catalog);
+            }
+        }
+        if self.pulse.is_multiple_of(self.config.flush_pulses.max(1)) {
+            self.save_all(SaveReason::Flush);
+        } else if self.pulse.is_multiple_of(self.config.checkpoint_pulses.max(1)) {
+            self.save_all(SaveReason::Checkpoint);
+        }
+    }
+
+    /// Dumps every live, persisted, non-frozen, non-pending player and queues it for `reason`.
+    pub fn save_all(&mut self, reason: SaveReason) {
+        let ids: Vec<Uuid> = self
+            .zones
+            .values()
+            .flat_map(ZoneRuntime::player_ids)
+            .collect();
+        for id in ids {
+            self.save_one(id, reason);
+        }
+    }
+
+    /// Dumps one player and queues it; false when skipped, unsavable or dropped.
+    pub fn save_one(&mut self, character_id: Uuid, reason: SaveReason) -> bool {
+        let Some(entry) = self.player(character_id) else {
+            return false;
+        };
+        if entry.skip_saves() {
+            return false;
+        }
+        let Some(snapshot) = self.dump(entry) else {
+            return false;
+        };
+        self.saver.enqueue(reason, snapshot) == crate::saver::EnqueueOutcome::Queued
+    }
+
+    /// Dumps a player at its durable location (an instance keeps its anchor).
+    fn dump(&self, entry: &PlayerEntry) -> Option<crate::character::CharacterSnapshot> {
+        let zone = self.residency.zone_of(entry.character.character_id)?;
+        let in_instance = self.zones.get(&zone).is_some_and(|z| z.def.instance);
+        let (zone_ref, room_ref) = if in_instance {
+            (None, None)
+        } else {
+            (Some(zone.as_str()), Some(entry.room.as_str()))
+        };
+        match entry.character.dump(zone_ref, room_ref) {
+            Ok(snapshot) => Some(snapshot),
+            Err(err) => {
+                tracing::warn!(event = "dump_refused", character = %entry.character.character_id, error = %err);
+                None
+            }
+        }
+    }
+
+    fn handle_saver_events(&mut self) {
+        while let Ok(event) = self.events.try_recv() {
+            self.handle_saver_event(&event);
+            self.acknowledged.push(event);
+        }
+    }
+
+    fn handle_saver_event(&mut self, event: &SaverEvent) {
+        match *event {
+            SaverEvent::Saved {
+                character_id,
+                dumped_version,
+                new_version,
+                ..
+            } => {
+                if let Some(entry) = self.player_mut(character_id)
+                    && entry.character.state_version == dumped_version
+                {
+                    entry.character.state_version = new_version;
+                }
+            }
+            SaverEvent::FlushConflict {
+                character_id,
+                current_version,
+            } => {
+                if let Some(entry) = self.player_mut(character_id) {
+                    entry.character.state_version = current_version;
+                    self.save_one(character_id, SaveReason::Flush);
+                }
+            }
+            SaverEvent::OwnershipLost {
+                character_id,
+                current_epoch,
+            } => self.evict(
+                character_id,
+                current_epoch,
+                EvictionCause::OwnershipLost { current_epoch },
+            ),
+            SaverEvent::DoubleOwn {
+                character_id,
+                stored_epoch,
+            } => self.evict(
+                character_id,
+                stored_epoch,
+                EvictionCause::DoubleOwn { stored_epoch },
+            ),
+            SaverEvent::FinalDropped { .. } | SaverEvent::NotFound { .. } => {}
+        }
+    }
+
+    /// Removes a zombie copy without saving it, if its epoch is older than `newer_epoch`.
+    fn evict(&mut self, character_id: Uuid, newer_epoch: i64, cause: EvictionCause) {
+        let Some(zone) = self.residency.zone_of(character_id) else {
+            return;
+        };
+        let Some(zone) = self.zones.get_mut(&zone) else {
+            return;
+        };
+        let stale = zone
+            .player(character_id)
+            .is_some_and(|e| e.character.owner_epoch < newer_epoch);
+        if !stale {
+            return;
+        }
+        if let Some(entry) = zone.remove(character_id, &self.residency) {
+            tracing::warn!(event = "zombie_evicted", character = %character_id,
+                epoch = entry.character.owner_epoch, newer_epoch);
+            self.evictions.push(Eviction {
+                character_id,
+                evicted_epoch: entry.character.owner_epoch,
+                cause,
+            });
+        }
+    }
+
+    fn register_placement(&self, character: &LiveCharacter, zone: &str) {
+        let in_instance = self.zones.get(zone).is_some_and(|z| z.def.instance);
+        if in_instance {
+            // The entrance stands as the last good record.
+            return;
+        }
+        self.placement.enqueue(PlacementRecord {
+            character_id: character.character_id,
+            shard_id: Some(self.config.shard_id.clone()),
+            zone_id: Some(zone.to_owned()),
+            owner_epoch: character.owner_epoch,
+            updated_at: Utc::now(),
+        });
+    }
+
+    fn tombstone_placement(&self, character: &LiveCharacter) {
+        self.placement.enqueue(PlacementRecord {
+            character_id: character.character_id,
+            shard_id: None,
+            zone_id: None,
+            owner_epoch: character.owner_epoch,
+            updated_at: Utc::now(),
+        });
+    }
+
+    /// Kills the shard without flushing anything (a crash): the saver and placement writer stop
+    /// at once and every held character is abandoned.
+    pub fn kill(self) {
+        self.cancel.cancel();
+    }
+}
