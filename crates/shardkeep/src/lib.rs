@@ -7,6 +7,7 @@
 //! # Layout
 //!
 //! - [`drain`] — bounded batch-drained queues with a shutdown barrier (saver, placement writer).
+//! - [`faults`] — a TCP proxy that stalls or cuts a store connection, for tests and the simulator.
 //! - [`game`] — the reference game-state model: items, state, applier, zones and resets.
 //! - [`keyspace`] — every Redis key name, its owner, TTL rule and cleanup descriptor (pure).
 //! - [`placement`] — fenced placement records and their background writer.
@@ -23,6 +24,7 @@ pub mod backend;
 pub mod character;
 pub mod coord;
 pub mod drain;
+pub mod faults;
 pub mod game;
 pub mod keyspace;
 pub mod placement;

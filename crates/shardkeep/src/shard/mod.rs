@@ -7,10 +7,12 @@
 //! - [`residency`] — character → zone, for reconnect routing and the saver's presence probe.
 //! - [`landing`] — where a returning player lands (pure).
 //! - [`directory`] — which shard owns each zone now.
+//! - [`gate`] — which shard a login goes to, and its claim's epoch floor.
 //! - `sessions` — login admission, handoff re-dial, resume, detach, logout, walks, shutdown.
 
 pub mod directory;
 mod feedback;
+pub mod gate;
 pub mod landing;
 pub mod residency;
 mod sessions;
@@ -272,7 +274,10 @@ impl Shard {
         }
         if self.pulse.is_multiple_of(self.config.flush_pulses.max(1)) {
             self.save_all(SaveReason::Flush);
-        } else if self.pulse.is_multiple_of(self.config.checkpoint_pulses.max(1)) {
+        } else if self
+            .pulse
+            .is_multiple_of(self.config.checkpoint_pulses.max(1))
+        {
             self.save_all(SaveReason::Checkpoint);
         }
     }

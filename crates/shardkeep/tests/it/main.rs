@@ -6,5 +6,7 @@
 mod coord_cleanup;
 mod coord_handoff;
 mod coord_records;
+mod ladder_shard;
 mod ladder_store;
 mod migrate;
+mod support;

@@ -1,0 +1,149 @@
+//! Shared set-up for shard-level tests: stores over a test database and namespace, shard boot,
+//! login through the real gate, and a pump that runs pulses until a condition holds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use shardkeep::character::{CharacterLoader, CharacterStore, CheckpointStore, NewCharacter};
+use shardkeep::game::{Catalog, ZoneDef, reference_world};
+use shardkeep::placement::PlacementStore;
+use shardkeep::shard::gate::route_login;
+use shardkeep::shard::{Admitted, Arrival, Shard, ShardConfig, ShardStores, ZoneDirectory};
+use shardkeep::{PostgresBackend, RedisBackend};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+#[derive(Clone)]
+pub(crate) struct Stores {
+    pub(crate) characters: CharacterStore,
+    pub(crate) checkpoints: CheckpointStore,
+    pub(crate) placement: PlacementStore,
+    pub(crate) directory: ZoneDirectory,
+}
+
+impl Stores {
+    pub(crate) fn new(pool: &PgPool, redis: RedisBackend) -> Self {
+        Self {
+            characters: CharacterStore::new(PostgresBackend::from_pool(pool.clone())),
+            checkpoints: CheckpointStore::new(redis.clone()),
+            placement: PlacementStore::new(redis),
+            directory: ZoneDirectory::new(),
+        }
+    }
+
+    pub(crate) fn shard_stores(&self) -> ShardStores {
+        ShardStores {
+            characters: Some(self.characters.clone()),
+            checkpoints: Some(self.checkpoints.clone()),
+            placement: Some(self.placement.clone()),
+        }
+    }
+
+    pub(crate) fn loader(&self) -> CharacterLoader {
+        CharacterLoader::new(
+            self.characters.clone(),
+            Some(self.checkpoints.clone()),
+            Duration::from_secs(5),
+        )
+    }
+
+    /// A brand-new character (never placed) with a starting kit from chargen.
+    pub(crate) async fn new_character(&self, name: &str) -> Uuid {
+        let id = Uuid::now_v7();
+        self.characters
+            .create(&NewCharacter {
+                character_id: id,
+                account_id: Uuid::now_v7(),
+                name: name.into(),
+                zone_ref: None,
+                room_ref: None,
+                state: json!({}),
+                chargen: Some(json!({ "items": ["bag"] })),
+            })
+            .await
+            .unwrap();
+        id
+    }
+}
+
+pub(crate) fn zones(ids: &[usize], total: usize) -> Vec<ZoneDef> {
+    let world = reference_world(total);
+    world
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| ids.contains(i))
+        .map(|(_, z)| z)
+        .collect()
+}
+
+pub(crate) fn boot(stores: &Stores, shard_id: &str, zone_ids: &[usize], total: usize) -> Shard {
+    boot_with(
+        stores.shard_stores(),
+        stores,
+        ShardConfig::new(shard_id, &format!("zone-{}", zone_ids[0])),
+        zone_ids,
+        total,
+    )
+}
+
+pub(crate) fn boot_with(
+    shard_stores: ShardStores,
+    stores: &Stores,
+    config: ShardConfig,
+    zone_ids: &[usize],
+    total: usize,
+) -> Shard {
+    Shard::boot(
+        config,
+        zones(zone_ids, total),
+        Arc::new(Catalog::reference()),
+        shard_stores,
+        stores.directory.clone(),
+    )
+}
+
+/// A login through the gate: resume a held copy, else claim, load and admit.
+pub(crate) async fn login(stores: &Stores, shard: &mut Shard, id: Uuid, session: &str) -> Admitted {
+    if let Some(resumed) = shard.resume(id, session) {
+        return resumed;
+    }
+    let route = route_login(
+        Some(&stores.placement),
+        &stores.characters,
+        &stores.directory,
+        id,
+    )
+    .await
+    .unwrap();
+    let loaded = stores
+        .loader()
+        .claim_and_load(id, route.floor)
+        .await
+        .unwrap();
+    shard
+        .admit(
+            loaded,
+            Arrival::Login {
+                session_token: session.into(),
+            },
+        )
+        .unwrap()
+}
+
+/// Runs pulses (yielding to the saver) until `done` holds, failing after `limit`.
+pub(crate) async fn pump_until(
+    shard: &mut Shard,
+    limit: Duration,
+    mut done: impl FnMut(&mut Shard) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !done(shard) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not reached within {limit:?}"
+        );
+        shard.tick();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
