@@ -108,10 +108,13 @@ pub trait SaveFeedback: Send + Sync + 'static {
 /// Tunables.
 #[derive(Debug, Clone, Copy)]
 pub struct SaverConfig {
-    /// Requests that may wait (the document's 256).
+    /// Queue entries that may wait (the document's 256). An entry is one save, or one pulse's
+    /// slice of a zone queued with [`Saver::enqueue_many`].
     pub queue_depth: usize,
-    /// Most requests one drain pass writes together.
+    /// Most queue entries one drain pass takes.
     pub max_batch: usize,
+    /// Most snapshots per Redis pipeline and per batched CAS statement.
+    pub write_chunk: usize,
     /// Bound on each Redis or Postgres operation.
     pub io_timeout: Duration,
     /// Final-flush rebase attempts.
@@ -124,7 +127,8 @@ impl Default for SaverConfig {
     fn default() -> Self {
         Self {
             queue_depth: 256,
-            max_batch: 256,
+            max_batch: 64,
+            write_chunk: 512,
             io_timeout: Duration::from_secs(5),
             final_retries: 8,
             final_budget: Duration::from_secs(2),
@@ -155,7 +159,7 @@ pub enum EnqueueOutcome {
 /// Handle on a shard's saver. Cheap to clone.
 #[derive(Clone)]
 pub struct Saver {
-    queue: DrainQueue<SaveRequest>,
+    queue: DrainQueue<Vec<SaveRequest>>,
     stats: Arc<SaverStats>,
 }
 
@@ -187,8 +191,26 @@ impl Saver {
 
     /// Queues a save without blocking; a full queue drops it (counted, logged).
     pub fn enqueue(&self, reason: SaveReason, snapshot: CharacterSnapshot) -> EnqueueOutcome {
-        let character_id = snapshot.character_id;
-        let outcome = match self.queue.try_enqueue(SaveRequest { reason, snapshot }) {
+        self.enqueue_many(reason, vec![snapshot])
+    }
+
+    /// Queues many saves as one queue entry (one pulse's slice of a zone) without blocking; a
+    /// full queue drops them all (counted per snapshot, logged once).
+    pub fn enqueue_many(
+        &self,
+        reason: SaveReason,
+        snapshots: Vec<CharacterSnapshot>,
+    ) -> EnqueueOutcome {
+        if snapshots.is_empty() {
+            return EnqueueOutcome::Queued;
+        }
+        let count = snapshots.len();
+        let first = snapshots[0].character_id;
+        let requests = snapshots
+            .into_iter()
+            .map(|snapshot| SaveRequest { reason, snapshot })
+            .collect();
+        let outcome = match self.queue.try_enqueue(requests) {
             Ok(()) => EnqueueOutcome::Queued,
             Err(EnqueueError::Full(_)) => EnqueueOutcome::DroppedFull,
             Err(EnqueueError::Closed(_)) => EnqueueOutcome::DroppedClosed,
@@ -200,10 +222,10 @@ impl Saver {
             } else {
                 "closed"
             };
-            self.stats.record_drop(reason);
+            self.stats.record_drop(reason, count as u64);
             metrics::counter!(telemetry::SAVER_DROPPED_TOTAL, "reason" => reason.as_str(), "cause" => cause)
-                .increment(1);
-            tracing::warn!(event = "save_dropped", character = %character_id, reason = reason.as_str(), cause);
+                .increment(count as u64);
+            tracing::warn!(event = "save_dropped", character = %first, count, reason = reason.as_str(), cause);
         }
         outcome
     }
@@ -218,7 +240,7 @@ impl Saver {
         self.queue.cancel();
     }
 
-    /// Requests waiting.
+    /// Queue entries waiting.
     pub fn depth(&self) -> usize {
         self.queue.depth()
     }

@@ -77,12 +77,12 @@ bump!(
 );
 
 impl SaverStats {
-    /// Counts a request dropped at enqueue.
-    pub fn record_drop(&self, reason: SaveReason) {
+    /// Counts `count` requests dropped at enqueue.
+    pub fn record_drop(&self, reason: SaveReason, count: u64) {
         if reason.writes_row() {
-            self.dropped_row.fetch_add(1, Ordering::Relaxed);
+            self.dropped_row.fetch_add(count, Ordering::Relaxed);
         } else {
-            self.dropped_checkpoint.fetch_add(1, Ordering::Relaxed);
+            self.dropped_checkpoint.fetch_add(count, Ordering::Relaxed);
         }
     }
 

@@ -9,6 +9,7 @@ use std::time::Instant;
 use uuid::Uuid;
 
 use super::{SaveFeedback, SaveReason, SaveRequest, SaverConfig, SaverEvent, SaverStats};
+use crate::character::store::MAX_SAVE_BATCH;
 use crate::character::{
     CharacterSnapshot, CharacterStore, CheckpointStore, CheckpointWrite, SaveOutcome,
 };
@@ -41,11 +42,13 @@ impl SaverWorker {
     }
 }
 
-impl BatchHandler<SaveRequest> for SaverWorker {
-    async fn handle(&mut self, batch: Vec<SaveRequest>) {
-        let requests = coalesce(batch);
-        self.write_checkpoints(&requests).await;
-        self.write_rows(&requests).await;
+impl BatchHandler<Vec<SaveRequest>> for SaverWorker {
+    async fn handle(&mut self, batch: Vec<Vec<SaveRequest>>) {
+        let requests = coalesce(batch.into_iter().flatten().collect());
+        for chunk in requests.chunks(self.config.write_chunk.clamp(1, MAX_SAVE_BATCH)) {
+            self.write_checkpoints(chunk).await;
+            self.write_rows(chunk).await;
+        }
     }
 }
 

@@ -113,6 +113,31 @@ pub struct Eviction {
     pub cause: EvictionCause,
 }
 
+/// A player's fixed offset inside a cadence period, from the random bits of its id.
+fn phase(character_id: Uuid, period: u64) -> u64 {
+    (character_id.as_u128() as u64) % period
+}
+
+/// Dumps a player standing in `zone`; inside an instance the durable anchor stands.
+fn dump_entry(
+    entry: &PlayerEntry,
+    zone: &str,
+    in_instance: bool,
+) -> Option<crate::character::CharacterSnapshot> {
+    let (zone_ref, room_ref) = if in_instance {
+        (None, None)
+    } else {
+        (Some(zone), Some(entry.room.as_str()))
+    };
+    match entry.character.dump(zone_ref, room_ref) {
+        Ok(snapshot) => Some(snapshot),
+        Err(err) => {
+            tracing::warn!(event = "dump_refused", character = %entry.character.character_id, error = %err);
+            None
+        }
+    }
+}
+
 /// One shard.
 pub struct Shard {
     config: ShardConfig,
@@ -258,40 +283,61 @@ impl Shard {
 
     /// Runs one pulse: handles saver events, advances timed effects, runs the save cadences and
     /// repops. Never waits on I/O.
+    ///
+    /// Cadences are staggered: each player has a fixed phase inside each period, so a shard's
+    /// checkpoints and flushes spread evenly over the pulses instead of arriving all at once,
+    /// while every player is still checkpointed once per checkpoint period and flushed once per
+    /// flush period. A player due for both gets the flush (which also writes the checkpoint).
     pub fn tick(&mut self) {
         self.pulse += 1;
         self.handle_saver_events();
+        let checkpoint_period = self.config.checkpoint_pulses.max(1);
+        let flush_period = self.config.flush_pulses.max(1);
+        let mut checkpoints = Vec::new();
+        let mut flushes = Vec::new();
         for zone in self.zones.values_mut() {
-            for entry in zone.players_mut() {
-                if !matches!(entry.link, Link::Pending { .. }) {
-                    entry.character.pulse();
-                }
-            }
             let repop = u64::from(zone.def.repop_pulses.max(1));
             if self.pulse.is_multiple_of(repop) {
                 run_resets(&zone.def, &mut zone.entities, &self.catalog);
             }
+            let in_instance = zone.def.instance;
+            let zone_id = zone.def.id.clone();
+            for entry in zone.players_mut() {
+                if matches!(entry.link, Link::Pending { .. }) {
+                    continue;
+                }
+                entry.character.pulse();
+                if entry.skip_saves() {
+                    continue;
+                }
+                let id = entry.character.character_id;
+                let due = |period: u64| (self.pulse + phase(id, period)).is_multiple_of(period);
+                let target = if due(flush_period) {
+                    &mut flushes
+                } else if due(checkpoint_period) {
+                    &mut checkpoints
+                } else {
+                    continue;
+                };
+                if let Some(snapshot) = dump_entry(entry, &zone_id, in_instance) {
+                    target.push(snapshot);
+                }
+            }
         }
-        if self.pulse.is_multiple_of(self.config.flush_pulses.max(1)) {
-            self.save_all(SaveReason::Flush);
-        } else if self
-            .pulse
-            .is_multiple_of(self.config.checkpoint_pulses.max(1))
-        {
-            self.save_all(SaveReason::Checkpoint);
-        }
+        self.saver.enqueue_many(SaveReason::Flush, flushes);
+        self.saver.enqueue_many(SaveReason::Checkpoint, checkpoints);
     }
 
-    /// Dumps every live, persisted, non-frozen, non-pending player and queues it for `reason`.
+    /// Dumps every live, persisted, non-frozen, non-pending player and queues it for `reason`
+    /// (a drain or a live reconcile).
     pub fn save_all(&mut self, reason: SaveReason) {
-        let ids: Vec<Uuid> = self
-            .zones
-            .values()
-            .flat_map(ZoneRuntime::player_ids)
-            .collect();
-        for id in ids {
-            self.save_one(id, reason);
+        let mut snapshots = Vec::new();
+        for zone in self.zones.values() {
+            for entry in zone.players().filter(|e| !e.skip_saves()) {
+                snapshots.extend(dump_entry(entry, &zone.def.id, zone.def.instance));
+            }
         }
+        self.saver.enqueue_many(reason, snapshots);
     }
 
     /// Dumps one player and queues it; false when skipped, unsavable or dropped.
@@ -312,18 +358,7 @@ impl Shard {
     fn dump(&self, entry: &PlayerEntry) -> Option<crate::character::CharacterSnapshot> {
         let zone = self.residency.zone_of(entry.character.character_id)?;
         let in_instance = self.zones.get(&zone).is_some_and(|z| z.def.instance);
-        let (zone_ref, room_ref) = if in_instance {
-            (None, None)
-        } else {
-            (Some(zone.as_str()), Some(entry.room.as_str()))
-        };
-        match entry.character.dump(zone_ref, room_ref) {
-            Ok(snapshot) => Some(snapshot),
-            Err(err) => {
-                tracing::warn!(event = "dump_refused", character = %entry.character.character_id, error = %err);
-                None
-            }
-        }
+        dump_entry(entry, &zone, in_instance)
     }
 
     fn handle_saver_events(&mut self) {

@@ -575,3 +575,96 @@ async fn a_redis_outage_during_a_checkpoint_recovers_at_the_next_cadence(pool: P
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn cadences_are_staggered_and_reach_every_player_once_per_period(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let stores = Stores::new(&pool, redis.backend());
+    let mut config = ShardConfig::new("shard-a", "zone-0");
+    config.checkpoint_pulses = 4;
+    config.flush_pulses = 8;
+    let mut shard = boot_with(stores.shard_stores(), &stores, config, &[0], 1);
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        let id = stores.new_character(&format!("P{i}")).await;
+        login(&stores, &mut shard, id, "s").await;
+        ids.push(id);
+    }
+    let mut previous = 0;
+    for _ in 0..8 {
+        shard.tick();
+        assert_eq!(
+            shard.saver().barrier(BARRIER).await,
+            BarrierOutcome::Drained
+        );
+        // No pulse carries everyone: the load is spread over the period.
+        let attempted = shard.saver().stats().checkpoint_attempted;
+        assert!(
+            attempted - previous < 40,
+            "one pulse wrote {} checkpoints",
+            attempted - previous
+        );
+        previous = attempted;
+    }
+    let stats = shard.saver().stats();
+    assert_eq!(
+        stats.row_attempted, 40,
+        "one flush per player per flush period"
+    );
+    assert!(
+        (40..=120).contains(&stats.checkpoint_attempted),
+        "{stats:?}"
+    );
+    for id in ids {
+        assert_eq!(
+            stores
+                .characters
+                .load(id)
+                .await
+                .unwrap()
+                .unwrap()
+                .state_version,
+            1
+        );
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn placement_writes_are_fenced_and_logout_leaves_a_tombstone(pool: PgPool) {
+    use shardkeep::placement::{PlacementRecord, PlacementWrite};
+    let redis = TestRedis::new().await;
+    let stores = Stores::new(&pool, redis.backend());
+    let id = stores.new_character("Aria").await;
+    let mut shard = boot(&stores, "shard-a", &[0, 1], 2);
+    login(&stores, &mut shard, id, "s").await;
+    shard.walk(id, "east").unwrap();
+    assert_eq!(
+        shard.saver().barrier(BARRIER).await,
+        BarrierOutcome::Drained
+    );
+    let report = shard.shutdown(BARRIER).await;
+    assert_eq!(report.placement, BarrierOutcome::Drained);
+    let record = stores.placement.read(id).await.unwrap().unwrap();
+    assert!(record.is_tombstone());
+    assert_eq!((record.shard_id, record.owner_epoch), (None, 1));
+    let stale = PlacementRecord {
+        character_id: id,
+        shard_id: Some("zombie".into()),
+        zone_id: Some("zone-0".into()),
+        owner_epoch: 0,
+        updated_at: chrono::Utc::now(),
+    };
+    assert_eq!(
+        stores.placement.write(&stale).await.unwrap(),
+        PlacementWrite::Stale { stored_epoch: 1 }
+    );
+    assert!(
+        stores
+            .placement
+            .read(id)
+            .await
+            .unwrap()
+            .unwrap()
+            .is_tombstone()
+    );
+}
