@@ -38,6 +38,54 @@ pub(crate) enum LogFormat {
 pub(crate) enum Command {
     /// Apply the SQL migrations embedded in this binary to DATABASE_URL (idempotent).
     Migrate(MigrateArgs),
+    /// Measure shardkeep against raw engine rates and peers, in a scratch database and namespace.
+    Bench(BenchArgs),
+}
+
+/// Options of `shardkeep bench`.
+#[derive(Debug, Args)]
+pub(crate) struct BenchArgs {
+    #[command(flatten)]
+    pub(crate) postgres: PostgresArgs,
+
+    /// Redis connection URL.
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
+    pub(crate) redis_url: Option<String>,
+
+    #[command(subcommand)]
+    pub(crate) which: BenchCommand,
+}
+
+/// The benchmarks.
+#[derive(Debug, Subcommand)]
+pub(crate) enum BenchCommand {
+    /// The durability ladder: batched and single CAS saves against raw UPDATEs, checkpoints
+    /// against raw SETs, and the online characters one saver sustains.
+    Ladder(LadderBenchArgs),
+}
+
+/// Options of `shardkeep bench ladder`.
+#[derive(Debug, Args)]
+pub(crate) struct LadderBenchArgs {
+    /// Rows cycled through by the throughput steps.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(100..=1_000_000))]
+    pub(crate) rows: u32,
+
+    /// Seconds per throughput step.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub(crate) seconds: u64,
+
+    /// Rows per batched statement and per pipeline.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub(crate) batch: u32,
+
+    /// Online characters in the sustain step (0 skips it).
+    #[arg(long, default_value_t = 250_000, value_parser = clap::value_parser!(u32).range(0..=2_000_000))]
+    pub(crate) online: u32,
+
+    /// Seconds the sustain step runs at real pulse speed.
+    #[arg(long, default_value_t = 70, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub(crate) sustain_seconds: u64,
 }
 
 /// Options of `shardkeep migrate`.

@@ -11,6 +11,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+// Zones allocate snapshots that the saver frees on another thread; a thread-caching allocator
+// keeps that hand-off from serialising on the system allocator's arena locks.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     telemetry::init(&cli.log);

@@ -131,3 +131,21 @@ async fn migrate_applies_then_reports_up_to_date(pool: PgPool) {
         .unwrap();
     assert!(count >= 1);
 }
+
+#[test]
+fn malformed_bench_arguments_are_rejected() {
+    for args in [
+        &["bench", "ladder", "--rows", "5"][..],
+        &["bench", "ladder", "--batch", "0"],
+        &["bench", "ladder", "--seconds", "-1"],
+        &["bench", "nothing"],
+    ] {
+        let out = shardkeep(args, &[("DATABASE_URL", "postgres://x@127.0.0.1:1/x")]);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+    }
+    let out = shardkeep(
+        &["bench", "ladder"],
+        &[("DATABASE_URL", "postgres://x@127.0.0.1:1/x")],
+    );
+    assert_one_line_failure(&out, "REDIS_URL is not set");
+}

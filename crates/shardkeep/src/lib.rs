@@ -16,11 +16,13 @@
 //! - [`telemetry`] — names of every metric shardkeep records.
 //! - [`ttl`] — the validated, strictly positive TTL type (pure).
 //! - [`backend`] — the Postgres pool and Redis connection, and the embedded migrations.
+//! - [`bench`] — benchmarks against raw engine rates and peers, run by `shardkeep bench`.
 //! - [`character`] — the durability ladder's tiers: Postgres store, Redis checkpoints, load.
 //! - [`coord`] — coordination primitives on Redis: handoffs, transfer markers, presence,
 //!   registry, throttles, nonces, resume ledger, admin cleanup.
 
 pub mod backend;
+pub mod bench;
 pub mod character;
 pub mod coord;
 pub mod drain;

@@ -1,5 +1,6 @@
 //! One module per subcommand, and the store connections they share.
 
+mod bench;
 mod migrate;
 
 use std::process::ExitCode;
@@ -15,6 +16,7 @@ use crate::cli::{Command, PostgresArgs, RedisArgs};
 pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Migrate(args) => migrate::run(&args).await,
+        Command::Bench(args) => bench::run(&args).await,
     }
 }
 

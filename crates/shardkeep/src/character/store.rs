@@ -100,10 +100,11 @@ fn snapshot_of(row: RowTuple) -> CharacterSnapshot {
     }
 }
 
+// The update runs first and holds its own row locks; only rows it did not update are then
+// locked and read (`FOR UPDATE` waits out a concurrent writer and returns the newest version),
+// so every outcome is decided exactly, in the same statement, without a separate racing read.
 const SAVE_ONE: &str = "
-WITH cur AS (
-    SELECT id, state_version, owner_epoch FROM characters WHERE id = $1 FOR UPDATE
-), upd AS (
+WITH upd AS (
     UPDATE characters c
        SET state = $4,
            chargen = $5,
@@ -111,22 +112,19 @@ WITH cur AS (
            room_ref = CASE WHEN NULLIF($6, '') IS NULL THEN c.room_ref ELSE $7 END,
            state_version = c.state_version + 1,
            updated_at = now()
-      FROM cur
-     WHERE c.id = cur.id AND cur.state_version = $2 AND cur.owner_epoch <= $3
+     WHERE c.id = $1 AND c.state_version = $2 AND c.owner_epoch <= $3
  RETURNING c.state_version
+), missed AS (
+    SELECT state_version, owner_epoch FROM characters
+     WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM upd)
+       FOR UPDATE
 )
-SELECT cur.state_version, cur.owner_epoch, (SELECT state_version FROM upd) FROM cur";
+SELECT (SELECT state_version FROM upd), (SELECT state_version FROM missed), (SELECT owner_epoch FROM missed)";
 
 const SAVE_MANY: &str = "
 WITH input AS (
     SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::int8[], $4::jsonb[], $5::jsonb[], $6::text[], $7::text[])
         AS t(id, expected, epoch, state, chargen, zone_ref, room_ref)
-), cur AS (
-    SELECT c.id, c.state_version, c.owner_epoch
-      FROM characters c
-     WHERE c.id IN (SELECT id FROM input)
-     ORDER BY c.id
-       FOR UPDATE
 ), upd AS (
     UPDATE characters c
        SET state = i.state,
@@ -135,14 +133,20 @@ WITH input AS (
            room_ref = CASE WHEN NULLIF(i.zone_ref, '') IS NULL THEN c.room_ref ELSE i.room_ref END,
            state_version = c.state_version + 1,
            updated_at = now()
-      FROM input i JOIN cur ON cur.id = i.id
-     WHERE c.id = i.id AND cur.state_version = i.expected AND cur.owner_epoch <= i.epoch
+      FROM input i
+     WHERE c.id = i.id AND c.state_version = i.expected AND c.owner_epoch <= i.epoch
  RETURNING c.id, c.state_version
+), missed AS (
+    SELECT c.id, c.state_version, c.owner_epoch
+      FROM characters c JOIN input i ON i.id = c.id
+     WHERE NOT EXISTS (SELECT 1 FROM upd WHERE upd.id = i.id)
+     ORDER BY c.id
+       FOR UPDATE OF c
 )
-SELECT i.id, cur.state_version, cur.owner_epoch, upd.state_version
+SELECT i.id, m.state_version, m.owner_epoch, upd.state_version
   FROM input i
-  LEFT JOIN cur ON cur.id = i.id
-  LEFT JOIN upd ON upd.id = i.id";
+  LEFT JOIN upd ON upd.id = i.id
+  LEFT JOIN missed m ON m.id = i.id";
 
 const CLAIM: &str = "
 WITH prev AS (
@@ -263,23 +267,22 @@ impl CharacterStore {
     /// Compare-and-swap save of one snapshot, decided in one round trip.
     pub async fn save(&self, snapshot: &CharacterSnapshot) -> Result<SaveOutcome, StoreError> {
         let zone_ref = snapshot.zone_ref.as_deref().filter(|z| !z.is_empty());
-        let row: Option<(i64, i64, Option<i64>)> = sqlx::query_as(SAVE_ONE)
-            .bind(snapshot.character_id)
-            .bind(snapshot.state_version)
-            .bind(snapshot.owner_epoch)
-            .bind(&snapshot.state)
-            .bind(&snapshot.chargen)
-            .bind(zone_ref)
-            .bind(zone_ref.and(snapshot.room_ref.as_deref()))
-            .fetch_optional(self.pg.pool())
-            .await?;
-        let outcome = match row {
-            None => SaveOutcome::NotFound,
-            Some((version, epoch, saved)) => {
-                classify_save(Some((version, epoch)), saved, snapshot.owner_epoch)
-            }
-        };
-        Ok(outcome)
+        let (saved, version, epoch): (Option<i64>, Option<i64>, Option<i64>) =
+            sqlx::query_as(SAVE_ONE)
+                .bind(snapshot.character_id)
+                .bind(snapshot.state_version)
+                .bind(snapshot.owner_epoch)
+                .bind(&snapshot.state)
+                .bind(&snapshot.chargen)
+                .bind(zone_ref)
+                .bind(zone_ref.and(snapshot.room_ref.as_deref()))
+                .fetch_one(self.pg.pool())
+                .await?;
+        Ok(classify_save(
+            version.zip(epoch),
+            saved,
+            snapshot.owner_epoch,
+        ))
     }
 
     /// Compare-and-swap save of many snapshots in one statement, one outcome per snapshot (in

@@ -199,15 +199,15 @@ pub fn dump_character(
         applied_seq: character.applied_seq,
         tracks: character.tracks.clone(),
     };
-    let state = serde_json::to_value(&doc).map_err(|e| DumpError::Encode(e.to_string()))?;
-    let bytes = serde_json::to_vec(&state).map_or(usize::MAX, |v| v.len());
-    if bytes > limits.max_bytes {
+    let carry_bytes = encoded_len(&(&doc.equipment, &doc.inventory));
+    if carry_bytes > limits.max_bytes {
         return Err(CarryTreeError::TooLarge {
-            bytes,
+            bytes: carry_bytes,
             max: limits.max_bytes,
         }
         .into());
     }
+    let state = serde_json::to_value(&doc).map_err(|e| DumpError::Encode(e.to_string()))?;
     Ok(CharacterSnapshot {
         character_id: character.character_id,
         account_id: character.account_id,
@@ -219,6 +219,25 @@ pub fn dump_character(
         state_version: character.state_version,
         owner_epoch: character.owner_epoch,
     })
+}
+
+/// Encoded JSON size of `value`, counted without building the text.
+fn encoded_len<T: serde::Serialize>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        Err(_) => usize::MAX,
+    }
 }
 
 #[cfg(test)]

@@ -198,18 +198,29 @@ impl LiveCharacter {
         all
     }
 
+    /// True while an affect or a cooldown is running.
+    pub fn has_timed_effects(&self) -> bool {
+        !self.affects.is_empty() || !self.cooldowns.is_empty()
+    }
+
     /// Advances affects and cooldowns by one pulse, dropping the expired ones.
     pub fn pulse(&mut self) {
-        let before = self.affects.len();
+        if self.affects.is_empty() && self.cooldowns.is_empty() {
+            return;
+        }
+        if !self.cooldowns.is_empty() {
+            self.cooldowns.retain(|_, left| {
+                *left = left.saturating_sub(1);
+                *left > 0
+            });
+        }
+        let mut expired = false;
         for affect in &mut self.affects {
             affect.remaining_pulses = affect.remaining_pulses.saturating_sub(1);
+            expired |= affect.remaining_pulses == 0;
         }
-        self.affects.retain(|a| a.remaining_pulses > 0);
-        self.cooldowns.retain(|_, left| {
-            *left = left.saturating_sub(1);
-            *left > 0
-        });
-        if self.affects.len() != before {
+        if expired {
+            self.affects.retain(|a| a.remaining_pulses > 0);
             self.recompute();
         }
     }

@@ -46,8 +46,8 @@ impl BatchHandler<Vec<SaveRequest>> for SaverWorker {
     async fn handle(&mut self, batch: Vec<Vec<SaveRequest>>) {
         let requests = coalesce(batch.into_iter().flatten().collect());
         for chunk in requests.chunks(self.config.write_chunk.clamp(1, MAX_SAVE_BATCH)) {
-            self.write_checkpoints(chunk).await;
-            self.write_rows(chunk).await;
+            // The two tiers are independent: write them concurrently.
+            tokio::join!(self.write_checkpoints(chunk), self.write_rows(chunk));
         }
     }
 }

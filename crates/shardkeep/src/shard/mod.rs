@@ -113,11 +113,6 @@ pub struct Eviction {
     pub cause: EvictionCause,
 }
 
-/// A player's fixed offset inside a cadence period, from the random bits of its id.
-fn phase(character_id: Uuid, period: u64) -> u64 {
-    (character_id.as_u128() as u64) % period
-}
-
 /// Dumps a player standing in `zone`; inside an instance the durable anchor stands.
 fn dump_entry(
     entry: &PlayerEntry,
@@ -197,7 +192,7 @@ impl Shard {
         let mut runtimes = BTreeMap::new();
         for def in zones {
             directory.assign(&def.id, &config.shard_id);
-            let mut zone = ZoneRuntime::new(Arc::new(def));
+            let mut zone = ZoneRuntime::new(Arc::new(def), config.flush_pulses);
             run_resets(&zone.def, &mut zone.entities, &catalog);
             runtimes.insert(zone.def.id.clone(), zone);
         }
@@ -300,27 +295,17 @@ impl Shard {
             if self.pulse.is_multiple_of(repop) {
                 run_resets(&zone.def, &mut zone.entities, &self.catalog);
             }
-            let in_instance = zone.def.instance;
-            let zone_id = zone.def.id.clone();
-            for entry in zone.players_mut() {
-                if matches!(entry.link, Link::Pending { .. }) {
-                    continue;
-                }
-                entry.character.pulse();
-                if entry.skip_saves() {
-                    continue;
-                }
-                let id = entry.character.character_id;
-                let due = |period: u64| (self.pulse + phase(id, period)).is_multiple_of(period);
-                let target = if due(flush_period) {
-                    &mut flushes
-                } else if due(checkpoint_period) {
-                    &mut checkpoints
-                } else {
-                    continue;
-                };
-                if let Some(snapshot) = dump_entry(entry, &zone_id, in_instance) {
-                    target.push(snapshot);
+            zone.pulse_timed();
+            let due = zone.due_saves(self.pulse, checkpoint_period, flush_period);
+            let (zone_id, in_instance) = (zone.def.id.as_str(), zone.def.instance);
+            for (ids, target) in [
+                (&due.flush, &mut flushes),
+                (&due.checkpoint, &mut checkpoints),
+            ] {
+                for id in ids {
+                    if let Some(entry) = zone.player(*id) {
+                        target.extend(dump_entry(entry, zone_id, in_instance));
+                    }
                 }
             }
         }

@@ -322,3 +322,46 @@ async fn a_corrupt_checkpoint_falls_back_to_the_row(pool: PgPool) {
     assert_eq!(loaded.source, LoadSource::Row);
     assert_eq!(loaded.snapshot.state, row.state);
 }
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn racing_saves_of_one_version_land_once_and_the_rest_see_the_winner(pool: PgPool) {
+    let store = store_of(&pool);
+    let row = created(&store, "Aria").await;
+    let epoch = store.claim(row.character_id, 0).await.unwrap().new_epoch;
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let store = store.clone();
+            let mut snap = CharacterSnapshot {
+                owner_epoch: epoch,
+                ..row.clone()
+            };
+            snap.state = json!({ "writer": i });
+            tokio::spawn(async move {
+                if i % 2 == 0 {
+                    store.save(&snap).await.unwrap()
+                } else {
+                    store.save_many(&[&snap]).await.unwrap()[0].1
+                }
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for task in tasks {
+        outcomes.push(task.await.unwrap());
+    }
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|o| **o == SaveOutcome::Saved(1))
+            .count(),
+        1
+    );
+    assert_eq!(
+        outcomes
+            .iter()
+            .filter(|o| **o == SaveOutcome::VersionConflict(1))
+            .count(),
+        15,
+        "losers are told the winner's version exactly: {outcomes:?}"
+    );
+}

@@ -176,8 +176,11 @@ fn an_oversized_carry_tree_refuses_to_dump() {
             max: 512
         })
     );
-    applied.character.inventory.truncate(10);
-    applied.character.appearance.outfit = "x".repeat(300 * 1024);
+    // Few items, but each with an enormous prototype reference: over the size bound.
+    let mut long = (**catalog.get("gem").unwrap()).clone();
+    long.proto_ref = "g".repeat(4096);
+    let long = std::sync::Arc::new(long);
+    applied.character.inventory = (0..70).map(|_| Item::spawn(&long)).collect();
     assert!(matches!(
         dump_character(&applied.character, None, None, CarryLimits::default()),
         Err(DumpError::CarryTree(CarryTreeError::TooLarge { .. }))

@@ -1,0 +1,101 @@
+//! Benchmarks that measure shardkeep against the raw engine rates (and, where an issue names
+//! one, a peer) in one run, on the same Postgres and Redis. The `shardkeep bench` subcommands
+//! call these and print the ratio lines.
+//!
+//! Each run works in a database and a Redis namespace of its own, created for the run and
+//! removed afterwards, so a benchmark never touches operational data.
+
+pub mod ladder;
+
+use std::time::{Duration, Instant};
+
+use sqlx::migrate::MigrateDatabase;
+
+use crate::backend::redis::RedisTimeouts;
+use crate::backend::{ConnectError, PostgresBackend, RedisBackend};
+use crate::keyspace::Keyspace;
+
+/// A scratch database and Redis namespace for one benchmark run.
+pub struct BenchEnv {
+    /// The scratch database, migrated.
+    pub pg: PostgresBackend,
+    /// The scratch namespace.
+    pub redis: RedisBackend,
+    db_url: String,
+}
+
+impl BenchEnv {
+    /// Creates a scratch database next to `database_url` and a namespace on `redis_url`.
+    pub async fn setup(database_url: &str, redis_url: &str) -> Result<Self, ConnectError> {
+        let run = format!("bench_{}", uuid::Uuid::new_v4().simple());
+        let (server, _) = database_url.rsplit_once('/').unwrap_or((database_url, ""));
+        let db_url = format!("{server}/{run}");
+        PostgresBackend::create_database_if_missing("DATABASE_URL", &db_url).await?;
+        let pg =
+            PostgresBackend::connect("DATABASE_URL", &db_url, 8, Duration::from_secs(5)).await?;
+        pg.migrate().await.map_err(|e| ConnectError {
+            setting: "DATABASE_URL",
+            target: crate::backend::redact_url(&db_url),
+            reason: e.to_string(),
+        })?;
+        let keys = Keyspace::new(&run).map_err(|e| ConnectError {
+            setting: "REDIS_URL",
+            target: crate::backend::redact_url(redis_url),
+            reason: e.to_string(),
+        })?;
+        let redis =
+            RedisBackend::connect("REDIS_URL", redis_url, keys, RedisTimeouts::default()).await?;
+        Ok(Self { pg, redis, db_url })
+    }
+
+    /// Drops the scratch database and the namespace's keys.
+    pub async fn teardown(self) {
+        self.pg.close().await;
+        if let Err(err) = sqlx::Postgres::force_drop_database(&self.db_url).await {
+            tracing::warn!(event = "bench_teardown_failed", error = %err);
+        }
+        let mut conn = self.redis.conn();
+        for pattern in self.redis.keys().namespace_patterns() {
+            let mut cursor: u64 = 0;
+            loop {
+                let page: redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query_async(&mut conn)
+                    .await;
+                let Ok((next, keys)) = page else { break };
+                if !keys.is_empty() {
+                    let _: redis::RedisResult<i64> =
+                        redis::cmd("UNLINK").arg(&keys).query_async(&mut conn).await;
+                }
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Operations per second of `count` operations over `elapsed`.
+pub fn rate(count: u64, elapsed: Duration) -> f64 {
+    count as f64 / elapsed.as_secs_f64().max(1e-9)
+}
+
+/// Runs `op` repeatedly for `window`, returning operations done and the time taken. `op` returns
+/// how many operations it completed.
+pub async fn measure<F, Fut, E>(window: Duration, mut op: F) -> Result<(u64, Duration), E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<u64, E>>,
+{
+    let started = Instant::now();
+    let mut done = 0;
+    while started.elapsed() < window {
+        done += op().await?;
+    }
+    Ok((done, started.elapsed()))
+}

@@ -1,0 +1,60 @@
+//! The benchmarks run end to end on tiny settings (no timing is asserted here; the numbers come
+//! from `shardkeep bench`).
+
+use std::time::Duration;
+
+use shardkeep::bench::BenchEnv;
+use shardkeep::bench::ladder::{self, LadderBenchConfig};
+
+async fn env() -> BenchEnv {
+    let database_url = std::env::var("DATABASE_URL").unwrap();
+    BenchEnv::setup(&database_url, &shardkeep_testkit::redis_url())
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_ladder_bench_runs_every_step_and_cleans_up() {
+    let env = env().await;
+    let namespace = env.redis.keys().namespace().to_owned();
+    let report = ladder::run(
+        &env,
+        LadderBenchConfig {
+            rows: 300,
+            window: Duration::from_millis(200),
+            batch: 100,
+            online: 400,
+            sustain: Duration::from_millis(1500),
+        },
+    )
+    .await
+    .unwrap();
+    for rate in [
+        report.raw_update,
+        report.cas_single,
+        report.cas_batched,
+        report.raw_set,
+        report.checkpoint,
+    ] {
+        assert!(rate > 0.0);
+    }
+    let sustain = report.sustain.unwrap();
+    assert_eq!(
+        (sustain.online, sustain.dropped, sustain.failed),
+        (400, 0, 0)
+    );
+    assert!(sustain.checkpoints_per_second > 0.0);
+    env.teardown().await;
+    let redis = shardkeep_testkit::TestRedis::new().await;
+    let mut raw = redis.raw().await;
+    let (_, left): (u64, Vec<String>) = redis::cmd("SCAN")
+        .arg(0)
+        .arg("MATCH")
+        .arg(format!("{namespace}:*"))
+        .arg("COUNT")
+        .arg(100_000)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "teardown leaves no keys");
+}
