@@ -668,3 +668,171 @@ async fn placement_writes_are_fenced_and_logout_leaves_a_tombstone(pool: PgPool)
             .is_tombstone()
     );
 }
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn login_fails_closed_when_postgres_is_unreachable(pool: PgPool) {
+    use shardkeep::character::{CharacterLoader, CharacterStore, LoadError};
+    let redis = TestRedis::new().await;
+    let stores = Stores::new(&pool, redis.backend());
+    let id = stores.new_character("Aria").await;
+    let proxy = FaultProxy::start(pg_addr()).await.unwrap();
+    let cut_pool = proxied_pool(&pool, &proxy).await;
+    proxy.set_mode(ProxyMode::Cut);
+    let loader = CharacterLoader::new(
+        CharacterStore::new(PostgresBackend::from_pool(cut_pool)),
+        Some(stores.checkpoints.clone()),
+        Duration::from_secs(2),
+    );
+    let err = loader.claim_and_load(id, 0).await.unwrap_err();
+    assert!(
+        matches!(err, LoadError::Store { .. } | LoadError::Timeout(_)),
+        "{err}"
+    );
+    let (_, epoch) = stores.characters.version_of(id).await.unwrap().unwrap();
+    assert_eq!(epoch, 0, "nothing was claimed");
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn login_loads_the_row_when_redis_is_down(pool: PgPool) {
+    use shardkeep::character::{CharacterLoader, CheckpointStore};
+    let redis = TestRedis::new().await;
+    let stores = Stores::new(&pool, redis.backend());
+    let id = stores.new_character("Aria").await;
+    let proxy = FaultProxy::start(redis_addr(redis.url())).await.unwrap();
+    let timeouts = RedisTimeouts {
+        connect: Duration::from_millis(300),
+        response: Duration::from_millis(300),
+    };
+    let proxied = RedisBackend::connect(
+        "REDIS_URL",
+        &format!("redis://{}", proxy.addr()),
+        redis.keys().clone(),
+        timeouts,
+    )
+    .await
+    .unwrap();
+    proxy.set_mode(ProxyMode::Cut);
+    let loader = CharacterLoader::new(
+        stores.characters.clone(),
+        Some(CheckpointStore::new(proxied)),
+        Duration::from_secs(2),
+    );
+    let loaded = loader.claim_and_load(id, 0).await.unwrap();
+    assert_eq!(loaded.source, LoadSource::Row);
+    assert_eq!(loaded.snapshot.owner_epoch, 1);
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_flush_conflict_makes_the_zone_redump_at_the_current_version(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let stores = Stores::new(&pool, redis.backend());
+    let id = stores.new_character("Aria").await;
+    let mut shard = boot(&stores, "shard-a", &[0], 1);
+    login(&stores, &mut shard, id, "s").await;
+    // Another legitimate writer of the same epoch (a recovered job) moves the row on.
+    let mut external = stores.characters.load(id).await.unwrap().unwrap();
+    external.state = json!({ "by": "job" });
+    assert_eq!(
+        stores.characters.save(&external).await.unwrap(),
+        SaveOutcome::Saved(1)
+    );
+    shard.player_mut(id).unwrap().character.currency = 88;
+    shard.save_one(id, SaveReason::Flush);
+    pump_until(&mut shard, Duration::from_secs(5), |s| {
+        s.player(id).is_some_and(|p| p.character.state_version == 2)
+    })
+    .await;
+    let row = stores.characters.load(id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.state_version, row.state["currency"].clone()),
+        (2, json!(88))
+    );
+    assert!(shard.saver().stats().row_conflicts >= 1);
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_final_flush_conflict_for_a_departed_player_rebases_and_lands(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let stores = Stores::new(&pool, redis.backend());
+    let id = stores.new_character("Aria").await;
+    let mut shard = boot(&stores, "shard-a", &[0], 1);
+    login(&stores, &mut shard, id, "s").await;
+    let mut external = stores.characters.load(id).await.unwrap().unwrap();
+    external.state = json!({ "by": "job" });
+    stores.characters.save(&external).await.unwrap();
+    shard.player_mut(id).unwrap().character.currency = 66;
+    shard.logout(id).unwrap();
+    assert_eq!(
+        shard.saver().barrier(BARRIER).await,
+        BarrierOutcome::Drained
+    );
+    let row = stores.characters.load(id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.state_version, row.state["currency"].clone()),
+        (2, json!(66))
+    );
+    let stats = shard.saver().stats();
+    assert_eq!(
+        (stats.row_conflicts, stats.row_landed, stats.final_dropped),
+        (1, 1, 0)
+    );
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_final_flush_out_of_retries_is_dropped_and_said_so(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let stores = Stores::new(&pool, redis.backend());
+    let id = stores.new_character("Aria").await;
+    let mut config = ShardConfig::new("shard-a", "zone-0");
+    config.saver.final_retries = 0;
+    let mut shard = boot_with(stores.shard_stores(), &stores, config, &[0], 1);
+    login(&stores, &mut shard, id, "s").await;
+    let external = stores.characters.load(id).await.unwrap().unwrap();
+    stores.characters.save(&external).await.unwrap();
+    shard.logout(id).unwrap();
+    assert_eq!(
+        shard.saver().barrier(BARRIER).await,
+        BarrierOutcome::Drained
+    );
+    assert_eq!(shard.saver().stats().final_dropped, 1);
+    shard.tick();
+    assert!(
+        shard
+            .take_saver_events()
+            .contains(&shardkeep::saver::SaverEvent::FinalDropped { character_id: id })
+    );
+    assert_eq!(
+        stores
+            .characters
+            .load(id)
+            .await
+            .unwrap()
+            .unwrap()
+            .state_version,
+        1
+    );
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn zones_repop_at_boot_and_on_the_repop_timer(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let stores = Stores::new(&pool, redis.backend());
+    let mut shard = boot(&stores, "shard-a", &[0], 1);
+    let floor = |s: &shardkeep::shard::Shard| s.zones().next().unwrap().entities.floor.len();
+    assert_eq!(
+        floor(&shard),
+        3,
+        "boot spawned the chest and two heaps of ore"
+    );
+    shard.zone_mut("zone-0").unwrap().entities.floor.pop();
+    for _ in 0..239 {
+        shard.tick();
+    }
+    assert_eq!(floor(&shard), 2);
+    shard.tick();
+    assert_eq!(floor(&shard), 3, "the repop pulse topped the zone up");
+    for _ in 0..240 {
+        shard.tick();
+    }
+    assert_eq!(floor(&shard), 3, "a full zone stays as it is");
+}
