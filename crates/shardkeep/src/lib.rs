@@ -11,6 +11,7 @@
 //! - [`game`] — the reference game-state model: items, state, applier, zones and resets.
 //! - [`keyspace`] — every Redis key name, its owner, TTL rule and cleanup descriptor (pure).
 //! - [`placement`] — fenced placement records and their background writer.
+//! - [`retry`] — durable persistence retry jobs on Postgres: enqueue, worker, dead letters.
 //! - [`saver`] — the background saver: checkpoints, CAS flushes, conflicts, the final rebase.
 //! - [`shard`] — the reference shard runtime: zones, players, cadences, sessions, landing.
 //! - [`telemetry`] — names of every metric shardkeep records.
@@ -18,18 +19,21 @@
 //! - [`backend`] — the Postgres pool and Redis connection, and the embedded migrations.
 //! - [`bench`] — benchmarks against raw engine rates and peers, run by `shardkeep bench`.
 //! - [`character`] — the durability ladder's tiers: Postgres store, Redis checkpoints, load.
+//! - [`clock`] — injectable time.
 //! - [`coord`] — coordination primitives on Redis: handoffs, transfer markers, presence,
 //!   registry, throttles, nonces, resume ledger, admin cleanup.
 
 pub mod backend;
 pub mod bench;
 pub mod character;
+pub mod clock;
 pub mod coord;
 pub mod drain;
 pub mod faults;
 pub mod game;
 pub mod keyspace;
 pub mod placement;
+pub mod retry;
 pub mod saver;
 pub mod shard;
 pub mod telemetry;

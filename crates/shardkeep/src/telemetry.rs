@@ -40,6 +40,20 @@ pub const PLACEMENT_STALE_TOTAL: &str = "shardkeep_placement_stale_total";
 /// Placement updates dropped at enqueue.
 pub const PLACEMENT_DROPPED_TOTAL: &str = "shardkeep_placement_dropped_total";
 
+/// Retry jobs enqueued, labelled `kind`.
+pub const RETRY_ENQUEUED_TOTAL: &str = "shardkeep_retry_enqueued_total";
+/// Retry jobs stored but not signaled, labelled `reason` (queue_full, queue_closed).
+pub const RETRY_DURABLE_ONLY_TOTAL: &str = "shardkeep_retry_durable_only_total";
+/// Retry jobs claimed.
+pub const RETRY_CLAIMED_TOTAL: &str = "shardkeep_retry_claimed_total";
+/// Retry job outcomes, labelled `outcome` (applied, already_applied, superseded, retrying,
+/// dead_lettered, stale).
+pub const RETRY_OUTCOMES_TOTAL: &str = "shardkeep_retry_outcomes_total";
+/// Retry dead letters requeued.
+pub const RETRY_REQUEUED_TOTAL: &str = "shardkeep_retry_requeued_total";
+/// Retry rows, labelled `state` (pending, leased).
+pub const RETRY_ROWS: &str = "shardkeep_retry_rows";
+
 /// Registers a description for every metric, for exporters that show them.
 pub fn describe() {
     use metrics::describe_counter;

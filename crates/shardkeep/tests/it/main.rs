@@ -10,4 +10,5 @@ mod coord_records;
 mod ladder_shard;
 mod ladder_store;
 mod migrate;
+mod retry_jobs;
 mod support;

@@ -1,0 +1,451 @@
+//! The retry job and its payloads: concrete writes that apply to the character store.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::policy::{Origin, SessionImpact, session_impact};
+use crate::game::items::{ItemJson, Slot};
+use crate::game::state::Appearance;
+
+/// Longest idempotency key, source label or token accepted.
+pub const MAX_LABEL_BYTES: usize = 256;
+/// Most items one reward or equipment payload carries.
+pub const MAX_PAYLOAD_ITEMS: usize = 512;
+
+/// Who issued a write, and the key that makes applying it twice harmless.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdempotencyEnvelope {
+    /// Unique per logical write (a reward grant, a location update…).
+    pub idempotency_key: String,
+    /// Epoch of the copy that issued it; a newer owner supersedes the job.
+    pub owner_epoch: i64,
+    /// Where the write came from.
+    pub origin: Origin,
+    /// When it was issued.
+    pub issued_at: DateTime<Utc>,
+}
+
+/// The write a job performs, serialized by kind name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum PersistenceRetryPayload {
+    /// Where the character stands.
+    CharacterLocation {
+        /// The character.
+        character_id: Uuid,
+        /// Zone.
+        zone: String,
+        /// Room in the zone.
+        room: String,
+        /// Position inside the room.
+        position: Option<[i32; 2]>,
+    },
+    /// How the character looks.
+    CharacterAppearance {
+        /// The character.
+        character_id: Uuid,
+        /// The new looks.
+        appearance: Appearance,
+    },
+    /// What the character wears.
+    CharacterEquipment {
+        /// The character.
+        character_id: Uuid,
+        /// The complete set of worn items.
+        equipment: BTreeMap<Slot, ItemJson>,
+    },
+    /// The whole state document (a flush that could not land).
+    GameplayState {
+        /// The character.
+        character_id: Uuid,
+        /// The state document.
+        state: serde_json::Value,
+        /// Zone anchor (`None` keeps the stored one).
+        zone_ref: Option<String>,
+        /// Room in the zone.
+        room_ref: Option<String>,
+    },
+    /// Rewards granted for a fight: deltas, applied once per idempotency key.
+    CombatRewards {
+        /// The character.
+        character_id: Uuid,
+        /// Experience gained.
+        experience: i64,
+        /// Coins gained.
+        currency: i64,
+        /// Loot added to the inventory.
+        items: Vec<ItemJson>,
+    },
+    /// A cross-shard transfer activation, recorded durably.
+    TransferActivation {
+        /// The character.
+        character_id: Uuid,
+        /// The transfer token.
+        transfer_token: String,
+        /// The shard that activated it.
+        target_shard: String,
+        /// The zone it activated into.
+        target_zone: String,
+    },
+}
+
+impl PersistenceRetryPayload {
+    /// The kind name (the serde tag and the `job_kind` column).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::CharacterLocation { .. } => "character_location",
+            Self::CharacterAppearance { .. } => "character_appearance",
+            Self::CharacterEquipment { .. } => "character_equipment",
+            Self::GameplayState { .. } => "gameplay_state",
+            Self::CombatRewards { .. } => "combat_rewards",
+            Self::TransferActivation { .. } => "transfer_activation",
+        }
+    }
+
+    /// The character it applies to.
+    pub fn character_id(&self) -> Uuid {
+        match self {
+            Self::CharacterLocation { character_id, .. }
+            | Self::CharacterAppearance { character_id, .. }
+            | Self::CharacterEquipment { character_id, .. }
+            | Self::GameplayState { character_id, .. }
+            | Self::CombatRewards { character_id, .. }
+            | Self::TransferActivation { character_id, .. } => *character_id,
+        }
+    }
+
+    /// The zone it concerns, when it names one.
+    pub fn zone_id(&self) -> Option<&str> {
+        match self {
+            Self::CharacterLocation { zone, .. } => Some(zone),
+            Self::GameplayState { zone_ref, .. } => zone_ref.as_deref(),
+            Self::TransferActivation { target_zone, .. } => Some(target_zone),
+            _ => None,
+        }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let text = |what: &str, value: &str| {
+            if value.trim().is_empty() {
+                Err(format!("{what} must not be empty"))
+            } else if value.len() > MAX_LABEL_BYTES {
+                Err(format!("{what} is longer than {MAX_LABEL_BYTES} bytes"))
+            } else {
+                Ok(())
+            }
+        };
+        match self {
+            Self::CharacterLocation { zone, room, .. } => {
+                text("zone", zone)?;
+                text("room", room)
+            }
+            Self::CharacterAppearance { .. } => Ok(()),
+            Self::CharacterEquipment { equipment, .. } if equipment.len() > MAX_PAYLOAD_ITEMS => {
+                Err(format!("more than {MAX_PAYLOAD_ITEMS} items"))
+            }
+            Self::CharacterEquipment { .. } => Ok(()),
+            Self::GameplayState {
+                state, zone_ref, ..
+            } => {
+                if !state.is_object() {
+                    return Err("state must be a JSON object".into());
+                }
+                zone_ref.as_deref().map_or(Ok(()), |z| text("zone_ref", z))
+            }
+            Self::CombatRewards {
+                experience,
+                currency,
+                items,
+                ..
+            } => {
+                if *experience < 0 || *currency < 0 {
+                    Err("rewards are grants: experience and currency must not be negative".into())
+                } else if items.len() > MAX_PAYLOAD_ITEMS {
+                    Err(format!("more than {MAX_PAYLOAD_ITEMS} items"))
+                } else {
+                    Ok(())
+                }
+            }
+            Self::TransferActivation {
+                transfer_token,
+                target_shard,
+                target_zone,
+                ..
+            } => {
+                text("transfer token", transfer_token)?;
+                text("target shard", target_shard)?;
+                text("target zone", target_zone)
+            }
+        }
+    }
+}
+
+/// A durable retry job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PersistenceRetryJob {
+    retry_job_id: Uuid,
+    payload: PersistenceRetryPayload,
+    session_token: Option<String>,
+    session_impact: SessionImpact,
+    source: String,
+    realm_id: Option<String>,
+    envelope: IdempotencyEnvelope,
+}
+
+/// A job could not be built; nothing was queued.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid retry job: {0}")]
+pub struct InvalidJob(pub String);
+
+impl PersistenceRetryJob {
+    /// A new job with a fresh id. Its session impact comes from the policy for the envelope's
+    /// origin; no caller chooses it.
+    pub fn new(
+        payload: PersistenceRetryPayload,
+        envelope: IdempotencyEnvelope,
+        source: &str,
+        session_token: Option<String>,
+    ) -> Result<Self, InvalidJob> {
+        payload.validate().map_err(InvalidJob)?;
+        for (what, value) in [
+            ("idempotency key", envelope.idempotency_key.as_str()),
+            ("source", source),
+        ] {
+            if value.trim().is_empty() || value.len() > MAX_LABEL_BYTES {
+                return Err(InvalidJob(format!(
+                    "{what} must be 1 to {MAX_LABEL_BYTES} bytes"
+                )));
+            }
+        }
+        if envelope.owner_epoch < 0 {
+            return Err(InvalidJob("owner epoch must not be negative".into()));
+        }
+        if session_token
+            .as_deref()
+            .is_some_and(|t| t.is_empty() || t.len() > MAX_LABEL_BYTES)
+        {
+            return Err(InvalidJob(format!(
+                "session token must be 1 to {MAX_LABEL_BYTES} bytes"
+            )));
+        }
+        Ok(Self {
+            retry_job_id: Uuid::now_v7(),
+            session_impact: session_impact(envelope.origin),
+            payload,
+            session_token,
+            source: source.to_owned(),
+            realm_id: None,
+            envelope,
+        })
+    }
+
+    /// The same job tagged with a realm.
+    pub fn with_realm(mut self, realm_id: &str) -> Self {
+        self.realm_id = Some(realm_id.to_owned());
+        self
+    }
+
+    /// A copy with a new id (a requeue restores a dead letter as a fresh job).
+    pub(crate) fn renewed(&self) -> Self {
+        Self {
+            retry_job_id: Uuid::now_v7(),
+            ..self.clone()
+        }
+    }
+
+    /// Rebuilds a stored job.
+    pub(crate) fn restore(stored: StoredJob) -> Result<Self, String> {
+        let payload: PersistenceRetryPayload = serde_json::from_value(stored.payload)
+            .map_err(|e| format!("payload does not decode: {e}"))?;
+        if payload.kind() != stored.job_kind {
+            return Err(format!(
+                "job_kind {:?} does not match payload kind {:?}",
+                stored.job_kind,
+                payload.kind()
+            ));
+        }
+        if payload.character_id() != stored.character_id {
+            return Err("character_id does not match the payload".into());
+        }
+        let origin = Origin::parse(&stored.origin)
+            .ok_or_else(|| format!("unknown origin {:?}", stored.origin))?;
+        let session_impact = SessionImpact::parse(&stored.session_impact)
+            .ok_or_else(|| format!("unknown session impact {:?}", stored.session_impact))?;
+        Ok(Self {
+            retry_job_id: stored.retry_job_id,
+            payload,
+            session_token: stored.session_token,
+            session_impact,
+            source: stored.source,
+            realm_id: stored.realm_id,
+            envelope: IdempotencyEnvelope {
+                idempotency_key: stored.idempotency_key,
+                owner_epoch: stored.owner_epoch,
+                origin,
+                issued_at: stored.issued_at,
+            },
+        })
+    }
+
+    /// Job id (UUID v7).
+    pub fn retry_job_id(&self) -> Uuid {
+        self.retry_job_id
+    }
+
+    /// The write.
+    pub fn payload(&self) -> &PersistenceRetryPayload {
+        &self.payload
+    }
+
+    /// The session it belongs to, if any.
+    pub fn session_token(&self) -> Option<&str> {
+        self.session_token.as_deref()
+    }
+
+    /// How much it affects the session (from the policy).
+    pub fn session_impact(&self) -> SessionImpact {
+        self.session_impact
+    }
+
+    /// Free-form label of the enqueuing component.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Realm, if tagged.
+    pub fn realm_id(&self) -> Option<&str> {
+        self.realm_id.as_deref()
+    }
+
+    /// The idempotency envelope.
+    pub fn envelope(&self) -> &IdempotencyEnvelope {
+        &self.envelope
+    }
+}
+
+/// A job row as stored (columns of `persistence_retry_jobs` or a dead letter).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct StoredJob {
+    pub(crate) retry_job_id: Uuid,
+    pub(crate) job_kind: String,
+    pub(crate) character_id: Uuid,
+    pub(crate) realm_id: Option<String>,
+    pub(crate) payload: serde_json::Value,
+    pub(crate) session_token: Option<String>,
+    pub(crate) session_impact: String,
+    pub(crate) source: String,
+    pub(crate) idempotency_key: String,
+    pub(crate) owner_epoch: i64,
+    pub(crate) origin: String,
+    pub(crate) issued_at: DateTime<Utc>,
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn envelope(origin: Origin) -> IdempotencyEnvelope {
+        IdempotencyEnvelope {
+            idempotency_key: "k-1".into(),
+            owner_epoch: 3,
+            origin,
+            issued_at: Utc::now(),
+        }
+    }
+
+    #[test]
+    fn payloads_serialize_by_kind_name() {
+        let payload = PersistenceRetryPayload::CombatRewards {
+            character_id: Uuid::nil(),
+            experience: 10,
+            currency: 2,
+            items: vec![],
+        };
+        let value = serde_json::to_value(&payload).unwrap();
+        assert_eq!(value["kind"], "combat_rewards");
+        assert_eq!(
+            serde_json::from_value::<PersistenceRetryPayload>(value).unwrap(),
+            payload
+        );
+        let unknown = json!({ "kind": "teleport", "character_id": Uuid::nil() });
+        assert!(serde_json::from_value::<PersistenceRetryPayload>(unknown).is_err());
+        let extra = json!({ "kind": "character_appearance", "character_id": Uuid::nil(), "appearance": {}, "x": 1 });
+        assert!(serde_json::from_value::<PersistenceRetryPayload>(extra).is_err());
+    }
+
+    #[test]
+    fn impact_comes_from_the_origin() {
+        let payload = PersistenceRetryPayload::CharacterLocation {
+            character_id: Uuid::nil(),
+            zone: "z".into(),
+            room: "r".into(),
+            position: None,
+        };
+        let job = PersistenceRetryJob::new(
+            payload.clone(),
+            envelope(Origin::SessionCleanup),
+            "journal",
+            None,
+        )
+        .unwrap();
+        assert_eq!(job.session_impact(), SessionImpact::None);
+        let job =
+            PersistenceRetryJob::new(payload, envelope(Origin::CombatRewards), "combat", None)
+                .unwrap();
+        assert_eq!(job.session_impact(), SessionImpact::SessionDegraded);
+        assert_eq!(job.retry_job_id().get_version_num(), 7);
+    }
+
+    #[test]
+    fn invalid_jobs_are_refused() {
+        let bad_location = PersistenceRetryPayload::CharacterLocation {
+            character_id: Uuid::nil(),
+            zone: " ".into(),
+            room: "r".into(),
+            position: None,
+        };
+        assert!(
+            PersistenceRetryJob::new(
+                bad_location,
+                envelope(Origin::BackgroundLocation),
+                "x",
+                None
+            )
+            .is_err()
+        );
+        let negative = PersistenceRetryPayload::CombatRewards {
+            character_id: Uuid::nil(),
+            experience: -5,
+            currency: 0,
+            items: vec![],
+        };
+        assert!(
+            PersistenceRetryJob::new(negative, envelope(Origin::CombatRewards), "x", None).is_err()
+        );
+        let fine = PersistenceRetryPayload::CharacterAppearance {
+            character_id: Uuid::nil(),
+            appearance: Appearance::default(),
+        };
+        let mut empty_key = envelope(Origin::ClientAppearance);
+        empty_key.idempotency_key = String::new();
+        assert!(PersistenceRetryJob::new(fine.clone(), empty_key, "x", None).is_err());
+        assert!(
+            PersistenceRetryJob::new(fine.clone(), envelope(Origin::ClientAppearance), "", None)
+                .is_err()
+        );
+        assert!(
+            PersistenceRetryJob::new(
+                fine,
+                envelope(Origin::ClientAppearance),
+                "x",
+                Some(String::new())
+            )
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,148 @@
+//! Persistence retry jobs on Postgres: writes that could not finish synchronously.
+//!
+//! Durable first, then signal: [`RetryQueue::enqueue`] inserts the row and only then offers its
+//! id to the worker's bounded channel; a full or closed channel leaves the row to the poll. The
+//! [`RetryWorker`] claims signaled ids and polls due rows through one claim statement (`FOR UPDATE
+//! SKIP LOCKED`, 30 s leases), settles each claimed batch in one transaction fenced by its lease,
+//! and dead-letters jobs that exhaust their attempts or cannot be decoded.
+//!
+//! - [`job`] — the job, its payloads and the idempotency envelope.
+//! - [`policy`] — origin → session impact, the only place that decides it.
+//! - [`backoff`] — the retry delay.
+//! - `apply` — how each payload changes a character row (pure).
+//! - `store` — insert, claim, inspect, requeue.
+//! - `settle` — one batch's transaction.
+//! - [`worker`] — the worker loop.
+
+mod apply;
+pub mod backoff;
+pub mod job;
+pub mod policy;
+mod settle;
+mod store;
+pub mod worker;
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use crate::backend::PostgresBackend;
+use crate::clock::Clock;
+use crate::telemetry;
+
+pub use backoff::Backoff;
+pub use job::{IdempotencyEnvelope, InvalidJob, PersistenceRetryJob, PersistenceRetryPayload};
+pub use policy::{Origin, SessionImpact, session_impact};
+pub use settle::JobOutcome;
+pub use store::{
+    DeadLetterInspection, DeadLetterSummary, MAX_INSPECT_LIMIT, RequeueError, RequeueOutcome,
+};
+pub use worker::{ClaimedBatch, RetryStats, RetryWorker, RetryWorkerConfig};
+
+/// Why a job was left to polling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DurableOnlyReason {
+    /// The signal channel was full.
+    QueueFull,
+    /// The worker is gone.
+    QueueClosed,
+}
+
+/// How an enqueue ended. Either way the job is durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnqueueOutcome {
+    /// Stored and signaled to the worker.
+    Signaled,
+    /// Stored; the worker will find it by polling.
+    DurableOnly(DurableOnlyReason),
+}
+
+/// A retry call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RetryError {
+    /// Postgres failed; for an enqueue, nothing was queued.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A requeue failed.
+    #[error(transparent)]
+    Requeue(#[from] RequeueError),
+}
+
+/// Producer handle on the retry jobs. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RetryQueue {
+    pg: PostgresBackend,
+    signal: mpsc::Sender<Uuid>,
+    clock: Arc<dyn Clock>,
+}
+
+/// The worker's end of the signal channel.
+#[derive(Debug)]
+pub struct RetrySignals(pub(crate) mpsc::Receiver<Uuid>);
+
+impl RetryQueue {
+    /// A queue over `pg` whose signal channel holds `signal_depth` ids.
+    pub fn new(
+        pg: PostgresBackend,
+        signal_depth: usize,
+        clock: Arc<dyn Clock>,
+    ) -> (Self, RetrySignals) {
+        let (signal, receiver) = mpsc::channel(signal_depth.max(1));
+        (Self { pg, signal, clock }, RetrySignals(receiver))
+    }
+
+    /// Stores `job`, then signals the worker. An insert failure comes back: nothing was queued.
+    pub async fn enqueue(&self, job: &PersistenceRetryJob) -> Result<EnqueueOutcome, RetryError> {
+        let mut conn = self.pg.pool().acquire().await?;
+        store::insert_job(&mut conn, job, self.clock.now()).await?;
+        drop(conn);
+        metrics::counter!(telemetry::RETRY_ENQUEUED_TOTAL, "kind" => job.payload().kind())
+            .increment(1);
+        Ok(self.signal(job.retry_job_id()))
+    }
+
+    fn signal(&self, id: Uuid) -> EnqueueOutcome {
+        match self.signal.try_send(id) {
+            Ok(()) => EnqueueOutcome::Signaled,
+            Err(err) => {
+                let reason = match err {
+                    mpsc::error::TrySendError::Full(_) => DurableOnlyReason::QueueFull,
+                    mpsc::error::TrySendError::Closed(_) => DurableOnlyReason::QueueClosed,
+                };
+                let label = match reason {
+                    DurableOnlyReason::QueueFull => "queue_full",
+                    DurableOnlyReason::QueueClosed => "queue_closed",
+                };
+                metrics::counter!(telemetry::RETRY_DURABLE_ONLY_TOTAL, "reason" => label)
+                    .increment(1);
+                tracing::warn!(event = "retry_durable_only", retry_job_id = %id, reason = label,
+                    "job stored; the worker will find it by polling");
+                EnqueueOutcome::DurableOnly(reason)
+            }
+        }
+    }
+
+    /// The pending count, the active dead-letter count and the newest `limit` (clamped to
+    /// 1..=500) active dead letters.
+    pub async fn dead_letters_inspect(
+        &self,
+        limit: i64,
+    ) -> Result<DeadLetterInspection, RetryError> {
+        Ok(store::inspect(&self.pg, limit).await?)
+    }
+
+    /// Restores an active dead letter as a fresh job (new id, no attempts) and signals the
+    /// worker — all or nothing. Unknown or already requeued: `NotRequeued`.
+    pub async fn dead_letters_requeue(
+        &self,
+        dead_letter_id: Uuid,
+    ) -> Result<RequeueOutcome, RetryError> {
+        let outcome = store::requeue(&self.pg, dead_letter_id, self.clock.now()).await?;
+        if let RequeueOutcome::Requeued { retry_job_id } = outcome {
+            metrics::counter!(telemetry::RETRY_REQUEUED_TOTAL).increment(1);
+            self.signal(retry_job_id);
+        }
+        Ok(outcome)
+    }
+}

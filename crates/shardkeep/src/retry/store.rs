@@ -1,0 +1,235 @@
+//! SQL for retry jobs and dead letters: insert, the one claim statement (used by the signaled
+//! and the polling path), inspection and requeue. Settling a claimed batch lives in `settle`.
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use super::job::{PersistenceRetryJob, StoredJob};
+use crate::backend::PostgresBackend;
+
+/// Most dead letters one inspection returns.
+pub const MAX_INSPECT_LIMIT: i64 = 500;
+
+/// A job row as claimed: what is stored, plus its attempt count.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct ClaimedRow {
+    #[sqlx(flatten)]
+    pub(crate) stored: StoredJob,
+    pub(crate) attempt_count: i32,
+    pub(crate) next_attempt_at: DateTime<Utc>,
+    pub(crate) created_at: DateTime<Utc>,
+}
+
+/// One dead letter, as operators see it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
+pub struct DeadLetterSummary {
+    /// Dead letter id.
+    pub dead_letter_id: Uuid,
+    /// The job it came from.
+    pub retry_job_id: Uuid,
+    /// Payload kind.
+    pub job_kind: String,
+    /// The character.
+    pub character_id: Uuid,
+    /// Realm, if tagged.
+    pub realm_id: Option<String>,
+    /// Zone, if the payload names one.
+    pub zone_id: Option<String>,
+    /// Attempts made.
+    pub failed_attempts: i32,
+    /// The last error.
+    pub error: String,
+    /// When it was dead-lettered.
+    pub failed_at: DateTime<Utc>,
+    /// The session it belonged to.
+    pub session_token: Option<String>,
+    /// The enqueuing component.
+    pub source: String,
+    /// Its session impact.
+    pub session_impact: String,
+}
+
+/// What an inspection found.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeadLetterInspection {
+    /// Retry jobs waiting or leased.
+    pub pending_retry_jobs: i64,
+    /// Dead letters not yet requeued.
+    pub active_dead_letters: i64,
+    /// The newest active dead letters.
+    pub dead_letters: Vec<DeadLetterSummary>,
+}
+
+const JOB_COLUMNS: &str = "retry_job_id, job_kind, character_id, realm_id, payload, session_token, \
+    session_impact, source, idempotency_key, owner_epoch, origin, issued_at";
+
+const INSERT: &str = "
+INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, realm_id, zone_id, payload,
+    next_attempt_at, session_token, session_impact, source, idempotency_key, owner_epoch, origin, issued_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
+
+/// Due rows whose lease is absent or expired, oldest first, skipping rows another worker is
+/// claiming; then stamp the lease. `$4` restricts the claim to signaled ids when not null.
+const CLAIM: &str = "
+WITH due AS (
+    SELECT retry_job_id FROM persistence_retry_jobs
+     WHERE next_attempt_at <= $1
+       AND (lease_token IS NULL OR lease_expires_at <= $1)
+       AND ($4::uuid[] IS NULL OR retry_job_id = ANY($4))
+     ORDER BY next_attempt_at, created_at
+     LIMIT $5
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE persistence_retry_jobs j
+   SET lease_token = $2,
+       lease_owner = $3,
+       lease_expires_at = $1 + make_interval(secs => $6),
+       updated_at = $1
+  FROM due
+ WHERE j.retry_job_id = due.retry_job_id
+RETURNING j.retry_job_id, j.job_kind, j.character_id, j.realm_id, j.payload, j.session_token,
+          j.session_impact, j.source, j.idempotency_key, j.owner_epoch, j.origin, j.issued_at,
+          j.attempt_count, j.next_attempt_at, j.created_at";
+
+/// Inserts `job` as due at `now`, on `conn` (inside the caller's transaction when it has one).
+pub(crate) async fn insert_job(
+    conn: &mut sqlx::PgConnection,
+    job: &PersistenceRetryJob,
+    now: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    let payload =
+        serde_json::to_value(job.payload()).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+    let envelope = job.envelope();
+    sqlx::query(INSERT)
+        .bind(job.retry_job_id())
+        .bind(job.payload().kind())
+        .bind(job.payload().character_id())
+        .bind(job.realm_id())
+        .bind(job.payload().zone_id())
+        .bind(payload)
+        .bind(now)
+        .bind(job.session_token())
+        .bind(job.session_impact().as_str())
+        .bind(job.source())
+        .bind(&envelope.idempotency_key)
+        .bind(envelope.owner_epoch)
+        .bind(envelope.origin.as_str())
+        .bind(envelope.issued_at)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Claims up to `limit` due jobs (only `ids` when given) under a new lease.
+pub(crate) async fn claim(
+    pg: &PostgresBackend,
+    ids: Option<&[Uuid]>,
+    limit: i64,
+    owner: &str,
+    token: Uuid,
+    now: DateTime<Utc>,
+    lease: std::time::Duration,
+) -> Result<Vec<ClaimedRow>, sqlx::Error> {
+    let mut rows: Vec<ClaimedRow> = sqlx::query_as(CLAIM)
+        .bind(now)
+        .bind(token)
+        .bind(owner)
+        .bind(ids)
+        .bind(limit)
+        .bind(lease.as_secs_f64())
+        .fetch_all(pg.pool())
+        .await?;
+    rows.sort_by(|a, b| (a.next_attempt_at, a.created_at).cmp(&(b.next_attempt_at, b.created_at)));
+    Ok(rows)
+}
+
+/// Pending jobs, active dead letters and the newest `limit` (clamped to 1..=500) summaries.
+pub(crate) async fn inspect(
+    pg: &PostgresBackend,
+    limit: i64,
+) -> Result<DeadLetterInspection, sqlx::Error> {
+    let limit = limit.clamp(1, MAX_INSPECT_LIMIT);
+    let (pending_retry_jobs, active_dead_letters): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM persistence_retry_jobs),
+                (SELECT count(*) FROM persistence_job_dead_letters WHERE requeued_at IS NULL)",
+    )
+    .fetch_one(pg.pool())
+    .await?;
+    let dead_letters = sqlx::query_as(
+        "SELECT dead_letter_id, retry_job_id, job_kind, character_id, realm_id, zone_id, failed_attempts,
+                last_error AS error, failed_at, session_token, source, session_impact
+           FROM persistence_job_dead_letters
+          WHERE requeued_at IS NULL
+          ORDER BY failed_at DESC, dead_letter_id DESC
+          LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pg.pool())
+    .await?;
+    Ok(DeadLetterInspection {
+        pending_retry_jobs,
+        active_dead_letters,
+        dead_letters,
+    })
+}
+
+/// How a requeue ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequeueOutcome {
+    /// Restored as this fresh retry job.
+    Requeued {
+        /// The new job's id.
+        retry_job_id: Uuid,
+    },
+    /// Unknown id, or already requeued.
+    NotRequeued,
+}
+
+/// A requeue failed; nothing changed.
+#[derive(Debug, thiserror::Error)]
+pub enum RequeueError {
+    /// Postgres failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// The saved job does not decode (a poison payload); it stays dead.
+    #[error("the dead letter's job does not decode: {0}")]
+    Undecodable(String),
+}
+
+/// Restores an active dead letter as a fresh job, all or nothing.
+pub(crate) async fn requeue(
+    pg: &PostgresBackend,
+    dead_letter_id: Uuid,
+    now: DateTime<Utc>,
+) -> Result<RequeueOutcome, RequeueError> {
+    let mut tx = pg.pool().begin().await?;
+    let sql = sqlx::AssertSqlSafe(format!(
+        "SELECT {JOB_COLUMNS} FROM persistence_job_dead_letters
+          WHERE dead_letter_id = $1 AND requeued_at IS NULL
+            FOR UPDATE"
+    ));
+    let stored: Option<StoredJob> = sqlx::query_as(sql)
+        .bind(dead_letter_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let Some(stored) = stored else {
+        return Ok(RequeueOutcome::NotRequeued);
+    };
+    let job = PersistenceRetryJob::restore(stored)
+        .map_err(RequeueError::Undecodable)?
+        .renewed();
+    insert_job(&mut tx, &job, now).await?;
+    sqlx::query(
+        "UPDATE persistence_job_dead_letters SET requeued_at = $2, requeued_retry_job_id = $3
+          WHERE dead_letter_id = $1",
+    )
+    .bind(dead_letter_id)
+    .bind(now)
+    .bind(job.retry_job_id())
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(RequeueOutcome::Requeued {
+        retry_job_id: job.retry_job_id(),
+    })
+}

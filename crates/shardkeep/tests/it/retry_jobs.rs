@@ -1,0 +1,572 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use serde_json::json;
+use shardkeep::PostgresBackend;
+use shardkeep::character::{CharacterStore, NewCharacter};
+use shardkeep::clock::{Clock, ManualClock, SystemClock};
+use shardkeep::retry::{
+    DurableOnlyReason, EnqueueOutcome, IdempotencyEnvelope, JobOutcome, Origin,
+    PersistenceRetryJob, PersistenceRetryPayload, RequeueOutcome, RetryQueue, RetryStats,
+    RetryWorker, RetryWorkerConfig,
+};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+fn pg(pool: &PgPool) -> PostgresBackend {
+    PostgresBackend::from_pool(pool.clone())
+}
+
+async fn character(pool: &PgPool, name: &str) -> Uuid {
+    let id = Uuid::now_v7();
+    CharacterStore::new(pg(pool))
+        .create(&NewCharacter {
+            character_id: id,
+            account_id: Uuid::now_v7(),
+            name: name.into(),
+            zone_ref: Some("zone-0".into()),
+            room_ref: Some("r0".into()),
+            state: json!({ "experience": 0, "currency": 0 }),
+            chargen: None,
+        })
+        .await
+        .unwrap();
+    id
+}
+
+fn reward(character_id: Uuid, key: &str, epoch: i64, experience: i64) -> PersistenceRetryJob {
+    PersistenceRetryJob::new(
+        PersistenceRetryPayload::CombatRewards {
+            character_id,
+            experience,
+            currency: 1,
+            items: vec![],
+        },
+        IdempotencyEnvelope {
+            idempotency_key: key.into(),
+            owner_epoch: epoch,
+            origin: Origin::CombatRewards,
+            issued_at: Utc::now(),
+        },
+        "combat",
+        Some("session-1".into()),
+    )
+    .unwrap()
+}
+
+fn config(owner: &str) -> RetryWorkerConfig {
+    let mut config = RetryWorkerConfig::new(owner);
+    config.backoff = shardkeep::retry::Backoff::from_base_millis(1000);
+    config
+}
+
+async fn experience(pool: &PgPool, id: Uuid) -> i64 {
+    let state: serde_json::Value = sqlx::query_scalar("SELECT state FROM characters WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    state["experience"].as_i64().unwrap()
+}
+
+async fn count(pool: &PgPool, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn two_workers_apply_thousands_of_jobs_exactly_once(pool: PgPool) {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (queue, signals) = RetryQueue::new(pg(&pool), 16, Arc::clone(&clock));
+    let (_, other_signals) = RetryQueue::new(pg(&pool), 16, Arc::clone(&clock));
+    let characters = [
+        character(&pool, "A").await,
+        character(&pool, "B").await,
+        character(&pool, "C").await,
+    ];
+    let total = 3000;
+    for i in 0..total {
+        let job = reward(characters[i % 3], &format!("grant-{i}"), 0, 1);
+        queue.enqueue(&job).await.unwrap();
+    }
+    let mut a = RetryWorker::new(pg(&pool), signals, config("worker-a"), Arc::clone(&clock));
+    let mut b = RetryWorker::new(pg(&pool), other_signals, config("worker-b"), clock);
+    let (stats_a, stats_b) = (a.stats(), b.stats());
+    let (ra, rb) = tokio::join!(a.run_until_idle(), b.run_until_idle());
+    ra.unwrap();
+    rb.unwrap();
+    let applied = RetryStats::get(&stats_a.applied) + RetryStats::get(&stats_b.applied);
+    assert_eq!(applied, total as u64, "every job applied once");
+    assert_eq!(
+        RetryStats::get(&stats_a.already_applied) + RetryStats::get(&stats_b.already_applied),
+        0
+    );
+    assert!(
+        RetryStats::get(&stats_a.applied) > 0 && RetryStats::get(&stats_b.applied) > 0,
+        "both worked"
+    );
+    let mut sum = 0;
+    for id in characters {
+        sum += experience(&pool, id).await;
+    }
+    assert_eq!(sum, total as i64);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM persistence_retry_jobs").await,
+        0
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM reward_grants").await,
+        total as i64
+    );
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_dead_workers_job_is_reclaimed_after_its_lease_and_the_late_worker_is_stale(
+    pool: PgPool,
+) {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (queue, signals) = RetryQueue::new(pg(&pool), 16, Arc::clone(&clock));
+    let (_, spare) = RetryQueue::new(pg(&pool), 16, Arc::clone(&clock));
+    let id = character(&pool, "A").await;
+    queue.enqueue(&reward(id, "grant-1", 0, 10)).await.unwrap();
+    let mut dying = RetryWorker::new(pg(&pool), signals, config("dying"), Arc::clone(&clock));
+    let mut rescuer = RetryWorker::new(pg(&pool), spare, config("rescuer"), clock);
+    let batch = dying.claim(None).await.unwrap();
+    assert_eq!(batch.len(), 1);
+    // While the lease holds, nobody else can claim the job.
+    assert_eq!(rescuer.poll_once().await.unwrap(), 0);
+    sqlx::query("UPDATE persistence_retry_jobs SET lease_expires_at = now() - interval '1 second'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rescuer.poll_once().await.unwrap(), 1);
+    assert_eq!(dying.settle_batch(&batch).await, vec![JobOutcome::Stale]);
+    assert_eq!(
+        experience(&pool, id).await,
+        10,
+        "applied once, by the rescuer"
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM persistence_retry_jobs").await,
+        0
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM persistence_job_dead_letters").await,
+        0
+    );
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_full_or_closed_signal_channel_leaves_the_job_to_polling(pool: PgPool) {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (queue, signals) = RetryQueue::new(pg(&pool), 1, Arc::clone(&clock));
+    let id = character(&pool, "A").await;
+    assert_eq!(
+        queue.enqueue(&reward(id, "k1", 0, 1)).await.unwrap(),
+        EnqueueOutcome::Signaled
+    );
+    assert_eq!(
+        queue.enqueue(&reward(id, "k2", 0, 1)).await.unwrap(),
+        EnqueueOutcome::DurableOnly(DurableOnlyReason::QueueFull)
+    );
+    let mut worker = RetryWorker::new(pg(&pool), signals, config("w"), Arc::clone(&clock));
+    assert_eq!(
+        worker.poll_once().await.unwrap(),
+        2,
+        "polling finds the unsignaled job too"
+    );
+    drop(worker);
+    assert_eq!(
+        queue.enqueue(&reward(id, "k3", 0, 1)).await.unwrap(),
+        EnqueueOutcome::DurableOnly(DurableOnlyReason::QueueClosed)
+    );
+    let (_, fresh) = RetryQueue::new(pg(&pool), 1, Arc::clone(&clock));
+    let mut restarted = RetryWorker::new(pg(&pool), fresh, config("w2"), clock);
+    assert_eq!(restarted.poll_once().await.unwrap(), 1);
+    assert_eq!(experience(&pool, id).await, 3);
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn an_insert_failure_goes_back_to_the_caller(pool: PgPool) {
+    let (queue, _signals) = RetryQueue::new(pg(&pool), 4, Arc::new(SystemClock));
+    sqlx::query("DROP TABLE persistence_retry_jobs")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let err = queue
+        .enqueue(&reward(Uuid::now_v7(), "k", 0, 1))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("database error"), "{err}");
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn failures_back_off_then_dead_letter_with_every_field(pool: PgPool) {
+    let start = Utc::now();
+    let manual = ManualClock::starting_at(start);
+    let clock: Arc<dyn Clock> = Arc::new(manual.clone());
+    let (queue, signals) = RetryQueue::new(pg(&pool), 16, Arc::clone(&clock));
+    let missing = Uuid::now_v7();
+    let job = reward(missing, "grant-x", 4, 5).with_realm("realm-eu");
+    queue.enqueue(&job).await.unwrap();
+    let mut worker = RetryWorker::new(pg(&pool), signals, config("w"), clock);
+    let mut schedule = Vec::new();
+    for attempt in 1..=8u32 {
+        let claimed = worker.run_until_idle().await.unwrap();
+        assert_eq!(claimed, 1, "attempt {attempt} claims the job once");
+        if attempt < 8 {
+            let (next, attempts, error): (chrono::DateTime<Utc>, i32, String) = sqlx::query_as(
+                "SELECT next_attempt_at, attempt_count, last_error FROM persistence_retry_jobs",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            assert_eq!(attempts, attempt as i32);
+            assert!(error.contains("character not found"));
+            let delay = (next - manual.now()).num_milliseconds();
+            schedule.push(delay);
+            // Not due until the backoff passes.
+            assert_eq!(worker.poll_once().await.unwrap(), 0);
+            manual.advance(chrono::Duration::milliseconds(delay + 1));
+        }
+    }
+    // Equal jitter: each delay lies in [ceiling / 2, ceiling] with the ceiling doubling from 1 s.
+    for (i, delay) in schedule.iter().enumerate() {
+        let ceiling = 1000i64 << i;
+        assert!(
+            (ceiling / 2..=ceiling).contains(delay),
+            "attempt {}: {delay} ms",
+            i + 1
+        );
+    }
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM persistence_retry_jobs").await,
+        0
+    );
+    let inspection = queue.dead_letters_inspect(50).await.unwrap();
+    assert_eq!(
+        (
+            inspection.pending_retry_jobs,
+            inspection.active_dead_letters
+        ),
+        (0, 1)
+    );
+    let letter = &inspection.dead_letters[0];
+    assert_eq!(letter.retry_job_id, job.retry_job_id());
+    assert_eq!(letter.job_kind, "combat_rewards");
+    assert_eq!(letter.character_id, missing);
+    assert_eq!(letter.realm_id.as_deref(), Some("realm-eu"));
+    assert_eq!(letter.zone_id, None);
+    assert_eq!(letter.failed_attempts, 8);
+    assert!(letter.error.contains("character not found"));
+    assert_eq!(letter.failed_at, manual.now().trunc_subsecs_micros());
+    assert_eq!(letter.session_token.as_deref(), Some("session-1"));
+    assert_eq!(letter.source, "combat");
+    assert_eq!(letter.session_impact, "session_degraded");
+}
+
+trait TruncMicros {
+    fn trunc_subsecs_micros(self) -> Self;
+}
+
+impl TruncMicros for chrono::DateTime<Utc> {
+    fn trunc_subsecs_micros(self) -> Self {
+        use chrono::SubsecRound;
+        self.trunc_subsecs(6)
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn requeue_restores_one_fresh_job_even_when_raced(pool: PgPool) {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (queue, signals) = RetryQueue::new(pg(&pool), 16, Arc::clone(&clock));
+    let mut config = config("w");
+    config.retry_limit = 1;
+    let mut worker = RetryWorker::new(pg(&pool), signals, config, clock);
+    let missing = Uuid::now_v7();
+    queue.enqueue(&reward(missing, "g", 0, 1)).await.unwrap();
+    worker.run_until_idle().await.unwrap();
+    let letter = queue
+        .dead_letters_inspect(10)
+        .await
+        .unwrap()
+        .dead_letters
+        .remove(0);
+    let (a, b) = tokio::join!(
+        queue.dead_letters_requeue(letter.dead_letter_id),
+        queue.dead_letters_requeue(letter.dead_letter_id)
+    );
+    let outcomes = [a.unwrap(), b.unwrap()];
+    let requeued: Vec<Uuid> = outcomes
+        .iter()
+        .filter_map(|o| match o {
+            RequeueOutcome::Requeued { retry_job_id } => Some(*retry_job_id),
+            RequeueOutcome::NotRequeued => None,
+        })
+        .collect();
+    assert_eq!(requeued.len(), 1, "{outcomes:?}");
+    let (fresh_id, attempts): (Uuid, i32) =
+        sqlx::query_as("SELECT retry_job_id, attempt_count FROM persistence_retry_jobs")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((fresh_id, attempts), (requeued[0], 0));
+    assert_ne!(fresh_id, letter.retry_job_id);
+    let (requeued_at, requeued_job): (Option<chrono::DateTime<Utc>>, Option<Uuid>) = sqlx::query_as(
+        "SELECT requeued_at, requeued_retry_job_id FROM persistence_job_dead_letters WHERE dead_letter_id = $1",
+    )
+    .bind(letter.dead_letter_id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(requeued_at.is_some());
+    assert_eq!(requeued_job, Some(fresh_id));
+    let inspection = queue.dead_letters_inspect(10).await.unwrap();
+    assert_eq!(
+        (
+            inspection.pending_retry_jobs,
+            inspection.active_dead_letters
+        ),
+        (1, 0)
+    );
+    assert_eq!(
+        queue.dead_letters_requeue(Uuid::now_v7()).await.unwrap(),
+        RequeueOutcome::NotRequeued,
+        "an unknown id"
+    );
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_poison_payload_is_dead_lettered_at_once_and_cannot_be_requeued(pool: PgPool) {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (queue, signals) = RetryQueue::new(pg(&pool), 16, Arc::clone(&clock));
+    let good = character(&pool, "A").await;
+    queue.enqueue(&reward(good, "ok", 0, 7)).await.unwrap();
+    sqlx::query(
+        "INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, payload, next_attempt_at,
+             session_impact, source, idempotency_key, owner_epoch, origin, issued_at)
+         VALUES ($1, 'combat_rewards', $2, '{\"kind\": \"combat_rewards\", \"experience\": \"lots\"}', now(),
+             'none', 'test', 'poison', 0, 'combat_rewards', now())",
+    )
+    .bind(Uuid::now_v7())
+    .bind(good)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut worker = RetryWorker::new(pg(&pool), signals, config("w"), clock);
+    worker.poll_once().await.unwrap();
+    assert_eq!(
+        experience(&pool, good).await,
+        7,
+        "the good job in the same batch applied"
+    );
+    let inspection = queue.dead_letters_inspect(10).await.unwrap();
+    assert_eq!(
+        (
+            inspection.pending_retry_jobs,
+            inspection.active_dead_letters
+        ),
+        (0, 1)
+    );
+    let letter = &inspection.dead_letters[0];
+    assert_eq!(letter.failed_attempts, 1);
+    assert!(letter.error.contains("does not decode"), "{}", letter.error);
+    let err = queue
+        .dead_letters_requeue(letter.dead_letter_id)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("does not decode"));
+    assert_eq!(
+        queue
+            .dead_letters_inspect(10)
+            .await
+            .unwrap()
+            .active_dead_letters,
+        1,
+        "still dead"
+    );
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_job_from_a_superseded_owner_is_never_applied(pool: PgPool) {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (queue, signals) = RetryQueue::new(pg(&pool), 16, Arc::clone(&clock));
+    let id = character(&pool, "A").await;
+    let store = CharacterStore::new(pg(&pool));
+    let old_epoch = store.claim(id, 0).await.unwrap().new_epoch;
+    store.claim(id, 0).await.unwrap();
+    queue
+        .enqueue(&reward(id, "from-zombie", old_epoch, 1000))
+        .await
+        .unwrap();
+    let mut worker = RetryWorker::new(pg(&pool), signals, config("w"), clock);
+    let stats = worker.stats();
+    worker.run_until_idle().await.unwrap();
+    assert_eq!(RetryStats::get(&stats.superseded), 1);
+    assert_eq!(experience(&pool, id).await, 0);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM persistence_retry_jobs").await,
+        0
+    );
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM reward_grants").await,
+        0,
+        "no grant recorded"
+    );
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_reward_executed_twice_grants_once(pool: PgPool) {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (queue, signals) = RetryQueue::new(pg(&pool), 16, Arc::clone(&clock));
+    let id = character(&pool, "A").await;
+    let mut worker = RetryWorker::new(pg(&pool), signals, config("w"), clock);
+    let stats = worker.stats();
+    // The same grant enqueued twice (a retried enqueue), in one batch and in a later one.
+    queue.enqueue(&reward(id, "kill-42", 0, 50)).await.unwrap();
+    queue.enqueue(&reward(id, "kill-42", 0, 50)).await.unwrap();
+    worker.run_until_idle().await.unwrap();
+    queue.enqueue(&reward(id, "kill-42", 0, 50)).await.unwrap();
+    worker.run_until_idle().await.unwrap();
+    assert_eq!(experience(&pool, id).await, 50);
+    assert_eq!(RetryStats::get(&stats.applied), 1);
+    assert_eq!(RetryStats::get(&stats.already_applied), 2);
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn each_payload_kind_applies_to_the_character_store(pool: PgPool) {
+    use shardkeep::game::state::Appearance;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (queue, signals) = RetryQueue::new(pg(&pool), 64, Arc::clone(&clock));
+    let id = character(&pool, "A").await;
+    let envelope = |key: &str, origin| IdempotencyEnvelope {
+        idempotency_key: key.into(),
+        owner_epoch: 0,
+        origin,
+        issued_at: Utc::now(),
+    };
+    let jobs = vec![
+        PersistenceRetryJob::new(
+            PersistenceRetryPayload::CharacterLocation {
+                character_id: id,
+                zone: "zone-3".into(),
+                room: "r2".into(),
+                position: Some([5, 6]),
+            },
+            envelope("loc", Origin::SessionCleanup),
+            "journal",
+            None,
+        ),
+        PersistenceRetryJob::new(
+            PersistenceRetryPayload::CharacterAppearance {
+                character_id: id,
+                appearance: Appearance {
+                    hair: "silver".into(),
+                    skin: "dark".into(),
+                    outfit: "cloak".into(),
+                },
+            },
+            envelope("look", Origin::ClientAppearance),
+            "client",
+            None,
+        ),
+        PersistenceRetryJob::new(
+            PersistenceRetryPayload::CharacterEquipment {
+                character_id: id,
+                equipment: [(
+                    shardkeep::game::Slot::Head,
+                    serde_json::from_value(json!({ "proto": "helm" })).unwrap(),
+                )]
+                .into(),
+            },
+            envelope("gear", Origin::ClientEquipment),
+            "client",
+            None,
+        ),
+        PersistenceRetryJob::new(
+            PersistenceRetryPayload::TransferActivation {
+                character_id: id,
+                transfer_token: "xfer-1".into(),
+                target_shard: "shard-2".into(),
+                target_zone: "zone-5".into(),
+            },
+            envelope("xfer", Origin::TransferActivation),
+            "transfer",
+            None,
+        ),
+    ];
+    for job in jobs {
+        queue.enqueue(&job.unwrap()).await.unwrap();
+    }
+    let mut worker = RetryWorker::new(pg(&pool), signals, config("w"), clock);
+    worker.run_until_idle().await.unwrap();
+    let row = CharacterStore::new(pg(&pool))
+        .load(id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (row.zone_ref.as_deref(), row.room_ref.as_deref()),
+        (Some("zone-3"), Some("r2"))
+    );
+    assert_eq!(row.state["position"], json!([5, 6]));
+    assert_eq!(row.state["appearance"]["hair"], "silver");
+    assert_eq!(row.state["equipment"]["head"]["proto"], "helm");
+    assert!(row.state_version >= 1);
+    let (shard, zone): (String, String) =
+        sqlx::query_as("SELECT target_shard, target_zone FROM transfer_activations WHERE transfer_token = 'xfer-1'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((shard.as_str(), zone.as_str()), ("shard-2", "zone-5"));
+
+    let state = json!({ "experience": 999, "currency": 3 });
+    let job = PersistenceRetryJob::new(
+        PersistenceRetryPayload::GameplayState {
+            character_id: id,
+            state: state.clone(),
+            zone_ref: None,
+            room_ref: None,
+        },
+        envelope("flush", Origin::GameplayState),
+        "saver",
+        None,
+    )
+    .unwrap();
+    queue.enqueue(&job).await.unwrap();
+    worker.run_until_idle().await.unwrap();
+    let row = CharacterStore::new(pg(&pool))
+        .load(id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.state["experience"], 999);
+    assert_eq!(
+        row.zone_ref.as_deref(),
+        Some("zone-3"),
+        "no zone in the payload keeps the anchor"
+    );
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_running_worker_picks_up_signals_and_polls(pool: PgPool) {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (queue, signals) = RetryQueue::new(pg(&pool), 16, Arc::clone(&clock));
+    let id = character(&pool, "A").await;
+    let mut cfg = config("w");
+    cfg.poll_interval = Duration::from_millis(200);
+    let worker = RetryWorker::new(pg(&pool), signals, cfg, clock);
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(worker.run(cancel.clone()));
+    queue.enqueue(&reward(id, "live", 0, 3)).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while experience(&pool, id).await != 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the worker never applied the job"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cancel.cancel();
+    task.await.unwrap();
+}
