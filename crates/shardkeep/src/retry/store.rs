@@ -139,7 +139,7 @@ pub(crate) async fn claim(
         .bind(lease.as_secs_f64())
         .fetch_all(pg.pool())
         .await?;
-    rows.sort_by(|a, b| (a.next_attempt_at, a.created_at).cmp(&(b.next_attempt_at, b.created_at)));
+    rows.sort_by_key(|r| (r.next_attempt_at, r.created_at));
     Ok(rows)
 }
 
