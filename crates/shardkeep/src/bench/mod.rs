@@ -48,6 +48,11 @@ impl BenchEnv {
         Ok(Self { pg, redis, db_url })
     }
 
+    /// Name of the scratch database.
+    pub fn database(&self) -> &str {
+        self.db_url.rsplit('/').next().unwrap_or_default()
+    }
+
     /// Drops the scratch database and the namespace's keys.
     pub async fn teardown(self) {
         self.pg.close().await;

@@ -222,7 +222,7 @@ pub fn dump_character(
 }
 
 /// Encoded JSON size of `value`, counted without building the text.
-fn encoded_len<T: serde::Serialize>(value: &T) -> usize {
+pub(crate) fn encoded_len<T: serde::Serialize>(value: &T) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {

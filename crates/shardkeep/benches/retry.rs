@@ -1,0 +1,387 @@
+//! Retry jobs end to end (enqueue → applied → deleted) for shardkeep, apalis-postgres 1.0 and
+//! the raw per-job lifecycle, in one run against the same Postgres. Every system performs the
+//! same job: an idempotent reward grant (record the key, add one experience point to a
+//! character). Prints jobs per second, signal-to-start latency and the ratio lines.
+//!
+//! `cargo bench -p shardkeep --bench retry` (needs DATABASE_URL and REDIS_URL; `JOBS` and
+//! `PRODUCERS` override the sizes).
+
+#![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use apalis::prelude::*;
+use apalis_postgres::{Config as ApalisConfig, PostgresStorage};
+use chrono::Utc;
+use shardkeep::bench::BenchEnv;
+use shardkeep::clock::{Clock, SystemClock};
+use shardkeep::retry::{
+    IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
+    RetryWorker, RetryWorkerConfig,
+};
+use sqlx::PgPool;
+use sqlx::migrate::MigrateDatabase;
+use tokio::sync::Mutex;
+use uuid::Uuid;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+const GRANT: &str = "WITH g AS (
+    INSERT INTO reward_grants (idempotency_key, character_id) VALUES ($1, $2)
+    ON CONFLICT DO NOTHING RETURNING character_id
+)
+UPDATE characters c SET state = jsonb_set(c.state, '{experience}', to_jsonb((c.state->>'experience')::bigint + 1)),
+       state_version = c.state_version + 1, updated_at = now()
+  FROM g WHERE c.id = g.character_id";
+
+struct Result_ {
+    name: &'static str,
+    jobs: usize,
+    elapsed: Duration,
+    latencies_ms: Vec<f64>,
+}
+
+impl Result_ {
+    fn rate(&self) -> f64 {
+        self.jobs as f64 / self.elapsed.as_secs_f64()
+    }
+
+    fn percentile(&self, p: f64) -> f64 {
+        let mut v = self.latencies_ms.clone();
+        v.sort_by(|a, b| a.total_cmp(b));
+        if v.is_empty() {
+            return f64::NAN;
+        }
+        v[((v.len() - 1) as f64 * p).round() as usize]
+    }
+
+    fn print(&self) {
+        println!(
+            "retry: {:<28} {:>6} jobs in {:>6.2} s = {:>8.0} jobs/s; signal-to-start p50 {:>7.1} ms, p99 {:>7.1} ms",
+            self.name,
+            self.jobs,
+            self.elapsed.as_secs_f64(),
+            self.rate(),
+            self.percentile(0.5),
+            self.percentile(0.99)
+        );
+    }
+}
+
+fn micros_now() -> i64 {
+    Utc::now().timestamp_micros()
+}
+
+async fn characters(pool: &PgPool, n: usize) -> Vec<Uuid> {
+    sqlx::query(
+        "INSERT INTO characters (id, account_id, name, state) SELECT gen_random_uuid(), gen_random_uuid(), 'b' || g, '{\"experience\": 0}'
+           FROM generate_series(1, $1) g",
+    )
+    .bind(n as i64)
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query_scalar("SELECT id FROM characters ORDER BY id")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+async fn experience_total(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COALESCE(sum((state->>'experience')::bigint), 0)::bigint FROM characters",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+async fn shardkeep_run(
+    env: &BenchEnv,
+    pool: &PgPool,
+    chars: &[Uuid],
+    jobs: usize,
+    producers: usize,
+) -> Result_ {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (queue, signals) = RetryQueue::new(env.pg.clone(), 1024, Arc::clone(&clock));
+    let worker = RetryWorker::new(
+        env.pg.clone(),
+        signals,
+        RetryWorkerConfig::new("bench"),
+        clock,
+    );
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(worker.run(cancel.clone()));
+    let before = experience_total(pool).await;
+    let started = Instant::now();
+    let mut lanes = Vec::new();
+    for p in 0..producers {
+        let queue = queue.clone();
+        let chars = chars.to_vec();
+        lanes.push(tokio::spawn(async move {
+            for i in (p..jobs).step_by(producers) {
+                let job = PersistenceRetryJob::new(
+                    PersistenceRetryPayload::CombatRewards {
+                        character_id: chars[i % chars.len()],
+                        experience: 1,
+                        currency: 0,
+                        items: vec![],
+                    },
+                    IdempotencyEnvelope {
+                        idempotency_key: format!("sk-{i}-{}", micros_now()),
+                        owner_epoch: 0,
+                        origin: Origin::CombatRewards,
+                        issued_at: Utc::now(),
+                    },
+                    "bench",
+                    None,
+                )
+                .unwrap();
+                queue.enqueue(&job).await.unwrap();
+            }
+        }));
+    }
+    for lane in lanes {
+        lane.await.unwrap();
+    }
+    while experience_total(pool).await - before < jobs as i64 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let elapsed = started.elapsed();
+    cancel.cancel();
+    task.await.unwrap();
+    let rows: Vec<(String, chrono::DateTime<Utc>)> = sqlx::query_as(
+        "SELECT idempotency_key, granted_at FROM reward_grants WHERE idempotency_key LIKE 'sk-%'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let latencies_ms = rows
+        .iter()
+        .filter_map(|(key, at)| {
+            let enqueued: i64 = key.rsplit('-').next()?.parse().ok()?;
+            Some((at.timestamp_micros() - enqueued) as f64 / 1000.0)
+        })
+        .collect();
+    Result_ {
+        name: "shardkeep",
+        jobs,
+        elapsed,
+        latencies_ms,
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Grant {
+    character_id: Uuid,
+    key: String,
+    enqueued_micros: i64,
+}
+
+async fn apalis_run(
+    database_url: &str,
+    pool: &PgPool,
+    chars: &[Uuid],
+    jobs: usize,
+    producers: usize,
+) -> Result_ {
+    let (server, _) = database_url.rsplit_once('/').unwrap();
+    let queue_url = format!("{server}/bench_apalis_{}", Uuid::new_v4().simple());
+    sqlx::Postgres::create_database(&queue_url).await.unwrap();
+    let queue_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(16)
+        .connect(&queue_url)
+        .await
+        .unwrap();
+    PostgresStorage::setup(&queue_pool).await.unwrap();
+    let config = ApalisConfig::default().queue("bench").batch_size(128);
+    let storage: PostgresStorage<Grant> = PostgresStorage::new(&queue_pool).with_config(config);
+    let done = Arc::new(AtomicUsize::new(0));
+    let latencies = Arc::new(Mutex::new(Vec::with_capacity(jobs)));
+    let before = experience_total(pool).await;
+    let started = Instant::now();
+    let mut lanes = Vec::new();
+    for p in 0..producers {
+        let mut sink = storage.clone();
+        let chars = chars.to_vec();
+        lanes.push(tokio::spawn(async move {
+            for i in (p..jobs).step_by(producers) {
+                let grant = Grant {
+                    character_id: chars[i % chars.len()],
+                    key: format!("ap-{i}"),
+                    enqueued_micros: micros_now(),
+                };
+                sink.push(grant).await.unwrap();
+            }
+        }));
+    }
+    #[derive(Clone)]
+    struct Ctx {
+        pool: PgPool,
+        done: Arc<AtomicUsize>,
+        latencies: Arc<Mutex<Vec<f64>>>,
+        jobs: usize,
+    }
+    async fn handle(
+        grant: Grant,
+        ctx: Data<Ctx>,
+        worker: WorkerContext,
+    ) -> Result<(), BoxDynError> {
+        ctx.latencies
+            .lock()
+            .await
+            .push((micros_now() - grant.enqueued_micros) as f64 / 1000.0);
+        sqlx::query(GRANT)
+            .bind(&grant.key)
+            .bind(grant.character_id)
+            .execute(&ctx.pool)
+            .await?;
+        if ctx.done.fetch_add(1, Ordering::SeqCst) + 1 >= ctx.jobs {
+            worker.stop()?;
+        }
+        Ok(())
+    }
+    let ctx = Ctx {
+        pool: pool.clone(),
+        done: Arc::clone(&done),
+        latencies: Arc::clone(&latencies),
+        jobs,
+    };
+    let worker = WorkerBuilder::new("bench-apalis")
+        .backend(storage.with_pubsub())
+        .data(ctx)
+        .concurrency(16)
+        .parallelize(tokio::spawn)
+        .build(handle);
+    let runner = tokio::spawn(worker.run());
+    for lane in lanes {
+        lane.await.unwrap();
+    }
+    while experience_total(pool).await - before < jobs as i64 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let elapsed = started.elapsed();
+    let _ = tokio::time::timeout(Duration::from_secs(10), runner).await;
+    queue_pool.close().await;
+    let _ = sqlx::Postgres::force_drop_database(&queue_url).await;
+    let latencies_ms = latencies.lock().await.clone();
+    Result_ {
+        name: "apalis-postgres 1.0",
+        jobs,
+        elapsed,
+        latencies_ms,
+    }
+}
+
+async fn raw_run(pool: &PgPool, chars: &[Uuid], jobs: usize, producers: usize) -> Result_ {
+    sqlx::query("CREATE TABLE IF NOT EXISTS raw_jobs (id uuid PRIMARY KEY, character_id uuid NOT NULL, key text NOT NULL, enqueued_at timestamptz NOT NULL DEFAULT clock_timestamp(), leased_at timestamptz, lease_owner text)")
+        .execute(pool)
+        .await
+        .unwrap();
+    let latencies = Arc::new(Mutex::new(Vec::with_capacity(jobs)));
+    let started = Instant::now();
+    let mut lanes = Vec::new();
+    for p in 0..producers {
+        let pool = pool.clone();
+        let chars = chars.to_vec();
+        let latencies = Arc::clone(&latencies);
+        lanes.push(tokio::spawn(async move {
+            for i in (p..jobs).step_by(producers) {
+                let id = Uuid::now_v7();
+                let key = format!("raw{producers}-{i}");
+                let character = chars[i % chars.len()];
+                sqlx::query("INSERT INTO raw_jobs (id, character_id, key) VALUES ($1, $2, $3)")
+                    .bind(id).bind(character).bind(&key).execute(&pool).await.unwrap();
+                let waited: f64 = sqlx::query_scalar(
+                    "UPDATE raw_jobs SET leased_at = clock_timestamp(), lease_owner = 'raw' WHERE id = $1
+                     RETURNING (extract(epoch FROM leased_at - enqueued_at) * 1000)::float8",
+                )
+                .bind(id).fetch_one(&pool).await.unwrap();
+                sqlx::query(GRANT).bind(&key).bind(character).execute(&pool).await.unwrap();
+                sqlx::query("DELETE FROM raw_jobs WHERE id = $1").bind(id).execute(&pool).await.unwrap();
+                latencies.lock().await.push(waited);
+            }
+        }));
+    }
+    for lane in lanes {
+        lane.await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    let latencies_ms = latencies.lock().await.clone();
+    Result_ {
+        name: if producers == 1 {
+            "raw lifecycle, one at a time"
+        } else {
+            "raw lifecycle, 8 lanes"
+        },
+        jobs,
+        elapsed,
+        latencies_ms,
+    }
+}
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::main]
+async fn main() {
+    let database_url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let redis_url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let jobs = env_usize("JOBS", 20_000);
+    let producers = env_usize("PRODUCERS", 8);
+    let env = BenchEnv::setup(&database_url, &redis_url)
+        .await
+        .expect("bench environment");
+    let pool = PgPool::connect_with(env_options(&database_url, &env))
+        .await
+        .unwrap();
+    let chars = characters(&pool, 100).await;
+    println!(
+        "bench retry: {jobs} jobs, {producers} producers enqueueing one job at a time, 100 characters"
+    );
+    println!(
+        "  (raw lifecycle: INSERT, lease UPDATE, the grant, DELETE as separate statements per job)"
+    );
+    let raw = raw_run(&pool, &chars, jobs, 1).await;
+    raw.print();
+    let raw_lanes = raw_run(&pool, &chars, jobs, producers).await;
+    raw_lanes.print();
+    let apalis = apalis_run(&database_url, &pool, &chars, jobs, producers).await;
+    apalis.print();
+    let ours = shardkeep_run(&env, &pool, &chars, jobs, producers).await;
+    ours.print();
+    let total = experience_total(&pool).await;
+    assert_eq!(
+        total,
+        4 * jobs as i64,
+        "every system granted every job exactly once"
+    );
+    println!(
+        "ratio: shardkeep / apalis-postgres 1.0 = {:.1}x jobs/s (goal >= 3x)",
+        ours.rate() / apalis.rate()
+    );
+    println!(
+        "ratio: shardkeep / raw per-job lifecycle one at a time = {:.1}x jobs/s (goal >= 5x)",
+        ours.rate() / raw.rate()
+    );
+    println!(
+        "ratio: shardkeep / raw per-job lifecycle in {producers} lanes = {:.1}x jobs/s",
+        ours.rate() / raw_lanes.rate()
+    );
+    pool.close().await;
+    env.teardown().await;
+}
+
+/// Connect options for the bench's scratch database (same server as DATABASE_URL).
+fn env_options(database_url: &str, env: &BenchEnv) -> sqlx::postgres::PgConnectOptions {
+    let options: sqlx::postgres::PgConnectOptions = database_url.parse().unwrap();
+    options.database(env.database())
+}
