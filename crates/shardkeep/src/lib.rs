@@ -11,6 +11,7 @@
 //! - [`game`] — the reference game-state model: items, state, applier, zones and resets.
 //! - [`keyspace`] — every Redis key name, its owner, TTL rule and cleanup descriptor (pure).
 //! - [`placement`] — fenced placement records and their background writer.
+//! - [`queue`] — the generic durable work queue on Redis, with per-consumer recovery.
 //! - [`retry`] — durable persistence retry jobs on Postgres: enqueue, worker, dead letters.
 //! - [`saver`] — the background saver: checkpoints, CAS flushes, conflicts, the final rebase.
 //! - [`shard`] — the reference shard runtime: zones, players, cadences, sessions, landing.
@@ -33,6 +34,7 @@ pub mod faults;
 pub mod game;
 pub mod keyspace;
 pub mod placement;
+pub mod queue;
 pub mod retry;
 pub mod saver;
 pub mod shard;

@@ -54,6 +54,17 @@ pub const RETRY_REQUEUED_TOTAL: &str = "shardkeep_retry_requeued_total";
 /// Retry rows, labelled `state` (pending, leased).
 pub const RETRY_ROWS: &str = "shardkeep_retry_rows";
 
+/// Work-queue depths, labelled `queue` and `state` (pending, processing, dead).
+pub const QUEUE_DEPTH: &str = "shardkeep_queue_depth";
+/// Appends refused because a queue was at its cap, labelled `queue`.
+pub const QUEUE_FULL_TOTAL: &str = "shardkeep_queue_full_total";
+/// Entries returned to pending from dead consumers, labelled `queue`.
+pub const QUEUE_RECOVERED_TOTAL: &str = "shardkeep_queue_recovered_total";
+/// Entries dead-lettered, labelled `queue` and `cause` (attempts, undecodable, poison).
+pub const QUEUE_DEAD_LETTERS_TOTAL: &str = "shardkeep_queue_dead_letters_total";
+/// Dead letters requeued, labelled `queue`.
+pub const QUEUE_REQUEUED_TOTAL: &str = "shardkeep_queue_requeued_total";
+
 /// Registers a description for every metric, for exporters that show them.
 pub fn describe() {
     use metrics::describe_counter;

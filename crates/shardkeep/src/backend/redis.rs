@@ -10,6 +10,7 @@ use crate::keyspace::Keyspace;
 /// A cheap-to-clone handle on one Redis server, bound to a namespace.
 #[derive(Clone)]
 pub struct RedisBackend {
+    client: redis::Client,
     conn: ConnectionManager,
     keys: Keyspace,
 }
@@ -59,12 +60,12 @@ impl RedisBackend {
             .set_response_timeout(Some(timeouts.response))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
-        let connect = ConnectionManager::new_with_config(client, config);
+        let connect = ConnectionManager::new_with_config(client.clone(), config);
         let conn = tokio::time::timeout(timeouts.connect + timeouts.response, connect)
             .await
             .map_err(|_| fail("timed out connecting".into()))?
             .map_err(|e| fail(one_line(&e)))?;
-        let backend = Self { conn, keys };
+        let backend = Self { client, conn, keys };
         backend.ping().await.map_err(|e| fail(one_line(&e)))?;
         Ok(backend)
     }
@@ -77,6 +78,11 @@ impl RedisBackend {
     /// A connection handle for adapters inside this crate (cheap clone of a multiplexed link).
     pub(crate) fn conn(&self) -> ConnectionManager {
         self.conn.clone()
+    }
+
+    /// The client, for adapters that need a dedicated connection (blocking commands).
+    pub(crate) fn client(&self) -> &redis::Client {
+        &self.client
     }
 
     /// Checks that the server answers.

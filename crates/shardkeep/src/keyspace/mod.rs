@@ -117,6 +117,13 @@ impl QueueKeys {
         ))
     }
 
+    /// The prefix of every processing list: a processing key is this prefix followed by the
+    /// escaped consumer id. Only the depth script uses it, to reach every consumer's list in one
+    /// round trip; consumer ids are UUIDs, which escape to themselves.
+    pub fn processing_prefix(&self) -> String {
+        format!("{}:processing:", self.tag)
+    }
+
     /// The heartbeat key of one consumer incarnation.
     pub fn consumer_heartbeat(&self, consumer: &str) -> Result<String, KeyError> {
         Ok(format!(

@@ -10,5 +10,6 @@ mod coord_records;
 mod ladder_shard;
 mod ladder_store;
 mod migrate;
+mod queue;
 mod retry_jobs;
 mod support;

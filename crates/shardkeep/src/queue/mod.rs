@@ -1,0 +1,233 @@
+//! A generic durable work queue on Redis lists: `WorkQueue<T>`.
+//!
+//! Producers `append` (LPUSH, optionally capped). Each consumer incarnation leases entries into a
+//! processing list of its own (LMOVE, or BLMOVE on a dedicated connection), then acks them (LREM)
+//! or fails them (one script: back to pending with one more attempt, or to the dead letters).
+//! Consumers heartbeat a key with a TTL; recovery returns to pending only the entries of
+//! consumers whose heartbeat is gone, counting those crash re-deliveries apart from handler
+//! failures, so a restarting instance never steals a live consumer's work.
+//!
+//! - `consumer` — lease, ack, fail, heartbeat.
+//! - `recovery` — returning a dead consumer's entries, under a lock.
+//! - `dead` — listing and requeueing dead letters.
+
+mod consumer;
+mod dead;
+mod recovery;
+
+use std::marker::PhantomData;
+use std::sync::LazyLock;
+
+use chrono::{DateTime, Utc};
+use redis::Script;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::backend::RedisBackend;
+use crate::keyspace::{KeyError, QueueKeys};
+use crate::telemetry;
+use crate::ttl::Ttl;
+
+pub use consumer::{AckOutcome, Consumer, FailOutcome, Leased};
+pub use dead::{DeadLetterView, MAX_DEAD_LETTER_LIST};
+pub use recovery::RecoveryReport;
+
+static APPEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/append.lua")));
+static DEPTHS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/depths.lua")));
+
+/// One queued piece of work.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DurableWorkQueueEntry<T> {
+    /// Unique per entry (a requeue makes a new one).
+    pub entry_id: Uuid,
+    /// Handler failures so far.
+    pub attempts: u32,
+    /// Times a consumer died while holding it.
+    pub crash_count: u32,
+    /// When it was appended.
+    pub enqueued_at: DateTime<Utc>,
+    /// The work.
+    pub item: T,
+}
+
+/// Work that failed for good.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DurableDeadLetterEntry<T> {
+    /// Unique per dead letter.
+    pub dead_letter_id: Uuid,
+    /// The entry it came from (`None` when the entry could not be decoded at all).
+    pub entry_id: Option<Uuid>,
+    /// Attempts made.
+    pub failed_attempts: u32,
+    /// Why it failed.
+    pub error: String,
+    /// When it was dead-lettered.
+    pub failed_at: DateTime<Utc>,
+    /// The work (for an undecodable entry, its raw text as a JSON string).
+    pub item: T,
+}
+
+/// A queue call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    /// The pending list is at its cap; nothing was appended.
+    #[error("queue {0} is full")]
+    Full(String),
+    /// Redis failed or could not be reached.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The queue or consumer name could not form a key.
+    #[error("invalid queue key: {0}")]
+    InvalidKey(#[from] KeyError),
+    /// An item could not be encoded; nothing was written.
+    #[error("item could not be encoded: {0}")]
+    Encode(serde_json::Error),
+    /// A dead letter's item does not decode, so it cannot become work again.
+    #[error("dead letter {0} holds an undecodable item")]
+    Undecodable(Uuid),
+}
+
+/// Tunables.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkQueueConfig {
+    /// Cap on pending entries (`None`: unbounded).
+    pub max_pending: Option<usize>,
+    /// Handler failures before an entry is dead-lettered.
+    pub max_attempts: u32,
+    /// Consumer deaths before an entry is dead-lettered as a poison pill.
+    pub crash_limit: u32,
+    /// Lifetime of a consumer's heartbeat key; refreshed at a third of it.
+    pub heartbeat_ttl: Ttl,
+}
+
+impl Default for WorkQueueConfig {
+    fn default() -> Self {
+        Self {
+            max_pending: None,
+            max_attempts: 8,
+            crash_limit: 3,
+            heartbeat_ttl: Ttl::from_static_secs(15),
+        }
+    }
+}
+
+/// Queue depths.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct QueueDepths {
+    /// Waiting for a consumer.
+    pub pending: u64,
+    /// Leased by some consumer.
+    pub processing: u64,
+    /// Dead letters.
+    pub dead: u64,
+}
+
+/// Handle on one named queue. Cheap to clone.
+#[derive(Debug)]
+pub struct WorkQueue<T> {
+    redis: RedisBackend,
+    name: String,
+    keys: QueueKeys,
+    config: WorkQueueConfig,
+    _item: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for WorkQueue<T> {
+    fn clone(&self) -> Self {
+        Self {
+            redis: self.redis.clone(),
+            name: self.name.clone(),
+            keys: self.keys.clone(),
+            config: self.config,
+            _item: PhantomData,
+        }
+    }
+}
+
+impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
+    /// The queue named `name`.
+    pub fn new(
+        redis: RedisBackend,
+        name: &str,
+        config: WorkQueueConfig,
+    ) -> Result<Self, QueueError> {
+        let keys = redis.keys().queue(name)?;
+        Ok(Self {
+            redis,
+            name: name.to_owned(),
+            keys,
+            config,
+            _item: PhantomData,
+        })
+    }
+
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its tunables.
+    pub fn config(&self) -> &WorkQueueConfig {
+        &self.config
+    }
+
+    /// Appends `item` as a new entry; returns its id.
+    pub async fn append(&self, item: T) -> Result<Uuid, QueueError> {
+        let entry = DurableWorkQueueEntry {
+            entry_id: Uuid::now_v7(),
+            attempts: 0,
+            crash_count: 0,
+            enqueued_at: Utc::now(),
+            item,
+        };
+        let body = serde_json::to_vec(&entry).map_err(QueueError::Encode)?;
+        let len: i64 = APPEND
+            .key(&self.keys.pending)
+            .arg(body)
+            .arg(self.config.max_pending.unwrap_or(0))
+            .invoke_async(&mut self.redis.conn())
+            .await?;
+        if len < 0 {
+            metrics::counter!(telemetry::QUEUE_FULL_TOTAL, "queue" => self.name.clone())
+                .increment(1);
+            return Err(QueueError::Full(self.name.clone()));
+        }
+        Ok(entry.entry_id)
+    }
+
+    /// Pending, processing (all consumers) and dead depths, in one round trip; also exported as
+    /// gauges.
+    pub async fn depths(&self) -> Result<QueueDepths, QueueError> {
+        let (pending, processing, dead, _visited): (u64, u64, u64, u64) = DEPTHS
+            .key(&self.keys.pending)
+            .key(&self.keys.dead)
+            .key(&self.keys.consumers)
+            .arg(self.keys.processing_prefix())
+            .arg(10_000)
+            .invoke_async(&mut self.redis.conn())
+            .await?;
+        let depths = QueueDepths {
+            pending,
+            processing,
+            dead,
+        };
+        for (state, value) in [
+            ("pending", pending),
+            ("processing", processing),
+            ("dead", dead),
+        ] {
+            metrics::gauge!(telemetry::QUEUE_DEPTH, "queue" => self.name.clone(), "state" => state)
+                .set(value as f64);
+        }
+        Ok(depths)
+    }
+
+    pub(crate) fn keys(&self) -> &QueueKeys {
+        &self.keys
+    }
+
+    pub(crate) fn redis(&self) -> &RedisBackend {
+        &self.redis
+    }
+}

@@ -1,0 +1,186 @@
+//! Recovery: returns to pending only the entries of consumers whose heartbeat key is gone, under
+//! a lock so concurrent recoveries never double-deliver. Each returned entry's `crash_count`
+//! goes up by one; an entry that reaches the crash limit becomes a dead letter (a poison pill)
+//! instead of killing consumer after consumer.
+
+use std::sync::LazyLock;
+
+use chrono::Utc;
+use redis::{AsyncCommands, Script};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use uuid::Uuid;
+
+use super::{DurableDeadLetterEntry, DurableWorkQueueEntry, QueueError, WorkQueue};
+use crate::keyspace::QUEUE_RECOVERY_LOCK_TTL;
+use crate::telemetry;
+
+static RECOVER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/recover.lua")));
+static UNLOCK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/unlock.lua")));
+
+/// Consumers examined per recovery pass.
+const MAX_CONSUMERS_PER_PASS: usize = 10_000;
+/// Entries moved per script call.
+const RECOVER_CHUNK: isize = 256;
+
+/// What a recovery pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RecoveryReport {
+    /// False when another instance held the recovery lock (nothing was done).
+    pub ran: bool,
+    /// Consumers examined.
+    pub consumers: usize,
+    /// Consumers found dead.
+    pub dead_consumers: usize,
+    /// Entries returned to pending.
+    pub returned: usize,
+    /// Entries dead-lettered as poison pills (or undecodable).
+    pub poisoned: usize,
+}
+
+impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
+    /// Returns the entries of dead consumers to pending, once, under the recovery lock.
+    pub async fn recover(&self) -> Result<RecoveryReport, QueueError> {
+        let keys = self.keys();
+        let token = Uuid::now_v7().to_string();
+        let mut conn = self.redis().conn();
+        let locked: Option<String> = redis::cmd("SET")
+            .arg(&keys.recovery_lock)
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(QUEUE_RECOVERY_LOCK_TTL.as_millis())
+            .query_async(&mut conn)
+            .await?;
+        if locked.is_none() {
+            return Ok(RecoveryReport::default());
+        }
+        let result = self.recover_locked().await;
+        let _: redis::RedisResult<i64> = UNLOCK
+            .key(&keys.recovery_lock)
+            .arg(&token)
+            .invoke_async(&mut conn)
+            .await;
+        let report = result?;
+        if report.returned + report.poisoned > 0 {
+            metrics::counter!(telemetry::QUEUE_RECOVERED_TOTAL, "queue" => self.name().to_owned())
+                .increment(report.returned as u64);
+            metrics::counter!(telemetry::QUEUE_DEAD_LETTERS_TOTAL, "queue" => self.name().to_owned(), "cause" => "poison")
+                .increment(report.poisoned as u64);
+            tracing::warn!(
+                event = "queue_recovered",
+                queue = self.name(),
+                dead_consumers = report.dead_consumers,
+                returned = report.returned,
+                poisoned = report.poisoned
+            );
+        }
+        Ok(report)
+    }
+
+    async fn recover_locked(&self) -> Result<RecoveryReport, QueueError> {
+        let keys = self.keys();
+        let mut conn = self.redis().conn();
+        let mut report = RecoveryReport {
+            ran: true,
+            ..RecoveryReport::default()
+        };
+        let mut consumers = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, page): (u64, Vec<String>) = redis::cmd("SSCAN")
+                .arg(&keys.consumers)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(256)
+                .query_async(&mut conn)
+                .await?;
+            consumers.extend(page);
+            cursor = next;
+            if cursor == 0 || consumers.len() >= MAX_CONSUMERS_PER_PASS {
+                break;
+            }
+        }
+        consumers.sort();
+        consumers.dedup();
+        report.consumers = consumers.len();
+        for consumer in consumers {
+            let heartbeat = keys.consumer_heartbeat(&consumer)?;
+            if conn.exists(&heartbeat).await? {
+                continue;
+            }
+            report.dead_consumers += 1;
+            let processing = keys.processing(&consumer)?;
+            loop {
+                let entries: Vec<Vec<u8>> = conn.lrange(&processing, -RECOVER_CHUNK, -1).await?;
+                let mut call = RECOVER.prepare_invoke();
+                call.key(&processing)
+                    .key(&heartbeat)
+                    .key(&keys.pending)
+                    .key(&keys.dead)
+                    .key(&keys.consumers)
+                    .arg(&consumer);
+                for raw in entries.iter().rev() {
+                    let (successor, to_dead) = self.successor(raw)?;
+                    call.arg(raw)
+                        .arg(successor)
+                        .arg(if to_dead { "d" } else { "p" });
+                }
+                let moved: Vec<i64> = call.invoke_async(&mut conn).await?;
+                match moved.as_slice() {
+                    [returned, poisoned] => {
+                        report.returned += usize::try_from(*returned).unwrap_or(0);
+                        report.poisoned += usize::try_from(*poisoned).unwrap_or(0);
+                    }
+                    // The consumer came back to life: leave its entries alone.
+                    _ => break,
+                }
+                if entries.is_empty() || entries.len() < RECOVER_CHUNK as usize {
+                    break;
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// What an entry of a dead consumer becomes: back to pending with one more crash, or a dead
+    /// letter when it has now crashed consumers too often (or cannot be read at all).
+    fn successor(&self, raw: &[u8]) -> Result<(Vec<u8>, bool), QueueError> {
+        // Decode generically so the item survives untouched even if this process's `T` differs.
+        match serde_json::from_slice::<DurableWorkQueueEntry<serde_json::Value>>(raw) {
+            Ok(mut entry) => {
+                entry.crash_count += 1;
+                if entry.crash_count >= self.config().crash_limit {
+                    let dead = DurableDeadLetterEntry {
+                        dead_letter_id: Uuid::now_v7(),
+                        entry_id: Some(entry.entry_id),
+                        failed_attempts: entry.attempts,
+                        error: format!(
+                            "poison pill: {} consumers died while processing this entry",
+                            entry.crash_count
+                        ),
+                        failed_at: Utc::now(),
+                        item: entry.item,
+                    };
+                    Ok((serde_json::to_vec(&dead).map_err(QueueError::Encode)?, true))
+                } else {
+                    Ok((
+                        serde_json::to_vec(&entry).map_err(QueueError::Encode)?,
+                        false,
+                    ))
+                }
+            }
+            Err(err) => {
+                let dead = DurableDeadLetterEntry {
+                    dead_letter_id: Uuid::now_v7(),
+                    entry_id: None,
+                    failed_attempts: 0,
+                    error: format!("entry does not decode: {err}"),
+                    failed_at: Utc::now(),
+                    item: serde_json::Value::String(String::from_utf8_lossy(raw).into_owned()),
+                };
+                Ok((serde_json::to_vec(&dead).map_err(QueueError::Encode)?, true))
+            }
+        }
+    }
+}

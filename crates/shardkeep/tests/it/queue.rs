@@ -1,0 +1,363 @@
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use shardkeep::Ttl;
+use shardkeep::keyspace::slot::key_slot;
+use shardkeep::queue::{
+    AckOutcome, FailOutcome, QueueDepths, QueueError, WorkQueue, WorkQueueConfig,
+};
+use shardkeep_testkit::TestRedis;
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Job {
+    n: u32,
+    note: String,
+}
+
+fn job(n: u32) -> Job {
+    Job {
+        n,
+        note: format!("job {n}"),
+    }
+}
+
+fn config() -> WorkQueueConfig {
+    WorkQueueConfig {
+        heartbeat_ttl: Ttl::from_millis(300).unwrap(),
+        ..WorkQueueConfig::default()
+    }
+}
+
+fn queue(redis: &TestRedis) -> WorkQueue<Job> {
+    WorkQueue::new(redis.backend(), "work", config()).unwrap()
+}
+
+#[tokio::test]
+async fn entries_flow_append_lease_ack_in_order() {
+    let redis = TestRedis::new().await;
+    let queue = queue(&redis);
+    for n in 0..3 {
+        queue.append(job(n)).await.unwrap();
+    }
+    let mut consumer = queue.consumer().await.unwrap();
+    for n in 0..3 {
+        let leased = consumer.lease().await.unwrap().unwrap();
+        assert_eq!(leased.entry.item, job(n), "first in, first out");
+        assert_eq!((leased.entry.attempts, leased.entry.crash_count), (0, 0));
+        assert_eq!(consumer.ack(&leased).await.unwrap(), AckOutcome::Acked);
+        assert_eq!(consumer.ack(&leased).await.unwrap(), AckOutcome::Stale);
+    }
+    assert!(consumer.lease().await.unwrap().is_none());
+    assert_eq!(queue.depths().await.unwrap(), QueueDepths::default());
+}
+
+#[tokio::test]
+async fn a_capped_queue_refuses_when_full_and_writes_nothing() {
+    let redis = TestRedis::new().await;
+    let capped: WorkQueue<Job> = WorkQueue::new(
+        redis.backend(),
+        "capped",
+        WorkQueueConfig {
+            max_pending: Some(2),
+            ..config()
+        },
+    )
+    .unwrap();
+    capped.append(job(1)).await.unwrap();
+    capped.append(job(2)).await.unwrap();
+    assert!(matches!(
+        capped.append(job(3)).await,
+        Err(QueueError::Full(_))
+    ));
+    assert_eq!(capped.depths().await.unwrap().pending, 2);
+}
+
+#[tokio::test]
+async fn failures_retry_then_dead_letter_after_eight_attempts_with_every_field() {
+    let redis = TestRedis::new().await;
+    let queue = queue(&redis);
+    let entry_id = queue.append(job(7)).await.unwrap();
+    let mut consumer = queue.consumer().await.unwrap();
+    for attempt in 1..8 {
+        let leased = consumer.lease().await.unwrap().unwrap();
+        assert_eq!(leased.entry.attempts, attempt - 1);
+        assert_eq!(
+            consumer.fail(&leased, "store down").await.unwrap(),
+            FailOutcome::Retried { attempts: attempt }
+        );
+    }
+    let leased = consumer.lease().await.unwrap().unwrap();
+    let FailOutcome::DeadLettered { dead_letter_id } =
+        consumer.fail(&leased, "store still down").await.unwrap()
+    else {
+        panic!("the eighth failure dead-letters");
+    };
+    let depths = queue.depths().await.unwrap();
+    assert_eq!((depths.pending, depths.processing, depths.dead), (0, 0, 1));
+    let dead = queue.dead_letters(10).await.unwrap().remove(0);
+    assert_eq!(dead.record.dead_letter_id, dead_letter_id);
+    assert_eq!(dead.record.entry_id, Some(entry_id));
+    assert_eq!(dead.record.failed_attempts, 8);
+    assert_eq!(dead.record.error, "store still down");
+    assert!(dead.record.failed_at <= chrono::Utc::now());
+    assert_eq!(dead.item, Some(job(7)));
+}
+
+#[tokio::test]
+async fn requeue_twice_makes_one_pending_entry() {
+    let redis = TestRedis::new().await;
+    let queue: WorkQueue<Job> = WorkQueue::new(
+        redis.backend(),
+        "work",
+        WorkQueueConfig {
+            max_attempts: 1,
+            ..config()
+        },
+    )
+    .unwrap();
+    let original = queue.append(job(1)).await.unwrap();
+    let mut consumer = queue.consumer().await.unwrap();
+    let leased = consumer.lease().await.unwrap().unwrap();
+    let FailOutcome::DeadLettered { dead_letter_id } =
+        consumer.fail(&leased, "boom").await.unwrap()
+    else {
+        panic!("one attempt allowed");
+    };
+    let (a, b) = tokio::join!(queue.requeue(dead_letter_id), queue.requeue(dead_letter_id));
+    let requeued: Vec<_> = [a.unwrap(), b.unwrap()].into_iter().flatten().collect();
+    assert_eq!(requeued.len(), 1);
+    assert_ne!(requeued[0], original, "a requeue gets a new entry id");
+    let depths = queue.depths().await.unwrap();
+    assert_eq!((depths.pending, depths.dead), (1, 0));
+    let fresh = consumer.lease().await.unwrap().unwrap();
+    assert_eq!(
+        (
+            fresh.entry.entry_id,
+            fresh.entry.attempts,
+            fresh.entry.crash_count
+        ),
+        (requeued[0], 0, 0)
+    );
+    assert_eq!(
+        queue.requeue(uuid::Uuid::now_v7()).await.unwrap(),
+        None,
+        "unknown id"
+    );
+}
+
+#[tokio::test]
+async fn dead_letter_listing_is_newest_first_and_clamped() {
+    let redis = TestRedis::new().await;
+    let queue: WorkQueue<Job> = WorkQueue::new(
+        redis.backend(),
+        "work",
+        WorkQueueConfig {
+            max_attempts: 1,
+            ..config()
+        },
+    )
+    .unwrap();
+    let mut consumer = queue.consumer().await.unwrap();
+    for n in 0..5 {
+        queue.append(job(n)).await.unwrap();
+        let leased = consumer.lease().await.unwrap().unwrap();
+        consumer.fail(&leased, "x").await.unwrap();
+    }
+    let listed = queue.dead_letters(3).await.unwrap();
+    let ns: Vec<u32> = listed.iter().map(|d| d.item.as_ref().unwrap().n).collect();
+    assert_eq!(ns, vec![4, 3, 2]);
+    assert_eq!(
+        queue.dead_letters(0).await.unwrap().len(),
+        1,
+        "limit clamps up to 1"
+    );
+    assert_eq!(queue.dead_letters(100_000).await.unwrap().len(), 5);
+}
+
+#[tokio::test]
+async fn an_undecodable_entry_is_dead_lettered_not_leased_forever() {
+    let redis = TestRedis::new().await;
+    let queue = queue(&redis);
+    let pending = redis.keys().queue("work").unwrap().pending;
+    let mut raw = redis.raw().await;
+    let _: i64 = raw.lpush(&pending, "{not an entry").await.unwrap();
+    queue.append(job(9)).await.unwrap();
+    let mut consumer = queue.consumer().await.unwrap();
+    let leased = consumer.lease().await.unwrap().unwrap();
+    assert_eq!(
+        leased.entry.item,
+        job(9),
+        "the lease skipped past the poison"
+    );
+    let dead = queue.dead_letters(10).await.unwrap().remove(0);
+    assert!(
+        dead.record.error.contains("does not decode"),
+        "{}",
+        dead.record.error
+    );
+    assert_eq!(dead.record.item, serde_json::json!("{not an entry"));
+    assert!(dead.item.is_none());
+    assert!(matches!(
+        queue.requeue(dead.record.dead_letter_id).await,
+        Err(QueueError::Undecodable(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_restart_does_not_steal_a_live_consumers_entries() {
+    let redis = TestRedis::new().await;
+    let queue = queue(&redis);
+    for n in 0..2 {
+        queue.append(job(n)).await.unwrap();
+    }
+    let mut live = queue.consumer().await.unwrap();
+    let mut crashing = queue.consumer().await.unwrap();
+    let held_by_live = live.lease().await.unwrap().unwrap();
+    let held_by_crashing = crashing.lease().await.unwrap().unwrap();
+    crashing.abandon();
+    // The restarted instance recovers at start-up, before the crashed heartbeat lapses.
+    let restarted = queue.consumer().await.unwrap();
+    let early = queue.recover().await.unwrap();
+    assert_eq!((early.dead_consumers, early.returned), (0, 0));
+    assert_eq!(queue.depths().await.unwrap().processing, 2);
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let report = queue.recover().await.unwrap();
+    assert_eq!((report.dead_consumers, report.returned), (1, 1));
+    assert_eq!(
+        live.ack(&held_by_live).await.unwrap(),
+        AckOutcome::Acked,
+        "the live consumer's entry was untouched"
+    );
+    let depths = queue.depths().await.unwrap();
+    assert_eq!((depths.pending, depths.processing), (1, 0));
+    let mut restarted = restarted;
+    let returned = restarted.lease().await.unwrap().unwrap();
+    assert_eq!(returned.entry.entry_id, held_by_crashing.entry.entry_id);
+    assert_eq!(
+        (returned.entry.attempts, returned.entry.crash_count),
+        (0, 1),
+        "counted as a crash, not a failure"
+    );
+}
+
+#[tokio::test]
+async fn a_dead_consumers_entries_return_exactly_once() {
+    let redis = TestRedis::new().await;
+    let queue = queue(&redis);
+    for n in 0..50 {
+        queue.append(job(n)).await.unwrap();
+    }
+    let mut dying = queue.consumer().await.unwrap();
+    let dying_id = dying.id().to_owned();
+    let mut held = Vec::new();
+    while let Some(leased) = dying.lease().await.unwrap() {
+        held.push(leased);
+    }
+    dying.abandon();
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let (a, b, c) = tokio::join!(queue.recover(), queue.recover(), queue.recover());
+    let returned: usize = [a.unwrap(), b.unwrap(), c.unwrap()]
+        .iter()
+        .map(|r| r.returned)
+        .sum();
+    assert_eq!(returned, 50);
+    assert_eq!(queue.recover().await.unwrap().returned, 0);
+    let depths = queue.depths().await.unwrap();
+    assert_eq!((depths.pending, depths.processing), (50, 0));
+    let consumers: Vec<String> = redis
+        .raw()
+        .await
+        .smembers(redis.keys().queue("work").unwrap().consumers)
+        .await
+        .unwrap();
+    assert!(
+        !consumers.contains(&dying_id),
+        "the dead consumer left the set"
+    );
+    assert_eq!(held.len(), 50);
+}
+
+#[tokio::test]
+async fn an_entry_that_keeps_killing_consumers_becomes_a_poison_pill() {
+    let redis = TestRedis::new().await;
+    let queue = queue(&redis);
+    queue.append(job(13)).await.unwrap();
+    for crash in 1..=3 {
+        let mut victim = queue.consumer().await.unwrap();
+        let leased = victim.lease().await.unwrap().unwrap();
+        assert_eq!(leased.entry.crash_count, crash - 1);
+        victim.abandon();
+        tokio::time::sleep(Duration::from_millis(450)).await;
+        queue.recover().await.unwrap();
+    }
+    let depths = queue.depths().await.unwrap();
+    assert_eq!((depths.pending, depths.processing, depths.dead), (0, 0, 1));
+    let dead = queue.dead_letters(1).await.unwrap().remove(0);
+    assert!(
+        dead.record.error.starts_with("poison pill"),
+        "{}",
+        dead.record.error
+    );
+    assert_eq!(dead.item, Some(job(13)));
+}
+
+#[tokio::test]
+async fn a_clean_shutdown_returns_held_entries_and_leaves_the_set() {
+    let redis = TestRedis::new().await;
+    let queue = queue(&redis);
+    queue.append(job(1)).await.unwrap();
+    let mut consumer = queue.consumer().await.unwrap();
+    let _held = consumer.lease().await.unwrap().unwrap();
+    consumer.shutdown().await.unwrap();
+    let depths = queue.depths().await.unwrap();
+    assert_eq!((depths.pending, depths.processing), (1, 0));
+}
+
+#[tokio::test]
+async fn a_blocking_lease_wakes_when_work_arrives() {
+    let redis = TestRedis::new().await;
+    let queue = queue(&redis);
+    let mut consumer = queue.consumer().await.unwrap();
+    assert!(
+        consumer
+            .lease_blocking(Duration::from_millis(100))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let producer = queue.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        producer.append(job(5)).await.unwrap();
+    });
+    let leased = consumer
+        .lease_blocking(Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(leased.entry.item, job(5));
+}
+
+#[tokio::test]
+async fn every_key_a_queue_script_touches_shares_one_slot() {
+    let redis = TestRedis::new().await;
+    let keys = redis.keys().queue("session-lifecycle").unwrap();
+    let consumer = uuid::Uuid::now_v7().to_string();
+    let touched = [
+        keys.pending.clone(),
+        keys.dead.clone(),
+        keys.consumers.clone(),
+        keys.recovery_lock.clone(),
+        keys.processing(&consumer).unwrap(),
+        keys.consumer_heartbeat(&consumer).unwrap(),
+        format!("{}{consumer}", keys.processing_prefix()),
+    ];
+    let slot = key_slot(&touched[0]);
+    for key in &touched {
+        assert_eq!(key_slot(key), slot, "{key}");
+    }
+    assert_eq!(
+        touched[4], touched[6],
+        "the depth script's prefix builds the same key"
+    );
+}
