@@ -9,6 +9,7 @@
 //! - [`drain`] — bounded batch-drained queues with a shutdown barrier (saver, placement writer).
 //! - [`faults`] — a TCP proxy that stalls or cuts a store connection, for tests and the simulator.
 //! - [`game`] — the reference game-state model: items, state, applier, zones and resets.
+//! - [`journal`] — the session lifecycle journal: cleanup after a stream closes, on the queue.
 //! - [`keyspace`] — every Redis key name, its owner, TTL rule and cleanup descriptor (pure).
 //! - [`placement`] — fenced placement records and their background writer.
 //! - [`queue`] — the generic durable work queue on Redis, with per-consumer recovery.
@@ -32,6 +33,7 @@ pub mod coord;
 pub mod drain;
 pub mod faults;
 pub mod game;
+pub mod journal;
 pub mod keyspace;
 pub mod placement;
 pub mod queue;

@@ -45,6 +45,20 @@ pub struct NewCharacter {
     pub chargen: Option<serde_json::Value>,
 }
 
+/// How a location write ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocationWrite {
+    /// Written.
+    Written,
+    /// A newer owner holds the character; nothing was written.
+    Superseded {
+        /// The row's epoch.
+        current_epoch: i64,
+    },
+    /// No such character.
+    NotFound,
+}
+
 /// Result of a claim: the new epoch and the row as it was just before the claim.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClaimedRow {
@@ -350,6 +364,42 @@ impl CharacterStore {
             .into_iter()
             .map(|id| (id, by_id.get(&id).copied().unwrap_or(SaveOutcome::NotFound)))
             .collect())
+    }
+
+    /// Writes a location (zone, room) for `character_id`, fenced by `owner_epoch`; the version
+    /// moves on so a live copy's next flush re-dumps over it.
+    pub async fn write_location(
+        &self,
+        character_id: Uuid,
+        owner_epoch: i64,
+        zone: &str,
+        room: &str,
+    ) -> Result<LocationWrite, StoreError> {
+        if zone.is_empty() {
+            return Err(StoreError::InvalidInput("zone must not be empty".into()));
+        }
+        let (written, current_epoch): (i64, Option<i64>) = sqlx::query_as(
+            "WITH upd AS (
+                 UPDATE characters SET zone_ref = $3, room_ref = $4, state_version = state_version + 1,
+                        updated_at = now()
+                  WHERE id = $1 AND owner_epoch <= $2
+              RETURNING 1
+             )
+             SELECT (SELECT count(*) FROM upd), (SELECT owner_epoch FROM characters WHERE id = $1)",
+        )
+        .bind(character_id)
+        .bind(owner_epoch)
+        .bind(zone)
+        .bind(room)
+        .fetch_one(self.pg.pool())
+        .await?;
+        Ok(match (written, current_epoch) {
+            (1, _) => LocationWrite::Written,
+            (_, None) => LocationWrite::NotFound,
+            (_, Some(epoch)) => LocationWrite::Superseded {
+                current_epoch: epoch,
+            },
+        })
     }
 
     /// The row's current `(state_version, owner_epoch)`.

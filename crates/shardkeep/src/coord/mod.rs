@@ -12,6 +12,7 @@ pub mod nonce;
 pub mod presence;
 pub mod registry;
 pub mod resume;
+pub mod session;
 pub mod throttle;
 pub mod transfer;
 

@@ -289,6 +289,19 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
         Ok(FailOutcome::Retried { attempts })
     }
 
+    /// Hands `leased` back to pending unchanged (no attempt counted): used to end a pass
+    /// without spinning on an entry that already failed in it.
+    pub async fn release(&self, leased: &Leased<T>) -> Result<bool, QueueError> {
+        let moved: i64 = SETTLE
+            .key(&self.processing)
+            .key(&self.queue.keys().pending)
+            .arg(&leased.raw)
+            .arg(&leased.raw)
+            .invoke_async(&mut self.queue.redis().conn())
+            .await?;
+        Ok(moved == 1)
+    }
+
     /// Refreshes the heartbeat now (the background beat does this every third of the TTL).
     pub async fn heartbeat(&self) -> Result<(), QueueError> {
         let () = self

@@ -7,6 +7,7 @@ mod bench_smoke;
 mod coord_cleanup;
 mod coord_handoff;
 mod coord_records;
+mod journal;
 mod ladder_shard;
 mod ladder_store;
 mod migrate;

@@ -1,0 +1,309 @@
+//! The journal worker: leases cleanup entries and applies their effects. A reconnectable entry
+//! whose session is active again is skipped, so a reconnect is never undone by stale work. A
+//! failing side effect fails the entry, which retries through the queue and dead-letters after
+//! the attempt limit.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio_util::sync::CancellationToken;
+
+use super::{RealtimeStreamCleanup, SessionJournal};
+use crate::character::{CharacterStore, LocationWrite};
+use crate::coord::{Coordination, PresenceRecord};
+use crate::queue::{Consumer, FailOutcome, Leased};
+use crate::retry::{
+    IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
+};
+use crate::ttl::Ttl;
+
+/// Tunables.
+#[derive(Debug, Clone, Copy)]
+pub struct JournalWorkerConfig {
+    /// How often the worker drains even without a wake signal.
+    pub interval: Duration,
+    /// How often it recovers dead consumers' entries.
+    pub recovery_interval: Duration,
+    /// Lifetime of a persisted resume ledger.
+    pub resume_ttl: Ttl,
+    /// Lifetime of a refreshed presence record.
+    pub presence_ttl: Ttl,
+}
+
+impl Default for JournalWorkerConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(1),
+            recovery_interval: Duration::from_secs(10),
+            resume_ttl: Ttl::from_static_secs(300),
+            presence_ttl: Ttl::from_static_secs(120),
+        }
+    }
+}
+
+/// Counters since start.
+#[derive(Debug, Default)]
+pub struct JournalStats {
+    /// Entries whose effects were applied.
+    pub processed: AtomicU64,
+    /// Entries skipped because the session reconnected.
+    pub skipped_reconnected: AtomicU64,
+    /// Location writes turned into retry jobs.
+    pub location_retries: AtomicU64,
+    /// Entry failures (retried through the queue).
+    pub failures: AtomicU64,
+    /// Entries dead-lettered.
+    pub dead_lettered: AtomicU64,
+}
+
+/// What processing one entry did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Processed {
+    /// Every effect of the plan was applied.
+    Applied,
+    /// The session is active again; nothing was done.
+    SkippedReconnected,
+}
+
+/// The journal worker.
+#[derive(Debug)]
+pub struct JournalWorker {
+    journal: SessionJournal,
+    coord: Coordination,
+    store: CharacterStore,
+    retry: Option<RetryQueue>,
+    config: JournalWorkerConfig,
+    stats: Arc<JournalStats>,
+}
+
+impl JournalWorker {
+    /// A worker applying effects through `coord` (Redis) and `store` (Postgres); failed location
+    /// writes become retry jobs on `retry` when given.
+    pub fn new(
+        journal: SessionJournal,
+        coord: Coordination,
+        store: CharacterStore,
+        retry: Option<RetryQueue>,
+        config: JournalWorkerConfig,
+    ) -> Self {
+        Self {
+            journal,
+            coord,
+            store,
+            retry,
+            config,
+            stats: Arc::new(JournalStats::default()),
+        }
+    }
+
+    /// Its counters.
+    pub fn stats(&self) -> Arc<JournalStats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// Runs until `cancel`: recovers at start-up and periodically, drains on every wake signal
+    /// and on every interval, and shuts its consumer down cleanly at the end.
+    pub async fn run(self, cancel: CancellationToken) {
+        let mut consumer = loop {
+            match self.journal.queue().consumer().await {
+                Ok(consumer) => break consumer,
+                Err(err) => {
+                    tracing::warn!(event = "journal_consumer_failed", error = %err);
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        () = tokio::time::sleep(self.config.interval) => {}
+                    }
+                }
+            }
+        };
+        let wake = self.journal.wake_signal();
+        let mut last_recovery = tokio::time::Instant::now() - self.config.recovery_interval;
+        loop {
+            if last_recovery.elapsed() >= self.config.recovery_interval {
+                if let Err(err) = self.journal.queue().recover().await {
+                    tracing::warn!(event = "journal_recovery_failed", error = %err);
+                }
+                last_recovery = tokio::time::Instant::now();
+            }
+            if let Err(err) = self.drain(&mut consumer).await {
+                tracing::warn!(event = "journal_drain_failed", error = %err);
+            }
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                () = wake.notified() => {}
+                () = tokio::time::sleep(self.config.interval) => {}
+            }
+        }
+        if let Err(err) = consumer.shutdown().await {
+            tracing::warn!(event = "journal_consumer_shutdown_failed", error = %err);
+        }
+    }
+
+    /// Leases and processes entries until pending is empty, trying each entry at most once per
+    /// pass (a failed entry waits for the next pass instead of spinning); returns how many it
+    /// handled.
+    pub async fn drain(
+        &self,
+        consumer: &mut Consumer<RealtimeStreamCleanup>,
+    ) -> Result<usize, crate::queue::QueueError> {
+        let mut handled = 0;
+        let mut failed = std::collections::HashSet::new();
+        while let Some(leased) = consumer.lease().await? {
+            if failed.contains(&leased.entry.entry_id) {
+                consumer.release(&leased).await?;
+                break;
+            }
+            if !self.handle(consumer, &leased).await? {
+                failed.insert(leased.entry.entry_id);
+            }
+            handled += 1;
+        }
+        let _ = self.journal.queue().depths().await;
+        Ok(handled)
+    }
+
+    /// Processes one entry; false when it failed (and was retried or dead-lettered).
+    async fn handle(
+        &self,
+        consumer: &Consumer<RealtimeStreamCleanup>,
+        leased: &Leased<RealtimeStreamCleanup>,
+    ) -> Result<bool, crate::queue::QueueError> {
+        match self
+            .process(&leased.entry.item, leased.entry.entry_id)
+            .await
+        {
+            Ok(Processed::Applied) => {
+                self.stats.processed.fetch_add(1, Ordering::Relaxed);
+                consumer.ack(leased).await?;
+            }
+            Ok(Processed::SkippedReconnected) => {
+                self.stats
+                    .skipped_reconnected
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::info!(event = "journal_skipped_reconnected", session = %leased.entry.item.session_token);
+                consumer.ack(leased).await?;
+            }
+            Err(error) => {
+                self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(event = "journal_effect_failed", session = %leased.entry.item.session_token, error = %error);
+                if let FailOutcome::DeadLettered { .. } = consumer.fail(leased, &error).await? {
+                    self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                }
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Applies one entry's effects.
+    pub async fn process(
+        &self,
+        item: &RealtimeStreamCleanup,
+        entry_id: uuid::Uuid,
+    ) -> Result<Processed, String> {
+        let effects = item.plan.effects(item.transfer_confirmed);
+        let token = &item.session_token;
+        if effects.delete_resume_ledger {
+            self.coord
+                .resume_delete(token)
+                .await
+                .map_err(|e| format!("resume ledger delete: {e}"))?;
+        } else if self
+            .coord
+            .session_is_active(token)
+            .await
+            .map_err(|e| format!("session check: {e}"))?
+        {
+            return Ok(Processed::SkippedReconnected);
+        }
+        if effects.persist_resume_ledger
+            && let Some(record) = &item.pending_resume
+        {
+            self.coord
+                .resume_store(record, self.config.resume_ttl)
+                .await
+                .map_err(|e| format!("resume ledger store: {e}"))?;
+        }
+        if effects.persist_location {
+            self.persist_location(item, entry_id).await?;
+        }
+        if effects.refresh_presence {
+            let player = &item.player;
+            let record = PresenceRecord {
+                account_id: player.account_id.to_string(),
+                character_id: player.character_id.to_string(),
+                session_token: token.clone(),
+                shard_id: player.shard_id.clone(),
+                zone_id: Some(player.zone.clone()),
+                expires_at: Utc::now()
+                    + chrono::Duration::from_std(self.config.presence_ttl.duration())
+                        .unwrap_or_default(),
+            };
+            self.coord
+                .presence_put(&record)
+                .await
+                .map_err(|e| format!("presence refresh: {e}"))?;
+        }
+        Ok(Processed::Applied)
+    }
+
+    /// Writes the location, fenced by the snapshot's epoch; when the write fails it becomes a
+    /// retry job (origin: session cleanup), and only if that fails too does the entry fail.
+    async fn persist_location(
+        &self,
+        item: &RealtimeStreamCleanup,
+        entry_id: uuid::Uuid,
+    ) -> Result<(), String> {
+        let player = &item.player;
+        match self
+            .store
+            .write_location(
+                player.character_id,
+                player.owner_epoch,
+                &player.zone,
+                &player.room,
+            )
+            .await
+        {
+            Ok(LocationWrite::Written) => Ok(()),
+            Ok(LocationWrite::Superseded { current_epoch }) => {
+                tracing::info!(event = "journal_location_superseded", character = %player.character_id,
+                    epoch = player.owner_epoch, current_epoch);
+                Ok(())
+            }
+            Ok(LocationWrite::NotFound) => {
+                Err(format!("character {} not found", player.character_id))
+            }
+            Err(write_err) => {
+                let Some(retry) = &self.retry else {
+                    return Err(format!("location write: {write_err}"));
+                };
+                let job = PersistenceRetryJob::new(
+                    PersistenceRetryPayload::CharacterLocation {
+                        character_id: player.character_id,
+                        zone: player.zone.clone(),
+                        room: player.room.clone(),
+                        position: None,
+                    },
+                    IdempotencyEnvelope {
+                        idempotency_key: format!("journal:{entry_id}:location"),
+                        owner_epoch: player.owner_epoch,
+                        origin: Origin::SessionCleanup,
+                        issued_at: Utc::now(),
+                    },
+                    "session-lifecycle-journal",
+                    Some(item.session_token.clone()),
+                )
+                .map_err(|e| e.to_string())?;
+                retry
+                    .enqueue(&job)
+                    .await
+                    .map_err(|e| format!("location write: {write_err}; retry job: {e}"))?;
+                self.stats.location_retries.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+        }
+    }
+}

@@ -1,0 +1,475 @@
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use chrono::Utc;
+use serde_json::json;
+use shardkeep::backend::redis::RedisTimeouts;
+use shardkeep::character::{CharacterStore, NewCharacter};
+use shardkeep::clock::SystemClock;
+use shardkeep::coord::ResumeLedgerRecord;
+use shardkeep::faults::{FaultProxy, ProxyMode};
+use shardkeep::journal::{
+    ActiveSession, ActiveSessions, JournalWorker, JournalWorkerConfig, PlayerSnapshot, Processed,
+    RealtimeRuntimeProfile, RealtimeStreamCleanup, SessionJournal, SessionLifecycleEffectPlan,
+    cleanup_stream,
+};
+use shardkeep::queue::WorkQueueConfig;
+use shardkeep::retry::RetryQueue;
+use shardkeep::{Coordination, CoordinationConfig, PostgresBackend, RedisBackend, Ttl};
+use shardkeep_testkit::TestRedis;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+struct Env {
+    redis: TestRedis,
+    store: CharacterStore,
+    coord: Coordination,
+    journal: SessionJournal,
+}
+
+impl Env {
+    async fn new(pool: &PgPool) -> Self {
+        let redis = TestRedis::new().await;
+        let journal = SessionJournal::new(redis.backend(), WorkQueueConfig::default()).unwrap();
+        Self {
+            store: CharacterStore::new(PostgresBackend::from_pool(pool.clone())),
+            coord: redis.coordination(),
+            journal,
+            redis,
+        }
+    }
+
+    fn worker(&self, retry: Option<RetryQueue>) -> JournalWorker {
+        JournalWorker::new(
+            self.journal.clone(),
+            self.coord.clone(),
+            self.store.clone(),
+            retry,
+            config(),
+        )
+    }
+
+    async fn character(&self) -> PlayerSnapshot {
+        let id = Uuid::now_v7();
+        let account = Uuid::now_v7();
+        self.store
+            .create(&NewCharacter {
+                character_id: id,
+                account_id: account,
+                name: format!("P{}", &id.simple().to_string()[..8]),
+                zone_ref: Some("zone-0".into()),
+                room_ref: Some("r0".into()),
+                state: json!({}),
+                chargen: None,
+            })
+            .await
+            .unwrap();
+        let epoch = self.store.claim(id, 0).await.unwrap().new_epoch;
+        PlayerSnapshot {
+            character_id: id,
+            account_id: account,
+            character_name: format!("P{}", &id.simple().to_string()[..8]),
+            shard_id: "shard-1".into(),
+            zone: "zone-2".into(),
+            room: "r3".into(),
+            owner_epoch: epoch,
+        }
+    }
+}
+
+fn config() -> JournalWorkerConfig {
+    JournalWorkerConfig {
+        interval: Duration::from_millis(150),
+        ..JournalWorkerConfig::default()
+    }
+}
+
+fn cleanup(
+    player: &PlayerSnapshot,
+    token: &str,
+    plan: SessionLifecycleEffectPlan,
+) -> RealtimeStreamCleanup {
+    RealtimeStreamCleanup {
+        session_token: token.into(),
+        player: player.clone(),
+        runtime_profile: RealtimeRuntimeProfile {
+            transport: "quic".into(),
+            protocol_version: 3,
+            tick_rate_hz: 4,
+        },
+        pending_resume: Some(ResumeLedgerRecord {
+            session_token: token.into(),
+            character_id: player.character_id.to_string(),
+            last_applied_seq: 77,
+            zone_id: player.zone.clone(),
+            recorded_at: Utc::now(),
+        }),
+        transfer_confirmed: false,
+        plan,
+        closed_at: Utc::now(),
+    }
+}
+
+async fn location(store: &CharacterStore, id: Uuid) -> (Option<String>, Option<String>) {
+    let row = store.load(id).await.unwrap().unwrap();
+    (row.zone_ref, row.room_ref)
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_reconnectable_cleanup_persists_ledger_location_and_presence(pool: PgPool) {
+    let env = Env::new(&pool).await;
+    let player = env.character().await;
+    let item = cleanup(&player, "s-1", SessionLifecycleEffectPlan::Reconnectable);
+    let worker = env.worker(None);
+    assert_eq!(
+        worker.process(&item, Uuid::now_v7()).await.unwrap(),
+        Processed::Applied
+    );
+    assert_eq!(
+        env.coord
+            .resume_load("s-1")
+            .await
+            .unwrap()
+            .unwrap()
+            .last_applied_seq,
+        77
+    );
+    assert_eq!(
+        location(&env.store, player.character_id).await,
+        (Some("zone-2".into()), Some("r3".into()))
+    );
+    let presence = env
+        .coord
+        .presence_by_character(&player.character_id.to_string())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (presence.session_token.as_str(), presence.zone_id.as_deref()),
+        ("s-1", Some("zone-2"))
+    );
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_permanent_removal_deletes_the_ledger_and_persists_location_only(pool: PgPool) {
+    let env = Env::new(&pool).await;
+    let player = env.character().await;
+    let item = cleanup(&player, "s-2", SessionLifecycleEffectPlan::PermanentRemoval);
+    env.coord
+        .resume_store(
+            item.pending_resume.as_ref().unwrap(),
+            Ttl::from_secs(60).unwrap(),
+        )
+        .await
+        .unwrap();
+    env.worker(None)
+        .process(&item, Uuid::now_v7())
+        .await
+        .unwrap();
+    assert!(env.coord.resume_load("s-2").await.unwrap().is_none());
+    assert_eq!(
+        location(&env.store, player.character_id).await.0.as_deref(),
+        Some("zone-2")
+    );
+    assert!(
+        env.coord
+            .presence_by_character(&player.character_id.to_string())
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_confirmed_transfer_deletes_the_ledger_and_touches_nothing_else(pool: PgPool) {
+    let env = Env::new(&pool).await;
+    let player = env.character().await;
+    let mut item = cleanup(&player, "s-3", SessionLifecycleEffectPlan::Reconnectable);
+    item.transfer_confirmed = true;
+    env.coord
+        .resume_store(
+            item.pending_resume.as_ref().unwrap(),
+            Ttl::from_secs(60).unwrap(),
+        )
+        .await
+        .unwrap();
+    // Even an active token does not stop a transfer's ledger deletion.
+    env.coord
+        .session_activate("s-3", Ttl::from_secs(60).unwrap())
+        .await
+        .unwrap();
+    env.worker(None)
+        .process(&item, Uuid::now_v7())
+        .await
+        .unwrap();
+    assert!(env.coord.resume_load("s-3").await.unwrap().is_none());
+    assert_eq!(
+        location(&env.store, player.character_id).await.0.as_deref(),
+        Some("zone-0"),
+        "location untouched"
+    );
+    assert!(
+        env.coord
+            .presence_by_character(&player.character_id.to_string())
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn stale_cleanup_of_a_reconnected_session_is_skipped(pool: PgPool) {
+    let env = Env::new(&pool).await;
+    let player = env.character().await;
+    let item = cleanup(&player, "s-4", SessionLifecycleEffectPlan::Reconnectable);
+    env.coord
+        .session_activate("s-4", Ttl::from_secs(60).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        env.worker(None)
+            .process(&item, Uuid::now_v7())
+            .await
+            .unwrap(),
+        Processed::SkippedReconnected
+    );
+    assert!(env.coord.resume_load("s-4").await.unwrap().is_none());
+    assert_eq!(
+        location(&env.store, player.character_id).await.0.as_deref(),
+        Some("zone-0")
+    );
+    assert!(
+        env.coord
+            .presence_by_character(&player.character_id.to_string())
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn cleanup_appends_before_removing_the_session(pool: PgPool) {
+    let env = Env::new(&pool).await;
+    let player = env.character().await;
+    let sessions = ActiveSessions::default();
+    sessions.insert(
+        "s-5",
+        ActiveSession {
+            character_id: player.character_id,
+        },
+    );
+    env.coord
+        .session_activate("s-5", Ttl::from_secs(60).unwrap())
+        .await
+        .unwrap();
+    let outcome = cleanup_stream(
+        &env.journal,
+        &sessions,
+        &env.coord,
+        cleanup(&player, "s-5", SessionLifecycleEffectPlan::PermanentRemoval),
+    )
+    .await;
+    assert!(
+        outcome.enqueue_error.is_none() && outcome.session_removed && outcome.entry_id.is_some()
+    );
+    assert!(!sessions.contains("s-5"));
+    assert!(!env.coord.session_is_active("s-5").await.unwrap());
+    assert_eq!(env.journal.queue().depths().await.unwrap().pending, 1);
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn an_append_failure_leaves_the_session_active_with_the_error(pool: PgPool) {
+    let env = Env::new(&pool).await;
+    let player = env.character().await;
+    let addr = env
+        .redis
+        .url()
+        .trim_start_matches("redis://")
+        .parse()
+        .unwrap();
+    let proxy = FaultProxy::start(addr).await.unwrap();
+    let timeouts = RedisTimeouts {
+        connect: Duration::from_millis(300),
+        response: Duration::from_millis(300),
+    };
+    let cut = RedisBackend::connect(
+        "REDIS_URL",
+        &format!("redis://{}", proxy.addr()),
+        env.redis.keys().clone(),
+        timeouts,
+    )
+    .await
+    .unwrap();
+    let journal = SessionJournal::new(cut.clone(), WorkQueueConfig::default()).unwrap();
+    let coord = Coordination::new(cut, CoordinationConfig::default());
+    proxy.set_mode(ProxyMode::Cut);
+    let sessions = ActiveSessions::default();
+    sessions.insert(
+        "s-6",
+        ActiveSession {
+            character_id: player.character_id,
+        },
+    );
+    let outcome = cleanup_stream(
+        &journal,
+        &sessions,
+        &coord,
+        cleanup(&player, "s-6", SessionLifecycleEffectPlan::Reconnectable),
+    )
+    .await;
+    assert!(outcome.enqueue_error.is_some());
+    assert!(!outcome.session_removed && outcome.entry_id.is_none());
+    assert!(sessions.contains("s-6"), "the session stays active");
+    assert_eq!(env.journal.queue().depths().await.unwrap().pending, 0);
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_lost_wake_signal_is_covered_by_the_interval(pool: PgPool) {
+    let env = Env::new(&pool).await;
+    let player = env.character().await;
+    let worker = env.worker(None);
+    let stats = worker.stats();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(worker.run(cancel.clone()));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Appended straight to the queue: no wake signal is sent at all.
+    env.journal
+        .queue()
+        .append(cleanup(
+            &player,
+            "s-7",
+            SessionLifecycleEffectPlan::PermanentRemoval,
+        ))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while stats.processed.load(Ordering::Relaxed) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the interval never drained the entry"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        location(&env.store, player.character_id).await.0.as_deref(),
+        Some("zone-2")
+    );
+    cancel.cancel();
+    task.await.unwrap();
+    let depths = env.journal.queue().depths().await.unwrap();
+    assert_eq!((depths.pending, depths.processing), (0, 0));
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_failing_effect_dead_letters_after_eight_attempts_with_its_summary(pool: PgPool) {
+    let env = Env::new(&pool).await;
+    let mut player = env.character().await;
+    player.character_id = Uuid::now_v7(); // a character the store does not have
+    let worker = env.worker(None);
+    let entry = env
+        .journal
+        .append(cleanup(
+            &player,
+            "s-8",
+            SessionLifecycleEffectPlan::PermanentRemoval,
+        ))
+        .await
+        .unwrap();
+    let mut consumer = env.journal.queue().consumer().await.unwrap();
+    for _ in 0..8 {
+        assert_eq!(worker.drain(&mut consumer).await.unwrap(), 1);
+    }
+    let (depths, summaries) = env.journal.inspect(50).await.unwrap();
+    assert_eq!((depths.pending, depths.processing, depths.dead), (0, 0, 1));
+    let s = &summaries[0];
+    assert_eq!(s.entry_id, Some(entry));
+    assert_eq!(s.attempts, 8);
+    assert!(s.error.contains("not found"), "{}", s.error);
+    assert_eq!(s.session_token.as_deref(), Some("s-8"));
+    assert_eq!(s.character_id, Some(player.character_id));
+    assert_eq!(
+        s.character_name.as_deref(),
+        Some(player.character_name.as_str())
+    );
+    assert_eq!(s.plan, Some(SessionLifecycleEffectPlan::PermanentRemoval));
+    let (a, b) = tokio::join!(
+        env.journal.requeue(s.dead_letter_id),
+        env.journal.requeue(s.dead_letter_id)
+    );
+    assert_eq!(
+        [a.unwrap(), b.unwrap()]
+            .iter()
+            .filter(|r| r.is_some())
+            .count(),
+        1
+    );
+    assert_eq!(env.journal.queue().depths().await.unwrap().pending, 1);
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_poison_journal_entry_is_dead_lettered_with_its_error(pool: PgPool) {
+    use redis::AsyncCommands;
+    let env = Env::new(&pool).await;
+    let pending = env.redis.keys().queue("session-lifecycle").unwrap().pending;
+    let _: i64 = env
+        .redis
+        .raw()
+        .await
+        .lpush(&pending, r#"{"entry_id":"x","item":{}}"#)
+        .await
+        .unwrap();
+    let mut consumer = env.journal.queue().consumer().await.unwrap();
+    assert_eq!(env.worker(None).drain(&mut consumer).await.unwrap(), 0);
+    let (depths, summaries) = env.journal.inspect(10).await.unwrap();
+    assert_eq!(depths.dead, 1);
+    assert!(summaries[0].error.contains("does not decode"));
+    assert_eq!(summaries[0].session_token, None);
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_failed_location_write_becomes_a_session_cleanup_retry_job(pool: PgPool) {
+    let env = Env::new(&pool).await;
+    let player = env.character().await;
+    let url = std::env::var("DATABASE_URL").unwrap();
+    let options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
+    let addr = format!("127.0.0.1:{}", options.get_port()).parse().unwrap();
+    let proxy = FaultProxy::start(addr).await.unwrap();
+    let cut_options = (*pool.connect_options())
+        .clone()
+        .host("127.0.0.1")
+        .port(proxy.addr().port());
+    let cut_pool = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(500))
+        .connect_with(cut_options)
+        .await
+        .unwrap();
+    proxy.set_mode(ProxyMode::Cut);
+    let (retry, _signals) = RetryQueue::new(
+        PostgresBackend::from_pool(pool.clone()),
+        8,
+        Arc::new(SystemClock),
+    );
+    let worker = JournalWorker::new(
+        env.journal.clone(),
+        env.coord.clone(),
+        CharacterStore::new(PostgresBackend::from_pool(cut_pool)),
+        Some(retry),
+        config(),
+    );
+    let item = cleanup(&player, "s-9", SessionLifecycleEffectPlan::PermanentRemoval);
+    assert_eq!(
+        worker.process(&item, Uuid::now_v7()).await.unwrap(),
+        Processed::Applied
+    );
+    let (kind, origin, impact): (String, String, String) =
+        sqlx::query_as("SELECT job_kind, origin, session_impact FROM persistence_retry_jobs")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (kind.as_str(), origin.as_str(), impact.as_str()),
+        ("character_location", "session_cleanup", "none")
+    );
+    assert_eq!(worker.stats().location_retries.load(Ordering::Relaxed), 1);
+}
