@@ -16,6 +16,13 @@ use super::{DurableDeadLetterEntry, DurableWorkQueueEntry, QueueError, WorkQueue
 use crate::telemetry;
 
 static SETTLE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/settle.lua")));
+static LEASE_BATCH: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/lease_batch.lua")));
+static ACK_BATCH: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/ack_batch.lua")));
+
+/// Most entries one batch lease takes.
+pub const MAX_LEASE_BATCH: usize = 512;
 
 /// Most undecodable entries one lease call dead-letters before giving up for now.
 const MAX_POISON_PER_LEASE: usize = 64;
@@ -182,6 +189,47 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
             }
         }
         Ok(None)
+    }
+
+    /// Leases up to `max` (at most 512) of the oldest pending entries in one round trip, oldest
+    /// first; undecodable ones are dead-lettered on the way.
+    pub async fn lease_batch(&mut self, max: usize) -> Result<Vec<Leased<T>>, QueueError> {
+        let raws: Vec<Vec<u8>> = LEASE_BATCH
+            .key(&self.queue.keys().pending)
+            .key(&self.processing)
+            .arg(max.clamp(1, MAX_LEASE_BATCH))
+            .invoke_async(&mut self.queue.redis().conn())
+            .await?;
+        let mut leased = Vec::with_capacity(raws.len());
+        for raw in raws {
+            if let Decoded::Entry(entry) = self.decode(Some(raw)).await? {
+                leased.push(entry);
+            }
+        }
+        Ok(leased)
+    }
+
+    /// Acks many entries in one round trip; one outcome each, in order.
+    pub async fn ack_batch(&self, leased: &[Leased<T>]) -> Result<Vec<AckOutcome>, QueueError> {
+        if leased.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut call = ACK_BATCH.prepare_invoke();
+        call.key(&self.processing);
+        for entry in leased {
+            call.arg(&entry.raw);
+        }
+        let flags: Vec<i64> = call.invoke_async(&mut self.queue.redis().conn()).await?;
+        Ok(flags
+            .into_iter()
+            .map(|f| {
+                if f == 1 {
+                    AckOutcome::Acked
+                } else {
+                    AckOutcome::Stale
+                }
+            })
+            .collect())
     }
 
     async fn decode(&self, raw: Option<Vec<u8>>) -> Result<Decoded<T>, QueueError> {

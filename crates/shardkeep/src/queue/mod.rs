@@ -29,7 +29,7 @@ use crate::keyspace::{KeyError, QueueKeys};
 use crate::telemetry;
 use crate::ttl::Ttl;
 
-pub use consumer::{AckOutcome, Consumer, FailOutcome, Leased};
+pub use consumer::{AckOutcome, Consumer, FailOutcome, Leased, MAX_LEASE_BATCH};
 pub use dead::{DeadLetterView, MAX_DEAD_LETTER_LIST};
 pub use recovery::RecoveryReport;
 
@@ -182,10 +182,19 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
             item,
         };
         let body = serde_json::to_vec(&entry).map_err(QueueError::Encode)?;
+        let Some(cap) = self.config.max_pending else {
+            // Uncapped: a bare LPUSH, no script needed.
+            let _: i64 = redis::cmd("LPUSH")
+                .arg(&self.keys.pending)
+                .arg(body)
+                .query_async(&mut self.redis.conn())
+                .await?;
+            return Ok(entry.entry_id);
+        };
         let len: i64 = APPEND
             .key(&self.keys.pending)
             .arg(body)
-            .arg(self.config.max_pending.unwrap_or(0))
+            .arg(cap)
             .invoke_async(&mut self.redis.conn())
             .await?;
         if len < 0 {

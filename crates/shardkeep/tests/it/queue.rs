@@ -361,3 +361,28 @@ async fn every_key_a_queue_script_touches_shares_one_slot() {
         "the depth script's prefix builds the same key"
     );
 }
+
+#[tokio::test]
+async fn batch_leases_take_the_oldest_and_batch_acks_report_each() {
+    let redis = TestRedis::new().await;
+    let queue = queue(&redis);
+    for n in 0..10 {
+        queue.append(job(n)).await.unwrap();
+    }
+    let mut consumer = queue.consumer().await.unwrap();
+    let batch = consumer.lease_batch(4).await.unwrap();
+    let ns: Vec<u32> = batch.iter().map(|l| l.entry.item.n).collect();
+    assert_eq!(ns, vec![0, 1, 2, 3]);
+    assert_eq!(queue.depths().await.unwrap().processing, 4);
+    assert_eq!(
+        consumer.ack_batch(&batch).await.unwrap(),
+        vec![AckOutcome::Acked; 4]
+    );
+    assert_eq!(
+        consumer.ack_batch(&batch[..1]).await.unwrap(),
+        vec![AckOutcome::Stale]
+    );
+    let rest = consumer.lease_batch(100).await.unwrap();
+    assert_eq!(rest.len(), 6);
+    assert!(consumer.lease_batch(100).await.unwrap().is_empty());
+}
