@@ -18,6 +18,7 @@
 //! - [`shard`] — the reference shard runtime: zones, players, cadences, sessions, landing.
 //! - [`telemetry`] — names of every metric shardkeep records.
 //! - [`ttl`] — the validated, strictly positive TTL type (pure).
+//! - [`audit`] — the append-only audit trail: auditor, account operations, read views.
 //! - [`backend`] — the Postgres pool and Redis connection, and the embedded migrations.
 //! - [`bench`] — benchmarks against raw engine rates and peers, run by `shardkeep bench`.
 //! - [`character`] — the durability ladder's tiers: Postgres store, Redis checkpoints, load.
@@ -25,6 +26,7 @@
 //! - [`coord`] — coordination primitives on Redis: handoffs, transfer markers, presence,
 //!   registry, throttles, nonces, resume ledger, admin cleanup.
 
+pub mod audit;
 pub mod backend;
 pub mod bench;
 pub mod character;

@@ -65,6 +65,13 @@ pub const QUEUE_DEAD_LETTERS_TOTAL: &str = "shardkeep_queue_dead_letters_total";
 /// Dead letters requeued, labelled `queue`.
 pub const QUEUE_REQUEUED_TOTAL: &str = "shardkeep_queue_requeued_total";
 
+/// Audit events waiting.
+pub const AUDIT_QUEUE_DEPTH: &str = "shardkeep_audit_queue_depth";
+/// Audit events dropped at enqueue.
+pub const AUDIT_DROPPED_TOTAL: &str = "shardkeep_audit_dropped_total";
+/// Events per audit batch.
+pub const AUDIT_BATCH_SIZE: &str = "shardkeep_audit_batch_size";
+
 /// Registers a description for every metric, for exporters that show them.
 pub fn describe() {
     use metrics::describe_counter;

@@ -325,6 +325,7 @@ async fn sustain(
         characters: Some(CharacterStore::new(env.pg.clone())),
         checkpoints: Some(CheckpointStore::new(env.redis.clone())),
         placement: None,
+        audit: None,
     };
     let shard_config = ShardConfig::new("bench", "zone-0");
     let pulse = crate::shard::PULSE;

@@ -85,6 +85,7 @@ pub fn apply_snapshot(
         chargen: snapshot.chargen.clone(),
         state_version: snapshot.state_version,
         owner_epoch: snapshot.owner_epoch,
+        dying: false,
     };
     // 3. gear
     let mut budget = LoadBudget::new(options.limits);

@@ -140,6 +140,9 @@ pub struct LiveCharacter {
     pub state_version: i64,
     /// Ownership fence of this copy.
     pub owner_epoch: i64,
+    /// Transient death latch: set when a death is recorded, cleared on respawn, so one death is
+    /// emitted once. Never persisted.
+    pub dying: bool,
 }
 
 impl LiveCharacter {

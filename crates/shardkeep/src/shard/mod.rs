@@ -8,8 +8,10 @@
 //! - [`landing`] — where a returning player lands (pure).
 //! - [`directory`] — which shard owns each zone now.
 //! - [`gate`] — which shard a login goes to, and its claim's epoch floor.
+//! - `actions` — item moves with transfer detection, deaths, advancement; audited.
 //! - `sessions` — login admission, handoff re-dial, resume, detach, logout, walks, shutdown.
 
+mod actions;
 pub mod directory;
 mod feedback;
 pub mod gate;
@@ -27,12 +29,14 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use crate::audit::{Auditor, AuditorConfig};
 use crate::character::{CharacterStore, CheckpointStore};
 use crate::game::world::{ZoneDef, run_resets};
 use crate::game::{Catalog, CharacterModel, LiveCharacter};
 use crate::placement::{PlacementRecord, PlacementStore, PlacementWriter};
 use crate::saver::{SaveReason, Saver, SaverConfig, SaverEvent};
 
+pub use actions::ActionError;
 pub use directory::ZoneDirectory;
 pub use landing::LandingCase;
 pub use residency::ResidencyIndex;
@@ -51,6 +55,8 @@ pub struct ShardStores {
     pub checkpoints: Option<CheckpointStore>,
     /// Redis placement records.
     pub placement: Option<PlacementStore>,
+    /// The audit trail (`None`: auditing disabled).
+    pub audit: Option<crate::audit::AuditStore>,
 }
 
 /// Tunables of one shard.
@@ -143,6 +149,8 @@ pub struct Shard {
     saver: Saver,
     placement: PlacementWriter,
     events: mpsc::Receiver<SaverEvent>,
+    auditor: Auditor,
+    persisted: bool,
     evictions: Vec<Eviction>,
     acknowledged: Vec<SaverEvent>,
     pulse: u64,
@@ -171,6 +179,11 @@ impl Shard {
     ) -> Self {
         let cancel = CancellationToken::new();
         let residency = ResidencyIndex::default();
+        let persisted = stores.characters.is_some();
+        let auditor = match stores.audit {
+            Some(store) => Auditor::spawn(store, AuditorConfig::default(), cancel.child_token()),
+            None => Auditor::disabled(),
+        };
         let (tx, events) = mpsc::channel(config.event_depth.max(1));
         let feedback = Arc::new(feedback::ShardFeedback {
             events: tx,
@@ -205,6 +218,8 @@ impl Shard {
             saver,
             placement,
             events,
+            auditor,
+            persisted,
             evictions: Vec::new(),
             acknowledged: Vec::new(),
             pulse: 0,
@@ -220,6 +235,11 @@ impl Shard {
     /// The saver handle.
     pub fn saver(&self) -> &Saver {
         &self.saver
+    }
+
+    /// The auditor.
+    pub fn auditor(&self) -> &Auditor {
+        &self.auditor
     }
 
     /// The residency index.

@@ -97,6 +97,8 @@ pub struct ShutdownReport {
     pub saver: BarrierOutcome,
     /// The placement writer's barrier.
     pub placement: BarrierOutcome,
+    /// The auditor's barrier.
+    pub auditor: BarrierOutcome,
 }
 
 impl Shard {
@@ -341,10 +343,12 @@ impl Shard {
         }
         let saver = self.saver.barrier(bound).await;
         let placement = self.placement.barrier(bound).await;
+        let auditor = self.auditor.barrier(bound).await;
         ShutdownReport {
             finalized,
             saver,
             placement,
+            auditor,
         }
     }
 }

@@ -445,6 +445,7 @@ async fn a_saturated_saver_drops_without_blocking_and_the_zone_keeps_ticking(poo
         )),
         checkpoints: None,
         placement: None,
+        audit: None,
     };
     let mut shard = boot_with(shard_stores, &stores, config, &[0], 1);
     for i in 0..20 {
@@ -486,6 +487,7 @@ async fn a_postgres_outage_during_a_flush_recovers_at_the_next_cadence(pool: PgP
         )),
         checkpoints: None,
         placement: None,
+        audit: None,
     };
     let mut shard = boot_with(shard_stores, &stores, config, &[0], 1);
     let id = stores.new_character("Aria").await;
@@ -544,6 +546,7 @@ async fn a_redis_outage_during_a_checkpoint_recovers_at_the_next_cadence(pool: P
         characters: Some(stores.characters.clone()),
         checkpoints: Some(shardkeep::character::CheckpointStore::new(proxied)),
         placement: None,
+        audit: None,
     };
     let mut shard = boot_with(shard_stores, &stores, config, &[0], 1);
     let id = stores.new_character("Aria").await;

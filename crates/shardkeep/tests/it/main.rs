@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod audit;
 mod bench_smoke;
 mod coord_cleanup;
 mod coord_handoff;

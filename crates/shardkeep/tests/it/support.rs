@@ -19,6 +19,7 @@ pub(crate) struct Stores {
     pub(crate) characters: CharacterStore,
     pub(crate) checkpoints: CheckpointStore,
     pub(crate) placement: PlacementStore,
+    pub(crate) audit: shardkeep::audit::AuditStore,
     pub(crate) directory: ZoneDirectory,
 }
 
@@ -28,6 +29,7 @@ impl Stores {
             characters: CharacterStore::new(PostgresBackend::from_pool(pool.clone())),
             checkpoints: CheckpointStore::new(redis.clone()),
             placement: PlacementStore::new(redis),
+            audit: shardkeep::audit::AuditStore::new(PostgresBackend::from_pool(pool.clone())),
             directory: ZoneDirectory::new(),
         }
     }
@@ -37,6 +39,7 @@ impl Stores {
             characters: Some(self.characters.clone()),
             checkpoints: Some(self.checkpoints.clone()),
             placement: Some(self.placement.clone()),
+            audit: Some(self.audit.clone()),
         }
     }
 

@@ -1,0 +1,319 @@
+//! Game actions of the reference model that matter to durability: moving items between players
+//! and the floor (with cross-character transfer detection), deaths, and permanent advancement —
+//! each recorded on the audit trail through the shard's auditor.
+//!
+//! Transfer detection: dropping an item or putting it in a floor container stamps a transient
+//! `Released` marker naming the releaser. When a *different* player of a persisted shard picks it
+//! up, an `item_transferred` event names the acquirer (subject) and the releaser (actor). Every
+//! pickup, and any mob or engine move, clears the marker, so it always names the most recent
+//! release. Bound items cannot be released at all.
+
+use serde_json::json;
+use uuid::Uuid;
+
+use super::Shard;
+use crate::audit::AuditEvent;
+use crate::game::items::{Item, Released};
+use crate::game::world::FloorItem;
+
+/// An action could not happen; nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ActionError {
+    /// The character is not on this shard.
+    #[error("character {0} is not on this shard")]
+    NotHere(Uuid),
+    /// No such item where the action looked.
+    #[error("no item {0} here")]
+    NoSuchItem(Uuid),
+    /// Bound items never leave their owner.
+    #[error("item {0} is bound to its owner")]
+    Bound(Uuid),
+    /// The target is not a container.
+    #[error("item {0} is not a container")]
+    NotAContainer(Uuid),
+}
+
+impl Shard {
+    /// Moves an item from the character's inventory to the floor of its room, stamping it as
+    /// released by the character.
+    pub fn drop_item(&mut self, character_id: Uuid, item_id: Uuid) -> Result<(), ActionError> {
+        let (zone, room) = self
+            .location(character_id)
+            .ok_or(ActionError::NotHere(character_id))?;
+        let item = self.release_from_inventory(character_id, item_id)?;
+        let zone = self
+            .zones
+            .get_mut(&zone)
+            .ok_or(ActionError::NotHere(character_id))?;
+        zone.entities.floor.push(FloorItem {
+            item,
+            room,
+            reset_op: None,
+        });
+        Ok(())
+    }
+
+    /// Moves an item from the character's inventory into a container on the floor of its room,
+    /// stamping it as released by the character.
+    pub fn put_item(
+        &mut self,
+        character_id: Uuid,
+        item_id: Uuid,
+        container_id: Uuid,
+    ) -> Result<(), ActionError> {
+        let (zone, room) = self
+            .location(character_id)
+            .ok_or(ActionError::NotHere(character_id))?;
+        let floor = &self
+            .zones
+            .get(&zone)
+            .ok_or(ActionError::NotHere(character_id))?
+            .entities
+            .floor;
+        let container = floor
+            .iter()
+            .find(|f| f.room == room && f.item.id == Some(container_id))
+            .ok_or(ActionError::NoSuchItem(container_id))?;
+        if !container.item.proto.container {
+            return Err(ActionError::NotAContainer(container_id));
+        }
+        let item = self.release_from_inventory(character_id, item_id)?;
+        let floor = &mut self
+            .zones
+            .get_mut(&zone)
+            .ok_or(ActionError::NotHere(character_id))?
+            .entities
+            .floor;
+        if let Some(container) = floor
+            .iter_mut()
+            .find(|f| f.room == room && f.item.id == Some(container_id))
+        {
+            container.item.contents.push(item);
+        }
+        Ok(())
+    }
+
+    fn release_from_inventory(
+        &mut self,
+        character_id: Uuid,
+        item_id: Uuid,
+    ) -> Result<Item, ActionError> {
+        let entry = self
+            .player_mut(character_id)
+            .ok_or(ActionError::NotHere(character_id))?;
+        let index = entry
+            .character
+            .inventory
+            .iter()
+            .position(|i| i.id == Some(item_id))
+            .ok_or(ActionError::NoSuchItem(item_id))?;
+        if entry.character.inventory[index].delta.bound {
+            return Err(ActionError::Bound(item_id));
+        }
+        let mut item = entry.character.inventory.remove(index);
+        item.released = Some(Released {
+            by: character_id,
+            by_name: entry.character.name.clone(),
+        });
+        Ok(item)
+    }
+
+    /// Picks an item up from the floor of the character's room.
+    pub fn get_item(
+        &mut self,
+        character_id: Uuid,
+        item_id: Uuid,
+    ) -> Result<Option<AuditEvent>, ActionError> {
+        let (zone, room) = self
+            .location(character_id)
+            .ok_or(ActionError::NotHere(character_id))?;
+        let floor = &mut self
+            .zones
+            .get_mut(&zone)
+            .ok_or(ActionError::NotHere(character_id))?
+            .entities
+            .floor;
+        let index = floor
+            .iter()
+            .position(|f| f.room == room && f.item.id == Some(item_id))
+            .ok_or(ActionError::NoSuchItem(item_id))?;
+        let item = floor.remove(index).item;
+        Ok(self.acquire(character_id, item, &zone, &room))
+    }
+
+    /// Takes an item out of a container on the floor of the character's room.
+    pub fn get_from_container(
+        &mut self,
+        character_id: Uuid,
+        container_id: Uuid,
+        item_id: Uuid,
+    ) -> Result<Option<AuditEvent>, ActionError> {
+        let (zone, room) = self
+            .location(character_id)
+            .ok_or(ActionError::NotHere(character_id))?;
+        let floor = &mut self
+            .zones
+            .get_mut(&zone)
+            .ok_or(ActionError::NotHere(character_id))?
+            .entities
+            .floor;
+        let container = floor
+            .iter_mut()
+            .find(|f| f.room == room && f.item.id == Some(container_id))
+            .ok_or(ActionError::NoSuchItem(container_id))?;
+        let index = container
+            .item
+            .contents
+            .iter()
+            .position(|i| i.id == Some(item_id))
+            .ok_or(ActionError::NoSuchItem(item_id))?;
+        let item = container.item.contents.remove(index);
+        Ok(self.acquire(character_id, item, &zone, &room))
+    }
+
+    /// Puts a picked-up item into the inventory: the marker is cleared, a bind-on-pickup item
+    /// binds, and a release by another player of a persisted shard is recorded as a transfer.
+    fn acquire(
+        &mut self,
+        character_id: Uuid,
+        mut item: Item,
+        zone: &str,
+        room: &str,
+    ) -> Option<AuditEvent> {
+        let released = item.released.take();
+        if item.proto.bind_on_pickup {
+            item.delta.bound = true;
+        }
+        let persisted = self.persisted;
+        let entry = self.player_mut(character_id)?;
+        let acquirer_name = entry.character.name.clone();
+        let event = match released {
+            Some(r) if r.by != character_id && persisted => Some(AuditEvent::item_transferred(
+                character_id,
+                r.by,
+                Uuid::now_v7(),
+                json!({
+                    "item_ref": item.proto.proto_ref,
+                    "item_id": item.id,
+                    "stack": item.delta.stack.max(1),
+                    "acquirer_name": acquirer_name,
+                    "releaser_name": r.by_name,
+                    "zone": zone,
+                    "room": room,
+                }),
+            )),
+            _ => None,
+        };
+        entry.character.inventory.push(item);
+        if let Some(event) = &event {
+            self.auditor.emit(event.clone());
+        }
+        event
+    }
+
+    /// A mob or the engine moves a floor item to another room of the zone: nothing is recorded,
+    /// and the release marker is cleared.
+    pub fn engine_move(
+        &mut self,
+        zone: &str,
+        item_id: Uuid,
+        to_room: &str,
+    ) -> Result<(), ActionError> {
+        let floor = &mut self
+            .zones
+            .get_mut(zone)
+            .ok_or(ActionError::NoSuchItem(item_id))?
+            .entities
+            .floor;
+        let item = floor
+            .iter_mut()
+            .find(|f| f.item.id == Some(item_id))
+            .ok_or(ActionError::NoSuchItem(item_id))?;
+        item.item.released = None;
+        item.room = to_room.to_owned();
+        Ok(())
+    }
+
+    /// The character dies. The death is recorded once (the latch holds until respawn), under a
+    /// fresh per-death id. Returns the event when one was emitted.
+    pub fn die(
+        &mut self,
+        character_id: Uuid,
+        killer: Option<Uuid>,
+    ) -> Result<Option<AuditEvent>, ActionError> {
+        let location = self.location(character_id);
+        let entry = self
+            .player_mut(character_id)
+            .ok_or(ActionError::NotHere(character_id))?;
+        if entry.character.dying {
+            return Ok(None);
+        }
+        entry.character.dying = true;
+        if let Some(hp) = entry.character.pools.get_mut("hp") {
+            hp.cur = 0;
+        }
+        let event = AuditEvent::died(
+            character_id,
+            Uuid::now_v7(),
+            killer,
+            json!({ "zone": location.as_ref().map(|l| &l.0), "room": location.as_ref().map(|l| &l.1) }),
+        );
+        self.auditor.emit(event.clone());
+        Ok(Some(event))
+    }
+
+    /// The character respawns: the latch clears and its pools refill.
+    pub fn respawn(&mut self, character_id: Uuid) -> Result<(), ActionError> {
+        let entry = self
+            .player_mut(character_id)
+            .ok_or(ActionError::NotHere(character_id))?;
+        entry.character.dying = false;
+        for pool in entry.character.pools.values_mut() {
+            pool.cur = pool.max;
+        }
+        Ok(())
+    }
+
+    /// A permanent base-attribute grant, recorded under the grant's durable key.
+    pub fn grant_attribute(
+        &mut self,
+        character_id: Uuid,
+        attribute: &str,
+        delta: i32,
+        grant_key: &str,
+    ) -> Result<AuditEvent, ActionError> {
+        let entry = self
+            .player_mut(character_id)
+            .ok_or(ActionError::NotHere(character_id))?;
+        let base = entry
+            .character
+            .base
+            .entry(attribute.to_owned())
+            .or_insert(crate::game::state::DEFAULT_ATTRIBUTE);
+        *base += delta;
+        entry.character.recompute();
+        let event = AuditEvent::attribute(
+            character_id,
+            grant_key,
+            json!({ "attribute": attribute, "delta": delta }),
+        );
+        self.auditor.emit(event.clone());
+        Ok(event)
+    }
+
+    /// One step on an advancement track.
+    pub fn advance_track(
+        &mut self,
+        character_id: Uuid,
+        track: &str,
+    ) -> Result<AuditEvent, ActionError> {
+        let entry = self
+            .player_mut(character_id)
+            .ok_or(ActionError::NotHere(character_id))?;
+        let step = entry.character.tracks.entry(track.to_owned()).or_insert(0);
+        *step += 1;
+        let event = AuditEvent::track(character_id, track, *step);
+        self.auditor.emit(event.clone());
+        Ok(event)
+    }
+}

@@ -1,0 +1,606 @@
+use std::time::Duration;
+
+use serde_json::json;
+use shardkeep::PostgresBackend;
+use shardkeep::audit::{
+    AccountStore, AuditEvent, AuditReadError, AuditReader, AuditStore, Auditor, AuditorConfig,
+    StaffReadLimit, Tier, Viewer,
+};
+use shardkeep::character::NewCharacter;
+use shardkeep::drain::BarrierOutcome;
+use shardkeep::game::Item;
+use shardkeep::shard::ActionError;
+use shardkeep_testkit::TestRedis;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::support::{Stores, boot, login};
+
+fn store(pool: &PgPool) -> AuditStore {
+    AuditStore::new(PostgresBackend::from_pool(pool.clone()))
+}
+
+async fn kinds(pool: &PgPool, subject: Uuid) -> Vec<String> {
+    sqlx::query_scalar("SELECT event_kind FROM character_audit WHERE subject_id = $1 ORDER BY seq")
+        .bind(subject)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_retried_enqueue_records_once(pool: PgPool) {
+    let auditor = Auditor::spawn(
+        store(&pool),
+        AuditorConfig::default(),
+        CancellationToken::new(),
+    );
+    let c = Uuid::now_v7();
+    let event = AuditEvent::track(c, "smithing", 1);
+    auditor.emit(event.clone());
+    auditor.emit(AuditEvent {
+        id: Uuid::now_v7(),
+        ..event
+    });
+    assert_eq!(
+        auditor.barrier(Duration::from_secs(5)).await,
+        BarrierOutcome::Drained
+    );
+    assert_eq!(kinds(&pool, c).await, vec!["track"]);
+    let stats = auditor.stats();
+    assert_eq!((stats.recorded, stats.duplicates), (1, 1));
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn one_poison_row_costs_only_itself(pool: PgPool) {
+    let auditor = Auditor::spawn(
+        store(&pool),
+        AuditorConfig::default(),
+        CancellationToken::new(),
+    );
+    let c = Uuid::now_v7();
+    for step in 1..=5 {
+        auditor.emit(AuditEvent::track(c, "mining", step));
+    }
+    let mut poison = AuditEvent::track(c, "mining", 99);
+    poison.dedup_key = String::new(); // violates the table's CHECK
+    auditor.emit(poison);
+    for step in 6..=9 {
+        auditor.emit(AuditEvent::track(c, "mining", step));
+    }
+    assert_eq!(
+        auditor.barrier(Duration::from_secs(5)).await,
+        BarrierOutcome::Drained
+    );
+    assert_eq!(kinds(&pool, c).await.len(), 9);
+    let stats = auditor.stats();
+    assert_eq!((stats.failed, stats.recorded), (1, 9));
+    assert!(stats.fallbacks >= 1);
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn shutdown_drains_every_queued_event(pool: PgPool) {
+    let auditor = Auditor::spawn(
+        store(&pool),
+        AuditorConfig::default(),
+        CancellationToken::new(),
+    );
+    let c = Uuid::now_v7();
+    let mut accepted = 0;
+    for n in 0..200 {
+        if auditor.emit(AuditEvent::died(c, Uuid::now_v7(), None, json!({ "n": n }))) {
+            accepted += 1;
+        }
+    }
+    assert_eq!(
+        auditor.barrier(Duration::from_secs(10)).await,
+        BarrierOutcome::Drained
+    );
+    assert_eq!(kinds(&pool, c).await.len(), accepted);
+    assert_eq!(accepted as u64 + auditor.stats().dropped, 200);
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn rows_of_one_batch_read_back_in_insertion_order(pool: PgPool) {
+    let audit = store(&pool);
+    let c = Uuid::now_v7();
+    let batch: Vec<AuditEvent> = (1..=10)
+        .map(|s| AuditEvent::track(c, "fishing", s))
+        .collect();
+    assert_eq!(audit.record(&batch).await.unwrap(), 10);
+    let page = audit.character_page(c, None, 4).await.unwrap();
+    let steps: Vec<i64> = page
+        .rows
+        .iter()
+        .map(|r| r.payload["step"].as_i64().unwrap())
+        .collect();
+    assert_eq!(
+        steps,
+        vec![10, 9, 8, 7],
+        "one transaction's now(): seq decides"
+    );
+    let next = audit.character_page(c, page.next, 4).await.unwrap();
+    let steps: Vec<i64> = next
+        .rows
+        .iter()
+        .map(|r| r.payload["step"].as_i64().unwrap())
+        .collect();
+    assert_eq!(steps, vec![6, 5, 4, 3]);
+    assert_eq!(
+        audit
+            .character_page(c, None, 10_000)
+            .await
+            .unwrap()
+            .rows
+            .len(),
+        10,
+        "limit clamps"
+    );
+    assert_eq!(
+        audit.character_page(c, None, -3).await.unwrap().rows.len(),
+        1
+    );
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn two_deaths_in_separate_sessions_are_both_recorded(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let stores = Stores::new(&pool, redis.backend());
+    let id = stores.new_character("Aria").await;
+    let mut shard = boot(&stores, "shard-a", &[0], 1);
+    login(&stores, &mut shard, id, "s1").await;
+    assert!(shard.die(id, None).unwrap().is_some());
+    assert!(
+        shard.die(id, None).unwrap().is_none(),
+        "the latch holds until respawn"
+    );
+    shard.logout(id).unwrap();
+    assert_eq!(
+        shard.saver().barrier(Duration::from_secs(5)).await,
+        BarrierOutcome::Drained
+    );
+    login(&stores, &mut shard, id, "s2").await;
+    assert!(
+        shard.die(id, None).unwrap().is_some(),
+        "a fresh session starts unlatched"
+    );
+    shard.respawn(id).unwrap();
+    assert!(shard.die(id, None).unwrap().is_some());
+    assert_eq!(
+        shard.auditor().barrier(Duration::from_secs(5)).await,
+        BarrierOutcome::Drained
+    );
+    assert_eq!(kinds(&pool, id).await, vec!["died", "died", "died"]);
+}
+
+async fn account_with_character(accounts: &AccountStore, name: &str) -> (Uuid, Uuid) {
+    let account = Uuid::now_v7();
+    accounts
+        .create_account(account, Tier::Player)
+        .await
+        .unwrap();
+    let character = Uuid::now_v7();
+    accounts
+        .create_character(
+            &NewCharacter {
+                character_id: character,
+                account_id: account,
+                name: name.into(),
+                zone_ref: None,
+                room_ref: None,
+                state: json!({}),
+                chargen: None,
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    (account, character)
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn account_changes_are_recorded_in_the_same_transaction(pool: PgPool) {
+    let accounts = AccountStore::new(PostgresBackend::from_pool(pool.clone()));
+    let (account, character) = account_with_character(&accounts, "Aria").await;
+    assert_eq!(kinds(&pool, account).await, vec!["created"]);
+    assert_eq!(kinds(&pool, character).await, vec!["created"]);
+    let change = accounts
+        .change_tier(account, Tier::Moderator, None)
+        .await
+        .unwrap();
+    let key: String = sqlx::query_scalar(
+        "SELECT dedup_key FROM character_audit WHERE event_kind = 'tier_changed'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(key, change.to_string(), "keyed by the role-change row");
+    let tier: String = sqlx::query_scalar("SELECT tier FROM accounts WHERE id = $1")
+        .bind(account)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(tier, "moderator");
+    // A failed change writes neither the change nor its audit row.
+    assert!(
+        accounts
+            .change_tier(Uuid::now_v7(), Tier::Admin, None)
+            .await
+            .is_err()
+    );
+    let count: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM character_audit WHERE event_kind = 'tier_changed'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(count, 1);
+    // A taken name rolls back the character and its audit row together.
+    let err = accounts
+        .create_character(
+            &NewCharacter {
+                character_id: Uuid::now_v7(),
+                account_id: account,
+                name: "ARIA".into(),
+                zone_ref: None,
+                room_ref: None,
+                state: json!({}),
+                chargen: None,
+            },
+            None,
+        )
+        .await;
+    assert!(err.is_err());
+    let created: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM character_audit WHERE event_kind = 'created'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(created, 2);
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn the_staff_view_folds_in_only_the_owning_accounts_tier_changes(pool: PgPool) {
+    let accounts = AccountStore::new(PostgresBackend::from_pool(pool.clone()));
+    let (a, a_char) = account_with_character(&accounts, "Aria").await;
+    let (b, _) = account_with_character(&accounts, "Bran").await;
+    accounts
+        .change_tier(a, Tier::Moderator, None)
+        .await
+        .unwrap();
+    accounts.change_tier(b, Tier::Admin, None).await.unwrap();
+    store(&pool)
+        .record(&[AuditEvent::track(a_char, "smithing", 1)])
+        .await
+        .unwrap();
+    let reader = AuditReader::new(store(&pool), StaffReadLimit::default());
+    let staff = Viewer {
+        account_id: Uuid::now_v7(),
+        tier: Tier::Admin,
+    };
+    let page = reader.staff_view(staff, "aria", None, 50).await.unwrap();
+    let subjects: Vec<(Uuid, String)> = page
+        .rows
+        .iter()
+        .map(|r| (r.subject_id, r.event_kind.clone()))
+        .collect();
+    assert_eq!(
+        subjects,
+        vec![
+            (a_char, "track".to_string()),
+            (a, "tier_changed".to_string()),
+            (a_char, "created".to_string())
+        ]
+    );
+    assert!(
+        page.rows.iter().all(|r| r.subject_id != b),
+        "nothing of another account"
+    );
+    // The self view never includes account rows.
+    let own = reader.self_view(a_char, None, 50).await.unwrap();
+    assert!(own.rows.iter().all(|r| r.subject_type == "character"));
+    assert!(matches!(
+        reader.staff_view(staff, "nobody", None, 10).await,
+        Err(AuditReadError::NotFound(_))
+    ));
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn non_staff_are_refused_before_any_store_call(pool: PgPool) {
+    let closed = store(&pool);
+    pool.close().await;
+    let reader = AuditReader::new(closed, StaffReadLimit::default());
+    let player = Viewer {
+        account_id: Uuid::now_v7(),
+        tier: Tier::Player,
+    };
+    assert!(matches!(
+        reader.staff_view(player, "aria", None, 10).await,
+        Err(AuditReadError::Forbidden)
+    ));
+    // The same call by staff does reach the (closed) store: the refusal came first.
+    let staff = Viewer {
+        account_id: Uuid::now_v7(),
+        tier: Tier::Moderator,
+    };
+    assert!(matches!(
+        reader.staff_view(staff, "aria", None, 10).await,
+        Err(AuditReadError::Database(_))
+    ));
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn staff_reads_are_rate_limited(pool: PgPool) {
+    let accounts = AccountStore::new(PostgresBackend::from_pool(pool.clone()));
+    account_with_character(&accounts, "Aria").await;
+    let reader = AuditReader::new(
+        store(&pool),
+        StaffReadLimit::new(2, Duration::from_secs(60)),
+    );
+    let staff = Viewer {
+        account_id: Uuid::now_v7(),
+        tier: Tier::Admin,
+    };
+    reader.staff_view(staff, "Aria", None, 10).await.unwrap();
+    reader.staff_view(staff, "Aria", None, 10).await.unwrap();
+    assert!(matches!(
+        reader.staff_view(staff, "Aria", None, 10).await,
+        Err(AuditReadError::RateLimited { .. })
+    ));
+}
+
+struct Room {
+    stores: Stores,
+    shard: shardkeep::shard::Shard,
+    a: Uuid,
+    b: Uuid,
+    _redis: TestRedis,
+}
+
+async fn two_players(pool: &PgPool) -> Room {
+    let redis = TestRedis::new().await;
+    let stores = Stores::new(pool, redis.backend());
+    let a = stores.new_character("Aria").await;
+    let b = stores.new_character("Bran").await;
+    let mut shard = boot(&stores, "shard-a", &[0], 1);
+    login(&stores, &mut shard, a, "sa").await;
+    login(&stores, &mut shard, b, "sb").await;
+    Room {
+        stores,
+        shard,
+        a,
+        b,
+        _redis: redis,
+    }
+}
+
+fn gem(shard: &mut shardkeep::shard::Shard, owner: Uuid) -> Uuid {
+    let proto = shard.catalog().get("gem").unwrap().clone();
+    let item = Item::spawn(&proto);
+    let id = item.id.unwrap();
+    shard
+        .player_mut(owner)
+        .unwrap()
+        .character
+        .inventory
+        .push(item);
+    id
+}
+
+async fn transfers(pool: &PgPool) -> Vec<(Uuid, Option<Uuid>, serde_json::Value)> {
+    sqlx::query_as("SELECT subject_id, actor_id, payload FROM character_audit WHERE event_kind = 'item_transferred' ORDER BY seq")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn drop_then_get_by_another_player_is_a_transfer(pool: PgPool) {
+    let Room {
+        mut shard, a, b, ..
+    } = two_players(&pool).await;
+    let item = gem(&mut shard, a);
+    shard.drop_item(a, item).unwrap();
+    let event = shard.get_item(b, item).unwrap().expect("a transfer");
+    assert_eq!((event.subject_id, event.actor_id), (b, Some(a)));
+    shard.auditor().barrier(Duration::from_secs(5)).await;
+    let rows = transfers(&pool).await;
+    assert_eq!(rows.len(), 1);
+    let (subject, actor, payload) = &rows[0];
+    assert_eq!((*subject, *actor), (b, Some(a)));
+    assert_eq!(payload["item_ref"], "gem");
+    assert_eq!(payload["item_id"], json!(item));
+    assert_eq!(payload["stack"], 1);
+    assert_eq!(
+        (
+            payload["acquirer_name"].clone(),
+            payload["releaser_name"].clone()
+        ),
+        (json!("Bran"), json!("Aria"))
+    );
+    assert_eq!(payload["room"], "r0");
+    assert!(
+        shard
+            .player(b)
+            .unwrap()
+            .character
+            .inventory
+            .iter()
+            .any(|i| i.id == Some(item))
+    );
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn put_then_get_from_a_container_is_a_transfer(pool: PgPool) {
+    let Room {
+        mut shard, a, b, ..
+    } = two_players(&pool).await;
+    // Both walk to the chest the zone spawned in r2.
+    shard.walk(a, "north").unwrap();
+    shard.walk(a, "north").unwrap();
+    shard.walk(b, "north").unwrap();
+    shard.walk(b, "north").unwrap();
+    let chest = shard
+        .zones()
+        .next()
+        .unwrap()
+        .entities
+        .floor
+        .iter()
+        .find(|f| f.item.proto.proto_ref == "chest")
+        .unwrap()
+        .item
+        .id
+        .unwrap();
+    let item = gem(&mut shard, a);
+    shard.put_item(a, item, chest).unwrap();
+    let event = shard
+        .get_from_container(b, chest, item)
+        .unwrap()
+        .expect("a transfer");
+    assert_eq!((event.subject_id, event.actor_id), (b, Some(a)));
+    assert_eq!(event.payload["room"], "r2");
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn self_pickups_reset_spawns_and_engine_moves_record_nothing(pool: PgPool) {
+    let Room {
+        mut shard, a, b, ..
+    } = two_players(&pool).await;
+    // Self-pickup.
+    let item = gem(&mut shard, a);
+    shard.drop_item(a, item).unwrap();
+    assert!(shard.get_item(a, item).unwrap().is_none());
+    // A floor item no player released (the zone's ore in r3).
+    shard.walk(b, "south").unwrap();
+    let ore = shard
+        .zones()
+        .next()
+        .unwrap()
+        .entities
+        .floor
+        .iter()
+        .find(|f| f.item.proto.proto_ref == "ore")
+        .unwrap()
+        .item
+        .id
+        .unwrap();
+    assert!(shard.get_item(b, ore).unwrap().is_none());
+    // Released by A, then moved by the engine into B's room: the marker is gone.
+    let other = gem(&mut shard, a);
+    shard.drop_item(a, other).unwrap();
+    shard.engine_move("zone-0", other, "r3").unwrap();
+    assert!(shard.get_item(b, other).unwrap().is_none());
+    shard.auditor().barrier(Duration::from_secs(5)).await;
+    assert!(transfers(&pool).await.is_empty());
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn the_marker_names_the_most_recent_release(pool: PgPool) {
+    let Room {
+        mut shard,
+        a,
+        b,
+        stores,
+        ..
+    } = two_players(&pool).await;
+    let c = stores.new_character("Cade").await;
+    login(&stores, &mut shard, c, "sc").await;
+    let item = gem(&mut shard, a);
+    shard.drop_item(a, item).unwrap();
+    assert_eq!(shard.get_item(b, item).unwrap().unwrap().actor_id, Some(a));
+    shard.drop_item(b, item).unwrap();
+    assert_eq!(
+        shard.get_item(c, item).unwrap().unwrap().actor_id,
+        Some(b),
+        "pickup cleared A's marker"
+    );
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn bound_items_cannot_cross_owners(pool: PgPool) {
+    let Room { mut shard, a, .. } = two_players(&pool).await;
+    let proto = shard.catalog().get("amulet").unwrap().clone();
+    let amulet = Item::spawn(&proto);
+    let id = amulet.id.unwrap();
+    shard
+        .player_mut(a)
+        .unwrap()
+        .character
+        .inventory
+        .push(amulet.clone());
+    // Bind on pickup: A drops its unbound amulet and picks it up again.
+    shard.drop_item(a, id).unwrap();
+    shard.get_item(a, id).unwrap();
+    assert_eq!(shard.drop_item(a, id), Err(ActionError::Bound(id)));
+    assert!(
+        shard
+            .player(a)
+            .unwrap()
+            .character
+            .inventory
+            .iter()
+            .any(|i| i.id == Some(id))
+    );
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_storeless_shard_records_nothing_and_still_works(pool: PgPool) {
+    use shardkeep::character::{CharacterSnapshot, LoadSource, LoadedCharacter};
+    use shardkeep::game::{Catalog, reference_world};
+    use shardkeep::shard::{Arrival, Shard, ShardConfig, ShardStores, ZoneDirectory};
+    use std::sync::Arc;
+    let mut shard = Shard::boot(
+        ShardConfig::new("bare", "zone-0"),
+        reference_world(1),
+        Arc::new(Catalog::reference()),
+        ShardStores::default(),
+        ZoneDirectory::new(),
+    );
+    let mut ids = Vec::new();
+    for name in ["Eph", "Emer"] {
+        let id = Uuid::now_v7();
+        let snapshot = CharacterSnapshot {
+            character_id: id,
+            account_id: Uuid::nil(),
+            name: name.into(),
+            zone_ref: None,
+            room_ref: None,
+            state: json!({}),
+            chargen: None,
+            state_version: 0,
+            owner_epoch: 0,
+        };
+        shard
+            .admit(
+                LoadedCharacter {
+                    snapshot,
+                    source: LoadSource::Row,
+                    brand_new: true,
+                },
+                Arrival::Login {
+                    session_token: name.into(),
+                },
+            )
+            .unwrap();
+        ids.push(id);
+    }
+    let item = gem(&mut shard, ids[0]);
+    shard.drop_item(ids[0], item).unwrap();
+    assert!(
+        shard.get_item(ids[1], item).unwrap().is_none(),
+        "ephemeral players record nothing"
+    );
+    assert!(shard.die(ids[0], None).unwrap().is_some());
+    assert_eq!(shard.auditor().stats(), Default::default());
+    assert_eq!(
+        shard.auditor().barrier(Duration::from_secs(1)).await,
+        BarrierOutcome::Drained
+    );
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM character_audit")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+}
