@@ -62,6 +62,25 @@ pub(crate) enum BenchCommand {
     /// The durability ladder: batched and single CAS saves against raw UPDATEs, checkpoints
     /// against raw SETs, and the online characters one saver sustains.
     Ladder(LadderBenchArgs),
+    /// A death storm through the audit trail: the batched auditor against one INSERT per event,
+    /// and what each drops against a store slowed by a proxy.
+    Audit(AuditBenchArgs),
+}
+
+/// Options of `shardkeep bench audit`.
+#[derive(Debug, Args)]
+pub(crate) struct AuditBenchArgs {
+    /// Events in each throughput step.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(100..=1_000_000))]
+    pub(crate) events: u32,
+
+    /// Deaths arriving within one second against the slowed store.
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u32).range(10..=100_000))]
+    pub(crate) burst: u32,
+
+    /// Milliseconds the proxy adds to every chunk, each way.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=5_000))]
+    pub(crate) slowdown_ms: u64,
 }
 
 /// Options of `shardkeep bench ladder`.

@@ -139,6 +139,9 @@ fn malformed_bench_arguments_are_rejected() {
         &["bench", "ladder", "--batch", "0"],
         &["bench", "ladder", "--seconds", "-1"],
         &["bench", "nothing"],
+        &["bench", "audit", "--events", "5"],
+        &["bench", "audit", "--slowdown-ms", "0"],
+        &["bench", "audit", "--burst", "many"],
     ] {
         let out = shardkeep(args, &[("DATABASE_URL", "postgres://x@127.0.0.1:1/x")]);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));

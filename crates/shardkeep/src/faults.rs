@@ -19,6 +19,8 @@ pub enum ProxyMode {
     Stall,
     /// Close every connection and refuse new ones.
     Cut,
+    /// Forward everything, each chunk held this long first (a slow store).
+    Delay(std::time::Duration),
 }
 
 /// A running fault proxy. Dropping it stops it.
@@ -101,7 +103,7 @@ async fn accept_loop(
 async fn until_passing(mode: &mut watch::Receiver<ProxyMode>) -> bool {
     loop {
         match *mode.borrow_and_update() {
-            ProxyMode::Pass => return true,
+            ProxyMode::Pass | ProxyMode::Delay(_) => return true,
             ProxyMode::Cut => return false,
             ProxyMode::Stall => {}
         }
@@ -133,6 +135,13 @@ async fn pipe(
                 continue;
             }
         };
+        let delay = match *mode.borrow() {
+            ProxyMode::Delay(delay) => Some(delay),
+            _ => None,
+        };
+        if let Some(delay) = delay {
+            tokio::time::sleep(delay).await;
+        }
         // Bytes read while passing are held, not lost, if a stall begins now.
         if !until_passing(&mut mode).await || to.write_all(&buf[..n]).await.is_err() {
             return;

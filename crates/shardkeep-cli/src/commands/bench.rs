@@ -8,7 +8,7 @@ use anyhow::anyhow;
 use shardkeep::bench::BenchEnv;
 use shardkeep::bench::ladder::{self, LadderBenchConfig};
 
-use crate::cli::{BenchArgs, BenchCommand, LadderBenchArgs};
+use crate::cli::{AuditBenchArgs, BenchArgs, BenchCommand, LadderBenchArgs};
 
 /// Runs the chosen benchmark.
 pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
@@ -21,6 +21,7 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     let env = BenchEnv::setup(database_url, redis_url).await?;
     let result = match &args.which {
         BenchCommand::Ladder(ladder) => run_ladder(&env, ladder).await,
+        BenchCommand::Audit(audit) => run_audit(&env, database_url, audit).await,
     };
     env.teardown().await;
     result
@@ -118,5 +119,41 @@ async fn run_ladder(env: &BenchEnv, args: &LadderBenchArgs) -> anyhow::Result<Ex
             }
         );
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run_audit(
+    env: &BenchEnv,
+    database_url: &str,
+    args: &AuditBenchArgs,
+) -> anyhow::Result<ExitCode> {
+    let config = shardkeep::bench::audit::AuditBenchConfig {
+        events: args.events as usize,
+        burst: args.burst as usize,
+        slowdown: Duration::from_millis(args.slowdown_ms),
+    };
+    println!(
+        "bench audit: {} deaths per throughput step; a burst of {} deaths in 1 s against a store slowed by {} ms each way",
+        config.events, config.burst, args.slowdown_ms
+    );
+    let r = shardkeep::bench::audit::run(env, database_url, config)
+        .await
+        .map_err(|e| anyhow!(e))?;
+    println!(
+        "auditor, batched (64 per round trip)  {}",
+        per_second(r.batched)
+    );
+    println!(
+        "one INSERT per event                  {}",
+        per_second(r.single_row)
+    );
+    println!(
+        "ratio: batched auditor / one INSERT per event = {:.1}x (goal >= 10x)",
+        r.batched / r.single_row
+    );
+    println!(
+        "slowed store: batched auditor dropped {} of {}; one-row auditor dropped {} of {}",
+        r.batched_dropped, r.burst, r.single_row_dropped, r.burst
+    );
     Ok(ExitCode::SUCCESS)
 }

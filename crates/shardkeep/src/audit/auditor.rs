@@ -192,6 +192,11 @@ impl Auditor {
         }
     }
 
+    /// Events waiting.
+    pub fn depth(&self) -> usize {
+        self.inner.as_ref().map_or(0, |(queue, _)| queue.depth())
+    }
+
     /// Counters since start (zero for a disabled auditor).
     pub fn stats(&self) -> AuditorStats {
         let Some((_, c)) = &self.inner else {

@@ -58,3 +58,23 @@ async fn the_ladder_bench_runs_every_step_and_cleans_up() {
         .unwrap();
     assert!(left.is_empty(), "teardown leaves no keys");
 }
+
+#[tokio::test]
+async fn the_audit_bench_runs_every_step() {
+    let env = env().await;
+    let database_url = std::env::var("DATABASE_URL").unwrap();
+    let report = shardkeep::bench::audit::run(
+        &env,
+        &database_url,
+        shardkeep::bench::audit::AuditBenchConfig {
+            events: 300,
+            burst: 100,
+            slowdown: Duration::from_millis(2),
+        },
+    )
+    .await
+    .unwrap();
+    assert!(report.batched > 0.0 && report.single_row > 0.0);
+    assert!(report.batched_dropped <= 100 && report.single_row_dropped <= 100);
+    env.teardown().await;
+}
