@@ -40,6 +40,137 @@ pub(crate) enum Command {
     Migrate(MigrateArgs),
     /// Measure shardkeep against raw engine rates and peers, in a scratch database and namespace.
     Bench(BenchArgs),
+    /// Run the workers (retry jobs, session journal, reconciliation) and the operator API,
+    /// console and metrics on one address, until SIGINT or SIGTERM.
+    Serve(ServeArgs),
+    /// List or requeue dead letters through the signed internal API.
+    DeadLetters(DeadLettersArgs),
+    /// Run an admin cleanup of Redis (presence, handoff, registry) through the signed API.
+    Cleanup(CleanupArgs),
+}
+
+/// Options of `shardkeep serve`.
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    pub(crate) postgres: PostgresArgs,
+
+    #[command(flatten)]
+    pub(crate) redis: RedisArgs,
+
+    /// Address of the HTTP server.
+    #[arg(long, env = "SHARDKEEP_LISTEN", default_value = "127.0.0.1:7400")]
+    pub(crate) listen: std::net::SocketAddr,
+
+    /// Signing keys, comma-separated key_id:secret pairs (several at once, for rotation).
+    #[arg(long, env = "SHARDKEEP_INTERNAL_KEYS", hide_env_values = true)]
+    pub(crate) internal_keys: Option<String>,
+
+    /// Accepted clock skew of signed requests, in seconds (±).
+    #[arg(long, env = "SHARDKEEP_SKEW_SECONDS", default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..=86_400))]
+    pub(crate) skew_seconds: u32,
+
+    /// Password of the operator console (unset: the console is disabled).
+    #[arg(long, env = "SHARDKEEP_CONSOLE_PASSWORD", hide_env_values = true)]
+    pub(crate) console_password: Option<String>,
+
+    /// Base of the retry backoff, in milliseconds.
+    #[arg(long, env = "PERSISTENCE_RETRY_BACKOFF_MILLIS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    pub(crate) retry_backoff_millis: u64,
+
+    /// Attempts before a retry job or journal entry is dead-lettered.
+    #[arg(long, env = "SHARDKEEP_RETRY_LIMIT", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub(crate) retry_limit: u32,
+
+    /// Seconds between reconciliation passes (transfer markers, presence, registry).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub(crate) reconcile_seconds: u64,
+}
+
+/// Where the signed API is, and the key to sign with.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ApiClientArgs {
+    /// Base URL of `shardkeep serve`.
+    #[arg(
+        long,
+        env = "SHARDKEEP_API_URL",
+        default_value = "http://127.0.0.1:7400"
+    )]
+    pub(crate) api_url: String,
+
+    /// Signing keys, as for `serve`; the client signs with --key-id, or the first key.
+    #[arg(long, env = "SHARDKEEP_INTERNAL_KEYS", hide_env_values = true)]
+    pub(crate) internal_keys: Option<String>,
+
+    /// Which key to sign with.
+    #[arg(long)]
+    pub(crate) key_id: Option<String>,
+}
+
+/// Which dead letters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum DeadLetterKind {
+    /// Persistence retry jobs (Postgres).
+    Retry,
+    /// Session lifecycle journal entries (Redis).
+    Journal,
+}
+
+/// Options of `shardkeep dead-letters`.
+#[derive(Debug, Args)]
+pub(crate) struct DeadLettersArgs {
+    #[command(flatten)]
+    pub(crate) api: ApiClientArgs,
+
+    #[command(subcommand)]
+    pub(crate) action: DeadLettersAction,
+}
+
+/// What to do with dead letters.
+#[derive(Debug, Subcommand)]
+pub(crate) enum DeadLettersAction {
+    /// List the newest dead letters and the queue counts.
+    List {
+        /// Which queue.
+        #[arg(long, value_enum)]
+        kind: DeadLetterKind,
+        /// How many (1 to 500).
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=500))]
+        limit: u32,
+    },
+    /// Requeue one dead letter as fresh work.
+    Requeue {
+        /// Which queue.
+        #[arg(long, value_enum)]
+        kind: DeadLetterKind,
+        /// The dead letter's id.
+        #[arg(long)]
+        id: uuid::Uuid,
+    },
+}
+
+/// Options of `shardkeep cleanup`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("mode").required(true).args(["dry_run", "delete"])))]
+pub(crate) struct CleanupArgs {
+    #[command(flatten)]
+    pub(crate) api: ApiClientArgs,
+
+    /// The cleanup target (presence, handoff, registry).
+    #[arg(long)]
+    pub(crate) target: String,
+
+    /// Only count matching keys.
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+
+    /// Delete matching keys, in bounded calls until done.
+    #[arg(long)]
+    pub(crate) delete: bool,
+
+    /// Keys deleted per call (1 to 10,000).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(crate) batch: u32,
 }
 
 /// Options of `shardkeep bench`.

@@ -2,6 +2,8 @@
 
 mod bench;
 mod migrate;
+mod ops;
+mod serve;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -17,6 +19,9 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
     match command {
         Command::Migrate(args) => migrate::run(&args).await,
         Command::Bench(args) => bench::run(&args).await,
+        Command::Serve(args) => serve::run(args).await,
+        Command::DeadLetters(args) => ops::dead_letters(&args).await,
+        Command::Cleanup(args) => ops::cleanup(&args).await,
     }
 }
 
@@ -44,7 +49,6 @@ pub(crate) async fn connect_postgres(
 }
 
 /// Connects to Redis, or fails with one line naming REDIS_URL and what was tried.
-#[allow(dead_code)]
 pub(crate) async fn connect_redis(args: &RedisArgs) -> anyhow::Result<RedisBackend> {
     let url = args
         .redis_url

@@ -107,6 +107,11 @@ impl Coordination {
         &self.config
     }
 
+    /// Checks that Redis answers.
+    pub async fn ping(&self) -> Result<(), CoordError> {
+        Ok(self.redis.ping().await?)
+    }
+
     fn conn(&self) -> redis::aio::ConnectionManager {
         self.redis.conn()
     }

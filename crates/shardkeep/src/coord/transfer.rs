@@ -56,6 +56,50 @@ impl Coordination {
         raw.map(|raw| decode(&key, &raw)).transpose()
     }
 
+    /// Reconciliation as a game server runs it: a token is live while its handoff has not been
+    /// consumed, so markers of completed transfers are removed. Examines at most `max_examined`
+    /// markers.
+    pub async fn transfer_markers_reconcile_consumed(
+        &self,
+        max_examined: usize,
+    ) -> Result<TransferReconcile, CoordError> {
+        let pattern = self.keys().transfer_activated_pattern();
+        let mut conn = self.conn();
+        let mut tokens = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(self.config().scan_count)
+                .query_async(&mut conn)
+                .await?;
+            tokens.extend(keys.iter().filter_map(|k| self.keys().transfer_token_of(k)));
+            cursor = next;
+            if cursor == 0 || tokens.len() >= max_examined {
+                break;
+            }
+        }
+        let mut live = HashSet::new();
+        for chunk in tokens.chunks(256) {
+            let mut pipe = redis::pipe();
+            for token in chunk {
+                pipe.exists(self.keys().handoff_consumed(token)?);
+            }
+            let consumed: Vec<bool> = pipe.query_async(&mut conn).await?;
+            live.extend(
+                chunk
+                    .iter()
+                    .zip(consumed)
+                    .filter(|(_, c)| !c)
+                    .map(|(t, _)| t.clone()),
+            );
+        }
+        self.transfer_markers_reconcile(&live, max_examined).await
+    }
+
     /// Removes every marker whose token is not in `live_pending`, walking the family with a
     /// bounded SCAN that examines at most `max_examined` keys.
     pub async fn transfer_markers_reconcile(

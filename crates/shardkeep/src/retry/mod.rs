@@ -36,7 +36,8 @@ pub use job::{IdempotencyEnvelope, InvalidJob, PersistenceRetryJob, PersistenceR
 pub use policy::{Origin, SessionImpact, session_impact};
 pub use settle::JobOutcome;
 pub use store::{
-    DeadLetterInspection, DeadLetterSummary, MAX_INSPECT_LIMIT, RequeueError, RequeueOutcome,
+    DeadLetterDetail, DeadLetterInspection, DeadLetterSummary, MAX_INSPECT_LIMIT, RequeueError,
+    RequeueOutcome,
 };
 pub use worker::{ClaimedBatch, RetryStats, RetryWorker, RetryWorkerConfig};
 
@@ -130,6 +131,15 @@ impl RetryQueue {
         limit: i64,
     ) -> Result<DeadLetterInspection, RetryError> {
         Ok(store::inspect(&self.pg, limit).await?)
+    }
+
+    /// One active dead letter with its payload, and whether a transfer activation it carries is
+    /// already recorded (what an operator checks before a requeue).
+    pub async fn dead_letter_detail(
+        &self,
+        dead_letter_id: Uuid,
+    ) -> Result<Option<DeadLetterDetail>, RetryError> {
+        Ok(store::detail(&self.pg, dead_letter_id).await?)
     }
 
     /// Restores an active dead letter as a fresh job (new id, no attempts) and signals the

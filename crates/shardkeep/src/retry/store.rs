@@ -173,6 +173,62 @@ pub(crate) async fn inspect(
     })
 }
 
+/// One active dead letter with its saved payload.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeadLetterDetail {
+    /// The summary operators see.
+    pub summary: DeadLetterSummary,
+    /// The saved payload (raw JSON; it may not decode).
+    pub payload: serde_json::Value,
+    /// Whether a transfer activation in the payload is already recorded.
+    pub transfer_already_recorded: bool,
+}
+
+/// The active dead letter `dead_letter_id`, with its payload.
+pub(crate) async fn detail(
+    pg: &PostgresBackend,
+    dead_letter_id: Uuid,
+) -> Result<Option<DeadLetterDetail>, sqlx::Error> {
+    #[derive(sqlx::FromRow)]
+    struct DetailRow {
+        #[sqlx(flatten)]
+        summary: DeadLetterSummary,
+        payload: serde_json::Value,
+    }
+    let row: Option<DetailRow> = sqlx::query_as(
+        "SELECT dead_letter_id, retry_job_id, job_kind, character_id, realm_id, zone_id, failed_attempts,
+                last_error AS error, failed_at, session_token, source, session_impact, payload
+           FROM persistence_job_dead_letters
+          WHERE dead_letter_id = $1 AND requeued_at IS NULL",
+    )
+    .bind(dead_letter_id)
+    .fetch_optional(pg.pool())
+    .await?;
+    let Some(DetailRow { summary, payload }) = row else {
+        return Ok(None);
+    };
+    let transfer_token = payload
+        .get("transfer_token")
+        .and_then(|t| t.as_str())
+        .map(str::to_owned);
+    let transfer_already_recorded = match transfer_token {
+        Some(token) => {
+            sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM transfer_activations WHERE transfer_token = $1)",
+            )
+            .bind(token)
+            .fetch_one(pg.pool())
+            .await?
+        }
+        None => false,
+    };
+    Ok(Some(DeadLetterDetail {
+        summary,
+        payload,
+        transfer_already_recorded,
+    }))
+}
+
 /// How a requeue ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequeueOutcome {

@@ -375,3 +375,37 @@ async fn reconcile_removes_markers_without_a_live_pending_token() {
         "another namespace is never touched"
     );
 }
+
+#[tokio::test]
+async fn reconcile_as_a_game_server_keeps_pending_transfers_only() {
+    use shardkeep::HandoffScope;
+    let redis = TestRedis::new().await;
+    let coord = redis.coordination();
+    let ttl = Ttl::from_secs(600).unwrap();
+    for token in ["pending", "done"] {
+        coord
+            .transfer_marker_set(&activation(token), ttl)
+            .await
+            .unwrap();
+        coord
+            .handoff_put(token, &HandoffScope::Instance("i".into()), b"x", ttl)
+            .await
+            .unwrap();
+    }
+    coord
+        .handoff_take("done", &[HandoffScope::Instance("i".into())])
+        .await
+        .unwrap();
+    let report = coord
+        .transfer_markers_reconcile_consumed(1000)
+        .await
+        .unwrap();
+    assert_eq!(report.removed, vec!["done".to_string()]);
+    assert!(
+        coord
+            .transfer_marker_get("pending")
+            .await
+            .unwrap()
+            .is_some()
+    );
+}

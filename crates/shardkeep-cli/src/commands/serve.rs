@@ -1,0 +1,205 @@
+//! `shardkeep serve`: the retry worker, the journal worker, periodic reconciliation and the
+//! operator HTTP app in one process, shut down gracefully on SIGINT or SIGTERM. Any number of
+//! `serve` processes may share one Postgres and one Redis: retry claims skip each other's
+//! locked rows, every journal consumer has its own processing list, and recovery takes a lock.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use shardkeep::audit::{AuditReader, AuditStore, StaffReadLimit};
+use shardkeep::character::CharacterStore;
+use shardkeep::clock::SystemClock;
+use shardkeep::coord::InstanceRecord;
+use shardkeep::journal::{JournalWorker, JournalWorkerConfig, SessionJournal};
+use shardkeep::queue::WorkQueueConfig;
+use shardkeep::retry::{Backoff, RetryQueue, RetryWorker, RetryWorkerConfig};
+use shardkeep::{Coordination, CoordinationConfig, Ttl};
+use shardkeep_ops::signing::InternalKeys;
+use shardkeep_ops::{ApiSettings, AppState};
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::ServeArgs;
+
+/// Runs until a signal, then drains.
+pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let keys = InternalKeys::parse(
+        args.internal_keys
+            .as_deref()
+            .ok_or_else(|| anyhow!("SHARDKEEP_INTERNAL_KEYS is not set; pass --internal-keys or set SHARDKEEP_INTERNAL_KEYS"))?,
+    )?;
+    let pg = super::connect_postgres(&args.postgres, 16).await?;
+    if !pg.migrations_current().await.unwrap_or(false) {
+        tracing::warn!(
+            event = "migrations_pending",
+            "run `shardkeep migrate`; /readyz reports not ready until then"
+        );
+    }
+    let redis = super::connect_redis(&args.redis).await?;
+    let metrics =
+        shardkeep_ops::telemetry::install().map_err(|e| anyhow!("metrics exporter: {e}"))?;
+    let coord_config = CoordinationConfig {
+        nonce_skew_window: Ttl::from_secs(i64::from(args.skew_seconds))?,
+        ..CoordinationConfig::default()
+    };
+    let coord = Coordination::new(redis.clone(), coord_config);
+    let clock = Arc::new(SystemClock);
+    let (retry, signals) = RetryQueue::new(pg.clone(), 1024, clock.clone());
+    let journal = SessionJournal::new(
+        redis.clone(),
+        WorkQueueConfig {
+            max_attempts: args.retry_limit,
+            ..WorkQueueConfig::default()
+        },
+    )?;
+    let instance_id = format!("serve-{}", uuid::Uuid::now_v7());
+    let cancel = CancellationToken::new();
+
+    let mut retry_config = RetryWorkerConfig::new(&instance_id);
+    retry_config.backoff = Backoff::from_base_millis(args.retry_backoff_millis);
+    retry_config.retry_limit = args.retry_limit;
+    let retry_worker = RetryWorker::new(pg.clone(), signals, retry_config, clock);
+    let retry_task = tokio::spawn(retry_worker.run(cancel.clone()));
+    let journal_worker = JournalWorker::new(
+        journal.clone(),
+        coord.clone(),
+        CharacterStore::new(pg.clone()),
+        Some(retry.clone()),
+        JournalWorkerConfig::default(),
+    );
+    let journal_task = tokio::spawn(journal_worker.run(cancel.clone()));
+    let reconcile_task = tokio::spawn(reconcile(
+        coord.clone(),
+        instance_id.clone(),
+        args.listen.to_string(),
+        Duration::from_secs(args.reconcile_seconds),
+        cancel.clone(),
+    ));
+
+    let state = AppState {
+        retry,
+        journal,
+        coord: coord.clone(),
+        audit: AuditReader::new(AuditStore::new(pg.clone()), StaffReadLimit::default()),
+        pg: pg.clone(),
+        keys: Arc::new(keys),
+        settings: Arc::new(ApiSettings {
+            skew_seconds: i64::from(args.skew_seconds),
+            console_password: args.console_password.clone(),
+            ..ApiSettings::default()
+        }),
+        metrics: Some(metrics),
+        console: Default::default(),
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    println!(
+        "serve: listening on http://{} (instance {instance_id})",
+        args.listen
+    );
+    let shutdown = {
+        let cancel = cancel.clone();
+        async move {
+            wait_for_signal().await;
+            tracing::info!(event = "shutdown_requested");
+            cancel.cancel();
+        }
+    };
+    axum::serve(listener, shardkeep_ops::router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("http server")?;
+    // The workers stop after the work in hand: the retry worker between batches, the journal
+    // consumer returning anything it still holds.
+    let drain = async {
+        let _ = retry_task.await;
+        let _ = journal_task.await;
+        let _ = reconcile_task.await;
+    };
+    if tokio::time::timeout(Duration::from_secs(30), drain)
+        .await
+        .is_err()
+    {
+        tracing::warn!(event = "shutdown_drain_timeout");
+    }
+    if let Err(err) = coord.registry_deregister(&instance_id).await {
+        tracing::warn!(event = "deregister_failed", error = %err);
+    }
+    pg.close().await;
+    println!("serve: stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+/// Registers this instance and, every `period`, reconciles transfer markers and prunes presence
+/// and the registry.
+async fn reconcile(
+    coord: Coordination,
+    instance_id: String,
+    address: String,
+    period: Duration,
+    cancel: CancellationToken,
+) {
+    let ttl = Ttl::try_from(period * 3).unwrap_or(Ttl::from_static_secs(90));
+    let record = InstanceRecord {
+        instance_id: instance_id.clone(),
+        service: "serve".into(),
+        address,
+        shard_id: None,
+        registered_at: chrono::Utc::now(),
+    };
+    loop {
+        match coord.registry_heartbeat(&instance_id, ttl).await {
+            Ok(true) => {}
+            _ => {
+                if let Err(err) = coord.registry_register(&record, ttl).await {
+                    tracing::warn!(event = "registry_register_failed", error = %err);
+                }
+            }
+        }
+        match coord.transfer_markers_reconcile_consumed(10_000).await {
+            Ok(report) if !report.removed.is_empty() => {
+                tracing::info!(
+                    event = "transfer_markers_reconciled",
+                    removed = report.removed.len()
+                );
+            }
+            Ok(_) => {}
+            Err(err) => tracing::warn!(event = "transfer_reconcile_failed", error = %err),
+        }
+        if let Err(err) = coord.presence_prune(10_000).await {
+            tracing::warn!(event = "presence_prune_failed", error = %err);
+        }
+        if let Err(err) = coord.registry_list().await {
+            tracing::warn!(event = "registry_prune_failed", error = %err);
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(period) => {}
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! shardkeep's operator surface: the HTTP app that `shardkeep serve` runs.
+//!
+//! # Layout
+//!
+//! - [`signing`] — the signed-request scheme (pure): canonical string, HMAC, key sets.
+//! - [`auth`] — the middleware in front of every `/v1/internal` route.
+//! - [`routes`] — handlers: retry and journal dead letters, admin cleanup, audit reads, health.
+//! - [`console`] — the operator console and its session login.
+//! - [`telemetry`] — the Prometheus exporter and per-route HTTP metrics.
+//! - [`client`] — a signing client of the internal API (used by the CLI).
+//! - [`state`], [`error`] — shared handler state and the JSON error shape.
+
+pub mod auth;
+pub mod client;
+pub mod console;
+pub mod error;
+pub mod routes;
+pub mod signing;
+pub mod state;
+pub mod telemetry;
+
+use axum::Router;
+use axum::middleware::{from_fn, from_fn_with_state};
+use axum::routing::{get, post};
+
+pub use state::{ApiSettings, AppState};
+
+/// The whole app: signed internal routes, the console, health and metrics.
+pub fn router(state: AppState) -> Router {
+    let internal = Router::new()
+        .route(
+            "/v1/internal/persistence-retry/dead-letters",
+            get(routes::retry::list),
+        )
+        .route(
+            "/v1/internal/persistence-retry/dead-letters/requeue",
+            post(routes::retry::requeue),
+        )
+        .route(
+            "/v1/internal/session-lifecycle-journal/dead-letters",
+            get(routes::journal::list),
+        )
+        .route(
+            "/v1/internal/session-lifecycle-journal/dead-letters/requeue",
+            post(routes::journal::requeue),
+        )
+        .route(
+            "/v1/internal/admin/cleanup-targets",
+            get(routes::admin::targets),
+        )
+        .route("/v1/internal/admin/cleanup", post(routes::admin::cleanup))
+        .route(
+            "/v1/internal/audit/characters/{character_id}",
+            get(routes::audit::character),
+        )
+        .route("/v1/internal/audit/staff", get(routes::audit::staff))
+        .route_layer(from_fn_with_state(state.clone(), auth::require_signature));
+    let console_api = Router::new()
+        .route("/console/api/overview", get(console::overview))
+        .route(
+            "/console/api/retry/{id}/preview",
+            get(console::preview_retry),
+        )
+        .route(
+            "/console/api/journal/{id}/preview",
+            get(console::preview_journal),
+        )
+        .route(
+            "/console/api/retry/{id}/requeue",
+            post(console::requeue_retry),
+        )
+        .route(
+            "/console/api/journal/{id}/requeue",
+            post(console::requeue_journal),
+        )
+        .route_layer(from_fn_with_state(state.clone(), console::require_session));
+    Router::new()
+        .merge(internal)
+        .merge(console_api)
+        .route("/console", get(console::page))
+        .route("/console/login", post(console::login))
+        .route("/console/logout", post(console::logout))
+        .route("/healthz", get(routes::health::healthz))
+        .route("/readyz", get(routes::health::readyz))
+        .route("/metrics", get(routes::health::metrics))
+        .layer(from_fn(telemetry::track))
+        .with_state(state)
+}

@@ -1,0 +1,55 @@
+//! What the API's handlers share: the library handles, the signing keys and the settings.
+
+use std::sync::Arc;
+
+use shardkeep::audit::AuditReader;
+use shardkeep::journal::SessionJournal;
+use shardkeep::retry::RetryQueue;
+use shardkeep::{Coordination, PostgresBackend};
+
+use crate::console::ConsoleSessions;
+use crate::signing::InternalKeys;
+
+/// Settings of the API.
+#[derive(Debug, Clone)]
+pub struct ApiSettings {
+    /// Accepted clock skew of signed requests, in seconds (±).
+    pub skew_seconds: i64,
+    /// Largest request body, in bytes.
+    pub max_body_bytes: usize,
+    /// The console's operator password (`None` disables the console).
+    pub console_password: Option<String>,
+}
+
+impl Default for ApiSettings {
+    fn default() -> Self {
+        Self {
+            skew_seconds: 300,
+            max_body_bytes: 64 * 1024,
+            console_password: None,
+        }
+    }
+}
+
+/// Shared state of every handler. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    /// Persistence retry jobs.
+    pub retry: RetryQueue,
+    /// The session lifecycle journal.
+    pub journal: SessionJournal,
+    /// Redis coordination (nonces, cleanup, session markers).
+    pub coord: Coordination,
+    /// Audit reads.
+    pub audit: AuditReader,
+    /// Postgres, for readiness and previews.
+    pub pg: PostgresBackend,
+    /// Signing keys.
+    pub keys: Arc<InternalKeys>,
+    /// Settings.
+    pub settings: Arc<ApiSettings>,
+    /// Rendered metrics (Prometheus text), when an exporter is installed.
+    pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// Console login sessions.
+    pub console: ConsoleSessions,
+}
