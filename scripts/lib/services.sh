@@ -189,3 +189,21 @@ sk_services_down() {
     rm -rf "$SK_TMP"
   fi
 }
+
+# The console test drives Debian's chromium through chromium-driver. Installs them when missing
+# and this is a root shell with apt-get; otherwise says how.
+sk_browser_up() {
+  if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
+    return 0
+  fi
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    sk_log "installing chromium and chromium-driver for the console test"
+    if DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver >/dev/null 2>&1 \
+      || { apt-get update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium chromium-driver >/dev/null 2>&1; }; then
+      return 0
+    fi
+  fi
+  sk_log "the console test needs a headless Chromium and its WebDriver:"
+  sk_log "install them, e.g. 'sudo apt-get install chromium chromium-driver' (Debian/Ubuntu)."
+  return 1
+}

@@ -152,3 +152,161 @@ fn malformed_bench_arguments_are_rejected() {
     );
     assert_one_line_failure(&out, "REDIS_URL is not set");
 }
+
+#[test]
+fn malformed_operator_arguments_are_rejected() {
+    for args in [
+        &["serve", "--listen", "nowhere"][..],
+        &["serve", "--skew-seconds", "0"],
+        &["serve", "--retry-backoff-millis", "fast"],
+        &["dead-letters", "list", "--kind", "mail"],
+        &["dead-letters", "list", "--kind", "retry", "--limit", "0"],
+        &[
+            "dead-letters",
+            "requeue",
+            "--kind",
+            "retry",
+            "--id",
+            "not-a-uuid",
+        ],
+        &["dead-letters", "requeue", "--kind", "journal"],
+        &["cleanup", "--target", "presence"],
+        &["cleanup", "--target", "presence", "--dry-run", "--delete"],
+        &[
+            "cleanup", "--target", "presence", "--delete", "--batch", "0",
+        ],
+    ] {
+        let out = shardkeep(args, &[]);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn operator_commands_need_keys_and_a_reachable_api() {
+    let out = shardkeep(&["dead-letters", "list", "--kind", "retry"], &[]);
+    assert_one_line_failure(&out, "SHARDKEEP_INTERNAL_KEYS is not set");
+    let out = shardkeep(
+        &["dead-letters", "list", "--kind", "retry"],
+        &[("SHARDKEEP_INTERNAL_KEYS", "ops:short")],
+    );
+    assert_one_line_failure(&out, "shorter than 16");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = shardkeep(
+        &[
+            "cleanup",
+            "--target",
+            "presence",
+            "--dry-run",
+            "--api-url",
+            &format!("http://127.0.0.1:{port}"),
+        ],
+        &[("SHARDKEEP_INTERNAL_KEYS", "ops:0123456789abcdef")],
+    );
+    assert_one_line_failure(&out, "cannot reach the shardkeep API");
+    let out = shardkeep(
+        &["serve"],
+        &[("DATABASE_URL", "postgres://x@127.0.0.1:1/x")],
+    );
+    assert_one_line_failure(&out, "SHARDKEEP_INTERNAL_KEYS is not set");
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn serve_answers_the_cli_and_stops_gracefully_on_sigterm(pool: PgPool) {
+    let url = database_url_of(&pool);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let api = format!("http://127.0.0.1:{port}");
+    let test_redis = shardkeep_testkit::TestRedis::new().await;
+    let namespace = test_redis.keys().namespace().to_owned();
+    let keys = "ops:0123456789abcdef0123";
+    let redis = test_redis.url().to_owned();
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_shardkeep"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--namespace",
+            &namespace,
+        ])
+        .env("DATABASE_URL", &url)
+        .env("REDIS_URL", &redis)
+        .env("SHARDKEEP_INTERNAL_KEYS", keys)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut up = false;
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(up, "serve never listened");
+    let env = [
+        ("SHARDKEEP_INTERNAL_KEYS", keys),
+        ("SHARDKEEP_API_URL", api.as_str()),
+    ];
+    let list = shardkeep(&["dead-letters", "list", "--kind", "retry"], &env);
+    assert!(list.status.success(), "{}", stderr(&list));
+    assert!(String::from_utf8_lossy(&list.stdout).contains("pending retry jobs: 0"));
+    let journal = shardkeep(&["dead-letters", "list", "--kind", "journal"], &env);
+    assert!(String::from_utf8_lossy(&journal.stdout).contains("pending: 0"));
+    let unknown = shardkeep(
+        &[
+            "dead-letters",
+            "requeue",
+            "--kind",
+            "journal",
+            "--id",
+            "01938f00-0000-7000-8000-000000000000",
+        ],
+        &env,
+    );
+    assert_eq!(unknown.status.code(), Some(4));
+    assert!(stderr(&unknown).contains("not_requeued"));
+    let dry = shardkeep(&["cleanup", "--target", "registry", "--dry-run"], &env);
+    assert!(dry.status.success());
+    assert!(String::from_utf8_lossy(&dry.stdout).contains("registry"));
+    let wrong_key = shardkeep(
+        &["cleanup", "--target", "registry", "--dry-run"],
+        &[
+            ("SHARDKEEP_INTERNAL_KEYS", "ops:not-the-right-secret-at-all"),
+            ("SHARDKEEP_API_URL", api.as_str()),
+        ],
+    );
+    assert_eq!(wrong_key.status.code(), Some(3));
+    assert!(stderr(&wrong_key).contains("bad_signature"));
+    let bad_target = shardkeep(&["cleanup", "--target", "everything", "--delete"], &env);
+    assert_eq!(bad_target.status.code(), Some(3));
+    assert!(stderr(&bad_target).contains("unknown_target"));
+    let status = Command::new("kill")
+        .args(["-TERM", &serve.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let output = tokio::task::spawn_blocking(move || {
+        let status = serve.wait().unwrap();
+        let mut out = String::new();
+        use std::io::Read;
+        serve
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        (status, out)
+    })
+    .await
+    .unwrap();
+    assert!(output.0.success(), "serve exits cleanly on SIGTERM");
+    assert!(output.1.contains("serve: stopped"), "{}", output.1);
+}

@@ -1,0 +1,9 @@
+//! The operator API over real HTTP, against real Postgres and Redis.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod auth;
+mod browser;
+mod console;
+mod routes;
+mod support;

@@ -1,0 +1,277 @@
+//! Spawns the app on a free port over a fresh database and namespace, with a signing client.
+
+use std::sync::{Arc, OnceLock};
+
+use chrono::Utc;
+use reqwest::Method;
+use serde_json::Value;
+use shardkeep::PostgresBackend;
+use shardkeep::audit::{AuditReader, AuditStore, StaffReadLimit};
+use shardkeep::clock::SystemClock;
+use shardkeep::journal::SessionJournal;
+use shardkeep::queue::WorkQueueConfig;
+use shardkeep::retry::{
+    IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
+    RetryWorker, RetryWorkerConfig,
+};
+use shardkeep_ops::client::SignedClient;
+use shardkeep_ops::signing::{
+    InternalKeys, KEY_ID_HEADER, NONCE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, canonical,
+    new_nonce, sign,
+};
+use shardkeep_ops::{ApiSettings, AppState};
+use shardkeep_testkit::TestRedis;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+pub(crate) const KEYS: &str = "ops:0123456789abcdef0123,old:fedcba9876543210fedc";
+pub(crate) const SECRET: &[u8] = b"0123456789abcdef0123";
+pub(crate) const PASSWORD: &str = "correct horse battery";
+
+pub(crate) struct TestApp {
+    pub(crate) base: String,
+    pub(crate) client: SignedClient,
+    pub(crate) http: reqwest::Client,
+    pub(crate) state: AppState,
+    pub(crate) pool: PgPool,
+    pub(crate) redis: TestRedis,
+    pub(crate) signals: Option<shardkeep::retry::RetrySignals>,
+}
+
+fn metrics_handle() -> metrics_exporter_prometheus::PrometheusHandle {
+    static HANDLE: OnceLock<metrics_exporter_prometheus::PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| shardkeep_ops::telemetry::install().expect("one recorder per test process"))
+        .clone()
+}
+
+pub(crate) async fn spawn_app(pool: PgPool) -> TestApp {
+    let redis = TestRedis::new().await;
+    let pg = PostgresBackend::from_pool(pool.clone());
+    let (retry, signals) = RetryQueue::new(pg.clone(), 64, Arc::new(SystemClock));
+    let journal = SessionJournal::new(
+        redis.backend(),
+        WorkQueueConfig {
+            max_attempts: 1,
+            ..WorkQueueConfig::default()
+        },
+    )
+    .unwrap();
+    let state = AppState {
+        retry,
+        journal,
+        coord: redis.coordination(),
+        audit: AuditReader::new(AuditStore::new(pg.clone()), StaffReadLimit::default()),
+        pg,
+        keys: Arc::new(InternalKeys::parse(KEYS).unwrap()),
+        settings: Arc::new(ApiSettings {
+            console_password: Some(PASSWORD.into()),
+            ..ApiSettings::default()
+        }),
+        metrics: Some(metrics_handle()),
+        console: Default::default(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = shardkeep_ops::router(state.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    TestApp {
+        client: SignedClient::new(&base, "ops", SECRET).unwrap(),
+        http: reqwest::Client::new(),
+        base,
+        state,
+        pool,
+        redis,
+        signals: Some(signals),
+    }
+}
+
+/// A request signed by hand, so tests can break any part of it.
+pub(crate) struct Raw {
+    pub(crate) method: Method,
+    pub(crate) path: String,
+    pub(crate) body: Vec<u8>,
+    pub(crate) key_id: String,
+    pub(crate) secret: Vec<u8>,
+    pub(crate) timestamp: i64,
+    pub(crate) nonce: String,
+    pub(crate) signed_body: Option<Vec<u8>>,
+}
+
+impl Raw {
+    pub(crate) fn new(method: Method, path: &str, body: &[u8]) -> Self {
+        Self {
+            method,
+            path: path.into(),
+            body: body.to_vec(),
+            key_id: "ops".into(),
+            secret: SECRET.to_vec(),
+            timestamp: Utc::now().timestamp(),
+            nonce: new_nonce(),
+            signed_body: None,
+        }
+    }
+
+    pub(crate) async fn send(&self, app: &TestApp) -> (u16, Value) {
+        let signed = self.signed_body.as_deref().unwrap_or(&self.body);
+        let signature = sign(
+            &self.secret,
+            &canonical(
+                self.method.as_str(),
+                &self.path,
+                self.timestamp,
+                &self.nonce,
+                signed,
+            ),
+        );
+        let response = app
+            .http
+            .request(self.method.clone(), format!("{}{}", app.base, self.path))
+            .header(KEY_ID_HEADER, &self.key_id)
+            .header(TIMESTAMP_HEADER, self.timestamp.to_string())
+            .header(NONCE_HEADER, &self.nonce)
+            .header(SIGNATURE_HEADER, signature)
+            .body(self.body.clone())
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+}
+
+/// Dead-letters one retry job (a character that does not exist, with one attempt allowed).
+pub(crate) async fn retry_dead_letter(app: &mut TestApp) -> Uuid {
+    let job = PersistenceRetryJob::new(
+        PersistenceRetryPayload::CharacterLocation {
+            character_id: Uuid::now_v7(),
+            zone: "zone-0".into(),
+            room: "r0".into(),
+            position: None,
+        },
+        IdempotencyEnvelope {
+            idempotency_key: Uuid::now_v7().to_string(),
+            owner_epoch: 0,
+            origin: Origin::SessionCleanup,
+            issued_at: Utc::now(),
+        },
+        "test",
+        Some("session-9".into()),
+    )
+    .unwrap();
+    app.state.retry.enqueue(&job).await.unwrap();
+    let mut config = RetryWorkerConfig::new("t");
+    config.retry_limit = 1;
+    let signals = app
+        .signals
+        .take()
+        .unwrap_or_else(|| RetryQueue::new(app.state.pg.clone(), 1, Arc::new(SystemClock)).1);
+    let mut worker = RetryWorker::new(app.state.pg.clone(), signals, config, Arc::new(SystemClock));
+    worker.run_until_idle().await.unwrap();
+    let letters = app
+        .state
+        .retry
+        .dead_letters_inspect(500)
+        .await
+        .unwrap()
+        .dead_letters;
+    letters
+        .iter()
+        .find(|l| l.retry_job_id == job.retry_job_id())
+        .unwrap()
+        .dead_letter_id
+}
+
+pub(crate) async fn count(pool: &PgPool, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+/// Dead-letters one journal entry (one attempt allowed).
+pub(crate) async fn journal_dead_letter(app: &TestApp, token: &str) -> Uuid {
+    use shardkeep::journal::{
+        PlayerSnapshot, RealtimeRuntimeProfile, RealtimeStreamCleanup, SessionLifecycleEffectPlan,
+    };
+    let item = RealtimeStreamCleanup {
+        session_token: token.into(),
+        player: PlayerSnapshot {
+            character_id: Uuid::now_v7(),
+            account_id: Uuid::now_v7(),
+            character_name: "Aria".into(),
+            shard_id: "shard-1".into(),
+            zone: "zone-0".into(),
+            room: "r0".into(),
+            owner_epoch: 1,
+        },
+        runtime_profile: RealtimeRuntimeProfile {
+            transport: "quic".into(),
+            protocol_version: 1,
+            tick_rate_hz: 4,
+        },
+        pending_resume: None,
+        transfer_confirmed: false,
+        plan: SessionLifecycleEffectPlan::PermanentRemoval,
+        closed_at: Utc::now(),
+    };
+    app.state.journal.append(item).await.unwrap();
+    let mut consumer = app.state.journal.queue().consumer().await.unwrap();
+    let leased = consumer.lease().await.unwrap().unwrap();
+    match consumer.fail(&leased, "store down").await.unwrap() {
+        shardkeep::queue::FailOutcome::DeadLettered { dead_letter_id } => dead_letter_id,
+        other => panic!("expected a dead letter, got {other:?}"),
+    }
+}
+
+/// Runs a saver and an auditor briefly so their metrics exist: a flush that conflicts, a full
+/// saver queue, and an audit batch.
+pub(crate) async fn saver_and_auditor_workload(app: &TestApp) {
+    use shardkeep::audit::{AuditEvent, Auditor, AuditorConfig};
+    use shardkeep::character::{CharacterSnapshot, CharacterStore, NewCharacter};
+    use shardkeep::saver::{SaveFeedback, SaveReason, Saver, SaverConfig, SaverEvent};
+    struct Quiet;
+    impl SaveFeedback for Quiet {
+        fn deliver(&self, _event: SaverEvent) {}
+        fn is_present(&self, _id: Uuid) -> bool {
+            true
+        }
+    }
+    let store = CharacterStore::new(app.state.pg.clone());
+    let id = Uuid::now_v7();
+    store
+        .create(&NewCharacter {
+            character_id: id,
+            account_id: Uuid::now_v7(),
+            name: format!("M{}", &id.simple().to_string()[..6]),
+            zone_ref: None,
+            room_ref: None,
+            state: serde_json::json!({}),
+            chargen: None,
+        })
+        .await
+        .unwrap();
+    let row = store.load(id).await.unwrap().unwrap();
+    store.save(&row).await.unwrap(); // the row moves to version 1; the saver's version-0 flush conflicts
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let saver = Saver::spawn(
+        Some(store),
+        None,
+        Arc::new(Quiet),
+        SaverConfig {
+            queue_depth: 1,
+            ..SaverConfig::default()
+        },
+        cancel.clone(),
+    );
+    let snapshot = CharacterSnapshot { ..row };
+    for _ in 0..4 {
+        saver.enqueue(SaveReason::Flush, snapshot.clone());
+    }
+    saver.barrier(std::time::Duration::from_secs(5)).await;
+    let auditor = Auditor::spawn(
+        AuditStore::new(app.state.pg.clone()),
+        AuditorConfig::default(),
+        cancel.clone(),
+    );
+    auditor.emit(AuditEvent::track(id, "metrics", 1));
+    auditor.barrier(std::time::Duration::from_secs(5)).await;
+    cancel.cancel();
+}
