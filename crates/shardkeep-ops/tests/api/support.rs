@@ -33,8 +33,8 @@ pub(crate) struct TestApp {
     pub(crate) client: SignedClient,
     pub(crate) http: reqwest::Client,
     pub(crate) state: AppState,
-    pub(crate) pool: PgPool,
-    pub(crate) redis: TestRedis,
+    /// Kept alive so the namespace is removed when the test ends.
+    _redis: TestRedis,
     pub(crate) signals: Option<shardkeep::retry::RetrySignals>,
 }
 
@@ -80,8 +80,7 @@ pub(crate) async fn spawn_app(pool: PgPool) -> TestApp {
         http: reqwest::Client::new(),
         base,
         state,
-        pool,
-        redis,
+        _redis: redis,
         signals: Some(signals),
     }
 }
