@@ -20,6 +20,7 @@ pub fn install() -> Result<PrometheusHandle, String> {
         .install_recorder()
         .map_err(|e| e.to_string())?;
     shardkeep::telemetry::describe();
+    shardkeep::telemetry::register_all();
     metrics::describe_counter!(AUTH_FAILURES_TOTAL, "Internal-auth failures by code.");
     metrics::describe_counter!(HTTP_REQUESTS_TOTAL, "HTTP requests by matched route.");
     metrics::describe_histogram!(

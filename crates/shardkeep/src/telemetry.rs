@@ -97,3 +97,70 @@ pub fn describe() {
         "Keys deleted by admin cleanup, by target."
     );
 }
+
+/// Touches every metric once (counters at zero, gauges unset to zero) with its usual labels, so
+/// an exporter shows each family from the start rather than after its first event.
+pub fn register_all() {
+    use metrics::{counter, gauge};
+    for name in [
+        PRESENCE_PRUNED_TOTAL,
+        REGISTRY_PRUNED_TOTAL,
+        TRANSFER_MARKERS_REMOVED_TOTAL,
+        CHECKPOINT_READ_FAILURES_TOTAL,
+        SAVER_OWNERSHIP_LOST_TOTAL,
+        CHECKPOINT_REFUSED_TOTAL,
+        SAVER_FINAL_DROPPED_TOTAL,
+        PLACEMENT_STALE_TOTAL,
+        PLACEMENT_DROPPED_TOTAL,
+        RETRY_CLAIMED_TOTAL,
+        RETRY_REQUEUED_TOTAL,
+        AUDIT_DROPPED_TOTAL,
+    ] {
+        counter!(name).increment(0);
+    }
+    for outcome in ["taken", "already_consumed", "not_found"] {
+        counter!(HANDOFF_TAKES_TOTAL, "outcome" => outcome).increment(0);
+    }
+    for outcome in ["registered", "replayed"] {
+        counter!(NONCE_REGISTRATIONS_TOTAL, "outcome" => outcome).increment(0);
+    }
+    for target in ["presence", "handoff", "registry"] {
+        counter!(CLEANUP_DELETED_TOTAL, "target" => target).increment(0);
+    }
+    for reason in ["checkpoint", "flush", "final"] {
+        counter!(SAVER_DROPPED_TOTAL, "reason" => reason, "cause" => "full").increment(0);
+        counter!(SAVER_CONFLICTS_TOTAL, "reason" => reason).increment(0);
+    }
+    for tier in ["redis", "postgres"] {
+        counter!(SAVER_WRITE_FAILURES_TOTAL, "tier" => tier).increment(0);
+    }
+    for reason in ["queue_full", "queue_closed"] {
+        counter!(RETRY_DURABLE_ONLY_TOTAL, "reason" => reason).increment(0);
+    }
+    for outcome in [
+        "applied",
+        "already_applied",
+        "superseded",
+        "retrying",
+        "dead_lettered",
+        "stale",
+        "unsettled",
+    ] {
+        counter!(RETRY_OUTCOMES_TOTAL, "outcome" => outcome).increment(0);
+    }
+    for state in ["pending", "leased"] {
+        gauge!(RETRY_ROWS, "state" => state).set(0.0);
+    }
+    let journal = crate::journal::JOURNAL_QUEUE;
+    for state in ["pending", "processing", "dead"] {
+        gauge!(QUEUE_DEPTH, "queue" => journal, "state" => state).set(0.0);
+    }
+    counter!(QUEUE_RECOVERED_TOTAL, "queue" => journal).increment(0);
+    counter!(QUEUE_FULL_TOTAL, "queue" => journal).increment(0);
+    counter!(QUEUE_REQUEUED_TOTAL, "queue" => journal).increment(0);
+    for cause in ["attempts", "undecodable", "poison"] {
+        counter!(QUEUE_DEAD_LETTERS_TOTAL, "queue" => journal, "cause" => cause).increment(0);
+    }
+    gauge!(SAVER_QUEUE_DEPTH).set(0.0);
+    gauge!(AUDIT_QUEUE_DEPTH).set(0.0);
+}

@@ -472,6 +472,11 @@ async fn health_readiness_and_metrics(pool: PgPool) {
         "shardkeep_auth_failures_total",
         "shardkeep_http_requests_total",
         "shardkeep_http_request_seconds",
+        "shardkeep_retry_rows",
+        "shardkeep_retry_durable_only_total",
+        "shardkeep_saver_ownership_lost_total",
+        "shardkeep_queue_recovered_total",
+        "shardkeep_audit_dropped_total",
     ] {
         assert!(text.contains(family), "/metrics lacks {family}");
     }
