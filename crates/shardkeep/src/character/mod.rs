@@ -13,4 +13,6 @@ pub mod store;
 pub use checkpoint::{CheckpointError, CheckpointStore, CheckpointWrite};
 pub use load::{CharacterLoader, LoadError, LoadSource, LoadedCharacter};
 pub use snapshot::{CharacterSnapshot, Freshest, SaveOutcome, freshest};
-pub use store::{CharacterStore, ClaimedRow, LocationWrite, NewCharacter, StoreError};
+pub use store::{
+    CharacterStore, ClaimedRow, LocationWrite, NewCharacter, Releaser, StoreError, TransferCommit,
+};

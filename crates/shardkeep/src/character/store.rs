@@ -45,6 +45,34 @@ pub struct NewCharacter {
     pub chargen: Option<serde_json::Value>,
 }
 
+/// The releasing side of an item transfer.
+#[derive(Debug, Clone, Copy)]
+pub enum Releaser<'a> {
+    /// Still held by the acquirer's shard: its current snapshot (already without the item).
+    Held(&'a CharacterSnapshot),
+    /// Gone from the shard: its stored row loses the item if it still holds it.
+    Departed {
+        /// The releasing character.
+        character_id: Uuid,
+        /// The item.
+        item_id: Uuid,
+    },
+}
+
+/// How a transfer commit ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransferCommit {
+    /// Both sides and the audit row landed together.
+    Committed {
+        /// The releaser's row version now (when it was written).
+        releaser_version: Option<i64>,
+        /// The acquirer's row version now.
+        acquirer_version: i64,
+    },
+    /// Nothing was written; why.
+    Rejected(String),
+}
+
 /// How a location write ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LocationWrite {
@@ -400,6 +428,94 @@ impl CharacterStore {
                 current_epoch: epoch,
             },
         })
+    }
+
+    /// Commits a cross-character item move: the releaser's side, the acquirer's snapshot (which
+    /// holds the item) and the `item_transferred` audit row, in one transaction, each save
+    /// fenced like any other. Any refusal (a zombie on either side, a version race) rolls all
+    /// of it back.
+    pub async fn commit_transfer(
+        &self,
+        releaser: Releaser<'_>,
+        acquirer: &CharacterSnapshot,
+        audit: &crate::audit::AuditEvent,
+    ) -> Result<TransferCommit, StoreError> {
+        let mut tx = self.pg.pool().begin().await?;
+        let releaser_version = match releaser {
+            Releaser::Held(snapshot) => match Self::save_in(&mut tx, snapshot).await? {
+                SaveOutcome::Saved(version) => Some(version),
+                other => return Ok(TransferCommit::Rejected(format!("releaser: {other:?}"))),
+            },
+            Releaser::Departed {
+                character_id,
+                item_id,
+            } => Self::take_item_in(&mut tx, character_id, item_id).await?,
+        };
+        let acquirer_version = match Self::save_in(&mut tx, acquirer).await? {
+            SaveOutcome::Saved(version) => version,
+            other => return Ok(TransferCommit::Rejected(format!("acquirer: {other:?}"))),
+        };
+        crate::audit::store::insert_many(&mut tx, std::slice::from_ref(audit)).await?;
+        tx.commit().await?;
+        Ok(TransferCommit::Committed {
+            releaser_version,
+            acquirer_version,
+        })
+    }
+
+    async fn save_in(
+        conn: &mut sqlx::PgConnection,
+        snapshot: &CharacterSnapshot,
+    ) -> Result<SaveOutcome, StoreError> {
+        let zone_ref = snapshot.zone_ref.as_deref().filter(|z| !z.is_empty());
+        let (saved, version, epoch): (Option<i64>, Option<i64>, Option<i64>) =
+            sqlx::query_as(SAVE_ONE)
+                .bind(snapshot.character_id)
+                .bind(snapshot.state_version)
+                .bind(snapshot.owner_epoch)
+                .bind(&snapshot.state)
+                .bind(&snapshot.chargen)
+                .bind(zone_ref)
+                .bind(zone_ref.and(snapshot.room_ref.as_deref()))
+                .fetch_one(conn)
+                .await?;
+        Ok(classify_save(
+            version.zip(epoch),
+            saved,
+            snapshot.owner_epoch,
+        ))
+    }
+
+    /// Removes `item_id` from a departed releaser's stored row if it is still there.
+    async fn take_item_in(
+        conn: &mut sqlx::PgConnection,
+        character_id: Uuid,
+        item_id: Uuid,
+    ) -> Result<Option<i64>, StoreError> {
+        let row: Option<(serde_json::Value,)> =
+            sqlx::query_as("SELECT state FROM characters WHERE id = $1 FOR UPDATE")
+                .bind(character_id)
+                .fetch_optional(&mut *conn)
+                .await?;
+        let Some((state,)) = row else {
+            return Ok(None);
+        };
+        let Ok(mut doc) = serde_json::from_value::<crate::game::StateDocument>(state) else {
+            return Ok(None);
+        };
+        if !crate::game::items::remove_stored_item(&mut doc, item_id) {
+            return Ok(None);
+        }
+        let state =
+            serde_json::to_value(&doc).map_err(|e| StoreError::InvalidInput(e.to_string()))?;
+        let version: i64 = sqlx::query_scalar(
+            "UPDATE characters SET state = $2, state_version = state_version + 1, updated_at = now() WHERE id = $1 RETURNING state_version",
+        )
+        .bind(character_id)
+        .bind(state)
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(Some(version))
     }
 
     /// The row's current `(state_version, owner_epoch)`.

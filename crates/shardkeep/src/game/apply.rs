@@ -82,6 +82,7 @@ pub fn apply_snapshot(
             doc.applied_seq
         },
         tracks: doc.tracks.clone(),
+        reward_keys: doc.reward_keys.clone(),
         chargen: snapshot.chargen.clone(),
         state_version: snapshot.state_version,
         owner_epoch: snapshot.owner_epoch,
@@ -199,6 +200,7 @@ pub fn dump_character(
         position: character.position,
         applied_seq: character.applied_seq,
         tracks: character.tracks.clone(),
+        reward_keys: character.reward_keys.clone(),
     };
     let carry_bytes = encoded_len(&(&doc.equipment, &doc.inventory));
     if carry_bytes > limits.max_bytes {

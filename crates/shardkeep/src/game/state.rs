@@ -74,6 +74,10 @@ pub struct StateDocument {
     pub applied_seq: u64,
     /// Advancement tracks and the step reached on each.
     pub tracks: BTreeMap<String, u32>,
+    /// Idempotency keys of the most recent reward grants (newest last, at most
+    /// [`MAX_REWARD_KEYS`]): a grant whose key is here has already been applied to this state.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub reward_keys: Vec<String>,
 }
 
 /// Content-driven character creation input, applied on first spawn.
@@ -86,6 +90,22 @@ pub struct ChargenInput {
     pub items: Vec<String>,
     /// Starting looks.
     pub appearance: Option<Appearance>,
+}
+
+/// Most reward keys a state keeps.
+pub const MAX_REWARD_KEYS: usize = 4096;
+
+/// Records a reward key, keeping at most [`MAX_REWARD_KEYS`]; false when it was already there.
+pub fn remember_reward(keys: &mut Vec<String>, key: &str) -> bool {
+    if keys.iter().any(|k| k == key) {
+        return false;
+    }
+    keys.push(key.to_owned());
+    if keys.len() > MAX_REWARD_KEYS {
+        let excess = keys.len() - MAX_REWARD_KEYS;
+        keys.drain(..excess);
+    }
+    true
 }
 
 /// A resource pool.
@@ -134,6 +154,8 @@ pub struct LiveCharacter {
     pub applied_seq: u64,
     /// Advancement tracks.
     pub tracks: BTreeMap<String, u32>,
+    /// Keys of the most recent reward grants applied to this character.
+    pub reward_keys: Vec<String>,
     /// Pending chargen input (`None` once applied).
     pub chargen: Option<serde_json::Value>,
     /// CAS token: the row version this copy was loaded or last saved at.

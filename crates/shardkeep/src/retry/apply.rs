@@ -27,6 +27,7 @@ fn store(row: &mut RowState, doc: &StateDocument) -> Result<(), String> {
 pub(crate) fn apply_payload(
     row: &mut RowState,
     payload: &PersistenceRetryPayload,
+    key: &str,
 ) -> Result<(), String> {
     match payload {
         PersistenceRetryPayload::CharacterLocation {
@@ -73,6 +74,10 @@ pub(crate) fn apply_payload(
             ..
         } => {
             let mut doc = document(&row.state)?;
+            if !crate::game::state::remember_reward(&mut doc.reward_keys, key) {
+                // The live copy already granted it and a flush carried it here.
+                return Ok(());
+            }
             doc.experience = doc.experience.saturating_add(*experience);
             doc.currency = doc.currency.saturating_add(*currency);
             doc.inventory.extend(items.iter().cloned());
@@ -113,10 +118,25 @@ mod tests {
                 id: None,
             }],
         };
-        apply_payload(&mut row, &payload).unwrap();
+        apply_payload(&mut row, &payload, "k").unwrap();
         assert_eq!(row.state["experience"], 100);
         assert_eq!(row.state["currency"], 6);
         assert_eq!(row.state["inventory"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_reward_whose_key_the_state_holds_is_not_granted_again() {
+        let mut row = row();
+        let payload = PersistenceRetryPayload::CombatRewards {
+            character_id: Uuid::nil(),
+            experience: 5,
+            currency: 0,
+            items: vec![],
+        };
+        apply_payload(&mut row, &payload, "kill-1").unwrap();
+        apply_payload(&mut row, &payload, "kill-1").unwrap();
+        assert_eq!(row.state["experience"], 15);
+        assert_eq!(row.state["reward_keys"], serde_json::json!(["kill-1"]));
     }
 
     #[test]
@@ -128,7 +148,7 @@ mod tests {
             room: "r3".into(),
             position: Some([1, 2]),
         };
-        apply_payload(&mut row, &payload).unwrap();
+        apply_payload(&mut row, &payload, "k").unwrap();
         assert_eq!(
             (row.zone_ref.as_deref(), row.room_ref.as_deref()),
             (Some("zone-2"), Some("r3"))
@@ -149,13 +169,13 @@ mod tests {
             currency: 0,
             items: vec![],
         };
-        assert!(apply_payload(&mut row, &payload).is_err());
+        assert!(apply_payload(&mut row, &payload, "k").is_err());
         let bad_state = PersistenceRetryPayload::GameplayState {
             character_id: Uuid::nil(),
             state: json!({ "experience": "lots" }),
             zone_ref: None,
             room_ref: None,
         };
-        assert!(apply_payload(&mut row, &bad_state).is_err());
+        assert!(apply_payload(&mut row, &bad_state, "k").is_err());
     }
 }

@@ -137,7 +137,7 @@ pub(crate) async fn settle(
             }
         }
         let before = row.clone();
-        match apply_payload(row, payload) {
+        match apply_payload(row, payload, &job.envelope().idempotency_key) {
             Ok(()) => {
                 if *row != before {
                     dirty.insert(payload.character_id());

@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use super::Shard;
 use crate::audit::AuditEvent;
+use crate::character::{CharacterStore, Releaser, TransferCommit};
 use crate::game::items::{Item, Released};
 use crate::game::world::FloorItem;
 
@@ -171,8 +172,10 @@ impl Shard {
         Ok(self.acquire(character_id, item, &zone, &room))
     }
 
-    /// Puts a picked-up item into the inventory: the marker is cleared, a bind-on-pickup item
-    /// binds, and a release by another player of a persisted shard is recorded as a transfer.
+    /// Puts a picked-up item into the inventory: the marker is cleared and a bind-on-pickup item
+    /// binds. An item another player of a persisted shard released becomes a transfer: it waits,
+    /// held by neither, until both characters' rows and the `item_transferred` audit row are
+    /// committed together; if that is refused it goes back to its releaser.
     fn acquire(
         &mut self,
         character_id: Uuid,
@@ -184,31 +187,53 @@ impl Shard {
         if item.proto.bind_on_pickup {
             item.delta.bound = true;
         }
-        let persisted = self.persisted;
-        let entry = self.player_mut(character_id)?;
-        let acquirer_name = entry.character.name.clone();
-        let event = match released {
-            Some(r) if r.by != character_id && persisted => Some(AuditEvent::item_transferred(
-                character_id,
-                r.by,
-                Uuid::now_v7(),
-                json!({
-                    "item_ref": item.proto.proto_ref,
-                    "item_id": item.id,
-                    "stack": item.delta.stack.max(1),
-                    "acquirer_name": acquirer_name,
-                    "releaser_name": r.by_name,
-                    "zone": zone,
-                    "room": room,
-                }),
-            )),
-            _ => None,
+        let acquirer_name = self.player(character_id)?.character.name.clone();
+        let released = match released {
+            Some(r) if r.by != character_id && self.persisted => r,
+            _ => {
+                self.player_mut(character_id)?
+                    .character
+                    .inventory
+                    .push(item);
+                return None;
+            }
         };
-        entry.character.inventory.push(item);
-        if let Some(event) = &event {
-            self.auditor.emit(event.clone());
+        let event = AuditEvent::item_transferred(
+            character_id,
+            released.by,
+            Uuid::now_v7(),
+            json!({
+                "item_ref": item.proto.proto_ref,
+                "item_id": item.id,
+                "stack": item.delta.stack.max(1),
+                "acquirer_name": acquirer_name,
+                "releaser_name": released.by_name,
+                "zone": zone,
+                "room": room,
+            }),
+        );
+        match &self.store {
+            Some(store) => {
+                let store = store.clone();
+                self.begin_transfer(
+                    store,
+                    character_id,
+                    released,
+                    item,
+                    event.clone(),
+                    zone,
+                    room,
+                );
+            }
+            None => {
+                self.player_mut(character_id)?
+                    .character
+                    .inventory
+                    .push(item);
+                self.auditor.emit(event.clone());
+            }
         }
-        event
+        Some(event)
     }
 
     /// A mob or the engine moves a floor item to another room of the zone: nothing is recorded,
@@ -315,5 +340,180 @@ impl Shard {
         let event = AuditEvent::track(character_id, track, *step);
         self.auditor.emit(event.clone());
         Ok(event)
+    }
+}
+
+/// An item between two characters, waiting for its transfer commit.
+#[derive(Debug)]
+pub(super) struct PendingTransfer {
+    item: Item,
+    acquirer: Uuid,
+    releaser: Released,
+    zone: String,
+    room: String,
+    acquirer_version: i64,
+    releaser_version: Option<i64>,
+}
+
+/// A transfer commit's result, on its way back to the shard.
+pub(super) type TransferResult = (Uuid, Result<TransferCommit, String>);
+
+impl Shard {
+    #[allow(clippy::too_many_arguments)]
+    fn begin_transfer(
+        &mut self,
+        store: CharacterStore,
+        acquirer: Uuid,
+        releaser: Released,
+        item: Item,
+        event: AuditEvent,
+        zone: &str,
+        room: &str,
+    ) {
+        let transfer_id = Uuid::now_v7();
+        let acquirer_snapshot = self.player(acquirer).and_then(|entry| {
+            let mut with_item = entry.clone();
+            with_item.character.inventory.push(item.clone());
+            self.dump(&with_item)
+        });
+        let releaser_snapshot = self
+            .player(releaser.by)
+            .filter(|e| !e.skip_saves())
+            .and_then(|e| self.dump(e));
+        let pending = PendingTransfer {
+            acquirer_version: acquirer_snapshot.as_ref().map_or(0, |s| s.state_version),
+            releaser_version: releaser_snapshot.as_ref().map(|s| s.state_version),
+            item,
+            acquirer,
+            releaser,
+            zone: zone.to_owned(),
+            room: room.to_owned(),
+        };
+        let item_id = pending.item.id;
+        let releaser_id = pending.releaser.by;
+        self.pending_transfers.insert(transfer_id, pending);
+        let Some(acquirer_snapshot) = acquirer_snapshot else {
+            self.finish_transfer(transfer_id, Err("acquirer could not be dumped".into()));
+            return;
+        };
+        let results = self.transfer_results.0.clone();
+        let timeout = self.config.saver.io_timeout;
+        tokio::spawn(async move {
+            let side = match (&releaser_snapshot, item_id) {
+                (Some(snapshot), _) => Releaser::Held(snapshot),
+                (None, Some(item_id)) => Releaser::Departed {
+                    character_id: releaser_id,
+                    item_id,
+                },
+                (None, None) => {
+                    let _ = results
+                        .send((transfer_id, Err("item without identity".into())))
+                        .await;
+                    return;
+                }
+            };
+            let commit = tokio::time::timeout(
+                timeout,
+                store.commit_transfer(side, &acquirer_snapshot, &event),
+            )
+            .await;
+            let result = match commit {
+                Ok(Ok(outcome)) => Ok(outcome),
+                Ok(Err(err)) => Err(err.to_string()),
+                Err(_) => Err("timed out".into()),
+            };
+            let _ = results.send((transfer_id, result)).await;
+        });
+    }
+
+    /// Applies finished transfer commits (called every pulse).
+    pub(super) fn handle_transfer_results(&mut self) {
+        while let Ok((id, result)) = self.transfer_results.1.try_recv() {
+            self.finish_transfer(id, result);
+        }
+    }
+
+    fn finish_transfer(&mut self, id: Uuid, result: Result<TransferCommit, String>) {
+        let Some(pending) = self.pending_transfers.remove(&id) else {
+            return;
+        };
+        match result {
+            Ok(TransferCommit::Committed {
+                releaser_version,
+                acquirer_version,
+            }) => {
+                self.transfers_committed += 1;
+                if let Some(entry) = self.player_mut(pending.acquirer) {
+                    if entry.character.state_version == pending.acquirer_version {
+                        entry.character.state_version = acquirer_version;
+                    }
+                    entry.character.inventory.push(pending.item);
+                }
+                if let (Some(version), Some(before)) = (releaser_version, pending.releaser_version)
+                    && let Some(entry) = self.player_mut(pending.releaser.by)
+                    && entry.character.state_version == before
+                {
+                    entry.character.state_version = version;
+                }
+            }
+            Ok(TransferCommit::Rejected(reason)) | Err(reason) => {
+                self.transfers_rejected += 1;
+                tracing::info!(event = "item_transfer_rejected", reason = %reason, "the item goes back to its releaser");
+                self.return_to_releaser(pending);
+            }
+        }
+    }
+
+    /// A refused transfer: the item goes back to the releaser if it is still here, else back to
+    /// the floor still marked as theirs (so the next pickup commits against their stored row).
+    fn return_to_releaser(&mut self, pending: PendingTransfer) {
+        let PendingTransfer {
+            mut item,
+            releaser,
+            zone,
+            room,
+            ..
+        } = pending;
+        if let Some(entry) = self.player_mut(releaser.by) {
+            entry.character.inventory.push(item);
+            return;
+        }
+        item.released = Some(releaser);
+        if let Some(zone) = self.zones.get_mut(&zone) {
+            zone.entities.floor.push(FloorItem {
+                item,
+                room,
+                reset_op: None,
+            });
+        }
+    }
+
+    /// True while an item transfer involving `character_id` waits for its commit.
+    pub fn has_pending_transfer(&self, character_id: Uuid) -> bool {
+        self.pending_transfers
+            .values()
+            .any(|p| p.acquirer == character_id || p.releaser.by == character_id)
+    }
+
+    /// Transfers waiting for their commit.
+    pub fn pending_transfer_count(&self) -> usize {
+        self.pending_transfers.len()
+    }
+
+    /// Item transfers (committed, refused) since boot.
+    pub fn transfer_counts(&self) -> (u64, u64) {
+        (self.transfers_committed, self.transfers_rejected)
+    }
+
+    /// Waits, at most `bound`, for every pending transfer commit and applies the results.
+    pub async fn settle_transfers(&mut self, bound: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + bound;
+        while !self.pending_transfers.is_empty() {
+            match tokio::time::timeout_at(deadline, self.transfer_results.1.recv()).await {
+                Ok(Some((id, result))) => self.finish_transfer(id, result),
+                _ => return false,
+            }
+        }
+        true
     }
 }

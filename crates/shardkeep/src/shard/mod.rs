@@ -151,6 +151,14 @@ pub struct Shard {
     events: mpsc::Receiver<SaverEvent>,
     auditor: Auditor,
     persisted: bool,
+    store: Option<CharacterStore>,
+    pending_transfers: std::collections::HashMap<Uuid, actions::PendingTransfer>,
+    transfer_results: (
+        mpsc::Sender<actions::TransferResult>,
+        mpsc::Receiver<actions::TransferResult>,
+    ),
+    transfers_committed: u64,
+    transfers_rejected: u64,
     evictions: Vec<Eviction>,
     acknowledged: Vec<SaverEvent>,
     pulse: u64,
@@ -180,6 +188,7 @@ impl Shard {
         let cancel = CancellationToken::new();
         let residency = ResidencyIndex::default();
         let persisted = stores.characters.is_some();
+        let store = stores.characters.clone();
         let auditor = match stores.audit {
             Some(store) => Auditor::spawn(store, AuditorConfig::default(), cancel.child_token()),
             None => Auditor::disabled(),
@@ -220,6 +229,11 @@ impl Shard {
             events,
             auditor,
             persisted,
+            store,
+            pending_transfers: std::collections::HashMap::new(),
+            transfer_results: mpsc::channel(4096),
+            transfers_committed: 0,
+            transfers_rejected: 0,
             evictions: Vec::new(),
             acknowledged: Vec::new(),
             pulse: 0,
@@ -306,6 +320,7 @@ impl Shard {
     pub fn tick(&mut self) {
         self.pulse += 1;
         self.handle_saver_events();
+        self.handle_transfer_results();
         let checkpoint_period = self.config.checkpoint_pulses.max(1);
         let flush_period = self.config.flush_pulses.max(1);
         let mut checkpoints = Vec::new();
@@ -360,7 +375,7 @@ impl Shard {
     }
 
     /// Dumps a player at its durable location (an instance keeps its anchor).
-    fn dump(&self, entry: &PlayerEntry) -> Option<crate::character::CharacterSnapshot> {
+    pub(super) fn dump(&self, entry: &PlayerEntry) -> Option<crate::character::CharacterSnapshot> {
         let zone = self.residency.zone_of(entry.character.character_id)?;
         let in_instance = self.zones.get(&zone).is_some_and(|z| z.def.instance);
         dump_entry(entry, &zone, in_instance)

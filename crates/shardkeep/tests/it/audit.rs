@@ -404,7 +404,17 @@ async fn drop_then_get_by_another_player_is_a_transfer(pool: PgPool) {
     shard.drop_item(a, item).unwrap();
     let event = shard.get_item(b, item).unwrap().expect("a transfer");
     assert_eq!((event.subject_id, event.actor_id), (b, Some(a)));
-    shard.auditor().barrier(Duration::from_secs(5)).await;
+    assert!(
+        shard
+            .player(b)
+            .unwrap()
+            .character
+            .inventory
+            .iter()
+            .all(|i| i.id != Some(item)),
+        "held by neither until committed"
+    );
+    assert!(shard.settle_transfers(Duration::from_secs(5)).await);
     let rows = transfers(&pool).await;
     assert_eq!(rows.len(), 1);
     let (subject, actor, payload) = &rows[0];
@@ -510,11 +520,23 @@ async fn the_marker_names_the_most_recent_release(pool: PgPool) {
     let item = gem(&mut shard, a);
     shard.drop_item(a, item).unwrap();
     assert_eq!(shard.get_item(b, item).unwrap().unwrap().actor_id, Some(a));
+    assert!(shard.settle_transfers(Duration::from_secs(5)).await);
     shard.drop_item(b, item).unwrap();
     assert_eq!(
         shard.get_item(c, item).unwrap().unwrap().actor_id,
         Some(b),
         "pickup cleared A's marker"
+    );
+    assert!(shard.settle_transfers(Duration::from_secs(5)).await);
+    assert_eq!(shard.transfer_counts(), (2, 0));
+    assert!(
+        shard
+            .player(c)
+            .unwrap()
+            .character
+            .inventory
+            .iter()
+            .any(|i| i.id == Some(item))
     );
 }
 
@@ -603,4 +625,115 @@ async fn a_storeless_shard_records_nothing_and_still_works(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(rows, 0);
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_transfer_commits_both_rows_and_its_audit_row_together(pool: PgPool) {
+    let Room {
+        mut shard,
+        a,
+        b,
+        stores,
+        ..
+    } = two_players(&pool).await;
+    let item = gem(&mut shard, a);
+    shard.save_one(a, shardkeep::saver::SaveReason::Flush);
+    shard.saver().barrier(Duration::from_secs(5)).await;
+    shard.tick();
+    let holds = |state: &serde_json::Value| state.to_string().contains(&item.to_string());
+    assert!(holds(
+        &stores.characters.load(a).await.unwrap().unwrap().state
+    ));
+    shard.drop_item(a, item).unwrap();
+    shard.get_item(b, item).unwrap();
+    assert!(shard.settle_transfers(Duration::from_secs(5)).await);
+    assert_eq!(shard.transfer_counts(), (1, 0));
+    assert!(
+        !holds(&stores.characters.load(a).await.unwrap().unwrap().state),
+        "the releaser's row lost it"
+    );
+    assert!(
+        holds(&stores.characters.load(b).await.unwrap().unwrap().state),
+        "the acquirer's row holds it"
+    );
+    // The live copies carry the new row versions: their next flushes land without a conflict.
+    shard.save_one(a, shardkeep::saver::SaveReason::Flush);
+    shard.save_one(b, shardkeep::saver::SaveReason::Flush);
+    shard.saver().barrier(Duration::from_secs(5)).await;
+    assert_eq!(shard.saver().stats().row_conflicts, 0);
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_zombies_released_item_never_reaches_another_row(pool: PgPool) {
+    let Room {
+        mut shard,
+        a,
+        b,
+        stores,
+        ..
+    } = two_players(&pool).await;
+    let item = gem(&mut shard, a);
+    shard.save_one(a, shardkeep::saver::SaveReason::Flush);
+    shard.saver().barrier(Duration::from_secs(5)).await;
+    shard.tick();
+    // A is claimed elsewhere: this copy is now a zombie that externalizes its gem.
+    stores.characters.claim(a, 0).await.unwrap();
+    shard.drop_item(a, item).unwrap();
+    shard.get_item(b, item).unwrap();
+    assert!(shard.settle_transfers(Duration::from_secs(5)).await);
+    assert_eq!(shard.transfer_counts(), (0, 1));
+    let holds = |state: &serde_json::Value| state.to_string().contains(&item.to_string());
+    assert!(!holds(
+        &stores.characters.load(b).await.unwrap().unwrap().state
+    ));
+    assert!(
+        holds(&stores.characters.load(a).await.unwrap().unwrap().state),
+        "the live owner's row keeps it"
+    );
+    assert!(
+        shard
+            .player(a)
+            .unwrap()
+            .character
+            .inventory
+            .iter()
+            .any(|i| i.id == Some(item)),
+        "back to the releaser"
+    );
+    assert!(
+        transfers(&pool).await.is_empty(),
+        "no audit row for a transfer that did not happen"
+    );
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn an_item_of_a_departed_releaser_leaves_its_row_on_pickup(pool: PgPool) {
+    let Room {
+        mut shard,
+        a,
+        b,
+        stores,
+        ..
+    } = two_players(&pool).await;
+    let item = gem(&mut shard, a);
+    shard.save_one(a, shardkeep::saver::SaveReason::Flush);
+    shard.saver().barrier(Duration::from_secs(5)).await;
+    shard.tick();
+    shard.drop_item(a, item).unwrap();
+    // A leaves; its final flush is lost, so its row still holds the gem.
+    shard.saver().abort();
+    shard.logout(a).unwrap();
+    let holds = |state: &serde_json::Value| state.to_string().contains(&item.to_string());
+    assert!(holds(
+        &stores.characters.load(a).await.unwrap().unwrap().state
+    ));
+    shard.get_item(b, item).unwrap();
+    assert!(shard.settle_transfers(Duration::from_secs(5)).await);
+    assert!(
+        !holds(&stores.characters.load(a).await.unwrap().unwrap().state),
+        "taken out of the departed row"
+    );
+    assert!(holds(
+        &stores.characters.load(b).await.unwrap().unwrap().state
+    ));
 }
