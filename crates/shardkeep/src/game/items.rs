@@ -378,6 +378,33 @@ pub fn load_item(
     })
 }
 
+/// Removes the item with `id` from a stored carry tree (worn, carried or inside a container);
+/// true when it was there.
+pub fn remove_stored_item(doc: &mut crate::game::state::StateDocument, id: Uuid) -> bool {
+    fn from_list(items: &mut Vec<ItemJson>, id: Uuid) -> bool {
+        if let Some(i) = items.iter().position(|item| item.id == Some(id)) {
+            items.remove(i);
+            return true;
+        }
+        items
+            .iter_mut()
+            .any(|item| from_list(&mut item.contents, id))
+    }
+    let worn = doc
+        .equipment
+        .iter()
+        .find(|(_, item)| item.id == Some(id))
+        .map(|(slot, _)| *slot);
+    if let Some(slot) = worn {
+        doc.equipment.remove(&slot);
+        return true;
+    }
+    doc.equipment
+        .values_mut()
+        .any(|item| from_list(&mut item.contents, id))
+        || from_list(&mut doc.inventory, id)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -466,31 +493,4 @@ mod tests {
         .unwrap_or_default();
         assert_eq!(plain, r#"{"proto":"gem"}"#);
     }
-}
-
-/// Removes the item with `id` from a stored carry tree (worn, carried or inside a container);
-/// true when it was there.
-pub fn remove_stored_item(doc: &mut crate::game::state::StateDocument, id: Uuid) -> bool {
-    fn from_list(items: &mut Vec<ItemJson>, id: Uuid) -> bool {
-        if let Some(i) = items.iter().position(|item| item.id == Some(id)) {
-            items.remove(i);
-            return true;
-        }
-        items
-            .iter_mut()
-            .any(|item| from_list(&mut item.contents, id))
-    }
-    let worn = doc
-        .equipment
-        .iter()
-        .find(|(_, item)| item.id == Some(id))
-        .map(|(slot, _)| *slot);
-    if let Some(slot) = worn {
-        doc.equipment.remove(&slot);
-        return true;
-    }
-    doc.equipment
-        .values_mut()
-        .any(|item| from_list(&mut item.contents, id))
-        || from_list(&mut doc.inventory, id)
 }
