@@ -50,12 +50,17 @@ pub struct NewCharacter {
 pub enum Releaser<'a> {
     /// Still held by the acquirer's shard: its current snapshot (already without the item).
     Held(&'a CharacterSnapshot),
-    /// Gone from the shard: its stored row loses the item if it still holds it.
+    /// Gone from the shard. If the row is still owned by the copy that released the item
+    /// (`released_epoch`), the row loses the item when it holds it. If ownership has moved on,
+    /// the transfer commits only when the row does not hold the item: a newer owner holding it
+    /// means the released one may be a zombie's phantom.
     Departed {
         /// The releasing character.
         character_id: Uuid,
         /// The item.
         item_id: Uuid,
+        /// The owner epoch of the copy that released it.
+        released_epoch: i64,
     },
 }
 
@@ -71,6 +76,12 @@ pub enum TransferCommit {
     },
     /// Nothing was written; why.
     Rejected(String),
+    /// Nothing was written: the releasing copy is no longer the owner, so the released item
+    /// may be a zombie's phantom and must not enter another row.
+    ReleaserSuperseded {
+        /// The releaser row's epoch.
+        current_epoch: i64,
+    },
 }
 
 /// How a location write ended.
@@ -444,12 +455,21 @@ impl CharacterStore {
         let releaser_version = match releaser {
             Releaser::Held(snapshot) => match Self::save_in(&mut tx, snapshot).await? {
                 SaveOutcome::Saved(version) => Some(version),
+                SaveOutcome::OwnershipLost(current_epoch) => {
+                    return Ok(TransferCommit::ReleaserSuperseded { current_epoch });
+                }
                 other => return Ok(TransferCommit::Rejected(format!("releaser: {other:?}"))),
             },
             Releaser::Departed {
                 character_id,
                 item_id,
-            } => Self::take_item_in(&mut tx, character_id, item_id).await?,
+                released_epoch,
+            } => match Self::take_item_in(&mut tx, character_id, item_id, released_epoch).await? {
+                Ok(version) => version,
+                Err(current_epoch) => {
+                    return Ok(TransferCommit::ReleaserSuperseded { current_epoch });
+                }
+            },
         };
         let acquirer_version = match Self::save_in(&mut tx, acquirer).await? {
             SaveOutcome::Saved(version) => version,
@@ -486,25 +506,30 @@ impl CharacterStore {
         ))
     }
 
-    /// Removes `item_id` from a departed releaser's stored row if it is still there.
+    /// Removes `item_id` from a departed releaser's stored row if it is still there. `Ok(Err)`
+    /// carries the row's epoch when a newer owner than `released_epoch` holds the item.
     async fn take_item_in(
         conn: &mut sqlx::PgConnection,
         character_id: Uuid,
         item_id: Uuid,
-    ) -> Result<Option<i64>, StoreError> {
-        let row: Option<(serde_json::Value,)> =
-            sqlx::query_as("SELECT state FROM characters WHERE id = $1 FOR UPDATE")
+        released_epoch: i64,
+    ) -> Result<Result<Option<i64>, i64>, StoreError> {
+        let row: Option<(serde_json::Value, i64)> =
+            sqlx::query_as("SELECT state, owner_epoch FROM characters WHERE id = $1 FOR UPDATE")
                 .bind(character_id)
                 .fetch_optional(&mut *conn)
                 .await?;
-        let Some((state,)) = row else {
-            return Ok(None);
+        let Some((state, epoch)) = row else {
+            return Ok(Ok(None));
         };
         let Ok(mut doc) = serde_json::from_value::<crate::game::StateDocument>(state) else {
-            return Ok(None);
+            return Ok(Ok(None));
         };
         if !crate::game::items::remove_stored_item(&mut doc, item_id) {
-            return Ok(None);
+            return Ok(Ok(None));
+        }
+        if epoch != released_epoch {
+            return Ok(Err(epoch));
         }
         let state =
             serde_json::to_value(&doc).map_err(|e| StoreError::InvalidInput(e.to_string()))?;
@@ -515,7 +540,7 @@ impl CharacterStore {
         .bind(state)
         .fetch_one(&mut *conn)
         .await?;
-        Ok(Some(version))
+        Ok(Ok(Some(version)))
     }
 
     /// The row's current `(state_version, owner_epoch)`.

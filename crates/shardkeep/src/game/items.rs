@@ -167,6 +167,9 @@ pub struct Released {
     pub by: Uuid,
     /// Their name at the time.
     pub by_name: String,
+    /// The owner epoch of the copy that released it: a pickup after that copy lost ownership
+    /// cannot tell a real item from a zombie's phantom, so the store fences on it.
+    pub epoch: i64,
 }
 
 /// A live item.

@@ -115,6 +115,7 @@ impl Shard {
         item.released = Some(Released {
             by: character_id,
             by_name: entry.character.name.clone(),
+            epoch: entry.character.owner_epoch,
         });
         Ok(item)
     }
@@ -391,6 +392,7 @@ impl Shard {
         };
         let item_id = pending.item.id;
         let releaser_id = pending.releaser.by;
+        let released_epoch = pending.releaser.epoch;
         self.pending_transfers.insert(transfer_id, pending);
         let Some(acquirer_snapshot) = acquirer_snapshot else {
             self.finish_transfer(transfer_id, Err("acquirer could not be dumped".into()));
@@ -404,6 +406,7 @@ impl Shard {
                 (None, Some(item_id)) => Releaser::Departed {
                     character_id: releaser_id,
                     item_id,
+                    released_epoch,
                 },
                 (None, None) => {
                     let _ = results
@@ -456,12 +459,64 @@ impl Shard {
                     entry.character.state_version = version;
                 }
             }
+            Ok(TransferCommit::ReleaserSuperseded { current_epoch }) => {
+                self.transfers_rejected += 1;
+                if self.player(pending.releaser.by).is_some() {
+                    // The zombie copy is still here: the item goes back and leaves with it.
+                    self.return_to_releaser(pending);
+                } else {
+                    tracing::warn!(event = "item_voided", item = ?pending.item.id, releaser = %pending.releaser.by,
+                        released_epoch = pending.releaser.epoch, current_epoch,
+                        "released by a copy that lost ownership; it may be a phantom");
+                    self.void_item(&pending.item);
+                }
+            }
             Ok(TransferCommit::Rejected(reason)) | Err(reason) => {
                 self.transfers_rejected += 1;
                 tracing::info!(event = "item_transfer_rejected", reason = %reason, "the item goes back to its releaser");
                 self.return_to_releaser(pending);
             }
         }
+    }
+
+    /// Records `item` (and everything inside it) as destroyed.
+    pub(super) fn void_item(&mut self, item: &Item) {
+        item.walk(&mut |i| self.voided_items.extend(i.id));
+    }
+
+    /// Removes from the floors every item released by `character_id`'s copy at `epoch` (an
+    /// evicted zombie): another player must not pick up what may be a phantom.
+    pub(super) fn void_released_by(&mut self, character_id: Uuid, epoch: i64) {
+        let released_here = |item: &Item| {
+            item.released
+                .as_ref()
+                .is_some_and(|r| r.by == character_id && r.epoch == epoch)
+        };
+        let mut voided = Vec::new();
+        for zone in self.zones.values_mut() {
+            zone.entities.floor.retain_mut(|floor| {
+                if released_here(&floor.item) {
+                    voided.push(floor.item.clone());
+                    return false;
+                }
+                floor.item.contents.retain(|inner| {
+                    if released_here(inner) {
+                        voided.push(inner.clone());
+                        return false;
+                    }
+                    true
+                });
+                true
+            });
+        }
+        for item in &voided {
+            self.void_item(item);
+        }
+    }
+
+    /// Item ids destroyed since the last call: phantoms released by zombie copies.
+    pub fn take_voided_items(&mut self) -> Vec<Uuid> {
+        std::mem::take(&mut self.voided_items)
     }
 
     /// A refused transfer: the item goes back to the releaser if it is still here, else back to

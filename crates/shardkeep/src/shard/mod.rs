@@ -159,6 +159,7 @@ pub struct Shard {
     ),
     transfers_committed: u64,
     transfers_rejected: u64,
+    voided_items: Vec<Uuid>,
     evictions: Vec<Eviction>,
     acknowledged: Vec<SaverEvent>,
     pulse: u64,
@@ -234,6 +235,7 @@ impl Shard {
             transfer_results: mpsc::channel(4096),
             transfers_committed: 0,
             transfers_rejected: 0,
+            voided_items: Vec::new(),
             evictions: Vec::new(),
             acknowledged: Vec::new(),
             pulse: 0,
@@ -448,6 +450,7 @@ impl Shard {
         if let Some(entry) = zone.remove(character_id, &self.residency) {
             tracing::warn!(event = "zombie_evicted", character = %character_id,
                 epoch = entry.character.owner_epoch, newer_epoch);
+            self.void_released_by(character_id, entry.character.owner_epoch);
             self.evictions.push(Eviction {
                 character_id,
                 evicted_epoch: entry.character.owner_epoch,
@@ -479,6 +482,24 @@ impl Shard {
             owner_epoch: character.owner_epoch,
             updated_at: Utc::now(),
         });
+    }
+
+    /// Re-asserts the placement record of every attached or link-dead player (a repair pass after
+    /// a Redis outage; records are fenced, so a stale one never wins).
+    pub fn refresh_placements(&self) {
+        for zone in self.zones.values() {
+            for entry in zone
+                .players()
+                .filter(|e| !matches!(e.link, Link::Pending { .. }))
+            {
+                self.register_placement(&entry.character, &zone.def.id);
+            }
+        }
+    }
+
+    /// Waits, at most `bound`, until queued placement updates are written.
+    pub async fn placement_barrier(&self, bound: Duration) -> crate::drain::BarrierOutcome {
+        self.placement.barrier(bound).await
     }
 
     /// Kills the shard without flushing anything (a crash): the saver and placement writer stop

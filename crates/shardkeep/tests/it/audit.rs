@@ -737,3 +737,96 @@ async fn an_item_of_a_departed_releaser_leaves_its_row_on_pickup(pool: PgPool) {
         &stores.characters.load(b).await.unwrap().unwrap().state
     ));
 }
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_phantom_dropped_by_a_departed_zombie_is_voided_not_transferred(pool: PgPool) {
+    let Room {
+        mut shard,
+        a,
+        b,
+        stores,
+        ..
+    } = two_players(&pool).await;
+    let item = gem(&mut shard, a);
+    shard.save_one(a, shardkeep::saver::SaveReason::Flush);
+    shard.saver().barrier(Duration::from_secs(5)).await;
+    shard.tick();
+    // A is claimed elsewhere (the new owner loads the gem from the row); this copy drops its
+    // phantom and leaves before anyone notices it is a zombie.
+    stores.characters.claim(a, 0).await.unwrap();
+    shard.drop_item(a, item).unwrap();
+    shard.saver().abort();
+    shard.logout(a).unwrap();
+    shard.get_item(b, item).unwrap();
+    assert!(shard.settle_transfers(Duration::from_secs(5)).await);
+    assert_eq!(shard.transfer_counts(), (0, 1));
+    assert_eq!(shard.take_voided_items(), vec![item]);
+    let holds = |state: &serde_json::Value| state.to_string().contains(&item.to_string());
+    assert!(holds(
+        &stores.characters.load(a).await.unwrap().unwrap().state
+    ));
+    assert!(!holds(
+        &stores.characters.load(b).await.unwrap().unwrap().state
+    ));
+    let b_entry = shard.player(b).unwrap();
+    assert!(
+        !b_entry
+            .character
+            .inventory
+            .iter()
+            .any(|i| i.id == Some(item))
+    );
+    assert!(transfers(&pool).await.is_empty());
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn an_item_no_row_holds_transfers_even_after_its_releaser_moved_on(pool: PgPool) {
+    let Room {
+        mut shard,
+        a,
+        b,
+        stores,
+        ..
+    } = two_players(&pool).await;
+    // Never flushed: the only copy of the gem is the one A drops.
+    let item = gem(&mut shard, a);
+    stores.characters.claim(a, 0).await.unwrap();
+    shard.drop_item(a, item).unwrap();
+    shard.saver().abort();
+    shard.logout(a).unwrap();
+    shard.get_item(b, item).unwrap();
+    assert!(shard.settle_transfers(Duration::from_secs(5)).await);
+    assert_eq!(shard.transfer_counts(), (1, 0));
+    let holds = |state: &serde_json::Value| state.to_string().contains(&item.to_string());
+    assert!(holds(
+        &stores.characters.load(b).await.unwrap().unwrap().state
+    ));
+    assert_eq!(transfers(&pool).await.len(), 1);
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn an_evicted_zombies_floor_items_are_voided(pool: PgPool) {
+    let Room {
+        mut shard,
+        a,
+        b,
+        stores,
+        ..
+    } = two_players(&pool).await;
+    let item = gem(&mut shard, a);
+    shard.save_one(a, shardkeep::saver::SaveReason::Flush);
+    shard.saver().barrier(Duration::from_secs(5)).await;
+    shard.tick();
+    stores.characters.claim(a, 0).await.unwrap();
+    shard.drop_item(a, item).unwrap();
+    // The zombie's next flush is fenced and the copy is evicted with what it released.
+    shard.save_one(a, shardkeep::saver::SaveReason::Flush);
+    shard.saver().barrier(Duration::from_secs(5)).await;
+    shard.tick();
+    assert_eq!(shard.take_evictions().len(), 1);
+    assert_eq!(shard.take_voided_items(), vec![item]);
+    assert_eq!(
+        shard.get_item(b, item),
+        Err(shardkeep::shard::ActionError::NoSuchItem(item))
+    );
+}
