@@ -47,6 +47,104 @@ pub(crate) enum Command {
     DeadLetters(DeadLettersArgs),
     /// Run an admin cleanup of Redis (presence, handoff, registry) through the signed API.
     Cleanup(CleanupArgs),
+    /// Simulate whole shards of synthetic players under faults, in a scratch database and
+    /// namespace, then check the invariants against the durable stores. Exits 2 when an
+    /// invariant fails.
+    Simulate(SimulateArgs),
+}
+
+/// Options of `shardkeep simulate`.
+#[derive(Debug, Args)]
+pub(crate) struct SimulateArgs {
+    #[command(flatten)]
+    pub(crate) postgres: PostgresArgs,
+
+    /// Redis connection URL.
+    #[arg(long, env = "REDIS_URL", hide_env_values = true)]
+    pub(crate) redis_url: Option<String>,
+
+    /// Play time, as seconds (`90`) or with a unit (`90s`, `2m`); settling and checks follow.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub(crate) duration: std::time::Duration,
+
+    /// Shards in the process.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub(crate) shards: u32,
+
+    /// Synthetic players.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) players: u32,
+
+    /// Seed of every choice the run makes (players' actions, fault plan).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+
+    /// Faults to inject: `all`, `none`, or a comma list of kill-shard, zombie, redis-outage,
+    /// postgres-outage, queue-full, poison.
+    #[arg(long, default_value = "all")]
+    pub(crate) faults: shardkeep::sim::FaultSet,
+
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    pub(crate) report: Option<std::path::PathBuf>,
+
+    /// Keep the scratch database and Redis keys after the run (for inspection).
+    #[arg(long)]
+    pub(crate) keep: bool,
+}
+
+/// Parses `90`, `90s`, `1500ms` or `2m` (1 s to 24 h).
+pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as 90, 90s or 2m"))?;
+    let millis = match unit {
+        "" | "s" => number.checked_mul(1000),
+        "ms" => Some(number),
+        "m" => number.checked_mul(60_000),
+        "h" => number.checked_mul(3_600_000),
+        other => return Err(format!("unknown unit {other:?}; use ms, s, m or h")),
+    }
+    .ok_or_else(|| format!("{text:?} is too long"))?;
+    let duration = std::time::Duration::from_millis(millis);
+    if duration < std::time::Duration::from_secs(1)
+        || duration > std::time::Duration::from_secs(86_400)
+    {
+        return Err(format!("{text:?} is outside 1 s to 24 h"));
+    }
+    Ok(duration)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::parse_duration;
+
+    #[test]
+    fn durations_parse_with_and_without_units() {
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
+        for bad in [
+            "",
+            "s",
+            "-5",
+            "10x",
+            "0",
+            "500ms",
+            "25h",
+            "99999999999999999999",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
 }
 
 /// Options of `shardkeep serve`.

@@ -18,7 +18,13 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = cli::Cli::parse();
-    telemetry::init(&cli.log);
+    // The simulator injects faults on purpose: their warnings would bury the progress display
+    // and the report, so it logs errors only unless RUST_LOG says otherwise.
+    let default_filter = match cli.command {
+        cli::Command::Simulate(_) => "error",
+        _ => "info,sqlx=warn",
+    };
+    telemetry::init(&cli.log, default_filter);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

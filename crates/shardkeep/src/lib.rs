@@ -16,6 +16,7 @@
 //! - [`retry`] — durable persistence retry jobs on Postgres: enqueue, worker, dead letters.
 //! - [`saver`] — the background saver: checkpoints, CAS flushes, conflicts, the final rebase.
 //! - [`shard`] — the reference shard runtime: zones, players, cadences, sessions, landing.
+//! - [`sim`] — the simulator: whole shards of synthetic players under faults, with invariants.
 //! - [`telemetry`] — names of every metric shardkeep records.
 //! - [`ttl`] — the validated, strictly positive TTL type (pure).
 //! - [`audit`] — the append-only audit trail: auditor, account operations, read views.
@@ -42,6 +43,7 @@ pub mod queue;
 pub mod retry;
 pub mod saver;
 pub mod shard;
+pub mod sim;
 pub mod telemetry;
 pub mod ttl;
 

@@ -4,6 +4,7 @@ mod bench;
 mod migrate;
 mod ops;
 mod serve;
+mod simulate;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -22,6 +23,7 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<ExitCode> {
         Command::Serve(args) => serve::run(args).await,
         Command::DeadLetters(args) => ops::dead_letters(&args).await,
         Command::Cleanup(args) => ops::cleanup(&args).await,
+        Command::Simulate(args) => simulate::run(&args).await,
     }
 }
 

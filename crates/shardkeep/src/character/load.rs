@@ -100,13 +100,17 @@ impl CharacterLoader {
         floor: i64,
     ) -> Result<LoadedCharacter, LoadError> {
         let character_id = carried.character_id;
-        let claimed = tokio::time::timeout(self.io_timeout, self.store.claim(character_id, floor))
-            .await
-            .map_err(|_| LoadError::Timeout(character_id))?
-            .map_err(|source| LoadError::Store {
-                character_id,
-                source,
-            })?;
+        let claimed = tokio::time::timeout(
+            self.io_timeout,
+            self.store
+                .claim_continuing(character_id, floor, carried.owner_epoch),
+        )
+        .await
+        .map_err(|_| LoadError::Timeout(character_id))?
+        .map_err(|source| LoadError::Store {
+            character_id,
+            source,
+        })?;
         let snapshot = CharacterSnapshot {
             state_version: claimed.row.state_version,
             owner_epoch: claimed.new_epoch,

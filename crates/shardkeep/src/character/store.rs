@@ -50,10 +50,11 @@ pub struct NewCharacter {
 pub enum Releaser<'a> {
     /// Still held by the acquirer's shard: its current snapshot (already without the item).
     Held(&'a CharacterSnapshot),
-    /// Gone from the shard. If the row is still owned by the copy that released the item
-    /// (`released_epoch`), the row loses the item when it holds it. If ownership has moved on,
-    /// the transfer commits only when the row does not hold the item: a newer owner holding it
-    /// means the released one may be a zombie's phantom.
+    /// Gone from the shard. If the row's owner descends from the copy that released the item
+    /// (`released_epoch` within the current lineage: the same copy, or later copies it handed
+    /// off to), the row loses the item when it holds it. Otherwise the transfer commits only
+    /// when the row does not hold the item: an unrelated owner holding it means the released
+    /// one may be a zombie's phantom.
     Departed {
         /// The releasing character.
         character_id: Uuid,
@@ -206,7 +207,10 @@ WITH prev AS (
     SELECT id, owner_epoch FROM characters WHERE id = $1 FOR UPDATE
 )
 UPDATE characters c
-   SET owner_epoch = GREATEST(prev.owner_epoch, $2) + 1, updated_at = now()
+   SET owner_epoch = GREATEST(prev.owner_epoch, $2) + 1,
+       lineage_epoch = CASE WHEN prev.owner_epoch = $3 THEN c.lineage_epoch
+                            ELSE GREATEST(prev.owner_epoch, $2) + 1 END,
+       updated_at = now()
   FROM prev
  WHERE c.id = prev.id
 RETURNING c.owner_epoch, c.id, c.account_id, c.name, c.zone_ref, c.room_ref, c.state, c.chargen,
@@ -265,8 +269,30 @@ impl CharacterStore {
     }
 
     /// Mints the next owner epoch for `character_id` — `max(row, floor) + 1`, in one statement —
-    /// and returns it with the row as it stood before the claim.
+    /// and returns it with the row as it stood before the claim. The new copy's content starts
+    /// over from stored state (a login), so a new lineage begins.
     pub async fn claim(&self, character_id: Uuid, floor: i64) -> Result<ClaimedRow, StoreError> {
+        self.claim_with(character_id, floor, None).await
+    }
+
+    /// A claim for a handoff whose carried snapshot was dumped by the copy at `carried_epoch`:
+    /// when that copy is the current owner, the lineage continues; otherwise a new one begins.
+    pub async fn claim_continuing(
+        &self,
+        character_id: Uuid,
+        floor: i64,
+        carried_epoch: i64,
+    ) -> Result<ClaimedRow, StoreError> {
+        self.claim_with(character_id, floor, Some(carried_epoch))
+            .await
+    }
+
+    async fn claim_with(
+        &self,
+        character_id: Uuid,
+        floor: i64,
+        carried_epoch: Option<i64>,
+    ) -> Result<ClaimedRow, StoreError> {
         if floor < 0 {
             return Err(StoreError::InvalidInput(format!(
                 "epoch floor {floor} is negative"
@@ -287,6 +313,7 @@ impl CharacterStore {
         let row: Option<ClaimTuple> = sqlx::query_as(CLAIM)
             .bind(character_id)
             .bind(floor)
+            .bind(carried_epoch)
             .fetch_optional(self.pg.pool())
             .await?;
         let (new_epoch, id, account, name, zone, room, state, chargen, version, previous) =
@@ -453,7 +480,7 @@ impl CharacterStore {
     ) -> Result<TransferCommit, StoreError> {
         let mut tx = self.pg.pool().begin().await?;
         let releaser_version = match releaser {
-            Releaser::Held(snapshot) => match Self::save_in(&mut tx, snapshot).await? {
+            Releaser::Held(snapshot) => match Self::save_rebased_in(&mut tx, snapshot).await? {
                 SaveOutcome::Saved(version) => Some(version),
                 SaveOutcome::OwnershipLost(current_epoch) => {
                     return Ok(TransferCommit::ReleaserSuperseded { current_epoch });
@@ -471,7 +498,7 @@ impl CharacterStore {
                 }
             },
         };
-        let acquirer_version = match Self::save_in(&mut tx, acquirer).await? {
+        let acquirer_version = match Self::save_rebased_in(&mut tx, acquirer).await? {
             SaveOutcome::Saved(version) => version,
             other => return Ok(TransferCommit::Rejected(format!("acquirer: {other:?}"))),
         };
@@ -481,6 +508,26 @@ impl CharacterStore {
             releaser_version,
             acquirer_version,
         })
+    }
+
+    /// A save inside a transfer: the live copy is authoritative, as for a flush conflict, so a
+    /// version race with a write of the same owner (a retry job, a journal location write) is
+    /// rebased onto the current version once. The shard runs one transfer per character at a
+    /// time, so no other transfer's write is overwritten. Ownership is never rebased.
+    async fn save_rebased_in(
+        conn: &mut sqlx::PgConnection,
+        snapshot: &CharacterSnapshot,
+    ) -> Result<SaveOutcome, StoreError> {
+        match Self::save_in(conn, snapshot).await? {
+            SaveOutcome::VersionConflict(current) => {
+                let rebased = CharacterSnapshot {
+                    state_version: current,
+                    ..snapshot.clone()
+                };
+                Self::save_in(conn, &rebased).await
+            }
+            other => Ok(other),
+        }
     }
 
     async fn save_in(
@@ -507,19 +554,21 @@ impl CharacterStore {
     }
 
     /// Removes `item_id` from a departed releaser's stored row if it is still there. `Ok(Err)`
-    /// carries the row's epoch when a newer owner than `released_epoch` holds the item.
+    /// carries the row's epoch when the row holds the item but its owner does not descend from
+    /// the copy at `released_epoch` (that copy may have been a zombie releasing a phantom).
     async fn take_item_in(
         conn: &mut sqlx::PgConnection,
         character_id: Uuid,
         item_id: Uuid,
         released_epoch: i64,
     ) -> Result<Result<Option<i64>, i64>, StoreError> {
-        let row: Option<(serde_json::Value, i64)> =
-            sqlx::query_as("SELECT state, owner_epoch FROM characters WHERE id = $1 FOR UPDATE")
-                .bind(character_id)
-                .fetch_optional(&mut *conn)
-                .await?;
-        let Some((state, epoch)) = row else {
+        let row: Option<(serde_json::Value, i64, i64)> = sqlx::query_as(
+            "SELECT state, owner_epoch, lineage_epoch FROM characters WHERE id = $1 FOR UPDATE",
+        )
+        .bind(character_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+        let Some((state, epoch, lineage)) = row else {
             return Ok(Ok(None));
         };
         let Ok(mut doc) = serde_json::from_value::<crate::game::StateDocument>(state) else {
@@ -528,7 +577,8 @@ impl CharacterStore {
         if !crate::game::items::remove_stored_item(&mut doc, item_id) {
             return Ok(Ok(None));
         }
-        if epoch != released_epoch {
+        // The releasing copy is an ancestor of the current owner only within its lineage.
+        if released_epoch < lineage || released_epoch > epoch {
             return Ok(Err(epoch));
         }
         let state =

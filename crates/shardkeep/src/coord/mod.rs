@@ -112,7 +112,7 @@ impl Coordination {
         Ok(self.redis.ping().await?)
     }
 
-    fn conn(&self) -> redis::aio::ConnectionManager {
+    pub(crate) fn conn(&self) -> redis::aio::ConnectionManager {
         self.redis.conn()
     }
 }

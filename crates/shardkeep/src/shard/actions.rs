@@ -32,6 +32,9 @@ pub enum ActionError {
     /// The target is not a container.
     #[error("item {0} is not a container")]
     NotAContainer(Uuid),
+    /// A character involved already waits on a transfer commit; one at a time each.
+    #[error("character {0} already has an item transfer in flight")]
+    TransferPending(Uuid),
 }
 
 impl Shard {
@@ -139,6 +142,14 @@ impl Shard {
             .iter()
             .position(|f| f.room == room && f.item.id == Some(item_id))
             .ok_or(ActionError::NoSuchItem(item_id))?;
+        let released = floor[index].item.released.clone();
+        self.check_transfer_slot(character_id, released.as_ref())?;
+        let floor = &mut self
+            .zones
+            .get_mut(&zone)
+            .ok_or(ActionError::NotHere(character_id))?
+            .entities
+            .floor;
         let item = floor.remove(index).item;
         Ok(self.acquire(character_id, item, &zone, &room))
     }
@@ -169,8 +180,38 @@ impl Shard {
             .iter()
             .position(|i| i.id == Some(item_id))
             .ok_or(ActionError::NoSuchItem(item_id))?;
-        let item = container.item.contents.remove(index);
+        let released = container.item.contents[index].released.clone();
+        self.check_transfer_slot(character_id, released.as_ref())?;
+        let item = self
+            .zones
+            .get_mut(&zone)
+            .and_then(|z| {
+                z.entities
+                    .floor
+                    .iter_mut()
+                    .find(|f| f.room == room && f.item.id == Some(container_id))
+            })
+            .map(|c| c.item.contents.remove(index))
+            .ok_or(ActionError::NoSuchItem(item_id))?;
         Ok(self.acquire(character_id, item, &zone, &room))
+    }
+
+    /// Refuses a pickup that would start a second transfer for either character: a transfer
+    /// commit rebases over its own owner's writes, which is only safe one transfer at a time.
+    fn check_transfer_slot(
+        &self,
+        acquirer: Uuid,
+        released: Option<&Released>,
+    ) -> Result<(), ActionError> {
+        let Some(released) = released.filter(|r| r.by != acquirer && self.persisted) else {
+            return Ok(());
+        };
+        for character in [acquirer, released.by] {
+            if self.has_pending_transfer(character) {
+                return Err(ActionError::TransferPending(character));
+            }
+        }
+        Ok(())
     }
 
     /// Puts a picked-up item into the inventory: the marker is cleared and a bind-on-pickup item
@@ -548,6 +589,15 @@ impl Shard {
         self.pending_transfers
             .values()
             .any(|p| p.acquirer == character_id || p.releaser.by == character_id)
+    }
+
+    /// Ids of the items waiting for a transfer commit (held by neither side meanwhile).
+    pub fn pending_transfer_items(&self) -> Vec<Uuid> {
+        let mut ids = Vec::new();
+        for pending in self.pending_transfers.values() {
+            pending.item.walk(&mut |i| ids.extend(i.id));
+        }
+        ids
     }
 
     /// Transfers waiting for their commit.

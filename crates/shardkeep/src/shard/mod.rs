@@ -321,8 +321,9 @@ impl Shard {
     /// flush period. A player due for both gets the flush (which also writes the checkpoint).
     pub fn tick(&mut self) {
         self.pulse += 1;
-        self.handle_saver_events();
+        // Transfer results first: a flush conflict handled after them re-dumps the item too.
         self.handle_transfer_results();
+        self.handle_saver_events();
         let checkpoint_period = self.config.checkpoint_pulses.max(1);
         let flush_period = self.config.flush_pulses.max(1);
         let mut checkpoints = Vec::new();
@@ -408,9 +409,14 @@ impl Shard {
                 character_id,
                 current_version,
             } => {
+                let pending = self.has_pending_transfer(character_id);
                 if let Some(entry) = self.player_mut(character_id) {
                     entry.character.state_version = current_version;
-                    self.save_one(character_id, SaveReason::Flush);
+                    // With an item between rows, a re-dump would miss it; the next cadence
+                    // flush carries the settled state.
+                    if !pending {
+                        self.save_one(character_id, SaveReason::Flush);
+                    }
                 }
             }
             SaverEvent::OwnershipLost {
@@ -431,6 +437,20 @@ impl Shard {
             ),
             SaverEvent::FinalDropped { .. } | SaverEvent::NotFound { .. } => {}
         }
+    }
+
+    /// Evicts the copy of `character_id` held here if its epoch is older than `newer_epoch`
+    /// (a login or handoff claimed it elsewhere and landed here); true when one was evicted.
+    pub fn evict_if_older(&mut self, character_id: Uuid, newer_epoch: i64) -> bool {
+        let before = self.evictions.len();
+        self.evict(
+            character_id,
+            newer_epoch,
+            EvictionCause::OwnershipLost {
+                current_epoch: newer_epoch,
+            },
+        );
+        self.evictions.len() > before
     }
 
     /// Removes a zombie copy without saving it, if its epoch is older than `newer_epoch`.

@@ -830,3 +830,101 @@ async fn an_evicted_zombies_floor_items_are_voided(pool: PgPool) {
         Err(shardkeep::shard::ActionError::NoSuchItem(item))
     );
 }
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_transfer_rebases_over_a_write_of_the_same_owner(pool: PgPool) {
+    let Room {
+        mut shard,
+        a,
+        b,
+        stores,
+        ..
+    } = two_players(&pool).await;
+    let item = gem(&mut shard, a);
+    // A journal location write lands for both: their live versions are now behind their rows.
+    for id in [a, b] {
+        let epoch = shard.player(id).unwrap().character.owner_epoch;
+        stores
+            .characters
+            .write_location(id, epoch, "zone-0", "r1")
+            .await
+            .unwrap();
+    }
+    shard.drop_item(a, item).unwrap();
+    shard.get_item(b, item).unwrap();
+    assert!(shard.settle_transfers(Duration::from_secs(5)).await);
+    assert_eq!(
+        shard.transfer_counts(),
+        (1, 0),
+        "the live copies win the race"
+    );
+    let holds = |state: &serde_json::Value| state.to_string().contains(&item.to_string());
+    assert!(holds(
+        &stores.characters.load(b).await.unwrap().unwrap().state
+    ));
+    // The live copies adopted the rebased versions: their next flushes land cleanly.
+    shard.save_one(a, shardkeep::saver::SaveReason::Flush);
+    shard.save_one(b, shardkeep::saver::SaveReason::Flush);
+    shard.saver().barrier(Duration::from_secs(5)).await;
+    assert_eq!(shard.saver().stats().row_conflicts, 0);
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn one_transfer_at_a_time_per_character(pool: PgPool) {
+    let Room {
+        mut shard, a, b, ..
+    } = two_players(&pool).await;
+    let first = gem(&mut shard, a);
+    let second = gem(&mut shard, a);
+    shard.drop_item(a, first).unwrap();
+    shard.drop_item(a, second).unwrap();
+    shard.get_item(b, first).unwrap();
+    assert_eq!(
+        shard.get_item(b, second),
+        Err(shardkeep::shard::ActionError::TransferPending(b))
+    );
+    assert!(shard.settle_transfers(Duration::from_secs(5)).await);
+    assert!(
+        shard.get_item(b, second).unwrap().is_some(),
+        "the item stayed on the floor and transfers once the first settled"
+    );
+    assert!(shard.settle_transfers(Duration::from_secs(5)).await);
+    assert_eq!(shard.transfer_counts(), (2, 0));
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_releaser_that_handed_off_still_gives_up_its_item(pool: PgPool) {
+    let Room {
+        mut shard,
+        a,
+        b,
+        stores,
+        ..
+    } = two_players(&pool).await;
+    let item = gem(&mut shard, a);
+    shard.save_one(a, shardkeep::saver::SaveReason::Flush);
+    shard.saver().barrier(Duration::from_secs(5)).await;
+    shard.tick();
+    let epoch = shard.player(a).unwrap().character.owner_epoch;
+    shard.drop_item(a, item).unwrap();
+    // A walks to another shard: the destination's claim continues A's lineage (its carried
+    // snapshot descends from the copy that dropped the gem); the row still holds the gem.
+    shard.saver().abort();
+    shard.logout(a).unwrap();
+    stores
+        .characters
+        .claim_continuing(a, epoch, epoch)
+        .await
+        .unwrap();
+    shard.get_item(b, item).unwrap();
+    assert!(shard.settle_transfers(Duration::from_secs(5)).await);
+    assert_eq!(shard.transfer_counts(), (1, 0));
+    assert!(shard.take_voided_items().is_empty());
+    let holds = |state: &serde_json::Value| state.to_string().contains(&item.to_string());
+    assert!(!holds(
+        &stores.characters.load(a).await.unwrap().unwrap().state
+    ));
+    assert!(holds(
+        &stores.characters.load(b).await.unwrap().unwrap().state
+    ));
+}

@@ -1,0 +1,113 @@
+//! `shardkeep simulate`: runs the simulator with a live progress display, prints the report
+//! table, writes the JSON report when asked, and exits 2 when an invariant failed.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow};
+use indicatif::{ProgressBar, ProgressStyle};
+use shardkeep::sim::{self, SimConfig, SimProgress};
+
+use crate::cli::SimulateArgs;
+
+/// Exit status of a run whose invariants failed.
+const INVARIANTS_FAILED: u8 = 2;
+
+/// Runs the simulation.
+pub(crate) async fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
+    let database_url = super::database_url(&args.postgres)?;
+    let redis_url = args
+        .redis_url
+        .as_deref()
+        .filter(|u| !u.trim().is_empty())
+        .ok_or_else(|| anyhow!("REDIS_URL is not set; pass --redis-url or set REDIS_URL"))?;
+    if let Some(path) = &args.report {
+        // Fail before a long run rather than after it.
+        std::fs::write(path, b"{}")
+            .with_context(|| format!("cannot write the report to {}", path.display()))?;
+    }
+    let config = SimConfig {
+        duration: args.duration,
+        shards: args.shards as usize,
+        players: args.players as usize,
+        seed: args.seed,
+        faults: args.faults.clone(),
+        keep: args.keep,
+        ..SimConfig::default()
+    };
+    eprintln!(
+        "simulating {} players on {} shards for {:?} (seed {}, faults: {})",
+        config.players, config.shards, config.duration, config.seed, config.faults
+    );
+    let display = Display::new();
+    let report = sim::run(config, database_url, redis_url, move |p| display.show(p)).await?;
+    println!("{report}");
+    if let Some(path) = &args.report {
+        let json = serde_json::to_vec_pretty(&report)?;
+        std::fs::write(path, json)
+            .with_context(|| format!("cannot write the report to {}", path.display()))?;
+        eprintln!("report written to {}", path.display());
+    }
+    Ok(if report.passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(INVARIANTS_FAILED)
+    })
+}
+
+/// A progress bar on a terminal; a line every few seconds otherwise (CI logs).
+struct Display {
+    bar: Option<ProgressBar>,
+    last_line: Mutex<Option<Instant>>,
+}
+
+impl Display {
+    fn new() -> Self {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = ProgressBar::new(0);
+            let style = ProgressStyle::with_template("{spinner} [{bar:30}] {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> ");
+            bar.set_style(style);
+            bar.enable_steady_tick(Duration::from_millis(200));
+            bar
+        });
+        Self {
+            bar,
+            last_line: Mutex::new(None),
+        }
+    }
+
+    fn show(&self, p: &SimProgress) {
+        let line = format!(
+            "{:<6} {:>5.1}/{:.0}s  online {:>6}  saves {:>6}/s  retry depth {:>5}  journal depth {:>5}  faults {}",
+            p.phase,
+            p.elapsed.as_secs_f64(),
+            p.duration.as_secs_f64(),
+            p.online,
+            p.saves_per_sec,
+            p.retry_depth,
+            p.journal_depth,
+            p.faults_injected
+        );
+        if let Some(bar) = &self.bar {
+            bar.set_length(p.duration.as_millis() as u64);
+            bar.set_position(p.elapsed.as_millis() as u64);
+            bar.set_message(line);
+            if p.phase == "check" {
+                bar.finish_and_clear();
+            }
+            return;
+        }
+        let Ok(mut last) = self.last_line.lock() else {
+            return;
+        };
+        let due = last.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) || p.phase != "play";
+        if due {
+            eprintln!("{line}");
+            *last = Some(Instant::now());
+        }
+    }
+}

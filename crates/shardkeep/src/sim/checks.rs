@@ -1,0 +1,483 @@
+//! The checker: it scans the character rows during the run (over a direct, never-faulted
+//! connection) and, at the end, checks the invariants against the durable stores.
+//!
+//! What a scan records: each character's highest version and experience seen (a later row with
+//! less is a rollback), and each item's holder (a holder change must be explained by an
+//! `item_transferred` audit row naming the new holder and the item).
+
+use std::collections::{HashMap, HashSet};
+
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::agent::reward_amounts;
+use super::report::Invariant;
+use crate::backend::PostgresBackend;
+use crate::coord::Coordination;
+use crate::queue::QueueDepths;
+
+/// One character row as the checker reads it.
+#[derive(Debug, Clone)]
+pub(super) struct RowView {
+    pub(super) id: Uuid,
+    pub(super) version: i64,
+    pub(super) experience: i64,
+    pub(super) currency: i64,
+    pub(super) reward_keys: Vec<String>,
+    pub(super) items: Vec<Uuid>,
+}
+
+/// Every item id in a stored carry tree (inventory and equipment, contents included).
+pub(super) fn stored_item_ids(state: &Value) -> Vec<Uuid> {
+    fn walk(item: &Value, out: &mut Vec<Uuid>) {
+        if let Some(id) = item
+            .get("id")
+            .and_then(Value::as_str)
+            .and_then(|s| s.parse().ok())
+        {
+            out.push(id);
+        }
+        if let Some(contents) = item.get("contents").and_then(Value::as_array) {
+            for inner in contents {
+                walk(inner, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    if let Some(inventory) = state.get("inventory").and_then(Value::as_array) {
+        for item in inventory {
+            walk(item, &mut out);
+        }
+    }
+    if let Some(equipment) = state.get("equipment").and_then(Value::as_object) {
+        for item in equipment.values() {
+            walk(item, &mut out);
+        }
+    }
+    out
+}
+
+fn view(id: Uuid, version: i64, state: &Value) -> RowView {
+    let number = |field: &str| state.get(field).and_then(Value::as_i64).unwrap_or(0);
+    RowView {
+        id,
+        version,
+        experience: number("experience"),
+        currency: number("currency"),
+        reward_keys: state
+            .get("reward_keys")
+            .and_then(Value::as_array)
+            .map(|keys| {
+                keys.iter()
+                    .filter_map(|k| k.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        items: stored_item_ids(state),
+    }
+}
+
+/// Reads every character row.
+pub(super) async fn read_rows(pg: &PostgresBackend) -> Result<Vec<RowView>, sqlx::Error> {
+    let rows: Vec<(Uuid, i64, Value)> =
+        sqlx::query_as("SELECT id, state_version, state FROM characters")
+            .fetch_all(pg.pool())
+            .await?;
+    Ok(rows
+        .iter()
+        .map(|(id, version, state)| view(*id, *version, state))
+        .collect())
+}
+
+/// What the scans have seen so far.
+#[derive(Debug, Default)]
+pub(super) struct Observed {
+    /// Highest (version, experience) seen per character.
+    high: HashMap<Uuid, (i64, i64)>,
+    /// Last row seen holding each item.
+    holder: HashMap<Uuid, Uuid>,
+    /// Holder changes to explain: (item, new holder, old holder).
+    moves: Vec<(Uuid, Uuid, Uuid)>,
+    /// Rows seen going backwards.
+    rollbacks: Vec<String>,
+    /// Items seen in two places in one scan.
+    duplicates: Vec<String>,
+    /// Scans done.
+    pub(super) scans: u64,
+}
+
+impl Observed {
+    /// Folds in one scan.
+    pub(super) fn record(&mut self, rows: &[RowView]) {
+        self.scans += 1;
+        let mut seen_now: HashMap<Uuid, Uuid> = HashMap::new();
+        for row in rows {
+            let high = self
+                .high
+                .entry(row.id)
+                .or_insert((row.version, row.experience));
+            if row.version < high.0 || row.experience < high.1 {
+                self.rollbacks.push(format!(
+                    "{}: row went from version {} / experience {} back to version {} / experience {}",
+                    row.id, high.0, high.1, row.version, row.experience
+                ));
+            }
+            *high = (high.0.max(row.version), high.1.max(row.experience));
+            for item in &row.items {
+                if let Some(other) = seen_now.insert(*item, row.id) {
+                    self.duplicates.push(format!(
+                        "item {item} held by {other} and {} at once",
+                        row.id
+                    ));
+                }
+            }
+        }
+        for (item, holder) in seen_now {
+            if let Some(previous) = self.holder.insert(item, holder)
+                && previous != holder
+            {
+                self.moves.push((item, holder, previous));
+            }
+        }
+    }
+
+    /// Items any scan saw in a row.
+    pub(super) fn items_seen(&self) -> impl Iterator<Item = &Uuid> {
+        self.holder.keys()
+    }
+}
+
+/// Everything the end checks read.
+pub(super) struct EndState<'a> {
+    pub(super) rows: &'a [RowView],
+    pub(super) observed: &'a Observed,
+    pub(super) acked: &'a HashMap<Uuid, i64>,
+    pub(super) end_floors: &'a [Uuid],
+    pub(super) destroyed: &'a HashSet<Uuid>,
+    /// (subject, item id) of every `item_transferred` audit row.
+    pub(super) transfer_audit: &'a HashSet<(Uuid, Uuid)>,
+    pub(super) placement_problems: &'a [String],
+    pub(super) dangling: &'a Dangling,
+}
+
+/// Leftovers after the drain.
+#[derive(Debug, Default, Clone)]
+pub(super) struct Dangling {
+    pub(super) retry_leased: i64,
+    pub(super) retry_pending: i64,
+    pub(super) journal: QueueDepths,
+    pub(super) untaken_handoffs: usize,
+    pub(super) consumed_markers: usize,
+}
+
+/// No row older than its last acknowledged durable save, and no row seen going backwards.
+pub(super) fn no_rollback(end: &EndState<'_>) -> Invariant {
+    let mut details = end.observed.rollbacks.clone();
+    for row in end.rows {
+        if let Some(acked) = end.acked.get(&row.id)
+            && row.version < *acked
+        {
+            details.push(format!(
+                "{}: row at version {} after a save acknowledged at {acked}",
+                row.id, row.version
+            ));
+        }
+        if let Some((version, experience)) = end.observed.high.get(&row.id)
+            && (row.version < *version || row.experience < *experience)
+        {
+            details.push(format!(
+                "{}: final row version {} / experience {} is behind a scan's {version} / {experience}",
+                row.id, row.version, row.experience
+            ));
+        }
+    }
+    let checked = end.rows.len() as u64;
+    Invariant::new("no rollback", checked, details)
+}
+
+/// Every reward key at most once per row, and the row's experience and currency exactly the
+/// sum of the rewards its keys name (characters start with none).
+pub(super) fn no_reward_twice(end: &EndState<'_>) -> Invariant {
+    let mut details = Vec::new();
+    let mut checked = 0;
+    for row in end.rows {
+        let mut keys = HashSet::new();
+        let (mut xp, mut gold) = (0i64, 0i64);
+        for key in &row.reward_keys {
+            checked += 1;
+            if !keys.insert(key.as_str()) {
+                details.push(format!("{}: reward {key} recorded twice", row.id));
+            }
+            match reward_amounts(key) {
+                Some((x, g)) => {
+                    xp += x;
+                    gold += g;
+                }
+                None => details.push(format!("{}: unreadable reward key {key}", row.id)),
+            }
+        }
+        if xp != row.experience || gold != row.currency {
+            details.push(format!(
+                "{}: experience {} / currency {} but its rewards add up to {xp} / {gold}",
+                row.id, row.experience, row.currency
+            ));
+        }
+    }
+    Invariant::new("no reward granted twice", checked, details)
+}
+
+/// Every item ever durable, or on a floor at the end, is held exactly once or its destruction
+/// is recorded; every change of holder has its audit row.
+pub(super) fn item_conservation(end: &EndState<'_>) -> Invariant {
+    let mut holders: HashMap<Uuid, Vec<String>> = HashMap::new();
+    for row in end.rows {
+        for item in &row.items {
+            holders.entry(*item).or_default().push(row.id.to_string());
+        }
+    }
+    for item in end.end_floors {
+        holders.entry(*item).or_default().push("a floor".into());
+    }
+    let mut universe: HashSet<Uuid> = end.observed.items_seen().copied().collect();
+    universe.extend(holders.keys().copied());
+    let mut details = end.observed.duplicates.clone();
+    for item in &universe {
+        let held = holders.get(item).map_or(&[][..], Vec::as_slice);
+        match held.len() {
+            1 => {}
+            0 if end.destroyed.contains(item) => {}
+            0 => details.push(format!(
+                "item {item} is held by nothing and its destruction is not recorded"
+            )),
+            _ => details.push(format!(
+                "item {item} is held {} times: {}",
+                held.len(),
+                held.join(", ")
+            )),
+        }
+    }
+    let mut unexplained = 0;
+    for (item, to, from) in &end.observed.moves {
+        if !end.transfer_audit.contains(&(*to, *item)) {
+            unexplained += 1;
+            details.push(format!(
+                "item {item} moved from {from} to {to} without an audit row"
+            ));
+        }
+    }
+    let _ = unexplained;
+    Invariant::new("item conservation", universe.len() as u64, details)
+}
+
+/// Every live session had a placement naming its copy before the drain.
+pub(super) fn sessions_placed(end: &EndState<'_>, sessions_checked: u64) -> Invariant {
+    Invariant::new(
+        "no live session without a placement",
+        sessions_checked,
+        end.placement_problems.to_vec(),
+    )
+}
+
+/// Nothing leased, pending or consumed is left once the drain is over.
+pub(super) fn nothing_dangling(end: &EndState<'_>) -> Invariant {
+    let d = end.dangling;
+    let mut details = Vec::new();
+    if d.retry_leased > 0 {
+        details.push(format!("{} retry jobs still leased", d.retry_leased));
+    }
+    if d.retry_pending > 0 {
+        details.push(format!(
+            "{} retry jobs neither done nor dead-lettered",
+            d.retry_pending
+        ));
+    }
+    if d.journal.processing > 0 {
+        details.push(format!(
+            "{} journal entries still leased",
+            d.journal.processing
+        ));
+    }
+    if d.journal.pending > 0 {
+        details.push(format!(
+            "{} journal entries never processed",
+            d.journal.pending
+        ));
+    }
+    if d.untaken_handoffs > 0 {
+        details.push(format!(
+            "{} handoff payloads never taken",
+            d.untaken_handoffs
+        ));
+    }
+    if d.consumed_markers > 0 {
+        details.push(format!(
+            "{} transfer markers of consumed handoffs",
+            d.consumed_markers
+        ));
+    }
+    Invariant::new("no dangling leases or consumed markers", 6, details)
+}
+
+/// Handoff payload keys still present (consumed markers excluded).
+pub(super) async fn untaken_handoffs(coord: &Coordination) -> Result<usize, crate::CoordError> {
+    let pattern = format!("{{{}:handoff:*", coord.keys().namespace());
+    let keys = scan(coord, &pattern).await?;
+    Ok(keys.iter().filter(|k| !k.ends_with(":consumed")).count())
+}
+
+/// Transfer markers whose handoff has been consumed.
+pub(super) async fn consumed_markers(coord: &Coordination) -> Result<usize, crate::CoordError> {
+    let keys = scan(coord, &coord.keys().transfer_activated_pattern()).await?;
+    let mut consumed = 0;
+    for key in keys {
+        let Some(token) = coord.keys().transfer_token_of(&key) else {
+            continue;
+        };
+        if coord.handoff_is_consumed(&token).await? {
+            consumed += 1;
+        }
+    }
+    Ok(consumed)
+}
+
+async fn scan(coord: &Coordination, pattern: &str) -> Result<Vec<String>, crate::CoordError> {
+    let mut conn = coord.conn();
+    let mut found = Vec::new();
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await?;
+        found.extend(keys);
+        cursor = next;
+        if cursor == 0 {
+            return Ok(found);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn row(id: u128, version: i64, xp: i64, items: &[u128]) -> RowView {
+        RowView {
+            id: Uuid::from_u128(id),
+            version,
+            experience: xp,
+            currency: 0,
+            reward_keys: Vec::new(),
+            items: items.iter().map(|i| Uuid::from_u128(*i)).collect(),
+        }
+    }
+
+    #[test]
+    fn stored_trees_yield_every_id() {
+        let a = Uuid::from_u128(1);
+        let b = Uuid::from_u128(2);
+        let c = Uuid::from_u128(3);
+        let state = json!({
+            "inventory": [{ "proto": "bag", "id": a, "contents": [{ "proto": "gem", "id": b }] }, { "proto": "ore" }],
+            "equipment": { "head": { "proto": "helm", "id": c } }
+        });
+        let mut ids = stored_item_ids(&state);
+        ids.sort();
+        assert_eq!(ids, vec![a, b, c]);
+        assert!(stored_item_ids(&json!("not a state")).is_empty());
+    }
+
+    #[test]
+    fn scans_catch_rollbacks_duplicates_and_moves() {
+        let mut seen = Observed::default();
+        seen.record(&[row(1, 5, 100, &[10]), row(2, 3, 0, &[])]);
+        seen.record(&[
+            row(1, 4, 100, &[]),
+            row(2, 4, 0, &[10, 11]),
+            row(3, 1, 0, &[11]),
+        ]);
+        assert_eq!(seen.rollbacks.len(), 1, "{:?}", seen.rollbacks);
+        assert_eq!(seen.duplicates.len(), 1, "{:?}", seen.duplicates);
+        assert_eq!(
+            seen.moves,
+            vec![(Uuid::from_u128(10), Uuid::from_u128(2), Uuid::from_u128(1))]
+        );
+    }
+
+    fn end<'a>(
+        rows: &'a [RowView],
+        observed: &'a Observed,
+        destroyed: &'a HashSet<Uuid>,
+        audit: &'a HashSet<(Uuid, Uuid)>,
+        dangling: &'a Dangling,
+        acked: &'a HashMap<Uuid, i64>,
+    ) -> EndState<'a> {
+        EndState {
+            rows,
+            observed,
+            acked,
+            end_floors: &[],
+            destroyed,
+            transfer_audit: audit,
+            placement_problems: &[],
+            dangling,
+        }
+    }
+
+    #[test]
+    fn conservation_needs_one_holder_a_recorded_destruction_and_audited_moves() {
+        let mut observed = Observed::default();
+        observed.record(&[row(1, 1, 0, &[10, 11, 12]), row(2, 1, 0, &[])]);
+        observed.record(&[row(1, 2, 0, &[11, 12]), row(2, 2, 0, &[10])]);
+        let rows = [row(1, 3, 0, &[12]), row(2, 3, 0, &[10])];
+        let mut destroyed = HashSet::new();
+        let mut audit = HashSet::new();
+        let dangling = Dangling::default();
+        let acked = HashMap::new();
+        let state = end(&rows, &observed, &destroyed, &audit, &dangling, &acked);
+        let verdict = item_conservation(&state);
+        assert!(!verdict.holds);
+        assert_eq!(verdict.details.len(), 2, "{:?}", verdict.details);
+        destroyed.insert(Uuid::from_u128(11));
+        audit.insert((Uuid::from_u128(2), Uuid::from_u128(10)));
+        let state = end(&rows, &observed, &destroyed, &audit, &dangling, &acked);
+        assert!(item_conservation(&state).holds);
+    }
+
+    #[test]
+    fn rewards_must_add_up_and_rollbacks_against_acks_are_caught() {
+        let mut good = row(1, 7, 30, &[]);
+        good.currency = 3;
+        good.reward_keys = vec!["reward:a:1:1:10:1".into(), "reward:a:1:2:20:2".into()];
+        let mut twice = good.clone();
+        twice.id = Uuid::from_u128(2);
+        twice.reward_keys.push("reward:a:1:1:10:1".into());
+        twice.experience = 40;
+        twice.currency = 4;
+        let rows = [good, twice];
+        let observed = Observed::default();
+        let destroyed = HashSet::new();
+        let audit = HashSet::new();
+        let dangling = Dangling::default();
+        let mut acked = HashMap::new();
+        acked.insert(Uuid::from_u128(1), 8);
+        let state = end(&rows, &observed, &destroyed, &audit, &dangling, &acked);
+        let rewards = no_reward_twice(&state);
+        assert_eq!(rewards.details.len(), 1, "{:?}", rewards.details);
+        let rollback = no_rollback(&state);
+        assert_eq!(rollback.details.len(), 1, "{:?}", rollback.details);
+        assert!(nothing_dangling(&state).holds);
+        let leased = Dangling {
+            retry_leased: 1,
+            ..Dangling::default()
+        };
+        let state = end(&rows, &observed, &destroyed, &audit, &leased, &acked);
+        assert!(!nothing_dangling(&state).holds);
+    }
+}

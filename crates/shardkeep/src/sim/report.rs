@@ -1,0 +1,274 @@
+//! The simulation report: what was written, fenced, retried and journaled, which faults were
+//! injected, and which invariants held. Printed as a table; serialised as JSON for `--report`.
+
+use std::fmt::{self, Write as _};
+
+use serde::Serialize;
+
+/// Most example details kept per invariant.
+pub const MAX_DETAILS: usize = 20;
+
+/// One invariant's verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Invariant {
+    /// What it checks.
+    pub name: String,
+    /// True when no violation was found.
+    pub holds: bool,
+    /// How many things were checked (rows, keys, items, sessions…).
+    pub checked: u64,
+    /// Violations found.
+    pub violations: u64,
+    /// The first violations, in words.
+    pub details: Vec<String>,
+}
+
+impl Invariant {
+    /// A verdict from its violations.
+    pub fn new(name: &str, checked: u64, mut details: Vec<String>) -> Self {
+        let violations = details.len() as u64;
+        details.truncate(MAX_DETAILS);
+        Self {
+            name: name.to_owned(),
+            holds: violations == 0,
+            checked,
+            violations,
+            details,
+        }
+    }
+}
+
+/// Writes to one tier.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct TierCounts {
+    /// The tier.
+    pub tier: String,
+    /// Writes attempted.
+    pub attempted: u64,
+    /// Writes that landed.
+    pub landed: u64,
+    /// Writes dropped before any attempt (queue full or closed, final given up).
+    pub dropped: u64,
+    /// Writes that failed (store down, timeout) and were retried or left to the next cadence.
+    pub failed: u64,
+}
+
+/// The retry jobs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RetryCounts {
+    /// Jobs stored by the simulation (rewards, appearance, transfer activations).
+    pub queued: u64,
+    /// Of those, stored while the signal channel was full (found by polling).
+    pub queued_durable_only: u64,
+    /// Enqueues that failed (Postgres down): the live copy's next flush carries the change.
+    pub enqueue_failed: u64,
+    /// Jobs applied.
+    pub applied: u64,
+    /// Reward jobs whose grant had already landed with a flush.
+    pub already_applied: u64,
+    /// Jobs of a copy that lost ownership, deleted unapplied.
+    pub superseded: u64,
+    /// Attempts that failed and were rescheduled.
+    pub retried: u64,
+    /// Jobs dead-lettered (the planted poison included).
+    pub dead_lettered: u64,
+}
+
+/// The journal.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct JournalCounts {
+    /// Entries appended by closing streams.
+    pub appended: u64,
+    /// Appends retried because Redis was unreachable.
+    pub append_retries: u64,
+    /// Entries whose effects were applied.
+    pub processed: u64,
+    /// Entries skipped because the session reconnected first.
+    pub skipped_reconnected: u64,
+    /// Location writes turned into retry jobs.
+    pub location_retries: u64,
+    /// Entries dead-lettered (the planted poison included).
+    pub dead_lettered: u64,
+}
+
+/// The item transfers.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct TransferCounts {
+    /// Pickups of another player's item (detected transfers).
+    pub detected: u64,
+    /// Committed with both rows and the audit row.
+    pub committed: u64,
+    /// Refused (a fence or a version race); the item went back or was voided.
+    pub refused: u64,
+    /// Phantom items of zombie copies voided.
+    pub voided: u64,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SimReport {
+    /// The run: sizes, seed, faults.
+    pub run: serde_json::Value,
+    /// Per tier: checkpoint (Redis) and row (Postgres).
+    pub tiers: Vec<TierCounts>,
+    /// Row writes that lost a version race (and were re-dumped).
+    pub conflicts: u64,
+    /// Ownership fences fired: fenced row writes, refused checkpoints, zombie evictions.
+    pub ownership_fences: u64,
+    /// Retry jobs.
+    pub retry: RetryCounts,
+    /// Journal entries.
+    pub journal: JournalCounts,
+    /// Audit rows written, by kind.
+    pub audit_events: std::collections::BTreeMap<String, u64>,
+    /// Item transfers.
+    pub transfers: TransferCounts,
+    /// What the players did.
+    pub activity: std::collections::BTreeMap<String, u64>,
+    /// The faults injected, in order.
+    pub faults: serde_json::Value,
+    /// The invariants.
+    pub invariants: Vec<Invariant>,
+    /// True when every invariant held.
+    pub passed: bool,
+}
+
+impl SimReport {
+    /// Audit rows in total.
+    pub fn audit_total(&self) -> u64 {
+        self.audit_events.values().sum()
+    }
+}
+
+impl fmt::Display for SimReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut out = String::new();
+        let _ = writeln!(out, "shardkeep simulation — {}", self.run);
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "{:<22} {:>10} {:>10} {:>10} {:>10}",
+            "writes", "attempted", "landed", "dropped", "failed"
+        );
+        for tier in &self.tiers {
+            let _ = writeln!(
+                out,
+                "{:<22} {:>10} {:>10} {:>10} {:>10}",
+                tier.tier, tier.attempted, tier.landed, tier.dropped, tier.failed
+            );
+        }
+        let _ = writeln!(out, "{:<22} {:>10}", "version conflicts", self.conflicts);
+        let _ = writeln!(
+            out,
+            "{:<22} {:>10}",
+            "ownership fences", self.ownership_fences
+        );
+        let _ = writeln!(out);
+        let r = &self.retry;
+        let _ = writeln!(
+            out,
+            "retry jobs      queued {} (durable-only {}, enqueue failed {}), applied {}, already applied {}, superseded {}, retried {}, dead-lettered {}",
+            r.queued,
+            r.queued_durable_only,
+            r.enqueue_failed,
+            r.applied,
+            r.already_applied,
+            r.superseded,
+            r.retried,
+            r.dead_lettered
+        );
+        let j = &self.journal;
+        let _ = writeln!(
+            out,
+            "journal         appended {} (append retries {}), processed {}, skipped (reconnected) {}, location retries {}, dead-lettered {}",
+            j.appended,
+            j.append_retries,
+            j.processed,
+            j.skipped_reconnected,
+            j.location_retries,
+            j.dead_lettered
+        );
+        let kinds: Vec<String> = self
+            .audit_events
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "audit events    {} ({})",
+            self.audit_total(),
+            kinds.join(", ")
+        );
+        let t = &self.transfers;
+        let _ = writeln!(
+            out,
+            "transfers       detected {}, committed {}, refused {}, phantoms voided {}",
+            t.detected, t.committed, t.refused, t.voided
+        );
+        let activity: Vec<String> = self
+            .activity
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        let _ = writeln!(out, "activity        {}", activity.join(", "));
+        let _ = writeln!(out, "faults          {}", self.faults);
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "{:<42} {:>8} {:>10}  verdict",
+            "invariant", "checked", "violations"
+        );
+        for inv in &self.invariants {
+            let verdict = if inv.holds { "holds" } else { "FAILED" };
+            let _ = writeln!(
+                out,
+                "{:<42} {:>8} {:>10}  {verdict}",
+                inv.name, inv.checked, inv.violations
+            );
+            for detail in &inv.details {
+                let _ = writeln!(out, "    - {detail}");
+            }
+        }
+        let _ = writeln!(out);
+        let _ = write!(
+            out,
+            "{}",
+            if self.passed {
+                "every invariant holds"
+            } else {
+                "INVARIANTS FAILED"
+            }
+        );
+        f.write_str(&out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verdicts_count_violations_and_keep_a_few_examples() {
+        let ok = Invariant::new("a", 10, vec![]);
+        assert!(ok.holds && ok.violations == 0);
+        let bad = Invariant::new("b", 10, (0..50).map(|n| n.to_string()).collect());
+        assert!(!bad.holds);
+        assert_eq!(bad.violations, 50);
+        assert_eq!(bad.details.len(), MAX_DETAILS);
+    }
+
+    #[test]
+    fn the_table_names_failures() {
+        let report = SimReport {
+            invariants: vec![Invariant::new("no rollback", 3, vec!["x went back".into()])],
+            ..SimReport::default()
+        };
+        let text = report.to_string();
+        assert!(
+            text.contains("FAILED") && text.contains("x went back"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["invariants"][0]["holds"], false);
+    }
+}

@@ -1,0 +1,563 @@
+//! A run from start to end: set up the scratch stores, create the characters, start the workers,
+//! the shard hosts, the players, the scanner and the faults; play; settle; check; report.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::agent::Agent;
+use super::checks::{self, Dangling, EndState, Observed};
+use super::env::SimEnv;
+use super::faults::{self, PlannedFault};
+use super::host::{Host, Inbound, SettleStep};
+use super::report::{JournalCounts, RetryCounts, SimReport, TierCounts, TransferCounts};
+use super::world::{Counters, World, get};
+use super::{SimConfig, SimError, SimProgress};
+use crate::character::{CharacterStore, NewCharacter};
+use crate::clock::SystemClock;
+use crate::coord::{Coordination, CoordinationConfig};
+use crate::faults::ProxyMode;
+use crate::game::Catalog;
+use crate::game::items::ItemJson;
+use crate::game::state::StateDocument;
+use crate::game::world::reference_world;
+use crate::journal::{JournalStats, JournalWorker, JournalWorkerConfig, SessionJournal};
+use crate::queue::WorkQueueConfig;
+use crate::retry::{RetryStats, RetryWorker, RetryWorkerConfig};
+use crate::shard::ZoneDirectory;
+
+/// Signal channel depth of the retry queue (small, so the queue-full fault saturates it).
+const SIGNAL_DEPTH: usize = 64;
+/// Time between scans of the rows.
+const SCAN_INTERVAL: Duration = Duration::from_secs(2);
+/// Bound on each wait of the settle phase.
+const SETTLE_BOUND: Duration = Duration::from_secs(60);
+
+/// Runs a simulation against `database_url` and `redis_url` (a scratch database and namespace
+/// are created and removed), reporting progress to `progress` twice a second.
+pub async fn run(
+    config: SimConfig,
+    database_url: &str,
+    redis_url: &str,
+    progress: impl Fn(&SimProgress) + Send + Sync + 'static,
+) -> Result<SimReport, SimError> {
+    config.validate()?;
+    progress(&SimProgress {
+        phase: "setup",
+        duration: config.duration,
+        ..SimProgress::default()
+    });
+    let run_id = Uuid::now_v7().simple().to_string()[20..].to_owned();
+    let env = SimEnv::setup(database_url, redis_url, &run_id, SIGNAL_DEPTH).await?;
+    let keep = config.keep;
+    let world = match prepare(config, env).await {
+        Ok(world) => world,
+        Err((err, env)) => {
+            env.teardown(keep).await;
+            return Err(err);
+        }
+    };
+    let report = play(Arc::clone(&world), Arc::new(progress)).await;
+    world.halt.cancel();
+    world.env.teardown(keep).await;
+    Ok(report)
+}
+
+/// The starting state of a character: a few identified items, nothing earned yet.
+fn starting_state(catalog: &Catalog) -> serde_json::Value {
+    let item = |proto: &str| ItemJson {
+        proto: proto.to_owned(),
+        delta: Default::default(),
+        contents: Vec::new(),
+        id: Some(Uuid::now_v7()),
+    };
+    let mut doc = StateDocument::default();
+    for proto in ["sword", "helm", "mail", "herb", "gem"] {
+        if catalog.get(proto).is_some() {
+            doc.inventory.push(item(proto));
+        }
+    }
+    serde_json::to_value(doc).unwrap_or_else(|_| json!({}))
+}
+
+async fn prepare(config: SimConfig, env: SimEnv) -> Result<Arc<World>, (SimError, SimEnv)> {
+    let catalog = Arc::new(Catalog::reference());
+    let zones = reference_world(config.shards * config.zones_per_shard);
+    let mut shard_zones = vec![Vec::new(); config.shards];
+    for (n, zone) in zones.into_iter().enumerate() {
+        // Neighbouring zones belong to different shards, so zone crossings are handoffs.
+        shard_zones[n % config.shards].push(zone);
+    }
+    let store = CharacterStore::new(env.pg_direct.clone());
+    for index in 0..config.players {
+        let agent = Agent::new(index, config.seed, config.shards);
+        let created = store
+            .create(&NewCharacter {
+                character_id: agent.character_id,
+                account_id: agent.account_id,
+                name: agent.name.clone(),
+                zone_ref: None,
+                room_ref: None,
+                state: starting_state(&catalog),
+                chargen: None,
+            })
+            .await;
+        if let Err(err) = created {
+            return Err((SimError::Setup(format!("creating characters: {err}")), env));
+        }
+    }
+    Ok(Arc::new(World::new(
+        config,
+        env,
+        ZoneDirectory::new(),
+        catalog,
+        shard_zones,
+    )))
+}
+
+type Progress = Arc<dyn Fn(&SimProgress) + Send + Sync>;
+
+/// The workers `serve` runs, in process and through the proxies.
+fn start_workers(world: &Arc<World>) -> (Arc<RetryStats>, Arc<JournalStats>) {
+    let env = &world.env;
+    let mut retry_config = RetryWorkerConfig::new("sim-retry-worker");
+    retry_config.poll_interval = Duration::from_secs(1);
+    retry_config.lease = Duration::from_secs(10);
+    let signals = world.signals.lock().ok().and_then(|mut s| s.take());
+    let mut retry_stats = Arc::new(RetryStats::default());
+    if let Some(signals) = signals {
+        let mut worker =
+            RetryWorker::new(env.pg.clone(), signals, retry_config, Arc::new(SystemClock));
+        retry_stats = worker.stats();
+        let world = Arc::clone(world);
+        // The loop `RetryWorker::run` runs, stepped here so the queue-full fault can hold it.
+        tokio::spawn(async move {
+            let mut last_poll = Instant::now();
+            loop {
+                tokio::select! {
+                    () = world.halt.cancelled() => return,
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
+                if world.retry_held.load(Ordering::Relaxed) {
+                    continue;
+                }
+                let _ = worker.drain_signals().await;
+                if last_poll.elapsed() >= Duration::from_secs(1) {
+                    while let Ok(n) = worker.poll_once().await {
+                        if n < 128 {
+                            break;
+                        }
+                    }
+                    last_poll = Instant::now();
+                }
+            }
+        });
+    }
+    let journal_worker = JournalWorker::new(
+        env.journal.clone(),
+        env.coord.clone(),
+        CharacterStore::new(env.pg.clone()),
+        Some(env.retry.clone()),
+        JournalWorkerConfig::default(),
+    );
+    let journal_stats = journal_worker.stats();
+    tokio::spawn(journal_worker.run(world.halt.child_token()));
+    (retry_stats, journal_stats)
+}
+
+async fn play(world: Arc<World>, progress: Progress) -> SimReport {
+    let (retry_stats, journal_stats) = start_workers(&world);
+    let config = world.config.clone();
+    for index in 0..config.shards {
+        let host = Host::start(&world, index);
+        tokio::spawn(host.run());
+    }
+    world.in_transit.store(config.players, Ordering::Relaxed);
+    let ramp = 3000 / config.players.max(1) as u64;
+    for index in 0..config.players {
+        let agent = Agent::new(index, config.seed, config.shards);
+        super::travel::go_offline(&world, agent, ramp * index as u64);
+    }
+    let observed = Arc::new(Mutex::new(Observed::default()));
+    let scanner = spawn_scanner(&world, &observed);
+    let plan = faults::plan(config.seed, config.duration, &config.faults, config.shards);
+    let start = Instant::now();
+    let injector = tokio::spawn(faults::inject(Arc::clone(&world), plan.clone(), start));
+    let direct_journal =
+        SessionJournal::new(world.env.redis_direct.clone(), WorkQueueConfig::default()).ok();
+    let mut last_saves = 0;
+    let mut last_tick = Instant::now();
+    while start.elapsed() < config.duration {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let saves = {
+            let s = world.saver_totals();
+            s.checkpoint_landed + s.row_landed
+        };
+        let secs = last_tick.elapsed().as_secs_f64().max(0.001);
+        let rate = ((saves.saturating_sub(last_saves)) as f64 / secs) as u64;
+        last_saves = saves;
+        last_tick = Instant::now();
+        progress(&SimProgress {
+            phase: "play",
+            elapsed: start.elapsed().min(config.duration),
+            duration: config.duration,
+            online: world.online_total(),
+            saves_per_sec: rate,
+            retry_depth: retry_depth(&world).await,
+            journal_depth: journal_depth(direct_journal.as_ref()).await,
+            faults_injected: get(&world.counters.faults_injected),
+        });
+    }
+    let report_progress = |phase: &'static str| {
+        progress(&SimProgress {
+            phase,
+            elapsed: config.duration,
+            duration: config.duration,
+            online: world.online_total(),
+            faults_injected: get(&world.counters.faults_injected),
+            ..SimProgress::default()
+        })
+    };
+    report_progress("settle");
+    let settled = settle(&world, direct_journal.as_ref()).await;
+    injector.abort();
+    scanner.abort();
+    report_progress("check");
+    let rows = checks::read_rows(&world.env.pg_direct)
+        .await
+        .unwrap_or_default();
+    let observed = {
+        let mut observed = observed
+            .lock()
+            .map(|mut o| std::mem::take(&mut *o))
+            .unwrap_or_default();
+        observed.record(&rows);
+        observed
+    };
+    let audit = audit_counts(&world).await;
+    let transfer_audit = transfer_audit(&world).await;
+    let (acked, destroyed, end_floors, placement_problems) = world
+        .with_ledger(|l| {
+            (
+                l.acked.clone(),
+                l.destroyed.clone(),
+                l.end_floors.clone(),
+                l.placement_violations.clone(),
+            )
+        })
+        .unwrap_or_default();
+    let end = EndState {
+        rows: &rows,
+        observed: &observed,
+        acked: &acked,
+        end_floors: &end_floors,
+        destroyed: &destroyed,
+        transfer_audit: &transfer_audit,
+        placement_problems: &placement_problems,
+        dangling: &settled.dangling,
+    };
+    let invariants = vec![
+        checks::no_rollback(&end),
+        checks::no_reward_twice(&end),
+        checks::item_conservation(&end),
+        checks::sessions_placed(&end, settled.sessions_checked),
+        checks::nothing_dangling(&end),
+    ];
+    let passed = invariants.iter().all(|i| i.holds) && rows.len() == config.players;
+    let mut report = build_report(
+        &world,
+        &plan,
+        &retry_stats,
+        &journal_stats,
+        audit,
+        invariants,
+        passed,
+        observed.scans,
+    );
+    report.journal.dead_lettered = report
+        .journal
+        .dead_lettered
+        .max(settled.dangling.journal.dead);
+    report
+}
+
+fn spawn_scanner(
+    world: &Arc<World>,
+    observed: &Arc<Mutex<Observed>>,
+) -> tokio::task::JoinHandle<()> {
+    let world = Arc::clone(world);
+    let observed = Arc::clone(observed);
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = world.halt.cancelled() => return,
+                () = tokio::time::sleep(SCAN_INTERVAL) => {}
+            }
+            if let Ok(rows) = checks::read_rows(&world.env.pg_direct).await
+                && let Ok(mut observed) = observed.lock()
+            {
+                observed.record(&rows);
+            }
+        }
+    })
+}
+
+async fn retry_depth(world: &World) -> u64 {
+    sqlx::query_scalar::<_, i64>("SELECT count(*) FROM persistence_retry_jobs")
+        .fetch_one(world.env.pg_direct.pool())
+        .await
+        .map_or(0, |n| n.max(0) as u64)
+}
+
+async fn journal_depth(journal: Option<&SessionJournal>) -> u64 {
+    match journal {
+        Some(journal) => journal
+            .queue()
+            .depths()
+            .await
+            .map_or(0, |d| d.pending + d.processing),
+        None => 0,
+    }
+}
+
+/// What settling found.
+struct Settled {
+    dangling: Dangling,
+    sessions_checked: u64,
+}
+
+/// Asks every host for one settle step and waits for the answers.
+async fn each_host<T>(world: &World, step: impl Fn(oneshot::Sender<T>) -> SettleStep) -> Vec<T> {
+    let mut replies = Vec::new();
+    for host in world.host_ids() {
+        let (tx, rx) = oneshot::channel();
+        if world.send(&host, Inbound::Settle(step(tx))).is_ok() {
+            replies.push(rx);
+        }
+    }
+    let mut answers = Vec::new();
+    for reply in replies {
+        if let Ok(Ok(answer)) = tokio::time::timeout(SETTLE_BOUND, reply).await {
+            answers.push(answer);
+        }
+    }
+    answers
+}
+
+async fn wait_until(bound: Duration, mut done: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = Instant::now() + bound;
+    while Instant::now() < deadline {
+        if done().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}
+
+/// Ends the run: faults healed, travellers landed, zombies fenced, placements re-asserted and
+/// checked, shards shut down, workers drained, consumed markers reconciled.
+async fn settle(world: &Arc<World>, journal: Option<&SessionJournal>) -> Settled {
+    world.settling.store(true, Ordering::Relaxed);
+    world.env.pg_proxy.set_mode(ProxyMode::Pass);
+    world.env.redis_proxy.set_mode(ProxyMode::Pass);
+    world.retry_held.store(false, Ordering::Relaxed);
+    wait_until(SETTLE_BOUND, async || {
+        world.in_transit.load(Ordering::Relaxed) == 0
+    })
+    .await;
+    for _ in 0..2 {
+        each_host(world, SettleStep::Reconcile).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    each_host(world, SettleStep::RefreshPlacements).await;
+    let checked = each_host(world, SettleStep::CheckPlacements).await;
+    let sessions_checked = checked.iter().map(|(n, _)| *n).sum();
+    let problems: Vec<String> = checked.into_iter().flat_map(|(_, p)| p).collect();
+    world.with_ledger(|l| l.placement_violations = problems);
+    each_host(world, SettleStep::Shutdown).await;
+    wait_until(SETTLE_BOUND, async || {
+        world.in_transit.load(Ordering::Relaxed) == 0
+    })
+    .await;
+    let pg = world.env.pg_direct.clone();
+    wait_until(SETTLE_BOUND, async || {
+        let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM persistence_retry_jobs")
+            .fetch_one(pg.pool())
+            .await
+            .unwrap_or(1);
+        pending == 0 && journal_depth(journal).await == 0
+    })
+    .await;
+    let coord = Coordination::new(
+        world.env.redis_direct.clone(),
+        CoordinationConfig::default(),
+    );
+    if let Err(err) = coord.transfer_markers_reconcile_consumed(100_000).await {
+        tracing::warn!(event = "sim_marker_reconcile_failed", error = %err);
+    }
+    let count = |sql: &'static str| {
+        let pg = pg.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(pg.pool())
+                .await
+                .unwrap_or(-1)
+        }
+    };
+    let dangling = Dangling {
+        retry_leased: count(
+            "SELECT count(*) FROM persistence_retry_jobs WHERE lease_token IS NOT NULL",
+        )
+        .await,
+        retry_pending: count("SELECT count(*) FROM persistence_retry_jobs").await,
+        journal: match journal {
+            Some(j) => j.queue().depths().await.unwrap_or_default(),
+            None => Default::default(),
+        },
+        untaken_handoffs: checks::untaken_handoffs(&coord).await.unwrap_or(usize::MAX),
+        consumed_markers: checks::consumed_markers(&coord).await.unwrap_or(usize::MAX),
+    };
+    Settled {
+        dangling,
+        sessions_checked,
+    }
+}
+
+async fn audit_counts(world: &World) -> BTreeMap<String, u64> {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT event_kind, count(*) FROM character_audit GROUP BY event_kind")
+            .fetch_all(world.env.pg_direct.pool())
+            .await
+            .unwrap_or_default();
+    rows.into_iter()
+        .map(|(k, n)| (k, n.max(0) as u64))
+        .collect()
+}
+
+async fn transfer_audit(world: &World) -> HashSet<(Uuid, Uuid)> {
+    let rows: Vec<(Uuid, Option<String>)> = sqlx::query_as(
+        "SELECT subject_id, payload->>'item_id' FROM character_audit WHERE event_kind = 'item_transferred'",
+    )
+    .fetch_all(world.env.pg_direct.pool())
+    .await
+    .unwrap_or_default();
+    rows.into_iter()
+        .filter_map(|(subject, item)| Some((subject, item?.parse().ok()?)))
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_report(
+    world: &World,
+    plan: &[PlannedFault],
+    retry: &RetryStats,
+    journal: &JournalStats,
+    audit_events: BTreeMap<String, u64>,
+    invariants: Vec<super::report::Invariant>,
+    passed: bool,
+    scans: u64,
+) -> SimReport {
+    let c: &Counters = &world.counters;
+    let saver = world.saver_totals();
+    let (transfers_gone, evicted, voided) = world
+        .with_ledger(|l| (l.transfers_gone, l.evicted, l.voided))
+        .unwrap_or_default();
+    let config = &world.config;
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let activity = [
+        ("logins", get(&c.logins)),
+        ("login retries", get(&c.login_retries)),
+        ("resumes", get(&c.resumes)),
+        ("logouts", get(&c.logouts)),
+        ("disconnects", get(&c.disconnects)),
+        ("link-dead timeouts", get(&c.linkdead_timeouts)),
+        ("walks", get(&c.walks)),
+        ("handoffs", get(&c.handoffs)),
+        ("handoff retries", get(&c.handoff_retries)),
+        ("handoffs lost", get(&c.handoffs_lost)),
+        ("fights", get(&c.fights)),
+        ("deaths", get(&c.deaths)),
+        ("item moves", get(&c.item_moves)),
+        ("appearance changes", get(&c.appearance_changes)),
+        ("equipment changes", get(&c.equipment_changes)),
+        ("session marker failures", get(&c.session_marker_failures)),
+        ("players parked at the end", world.parked_count() as u64),
+        ("row scans", scans),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    SimReport {
+        run: json!({
+            "duration_secs": config.duration.as_secs_f64(),
+            "shards": config.shards,
+            "players": config.players,
+            "seed": config.seed,
+            "faults": config.faults.to_string(),
+            "pulse_ms": config.pulse.as_millis() as u64,
+            "checkpoint_every_pulses": config.checkpoint_pulses,
+            "flush_every_pulses": config.flush_pulses,
+        }),
+        tiers: vec![
+            TierCounts {
+                tier: "checkpoint (Redis)".into(),
+                attempted: saver.checkpoint_attempted,
+                landed: saver.checkpoint_landed,
+                dropped: saver.dropped_checkpoint,
+                failed: saver.checkpoint_failed,
+            },
+            TierCounts {
+                tier: "row (Postgres CAS)".into(),
+                attempted: saver.row_attempted,
+                landed: saver.row_landed,
+                dropped: saver.dropped_row + saver.final_dropped,
+                failed: saver.row_failed,
+            },
+        ],
+        conflicts: saver.row_conflicts,
+        ownership_fences: saver.row_ownership_lost + saver.checkpoint_refused + evicted,
+        retry: RetryCounts {
+            queued: get(&c.retry_enqueued),
+            queued_durable_only: get(&c.retry_durable_only),
+            enqueue_failed: get(&c.retry_enqueue_failed),
+            applied: load(&retry.applied),
+            already_applied: load(&retry.already_applied),
+            superseded: load(&retry.superseded),
+            retried: load(&retry.retried),
+            dead_lettered: load(&retry.dead_lettered),
+        },
+        journal: JournalCounts {
+            appended: get(&c.journal_appended),
+            append_retries: get(&c.journal_append_retries),
+            processed: load(&journal.processed),
+            skipped_reconnected: load(&journal.skipped_reconnected),
+            location_retries: load(&journal.location_retries),
+            dead_lettered: load(&journal.dead_lettered),
+        },
+        transfers: TransferCounts {
+            detected: transfers_gone.0 + transfers_gone.1,
+            committed: transfers_gone.0,
+            refused: transfers_gone.1,
+            voided,
+        },
+        audit_events,
+        activity,
+        faults: json!({
+            "planned": plan,
+            "injected": get(&c.faults_injected),
+            "shards_killed": get(&c.shards_killed),
+            "zombies_made": get(&c.zombies_made),
+            "zombie_evictions": get(&c.evictions),
+            "poison_planted": get(&c.poison_planted),
+        }),
+        invariants,
+        passed,
+    }
+}

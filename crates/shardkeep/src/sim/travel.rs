@@ -1,0 +1,440 @@
+//! The I/O of the players' comings and goings, run as tasks beside the shard hosts: logins
+//! through the gate, claims, cross-shard handoffs, session markers, retry jobs, and stream
+//! cleanup through the journal. Results go back to the hosts as messages.
+//!
+//! Every step that must not be lost retries until it succeeds (a store outage only delays it):
+//! the handoff payload, the claim of a taken handoff, and the journal append of a closed stream.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use chrono::Utc;
+
+use super::agent::Agent;
+use super::host::Inbound;
+use super::world::{World, bump};
+use crate::character::CharacterSnapshot;
+use crate::coord::{HandoffTake, PresenceRecord, TransferActivation};
+use crate::journal::{
+    ActiveSession, PlayerSnapshot, RealtimeRuntimeProfile, RealtimeStreamCleanup,
+    SessionLifecycleEffectPlan, cleanup_stream,
+};
+use crate::keyspace::HandoffScope;
+use crate::retry::{
+    EnqueueOutcome, IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload,
+};
+use crate::shard::gate::route_login;
+use crate::ttl::Ttl;
+
+/// Pause between attempts of a step that must not be lost.
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
+/// Bound on one store call.
+const IO_BOUND: Duration = Duration::from_secs(3);
+/// Lifetime of a handoff payload.
+const HANDOFF_TTL: Ttl = Ttl::from_static_secs(120);
+/// Lifetime of session markers and presence records.
+const SESSION_TTL: Ttl = Ttl::from_static_secs(120);
+
+async fn pause(world: &World) -> bool {
+    tokio::select! {
+        () = world.halt.cancelled() => false,
+        () = tokio::time::sleep(RETRY_PAUSE) => true,
+    }
+}
+
+/// Sends `message` to `shard`'s host; when it has none the agent goes back to logging in.
+pub(super) fn deliver(world: &Arc<World>, shard: &str, message: Inbound) {
+    if let Err(message) = world.send(shard, message)
+        && let Some(agent) = message.into_agent()
+    {
+        go_offline(world, agent, 500);
+    }
+}
+
+/// The agent leaves for `after_ms`, then logs in through the gate.
+pub(super) fn go_offline(world: &Arc<World>, agent: Agent, after_ms: u64) {
+    let world = Arc::clone(world);
+    tokio::spawn(async move {
+        tokio::select! {
+            () = world.halt.cancelled() => return world.park(agent),
+            () = tokio::time::sleep(Duration::from_millis(after_ms)) => {}
+        }
+        login(world, agent).await;
+    });
+}
+
+/// Routes a login through the gate and hands it to the shard that owns the zone.
+async fn login(world: Arc<World>, agent: Agent) {
+    loop {
+        if world.is_settling() || world.halt.is_cancelled() {
+            world.in_transit.fetch_sub(1, Ordering::Relaxed);
+            return world.park(agent);
+        }
+        let route = tokio::time::timeout(
+            IO_BOUND,
+            route_login(
+                Some(&world.placement),
+                &world.store,
+                &world.directory,
+                agent.character_id,
+            ),
+        )
+        .await;
+        match route {
+            Ok(Ok(route)) => {
+                let shard = route
+                    .shard
+                    .unwrap_or_else(|| World::shard_id(agent.home_shard));
+                let message = Inbound::Login {
+                    agent,
+                    floor: route.floor,
+                    held: route.held,
+                };
+                return deliver(&world, &shard, message);
+            }
+            _ => {
+                bump(&world.counters.login_retries);
+                if !pause(&world).await {
+                    world.in_transit.fetch_sub(1, Ordering::Relaxed);
+                    return world.park(agent);
+                }
+            }
+        }
+    }
+}
+
+/// Claims the character for a login on `shard`; the host admits it, or the player retries.
+pub(super) fn claim(world: &Arc<World>, shard: String, agent: Agent, floor: i64) {
+    let world = Arc::clone(world);
+    tokio::spawn(async move {
+        let _permit = world.io.acquire().await;
+        let loaded = world.loader.claim_and_load(agent.character_id, floor).await;
+        match loaded {
+            Ok(loaded) => deliver(&world, &shard, Inbound::Loaded { agent, loaded }),
+            Err(err) => {
+                tracing::debug!(event = "sim_claim_failed", error = %err);
+                bump(&world.counters.login_retries);
+                go_offline(&world, agent, 500);
+            }
+        }
+    });
+}
+
+/// Marks a new session active and present (best effort; a miss is counted).
+pub(super) fn start_session(
+    world: &Arc<World>,
+    shard: &str,
+    agent: &Agent,
+    token: &str,
+    zone: &str,
+) {
+    world.sessions.insert(
+        token,
+        ActiveSession {
+            character_id: agent.character_id,
+        },
+    );
+    let world = Arc::clone(world);
+    let record = PresenceRecord {
+        account_id: agent.account_id.to_string(),
+        character_id: agent.character_id.to_string(),
+        session_token: token.to_owned(),
+        shard_id: shard.to_owned(),
+        zone_id: Some(zone.to_owned()),
+        expires_at: Utc::now() + chrono::Duration::seconds(120),
+    };
+    let token = token.to_owned();
+    tokio::spawn(async move {
+        let _permit = world.io.acquire().await;
+        let coord = &world.env.coord;
+        let marked = tokio::time::timeout(IO_BOUND, async {
+            coord.session_activate(&token, SESSION_TTL).await?;
+            coord.presence_put(&record).await
+        })
+        .await;
+        if !matches!(marked, Ok(Ok(()))) {
+            bump(&world.counters.session_marker_failures);
+        }
+    });
+}
+
+/// Appends the cleanup of a closed stream to the journal, retrying until it is durable.
+pub(super) fn close_stream(
+    world: &Arc<World>,
+    token: String,
+    player: PlayerSnapshot,
+    plan: SessionLifecycleEffectPlan,
+) {
+    let world = Arc::clone(world);
+    tokio::spawn(async move {
+        let pending_resume = (plan == SessionLifecycleEffectPlan::Reconnectable).then(|| {
+            crate::coord::ResumeLedgerRecord {
+                session_token: token.clone(),
+                character_id: player.character_id.to_string(),
+                last_applied_seq: 0,
+                zone_id: player.zone.clone(),
+                recorded_at: Utc::now(),
+            }
+        });
+        let cleanup = RealtimeStreamCleanup {
+            session_token: token,
+            player,
+            runtime_profile: RealtimeRuntimeProfile {
+                transport: "sim".into(),
+                protocol_version: 1,
+                tick_rate_hz: 10,
+            },
+            pending_resume,
+            transfer_confirmed: plan == SessionLifecycleEffectPlan::ConfirmedTransfer,
+            plan,
+            closed_at: Utc::now(),
+        };
+        loop {
+            let outcome = {
+                let _permit = world.io.acquire().await;
+                cleanup_stream(
+                    &world.env.journal,
+                    &world.sessions,
+                    &world.env.coord,
+                    cleanup.clone(),
+                )
+                .await
+            };
+            if outcome.entry_id.is_some() {
+                bump(&world.counters.journal_appended);
+                return;
+            }
+            bump(&world.counters.journal_append_retries);
+            if !pause(&world).await {
+                bump(&world.counters.journal_appends_abandoned);
+                return;
+            }
+        }
+    });
+}
+
+/// Enqueues a retry job once (the live copy holds the change either way; the job makes it
+/// durable sooner).
+pub(super) fn enqueue_job(world: &Arc<World>, job: PersistenceRetryJob) {
+    let world = Arc::clone(world);
+    tokio::spawn(async move {
+        let _permit = world.io.acquire().await;
+        match tokio::time::timeout(IO_BOUND, world.env.retry.enqueue(&job)).await {
+            Ok(Ok(outcome)) => {
+                bump(&world.counters.retry_enqueued);
+                if matches!(outcome, EnqueueOutcome::DurableOnly(_)) {
+                    bump(&world.counters.retry_durable_only);
+                }
+            }
+            _ => bump(&world.counters.retry_enqueue_failed),
+        }
+    });
+}
+
+/// A retry job from the simulator.
+pub(super) fn job(
+    payload: PersistenceRetryPayload,
+    key: String,
+    epoch: i64,
+    origin: Origin,
+    shard: &str,
+    session: &str,
+) -> Option<PersistenceRetryJob> {
+    let envelope = IdempotencyEnvelope {
+        idempotency_key: key,
+        owner_epoch: epoch,
+        origin,
+        issued_at: Utc::now(),
+    };
+    PersistenceRetryJob::new(payload, envelope, shard, Some(session.to_owned())).ok()
+}
+
+/// A character left `source` through an exit into `target`: store the handoff payload (retrying
+/// until it is stored), then send the player to the target's host.
+pub(super) fn hand_off(
+    world: &Arc<World>,
+    mut agent: Agent,
+    snapshot: CharacterSnapshot,
+    target: String,
+    old_session: String,
+    old_player: PlayerSnapshot,
+) {
+    let world = Arc::clone(world);
+    let token = agent.token("handoff");
+    tokio::spawn(async move {
+        let payload = match serde_json::to_vec(&snapshot) {
+            Ok(payload) => payload,
+            Err(_) => return go_offline(&world, agent, 500),
+        };
+        let scope = HandoffScope::Placement(target.clone());
+        loop {
+            let put = {
+                let _permit = world.io.acquire().await;
+                tokio::time::timeout(
+                    IO_BOUND,
+                    world
+                        .env
+                        .coord
+                        .handoff_put(&token, &scope, &payload, HANDOFF_TTL),
+                )
+                .await
+            };
+            if matches!(put, Ok(Ok(()))) {
+                break;
+            }
+            bump(&world.counters.handoff_retries);
+            if !pause(&world).await {
+                world.in_transit.fetch_sub(1, Ordering::Relaxed);
+                return world.park(agent);
+            }
+        }
+        let message = Inbound::Handoff {
+            agent,
+            token,
+            old_session,
+            old_player,
+        };
+        deliver(&world, &target, message);
+    });
+}
+
+/// The target side of a handoff: take the payload (once), claim with the carried snapshot
+/// (retrying until the claim lands), and give the loaded character to this shard's host.
+pub(super) fn arrive(
+    world: &Arc<World>,
+    shard: String,
+    agent: Agent,
+    token: String,
+    old_session: String,
+    old_player: PlayerSnapshot,
+) {
+    let world = Arc::clone(world);
+    tokio::spawn(async move {
+        let scope = HandoffScope::Placement(shard.clone());
+        let snapshot = loop {
+            let taken = {
+                let _permit = world.io.acquire().await;
+                tokio::time::timeout(
+                    IO_BOUND,
+                    world
+                        .env
+                        .coord
+                        .handoff_take(&token, std::slice::from_ref(&scope)),
+                )
+                .await
+            };
+            match taken {
+                Ok(Ok(HandoffTake::Taken { payload, .. })) => {
+                    match serde_json::from_slice::<CharacterSnapshot>(&payload) {
+                        Ok(snapshot) => break snapshot,
+                        Err(_) => {
+                            bump(&world.counters.handoffs_lost);
+                            return go_offline(&world, agent, 500);
+                        }
+                    }
+                }
+                Ok(Ok(HandoffTake::AlreadyConsumed | HandoffTake::NotFound)) => {
+                    // Taken before (a take whose reply was lost) or expired: the carried state
+                    // is gone; the player logs in from the stored copies.
+                    bump(&world.counters.handoffs_lost);
+                    return go_offline(&world, agent, 500);
+                }
+                _ => {
+                    bump(&world.counters.handoff_retries);
+                    if !pause(&world).await {
+                        world.in_transit.fetch_sub(1, Ordering::Relaxed);
+                        return world.park(agent);
+                    }
+                }
+            }
+        };
+        let floor = snapshot.owner_epoch;
+        loop {
+            let claimed = {
+                let _permit = world.io.acquire().await;
+                world
+                    .loader
+                    .claim_for_handoff(snapshot.clone(), floor)
+                    .await
+            };
+            match claimed {
+                Ok(loaded) => {
+                    let message = Inbound::HandoffLoaded {
+                        agent,
+                        token,
+                        loaded,
+                        old_session,
+                        old_player,
+                    };
+                    return deliver(&world, &shard, message);
+                }
+                Err(_) => {
+                    bump(&world.counters.handoff_retries);
+                    if !pause(&world).await {
+                        world.in_transit.fetch_sub(1, Ordering::Relaxed);
+                        return world.park(agent);
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// After a handoff landed: the activation marker, its durable record (a retry job), and the
+/// cleanup of the session that left the source.
+pub(super) fn confirm_transfer(
+    world: &Arc<World>,
+    shard: &str,
+    token: &str,
+    zone: &str,
+    epoch: i64,
+    old_session: String,
+    old_player: PlayerSnapshot,
+) {
+    let character_id = old_player.character_id;
+    let activation = TransferActivation {
+        transfer_token: token.to_owned(),
+        target_shard: shard.to_owned(),
+        target_zone: zone.to_owned(),
+        activated_at: Utc::now(),
+    };
+    let marker_world = Arc::clone(world);
+    tokio::spawn(async move {
+        let _permit = marker_world.io.acquire().await;
+        let set = tokio::time::timeout(
+            IO_BOUND,
+            marker_world
+                .env
+                .coord
+                .transfer_marker_set(&activation, SESSION_TTL),
+        )
+        .await;
+        if !matches!(set, Ok(Ok(()))) {
+            bump(&marker_world.counters.session_marker_failures);
+        }
+    });
+    let payload = PersistenceRetryPayload::TransferActivation {
+        character_id,
+        transfer_token: token.to_owned(),
+        target_shard: shard.to_owned(),
+        target_zone: zone.to_owned(),
+    };
+    let key = format!("transfer:{token}");
+    if let Some(job) = job(
+        payload,
+        key,
+        epoch,
+        Origin::TransferActivation,
+        shard,
+        token,
+    ) {
+        enqueue_job(world, job);
+    }
+    close_stream(
+        world,
+        old_session,
+        old_player,
+        SessionLifecycleEffectPlan::ConfirmedTransfer,
+    );
+}
