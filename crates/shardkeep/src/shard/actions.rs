@@ -501,16 +501,14 @@ impl Shard {
                 }
             }
             Ok(TransferCommit::ReleaserSuperseded { current_epoch }) => {
+                // Released by a copy that lost ownership: it may be a phantom of what the owner
+                // holds, so it leaves the world (recorded) rather than enter another row or go
+                // back to a zombie.
                 self.transfers_rejected += 1;
-                if self.player(pending.releaser.by).is_some() {
-                    // The zombie copy is still here: the item goes back and leaves with it.
-                    self.return_to_releaser(pending);
-                } else {
-                    tracing::warn!(event = "item_voided", item = ?pending.item.id, releaser = %pending.releaser.by,
-                        released_epoch = pending.releaser.epoch, current_epoch,
-                        "released by a copy that lost ownership; it may be a phantom");
-                    self.void_item(&pending.item);
-                }
+                tracing::warn!(event = "item_voided", item = ?pending.item.id, releaser = %pending.releaser.by,
+                    released_epoch = pending.releaser.epoch, current_epoch,
+                    "released by a copy that lost ownership");
+                self.void_item(&pending.item);
             }
             Ok(TransferCommit::Rejected(reason)) | Err(reason) => {
                 self.transfers_rejected += 1;
@@ -555,7 +553,7 @@ impl Shard {
         }
     }
 
-    /// Item ids destroyed since the last call: phantoms released by zombie copies.
+    /// Item ids destroyed since the last call: what evicted zombie copies held or released.
     pub fn take_voided_items(&mut self) -> Vec<Uuid> {
         std::mem::take(&mut self.voided_items)
     }

@@ -470,6 +470,10 @@ impl Shard {
         if let Some(entry) = zone.remove(character_id, &self.residency) {
             tracing::warn!(event = "zombie_evicted", character = %character_id,
                 epoch = entry.character.owner_epoch, newer_epoch);
+            // The copy's belongings leave with it; those the live owner also holds live on there.
+            for item in entry.character.items() {
+                self.voided_items.extend(item.id);
+            }
             self.void_released_by(character_id, entry.character.owner_epoch);
             self.evictions.push(Eviction {
                 character_id,

@@ -247,7 +247,8 @@ pub(super) fn item_conservation(end: &EndState<'_>) -> Invariant {
             1 => {}
             0 if end.destroyed.contains(item) => {}
             0 => details.push(format!(
-                "item {item} is held by nothing and its destruction is not recorded"
+                "item {item} (last seen in row {}) is held by nothing and its destruction is not recorded",
+                end.observed.holder.get(item).map_or("-".to_owned(), Uuid::to_string)
             )),
             _ => details.push(format!(
                 "item {item} is held {} times: {}",

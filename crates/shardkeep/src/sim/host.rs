@@ -538,7 +538,14 @@ impl Host {
     }
 
     fn kill(&mut self) {
+        // Everything on this shard dies with it: floors, items between rows, and what its
+        // players hold (what is durable elsewhere lives on there).
         let mut destroyed = self.floor_items();
+        for zone in self.shard.zones() {
+            for entry in zone.players() {
+                destroyed.extend(entry.character.items().iter().filter_map(|i| i.id));
+            }
+        }
         destroyed.extend(self.shard.pending_transfer_items());
         destroyed.extend(self.shard.take_voided_items());
         let stats = self.shard.saver().stats();
