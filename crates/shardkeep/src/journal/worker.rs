@@ -30,6 +30,12 @@ pub struct JournalWorkerConfig {
     pub resume_ttl: Ttl,
     /// Lifetime of a refreshed presence record.
     pub presence_ttl: Ttl,
+    /// Pause after a pass in which an entry failed, doubled after each such pass up to
+    /// [`Self::failure_backoff_cap`] and reset by a clean pass. Wake signals do not cut it
+    /// short, so a store outage does not burn an entry's attempts in a burst of wakes.
+    pub failure_backoff: Duration,
+    /// Longest pause after failing passes.
+    pub failure_backoff_cap: Duration,
 }
 
 impl Default for JournalWorkerConfig {
@@ -39,6 +45,8 @@ impl Default for JournalWorkerConfig {
             recovery_interval: Duration::from_secs(10),
             resume_ttl: Ttl::from_static_secs(300),
             presence_ttl: Ttl::from_static_secs(120),
+            failure_backoff: Duration::from_millis(500),
+            failure_backoff_cap: Duration::from_secs(8),
         }
     }
 }
@@ -56,6 +64,15 @@ pub struct JournalStats {
     pub failures: AtomicU64,
     /// Entries dead-lettered.
     pub dead_lettered: AtomicU64,
+}
+
+/// What one drain pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DrainPass {
+    /// Entries handled (applied, skipped or failed).
+    pub handled: usize,
+    /// Entries that failed (retried through the queue or dead-lettered).
+    pub failed: usize,
 }
 
 /// What processing one entry did.
@@ -119,6 +136,7 @@ impl JournalWorker {
             }
         };
         let wake = self.journal.wake_signal();
+        let mut backoff = self.config.failure_backoff;
         let mut last_recovery = tokio::time::Instant::now() - self.config.recovery_interval;
         loop {
             if last_recovery.elapsed() >= self.config.recovery_interval {
@@ -127,9 +145,22 @@ impl JournalWorker {
                 }
                 last_recovery = tokio::time::Instant::now();
             }
-            if let Err(err) = self.drain(&mut consumer).await {
-                tracing::warn!(event = "journal_drain_failed", error = %err);
+            let failed = match self.drain_pass(&mut consumer).await {
+                Ok(pass) => pass.failed > 0,
+                Err(err) => {
+                    tracing::warn!(event = "journal_drain_failed", error = %err);
+                    true
+                }
+            };
+            if failed {
+                tokio::select! {
+                    () = cancel.cancelled() => break,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(self.config.failure_backoff_cap);
+                continue;
             }
+            backoff = self.config.failure_backoff;
             tokio::select! {
                 () = cancel.cancelled() => break,
                 () = wake.notified() => {}
@@ -148,6 +179,23 @@ impl JournalWorker {
         &self,
         consumer: &mut Consumer<RealtimeStreamCleanup>,
     ) -> Result<usize, crate::queue::QueueError> {
+        Ok(self.drain_pass(consumer).await?.handled)
+    }
+
+    /// One pass of [`Self::drain`]. It starts by putting back whatever the consumer's processing
+    /// list holds (it holds nothing between passes, so those are leases whose replies were lost).
+    pub async fn drain_pass(
+        &self,
+        consumer: &mut Consumer<RealtimeStreamCleanup>,
+    ) -> Result<DrainPass, crate::queue::QueueError> {
+        let orphans = consumer.requeue_held().await?;
+        if orphans > 0 {
+            tracing::warn!(
+                event = "journal_orphans_requeued",
+                orphans,
+                "entries leased by calls whose replies were lost are pending again"
+            );
+        }
         let mut handled = 0;
         let mut failed = std::collections::HashSet::new();
         while let Some(leased) = consumer.lease().await? {
@@ -161,7 +209,10 @@ impl JournalWorker {
             handled += 1;
         }
         let _ = self.journal.queue().depths().await;
-        Ok(handled)
+        Ok(DrainPass {
+            handled,
+            failed: failed.len(),
+        })
     }
 
     /// Processes one entry; false when it failed (and was retried or dead-lettered).

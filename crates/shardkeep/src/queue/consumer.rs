@@ -20,6 +20,11 @@ static LEASE_BATCH: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/lease_batch.lua")));
 static ACK_BATCH: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/ack_batch.lua")));
+static REQUEUE_HELD: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/requeue_held.lua")));
+
+/// Most entries one [`Consumer::requeue_held`] call moves.
+const MAX_REQUEUE_HELD: usize = 10_000;
 
 /// Most entries one batch lease takes.
 pub const MAX_LEASE_BATCH: usize = 512;
@@ -348,6 +353,21 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
             .invoke_async(&mut self.queue.redis().conn())
             .await?;
         Ok(moved == 1)
+    }
+
+    /// Moves every entry this consumer's processing list holds back to pending, oldest first, so
+    /// they are leased next; returns how many. For a consumer that handles one entry at a time,
+    /// called when it holds nothing: a lease whose reply was lost (a connection cut mid-call)
+    /// left its entry here, and no recovery would find it while this consumer lives. Work may
+    /// run twice, so handlers must be idempotent (the queue is at-least-once anyway).
+    pub async fn requeue_held(&self) -> Result<usize, QueueError> {
+        let moved: i64 = REQUEUE_HELD
+            .key(&self.processing)
+            .key(&self.queue.keys().pending)
+            .arg(MAX_REQUEUE_HELD)
+            .invoke_async(&mut self.queue.redis().conn())
+            .await?;
+        Ok(usize::try_from(moved).unwrap_or(0))
     }
 
     /// Refreshes the heartbeat now (the background beat does this every third of the TTL).

@@ -16,7 +16,7 @@ use uuid::Uuid;
 use super::agent::Agent;
 use super::travel;
 use super::world::{World, add_saver_stats, bump};
-use crate::character::LoadedCharacter;
+use crate::character::{CharacterSnapshot, LoadedCharacter};
 use crate::game::world::ZoneDef;
 use crate::journal::{PlayerSnapshot, SessionLifecycleEffectPlan};
 use crate::placement::PlacementStore;
@@ -36,10 +36,13 @@ pub(super) enum Inbound {
         agent: Agent,
         loaded: LoadedCharacter,
     },
-    /// A player arrives through an exit from another shard.
+    /// A player arrives through an exit from another shard. The source keeps its copy of the
+    /// snapshot until the destination has it (a take whose reply was lost consumed the stored
+    /// one).
     Handoff {
         agent: Agent,
         token: String,
+        retained: Box<CharacterSnapshot>,
         old_session: String,
         old_player: PlayerSnapshot,
     },
@@ -348,13 +351,14 @@ impl Host {
             Inbound::Handoff {
                 agent,
                 token,
+                retained,
                 old_session,
                 old_player,
             } => travel::arrive(
                 &self.world,
                 self.id.clone(),
                 agent,
-                token,
+                (token, *retained),
                 old_session,
                 old_player,
             ),

@@ -482,6 +482,7 @@ fn build_report(
         ("handoffs", get(&c.handoffs)),
         ("handoff retries", get(&c.handoff_retries)),
         ("handoffs lost", get(&c.handoffs_lost)),
+        ("handoff takes recovered", get(&c.handoff_takes_recovered)),
         ("fights", get(&c.fights)),
         ("deaths", get(&c.deaths)),
         ("item moves", get(&c.item_moves)),

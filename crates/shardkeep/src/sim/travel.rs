@@ -292,6 +292,7 @@ pub(super) fn hand_off(
         let message = Inbound::Handoff {
             agent,
             token,
+            retained: Box::new(snapshot),
             old_session,
             old_player,
         };
@@ -300,12 +301,14 @@ pub(super) fn hand_off(
 }
 
 /// The target side of a handoff: take the payload (once), claim with the carried snapshot
-/// (retrying until the claim lands), and give the loaded character to this shard's host.
+/// (retrying until the claim lands), and give the loaded character to this shard's host. When
+/// the take finds the token consumed — an earlier take's reply was lost in an outage — the
+/// source's retained copy stands in.
 pub(super) fn arrive(
     world: &Arc<World>,
     shard: String,
     agent: Agent,
-    token: String,
+    (token, retained): (String, CharacterSnapshot),
     old_session: String,
     old_player: PlayerSnapshot,
 ) {
@@ -335,10 +338,8 @@ pub(super) fn arrive(
                     }
                 }
                 Ok(Ok(HandoffTake::AlreadyConsumed | HandoffTake::NotFound)) => {
-                    // Taken before (a take whose reply was lost) or expired: the carried state
-                    // is gone; the player logs in from the stored copies.
-                    bump(&world.counters.handoffs_lost);
-                    return go_offline(&world, agent, 500);
+                    bump(&world.counters.handoff_takes_recovered);
+                    break retained;
                 }
                 _ => {
                     bump(&world.counters.handoff_retries);

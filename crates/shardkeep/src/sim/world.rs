@@ -34,6 +34,7 @@ pub(super) struct Counters {
     pub(super) handoffs: AtomicU64,
     pub(super) handoff_retries: AtomicU64,
     pub(super) handoffs_lost: AtomicU64,
+    pub(super) handoff_takes_recovered: AtomicU64,
     pub(super) fights: AtomicU64,
     pub(super) deaths: AtomicU64,
     pub(super) item_moves: AtomicU64,

@@ -700,7 +700,11 @@ async fn a_zombies_released_item_never_reaches_another_row(pool: PgPool) {
             .any(|i| i.id == Some(item)),
         "not handed back to the zombie"
     );
-    assert_eq!(shard.take_voided_items(), vec![item], "voided, and recorded");
+    assert_eq!(
+        shard.take_voided_items(),
+        vec![item],
+        "voided, and recorded"
+    );
     assert!(
         transfers(&pool).await.is_empty(),
         "no audit row for a transfer that did not happen"

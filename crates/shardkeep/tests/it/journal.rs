@@ -473,3 +473,69 @@ async fn a_failed_location_write_becomes_a_session_cleanup_retry_job(pool: PgPoo
     );
     assert_eq!(worker.stats().location_retries.load(Ordering::Relaxed), 1);
 }
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn an_entry_leased_by_a_call_whose_reply_was_lost_is_processed_next_pass(pool: PgPool) {
+    let env = Env::new(&pool).await;
+    let player = env.character().await;
+    env.journal
+        .append(cleanup(
+            &player,
+            "s-lost",
+            SessionLifecycleEffectPlan::PermanentRemoval,
+        ))
+        .await
+        .unwrap();
+    let mut consumer = env.journal.queue().consumer().await.unwrap();
+    // The lease moved the entry, but its reply never reached the worker.
+    let lost = consumer.lease().await.unwrap();
+    assert!(lost.is_some());
+    drop(lost);
+    let depths = env.journal.queue().depths().await.unwrap();
+    assert_eq!((depths.pending, depths.processing), (0, 1));
+    let pass = env.worker(None).drain_pass(&mut consumer).await.unwrap();
+    assert_eq!((pass.handled, pass.failed), (1, 0));
+    let depths = env.journal.queue().depths().await.unwrap();
+    assert_eq!((depths.pending, depths.processing, depths.dead), (0, 0, 0));
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn failing_passes_back_off_instead_of_burning_attempts_on_wakes(pool: PgPool) {
+    let env = Env::new(&pool).await;
+    let mut player = env.character().await;
+    player.character_id = Uuid::now_v7(); // a character the store does not have
+    let worker = JournalWorker::new(
+        env.journal.clone(),
+        env.coord.clone(),
+        env.store.clone(),
+        None,
+        JournalWorkerConfig {
+            interval: Duration::from_millis(50),
+            failure_backoff: Duration::from_millis(400),
+            ..JournalWorkerConfig::default()
+        },
+    );
+    let stats = worker.stats();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(worker.run(cancel.clone()));
+    env.journal
+        .append(cleanup(
+            &player,
+            "s-fail",
+            SessionLifecycleEffectPlan::PermanentRemoval,
+        ))
+        .await
+        .unwrap();
+    // A burst of appends wakes the worker again and again while the entry keeps failing.
+    let wake = env.journal.wake_signal();
+    for _ in 0..40 {
+        wake.notify_one();
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    cancel.cancel();
+    task.await.unwrap();
+    let failures = stats.failures.load(Ordering::Relaxed);
+    // 1 s of wakes with pauses of 400 ms, then 800 ms: at most three attempts, not forty.
+    assert!((1..=3).contains(&failures), "{failures} attempts");
+    assert_eq!(env.journal.queue().depths().await.unwrap().dead, 0);
+}
