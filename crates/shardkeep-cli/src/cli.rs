@@ -48,7 +48,7 @@ pub(crate) enum Command {
     /// Run an admin cleanup of Redis (presence, handoff, registry) through the signed API.
     Cleanup(CleanupArgs),
     /// Simulate whole shards of synthetic players under faults, in a scratch database and
-    /// namespace, then check the invariants against the durable stores. Exits 2 when an
+    /// namespace, then check the invariants against the durable stores. Exits 3 when an
     /// invariant fails.
     Simulate(SimulateArgs),
 }
@@ -64,7 +64,7 @@ pub(crate) struct SimulateArgs {
     pub(crate) redis_url: Option<String>,
 
     /// Play time, as seconds (`90`) or with a unit (`90s`, `2m`); settling and checks follow.
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, env = "SHARDKEEP_SIM_DURATION", default_value = "60s", value_parser = parse_duration)]
     pub(crate) duration: std::time::Duration,
 
     /// Shards in the process.

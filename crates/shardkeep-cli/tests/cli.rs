@@ -310,3 +310,88 @@ async fn serve_answers_the_cli_and_stops_gracefully_on_sigterm(pool: PgPool) {
     assert!(output.0.success(), "serve exits cleanly on SIGTERM");
     assert!(output.1.contains("serve: stopped"), "{}", output.1);
 }
+
+#[test]
+fn malformed_simulate_arguments_are_rejected() {
+    for args in [
+        &["simulate", "--faults", "meteor"][..],
+        &["simulate", "--faults", "zombie,,poison"],
+        &["simulate", "--duration", "10x"],
+        &["simulate", "--duration", "0"],
+        &["simulate", "--duration", "25h"],
+        &["simulate", "--shards", "0"],
+        &["simulate", "--shards", "17"],
+        &["simulate", "--players", "0"],
+        &["simulate", "--players", "lots"],
+        &["simulate", "--seed", "-1"],
+    ] {
+        let out = shardkeep(args, &[("DATABASE_URL", "postgres://x@127.0.0.1:1/x")]);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("error:"), "{args:?}");
+    }
+    let out = shardkeep(&["simulate", "--faults", "meteor"], &[]);
+    assert!(
+        stderr(&out).contains("unknown fault \"meteor\""),
+        "{}",
+        stderr(&out)
+    );
+    let out = shardkeep(&["simulate"], &[]);
+    assert_one_line_failure(&out, "DATABASE_URL is not set");
+    let out = shardkeep(
+        &["simulate"],
+        &[("DATABASE_URL", "postgres://x@127.0.0.1:1/x")],
+    );
+    assert_one_line_failure(&out, "REDIS_URL is not set");
+    let out = shardkeep(
+        &["simulate", "--report", "/nonexistent-dir/report.json"],
+        &[
+            ("DATABASE_URL", "postgres://x@127.0.0.1:1/x"),
+            ("REDIS_URL", "redis://127.0.0.1:1"),
+        ],
+    );
+    assert!(
+        stderr(&out).contains("cannot write the report"),
+        "the report path is checked before the run: {}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn simulate_runs_prints_the_table_and_writes_the_json_report() {
+    let database_url = std::env::var("DATABASE_URL").expect("tests run with DATABASE_URL set");
+    let redis_url = shardkeep_testkit::redis_url();
+    let dir = std::env::temp_dir().join(format!("shardkeep-sim-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let report = dir.join("report.json");
+    let out = shardkeep(
+        &[
+            "simulate",
+            "--duration",
+            "3s",
+            "--players",
+            "30",
+            "--shards",
+            "2",
+            "--faults",
+            "zombie,poison",
+            "--report",
+            report.to_str().unwrap(),
+        ],
+        &[("DATABASE_URL", &database_url), ("REDIS_URL", &redis_url)],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", stderr(&out));
+    for needle in [
+        "checkpoint (Redis)",
+        "row (Postgres CAS)",
+        "item conservation",
+        "every invariant holds",
+    ] {
+        assert!(stdout.contains(needle), "table lacks {needle}: {stdout}");
+    }
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(json["passed"], true);
+    assert_eq!(json["run"]["players"], 30);
+    assert_eq!(json["invariants"].as_array().unwrap().len(), 5);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,5 +1,5 @@
 //! `shardkeep simulate`: runs the simulator with a live progress display, prints the report
-//! table, writes the JSON report when asked, and exits 2 when an invariant failed.
+//! table, writes the JSON report when asked, and exits 3 when an invariant failed.
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -13,7 +13,7 @@ use shardkeep::sim::{self, SimConfig, SimProgress};
 use crate::cli::SimulateArgs;
 
 /// Exit status of a run whose invariants failed.
-const INVARIANTS_FAILED: u8 = 2;
+const INVARIANTS_FAILED: u8 = 3;
 
 /// Runs the simulation.
 pub(crate) async fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {

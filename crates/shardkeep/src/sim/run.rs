@@ -65,6 +65,8 @@ pub async fn run(
     };
     let report = play(Arc::clone(&world), Arc::new(progress)).await;
     world.halt.cancel();
+    // Let the workers see the halt and stop writing before the keys go.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     world.env.teardown(keep).await;
     Ok(report)
 }
@@ -497,6 +499,8 @@ fn build_report(
     .collect();
     SimReport {
         run: json!({
+            "scratch_database": world.env.db_url.rsplit('/').next().unwrap_or_default(),
+            "redis_namespace": world.env.keys.namespace(),
             "duration_secs": config.duration.as_secs_f64(),
             "shards": config.shards,
             "players": config.players,

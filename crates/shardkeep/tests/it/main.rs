@@ -14,4 +14,5 @@ mod ladder_store;
 mod migrate;
 mod queue;
 mod retry_jobs;
+mod simulate;
 mod support;
