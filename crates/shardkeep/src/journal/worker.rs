@@ -66,6 +66,36 @@ pub struct JournalStats {
     pub dead_lettered: AtomicU64,
 }
 
+/// How long the worker pauses after a pass (pure): nothing after a clean pass; after a failing
+/// pass a pause that doubles with each failing pass in a row, up to the cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PassPacing {
+    base: Duration,
+    cap: Duration,
+    next: Duration,
+}
+
+impl PassPacing {
+    pub(crate) fn new(base: Duration, cap: Duration) -> Self {
+        Self {
+            base,
+            cap: cap.max(base),
+            next: base,
+        }
+    }
+
+    /// The pause owed after a pass (`None`: wait for a wake or the interval as usual).
+    pub(crate) fn after_pass(&mut self, failed: bool) -> Option<Duration> {
+        if !failed {
+            self.next = self.base;
+            return None;
+        }
+        let pause = self.next;
+        self.next = (self.next * 2).min(self.cap);
+        Some(pause)
+    }
+}
+
 /// What one drain pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DrainPass {
@@ -136,7 +166,8 @@ impl JournalWorker {
             }
         };
         let wake = self.journal.wake_signal();
-        let mut backoff = self.config.failure_backoff;
+        let mut pacing =
+            PassPacing::new(self.config.failure_backoff, self.config.failure_backoff_cap);
         let mut last_recovery = tokio::time::Instant::now() - self.config.recovery_interval;
         loop {
             if last_recovery.elapsed() >= self.config.recovery_interval {
@@ -152,15 +183,13 @@ impl JournalWorker {
                     true
                 }
             };
-            if failed {
+            if let Some(pause) = pacing.after_pass(failed) {
                 tokio::select! {
                     () = cancel.cancelled() => break,
-                    () = tokio::time::sleep(backoff) => {}
+                    () = tokio::time::sleep(pause) => {}
                 }
-                backoff = (backoff * 2).min(self.config.failure_backoff_cap);
                 continue;
             }
-            backoff = self.config.failure_backoff;
             tokio::select! {
                 () = cancel.cancelled() => break,
                 () = wake.notified() => {}
@@ -356,5 +385,30 @@ impl JournalWorker {
                 Ok(())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failing_passes_pause_longer_each_time_up_to_the_cap_and_a_clean_pass_resets() {
+        let ms = Duration::from_millis;
+        let mut pacing = PassPacing::new(ms(500), ms(3000));
+        assert_eq!(pacing.after_pass(false), None);
+        let pauses: Vec<_> = (0..5).map(|_| pacing.after_pass(true)).collect();
+        assert_eq!(
+            pauses,
+            [ms(500), ms(1000), ms(2000), ms(3000), ms(3000)].map(Some)
+        );
+        assert_eq!(pacing.after_pass(false), None);
+        assert_eq!(pacing.after_pass(true), Some(ms(500)));
+        // Eight attempts at the defaults span more than 30 s: a short outage dead-letters
+        // nothing.
+        let defaults = JournalWorkerConfig::default();
+        let mut pacing = PassPacing::new(defaults.failure_backoff, defaults.failure_backoff_cap);
+        let total: Duration = (0..7).filter_map(|_| pacing.after_pass(true)).sum();
+        assert!(total > Duration::from_secs(30), "{total:?}");
     }
 }
