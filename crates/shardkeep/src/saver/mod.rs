@@ -121,6 +121,9 @@ pub struct SaverConfig {
     pub final_retries: u32,
     /// Time budget of the final-flush rebase loop.
     pub final_budget: Duration,
+    /// How long a logout's final save keeps retrying, in the background, while Postgres is
+    /// unreachable (the player is gone: no later cadence would write its last changes).
+    pub final_outage_budget: Duration,
 }
 
 impl Default for SaverConfig {
@@ -132,6 +135,7 @@ impl Default for SaverConfig {
             io_timeout: Duration::from_secs(5),
             final_retries: 8,
             final_budget: Duration::from_secs(2),
+            final_outage_budget: Duration::from_secs(60),
         }
     }
 }
@@ -183,7 +187,8 @@ impl Saver {
     ) -> Self {
         let stats = Arc::new(SaverStats::default());
         let worker =
-            worker::SaverWorker::new(store, checkpoints, feedback, config, Arc::clone(&stats));
+            worker::SaverWorker::new(store, checkpoints, feedback, config, Arc::clone(&stats))
+                .with_cancel(cancel.clone());
         let (queue, _task) =
             DrainQueue::spawn(config.queue_depth, config.max_batch, worker, cancel);
         Self { queue, stats }

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::{SaveFeedback, SaveReason, SaveRequest, SaverConfig, SaverEvent, SaverStats};
@@ -22,6 +23,7 @@ pub(super) struct SaverWorker {
     feedback: Arc<dyn SaveFeedback>,
     config: SaverConfig,
     stats: Arc<SaverStats>,
+    cancel: CancellationToken,
 }
 
 impl SaverWorker {
@@ -38,7 +40,14 @@ impl SaverWorker {
             feedback,
             config,
             stats,
+            cancel: CancellationToken::new(),
         }
+    }
+
+    /// Stops background final retries with `cancel` (the shard's run context).
+    pub(super) fn with_cancel(mut self, cancel: CancellationToken) -> Self {
+        self.cancel = cancel;
+        self
     }
 }
 
@@ -138,15 +147,30 @@ impl SaverWorker {
         metrics::histogram!(telemetry::SAVER_FLUSH_SECONDS).record(started.elapsed().as_secs_f64());
         let outcomes = match result {
             Ok(Ok(outcomes)) => outcomes,
-            Ok(Err(err)) => return self.rows_failed(snapshots.len(), &err.to_string()),
-            Err(_) => return self.rows_failed(snapshots.len(), "timed out"),
+            Ok(Err(err)) => return self.rows_failed(store, &rows, &err.to_string()),
+            Err(_) => return self.rows_failed(store, &rows, "timed out"),
         };
         for (request, (_, outcome)) in rows.iter().zip(outcomes) {
             self.route(store, request, outcome).await;
         }
     }
 
-    fn rows_failed(&self, count: usize, error: &str) {
+    /// A batch did not reach Postgres. Flushes wait for the next cadence; a logout's final save
+    /// has none, so it keeps retrying in the background.
+    fn rows_failed(&self, store: &CharacterStore, rows: &[&SaveRequest], error: &str) {
+        let count = rows.len();
+        for request in rows.iter().filter(|r| r.reason == SaveReason::Final) {
+            tokio::spawn(retry_final(
+                FinalRetry {
+                    store: store.clone(),
+                    feedback: Arc::clone(&self.feedback),
+                    stats: Arc::clone(&self.stats),
+                    config: self.config,
+                },
+                (*request).clone(),
+                self.cancel.clone(),
+            ));
+        }
         self.stats.row_failed(count as u64);
         metrics::counter!(telemetry::SAVER_WRITE_FAILURES_TOTAL, "tier" => "postgres")
             .increment(count as u64);
@@ -250,6 +274,80 @@ impl SaverWorker {
         self.feedback.deliver(SaverEvent::FinalDropped {
             character_id: snapshot.character_id,
         });
+    }
+}
+
+/// What a background final retry needs.
+struct FinalRetry {
+    store: CharacterStore,
+    feedback: Arc<dyn SaveFeedback>,
+    stats: Arc<SaverStats>,
+    config: SaverConfig,
+}
+
+/// Retries a logout's final save through a Postgres outage: backoff from 250 ms to 4 s, up to
+/// the outage budget; version conflicts rebase (the epoch fence still applies); a crash of the
+/// shard (`cancel`) abandons it.
+async fn retry_final(retry: FinalRetry, request: SaveRequest, cancel: CancellationToken) {
+    let FinalRetry {
+        store,
+        feedback,
+        stats,
+        config,
+    } = retry;
+    let character_id = request.snapshot.character_id;
+    let deadline = Instant::now() + config.final_outage_budget;
+    let mut snapshot = request.snapshot.clone();
+    let mut pause = std::time::Duration::from_millis(250);
+    let mut rebases = 0;
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(pause) => {}
+        }
+        match tokio::time::timeout(config.io_timeout, store.save(&snapshot)).await {
+            Ok(Ok(SaveOutcome::Saved(new_version))) => {
+                stats.row_landed(1);
+                tracing::info!(event = "final_flush_recovered", character = %character_id);
+                return feedback.deliver(SaverEvent::Saved {
+                    character_id,
+                    reason: SaveReason::Final,
+                    dumped_version: request.snapshot.state_version,
+                    new_version,
+                });
+            }
+            Ok(Ok(SaveOutcome::VersionConflict(current))) if rebases < config.final_retries => {
+                stats.row_conflicts(1);
+                rebases += 1;
+                snapshot.state_version = current;
+                pause = std::time::Duration::ZERO;
+                continue;
+            }
+            Ok(Ok(SaveOutcome::OwnershipLost(current_epoch))) => {
+                stats.row_ownership_lost(1);
+                return feedback.deliver(SaverEvent::OwnershipLost {
+                    character_id,
+                    current_epoch,
+                });
+            }
+            Ok(Ok(SaveOutcome::NotFound)) => {
+                return feedback.deliver(SaverEvent::NotFound { character_id });
+            }
+            Ok(Ok(SaveOutcome::VersionConflict(_))) => {}
+            Ok(Err(_)) | Err(_) if Instant::now() < deadline => {
+                pause = (pause * 2).clamp(
+                    std::time::Duration::from_millis(250),
+                    std::time::Duration::from_secs(4),
+                );
+                continue;
+            }
+            Ok(Err(_)) | Err(_) => {}
+        }
+        stats.final_dropped(1);
+        metrics::counter!(telemetry::SAVER_FINAL_DROPPED_TOTAL).increment(1);
+        tracing::warn!(event = "final_flush_dropped", character = %character_id,
+            "logout delta lost; the last durable flush still loads");
+        return feedback.deliver(SaverEvent::FinalDropped { character_id });
     }
 }
 

@@ -115,8 +115,8 @@ struct Leaving {
     player: PlayerSnapshot,
 }
 
-/// Pulses a logout waits for its final save's outcome.
-const FINAL_WAIT_PULSES: u64 = 100;
+/// Pulses a logout waits for its final save's outcome (longer than the saver's outage budget).
+const FINAL_WAIT_PULSES: u64 = 650;
 
 /// One shard's task.
 pub(super) struct Host {
@@ -325,6 +325,8 @@ impl Host {
         }
         let evictions = self.shard.take_evictions();
         for eviction in &evictions {
+            tracing::debug!(event = "sim_evicted", shard = %self.id, character = %eviction.character_id,
+                epoch = eviction.evicted_epoch);
             bump(&self.world.counters.evictions);
             if let Some(body) = self.bodies.remove(&eviction.character_id)
                 && body.phase != Phase::Ghost
@@ -421,6 +423,9 @@ impl Host {
         };
         match self.shard.admit(loaded, arrival) {
             Ok(admitted) => {
+                tracing::debug!(event = "sim_login", shard = %self.id, character = %id,
+                    source = ?admitted.source, zone = %admitted.zone,
+                    epoch = ?self.shard.player(id).map(|e| e.character.owner_epoch));
                 travel::start_session(&self.world, &self.id, &agent, &token, &admitted.zone);
                 bump(&self.world.counters.logins);
                 let session_end = self.pulse + agent.session_pulses();
@@ -463,6 +468,7 @@ impl Host {
         let redialed = admitted.and_then(|_| self.shard.redial(&token, &session));
         match redialed {
             Ok(admitted) => {
+                tracing::debug!(event = "sim_handoff_in", shard = %self.id, character = %id, epoch);
                 travel::start_session(&self.world, &self.id, &agent, &session, &admitted.zone);
                 travel::confirm_transfer(
                     &self.world,
@@ -517,6 +523,7 @@ impl Host {
         };
         body.agent = Some(real.zombie_copy());
         body.phase = Phase::Ghost;
+        tracing::debug!(event = "sim_zombie", shard = %self.id, character = %id, %target);
         bump(&self.world.counters.zombies_made);
         self.world.in_transit.fetch_add(1, Ordering::Relaxed);
         travel::deliver(

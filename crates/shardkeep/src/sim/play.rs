@@ -171,6 +171,8 @@ impl Host {
                 true
             }
             Ok(WalkOutcome::Handoff(handoff)) => {
+                tracing::debug!(event = "sim_handoff_out", shard = %self.id, character = %id,
+                    epoch = handoff.snapshot.owner_epoch, target = ?handoff.target_shard);
                 let (Some(agent), Some(old_player)) = (body.agent.take(), before) else {
                     return false;
                 };
@@ -286,6 +288,7 @@ impl Host {
         }
         let item = items[agent.pick(items.len())];
         if self.shard.drop_item(id, item).is_ok() {
+            tracing::debug!(event = "sim_drop", shard = %self.id, character = %id, %item);
             bump(&self.world.counters.item_moves);
         }
     }
@@ -299,7 +302,8 @@ impl Host {
             return;
         }
         let item = loose[agent.pick(loose.len())];
-        if self.shard.get_item(id, item).is_ok() {
+        if let Ok(transfer) = self.shard.get_item(id, item) {
+            tracing::debug!(event = "sim_get", shard = %self.id, character = %id, %item, transfer = transfer.is_some());
             bump(&self.world.counters.item_moves);
         }
     }
@@ -316,6 +320,7 @@ impl Host {
         let item = items[agent.pick(items.len())];
         let container = containers[agent.pick(containers.len())].0;
         if self.shard.put_item(id, item, container).is_ok() {
+            tracing::debug!(event = "sim_put", shard = %self.id, character = %id, %item, %container);
             bump(&self.world.counters.item_moves);
         }
     }
@@ -331,7 +336,8 @@ impl Host {
         }
         let (container, contents) = full[agent.pick(full.len())];
         let item = contents[agent.pick(contents.len())];
-        if self.shard.get_from_container(id, *container, item).is_ok() {
+        if let Ok(transfer) = self.shard.get_from_container(id, *container, item) {
+            tracing::debug!(event = "sim_take", shard = %self.id, character = %id, %item, transfer = transfer.is_some());
             bump(&self.world.counters.item_moves);
         }
     }

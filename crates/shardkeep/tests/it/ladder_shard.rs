@@ -5,7 +5,7 @@ use shardkeep::backend::redis::RedisTimeouts;
 use shardkeep::character::{CharacterSnapshot, CheckpointWrite, LoadSource, SaveOutcome};
 use shardkeep::drain::BarrierOutcome;
 use shardkeep::faults::{FaultProxy, ProxyMode};
-use shardkeep::saver::{SaveReason, SaverConfig};
+use shardkeep::saver::{SaveReason, SaverConfig, SaverEvent};
 use shardkeep::shard::gate::route_login;
 use shardkeep::shard::{EvictionCause, LandingCase, ShardConfig, ShardStores, WalkOutcome};
 use shardkeep::{PostgresBackend, RedisBackend};
@@ -519,6 +519,71 @@ async fn a_postgres_outage_during_a_flush_recovers_at_the_next_cadence(pool: PgP
     .await;
     let row = stores.characters.load(id).await.unwrap().unwrap();
     assert_eq!(row.state["currency"], 5);
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_logout_during_a_postgres_outage_lands_its_final_save_once_it_heals(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let stores = Stores::new(&pool, redis.backend());
+    let proxy = FaultProxy::start(pg_addr()).await.unwrap();
+    let cut_pool = proxied_pool(&pool, &proxy).await;
+    let mut config = ShardConfig::new("shard-a", "zone-0");
+    config.saver.io_timeout = Duration::from_secs(1);
+    let shard_stores = ShardStores {
+        characters: Some(shardkeep::character::CharacterStore::new(
+            PostgresBackend::from_pool(cut_pool),
+        )),
+        checkpoints: None,
+        placement: None,
+        audit: None,
+    };
+    let mut shard = boot_with(shard_stores, &stores, config, &[0], 1);
+    let id = stores.new_character("Aria").await;
+    login(&stores, &mut shard, id, "s").await;
+    shard.player_mut(id).unwrap().character.currency = 42;
+    proxy.set_mode(ProxyMode::Cut);
+    shard.logout(id).unwrap();
+    assert_eq!(
+        shard.saver().barrier(BARRIER).await,
+        BarrierOutcome::Drained
+    );
+    assert!(
+        shard.saver().stats().row_failed >= 1,
+        "the first attempt failed"
+    );
+    // A journal location write lands meanwhile and moves the row's version.
+    let epoch = stores.characters.version_of(id).await.unwrap().unwrap().1;
+    stores
+        .characters
+        .write_location(id, epoch, "zone-0", "r2")
+        .await
+        .unwrap();
+    proxy.set_mode(ProxyMode::Pass);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let row = stores.characters.load(id).await.unwrap().unwrap();
+        if row.state["currency"] == 42 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the final save never landed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    shard.tick();
+    let events = shard.take_saver_events();
+    assert!(
+        events.iter().any(|e| matches!(
+            e,
+            SaverEvent::Saved {
+                reason: SaveReason::Final,
+                ..
+            }
+        )),
+        "{events:?}"
+    );
+    assert_eq!(shard.saver().stats().final_dropped, 0);
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
