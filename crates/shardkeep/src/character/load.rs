@@ -11,6 +11,7 @@ use uuid::Uuid;
 use super::checkpoint::CheckpointStore;
 use super::snapshot::{CharacterSnapshot, Freshest, freshest};
 use super::store::{CharacterStore, StoreError};
+use crate::retry::apply::{RowState, replay_effects};
 
 /// Why a character could not be loaded for a session.
 #[derive(Debug, thiserror::Error)]
@@ -88,7 +89,12 @@ impl CharacterLoader {
             })?;
         let row = claimed.row;
         let checkpoint = self.read_checkpoint(&row.name).await;
-        Ok(choose(row, checkpoint, claimed.new_epoch))
+        Ok(choose(
+            row,
+            claimed.live_version,
+            checkpoint,
+            claimed.new_epoch,
+        ))
     }
 
     /// Claims a character arriving by cross-shard handoff. The carried snapshot is the content
@@ -149,10 +155,14 @@ impl CharacterLoader {
     }
 }
 
-/// Combines the row (with its pre-claim epoch) and an optional checkpoint into the snapshot a
-/// session starts from. Identity always comes from the row; so does the CAS token.
+/// Combines the row (with its pre-claim epoch and the version of its last live write) and an
+/// optional checkpoint into the snapshot a session starts from. Identity always comes from the
+/// row; so does the CAS token. When the checkpoint wins, the retry-job effects the row took since
+/// its last live write are replayed on it, so neither the checkpoint's newer content nor a
+/// durable job's effect is lost.
 pub fn choose(
     row: CharacterSnapshot,
+    row_live_version: i64,
     checkpoint: Option<CharacterSnapshot>,
     new_epoch: i64,
 ) -> LoadedCharacter {
@@ -162,6 +172,7 @@ pub fn choose(
         .map(|c| {
             let which = freshest(
                 (row.owner_epoch, row.state_version),
+                row_live_version,
                 (c.owner_epoch, c.state_version),
             );
             (which, c)
@@ -173,6 +184,17 @@ pub fn choose(
                 // The checkpoint was dumped inside an instance; the durable anchor stands.
                 s.zone_ref = row.zone_ref.clone();
                 s.room_ref = row.room_ref.clone();
+            }
+            if s.owner_epoch == row.owner_epoch {
+                let mut merged = RowState {
+                    state: s.state,
+                    zone_ref: s.zone_ref,
+                    room_ref: s.room_ref,
+                };
+                replay_effects(&mut merged, &row.state);
+                s.state = merged.state;
+                s.zone_ref = merged.zone_ref;
+                s.room_ref = merged.room_ref;
             }
             s.account_id = row.account_id;
             s.name = row.name.clone();
@@ -211,6 +233,7 @@ mod tests {
     fn checkpoint_content_at_a_tie_with_the_rows_token_and_new_epoch() {
         let loaded = choose(
             snap(3, 7, Some("a"), "row"),
+            7,
             Some(snap(3, 7, Some("b"), "ckpt")),
             4,
         );
@@ -227,6 +250,7 @@ mod tests {
     fn a_stale_owners_checkpoint_never_outranks_the_row() {
         let loaded = choose(
             snap(5, 2, Some("a"), "row"),
+            2,
             Some(snap(4, 40, Some("b"), "zombie")),
             6,
         );
@@ -242,6 +266,7 @@ mod tests {
     fn an_instance_checkpoint_keeps_the_rows_anchor() {
         let loaded = choose(
             snap(3, 7, Some("a"), "row"),
+            7,
             Some(snap(3, 7, None, "ckpt")),
             4,
         );
@@ -251,8 +276,43 @@ mod tests {
 
     #[test]
     fn no_checkpoint_means_the_row() {
-        let loaded = choose(snap(1, 1, None, "row"), None, 2);
+        let loaded = choose(snap(1, 1, None, "row"), 1, None, 2);
         assert_eq!(loaded.source, LoadSource::Row);
         assert!(loaded.brand_new);
+    }
+
+    #[test]
+    fn a_newer_checkpoint_gets_the_rows_later_job_effects_replayed() {
+        use crate::retry::PersistenceRetryPayload;
+        // Live write at 7 with 10 xp; a reward job then took the row to 8 with 35 xp; the
+        // checkpoint, dumped at 7 after the live copy gained an item, wins and gets the reward.
+        let reward = PersistenceRetryPayload::CombatRewards {
+            character_id: Uuid::nil(),
+            experience: 25,
+            currency: 2,
+            items: vec![],
+        };
+        let mut row = snap(3, 8, Some("a"), "row");
+        row.state = serde_json::json!({
+            "experience": 35, "currency": 2, "reward_keys": ["k1"],
+            "job_effects": [{ "key": "k1", "payload": reward }],
+        });
+        let mut checkpoint = snap(3, 7, Some("a"), "ckpt");
+        checkpoint.state = serde_json::json!({
+            "experience": 10, "inventory": [{ "proto": "gem" }],
+        });
+        let loaded = choose(row.clone(), 7, Some(checkpoint.clone()), 4);
+        assert_eq!(loaded.source, LoadSource::Checkpoint);
+        assert_eq!(loaded.snapshot.state["experience"], 35);
+        assert_eq!(loaded.snapshot.state["currency"], 2);
+        assert_eq!(loaded.snapshot.state["inventory"][0]["proto"], "gem");
+        assert_eq!(loaded.snapshot.state_version, 8, "the row's CAS token");
+        // A checkpoint that already holds the grant gets nothing twice.
+        checkpoint.state = serde_json::json!({ "experience": 35, "reward_keys": ["k1"] });
+        let loaded = choose(row.clone(), 7, Some(checkpoint), 4);
+        assert_eq!(loaded.snapshot.state["experience"], 35);
+        // A live write after the checkpoint's dump wins outright.
+        let loaded = choose(row, 8, Some(snap(3, 7, Some("a"), "ckpt")), 4);
+        assert_eq!(loaded.source, LoadSource::Row);
     }
 }

@@ -55,11 +55,23 @@ pub enum Freshest {
     Checkpoint,
 }
 
-/// Picks the fresher of a row and a checkpoint by `(owner_epoch, state_version)`: ownership first,
-/// so a stale owner's checkpoint never outranks the live owner's row; on a full tie the
-/// checkpoint wins, because checkpoints are dumped at the pre-flush version with newer content.
-pub fn freshest(row: (i64, i64), checkpoint: (i64, i64)) -> Freshest {
-    if checkpoint >= row {
+/// Picks the fresher of a row and a checkpoint. Ownership first: the higher `owner_epoch` wins,
+/// so a stale owner's checkpoint never outranks the live owner's row. Within one owner, the
+/// checkpoint wins when it was dumped at or after the row's last live write
+/// (`checkpoint version >= row_live_version`): a copy only learns a version once its write
+/// landed, so such a checkpoint holds newer live content. Versions that retry jobs or location
+/// writes added since do not count against it (their effects are replayed on it).
+pub fn freshest(row: (i64, i64), row_live_version: i64, checkpoint: (i64, i64)) -> Freshest {
+    let (row_epoch, _) = row;
+    let (checkpoint_epoch, checkpoint_version) = checkpoint;
+    if checkpoint_epoch != row_epoch {
+        return if checkpoint_epoch > row_epoch {
+            Freshest::Checkpoint
+        } else {
+            Freshest::Row
+        };
+    }
+    if checkpoint_version >= row_live_version {
         Freshest::Checkpoint
     } else {
         Freshest::Row
@@ -90,27 +102,33 @@ mod tests {
 
     #[test]
     fn a_tie_goes_to_the_checkpoint() {
-        assert_eq!(freshest((3, 7), (3, 7)), Freshest::Checkpoint);
+        assert_eq!(freshest((3, 7), 7, (3, 7)), Freshest::Checkpoint);
     }
 
     #[test]
-    fn a_higher_row_version_wins() {
-        assert_eq!(freshest((3, 8), (3, 7)), Freshest::Row);
+    fn a_newer_live_write_wins() {
+        assert_eq!(freshest((3, 8), 8, (3, 7)), Freshest::Row);
+    }
+
+    #[test]
+    fn versions_added_by_jobs_do_not_outrank_newer_live_content() {
+        // Live write at 7; two retry jobs took the row to 9; the checkpoint was dumped at 7.
+        assert_eq!(freshest((3, 9), 7, (3, 7)), Freshest::Checkpoint);
     }
 
     #[test]
     fn a_higher_checkpoint_version_wins() {
-        assert_eq!(freshest((3, 7), (3, 8)), Freshest::Checkpoint);
+        assert_eq!(freshest((3, 7), 7, (3, 8)), Freshest::Checkpoint);
     }
 
     #[test]
     fn a_stale_owners_checkpoint_loses_to_the_live_row_despite_a_higher_version() {
-        assert_eq!(freshest((4, 2), (3, 50)), Freshest::Row);
+        assert_eq!(freshest((4, 2), 2, (3, 50)), Freshest::Row);
     }
 
     #[test]
     fn a_newer_owners_checkpoint_beats_an_older_row() {
-        assert_eq!(freshest((3, 9), (4, 1)), Freshest::Checkpoint);
+        assert_eq!(freshest((3, 9), 9, (4, 1)), Freshest::Checkpoint);
     }
 
     #[test]

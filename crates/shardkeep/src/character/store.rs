@@ -104,6 +104,9 @@ pub enum LocationWrite {
 pub struct ClaimedRow {
     /// The epoch minted for the claimant; it names exactly one live copy.
     pub new_epoch: i64,
+    /// The row's version right after its last live write (retry jobs and location writes
+    /// since then moved `state_version` only).
+    pub live_version: i64,
     /// The row, with the owner epoch it had before this claim (what freshness compares).
     pub row: CharacterSnapshot,
 }
@@ -165,6 +168,7 @@ WITH upd AS (
            zone_ref = COALESCE(NULLIF($6, ''), c.zone_ref),
            room_ref = CASE WHEN NULLIF($6, '') IS NULL THEN c.room_ref ELSE $7 END,
            state_version = c.state_version + 1,
+           live_version = c.state_version + 1,
            updated_at = now()
      WHERE c.id = $1 AND c.state_version = $2 AND c.owner_epoch <= $3
  RETURNING c.state_version
@@ -186,6 +190,7 @@ WITH input AS (
            zone_ref = COALESCE(NULLIF(i.zone_ref, ''), c.zone_ref),
            room_ref = CASE WHEN NULLIF(i.zone_ref, '') IS NULL THEN c.room_ref ELSE i.room_ref END,
            state_version = c.state_version + 1,
+           live_version = c.state_version + 1,
            updated_at = now()
       FROM input i
      WHERE c.id = i.id AND c.state_version = i.expected AND c.owner_epoch <= i.epoch
@@ -214,7 +219,7 @@ UPDATE characters c
   FROM prev
  WHERE c.id = prev.id
 RETURNING c.owner_epoch, c.id, c.account_id, c.name, c.zone_ref, c.room_ref, c.state, c.chargen,
-          c.state_version, prev.owner_epoch";
+          c.state_version, prev.owner_epoch, c.live_version";
 
 const SELECT_BY_ID: &str = "SELECT id, account_id, name, zone_ref, room_ref, state, chargen, \
     state_version, owner_epoch FROM characters WHERE id = $1";
@@ -309,6 +314,7 @@ impl CharacterStore {
             Option<serde_json::Value>,
             i64,
             i64,
+            i64,
         );
         let row: Option<ClaimTuple> = sqlx::query_as(CLAIM)
             .bind(character_id)
@@ -316,10 +322,11 @@ impl CharacterStore {
             .bind(carried_epoch)
             .fetch_optional(self.pg.pool())
             .await?;
-        let (new_epoch, id, account, name, zone, room, state, chargen, version, previous) =
+        let (new_epoch, id, account, name, zone, room, state, chargen, version, previous, live) =
             row.ok_or(StoreError::NotFound(character_id))?;
         Ok(ClaimedRow {
             new_epoch,
+            live_version: live,
             row: snapshot_of((
                 id, account, name, zone, room, state, chargen, version, previous,
             )),

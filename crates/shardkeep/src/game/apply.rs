@@ -201,6 +201,7 @@ pub fn dump_character(
         applied_seq: character.applied_seq,
         tracks: character.tracks.clone(),
         reward_keys: character.reward_keys.clone(),
+        job_effects: Vec::new(),
     };
     let carry_bytes = encoded_len(&(&doc.equipment, &doc.inventory));
     if carry_bytes > limits.max_bytes {

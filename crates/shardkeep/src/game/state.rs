@@ -78,7 +78,15 @@ pub struct StateDocument {
     /// [`MAX_REWARD_KEYS`]): a grant whose key is here has already been applied to this state.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub reward_keys: Vec<String>,
+    /// Retry-job effects applied to the stored row since the last live write (newest last, at
+    /// most [`MAX_JOB_EFFECTS`]). A live dump never carries them, so every live write clears
+    /// them; a loader that prefers a newer checkpoint replays them on it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub job_effects: Vec<serde_json::Value>,
 }
+
+/// Most job effects a stored state keeps for replay.
+pub const MAX_JOB_EFFECTS: usize = 512;
 
 /// Content-driven character creation input, applied on first spawn.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]

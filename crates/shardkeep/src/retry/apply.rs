@@ -2,7 +2,7 @@
 //! a game with its own model supplies its own version of this step.
 
 use super::job::PersistenceRetryPayload;
-use crate::game::state::StateDocument;
+use crate::game::state::{MAX_JOB_EFFECTS, StateDocument};
 
 /// The mutable part of a character row a job may change.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,9 +22,65 @@ fn store(row: &mut RowState, doc: &StateDocument) -> Result<(), String> {
     Ok(())
 }
 
-/// Applies `payload` to `row`. A transfer activation changes no row state (it is recorded in its
-/// own table).
+/// Applies `payload` to `row` and, when it changed the row, records it among the row's job
+/// effects (replayed by a loader that prefers a newer checkpoint). A transfer activation changes
+/// no row state (it is recorded in its own table).
 pub(crate) fn apply_payload(
+    row: &mut RowState,
+    payload: &PersistenceRetryPayload,
+    key: &str,
+) -> Result<(), String> {
+    let before = row.clone();
+    apply_effect(row, payload, key)?;
+    if *row != before {
+        record_effect(row, payload, key)?;
+    }
+    Ok(())
+}
+
+fn record_effect(
+    row: &mut RowState,
+    payload: &PersistenceRetryPayload,
+    key: &str,
+) -> Result<(), String> {
+    let mut doc = document(&row.state)?;
+    let effect = serde_json::json!({ "key": key, "payload": payload });
+    doc.job_effects.push(effect);
+    if doc.job_effects.len() > MAX_JOB_EFFECTS {
+        let excess = doc.job_effects.len() - MAX_JOB_EFFECTS;
+        doc.job_effects.drain(..excess);
+    }
+    store(row, &doc)
+}
+
+/// Replays the job effects recorded in `source` (a stored row's state) on `row` (a newer
+/// checkpoint's), in the order they were applied. Reward grants stay idempotent by key; an
+/// effect that does not decode or apply is skipped (the checkpoint's own content stands).
+pub(crate) fn replay_effects(row: &mut RowState, source: &serde_json::Value) -> usize {
+    let Some(effects) = source.get("job_effects").and_then(|e| e.as_array()) else {
+        return 0;
+    };
+    let mut replayed = 0;
+    for effect in effects {
+        let key = effect
+            .get("key")
+            .and_then(|k| k.as_str())
+            .unwrap_or_default();
+        let Some(payload) = effect
+            .get("payload")
+            .and_then(|p| serde_json::from_value::<PersistenceRetryPayload>(p.clone()).ok())
+        else {
+            continue;
+        };
+        if apply_effect(row, &payload, key).is_ok() {
+            replayed += 1;
+        }
+    }
+    replayed
+}
+
+/// What `payload` does to `row`.
+fn apply_effect(
     row: &mut RowState,
     payload: &PersistenceRetryPayload,
     key: &str,

@@ -14,7 +14,7 @@
 //! - `settle` — one batch's transaction.
 //! - [`worker`] — the worker loop.
 
-mod apply;
+pub(crate) mod apply;
 pub mod backoff;
 pub mod job;
 pub mod policy;
