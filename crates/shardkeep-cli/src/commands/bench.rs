@@ -13,11 +13,7 @@ use crate::cli::{AuditBenchArgs, BenchArgs, BenchCommand, LadderBenchArgs};
 /// Runs the chosen benchmark.
 pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     let database_url = super::database_url(&args.postgres)?;
-    let redis_url = args
-        .redis_url
-        .as_deref()
-        .filter(|u| !u.trim().is_empty())
-        .ok_or_else(|| anyhow!("REDIS_URL is not set; pass --redis-url or set REDIS_URL"))?;
+    let redis_url = super::redis_url(args.redis_url.as_deref())?;
     let env = BenchEnv::setup(database_url, redis_url).await?;
     let result = match &args.which {
         BenchCommand::Ladder(ladder) => run_ladder(&env, ladder).await,

@@ -50,13 +50,15 @@ pub(crate) async fn connect_postgres(
     .await?)
 }
 
+/// The Redis URL, or an error naming REDIS_URL.
+pub(crate) fn redis_url(url: Option<&str>) -> anyhow::Result<&str> {
+    url.filter(|url| !url.trim().is_empty())
+        .ok_or_else(|| anyhow!("REDIS_URL is not set; pass --redis-url or set REDIS_URL"))
+}
+
 /// Connects to Redis, or fails with one line naming REDIS_URL and what was tried.
 pub(crate) async fn connect_redis(args: &RedisArgs) -> anyhow::Result<RedisBackend> {
-    let url = args
-        .redis_url
-        .as_deref()
-        .filter(|url| !url.trim().is_empty())
-        .ok_or_else(|| anyhow!("REDIS_URL is not set; pass --redis-url or set REDIS_URL"))?;
+    let url = redis_url(args.redis_url.as_deref())?;
     let keys = Keyspace::new(&args.namespace).context("SHARDKEEP_NAMESPACE")?;
     Ok(RedisBackend::connect("REDIS_URL", url, keys, RedisTimeouts::default()).await?)
 }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, anyhow};
+use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use shardkeep::sim::{self, SimConfig, SimProgress};
 
@@ -18,11 +18,7 @@ const INVARIANTS_FAILED: u8 = 3;
 /// Runs the simulation.
 pub(crate) async fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
     let database_url = super::database_url(&args.postgres)?;
-    let redis_url = args
-        .redis_url
-        .as_deref()
-        .filter(|u| !u.trim().is_empty())
-        .ok_or_else(|| anyhow!("REDIS_URL is not set; pass --redis-url or set REDIS_URL"))?;
+    let redis_url = super::redis_url(args.redis_url.as_deref())?;
     if let Some(path) = &args.report {
         // Fail before a long run rather than after it.
         std::fs::write(path, b"{}")

@@ -85,6 +85,35 @@ impl RedisBackend {
         &self.client
     }
 
+    /// Deletes every key of this backend's namespace (scratch namespaces of benchmarks and the
+    /// simulator): SCAN pages of 1,000, each unlinked in one call. Best effort: a failing page
+    /// ends the sweep.
+    pub async fn purge_namespace(&self) {
+        let mut conn = self.conn();
+        for pattern in self.keys.namespace_patterns() {
+            let mut cursor: u64 = 0;
+            loop {
+                let page: redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query_async(&mut conn)
+                    .await;
+                let Ok((next, keys)) = page else { break };
+                if !keys.is_empty() {
+                    let _: redis::RedisResult<i64> =
+                        redis::cmd("UNLINK").arg(&keys).query_async(&mut conn).await;
+                }
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+    }
+
     /// Checks that the server answers.
     pub async fn ping(&self) -> redis::RedisResult<()> {
         let mut conn = self.conn();

@@ -60,29 +60,7 @@ impl BenchEnv {
         if let Err(err) = sqlx::Postgres::force_drop_database(&self.db_url).await {
             tracing::warn!(event = "bench_teardown_failed", error = %err);
         }
-        let mut conn = self.redis.conn();
-        for pattern in self.redis.keys().namespace_patterns() {
-            let mut cursor: u64 = 0;
-            loop {
-                let page: redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1000)
-                    .query_async(&mut conn)
-                    .await;
-                let Ok((next, keys)) = page else { break };
-                if !keys.is_empty() {
-                    let _: redis::RedisResult<i64> =
-                        redis::cmd("UNLINK").arg(&keys).query_async(&mut conn).await;
-                }
-                cursor = next;
-                if cursor == 0 {
-                    break;
-                }
-            }
-        }
+        self.redis.purge_namespace().await;
     }
 }
 

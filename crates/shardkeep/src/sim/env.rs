@@ -167,29 +167,7 @@ impl SimEnv {
         self.pg.close().await;
         self.pg_direct.close().await;
         let _ = sqlx::Postgres::force_drop_database(&self.db_url).await;
-        let mut conn = self.redis_direct.conn();
-        for pattern in self.keys.namespace_patterns() {
-            let mut cursor: u64 = 0;
-            loop {
-                let page: redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1000)
-                    .query_async(&mut conn)
-                    .await;
-                let Ok((next, keys)) = page else { break };
-                if !keys.is_empty() {
-                    let _: redis::RedisResult<i64> =
-                        redis::cmd("UNLINK").arg(&keys).query_async(&mut conn).await;
-                }
-                cursor = next;
-                if cursor == 0 {
-                    break;
-                }
-            }
-        }
+        self.redis_direct.purge_namespace().await;
     }
 }
 

@@ -6,22 +6,20 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
+use rand::SeedableRng;
 use rand::rngs::Xoshiro256PlusPlus as SimRng;
-use rand::{RngExt, SeedableRng};
 use tokio::sync::{mpsc, oneshot};
 use uuid::Uuid;
 
 use super::agent::Agent;
 use super::travel;
-use super::world::{World, add_saver_stats, bump};
+use super::world::{World, bump};
 use crate::character::{CharacterSnapshot, LoadedCharacter};
 use crate::game::world::ZoneDef;
 use crate::journal::{PlayerSnapshot, SessionLifecycleEffectPlan};
-use crate::placement::PlacementStore;
 use crate::saver::{SaveReason, SaverEvent};
-use crate::shard::{Arrival, Link, Shard, ShardConfig};
+use crate::shard::{Arrival, Shard};
 
 /// A message to a host.
 pub(super) enum Inbound {
@@ -108,8 +106,8 @@ pub(super) struct Body {
 }
 
 /// A player whose logout waits for its final save.
-struct Leaving {
-    agent: Option<Agent>,
+pub(super) struct Leaving {
+    pub(super) agent: Option<Agent>,
     since: u64,
     session: String,
     player: PlayerSnapshot,
@@ -125,12 +123,12 @@ pub(super) struct Host {
     pub(super) world: Arc<World>,
     pub(super) shard: Shard,
     pub(super) bodies: BTreeMap<Uuid, Body>,
-    leaving: BTreeMap<Uuid, Leaving>,
+    pub(super) leaving: BTreeMap<Uuid, Leaving>,
     /// Every zone of the world, for exits.
     pub(super) zones: HashMap<String, ZoneDef>,
     inbox: mpsc::UnboundedReceiver<Inbound>,
     pub(super) pulse: u64,
-    rng: SimRng,
+    pub(super) rng: SimRng,
 }
 
 impl Host {
@@ -146,7 +144,7 @@ impl Host {
             .map(|z| (z.id.clone(), z.clone()))
             .collect();
         Self {
-            shard: boot(world, index),
+            shard: super::host_faults::boot(world, index),
             index,
             id,
             world: Arc::clone(world),
@@ -274,7 +272,7 @@ impl Host {
         }
     }
 
-    fn finish_logout(&mut self, character_id: Uuid) {
+    pub(super) fn finish_logout(&mut self, character_id: Uuid) {
         let Some(mut leaving) = self.leaving.remove(&character_id) else {
             return;
         };
@@ -291,7 +289,7 @@ impl Host {
     }
 
     /// Records what the shard reported since the last pulse.
-    fn record_outcomes(&mut self) {
+    pub(super) fn record_outcomes(&mut self) {
         let mut finals = Vec::new();
         let events = self.shard.take_saver_events();
         self.world.with_ledger(|ledger| {
@@ -499,236 +497,4 @@ impl Host {
             }
         }
     }
-
-    fn zombify(&mut self, target: &str) {
-        let candidates: Vec<Uuid> = self
-            .bodies
-            .iter()
-            .filter(|(id, b)| {
-                b.phase == (Phase::Attached { dead_until: None })
-                    && b.agent.is_some()
-                    && !self.shard.has_pending_transfer(**id)
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        if candidates.is_empty() {
-            return;
-        }
-        let id = candidates[self.rng.random_range(0..candidates.len())];
-        let Some(body) = self.bodies.get_mut(&id) else {
-            return;
-        };
-        let Some(real) = body.agent.take() else {
-            return;
-        };
-        body.agent = Some(real.zombie_copy());
-        body.phase = Phase::Ghost;
-        tracing::debug!(event = "sim_zombie", shard = %self.id, character = %id, %target);
-        bump(&self.world.counters.zombies_made);
-        self.world.in_transit.fetch_add(1, Ordering::Relaxed);
-        travel::deliver(
-            &self.world,
-            target,
-            Inbound::Login {
-                agent: real,
-                floor: 0,
-                held: false,
-            },
-        );
-    }
-
-    /// Every item id on this shard's floors, containers' contents included.
-    fn floor_items(&self) -> Vec<Uuid> {
-        let mut ids = Vec::new();
-        for zone in self.shard.zones() {
-            for floor in &zone.entities.floor {
-                floor.item.walk(&mut |i| ids.extend(i.id));
-            }
-        }
-        ids
-    }
-
-    fn kill(&mut self) {
-        // Everything on this shard dies with it: floors, items between rows, and what its
-        // players hold (what is durable elsewhere lives on there).
-        let mut destroyed = self.floor_items();
-        for zone in self.shard.zones() {
-            for entry in zone.players() {
-                destroyed.extend(entry.character.items().iter().filter_map(|i| i.id));
-            }
-        }
-        destroyed.extend(self.shard.pending_transfer_items());
-        destroyed.extend(self.shard.take_voided_items());
-        let stats = self.shard.saver().stats();
-        let transfers = self.shard.transfer_counts();
-        self.world.with_ledger(|ledger| {
-            ledger.destroyed.extend(destroyed);
-            add_saver_stats(&mut ledger.saver_gone, &stats);
-            ledger.transfers_gone.0 += transfers.0;
-            ledger.transfers_gone.1 += transfers.1;
-        });
-        let bodies = std::mem::take(&mut self.bodies);
-        for (_, body) in bodies {
-            if body.phase == Phase::Ghost {
-                continue;
-            }
-            if let Some(agent) = body.agent {
-                let after = 300 + self.rng.random_range(0..1200);
-                self.release(agent, after);
-            }
-        }
-        let leaving = std::mem::take(&mut self.leaving);
-        for (_, leaving) in leaving {
-            if let Some(agent) = leaving.agent {
-                self.release(agent, 500);
-            }
-        }
-        let dead = std::mem::replace(&mut self.shard, boot(&self.world, self.index));
-        dead.kill();
-        if let Ok(mut live) = self.world.saver_live.lock() {
-            live[self.index] = Default::default();
-        }
-        bump(&self.world.counters.shards_killed);
-        tracing::info!(event = "sim_shard_killed", shard = %self.id);
-    }
-
-    async fn settle(&mut self, step: SettleStep) {
-        match step {
-            SettleStep::Reconcile(reply) => {
-                self.shard.save_all(SaveReason::Flush);
-                let _ = reply.send(());
-            }
-            SettleStep::RefreshPlacements(reply) => {
-                self.shard.refresh_placements();
-                self.shard.placement_barrier(Duration::from_secs(5)).await;
-                let _ = reply.send(());
-            }
-            SettleStep::CheckPlacements(reply) => {
-                let _ = reply.send(self.check_placements().await);
-            }
-            SettleStep::Shutdown(reply) => {
-                self.shutdown().await;
-                let _ = reply.send(());
-            }
-        }
-    }
-
-    /// Live sessions (attached or link-dead) whose placement record is missing or names another
-    /// copy, and zombie copies still playing.
-    async fn check_placements(&self) -> (u64, Vec<String>) {
-        let placement = PlacementStore::new(self.world.env.redis_direct.clone());
-        let mut problems = Vec::new();
-        let mut checked = 0;
-        for (id, body) in &self.bodies {
-            let Some(entry) = self.shard.player(*id) else {
-                continue;
-            };
-            if matches!(entry.link, Link::Pending { .. }) {
-                continue;
-            }
-            if body.phase == Phase::Ghost {
-                problems.push(format!(
-                    "{id}: a zombie copy at epoch {} still plays on {}",
-                    entry.character.owner_epoch, self.id
-                ));
-                continue;
-            }
-            let Some((zone, _)) = self.shard.location(*id) else {
-                continue;
-            };
-            checked += 1;
-            match placement.read(*id).await {
-                Ok(Some(record))
-                    if record.shard_id.as_deref() == Some(self.id.as_str())
-                        && record.zone_id.as_deref() == Some(zone.as_str())
-                        && record.owner_epoch == entry.character.owner_epoch => {}
-                Ok(other) => problems.push(format!(
-                    "{id}: live on {}/{zone} at epoch {}, placement says {other:?}",
-                    self.id, entry.character.owner_epoch
-                )),
-                Err(err) => problems.push(format!("{id}: placement unreadable: {err}")),
-            }
-        }
-        (checked, problems)
-    }
-
-    async fn shutdown(&mut self) {
-        self.shard.settle_transfers(Duration::from_secs(10)).await;
-        self.shard.tick();
-        self.record_outcomes();
-        let floors = self.floor_items();
-        let bodies = std::mem::take(&mut self.bodies);
-        for (id, body) in bodies {
-            if body.phase != Phase::Ghost
-                && let Some(player) = self.player_snapshot(id)
-            {
-                travel::close_stream(
-                    &self.world,
-                    body.session,
-                    player,
-                    SessionLifecycleEffectPlan::PermanentRemoval,
-                );
-            }
-            if body.phase != Phase::Ghost
-                && let Some(agent) = body.agent
-            {
-                self.world.park(agent);
-            }
-        }
-        let leaving: Vec<Uuid> = self.leaving.keys().copied().collect();
-        for id in leaving {
-            self.finish_logout(id);
-        }
-        let saver = self.shard.saver().clone();
-        let transfers = self.shard.transfer_counts();
-        let shard = std::mem::replace(&mut self.shard, boot_idle(&self.world, self.index));
-        let report = shard.shutdown(Duration::from_secs(20)).await;
-        tracing::info!(event = "sim_shard_shutdown", shard = %self.id, finalized = report.finalized,
-            saver = ?report.saver, placement = ?report.placement, auditor = ?report.auditor);
-        let stats = saver.stats();
-        self.world.with_ledger(|ledger| {
-            ledger.end_floors.extend(floors.iter().copied());
-            ledger.destroyed.extend(floors);
-            add_saver_stats(&mut ledger.saver_gone, &stats);
-            ledger.transfers_gone.0 += transfers.0;
-            ledger.transfers_gone.1 += transfers.1;
-        });
-        if let Ok(mut live) = self.world.saver_live.lock() {
-            live[self.index] = Default::default();
-        }
-        self.world.online[self.index].store(0, Ordering::Relaxed);
-    }
-}
-
-fn shard_config(world: &World, index: usize) -> ShardConfig {
-    let zones = &world.shard_zones[index];
-    let home = zones.first().map(|z| z.id.clone()).unwrap_or_default();
-    let mut config = ShardConfig::new(&World::shard_id(index), &home);
-    config.checkpoint_pulses = world.config.checkpoint_pulses;
-    config.flush_pulses = world.config.flush_pulses;
-    config
-}
-
-/// Boots shard `index` with its zones, writing through the proxied stores.
-fn boot(world: &World, index: usize) -> Shard {
-    Shard::boot(
-        shard_config(world, index),
-        world.shard_zones[index].clone(),
-        Arc::clone(&world.catalog),
-        world.env.shard_stores(),
-        world.directory.clone(),
-    )
-}
-
-/// A storeless placeholder that stands in after a shutdown (it hosts no zones).
-fn boot_idle(world: &World, index: usize) -> Shard {
-    let mut config = shard_config(world, index);
-    config.shard_id = format!("{}-stopped", config.shard_id);
-    Shard::boot(
-        config,
-        Vec::new(),
-        Arc::clone(&world.catalog),
-        Default::default(),
-        crate::shard::ZoneDirectory::new(),
-    )
 }

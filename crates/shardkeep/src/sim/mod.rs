@@ -5,11 +5,12 @@
 //! - `env` — the scratch database and namespace, the fault proxies, the proxied stores.
 //! - `world` — what every task shares: stores, routing to shard hosts, counters, the ledger.
 //! - `agent` — a synthetic player: its choices come from a seeded generator.
-//! - `host` — one shard's task: the pulse loop, sessions, actions, kills and settling.
+//! - `host` — one shard's task: the pulse loop, messages, sessions; `play` — the players'
+//!   actions; `host_faults` — zombies and kills; `host_settle` — the end of a run.
 //! - `travel` — the I/O of logins, cross-shard handoffs and stream cleanup.
 //! - `faults` — the fault plan (pure) and its injection.
 //! - `checks` — the durable-state scanner and the end-of-run invariants.
-//! - [`report`] — the report and its table.
+//! - `summary` — gathering the report's numbers; [`report`] — the report and its table.
 //!
 //! Time is compressed: a pulse is 100 ms and checkpoints and flushes come every 2 s and 6 s, so
 //! a one-minute run goes through many save cycles.
@@ -19,9 +20,12 @@ mod checks;
 mod env;
 mod faults;
 mod host;
+mod host_faults;
+mod host_settle;
 mod play;
 pub mod report;
 mod run;
+mod summary;
 mod travel;
 mod world;
 

@@ -1,7 +1,6 @@
 //! A run from start to end: set up the scratch stores, create the characters, start the workers,
 //! the shard hosts, the players, the scanner and the faults; play; settle; check; report.
 
-use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,10 +13,11 @@ use uuid::Uuid;
 use super::agent::Agent;
 use super::checks::{self, Dangling, EndState, Observed};
 use super::env::SimEnv;
-use super::faults::{self, PlannedFault};
+use super::faults;
 use super::host::{Host, Inbound, SettleStep};
-use super::report::{JournalCounts, RetryCounts, SimReport, TierCounts, TransferCounts};
-use super::world::{Counters, World, get};
+use super::report::SimReport;
+use super::summary::{audit_counts, build_report, transfer_audit};
+use super::world::{World, get};
 use super::{SimConfig, SimError, SimProgress};
 use crate::character::{CharacterStore, NewCharacter};
 use crate::clock::SystemClock;
@@ -429,140 +429,5 @@ async fn settle(world: &Arc<World>, journal: Option<&SessionJournal>) -> Settled
     Settled {
         dangling,
         sessions_checked,
-    }
-}
-
-async fn audit_counts(world: &World) -> BTreeMap<String, u64> {
-    let rows: Vec<(String, i64)> =
-        sqlx::query_as("SELECT event_kind, count(*) FROM character_audit GROUP BY event_kind")
-            .fetch_all(world.env.pg_direct.pool())
-            .await
-            .unwrap_or_default();
-    rows.into_iter()
-        .map(|(k, n)| (k, n.max(0) as u64))
-        .collect()
-}
-
-async fn transfer_audit(world: &World) -> HashSet<(Uuid, Uuid)> {
-    let rows: Vec<(Uuid, Option<String>)> = sqlx::query_as(
-        "SELECT subject_id, payload->>'item_id' FROM character_audit WHERE event_kind = 'item_transferred'",
-    )
-    .fetch_all(world.env.pg_direct.pool())
-    .await
-    .unwrap_or_default();
-    rows.into_iter()
-        .filter_map(|(subject, item)| Some((subject, item?.parse().ok()?)))
-        .collect()
-}
-
-#[allow(clippy::too_many_arguments)]
-fn build_report(
-    world: &World,
-    plan: &[PlannedFault],
-    retry: &RetryStats,
-    journal: &JournalStats,
-    audit_events: BTreeMap<String, u64>,
-    invariants: Vec<super::report::Invariant>,
-    passed: bool,
-    scans: u64,
-) -> SimReport {
-    let c: &Counters = &world.counters;
-    let saver = world.saver_totals();
-    let (transfers_gone, evicted, voided) = world
-        .with_ledger(|l| (l.transfers_gone, l.evicted, l.voided))
-        .unwrap_or_default();
-    let config = &world.config;
-    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    let activity = [
-        ("logins", get(&c.logins)),
-        ("login retries", get(&c.login_retries)),
-        ("resumes", get(&c.resumes)),
-        ("logouts", get(&c.logouts)),
-        ("disconnects", get(&c.disconnects)),
-        ("link-dead timeouts", get(&c.linkdead_timeouts)),
-        ("walks", get(&c.walks)),
-        ("handoffs", get(&c.handoffs)),
-        ("handoff retries", get(&c.handoff_retries)),
-        ("handoffs lost", get(&c.handoffs_lost)),
-        ("handoff takes recovered", get(&c.handoff_takes_recovered)),
-        ("fights", get(&c.fights)),
-        ("deaths", get(&c.deaths)),
-        ("item moves", get(&c.item_moves)),
-        ("appearance changes", get(&c.appearance_changes)),
-        ("equipment changes", get(&c.equipment_changes)),
-        ("session marker failures", get(&c.session_marker_failures)),
-        ("players parked at the end", world.parked_count() as u64),
-        ("row scans", scans),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect();
-    SimReport {
-        run: json!({
-            "scratch_database": world.env.db_url.rsplit('/').next().unwrap_or_default(),
-            "redis_namespace": world.env.keys.namespace(),
-            "duration_secs": config.duration.as_secs_f64(),
-            "shards": config.shards,
-            "players": config.players,
-            "seed": config.seed,
-            "faults": config.faults.to_string(),
-            "pulse_ms": config.pulse.as_millis() as u64,
-            "checkpoint_every_pulses": config.checkpoint_pulses,
-            "flush_every_pulses": config.flush_pulses,
-        }),
-        tiers: vec![
-            TierCounts {
-                tier: "checkpoint (Redis)".into(),
-                attempted: saver.checkpoint_attempted,
-                landed: saver.checkpoint_landed,
-                dropped: saver.dropped_checkpoint,
-                failed: saver.checkpoint_failed,
-            },
-            TierCounts {
-                tier: "row (Postgres CAS)".into(),
-                attempted: saver.row_attempted,
-                landed: saver.row_landed,
-                dropped: saver.dropped_row + saver.final_dropped,
-                failed: saver.row_failed,
-            },
-        ],
-        conflicts: saver.row_conflicts,
-        ownership_fences: saver.row_ownership_lost + saver.checkpoint_refused + evicted,
-        retry: RetryCounts {
-            queued: get(&c.retry_enqueued),
-            queued_durable_only: get(&c.retry_durable_only),
-            enqueue_failed: get(&c.retry_enqueue_failed),
-            applied: load(&retry.applied),
-            already_applied: load(&retry.already_applied),
-            superseded: load(&retry.superseded),
-            retried: load(&retry.retried),
-            dead_lettered: load(&retry.dead_lettered),
-        },
-        journal: JournalCounts {
-            appended: get(&c.journal_appended),
-            append_retries: get(&c.journal_append_retries),
-            processed: load(&journal.processed),
-            skipped_reconnected: load(&journal.skipped_reconnected),
-            location_retries: load(&journal.location_retries),
-            dead_lettered: load(&journal.dead_lettered),
-        },
-        transfers: TransferCounts {
-            detected: transfers_gone.0 + transfers_gone.1,
-            committed: transfers_gone.0,
-            refused: transfers_gone.1,
-            voided,
-        },
-        audit_events,
-        activity,
-        faults: json!({
-            "planned": plan,
-            "injected": get(&c.faults_injected),
-            "shards_killed": get(&c.shards_killed),
-            "zombies_made": get(&c.zombies_made),
-            "zombie_evictions": get(&c.evictions),
-            "poison_planted": get(&c.poison_planted),
-        }),
-        invariants,
-        passed,
     }
 }
