@@ -100,7 +100,8 @@ pub struct TransferCounts {
     pub committed: u64,
     /// Refused (a fence or a version race); the item went back or was voided.
     pub refused: u64,
-    /// Phantom items of zombie copies voided.
+    /// Items voided with zombie copies: what an evicted copy held (mostly copies of what the live
+    /// owner holds) and what a stale copy released (it must not enter another row).
     pub voided: u64,
 }
 
@@ -202,7 +203,7 @@ impl fmt::Display for SimReport {
         let t = &self.transfers;
         let _ = writeln!(
             out,
-            "transfers       detected {}, committed {}, refused {}, phantoms voided {}",
+            "transfers       detected {}, committed {}, refused {}; zombie items voided {}",
             t.detected, t.committed, t.refused, t.voided
         );
         let activity: Vec<String> = self
