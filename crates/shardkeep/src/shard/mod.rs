@@ -40,7 +40,10 @@ pub use actions::ActionError;
 pub use directory::ZoneDirectory;
 pub use landing::LandingCase;
 pub use residency::ResidencyIndex;
-pub use sessions::{AdmitError, Admitted, Arrival, OutboundHandoff, ShutdownReport, WalkOutcome};
+pub use sessions::{
+    AdmitError, Admitted, Arrival, OutboundHandoff, SHUTDOWN_FINAL_SLICE, ShutdownReport,
+    WalkOutcome,
+};
 pub use zone::{Link, PlayerEntry, ZoneRuntime};
 
 /// Pulse length of the reference server.

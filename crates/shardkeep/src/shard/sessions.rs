@@ -15,6 +15,9 @@ use crate::game::LiveCharacter;
 use crate::game::world::resolve_room;
 use crate::saver::SaveReason;
 
+/// Final saves per saver queue entry at shutdown.
+pub const SHUTDOWN_FINAL_SLICE: usize = 256;
+
 /// How a character arrives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Arrival {
@@ -236,6 +239,15 @@ impl Shard {
     /// A clean logout: the character leaves its zone, its final flush is queued and its
     /// placement becomes a fenced tombstone.
     pub fn logout(&mut self, character_id: Uuid) -> Result<(), AdmitError> {
+        if let Some(snapshot) = self.depart(character_id)? {
+            self.saver.enqueue(SaveReason::Final, snapshot);
+        }
+        Ok(())
+    }
+
+    /// Removes a leaving character from its zone and tombstones its placement; returns its final
+    /// snapshot (none for a frozen or pending copy) for the caller to queue.
+    fn depart(&mut self, character_id: Uuid) -> Result<Option<CharacterSnapshot>, AdmitError> {
         let zone_id = self
             .residency
             .zone_of(character_id)
@@ -255,11 +267,8 @@ impl Shard {
         let entry = zone
             .remove(character_id, &self.residency)
             .ok_or(AdmitError::NotHere(character_id))?;
-        if let Some(snapshot) = snapshot {
-            self.saver.enqueue(SaveReason::Final, snapshot);
-        }
         self.tombstone_placement(&entry.character);
-        Ok(())
+        Ok(snapshot)
     }
 
     /// Walks `character_id` through the exit `direction` of its room.
@@ -331,15 +340,24 @@ impl Shard {
     }
 
     /// Graceful shutdown: every held player's final flush and tombstone are queued, then the
-    /// saver's and the placement writer's barriers are awaited, each bounded by `bound`.
+    /// saver's and the placement writer's barriers are awaited, each bounded by `bound`. The
+    /// finals go to the saver in slices of [`SHUTDOWN_FINAL_SLICE`], a queue entry each, so a
+    /// full shard never overflows the saver's queue.
     pub async fn shutdown(mut self, bound: Duration) -> ShutdownReport {
         self.handle_saver_events();
         let ids: Vec<Uuid> = self.zones.values().flat_map(|z| z.player_ids()).collect();
         let mut finalized = 0;
+        let mut finals = Vec::new();
         for id in ids {
-            if self.logout(id).is_ok() {
+            if let Ok(snapshot) = self.depart(id) {
                 finalized += 1;
+                finals.extend(snapshot);
             }
+        }
+        while !finals.is_empty() {
+            let rest = finals.split_off(finals.len().min(SHUTDOWN_FINAL_SLICE));
+            self.saver.enqueue_many(SaveReason::Final, finals);
+            finals = rest;
         }
         let saver = self.saver.barrier(bound).await;
         let placement = self.placement.barrier(bound).await;
