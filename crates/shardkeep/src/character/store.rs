@@ -83,6 +83,9 @@ pub enum TransferCommit {
         /// The releaser row's epoch.
         current_epoch: i64,
     },
+    /// This transfer (its audit row's key) committed before: an earlier attempt whose reply was
+    /// lost. Nothing was written again.
+    AlreadyCommitted,
 }
 
 /// How a location write ended.
@@ -477,8 +480,9 @@ impl CharacterStore {
 
     /// Commits a cross-character item move: the releaser's side, the acquirer's snapshot (which
     /// holds the item) and the `item_transferred` audit row, in one transaction, each save
-    /// fenced like any other. Any refusal (a zombie on either side, a version race) rolls all
-    /// of it back.
+    /// fenced like any other. Any refusal (a zombie on either side) rolls all of it back. Safe
+    /// to retry when an attempt's outcome is unknown: the audit row's key makes a second attempt
+    /// answer [`TransferCommit::AlreadyCommitted`].
     pub async fn commit_transfer(
         &self,
         releaser: Releaser<'_>,
@@ -486,6 +490,23 @@ impl CharacterStore {
         audit: &crate::audit::AuditEvent,
     ) -> Result<TransferCommit, StoreError> {
         let mut tx = self.pg.pool().begin().await?;
+        // Lock the acquirer first, then look for this transfer's audit row: an attempt whose
+        // reply was lost either committed (the row is there) or is rolled back by now.
+        sqlx::query("SELECT 1 FROM characters WHERE id = $1 FOR UPDATE")
+            .bind(acquirer.character_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let done: Option<i64> = sqlx::query_scalar(
+            "SELECT seq FROM character_audit WHERE subject_id = $1 AND event_kind = $2 AND dedup_key = $3",
+        )
+        .bind(audit.subject_id)
+        .bind(audit.kind.as_str())
+        .bind(&audit.dedup_key)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if done.is_some() {
+            return Ok(TransferCommit::AlreadyCommitted);
+        }
         let releaser_version = match releaser {
             Releaser::Held(snapshot) => match Self::save_rebased_in(&mut tx, snapshot).await? {
                 SaveOutcome::Saved(version) => Some(version),

@@ -8,6 +8,8 @@
 //! pickup, and any mob or engine move, clears the marker, so it always names the most recent
 //! release. Bound items cannot be released at all.
 
+use std::time::Duration;
+
 use serde_json::json;
 use uuid::Uuid;
 
@@ -436,11 +438,14 @@ impl Shard {
         let released_epoch = pending.releaser.epoch;
         self.pending_transfers.insert(transfer_id, pending);
         let Some(acquirer_snapshot) = acquirer_snapshot else {
-            self.finish_transfer(transfer_id, Err("acquirer could not be dumped".into()));
+            let refused = TransferCommit::Rejected("acquirer could not be dumped".into());
+            self.finish_transfer(transfer_id, Ok(refused));
             return;
         };
         let results = self.transfer_results.0.clone();
         let timeout = self.config.saver.io_timeout;
+        let budget = self.config.transfer_budget;
+        let cancel = self.cancel.child_token();
         tokio::spawn(async move {
             let side = match (&releaser_snapshot, item_id) {
                 (Some(snapshot), _) => Releaser::Held(snapshot),
@@ -450,21 +455,34 @@ impl Shard {
                     released_epoch,
                 },
                 (None, None) => {
-                    let _ = results
-                        .send((transfer_id, Err("item without identity".into())))
-                        .await;
+                    let refused = TransferCommit::Rejected("item without identity".into());
+                    let _ = results.send((transfer_id, Ok(refused))).await;
                     return;
                 }
             };
-            let commit = tokio::time::timeout(
-                timeout,
-                store.commit_transfer(side, &acquirer_snapshot, &event),
-            )
-            .await;
-            let result = match commit {
-                Ok(Ok(outcome)) => Ok(outcome),
-                Ok(Err(err)) => Err(err.to_string()),
-                Err(_) => Err("timed out".into()),
+            // An attempt that fails on the way may still have committed: retry the same commit
+            // (it answers AlreadyCommitted then) until the budget runs out.
+            let deadline = tokio::time::Instant::now() + budget;
+            let mut pause = Duration::from_millis(200);
+            let result = loop {
+                let attempt = tokio::time::timeout(
+                    timeout,
+                    store.commit_transfer(side, &acquirer_snapshot, &event),
+                )
+                .await;
+                let error = match attempt {
+                    Ok(Ok(outcome)) => break Ok(outcome),
+                    Ok(Err(err)) => err.to_string(),
+                    Err(_) => "timed out".to_owned(),
+                };
+                if tokio::time::Instant::now() + pause >= deadline {
+                    break Err(format!("outcome unknown after retries: {error}"));
+                }
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    () = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(Duration::from_secs(2));
             };
             let _ = results.send((transfer_id, result)).await;
         });
@@ -510,10 +528,26 @@ impl Shard {
                     "released by a copy that lost ownership");
                 self.void_item(&pending.item);
             }
-            Ok(TransferCommit::Rejected(reason)) | Err(reason) => {
+            Ok(TransferCommit::AlreadyCommitted) => {
+                // An earlier attempt landed; the live versions are behind the rows now, so the
+                // next flushes conflict once and rebase.
+                self.transfers_committed += 1;
+                if let Some(entry) = self.player_mut(pending.acquirer) {
+                    entry.character.inventory.push(pending.item);
+                }
+            }
+            Ok(TransferCommit::Rejected(reason)) => {
                 self.transfers_rejected += 1;
                 tracing::info!(event = "item_transfer_rejected", reason = %reason, "the item goes back to its releaser");
                 self.return_to_releaser(pending);
+            }
+            Err(reason) => {
+                // It may have committed or not: handing it back could duplicate it, so it
+                // leaves the world, on the record.
+                self.transfers_rejected += 1;
+                tracing::error!(event = "item_voided", item = ?pending.item.id, reason = %reason,
+                    "transfer outcome unknown");
+                self.void_item(&pending.item);
             }
         }
     }

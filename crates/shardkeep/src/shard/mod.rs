@@ -79,6 +79,9 @@ pub struct ShardConfig {
     pub placement_depth: usize,
     /// Saver events that may wait for the next pulse.
     pub event_depth: usize,
+    /// How long an item transfer retries a commit whose outcome is unknown (a store outage)
+    /// before the item is voided, on the record; meanwhile it is held by neither side.
+    pub transfer_budget: Duration,
 }
 
 impl ShardConfig {
@@ -92,6 +95,7 @@ impl ShardConfig {
             saver: SaverConfig::default(),
             placement_depth: 4096,
             event_depth: 8192,
+            transfer_budget: Duration::from_secs(30),
         }
     }
 }

@@ -937,3 +937,86 @@ async fn a_releaser_that_handed_off_still_gives_up_its_item(pool: PgPool) {
         &stores.characters.load(b).await.unwrap().unwrap().state
     ));
 }
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_transfer_commit_retried_after_a_lost_reply_is_not_applied_twice(pool: PgPool) {
+    use shardkeep::character::{Releaser, TransferCommit};
+    let redis = TestRedis::new().await;
+    let stores = Stores::new(&pool, redis.backend());
+    let a = stores.new_character("Aria").await;
+    let b = stores.new_character("Bran").await;
+    let mut releaser = stores.characters.load(a).await.unwrap().unwrap();
+    let mut acquirer = stores.characters.load(b).await.unwrap().unwrap();
+    let item = Uuid::now_v7();
+    releaser.state = json!({});
+    acquirer.state = json!({ "inventory": [{ "proto": "gem", "id": item }] });
+    let event = AuditEvent::item_transferred(b, a, Uuid::now_v7(), json!({ "item_id": item }));
+    let first = stores
+        .characters
+        .commit_transfer(Releaser::Held(&releaser), &acquirer, &event)
+        .await
+        .unwrap();
+    assert!(
+        matches!(first, TransferCommit::Committed { .. }),
+        "{first:?}"
+    );
+    // The reply was lost: the shard tries again with the same transfer.
+    let again = stores
+        .characters
+        .commit_transfer(Releaser::Held(&releaser), &acquirer, &event)
+        .await
+        .unwrap();
+    assert_eq!(again, TransferCommit::AlreadyCommitted);
+    assert_eq!(transfers(&pool).await.len(), 1);
+    let version = stores.characters.version_of(b).await.unwrap().unwrap().0;
+    assert_eq!(version, 1, "written once");
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_transfer_whose_outcome_stays_unknown_voids_the_item_on_the_record(pool: PgPool) {
+    use shardkeep::faults::{FaultProxy, ProxyMode};
+    let redis = TestRedis::new().await;
+    let stores = Stores::new(&pool, redis.backend());
+    let options: sqlx::postgres::PgConnectOptions =
+        std::env::var("DATABASE_URL").unwrap().parse().unwrap();
+    let upstream = format!("127.0.0.1:{}", options.get_port()).parse().unwrap();
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let cut_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_with(
+            (*pool.connect_options())
+                .clone()
+                .host("127.0.0.1")
+                .port(proxy.addr().port()),
+        )
+        .await
+        .unwrap();
+    let mut shard_stores = stores.shard_stores();
+    shard_stores.characters = Some(shardkeep::character::CharacterStore::new(
+        PostgresBackend::from_pool(cut_pool),
+    ));
+    let mut config = shardkeep::shard::ShardConfig::new("shard-a", "zone-0");
+    config.saver.io_timeout = Duration::from_millis(500);
+    config.transfer_budget = Duration::from_secs(1);
+    let mut shard = crate::support::boot_with(shard_stores, &stores, config, &[0], 1);
+    let a = stores.new_character("Aria").await;
+    let b = stores.new_character("Bran").await;
+    login(&stores, &mut shard, a, "sa").await;
+    login(&stores, &mut shard, b, "sb").await;
+    let item = gem(&mut shard, a);
+    shard.drop_item(a, item).unwrap();
+    proxy.set_mode(ProxyMode::Cut);
+    shard.get_item(b, item).unwrap();
+    assert!(shard.settle_transfers(Duration::from_secs(10)).await);
+    assert_eq!(shard.transfer_counts(), (0, 1));
+    assert_eq!(shard.take_voided_items(), vec![item]);
+    for id in [a, b] {
+        let inventory = &shard.player(id).unwrap().character.inventory;
+        assert!(
+            !inventory.iter().any(|i| i.id == Some(item)),
+            "held by neither"
+        );
+    }
+    proxy.set_mode(ProxyMode::Pass);
+}
