@@ -86,6 +86,15 @@ pub enum TransferCommit {
     /// This transfer (its audit row's key) committed before: an earlier attempt whose reply was
     /// lost. Nothing was written again.
     AlreadyCommitted,
+    /// Nothing was written: a row moved since its snapshot was dumped (a retry job, a location
+    /// write). The live copy adopts the current version, as for a flush conflict, and dumps
+    /// again; an older snapshot must never overwrite what landed since.
+    VersionRace {
+        /// The releaser row's version, when its save raced.
+        releaser_current: Option<i64>,
+        /// The acquirer row's version, when its save raced.
+        acquirer_current: Option<i64>,
+    },
 }
 
 /// How a location write ended.
@@ -480,7 +489,8 @@ impl CharacterStore {
 
     /// Commits a cross-character item move: the releaser's side, the acquirer's snapshot (which
     /// holds the item) and the `item_transferred` audit row, in one transaction, each save
-    /// fenced like any other. Any refusal (a zombie on either side) rolls all of it back. Safe
+    /// fenced like any other. Any refusal (a zombie on either side, a version race) rolls all of
+    /// it back. Safe
     /// to retry when an attempt's outcome is unknown: the audit row's key makes a second attempt
     /// answer [`TransferCommit::AlreadyCommitted`].
     pub async fn commit_transfer(
@@ -508,10 +518,16 @@ impl CharacterStore {
             return Ok(TransferCommit::AlreadyCommitted);
         }
         let releaser_version = match releaser {
-            Releaser::Held(snapshot) => match Self::save_rebased_in(&mut tx, snapshot).await? {
+            Releaser::Held(snapshot) => match Self::save_in(&mut tx, snapshot).await? {
                 SaveOutcome::Saved(version) => Some(version),
                 SaveOutcome::OwnershipLost(current_epoch) => {
                     return Ok(TransferCommit::ReleaserSuperseded { current_epoch });
+                }
+                SaveOutcome::VersionConflict(current) => {
+                    return Ok(TransferCommit::VersionRace {
+                        releaser_current: Some(current),
+                        acquirer_current: None,
+                    });
                 }
                 other => return Ok(TransferCommit::Rejected(format!("releaser: {other:?}"))),
             },
@@ -526,8 +542,14 @@ impl CharacterStore {
                 }
             },
         };
-        let acquirer_version = match Self::save_rebased_in(&mut tx, acquirer).await? {
+        let acquirer_version = match Self::save_in(&mut tx, acquirer).await? {
             SaveOutcome::Saved(version) => version,
+            SaveOutcome::VersionConflict(current) => {
+                return Ok(TransferCommit::VersionRace {
+                    releaser_current: None,
+                    acquirer_current: Some(current),
+                });
+            }
             other => return Ok(TransferCommit::Rejected(format!("acquirer: {other:?}"))),
         };
         crate::audit::store::insert_many(&mut tx, std::slice::from_ref(audit)).await?;
@@ -536,26 +558,6 @@ impl CharacterStore {
             releaser_version,
             acquirer_version,
         })
-    }
-
-    /// A save inside a transfer: the live copy is authoritative, as for a flush conflict, so a
-    /// version race with a write of the same owner (a retry job, a journal location write) is
-    /// rebased onto the current version once. The shard runs one transfer per character at a
-    /// time, so no other transfer's write is overwritten. Ownership is never rebased.
-    async fn save_rebased_in(
-        conn: &mut sqlx::PgConnection,
-        snapshot: &CharacterSnapshot,
-    ) -> Result<SaveOutcome, StoreError> {
-        match Self::save_in(conn, snapshot).await? {
-            SaveOutcome::VersionConflict(current) => {
-                let rebased = CharacterSnapshot {
-                    state_version: current,
-                    ..snapshot.clone()
-                };
-                Self::save_in(conn, &rebased).await
-            }
-            other => Ok(other),
-        }
     }
 
     async fn save_in(

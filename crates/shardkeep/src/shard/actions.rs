@@ -198,8 +198,8 @@ impl Shard {
         Ok(self.acquire(character_id, item, &zone, &room))
     }
 
-    /// Refuses a pickup that would start a second transfer for either character: a transfer
-    /// commit rebases over its own owner's writes, which is only safe one transfer at a time.
+    /// Refuses a pickup that would start a second transfer for either character: a snapshot
+    /// dumped while another of its transfers is pending would leave that item out.
     fn check_transfer_slot(
         &self,
         acquirer: Uuid,
@@ -395,12 +395,21 @@ pub(super) struct PendingTransfer {
     releaser: Released,
     zone: String,
     room: String,
+    event: AuditEvent,
+    store: CharacterStore,
+    /// The versions the current attempt's snapshots were dumped at.
     acquirer_version: i64,
     releaser_version: Option<i64>,
+    /// Attempts made (each with fresh snapshots).
+    attempts: u32,
 }
 
 /// A transfer commit's result, on its way back to the shard.
 pub(super) type TransferResult = (Uuid, Result<TransferCommit, String>);
+
+/// Attempts a transfer makes, each with fresh snapshots, when a write of the same owner keeps
+/// winning the version race.
+const TRANSFER_ATTEMPTS: u32 = 5;
 
 impl Shard {
     #[allow(clippy::too_many_arguments)]
@@ -415,33 +424,53 @@ impl Shard {
         room: &str,
     ) {
         let transfer_id = Uuid::now_v7();
-        let acquirer_snapshot = self.player(acquirer).and_then(|entry| {
+        self.pending_transfers.insert(
+            transfer_id,
+            PendingTransfer {
+                item,
+                acquirer,
+                releaser,
+                zone: zone.to_owned(),
+                room: room.to_owned(),
+                event,
+                store,
+                acquirer_version: 0,
+                releaser_version: None,
+                attempts: 0,
+            },
+        );
+        self.submit_transfer(transfer_id);
+    }
+
+    /// Dumps both sides as they are now (the acquirer with the item) and sends the commit.
+    fn submit_transfer(&mut self, transfer_id: Uuid) {
+        let Some(pending) = self.pending_transfers.get(&transfer_id) else {
+            return;
+        };
+        let acquirer_snapshot = self.player(pending.acquirer).and_then(|entry| {
             let mut with_item = entry.clone();
-            with_item.character.inventory.push(item.clone());
+            with_item.character.inventory.push(pending.item.clone());
             self.dump(&with_item)
         });
         let releaser_snapshot = self
-            .player(releaser.by)
+            .player(pending.releaser.by)
             .filter(|e| !e.skip_saves())
             .and_then(|e| self.dump(e));
-        let pending = PendingTransfer {
-            acquirer_version: acquirer_snapshot.as_ref().map_or(0, |s| s.state_version),
-            releaser_version: releaser_snapshot.as_ref().map(|s| s.state_version),
-            item,
-            acquirer,
-            releaser,
-            zone: zone.to_owned(),
-            room: room.to_owned(),
-        };
         let item_id = pending.item.id;
         let releaser_id = pending.releaser.by;
         let released_epoch = pending.releaser.epoch;
-        self.pending_transfers.insert(transfer_id, pending);
+        let event = pending.event.clone();
+        let store = pending.store.clone();
         let Some(acquirer_snapshot) = acquirer_snapshot else {
             let refused = TransferCommit::Rejected("acquirer could not be dumped".into());
             self.finish_transfer(transfer_id, Ok(refused));
             return;
         };
+        if let Some(pending) = self.pending_transfers.get_mut(&transfer_id) {
+            pending.acquirer_version = acquirer_snapshot.state_version;
+            pending.releaser_version = releaser_snapshot.as_ref().map(|s| s.state_version);
+            pending.attempts += 1;
+        }
         let results = self.transfer_results.0.clone();
         let timeout = self.config.saver.io_timeout;
         let budget = self.config.transfer_budget;
@@ -496,6 +525,27 @@ impl Shard {
     }
 
     fn finish_transfer(&mut self, id: Uuid, result: Result<TransferCommit, String>) {
+        if let Ok(TransferCommit::VersionRace {
+            releaser_current,
+            acquirer_current,
+        }) = result
+            && let Some(pending) = self.pending_transfers.get(&id)
+            && pending.attempts < TRANSFER_ATTEMPTS
+        {
+            // A write of the same owner landed since the dump (its effect is in the live copy):
+            // adopt the row's version, as a flush conflict does, and dump again.
+            let sides = [
+                (pending.releaser.by, releaser_current),
+                (pending.acquirer, acquirer_current),
+            ];
+            for (character, current) in sides {
+                if let (Some(current), Some(entry)) = (current, self.player_mut(character)) {
+                    entry.character.state_version = current;
+                }
+            }
+            self.submit_transfer(id);
+            return;
+        }
         let Some(pending) = self.pending_transfers.remove(&id) else {
             return;
         };
@@ -535,6 +585,15 @@ impl Shard {
                 if let Some(entry) = self.player_mut(pending.acquirer) {
                     entry.character.inventory.push(pending.item);
                 }
+            }
+            Ok(TransferCommit::VersionRace { .. }) => {
+                self.transfers_rejected += 1;
+                tracing::info!(
+                    event = "item_transfer_rejected",
+                    reason = "version race",
+                    "the item goes back to its releaser"
+                );
+                self.return_to_releaser(pending);
             }
             Ok(TransferCommit::Rejected(reason)) => {
                 self.transfers_rejected += 1;

@@ -841,7 +841,7 @@ async fn an_evicted_zombies_floor_items_are_voided(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
-async fn a_transfer_rebases_over_a_write_of_the_same_owner(pool: PgPool) {
+async fn a_transfer_dumps_again_after_a_write_of_the_same_owner(pool: PgPool) {
     let Room {
         mut shard,
         a,
@@ -865,13 +865,13 @@ async fn a_transfer_rebases_over_a_write_of_the_same_owner(pool: PgPool) {
     assert_eq!(
         shard.transfer_counts(),
         (1, 0),
-        "the live copies win the race"
+        "the live copies adopt the versions and dump again"
     );
     let holds = |state: &serde_json::Value| state.to_string().contains(&item.to_string());
     assert!(holds(
         &stores.characters.load(b).await.unwrap().unwrap().state
     ));
-    // The live copies adopted the rebased versions: their next flushes land cleanly.
+    // The live copies carry the versions of the transfer: their next flushes land cleanly.
     shard.save_one(a, shardkeep::saver::SaveReason::Flush);
     shard.save_one(b, shardkeep::saver::SaveReason::Flush);
     shard.saver().barrier(Duration::from_secs(5)).await;
