@@ -49,7 +49,16 @@ pub struct NewCharacter {
 #[derive(Debug, Clone, Copy)]
 pub enum Releaser<'a> {
     /// Still held by the acquirer's shard: its current snapshot (already without the item).
-    Held(&'a CharacterSnapshot),
+    /// When that copy holds the item after all, or was loaded holding it after the release
+    /// (a crash rolled the release back), the released item is a phantom.
+    Held {
+        /// The releaser's current snapshot.
+        snapshot: &'a CharacterSnapshot,
+        /// The released item, when it has an identity.
+        item_id: Option<Uuid>,
+        /// The owner epoch of the copy that released it.
+        released_epoch: i64,
+    },
     /// Gone from the shard. If the row's owner descends from the copy that released the item
     /// (`released_epoch` within the current lineage: the same copy, or later copies it handed
     /// off to), the row loses the item when it holds it. Otherwise the transfer commits only
@@ -518,19 +527,32 @@ impl CharacterStore {
             return Ok(TransferCommit::AlreadyCommitted);
         }
         let releaser_version = match releaser {
-            Releaser::Held(snapshot) => match Self::save_in(&mut tx, snapshot).await? {
-                SaveOutcome::Saved(version) => Some(version),
-                SaveOutcome::OwnershipLost(current_epoch) => {
-                    return Ok(TransferCommit::ReleaserSuperseded { current_epoch });
-                }
-                SaveOutcome::VersionConflict(current) => {
-                    return Ok(TransferCommit::VersionRace {
-                        releaser_current: Some(current),
-                        acquirer_current: None,
+            Releaser::Held {
+                snapshot,
+                item_id,
+                released_epoch,
+            } => {
+                if let Some(item_id) = item_id
+                    && held_copy_supersedes(snapshot, item_id, released_epoch)?
+                {
+                    return Ok(TransferCommit::ReleaserSuperseded {
+                        current_epoch: snapshot.owner_epoch,
                     });
                 }
-                other => return Ok(TransferCommit::Rejected(format!("releaser: {other:?}"))),
-            },
+                match Self::save_in(&mut tx, snapshot).await? {
+                    SaveOutcome::Saved(version) => Some(version),
+                    SaveOutcome::OwnershipLost(current_epoch) => {
+                        return Ok(TransferCommit::ReleaserSuperseded { current_epoch });
+                    }
+                    SaveOutcome::VersionConflict(current) => {
+                        return Ok(TransferCommit::VersionRace {
+                            releaser_current: Some(current),
+                            acquirer_current: None,
+                        });
+                    }
+                    other => return Ok(TransferCommit::Rejected(format!("releaser: {other:?}"))),
+                }
+            }
             Releaser::Departed {
                 character_id,
                 item_id,
@@ -583,7 +605,8 @@ impl CharacterStore {
         ))
     }
 
-    /// Removes `item_id` from a departed releaser's stored row if it is still there. `Ok(Err)`
+    /// Removes `item_id` from a departed releaser's stored row if it is still there. A row
+    /// without it answers `Ok(Err)` too when a copy loaded after the release held the item. `Ok(Err)`
     /// carries the row's epoch when the row holds the item but its owner does not descend from
     /// the copy at `released_epoch` (that copy may have been a zombie releasing a phantom).
     async fn take_item_in(
@@ -605,6 +628,12 @@ impl CharacterStore {
             return Ok(Ok(None));
         };
         if !crate::game::items::remove_stored_item(&mut doc, item_id) {
+            // Gone from the row: released for good, unless a copy loaded since started out
+            // holding it (and moved it on), which makes this released one a phantom.
+            if crate::game::state::released_before_load(&doc.held_at_load, item_id, released_epoch)
+            {
+                return Ok(Err(epoch));
+            }
             return Ok(Ok(None));
         }
         // The releasing copy is an ancestor of the current owner only within its lineage.
@@ -632,4 +661,19 @@ impl CharacterStore {
                 .await?,
         )
     }
+}
+
+/// Whether the releaser copy at hand shows the item released at `released_epoch` to be a
+/// phantom: it holds the item itself, or a copy loaded after the release started out holding it.
+fn held_copy_supersedes(
+    snapshot: &CharacterSnapshot,
+    item_id: Uuid,
+    released_epoch: i64,
+) -> Result<bool, StoreError> {
+    let mut doc: crate::game::StateDocument = serde_json::from_value(snapshot.state.clone())
+        .map_err(|e| StoreError::InvalidInput(format!("releaser state: {e}")))?;
+    Ok(
+        crate::game::state::released_before_load(&doc.held_at_load, item_id, released_epoch)
+            || crate::game::items::remove_stored_item(&mut doc, item_id),
+    )
 }

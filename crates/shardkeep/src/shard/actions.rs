@@ -477,7 +477,11 @@ impl Shard {
         let cancel = self.cancel.child_token();
         tokio::spawn(async move {
             let side = match (&releaser_snapshot, item_id) {
-                (Some(snapshot), _) => Releaser::Held(snapshot),
+                (Some(snapshot), _) => Releaser::Held {
+                    snapshot,
+                    item_id,
+                    released_epoch,
+                },
                 (None, Some(item_id)) => Releaser::Departed {
                     character_id: releaser_id,
                     item_id,

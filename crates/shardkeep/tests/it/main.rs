@@ -8,6 +8,7 @@ mod bench_smoke;
 mod coord_cleanup;
 mod coord_handoff;
 mod coord_records;
+mod item_transfers;
 mod journal;
 mod ladder_shard;
 mod ladder_store;

@@ -3,7 +3,7 @@ use uuid::Uuid;
 
 use super::*;
 use crate::game::items::{CarryLimits, Slot};
-use crate::game::state::Affect;
+use crate::game::state::{Affect, MAX_HELD_AT_LOAD, released_before_load};
 
 fn snapshot(state: serde_json::Value) -> CharacterSnapshot {
     CharacterSnapshot {
@@ -145,7 +145,8 @@ fn dump_then_apply_is_the_identity() {
         "inventory": [{ "proto": "bag", "contents": [{ "proto": "gem", "id": "0190a0b0-0000-7000-8000-000000000001" }] }],
         "experience": 1234, "level": 3, "currency": 99,
         "appearance": { "hair": "black", "skin": "pale", "outfit": "robe" },
-        "position": [3, 4], "applied_seq": 17, "tracks": { "smithing": 2 }
+        "position": [3, 4], "applied_seq": 17, "tracks": { "smithing": 2 },
+        "held_at_load": { "0190a0b0-0000-7000-8000-000000000001": 2 }
     });
     let snap = snapshot(state);
     let applied = apply_snapshot(&snap, &Catalog::reference(), options());
@@ -230,4 +231,47 @@ fn pulses_expire_affects_and_cooldowns() {
     c.pulse();
     assert!(c.cooldowns.is_empty());
     assert!(!c.equipment.contains_key(&Slot::Head));
+}
+
+#[test]
+fn a_load_remembers_what_the_copy_held_at_its_epoch() {
+    let gem = "0190a0b0-0000-7000-8000-000000000001";
+    let moved_on = "0190a0b0-0000-7000-8000-000000000002";
+    let state = json!({
+        "inventory": [{ "proto": "bag", "contents": [{ "proto": "gem", "id": gem }] }],
+        "held_at_load": { gem: 1, moved_on: 1 }
+    });
+    let applied = apply_snapshot(&snapshot(state), &Catalog::reference(), options());
+    let held = &applied.character.held_at_load;
+    let id = |s: &str| Uuid::parse_str(s).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        held.get(&id(gem)),
+        Some(&2),
+        "re-marked at this copy's epoch"
+    );
+    assert_eq!(held.get(&id(moved_on)), Some(&1), "kept: no longer held");
+    let dumped = dump_character(&applied.character, None, None, CarryLimits::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(dumped.state["held_at_load"][gem], json!(2));
+    // A copy of the gem released by epoch 1 is a phantom now; one released by epoch 2 is not.
+    assert!(released_before_load(held, id(gem), 1));
+    assert!(!released_before_load(held, id(gem), 2));
+    assert!(!released_before_load(held, Uuid::nil(), 0));
+}
+
+#[test]
+fn held_at_load_keeps_the_newest_entries_within_its_bound() {
+    let state =
+        json!({ "inventory": [{ "proto": "gem", "id": "0190a0b0-0000-7000-8000-000000000009" }] });
+    let mut character =
+        apply_snapshot(&snapshot(state), &Catalog::reference(), options()).character;
+    for n in 0..(MAX_HELD_AT_LOAD as u128 + 10) {
+        character.held_at_load.insert(Uuid::from_u128(n + 1), 1);
+    }
+    character.owner_epoch = 7;
+    character.mark_held_at_load();
+    assert_eq!(character.held_at_load.len(), MAX_HELD_AT_LOAD);
+    let gem =
+        Uuid::parse_str("0190a0b0-0000-7000-8000-000000000009").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(character.held_at_load.get(&gem), Some(&7));
 }
