@@ -11,7 +11,7 @@ use anyhow::{Context, anyhow};
 use shardkeep::audit::{AuditReader, AuditStore, StaffReadLimit};
 use shardkeep::character::CharacterStore;
 use shardkeep::clock::SystemClock;
-use shardkeep::coord::InstanceRecord;
+use shardkeep::coord::{InstanceRecord, run_maintenance};
 use shardkeep::journal::{JournalWorker, JournalWorkerConfig, SessionJournal};
 use shardkeep::queue::WorkQueueConfig;
 use shardkeep::retry::{Backoff, RetryQueue, RetryWorker, RetryWorkerConfig};
@@ -69,12 +69,19 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         JournalWorkerConfig::default(),
     );
     let journal_task = tokio::spawn(journal_worker.run(cancel.clone()));
-    let reconcile_task = tokio::spawn(reconcile(
+    let record = InstanceRecord {
+        instance_id: instance_id.clone(),
+        service: "serve".into(),
+        address: args.listen.to_string(),
+        shard_id: None,
+        registered_at: chrono::Utc::now(),
+    };
+    let reconcile_task = tokio::spawn(run_maintenance(
         coord.clone(),
-        instance_id.clone(),
-        args.listen.to_string(),
+        record,
         Duration::from_secs(args.reconcile_seconds),
         cancel.clone(),
+        |_| {},
     ));
 
     let state = AppState {
@@ -152,54 +159,5 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
-    }
-}
-
-/// Registers this instance and, every `period`, reconciles transfer markers and prunes presence
-/// and the registry.
-async fn reconcile(
-    coord: Coordination,
-    instance_id: String,
-    address: String,
-    period: Duration,
-    cancel: CancellationToken,
-) {
-    let ttl = Ttl::try_from(period * 3).unwrap_or(Ttl::from_static_secs(90));
-    let record = InstanceRecord {
-        instance_id: instance_id.clone(),
-        service: "serve".into(),
-        address,
-        shard_id: None,
-        registered_at: chrono::Utc::now(),
-    };
-    loop {
-        match coord.registry_heartbeat(&instance_id, ttl).await {
-            Ok(true) => {}
-            _ => {
-                if let Err(err) = coord.registry_register(&record, ttl).await {
-                    tracing::warn!(event = "registry_register_failed", error = %err);
-                }
-            }
-        }
-        match coord.transfer_markers_reconcile_consumed(10_000).await {
-            Ok(report) if !report.removed.is_empty() => {
-                tracing::info!(
-                    event = "transfer_markers_reconciled",
-                    removed = report.removed.len()
-                );
-            }
-            Ok(_) => {}
-            Err(err) => tracing::warn!(event = "transfer_reconcile_failed", error = %err),
-        }
-        if let Err(err) = coord.presence_prune(10_000).await {
-            tracing::warn!(event = "presence_prune_failed", error = %err);
-        }
-        if let Err(err) = coord.registry_list().await {
-            tracing::warn!(event = "registry_prune_failed", error = %err);
-        }
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            () = tokio::time::sleep(period) => {}
-        }
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod cleanup;
 pub mod handoff;
+pub mod maintenance;
 pub mod nonce;
 pub mod presence;
 pub mod registry;
@@ -22,6 +23,7 @@ use crate::ttl::{Ttl, TtlError};
 
 pub use cleanup::{CleanupMode, CleanupReport};
 pub use handoff::{HandoffMove, HandoffTake};
+pub use maintenance::{MaintenancePass, maintain_once, run_maintenance};
 pub use nonce::NonceRegistration;
 pub use presence::{PresencePrune, PresenceRecord};
 pub use registry::{InstanceRecord, RegistryListing};

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::Shard;
+use super::{PlayerEntry, Shard};
 use crate::audit::AuditEvent;
 use crate::character::{CharacterStore, Releaser, TransferCommit};
 use crate::game::items::{Item, Released};
@@ -392,6 +392,9 @@ impl Shard {
 pub(super) struct PendingTransfer {
     item: Item,
     acquirer: Uuid,
+    /// The owner epoch of the acquiring copy: a copy that replaced it (loaded from the stores)
+    /// must not be handed the item, nor have its snapshot committed in that copy's stead.
+    acquirer_epoch: i64,
     releaser: Released,
     zone: String,
     room: String,
@@ -424,11 +427,15 @@ impl Shard {
         room: &str,
     ) {
         let transfer_id = Uuid::now_v7();
+        let acquirer_epoch = self
+            .player(acquirer)
+            .map_or(i64::MIN, |e| e.character.owner_epoch);
         self.pending_transfers.insert(
             transfer_id,
             PendingTransfer {
                 item,
                 acquirer,
+                acquirer_epoch,
                 releaser,
                 zone: zone.to_owned(),
                 room: room.to_owned(),
@@ -447,11 +454,13 @@ impl Shard {
         let Some(pending) = self.pending_transfers.get(&transfer_id) else {
             return;
         };
-        let acquirer_snapshot = self.player(pending.acquirer).and_then(|entry| {
-            let mut with_item = entry.clone();
-            with_item.character.inventory.push(pending.item.clone());
-            self.dump(&with_item)
-        });
+        let acquirer_snapshot = self
+            .copy_of(pending.acquirer, pending.acquirer_epoch)
+            .and_then(|entry| {
+                let mut with_item = entry.clone();
+                with_item.character.inventory.push(pending.item.clone());
+                self.dump(&with_item)
+            });
         let releaser_snapshot = self
             .player(pending.releaser.by)
             .filter(|e| !e.skip_saves())
@@ -538,14 +547,19 @@ impl Shard {
         {
             // A write of the same owner landed since the dump (its effect is in the live copy):
             // adopt the row's version, as a flush conflict does, and dump again.
-            let sides = [
-                (pending.releaser.by, releaser_current),
-                (pending.acquirer, acquirer_current),
-            ];
-            for (character, current) in sides {
-                if let (Some(current), Some(entry)) = (current, self.player_mut(character)) {
-                    entry.character.state_version = current;
-                }
+            // The releaser's snapshot is whichever copy is resident; the acquirer's is pinned.
+            let (releaser, acquirer, acquirer_epoch) = (
+                pending.releaser.by,
+                pending.acquirer,
+                pending.acquirer_epoch,
+            );
+            if let (Some(current), Some(entry)) = (releaser_current, self.player_mut(releaser)) {
+                entry.character.state_version = current;
+            }
+            if let (Some(current), Some(entry)) =
+                (acquirer_current, self.copy_of_mut(acquirer, acquirer_epoch))
+            {
+                entry.character.state_version = current;
             }
             self.submit_transfer(id);
             return;
@@ -559,7 +573,7 @@ impl Shard {
                 acquirer_version,
             }) => {
                 self.transfers_committed += 1;
-                if let Some(entry) = self.player_mut(pending.acquirer) {
+                if let Some(entry) = self.copy_of_mut(pending.acquirer, pending.acquirer_epoch) {
                     if entry.character.state_version == pending.acquirer_version {
                         entry.character.state_version = acquirer_version;
                     }
@@ -586,7 +600,7 @@ impl Shard {
                 // An earlier attempt landed; the live versions are behind the rows now, so the
                 // next flushes conflict once and rebase.
                 self.transfers_committed += 1;
-                if let Some(entry) = self.player_mut(pending.acquirer) {
+                if let Some(entry) = self.copy_of_mut(pending.acquirer, pending.acquirer_epoch) {
                     entry.character.inventory.push(pending.item);
                 }
             }
@@ -665,7 +679,9 @@ impl Shard {
             room,
             ..
         } = pending;
-        if let Some(entry) = self.player_mut(releaser.by) {
+        // Only to the very copy that released it: a newer copy loaded its content from the
+        // stores, which may hold the item already (the release was never saved).
+        if let Some(entry) = self.copy_of_mut(releaser.by, releaser.epoch) {
             entry.character.inventory.push(item);
             return;
         }
@@ -677,6 +693,17 @@ impl Shard {
                 reset_op: None,
             });
         }
+    }
+
+    /// The resident copy of `character_id` if it is the one at `epoch`.
+    fn copy_of(&self, character_id: Uuid, epoch: i64) -> Option<&PlayerEntry> {
+        self.player(character_id)
+            .filter(|e| e.character.owner_epoch == epoch)
+    }
+
+    fn copy_of_mut(&mut self, character_id: Uuid, epoch: i64) -> Option<&mut PlayerEntry> {
+        self.player_mut(character_id)
+            .filter(|e| e.character.owner_epoch == epoch)
     }
 
     /// True while an item transfer involving `character_id` waits for its commit.

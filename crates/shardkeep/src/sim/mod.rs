@@ -27,6 +27,7 @@ pub mod report;
 mod run;
 mod summary;
 mod travel;
+mod workers;
 mod world;
 
 use std::collections::BTreeSet;

@@ -20,16 +20,14 @@ use super::summary::{audit_counts, build_report, transfer_audit};
 use super::world::{World, get};
 use super::{SimConfig, SimError, SimProgress};
 use crate::character::{CharacterStore, NewCharacter};
-use crate::clock::SystemClock;
 use crate::coord::{Coordination, CoordinationConfig};
 use crate::faults::ProxyMode;
 use crate::game::Catalog;
 use crate::game::items::ItemJson;
 use crate::game::state::StateDocument;
 use crate::game::world::reference_world;
-use crate::journal::{JournalStats, JournalWorker, JournalWorkerConfig, SessionJournal};
+use crate::journal::SessionJournal;
 use crate::queue::WorkQueueConfig;
-use crate::retry::{RetryStats, RetryWorker, RetryWorkerConfig};
 use crate::shard::ZoneDirectory;
 
 /// Signal channel depth of the retry queue (small, so the queue-full fault saturates it).
@@ -125,56 +123,8 @@ async fn prepare(config: SimConfig, env: SimEnv) -> Result<Arc<World>, (SimError
 
 type Progress = Arc<dyn Fn(&SimProgress) + Send + Sync>;
 
-/// The workers `serve` runs, in process and through the proxies.
-fn start_workers(world: &Arc<World>) -> (Arc<RetryStats>, Arc<JournalStats>) {
-    let env = &world.env;
-    let mut retry_config = RetryWorkerConfig::new("sim-retry-worker");
-    retry_config.poll_interval = Duration::from_secs(1);
-    retry_config.lease = Duration::from_secs(10);
-    let signals = world.signals.lock().ok().and_then(|mut s| s.take());
-    let mut retry_stats = Arc::new(RetryStats::default());
-    if let Some(signals) = signals {
-        let mut worker =
-            RetryWorker::new(env.pg.clone(), signals, retry_config, Arc::new(SystemClock));
-        retry_stats = worker.stats();
-        let world = Arc::clone(world);
-        // The loop `RetryWorker::run` runs, stepped here so the queue-full fault can hold it.
-        tokio::spawn(async move {
-            let mut last_poll = Instant::now();
-            loop {
-                tokio::select! {
-                    () = world.halt.cancelled() => return,
-                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
-                }
-                if world.retry_held.load(Ordering::Relaxed) {
-                    continue;
-                }
-                let _ = worker.drain_signals().await;
-                if last_poll.elapsed() >= Duration::from_secs(1) {
-                    while let Ok(n) = worker.poll_once().await {
-                        if n < 128 {
-                            break;
-                        }
-                    }
-                    last_poll = Instant::now();
-                }
-            }
-        });
-    }
-    let journal_worker = JournalWorker::new(
-        env.journal.clone(),
-        env.coord.clone(),
-        CharacterStore::new(env.pg.clone()),
-        Some(env.retry.clone()),
-        JournalWorkerConfig::default(),
-    );
-    let journal_stats = journal_worker.stats();
-    tokio::spawn(journal_worker.run(world.halt.child_token()));
-    (retry_stats, journal_stats)
-}
-
 async fn play(world: Arc<World>, progress: Progress) -> SimReport {
-    let (retry_stats, journal_stats) = start_workers(&world);
+    let (retry_stats, journal_stats) = super::workers::start_workers(&world);
     let config = world.config.clone();
     for index in 0..config.shards {
         let host = Host::start(&world, index);

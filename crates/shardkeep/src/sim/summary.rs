@@ -72,6 +72,10 @@ pub(super) fn build_report(
         ("appearance changes", get(&c.appearance_changes)),
         ("equipment changes", get(&c.equipment_changes)),
         ("session marker failures", get(&c.session_marker_failures)),
+        ("keyspace upkeep passes", get(&c.upkeep_passes)),
+        ("upkeep steps failed", get(&c.upkeep_failed_steps)),
+        ("upkeep markers removed", get(&c.upkeep_markers_removed)),
+        ("upkeep registrations", get(&c.upkeep_registrations)),
         ("players parked at the end", world.parked_count() as u64),
         ("row scans", scans),
     ]

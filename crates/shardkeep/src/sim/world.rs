@@ -52,6 +52,10 @@ pub(super) struct Counters {
     pub(super) shards_killed: AtomicU64,
     pub(super) zombies_made: AtomicU64,
     pub(super) poison_planted: AtomicU64,
+    pub(super) upkeep_passes: AtomicU64,
+    pub(super) upkeep_failed_steps: AtomicU64,
+    pub(super) upkeep_markers_removed: AtomicU64,
+    pub(super) upkeep_registrations: AtomicU64,
 }
 
 /// Reads a counter.

@@ -409,3 +409,86 @@ async fn reconcile_as_a_game_server_keeps_pending_transfers_only() {
             .is_some()
     );
 }
+
+#[tokio::test]
+async fn a_maintenance_pass_registers_reconciles_and_prunes() {
+    use shardkeep::HandoffScope;
+    use shardkeep::coord::maintain_once;
+    let redis = TestRedis::new().await;
+    let coord = redis.coordination();
+    let ttl = Ttl::from_secs(600).unwrap();
+    for token in ["pending", "done"] {
+        coord
+            .transfer_marker_set(&activation(token), ttl)
+            .await
+            .unwrap();
+        coord
+            .handoff_put(token, &HandoffScope::Instance("i".into()), b"x", ttl)
+            .await
+            .unwrap();
+    }
+    coord
+        .handoff_take("done", &[HandoffScope::Instance("i".into())])
+        .await
+        .unwrap();
+    coord
+        .presence_put(&presence("acc-1", "chr-1", "s-1", 100))
+        .await
+        .unwrap();
+    coord
+        .registry_register(&instance("lapsed"), Ttl::from_millis(100).unwrap())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let me = instance("me");
+    let first = maintain_once(&coord, &me, Ttl::from_secs(30).unwrap()).await;
+    assert!(first.registered, "not registered yet");
+    assert_eq!(first.markers_removed, 1);
+    assert_eq!(first.presence_pruned, 2, "account and character members");
+    assert_eq!(first.registry_pruned, 1);
+    assert_eq!(first.failed_steps, 0);
+    assert!(
+        coord
+            .transfer_marker_get("pending")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let listed = coord.registry_list().await.unwrap();
+    assert_eq!(listed.instances, vec![me.clone()]);
+
+    let second = maintain_once(&coord, &me, Ttl::from_secs(30).unwrap()).await;
+    assert_eq!(
+        second,
+        shardkeep::coord::MaintenancePass::default(),
+        "a heartbeat keeps it; nothing left to remove"
+    );
+}
+
+#[tokio::test]
+async fn a_maintenance_pass_with_redis_cut_off_reports_every_step_failed() {
+    use shardkeep::backend::redis::RedisTimeouts;
+    use shardkeep::coord::maintain_once;
+    use shardkeep::faults::{FaultProxy, ProxyMode};
+    let redis = TestRedis::new().await;
+    let addr = redis.url().trim_start_matches("redis://").parse().unwrap();
+    let proxy = FaultProxy::start(addr).await.unwrap();
+    let timeouts = RedisTimeouts {
+        connect: Duration::from_millis(300),
+        response: Duration::from_millis(300),
+    };
+    let cut = shardkeep::RedisBackend::connect(
+        "REDIS_URL",
+        &format!("redis://{}", proxy.addr()),
+        redis.keys().clone(),
+        timeouts,
+    )
+    .await
+    .unwrap();
+    let coord = shardkeep::Coordination::new(cut, shardkeep::CoordinationConfig::default());
+    proxy.set_mode(ProxyMode::Cut);
+    let pass = maintain_once(&coord, &instance("me"), Ttl::from_secs(30).unwrap()).await;
+    assert_eq!(pass.failed_steps, 4);
+    assert!(!pass.registered);
+}

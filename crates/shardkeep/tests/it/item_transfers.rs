@@ -896,3 +896,43 @@ async fn a_held_releaser_still_holding_the_item_gives_nothing(pool: PgPool) {
     assert!(err.to_string().contains("releaser state"), "{err}");
     assert!(transfers(&pool).await.is_empty());
 }
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_copy_that_replaced_the_acquirer_is_not_handed_the_item_again(pool: PgPool) {
+    let Room {
+        mut shard,
+        a,
+        b,
+        stores,
+        ..
+    } = two_players(&pool).await;
+    let item = gem(&mut shard, a);
+    shard.drop_item(a, item).unwrap();
+    shard.get_item(b, item).unwrap();
+    // The commit lands, but before the shard hears of it B's copy is replaced by one loaded
+    // from the row, which holds the gem already.
+    for _ in 0..100 {
+        if !transfers(&pool).await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(transfers(&pool).await.len(), 1);
+    let loaded = stores.loader().claim_and_load(b, 0).await.unwrap();
+    assert!(shard.evict_if_older(b, loaded.snapshot.owner_epoch));
+    shard
+        .admit(
+            loaded,
+            shardkeep::shard::Arrival::Login {
+                session_token: "sb2".into(),
+            },
+        )
+        .unwrap();
+    assert!(shard.settle_transfers(Duration::from_secs(5)).await);
+    assert_eq!(shard.transfer_counts(), (1, 0));
+    let mut held = Vec::new();
+    for i in &shard.player(b).unwrap().character.inventory {
+        i.walk(&mut |i| held.extend(i.id.filter(|id| *id == item)));
+    }
+    assert_eq!(held, vec![item], "once, from the row");
+}
