@@ -634,7 +634,15 @@ impl CharacterStore {
             {
                 return Ok(Err(epoch));
             }
-            return Ok(Ok(None));
+            // A save the releaser dumped before the release may still be on its way with the
+            // item in it: moving the version makes it conflict instead of landing a second copy.
+            let version: i64 = sqlx::query_scalar(
+                "UPDATE characters SET state_version = state_version + 1, updated_at = now() WHERE id = $1 RETURNING state_version",
+            )
+            .bind(character_id)
+            .fetch_one(&mut *conn)
+            .await?;
+            return Ok(Ok(Some(version)));
         }
         // The releasing copy is an ancestor of the current owner only within its lineage.
         if released_epoch < lineage || released_epoch > epoch {

@@ -5,7 +5,7 @@
 //! less is a rollback), and each item's holder (a holder change must be explained by an
 //! `item_transferred` audit row naming the new holder and the item).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde_json::Value;
 use uuid::Uuid;
@@ -14,6 +14,7 @@ use super::agent::reward_amounts;
 use super::report::Invariant;
 use crate::backend::PostgresBackend;
 use crate::coord::Coordination;
+use crate::game::state::released_before_load;
 use crate::queue::QueueDepths;
 
 /// One character row as the checker reads it.
@@ -25,6 +26,8 @@ pub(super) struct RowView {
     pub(super) currency: i64,
     pub(super) reward_keys: Vec<String>,
     pub(super) items: Vec<Uuid>,
+    /// Items a copy started out holding, by the epoch that loaded them.
+    pub(super) held_at_load: BTreeMap<Uuid, i64>,
 }
 
 /// Every item id in a stored carry tree (inventory and equipment, contents included).
@@ -74,6 +77,10 @@ fn view(id: Uuid, version: i64, state: &Value) -> RowView {
             })
             .unwrap_or_default(),
         items: stored_item_ids(state),
+        held_at_load: state
+            .get("held_at_load")
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+            .unwrap_or_default(),
     }
 }
 
@@ -152,7 +159,8 @@ pub(super) struct EndState<'a> {
     pub(super) rows: &'a [RowView],
     pub(super) observed: &'a Observed,
     pub(super) acked: &'a HashMap<Uuid, i64>,
-    pub(super) end_floors: &'a [Uuid],
+    /// Items on floors when the shards shut down, with who released each (and at which epoch).
+    pub(super) end_floors: &'a [(Uuid, Option<(Uuid, i64)>)],
     pub(super) destroyed: &'a HashSet<Uuid>,
     /// (subject, item id) of every `item_transferred` audit row.
     pub(super) transfer_audit: &'a HashSet<(Uuid, Uuid)>,
@@ -235,8 +243,17 @@ pub(super) fn item_conservation(end: &EndState<'_>) -> Invariant {
             holders.entry(*item).or_default().push(row.id.to_string());
         }
     }
-    for item in end.end_floors {
-        holders.entry(*item).or_default().push("a floor".into());
+    let rows: HashMap<Uuid, &RowView> = end.rows.iter().map(|r| (r.id, r)).collect();
+    for (item, released) in end.end_floors {
+        // A release a crash rolled back: the library voids this copy on pickup, so it is no
+        // holder (its destruction is on the record with the floors).
+        let phantom = released.is_some_and(|(by, epoch)| {
+            rows.get(&by)
+                .is_some_and(|row| released_before_load(&row.held_at_load, *item, epoch))
+        });
+        if !phantom {
+            holders.entry(*item).or_default().push("a floor".into());
+        }
     }
     let mut universe: HashSet<Uuid> = end.observed.items_seen().copied().collect();
     universe.extend(holders.keys().copied());
@@ -376,6 +393,7 @@ mod tests {
             currency: 0,
             reward_keys: Vec::new(),
             items: items.iter().map(|i| Uuid::from_u128(*i)).collect(),
+            held_at_load: BTreeMap::new(),
         }
     }
 
@@ -448,6 +466,30 @@ mod tests {
         destroyed.insert(Uuid::from_u128(11));
         audit.insert((Uuid::from_u128(2), Uuid::from_u128(10)));
         let state = end(&rows, &observed, &destroyed, &audit, &dangling, &acked);
+        assert!(item_conservation(&state).holds);
+    }
+
+    #[test]
+    fn a_floor_copy_whose_release_a_crash_rolled_back_is_no_holder() {
+        let item = Uuid::from_u128(10);
+        let releaser = Uuid::from_u128(1);
+        let mut restored = row(1, 3, 0, &[10]);
+        let observed = Observed::default();
+        let destroyed: HashSet<Uuid> = [item].into();
+        let audit = HashSet::new();
+        let dangling = Dangling::default();
+        let acked = HashMap::new();
+        // Released at epoch 4, and the row still holds it: two holders...
+        let floors = [(item, Some((releaser, 4)))];
+        let rows = [restored.clone()];
+        let mut state = end(&rows, &observed, &destroyed, &audit, &dangling, &acked);
+        state.end_floors = &floors;
+        assert!(!item_conservation(&state).holds);
+        // ...unless a copy loaded after the release (epoch 6) started out holding it.
+        restored.held_at_load.insert(item, 6);
+        let rows = [restored];
+        let mut state = end(&rows, &observed, &destroyed, &audit, &dangling, &acked);
+        state.end_floors = &floors;
         assert!(item_conservation(&state).holds);
     }
 

@@ -51,6 +51,21 @@ impl Host {
     }
 
     /// Every item id on this shard's floors, containers' contents included.
+    /// Every item on this shard's floors, with who released it and at which epoch.
+    pub(super) fn floor_releases(&self) -> Vec<(Uuid, Option<(Uuid, i64)>)> {
+        let mut found = Vec::new();
+        for zone in self.shard.zones() {
+            for floor in &zone.entities.floor {
+                floor.item.walk(&mut |i| {
+                    if let Some(id) = i.id {
+                        found.push((id, i.released.as_ref().map(|r| (r.by, r.epoch))));
+                    }
+                });
+            }
+        }
+        found
+    }
+
     pub(super) fn floor_items(&self) -> Vec<Uuid> {
         let mut ids = Vec::new();
         for zone in self.shard.zones() {

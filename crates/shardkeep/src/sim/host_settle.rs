@@ -80,7 +80,7 @@ impl Host {
         self.shard.settle_transfers(Duration::from_secs(10)).await;
         self.shard.tick();
         self.record_outcomes();
-        let floors = self.floor_items();
+        let floors = self.floor_releases();
         let bodies = std::mem::take(&mut self.bodies);
         for (id, body) in bodies {
             if body.phase != Phase::Ghost
@@ -111,8 +111,8 @@ impl Host {
             saver = ?report.saver, placement = ?report.placement, auditor = ?report.auditor);
         let stats = saver.stats();
         self.world.with_ledger(|ledger| {
-            ledger.end_floors.extend(floors.iter().copied());
-            ledger.destroyed.extend(floors);
+            ledger.destroyed.extend(floors.iter().map(|(id, _)| *id));
+            ledger.end_floors.extend(floors);
             add_saver_stats(&mut ledger.saver_gone, &stats);
             ledger.transfers_gone.0 += transfers.0;
             ledger.transfers_gone.1 += transfers.1;

@@ -76,8 +76,9 @@ pub(super) struct Ledger {
     /// Item ids whose destruction was recorded (a killed shard's floors and pending
     /// transfers, phantoms voided after a zombie, floors at the end of the world).
     pub(super) destroyed: HashSet<Uuid>,
-    /// Item ids lying on floors or in floor containers when the shards shut down.
-    pub(super) end_floors: Vec<Uuid>,
+    /// Item ids lying on floors or in floor containers when the shards shut down, with who
+    /// released each and at which epoch.
+    pub(super) end_floors: Vec<(Uuid, Option<(Uuid, i64)>)>,
     /// Saver counters of shards that are gone (killed or shut down).
     pub(super) saver_gone: SaverStatsSnapshot,
     /// Transfers committed and refused by shards that are gone.

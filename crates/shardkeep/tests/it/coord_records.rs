@@ -376,11 +376,9 @@ async fn reconcile_removes_markers_without_a_live_pending_token() {
     );
 }
 
-#[tokio::test]
-async fn reconcile_as_a_game_server_keeps_pending_transfers_only() {
+/// Markers for two handoffs: "pending" (payload untaken) and "done" (payload taken).
+async fn pending_and_done_markers(coord: &shardkeep::Coordination) {
     use shardkeep::HandoffScope;
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
     let ttl = Ttl::from_secs(600).unwrap();
     for token in ["pending", "done"] {
         coord
@@ -396,6 +394,13 @@ async fn reconcile_as_a_game_server_keeps_pending_transfers_only() {
         .handoff_take("done", &[HandoffScope::Instance("i".into())])
         .await
         .unwrap();
+}
+
+#[tokio::test]
+async fn reconcile_as_a_game_server_keeps_pending_transfers_only() {
+    let redis = TestRedis::new().await;
+    let coord = redis.coordination();
+    pending_and_done_markers(&coord).await;
     let report = coord
         .transfer_markers_reconcile_consumed(1000)
         .await
@@ -412,25 +417,10 @@ async fn reconcile_as_a_game_server_keeps_pending_transfers_only() {
 
 #[tokio::test]
 async fn a_maintenance_pass_registers_reconciles_and_prunes() {
-    use shardkeep::HandoffScope;
     use shardkeep::coord::maintain_once;
     let redis = TestRedis::new().await;
     let coord = redis.coordination();
-    let ttl = Ttl::from_secs(600).unwrap();
-    for token in ["pending", "done"] {
-        coord
-            .transfer_marker_set(&activation(token), ttl)
-            .await
-            .unwrap();
-        coord
-            .handoff_put(token, &HandoffScope::Instance("i".into()), b"x", ttl)
-            .await
-            .unwrap();
-    }
-    coord
-        .handoff_take("done", &[HandoffScope::Instance("i".into())])
-        .await
-        .unwrap();
+    pending_and_done_markers(&coord).await;
     coord
         .presence_put(&presence("acc-1", "chr-1", "s-1", 100))
         .await

@@ -936,3 +936,44 @@ async fn a_copy_that_replaced_the_acquirer_is_not_handed_the_item_again(pool: Pg
     }
     assert_eq!(held, vec![item], "once, from the row");
 }
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_save_dumped_before_the_release_cannot_land_after_the_pickup(pool: PgPool) {
+    use shardkeep::character::{Releaser, SaveOutcome, TransferCommit};
+    let redis = TestRedis::new().await;
+    let stores = Stores::new(&pool, redis.backend());
+    let a = stores.new_character("Aria").await;
+    let b = stores.new_character("Bran").await;
+    let item = Uuid::now_v7();
+    // A's flush, dumped while A still carried the gem, is still on its way.
+    let mut late_flush = stores.characters.load(a).await.unwrap().unwrap();
+    late_flush.state = json!({ "inventory": [{ "proto": "gem", "id": item }] });
+    let mut acquirer = stores.characters.load(b).await.unwrap().unwrap();
+    acquirer.state = json!({ "inventory": [{ "proto": "gem", "id": item }] });
+    let event = AuditEvent::item_transferred(b, a, Uuid::now_v7(), json!({ "item_id": item }));
+    let side = Releaser::Departed {
+        character_id: a,
+        item_id: item,
+        released_epoch: late_flush.owner_epoch,
+    };
+    let outcome = stores
+        .characters
+        .commit_transfer(side, &acquirer, &event)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            outcome,
+            TransferCommit::Committed {
+                releaser_version: Some(1),
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        stores.characters.save(&late_flush).await.unwrap(),
+        SaveOutcome::VersionConflict(1)
+    );
+    assert_eq!(rows_holding(&stores, &[a, b], item).await, vec![b]);
+}
