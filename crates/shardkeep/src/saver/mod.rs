@@ -235,6 +235,44 @@ impl Saver {
         outcome
     }
 
+    /// Queues many saves as one queue entry without blocking, handing them back when the queue
+    /// is full so the caller can offer them again (nothing is counted as dropped). A closed
+    /// saver drops them, counted and logged as [`Saver::enqueue_many`] does.
+    pub fn offer_many(
+        &self,
+        reason: SaveReason,
+        snapshots: Vec<CharacterSnapshot>,
+    ) -> Result<(), Vec<CharacterSnapshot>> {
+        if snapshots.is_empty() {
+            return Ok(());
+        }
+        let requests: Vec<SaveRequest> = snapshots
+            .into_iter()
+            .map(|snapshot| SaveRequest { reason, snapshot })
+            .collect();
+        let result = match self.queue.try_enqueue(requests) {
+            Ok(()) => Ok(()),
+            Err(EnqueueError::Full(requests)) => {
+                Err(requests.into_iter().map(|r| r.snapshot).collect())
+            }
+            Err(EnqueueError::Closed(requests)) => {
+                let count = requests.len() as u64;
+                self.stats.record_drop(reason, count);
+                metrics::counter!(telemetry::SAVER_DROPPED_TOTAL, "reason" => reason.as_str(), "cause" => "closed")
+                    .increment(count);
+                tracing::warn!(
+                    event = "save_dropped",
+                    count,
+                    reason = reason.as_str(),
+                    cause = "closed"
+                );
+                Ok(())
+            }
+        };
+        metrics::gauge!(telemetry::SAVER_QUEUE_DEPTH).set(self.queue.depth() as f64);
+        result
+    }
+
     /// Waits, at most `bound`, until every save queued so far finished its I/O.
     pub async fn barrier(&self, bound: Duration) -> BarrierOutcome {
         self.queue.barrier(bound).await

@@ -41,8 +41,8 @@ pub use directory::ZoneDirectory;
 pub use landing::LandingCase;
 pub use residency::ResidencyIndex;
 pub use sessions::{
-    AdmitError, Admitted, Arrival, OutboundHandoff, SHUTDOWN_FINAL_SLICE, ShutdownReport,
-    WalkOutcome,
+    AdmitError, Admitted, Arrival, MAX_DEFERRED_FINALS, OutboundHandoff, SHUTDOWN_FINAL_SLICE,
+    ShutdownReport, WalkOutcome,
 };
 pub use zone::{Link, PlayerEntry, ZoneRuntime};
 
@@ -167,6 +167,9 @@ pub struct Shard {
     transfers_committed: u64,
     transfers_rejected: u64,
     voided_items: Vec<Uuid>,
+    /// Final saves the saver's full queue could not take yet, oldest first; offered again
+    /// every pulse.
+    deferred_finals: std::collections::VecDeque<crate::character::CharacterSnapshot>,
     evictions: Vec<Eviction>,
     acknowledged: Vec<SaverEvent>,
     pulse: u64,
@@ -243,6 +246,7 @@ impl Shard {
             transfers_committed: 0,
             transfers_rejected: 0,
             voided_items: Vec::new(),
+            deferred_finals: std::collections::VecDeque::new(),
             evictions: Vec::new(),
             acknowledged: Vec::new(),
             pulse: 0,
@@ -331,6 +335,7 @@ impl Shard {
         // Transfer results first: a flush conflict handled after them re-dumps the item too.
         self.handle_transfer_results();
         self.handle_saver_events();
+        self.offer_deferred_finals();
         let checkpoint_period = self.config.checkpoint_pulses.max(1);
         let flush_period = self.config.flush_pulses.max(1);
         let mut checkpoints = Vec::new();

@@ -18,6 +18,10 @@ use crate::saver::SaveReason;
 /// Final saves per saver queue entry at shutdown.
 pub const SHUTDOWN_FINAL_SLICE: usize = 256;
 
+/// Most final saves a shard keeps waiting for room in the saver's queue; beyond that the oldest
+/// are dropped (counted and logged by the saver).
+pub const MAX_DEFERRED_FINALS: usize = 10_000;
+
 /// How a character arrives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Arrival {
@@ -240,9 +244,36 @@ impl Shard {
     /// placement becomes a fenced tombstone.
     pub fn logout(&mut self, character_id: Uuid) -> Result<(), AdmitError> {
         if let Some(snapshot) = self.depart(character_id)? {
-            self.saver.enqueue(SaveReason::Final, snapshot);
+            self.deferred_finals.push_back(snapshot);
+            self.offer_deferred_finals();
         }
         Ok(())
+    }
+
+    /// Offers the final saves waiting here to the saver, oldest first, in slices of
+    /// [`SHUTDOWN_FINAL_SLICE`]; a full queue keeps the rest for the next pulse, so a moment's
+    /// backlog never costs a logout its delta.
+    pub(super) fn offer_deferred_finals(&mut self) {
+        while !self.deferred_finals.is_empty() {
+            let take = self.deferred_finals.len().min(SHUTDOWN_FINAL_SLICE);
+            let slice: Vec<CharacterSnapshot> = self.deferred_finals.drain(..take).collect();
+            if let Err(back) = self.saver.offer_many(SaveReason::Final, slice) {
+                for snapshot in back.into_iter().rev() {
+                    self.deferred_finals.push_front(snapshot);
+                }
+                break;
+            }
+        }
+        if self.deferred_finals.len() > MAX_DEFERRED_FINALS {
+            let excess = self.deferred_finals.len() - MAX_DEFERRED_FINALS;
+            let oldest: Vec<CharacterSnapshot> = self.deferred_finals.drain(..excess).collect();
+            self.saver.enqueue_many(SaveReason::Final, oldest);
+        }
+    }
+
+    /// Final saves waiting for room in the saver's queue.
+    pub fn deferred_final_count(&self) -> usize {
+        self.deferred_finals.len()
     }
 
     /// Removes a leaving character from its zone and tombstones its placement; returns its final
@@ -354,11 +385,17 @@ impl Shard {
                 finals.extend(snapshot);
             }
         }
-        while !finals.is_empty() {
-            let rest = finals.split_off(finals.len().min(SHUTDOWN_FINAL_SLICE));
-            self.saver.enqueue_many(SaveReason::Final, finals);
-            finals = rest;
+        self.deferred_finals.extend(finals);
+        // Offered until the queue takes them all (it drains meanwhile) or the bound runs out;
+        // what is left then is dropped, counted and logged.
+        let deadline = tokio::time::Instant::now() + bound;
+        self.offer_deferred_finals();
+        while !self.deferred_finals.is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            self.offer_deferred_finals();
         }
+        let left: Vec<CharacterSnapshot> = self.deferred_finals.drain(..).collect();
+        self.saver.enqueue_many(SaveReason::Final, left);
         let saver = self.saver.barrier(bound).await;
         let placement = self.placement.barrier(bound).await;
         let auditor = self.auditor.barrier(bound).await;

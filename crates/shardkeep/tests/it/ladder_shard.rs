@@ -11,9 +11,8 @@ use shardkeep::shard::{EvictionCause, LandingCase, ShardConfig, ShardStores, Wal
 use shardkeep::{PostgresBackend, RedisBackend};
 use shardkeep_testkit::TestRedis;
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 
-use crate::support::{Stores, boot, boot_with, login, pump_until};
+use crate::support::{Stores, boot, boot_with, login, pg_addr, proxied_pool, pump_until};
 
 const BARRIER: Duration = Duration::from_secs(5);
 
@@ -400,30 +399,6 @@ async fn final_flushes_queued_before_shutdown_are_durable_when_it_returns(pool: 
     }
 }
 
-async fn proxied_pool(pool: &PgPool, proxy: &FaultProxy) -> PgPool {
-    let options = (*pool.connect_options())
-        .clone()
-        .host("127.0.0.1")
-        .port(proxy.addr().port());
-    PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_millis(500))
-        .connect_with(options)
-        .await
-        .unwrap()
-}
-
-fn pg_addr() -> std::net::SocketAddr {
-    let url = std::env::var("DATABASE_URL").unwrap();
-    let options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
-    let host = if options.get_host().starts_with('/') {
-        "127.0.0.1"
-    } else {
-        options.get_host()
-    };
-    format!("{host}:{}", options.get_port()).parse().unwrap()
-}
-
 fn redis_addr(url: &str) -> std::net::SocketAddr {
     let hostport = url
         .trim_start_matches("redis://")
@@ -803,7 +778,11 @@ async fn a_flush_conflict_makes_the_zone_redump_at_the_current_version(pool: PgP
     let redis = TestRedis::new().await;
     let stores = Stores::new(&pool, redis.backend());
     let id = stores.new_character("Aria").await;
-    let mut shard = boot(&stores, "shard-a", &[0], 1);
+    // No cadence saves: only the flush below may write, so the versions are exact.
+    let mut config = ShardConfig::new("shard-a", "zone-0");
+    config.flush_pulses = 1_000_000;
+    config.checkpoint_pulses = 1_000_000;
+    let mut shard = boot_with(stores.shard_stores(), &stores, config, &[0], 1);
     login(&stores, &mut shard, id, "s").await;
     // Another legitimate writer of the same epoch (a recovered job) moves the row on.
     let mut external = stores.characters.load(id).await.unwrap().unwrap();

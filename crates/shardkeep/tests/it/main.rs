@@ -15,5 +15,6 @@ mod ladder_store;
 mod migrate;
 mod queue;
 mod retry_jobs;
+mod saver_backlog;
 mod simulate;
 mod support;

@@ -6,12 +6,14 @@ use std::time::Duration;
 
 use serde_json::json;
 use shardkeep::character::{CharacterLoader, CharacterStore, CheckpointStore, NewCharacter};
+use shardkeep::faults::FaultProxy;
 use shardkeep::game::{Catalog, ZoneDef, reference_world};
 use shardkeep::placement::PlacementStore;
 use shardkeep::shard::gate::route_login;
 use shardkeep::shard::{Admitted, Arrival, Shard, ShardConfig, ShardStores, ZoneDirectory};
 use shardkeep::{PostgresBackend, RedisBackend};
 use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
 #[derive(Clone)]
@@ -149,4 +151,30 @@ pub(crate) async fn pump_until(
         shard.tick();
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// A pool of `pool`'s database reached through `proxy`.
+pub(crate) async fn proxied_pool(pool: &PgPool, proxy: &FaultProxy) -> PgPool {
+    let options = (*pool.connect_options())
+        .clone()
+        .host("127.0.0.1")
+        .port(proxy.addr().port());
+    PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_millis(500))
+        .connect_with(options)
+        .await
+        .unwrap()
+}
+
+/// Where `DATABASE_URL`'s Postgres listens.
+pub(crate) fn pg_addr() -> std::net::SocketAddr {
+    let url = std::env::var("DATABASE_URL").unwrap();
+    let options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
+    let host = if options.get_host().starts_with('/') {
+        "127.0.0.1"
+    } else {
+        options.get_host()
+    };
+    format!("{host}:{}", options.get_port()).parse().unwrap()
 }
