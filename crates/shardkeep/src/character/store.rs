@@ -678,7 +678,7 @@ fn held_copy_supersedes(
     item_id: Uuid,
     released_epoch: i64,
 ) -> Result<bool, StoreError> {
-    let mut doc: crate::game::StateDocument = serde_json::from_value(snapshot.state.clone())
+    let mut doc = <crate::game::StateDocument as serde::Deserialize>::deserialize(&snapshot.state)
         .map_err(|e| StoreError::InvalidInput(format!("releaser state: {e}")))?;
     Ok(
         crate::game::state::released_before_load(&doc.held_at_load, item_id, released_epoch)

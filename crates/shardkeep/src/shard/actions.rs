@@ -70,12 +70,7 @@ impl Shard {
         let (zone, room) = self
             .location(character_id)
             .ok_or(ActionError::NotHere(character_id))?;
-        let floor = &self
-            .zones
-            .get(&zone)
-            .ok_or(ActionError::NotHere(character_id))?
-            .entities
-            .floor;
+        let floor = self.floor(&zone, character_id)?;
         let container = floor
             .iter()
             .find(|f| f.room == room && f.item.id == Some(container_id))
@@ -84,12 +79,7 @@ impl Shard {
             return Err(ActionError::NotAContainer(container_id));
         }
         let item = self.release_from_inventory(character_id, item_id)?;
-        let floor = &mut self
-            .zones
-            .get_mut(&zone)
-            .ok_or(ActionError::NotHere(character_id))?
-            .entities
-            .floor;
+        let floor = self.floor_mut(&zone, character_id)?;
         if let Some(container) = floor
             .iter_mut()
             .find(|f| f.room == room && f.item.id == Some(container_id))
@@ -134,24 +124,14 @@ impl Shard {
         let (zone, room) = self
             .location(character_id)
             .ok_or(ActionError::NotHere(character_id))?;
-        let floor = &mut self
-            .zones
-            .get_mut(&zone)
-            .ok_or(ActionError::NotHere(character_id))?
-            .entities
-            .floor;
+        let floor = self.floor_mut(&zone, character_id)?;
         let index = floor
             .iter()
             .position(|f| f.room == room && f.item.id == Some(item_id))
             .ok_or(ActionError::NoSuchItem(item_id))?;
         let released = floor[index].item.released.clone();
         self.check_transfer_slot(character_id, released.as_ref())?;
-        let floor = &mut self
-            .zones
-            .get_mut(&zone)
-            .ok_or(ActionError::NotHere(character_id))?
-            .entities
-            .floor;
+        let floor = self.floor_mut(&zone, character_id)?;
         let item = floor.remove(index).item;
         Ok(self.acquire(character_id, item, &zone, &room))
     }
@@ -166,12 +146,7 @@ impl Shard {
         let (zone, room) = self
             .location(character_id)
             .ok_or(ActionError::NotHere(character_id))?;
-        let floor = &mut self
-            .zones
-            .get_mut(&zone)
-            .ok_or(ActionError::NotHere(character_id))?
-            .entities
-            .floor;
+        let floor = self.floor_mut(&zone, character_id)?;
         let container = floor
             .iter_mut()
             .find(|f| f.room == room && f.item.id == Some(container_id))
@@ -693,6 +668,29 @@ impl Shard {
                 reset_op: None,
             });
         }
+    }
+
+    /// The floor of `zone`, where `character_id` acts.
+    fn floor(&self, zone: &str, character_id: Uuid) -> Result<&Vec<FloorItem>, ActionError> {
+        Ok(&self
+            .zones
+            .get(zone)
+            .ok_or(ActionError::NotHere(character_id))?
+            .entities
+            .floor)
+    }
+
+    fn floor_mut(
+        &mut self,
+        zone: &str,
+        character_id: Uuid,
+    ) -> Result<&mut Vec<FloorItem>, ActionError> {
+        Ok(&mut self
+            .zones
+            .get_mut(zone)
+            .ok_or(ActionError::NotHere(character_id))?
+            .entities
+            .floor)
     }
 
     /// The resident copy of `character_id` if it is the one at `epoch`.

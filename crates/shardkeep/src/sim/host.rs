@@ -205,6 +205,21 @@ impl Host {
         travel::go_offline(&self.world, agent, after_ms);
     }
 
+    /// Seats an arrived agent's body, attached under `session` for one session's length.
+    fn attach(&mut self, id: Uuid, mut agent: Agent, session: String) {
+        let session_end = self.pulse + agent.session_pulses();
+        self.bodies.insert(
+            id,
+            Body {
+                agent: Some(agent),
+                phase: Phase::Attached { dead_until: None },
+                session,
+                session_end,
+            },
+        );
+        self.arrived();
+    }
+
     /// An agent arrived on this host.
     fn arrived(&self) {
         self.world.in_transit.fetch_sub(1, Ordering::Relaxed);
@@ -387,17 +402,7 @@ impl Host {
             if let Some(admitted) = self.shard.resume(id, &token) {
                 travel::start_session(&self.world, &self.id, &agent, &token, &admitted.zone);
                 bump(&self.world.counters.resumes);
-                let session_end = self.pulse + agent.session_pulses();
-                self.bodies.insert(
-                    id,
-                    Body {
-                        agent: Some(agent),
-                        phase: Phase::Attached { dead_until: None },
-                        session: token,
-                        session_end,
-                    },
-                );
-                self.arrived();
+                self.attach(id, agent, token);
                 return;
             }
         }
@@ -426,17 +431,7 @@ impl Host {
                     epoch = ?self.shard.player(id).map(|e| e.character.owner_epoch));
                 travel::start_session(&self.world, &self.id, &agent, &token, &admitted.zone);
                 bump(&self.world.counters.logins);
-                let session_end = self.pulse + agent.session_pulses();
-                self.bodies.insert(
-                    id,
-                    Body {
-                        agent: Some(agent),
-                        phase: Phase::Attached { dead_until: None },
-                        session: token,
-                        session_end,
-                    },
-                );
-                self.arrived();
+                self.attach(id, agent, token);
             }
             Err(err) => {
                 tracing::debug!(event = "sim_admit_failed", error = %err);
@@ -478,17 +473,7 @@ impl Host {
                     old_player,
                 );
                 bump(&self.world.counters.handoffs);
-                let session_end = self.pulse + agent.session_pulses();
-                self.bodies.insert(
-                    id,
-                    Body {
-                        agent: Some(agent),
-                        phase: Phase::Attached { dead_until: None },
-                        session,
-                        session_end,
-                    },
-                );
-                self.arrived();
+                self.attach(id, agent, session);
             }
             Err(err) => {
                 tracing::debug!(event = "sim_handoff_admit_failed", error = %err);

@@ -12,7 +12,9 @@ use shardkeep::{PostgresBackend, RedisBackend};
 use shardkeep_testkit::TestRedis;
 use sqlx::PgPool;
 
-use crate::support::{Stores, boot, boot_with, login, pg_addr, proxied_pool, pump_until};
+use crate::support::{
+    Stores, boot, boot_with, login, pg_addr, proxied_pool, pump_until, rows_only,
+};
 
 const BARRIER: Duration = Duration::from_secs(5);
 
@@ -422,14 +424,7 @@ async fn a_saturated_saver_drops_without_blocking_and_the_zone_keeps_ticking(poo
         io_timeout: Duration::from_secs(2),
         ..SaverConfig::default()
     };
-    let shard_stores = ShardStores {
-        characters: Some(shardkeep::character::CharacterStore::new(
-            PostgresBackend::from_pool(slow_pool),
-        )),
-        checkpoints: None,
-        placement: None,
-        audit: None,
-    };
+    let shard_stores = rows_only(slow_pool);
     let mut shard = boot_with(shard_stores, &stores, config, &[0], 1);
     for i in 0..20 {
         let id = stores.new_character(&format!("P{i}")).await;
@@ -464,14 +459,7 @@ async fn a_postgres_outage_during_a_flush_recovers_at_the_next_cadence(pool: PgP
     config.saver.io_timeout = Duration::from_secs(1);
     config.checkpoint_pulses = 1_000;
     config.flush_pulses = 3;
-    let shard_stores = ShardStores {
-        characters: Some(shardkeep::character::CharacterStore::new(
-            PostgresBackend::from_pool(cut_pool),
-        )),
-        checkpoints: None,
-        placement: None,
-        audit: None,
-    };
+    let shard_stores = rows_only(cut_pool);
     let mut shard = boot_with(shard_stores, &stores, config, &[0], 1);
     let id = stores.new_character("Aria").await;
     login(&stores, &mut shard, id, "s").await;
@@ -512,14 +500,7 @@ async fn a_logout_during_a_postgres_outage_lands_its_final_save_once_it_heals(po
     let cut_pool = proxied_pool(&pool, &proxy).await;
     let mut config = ShardConfig::new("shard-a", "zone-0");
     config.saver.io_timeout = Duration::from_secs(1);
-    let shard_stores = ShardStores {
-        characters: Some(shardkeep::character::CharacterStore::new(
-            PostgresBackend::from_pool(cut_pool),
-        )),
-        checkpoints: None,
-        placement: None,
-        audit: None,
-    };
+    let shard_stores = rows_only(cut_pool);
     let mut shard = boot_with(shard_stores, &stores, config, &[0], 1);
     let id = stores.new_character("Aria").await;
     login(&stores, &mut shard, id, "s").await;

@@ -2,14 +2,13 @@
 
 use std::time::Duration;
 
-use shardkeep::PostgresBackend;
 use shardkeep::faults::{FaultProxy, ProxyMode};
 use shardkeep::saver::{SaveReason, SaverConfig};
-use shardkeep::shard::{ShardConfig, ShardStores};
+use shardkeep::shard::ShardConfig;
 use shardkeep_testkit::TestRedis;
 use sqlx::PgPool;
 
-use crate::support::{Stores, boot_with, login, pg_addr, proxied_pool};
+use crate::support::{Stores, boot_with, login, pg_addr, proxied_pool, rows_only};
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_logout_during_a_saver_backlog_keeps_its_final_until_there_is_room(pool: PgPool) {
@@ -26,14 +25,7 @@ async fn a_logout_during_a_saver_backlog_keeps_its_final_until_there_is_room(poo
     };
     config.flush_pulses = 1_000;
     config.checkpoint_pulses = 1_000;
-    let shard_stores = ShardStores {
-        characters: Some(shardkeep::character::CharacterStore::new(
-            PostgresBackend::from_pool(slow_pool),
-        )),
-        checkpoints: None,
-        placement: None,
-        audit: None,
-    };
+    let shard_stores = rows_only(slow_pool);
     let mut shard = boot_with(shard_stores, &stores, config, &[0], 1);
     let mut ids = Vec::new();
     for i in 0..3 {

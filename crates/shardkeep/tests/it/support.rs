@@ -178,3 +178,14 @@ pub(crate) fn pg_addr() -> std::net::SocketAddr {
     };
     format!("{host}:{}", options.get_port()).parse().unwrap()
 }
+
+/// Shard stores with rows only (over `pool`, e.g. one behind a fault proxy): no checkpoints,
+/// placements or audit.
+pub(crate) fn rows_only(pool: PgPool) -> ShardStores {
+    ShardStores {
+        characters: Some(CharacterStore::new(PostgresBackend::from_pool(pool))),
+        checkpoints: None,
+        placement: None,
+        audit: None,
+    }
+}
