@@ -206,33 +206,17 @@ impl Saver {
         reason: SaveReason,
         snapshots: Vec<CharacterSnapshot>,
     ) -> EnqueueOutcome {
-        if snapshots.is_empty() {
-            return EnqueueOutcome::Queued;
-        }
-        let count = snapshots.len();
-        let first = snapshots[0].character_id;
-        let requests = snapshots
-            .into_iter()
-            .map(|snapshot| SaveRequest { reason, snapshot })
-            .collect();
-        let outcome = match self.queue.try_enqueue(requests) {
+        match self.push(reason, snapshots) {
             Ok(()) => EnqueueOutcome::Queued,
-            Err(EnqueueError::Full(_)) => EnqueueOutcome::DroppedFull,
-            Err(EnqueueError::Closed(_)) => EnqueueOutcome::DroppedClosed,
-        };
-        metrics::gauge!(telemetry::SAVER_QUEUE_DEPTH).set(self.queue.depth() as f64);
-        if outcome != EnqueueOutcome::Queued {
-            let cause = if outcome == EnqueueOutcome::DroppedFull {
-                "full"
-            } else {
-                "closed"
-            };
-            self.stats.record_drop(reason, count as u64);
-            metrics::counter!(telemetry::SAVER_DROPPED_TOTAL, "reason" => reason.as_str(), "cause" => cause)
-                .increment(count as u64);
-            tracing::warn!(event = "save_dropped", character = %first, count, reason = reason.as_str(), cause);
+            Err(EnqueueError::Full(dropped)) => {
+                self.record_dropped(reason, &dropped, "full");
+                EnqueueOutcome::DroppedFull
+            }
+            Err(EnqueueError::Closed(dropped)) => {
+                self.record_dropped(reason, &dropped, "closed");
+                EnqueueOutcome::DroppedClosed
+            }
         }
-        outcome
     }
 
     /// Queues many saves as one queue entry without blocking, handing them back when the queue
@@ -243,6 +227,22 @@ impl Saver {
         reason: SaveReason,
         snapshots: Vec<CharacterSnapshot>,
     ) -> Result<(), Vec<CharacterSnapshot>> {
+        match self.push(reason, snapshots) {
+            Ok(()) => Ok(()),
+            Err(EnqueueError::Full(back)) => Err(back),
+            Err(EnqueueError::Closed(dropped)) => {
+                self.record_dropped(reason, &dropped, "closed");
+                Ok(())
+            }
+        }
+    }
+
+    /// One queue entry of `snapshots`; what the queue refused comes back.
+    fn push(
+        &self,
+        reason: SaveReason,
+        snapshots: Vec<CharacterSnapshot>,
+    ) -> Result<(), EnqueueError<Vec<CharacterSnapshot>>> {
         if snapshots.is_empty() {
             return Ok(());
         }
@@ -250,27 +250,29 @@ impl Saver {
             .into_iter()
             .map(|snapshot| SaveRequest { reason, snapshot })
             .collect();
+        let unwrap =
+            |requests: Vec<SaveRequest>| requests.into_iter().map(|r| r.snapshot).collect();
         let result = match self.queue.try_enqueue(requests) {
             Ok(()) => Ok(()),
-            Err(EnqueueError::Full(requests)) => {
-                Err(requests.into_iter().map(|r| r.snapshot).collect())
-            }
-            Err(EnqueueError::Closed(requests)) => {
-                let count = requests.len() as u64;
-                self.stats.record_drop(reason, count);
-                metrics::counter!(telemetry::SAVER_DROPPED_TOTAL, "reason" => reason.as_str(), "cause" => "closed")
-                    .increment(count);
-                tracing::warn!(
-                    event = "save_dropped",
-                    count,
-                    reason = reason.as_str(),
-                    cause = "closed"
-                );
-                Ok(())
-            }
+            Err(EnqueueError::Full(requests)) => Err(EnqueueError::Full(unwrap(requests))),
+            Err(EnqueueError::Closed(requests)) => Err(EnqueueError::Closed(unwrap(requests))),
         };
         metrics::gauge!(telemetry::SAVER_QUEUE_DEPTH).set(self.queue.depth() as f64);
         result
+    }
+
+    fn record_dropped(
+        &self,
+        reason: SaveReason,
+        dropped: &[CharacterSnapshot],
+        cause: &'static str,
+    ) {
+        let count = dropped.len() as u64;
+        let first = dropped.first().map(|s| s.character_id).unwrap_or_default();
+        self.stats.record_drop(reason, count);
+        metrics::counter!(telemetry::SAVER_DROPPED_TOTAL, "reason" => reason.as_str(), "cause" => cause)
+            .increment(count);
+        tracing::warn!(event = "save_dropped", character = %first, count, reason = reason.as_str(), cause);
     }
 
     /// Waits, at most `bound`, until every save queued so far finished its I/O.
