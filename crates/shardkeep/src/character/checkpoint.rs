@@ -1,9 +1,10 @@
-//! The Redis checkpoint tier: the full snapshot under the normalized character name, guarded by
-//! a Lua ownership check so a stale owner can never overwrite a newer owner's checkpoint.
+//! The Redis checkpoint tier: the full snapshot under the character's id, guarded by a Lua
+//! ownership check so a stale owner can never overwrite a newer owner's checkpoint.
 
 use std::sync::LazyLock;
 
 use redis::{Script, Value};
+use uuid::Uuid;
 
 use super::snapshot::CharacterSnapshot;
 use crate::backend::RedisBackend;
@@ -24,10 +25,10 @@ pub enum CheckpointError {
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
     /// The stored checkpoint is not a valid snapshot.
-    #[error("checkpoint for {name:?} is corrupt: {reason}")]
+    #[error("checkpoint of character {character_id} is corrupt: {reason}")]
     Corrupt {
-        /// The character name.
-        name: String,
+        /// The character.
+        character_id: Uuid,
         /// What was wrong.
         reason: String,
     },
@@ -95,7 +96,7 @@ impl CheckpointStore {
         for snapshot in snapshots {
             let body = serde_json::to_vec(snapshot).map_err(CheckpointError::Encode)?;
             let mut call = WRITE.prepare_invoke();
-            call.key(self.redis.keys().checkpoint(&snapshot.name)?)
+            call.key(self.redis.keys().checkpoint(snapshot.character_id))
                 .arg(snapshot.owner_epoch)
                 .arg(body)
                 .arg(self.ttl.as_millis());
@@ -111,9 +112,12 @@ impl CheckpointStore {
         replies.iter().map(|reply| decode_write(reply)).collect()
     }
 
-    /// The checkpoint of the character named `name`, if one is stored.
-    pub async fn read(&self, name: &str) -> Result<Option<CharacterSnapshot>, CheckpointError> {
-        let key = self.redis.keys().checkpoint(name)?;
+    /// The checkpoint of `character_id`, if one is stored.
+    pub async fn read(
+        &self,
+        character_id: Uuid,
+    ) -> Result<Option<CharacterSnapshot>, CheckpointError> {
+        let key = self.redis.keys().checkpoint(character_id);
         let (epoch, body): (Option<i64>, Option<Vec<u8>>) = redis::cmd("HMGET")
             .arg(&key)
             .arg("epoch")
@@ -123,7 +127,7 @@ impl CheckpointStore {
             .map_err(|e| {
                 if e.code() == Some("WRONGTYPE") {
                     CheckpointError::Corrupt {
-                        name: name.to_owned(),
+                        character_id,
                         reason: "not a checkpoint hash".into(),
                     }
                 } else {
@@ -134,11 +138,17 @@ impl CheckpointStore {
             return Ok(None);
         };
         let corrupt = |reason: String| CheckpointError::Corrupt {
-            name: name.to_owned(),
+            character_id,
             reason,
         };
         let snapshot: CharacterSnapshot =
             serde_json::from_slice(&body).map_err(|e| corrupt(e.to_string()))?;
+        if snapshot.character_id != character_id {
+            return Err(corrupt(format!(
+                "holds character {}",
+                snapshot.character_id
+            )));
+        }
         if epoch != Some(snapshot.owner_epoch) {
             return Err(corrupt(format!(
                 "guard epoch {epoch:?} differs from snapshot epoch {}",
@@ -148,9 +158,9 @@ impl CheckpointStore {
         Ok(Some(snapshot))
     }
 
-    /// Deletes the checkpoint of `name`.
-    pub async fn delete(&self, name: &str) -> Result<(), CheckpointError> {
-        let key = self.redis.keys().checkpoint(name)?;
+    /// Deletes the checkpoint of `character_id`.
+    pub async fn delete(&self, character_id: Uuid) -> Result<(), CheckpointError> {
+        let key = self.redis.keys().checkpoint(character_id);
         let _: i64 = redis::cmd("DEL")
             .arg(key)
             .query_async(&mut self.redis.conn())

@@ -27,6 +27,14 @@ pub enum LoadError {
     /// The claim or row read did not answer in time; the login must be refused.
     #[error("claiming character {0} timed out")]
     Timeout(Uuid),
+    /// A checkpoint asked for by name could not be read.
+    #[error("reading the checkpoint of character {character_id}: {source}")]
+    Checkpoint {
+        /// The character.
+        character_id: Uuid,
+        /// The failure.
+        source: super::checkpoint::CheckpointError,
+    },
 }
 
 /// Where a loaded character's content came from.
@@ -88,7 +96,7 @@ impl CharacterLoader {
                 source,
             })?;
         let row = claimed.row;
-        let checkpoint = self.read_checkpoint(&row.name).await;
+        let checkpoint = self.read_checkpoint(row.character_id).await;
         Ok(choose(
             row,
             claimed.live_version,
@@ -131,12 +139,41 @@ impl CharacterLoader {
         })
     }
 
-    async fn read_checkpoint(&self, name: &str) -> Option<CharacterSnapshot> {
+    /// The checkpoint of the character named `name` (any case), looked up the way names are
+    /// unique: the character store resolves the name to its row, whose id keys the checkpoint.
+    /// `None` when no character has the name or it has no checkpoint.
+    pub async fn checkpoint_by_name(
+        &self,
+        name: &str,
+    ) -> Result<Option<CharacterSnapshot>, LoadError> {
+        let Some(checkpoints) = &self.checkpoints else {
+            return Ok(None);
+        };
+        let row = tokio::time::timeout(self.io_timeout, self.store.load_by_name(name))
+            .await
+            .map_err(|_| LoadError::Timeout(Uuid::nil()))?
+            .map_err(|source| LoadError::Store {
+                character_id: Uuid::nil(),
+                source,
+            })?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        tokio::time::timeout(self.io_timeout, checkpoints.read(row.character_id))
+            .await
+            .map_err(|_| LoadError::Timeout(row.character_id))?
+            .map_err(|err| LoadError::Checkpoint {
+                character_id: row.character_id,
+                source: err,
+            })
+    }
+
+    async fn read_checkpoint(&self, character_id: Uuid) -> Option<CharacterSnapshot> {
         let checkpoints = self.checkpoints.as_ref()?;
-        match tokio::time::timeout(self.io_timeout, checkpoints.read(name)).await {
+        match tokio::time::timeout(self.io_timeout, checkpoints.read(character_id)).await {
             Ok(Ok(found)) => found,
             Ok(Err(err)) => {
-                tracing::warn!(event = "checkpoint_read_failed", character = name, error = %err,
+                tracing::warn!(event = "checkpoint_read_failed", character = %character_id, error = %err,
                     "loading from the row");
                 metrics::counter!(crate::telemetry::CHECKPOINT_READ_FAILURES_TOTAL).increment(1);
                 None
@@ -144,7 +181,7 @@ impl CharacterLoader {
             Err(_) => {
                 tracing::warn!(
                     event = "checkpoint_read_failed",
-                    character = name,
+                    character = %character_id,
                     error = "timeout",
                     "loading from the row"
                 );

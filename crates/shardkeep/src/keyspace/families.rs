@@ -214,7 +214,7 @@ pub const FAMILIES: &[KeyFamily] = &[
     ),
     family!(
         "checkpoint",
-        "<ns>:checkpoint:<normalized_name>",
+        "<ns>:checkpoint:<character_id>",
         GameServer,
         TtlRule::Default("checkpoint TTL, 1 h"),
         None,

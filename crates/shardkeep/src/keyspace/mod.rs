@@ -15,7 +15,7 @@ pub mod segment;
 pub mod slot;
 
 pub use families::{FAMILIES, KeyFamily, KeyOwner, TtlRule};
-pub use segment::{MAX_SEGMENT_BYTES, normalize_character_name};
+pub use segment::MAX_SEGMENT_BYTES;
 
 use crate::ttl::Ttl;
 
@@ -291,13 +291,10 @@ impl Keyspace {
         self.plain("placement", "character id", character_id)
     }
 
-    /// A character checkpoint, keyed by the normalized character name.
-    pub fn checkpoint(&self, character_name: &str) -> Result<String, KeyError> {
-        self.plain(
-            "checkpoint",
-            "character name",
-            &normalize_character_name(character_name),
-        )
+    /// A character checkpoint, keyed by the character's id: two rows never share one, whatever
+    /// their names (name uniqueness is Postgres's `lower()`, which no Rust lowercasing matches).
+    pub fn checkpoint(&self, character_id: uuid::Uuid) -> String {
+        format!("{}:checkpoint:{}", self.ns, character_id.as_hyphenated())
     }
 
     /// A shared networking counter.

@@ -46,11 +46,6 @@ pub fn is_escaped_byte(byte: u8) -> bool {
     byte.is_ascii_alphanumeric() || matches!(byte, b'_' | b'.' | b'-' | b'%')
 }
 
-/// Normalizes a character name the way every name-keyed record expects: trimmed, lowercased.
-pub fn normalize_character_name(name: &str) -> String {
-    name.trim().to_lowercase()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,10 +83,5 @@ mod tests {
     fn unescape_rejects_foreign_text() {
         assert_eq!(unescape("a:b"), None);
         assert_eq!(unescape("%FF"), None);
-    }
-
-    #[test]
-    fn names_normalize_case_and_whitespace() {
-        assert_eq!(normalize_character_name("  Aria "), "aria");
     }
 }

@@ -245,17 +245,17 @@ fn bad_namespaces_and_segments_are_typed_errors() {
             what: "character id"
         })
     );
-    assert!(matches!(
-        k.checkpoint(&"n".repeat(300)),
-        Err(KeyError::TooLong { .. })
-    ));
-    assert!(matches!(k.checkpoint("   "), Err(KeyError::Empty { .. })));
 }
 
 #[test]
-fn checkpoint_keys_ignore_name_case() {
+fn checkpoint_keys_name_the_character_id() {
     let k = ks("ns");
-    assert_eq!(k.checkpoint("Aria"), k.checkpoint("aRIA "));
+    let id = uuid::Uuid::from_u128(7);
+    assert_eq!(
+        k.checkpoint(id),
+        "ns:checkpoint:00000000-0000-0000-0000-000000000007"
+    );
+    assert_ne!(k.checkpoint(id), k.checkpoint(uuid::Uuid::from_u128(8)));
 }
 
 #[test]

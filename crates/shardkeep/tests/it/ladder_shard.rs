@@ -74,7 +74,7 @@ async fn a_stale_owner_never_lands_a_flush_final_or_checkpoint(pool: PgPool) {
     // The live owner's state is what loads.
     let row = stores.characters.load(id).await.unwrap().unwrap();
     assert_eq!(row.state["currency"], 500);
-    let checkpoint = stores.checkpoints.read("aria").await.unwrap().unwrap();
+    let checkpoint = stores.checkpoints.read(id).await.unwrap().unwrap();
     assert_eq!(
         (checkpoint.owner_epoch, checkpoint.state["currency"].clone()),
         (live_epoch, json!(500))
@@ -589,14 +589,14 @@ async fn a_redis_outage_during_a_checkpoint_recovers_at_the_next_cadence(pool: P
         BarrierOutcome::Drained
     );
     assert!(shard.saver().stats().checkpoint_failed >= 1);
-    assert!(stores.checkpoints.read("Aria").await.unwrap().is_none());
+    assert!(stores.checkpoints.read(id).await.unwrap().is_none());
     proxy.set_mode(ProxyMode::Pass);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         shard.tick();
         shard.tick();
         shard.saver().barrier(BARRIER).await;
-        if let Some(checkpoint) = stores.checkpoints.read("Aria").await.unwrap() {
+        if let Some(checkpoint) = stores.checkpoints.read(id).await.unwrap() {
             assert_eq!(checkpoint.state["currency"], 9);
             break;
         }

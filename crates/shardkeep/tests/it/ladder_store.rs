@@ -250,7 +250,7 @@ async fn drift_guard_every_field_survives_both_tiers(pool: PgPool) {
         checkpoints.write(&snap).await.unwrap(),
         CheckpointWrite::Written
     );
-    assert_eq!(checkpoints.read("ARIA").await.unwrap(), Some(snap.clone()));
+    assert_eq!(checkpoints.read(row.character_id).await.unwrap(), Some(snap.clone()));
 
     assert_eq!(store.save(&snap).await.unwrap(), SaveOutcome::Saved(1));
     let back = store.load(row.character_id).await.unwrap().unwrap();
@@ -292,10 +292,10 @@ async fn a_stale_owner_cannot_overwrite_a_newer_checkpoint() {
         checkpoints.write(&zombie).await.unwrap(),
         CheckpointWrite::NotOwner { stored_epoch: 5 }
     );
-    assert_eq!(checkpoints.read("aria").await.unwrap(), Some(base.clone()));
+    assert_eq!(checkpoints.read(base.character_id).await.unwrap(), Some(base.clone()));
     let mut raw = redis.raw().await;
     let ttl: i64 = raw
-        .ttl(redis.keys().checkpoint("Aria").unwrap())
+        .ttl(redis.keys().checkpoint(base.character_id))
         .await
         .unwrap();
     assert!(
@@ -311,12 +311,12 @@ async fn a_corrupt_checkpoint_falls_back_to_the_row(pool: PgPool) {
     let checkpoints = CheckpointStore::new(redis.backend());
     let row = created(&store, "Aria").await;
     let mut raw = redis.raw().await;
-    let key = redis.keys().checkpoint("Aria").unwrap();
+    let key = redis.keys().checkpoint(row.character_id);
     let () = raw
         .hset_multiple(&key, &[("epoch", "0"), ("snapshot", "{broken")])
         .await
         .unwrap();
-    assert!(checkpoints.read("Aria").await.is_err());
+    assert!(checkpoints.read(row.character_id).await.is_err());
     let loader = CharacterLoader::new(store, Some(checkpoints), std::time::Duration::from_secs(5));
     let loaded = loader.claim_and_load(row.character_id, 0).await.unwrap();
     assert_eq!(loaded.source, LoadSource::Row);
