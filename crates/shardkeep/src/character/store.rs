@@ -200,10 +200,15 @@ WITH upd AS (
 )
 SELECT (SELECT state_version FROM upd), (SELECT state_version FROM missed), (SELECT owner_epoch FROM missed)";
 
+// Rows are locked first, in id order (the one global lock order of every statement that locks
+// several characters), whatever order the batch lists them in; the update then only touches rows
+// it already holds, so two overlapping batches, or a batch and a transfer, never deadlock.
 const SAVE_MANY: &str = "
 WITH input AS (
     SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::int8[], $4::jsonb[], $5::jsonb[], $6::text[], $7::text[])
         AS t(id, expected, epoch, state, chargen, zone_ref, room_ref)
+), locked AS (
+    SELECT c.id FROM characters c WHERE c.id = ANY($1) ORDER BY c.id FOR UPDATE
 ), upd AS (
     UPDATE characters c
        SET state = i.state,
@@ -213,7 +218,7 @@ WITH input AS (
            state_version = c.state_version + 1,
            live_version = c.state_version + 1,
            updated_at = now()
-      FROM input i
+      FROM input i JOIN locked l ON l.id = i.id
      WHERE c.id = i.id AND c.state_version = i.expected AND c.owner_epoch <= i.epoch
  RETURNING c.id, c.state_version
 ), missed AS (
@@ -509,11 +514,16 @@ impl CharacterStore {
         audit: &crate::audit::AuditEvent,
     ) -> Result<TransferCommit, StoreError> {
         let mut tx = self.pg.pool().begin().await?;
-        // Lock the acquirer first, then look for this transfer's audit row: an attempt whose
-        // reply was lost either committed (the row is there) or is rolled back by now.
-        sqlx::query("SELECT 1 FROM characters WHERE id = $1 FOR UPDATE")
-            .bind(acquirer.character_id)
-            .fetch_optional(&mut *tx)
+        // Lock both rows first, in id order (the global lock order: crossed transfers and a
+        // batch over the same rows never deadlock), then look for this transfer's audit row: an
+        // attempt whose reply was lost either committed (the row is there) or is rolled back.
+        let releaser_id = match releaser {
+            Releaser::Held { snapshot, .. } => snapshot.character_id,
+            Releaser::Departed { character_id, .. } => character_id,
+        };
+        sqlx::query("SELECT id FROM characters WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+            .bind([acquirer.character_id, releaser_id])
+            .fetch_all(&mut *tx)
             .await?;
         let done: Option<i64> = sqlx::query_scalar(
             "SELECT seq FROM character_audit WHERE subject_id = $1 AND event_kind = $2 AND dedup_key = $3",

@@ -250,7 +250,10 @@ async fn drift_guard_every_field_survives_both_tiers(pool: PgPool) {
         checkpoints.write(&snap).await.unwrap(),
         CheckpointWrite::Written
     );
-    assert_eq!(checkpoints.read(row.character_id).await.unwrap(), Some(snap.clone()));
+    assert_eq!(
+        checkpoints.read(row.character_id).await.unwrap(),
+        Some(snap.clone())
+    );
 
     assert_eq!(store.save(&snap).await.unwrap(), SaveOutcome::Saved(1));
     let back = store.load(row.character_id).await.unwrap().unwrap();
@@ -292,7 +295,10 @@ async fn a_stale_owner_cannot_overwrite_a_newer_checkpoint() {
         checkpoints.write(&zombie).await.unwrap(),
         CheckpointWrite::NotOwner { stored_epoch: 5 }
     );
-    assert_eq!(checkpoints.read(base.character_id).await.unwrap(), Some(base.clone()));
+    assert_eq!(
+        checkpoints.read(base.character_id).await.unwrap(),
+        Some(base.clone())
+    );
     let mut raw = redis.raw().await;
     let ttl: i64 = raw
         .ttl(redis.keys().checkpoint(base.character_id))

@@ -13,6 +13,7 @@ mod item_transfers;
 mod journal;
 mod ladder_shard;
 mod ladder_store;
+mod lock_order;
 mod migrate;
 mod queue;
 mod retry_jobs;
