@@ -189,10 +189,81 @@ pub fn resolve_room<'a>(zone: &'a ZoneDef, room_ref: Option<&'a str>) -> (&'a st
     }
 }
 
+/// The id of the reference world's instance, entered down from `zone-0`'s room `r3`.
+pub const REFERENCE_INSTANCE: &str = "crypt-0";
+
+/// The zone an instance is entered from: where its exits lead out (`None` for a zone that is not
+/// an instance, or an instance with no way out). An instance is shard-local, so it is hosted by
+/// the shard that hosts this zone.
+pub fn instance_entrance(zone: &ZoneDef) -> Option<&str> {
+    if !zone.instance {
+        return None;
+    }
+    zone.rooms
+        .values()
+        .flat_map(|room| room.exits.values())
+        .map(|exit| exit.zone.as_str())
+        .find(|to| *to != zone.id)
+}
+
 /// The reference world: `zones` zones in a ring (`zone-0`, `zone-1`, …), each a loop of four
 /// rooms; room `r0` exits east into the next zone's `r0` and west into the previous zone's.
-/// Every zone repops a guard, a chest and two heaps of ore.
+/// Every zone repops a guard, a chest and two heaps of ore. Last comes one instance,
+/// [`REFERENCE_INSTANCE`]: two rooms entered down from `zone-0`'s `r3`, guarded by a wight.
 pub fn reference_world(zones: usize) -> Vec<ZoneDef> {
+    let mut world = ring(zones);
+    if let Some(room) = world.first_mut().and_then(|z| z.rooms.get_mut("r3")) {
+        room.exits.insert(
+            "down".into(),
+            Exit {
+                zone: REFERENCE_INSTANCE.into(),
+                room: "c0".into(),
+            },
+        );
+    }
+    world.push(crypt());
+    world
+}
+
+fn crypt() -> ZoneDef {
+    let id = REFERENCE_INSTANCE.to_owned();
+    let exit = |zone: &str, room: &str| Exit {
+        zone: zone.into(),
+        room: room.into(),
+    };
+    let mut rooms = BTreeMap::new();
+    rooms.insert(
+        "c0".to_owned(),
+        RoomDef {
+            exits: BTreeMap::from([
+                ("up".to_owned(), exit("zone-0", "r3")),
+                ("north".to_owned(), exit(&id, "c1")),
+            ]),
+        },
+    );
+    rooms.insert(
+        "c1".to_owned(),
+        RoomDef {
+            exits: BTreeMap::from([("south".to_owned(), exit(&id, "c0"))]),
+        },
+    );
+    ZoneDef {
+        start_room: "c0".into(),
+        rooms,
+        resets: vec![ResetOp {
+            id: format!("{id}:wight"),
+            room: "c1".into(),
+            spawn: Spawn::Mob("wight".into()),
+            max: 1,
+            persistent: false,
+        }],
+        repop_pulses: 240,
+        instance: true,
+        id,
+    }
+}
+
+fn ring(zones: usize) -> Vec<ZoneDef> {
     let zones = zones.max(1);
     (0..zones)
         .map(|z| {
@@ -323,5 +394,18 @@ mod tests {
         assert_eq!(world[0].rooms["r0"].exits["east"].zone, "zone-1");
         assert_eq!(world[0].rooms["r0"].exits["west"].zone, "zone-2");
         assert_eq!(world[2].rooms["r0"].exits["east"].zone, "zone-0");
+    }
+
+    #[test]
+    fn the_reference_world_has_one_instance_entered_from_zone_0() {
+        let world = reference_world(3);
+        let instances: Vec<&ZoneDef> = world.iter().filter(|z| z.instance).collect();
+        assert_eq!(instances.len(), 1);
+        let crypt = instances[0];
+        assert_eq!(crypt.id, REFERENCE_INSTANCE);
+        assert_eq!(instance_entrance(crypt), Some("zone-0"));
+        assert_eq!(world[0].rooms["r3"].exits["down"].zone, REFERENCE_INSTANCE);
+        assert_eq!(instance_entrance(&world[0]), None);
+        assert_eq!(world.len(), 4, "ring zones first, the instance last");
     }
 }

@@ -126,18 +126,35 @@ pub struct Eviction {
     pub cause: EvictionCause,
 }
 
-/// Dumps a player standing in `zone`; inside an instance the durable anchor stands.
+/// The durable location of a player standing in `zone`: where it stands, or inside an instance
+/// the entrance it came from (its anchor). `None` only for an instance entered without one, where
+/// a save then keeps the stored location.
+fn durable_location_of<'a>(
+    entry: &'a PlayerEntry,
+    zone: &'a str,
+    in_instance: bool,
+) -> Option<(&'a str, &'a str)> {
+    if in_instance {
+        entry
+            .anchor
+            .as_ref()
+            .map(|(zone, room)| (zone.as_str(), room.as_str()))
+    } else {
+        Some((zone, entry.room.as_str()))
+    }
+}
+
+/// Dumps a player standing in `zone` at its durable location (inside an instance, the entrance).
 fn dump_entry(
     entry: &PlayerEntry,
     zone: &str,
     in_instance: bool,
 ) -> Option<crate::character::CharacterSnapshot> {
-    let (zone_ref, room_ref) = if in_instance {
-        (None, None)
-    } else {
-        (Some(zone), Some(entry.room.as_str()))
-    };
-    match entry.character.dump(zone_ref, room_ref) {
+    let location = durable_location_of(entry, zone, in_instance);
+    match entry
+        .character
+        .dump(location.map(|l| l.0), location.map(|l| l.1))
+    {
         Ok(snapshot) => Some(snapshot),
         Err(err) => {
             tracing::warn!(event = "dump_refused", character = %entry.character.character_id, error = %err);
@@ -311,6 +328,16 @@ impl Shard {
         let zone = self.residency.zone_of(character_id)?;
         let room = self.zones.get(&zone)?.player(character_id)?.room.clone();
         Some((zone, room))
+    }
+
+    /// Where `character_id` would be written down: where it stands, or inside an instance the
+    /// zone and room it entered from. Journal entries and saves carry this, never an instance.
+    pub fn durable_location(&self, character_id: Uuid) -> Option<(String, String)> {
+        let zone_id = self.residency.zone_of(character_id)?;
+        let zone = self.zones.get(&zone_id)?;
+        let entry = zone.player(character_id)?;
+        durable_location_of(entry, &zone_id, zone.def.instance)
+            .map(|(zone, room)| (zone.to_owned(), room.to_owned()))
     }
 
     /// Zombie copies evicted since the last call.
@@ -495,17 +522,20 @@ impl Shard {
         }
     }
 
-    fn register_placement(&self, character: &LiveCharacter, zone: &str) {
-        let in_instance = self.zones.get(zone).is_some_and(|z| z.def.instance);
-        if in_instance {
-            // The entrance stands as the last good record.
+    /// Records that this shard holds `character_id`, at its durable location: inside an
+    /// instance the record names the entrance, never the shard-local instance.
+    fn register_placement(&self, character_id: Uuid) {
+        let (Some(entry), Some((zone, _))) = (
+            self.player(character_id),
+            self.durable_location(character_id),
+        ) else {
             return;
-        }
+        };
         self.placement.enqueue(PlacementRecord {
-            character_id: character.character_id,
+            character_id,
             shard_id: Some(self.config.shard_id.clone()),
-            zone_id: Some(zone.to_owned()),
-            owner_epoch: character.owner_epoch,
+            zone_id: Some(zone),
+            owner_epoch: entry.character.owner_epoch,
             updated_at: Utc::now(),
         });
     }
@@ -528,7 +558,7 @@ impl Shard {
                 .players()
                 .filter(|e| !matches!(e.link, Link::Pending { .. }))
             {
-                self.register_placement(&entry.character, &zone.def.id);
+                self.register_placement(entry.character.character_id);
             }
         }
     }

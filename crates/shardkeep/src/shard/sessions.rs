@@ -155,13 +155,13 @@ impl Shard {
             frozen: false,
             anchor: None,
         };
-        if attached {
-            self.register_placement(&entry.character, &zone_id);
-        }
         self.zones
             .get_mut(&zone_id)
             .ok_or_else(|| AdmitError::NoZone(zone_id.clone()))?
             .insert(entry, &self.residency);
+        if attached {
+            self.register_placement(id);
+        }
         Ok(Admitted {
             zone: zone_id,
             room,
@@ -191,8 +191,7 @@ impl Shard {
             session_token: session_token.to_owned(),
         };
         let room = entry.room.clone();
-        let character = entry.character.clone();
-        self.register_placement(&character, &zone_id);
+        self.register_placement(id);
         Ok(Admitted {
             zone: zone_id,
             room,
@@ -215,8 +214,7 @@ impl Shard {
             session_token: session_token.to_owned(),
         };
         let room = entry.room.clone();
-        let character = entry.character.clone();
-        self.register_placement(&character, &zone_id);
+        self.register_placement(character_id);
         Some(Admitted {
             zone: zone_id,
             room,
@@ -344,9 +342,8 @@ impl Shard {
                 (false, _) => None,
             };
             entry.room = exit.room.clone();
-            let character = entry.character.clone();
             to.insert(entry, &self.residency);
-            self.register_placement(&character, &exit.zone);
+            self.register_placement(character_id);
             return Ok(WalkOutcome::Moved {
                 zone: exit.zone,
                 room: exit.room,

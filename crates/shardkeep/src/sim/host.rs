@@ -228,7 +228,7 @@ impl Host {
     /// The journal's view of a held player.
     pub(super) fn player_snapshot(&self, character_id: Uuid) -> Option<PlayerSnapshot> {
         let entry = self.shard.player(character_id)?;
-        let (zone, room) = self.shard.location(character_id)?;
+        let (zone, room) = self.shard.durable_location(character_id)?;
         Some(PlayerSnapshot {
             character_id,
             account_id: entry.character.account_id,

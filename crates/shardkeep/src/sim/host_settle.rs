@@ -57,7 +57,7 @@ impl Host {
                 ));
                 continue;
             }
-            let Some((zone, _)) = self.shard.location(*id) else {
+            let Some((zone, _)) = self.shard.durable_location(*id) else {
                 continue;
             };
             checked += 1;

@@ -166,8 +166,13 @@ impl Host {
         }
         let before = self.player_snapshot(id);
         match self.shard.walk(id, &direction) {
-            Ok(WalkOutcome::Moved { .. }) => {
+            Ok(WalkOutcome::Moved { zone: to, .. }) => {
                 bump(&self.world.counters.walks);
+                let is_instance =
+                    |id: &str| self.shard.zones().any(|z| z.def.id == id && z.def.instance);
+                if is_instance(&to) && !is_instance(&zone) {
+                    bump(&self.world.counters.instance_entries);
+                }
                 true
             }
             Ok(WalkOutcome::Handoff(handoff)) => {

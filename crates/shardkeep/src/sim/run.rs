@@ -25,7 +25,7 @@ use crate::faults::ProxyMode;
 use crate::game::Catalog;
 use crate::game::items::ItemJson;
 use crate::game::state::StateDocument;
-use crate::game::world::reference_world;
+use crate::game::world::{instance_entrance, reference_world};
 use crate::journal::SessionJournal;
 use crate::queue::WorkQueueConfig;
 use crate::shard::ZoneDirectory;
@@ -89,10 +89,22 @@ fn starting_state(catalog: &Catalog) -> serde_json::Value {
 async fn prepare(config: SimConfig, env: SimEnv) -> Result<Arc<World>, (SimError, SimEnv)> {
     let catalog = Arc::new(Catalog::reference());
     let zones = reference_world(config.shards * config.zones_per_shard);
+    let (instances, ring): (Vec<_>, Vec<_>) = zones.into_iter().partition(|z| z.instance);
     let mut shard_zones = vec![Vec::new(); config.shards];
-    for (n, zone) in zones.into_iter().enumerate() {
+    for (n, zone) in ring.into_iter().enumerate() {
         // Neighbouring zones belong to different shards, so zone crossings are handoffs.
         shard_zones[n % config.shards].push(zone);
+    }
+    for instance in instances {
+        // An instance is shard-local: it lives beside the zone it is entered from.
+        let host = instance_entrance(&instance).and_then(|entrance| {
+            shard_zones
+                .iter()
+                .position(|zones| zones.iter().any(|z| z.id == entrance))
+        });
+        if let Some(host) = host {
+            shard_zones[host].push(instance);
+        }
     }
     let store = CharacterStore::new(env.pg_direct.clone());
     for index in 0..config.players {

@@ -62,6 +62,7 @@ pub(super) fn build_report(
         ("disconnects", get(&c.disconnects)),
         ("link-dead timeouts", get(&c.linkdead_timeouts)),
         ("walks", get(&c.walks)),
+        ("instance entries", get(&c.instance_entries)),
         ("handoffs", get(&c.handoffs)),
         ("handoff retries", get(&c.handoff_retries)),
         ("handoffs lost", get(&c.handoffs_lost)),

@@ -31,6 +31,7 @@ pub(super) struct Counters {
     pub(super) disconnects: AtomicU64,
     pub(super) linkdead_timeouts: AtomicU64,
     pub(super) walks: AtomicU64,
+    pub(super) instance_entries: AtomicU64,
     pub(super) handoffs: AtomicU64,
     pub(super) handoff_retries: AtomicU64,
     pub(super) handoffs_lost: AtomicU64,

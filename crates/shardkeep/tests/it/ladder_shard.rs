@@ -854,7 +854,14 @@ async fn zones_repop_at_boot_and_on_the_repop_timer(pool: PgPool) {
     let redis = TestRedis::new().await;
     let stores = Stores::new(&pool, redis.backend());
     let mut shard = boot(&stores, "shard-a", &[0], 1);
-    let floor = |s: &shardkeep::shard::Shard| s.zones().next().unwrap().entities.floor.len();
+    let floor = |s: &shardkeep::shard::Shard| {
+        s.zones()
+            .find(|z| z.def.id == "zone-0")
+            .unwrap()
+            .entities
+            .floor
+            .len()
+    };
     assert_eq!(
         floor(&shard),
         3,

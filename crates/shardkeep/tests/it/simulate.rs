@@ -35,6 +35,10 @@ async fn a_short_run_with_every_fault_keeps_every_invariant() {
     assert!(report.retry.applied > 0 && report.journal.processed > 0);
     assert!(report.audit_total() > 0);
     assert!(report.transfers.committed > 0);
+    assert!(
+        report.activity["instance entries"] > 0,
+        "players walk into the reference world's instance"
+    );
     assert_eq!(report.faults["shards_killed"], 1, "{}", report.faults);
     assert!(report.faults["zombies_made"].as_u64().unwrap() > 0);
     assert!(report.retry.dead_lettered >= 3, "the planted retry poison");

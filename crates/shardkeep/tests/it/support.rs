@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde_json::json;
 use shardkeep::character::{CharacterLoader, CharacterStore, CheckpointStore, NewCharacter};
 use shardkeep::faults::FaultProxy;
+use shardkeep::game::world::instance_entrance;
 use shardkeep::game::{Catalog, ZoneDef, reference_world};
 use shardkeep::placement::PlacementStore;
 use shardkeep::shard::gate::route_login;
@@ -72,12 +73,17 @@ impl Stores {
     }
 }
 
+/// Zones `ids` of a reference world of `total` zones, with the instances entered from them.
 pub(crate) fn zones(ids: &[usize], total: usize) -> Vec<ZoneDef> {
     let world = reference_world(total);
+    let hosted: Vec<String> = ids.iter().map(|i| format!("zone-{i}")).collect();
     world
         .into_iter()
         .enumerate()
-        .filter(|(i, _)| ids.contains(i))
+        .filter(|(i, z)| {
+            ids.contains(i)
+                || instance_entrance(z).is_some_and(|entrance| hosted.iter().any(|h| h == entrance))
+        })
         .map(|(_, z)| z)
         .collect()
 }
