@@ -31,8 +31,11 @@ pub const SAVER_OWNERSHIP_LOST_TOTAL: &str = "shardkeep_saver_ownership_lost_tot
 pub const CHECKPOINT_REFUSED_TOTAL: &str = "shardkeep_checkpoint_refused_total";
 /// Saver writes that failed, labelled `tier` (redis, postgres).
 pub const SAVER_WRITE_FAILURES_TOTAL: &str = "shardkeep_saver_write_failures_total";
-/// Final flushes given up after the rebase budget.
+/// Logout final saves written to neither the row nor a retry job (no retry queue configured, or
+/// too many pending); their checkpoints still hold them.
 pub const SAVER_FINAL_DROPPED_TOTAL: &str = "shardkeep_saver_final_dropped_total";
+/// Logout final saves that outlasted the outage budget and became durable retry jobs.
+pub const SAVER_FINAL_QUEUED_AS_JOB_TOTAL: &str = "shardkeep_saver_final_queued_as_job_total";
 /// Duration of one batched CAS save.
 pub const SAVER_FLUSH_SECONDS: &str = "shardkeep_saver_flush_seconds";
 /// Placement writes refused because a newer owner wrote the record.
@@ -110,6 +113,7 @@ pub fn register_all() {
         SAVER_OWNERSHIP_LOST_TOTAL,
         CHECKPOINT_REFUSED_TOTAL,
         SAVER_FINAL_DROPPED_TOTAL,
+        SAVER_FINAL_QUEUED_AS_JOB_TOTAL,
         PLACEMENT_STALE_TOTAL,
         PLACEMENT_DROPPED_TOTAL,
         RETRY_CLAIMED_TOTAL,

@@ -225,7 +225,7 @@ pub(crate) async fn journal_dead_letter(app: &TestApp, token: &str) -> Uuid {
 pub(crate) async fn saver_and_auditor_workload(app: &TestApp) {
     use shardkeep::audit::{AuditEvent, Auditor, AuditorConfig};
     use shardkeep::character::{CharacterSnapshot, CharacterStore, NewCharacter};
-    use shardkeep::saver::{SaveFeedback, SaveReason, Saver, SaverConfig, SaverEvent};
+    use shardkeep::saver::{SaveFeedback, SaveReason, Saver, SaverConfig, SaverEvent, SaverSinks};
     struct Quiet;
     impl SaveFeedback for Quiet {
         fn deliver(&self, _event: SaverEvent) {}
@@ -251,8 +251,10 @@ pub(crate) async fn saver_and_auditor_workload(app: &TestApp) {
     store.save(&row).await.unwrap(); // the row moves to version 1; the saver's version-0 flush conflicts
     let cancel = tokio_util::sync::CancellationToken::new();
     let saver = Saver::spawn(
-        Some(store),
-        None,
+        SaverSinks {
+            rows: Some(store),
+            ..SaverSinks::default()
+        },
         Arc::new(Quiet),
         SaverConfig {
             queue_depth: 1,

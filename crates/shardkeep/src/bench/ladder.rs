@@ -326,6 +326,7 @@ async fn sustain(
         checkpoints: Some(CheckpointStore::new(env.redis.clone())),
         placement: None,
         audit: None,
+        retry: None,
     };
     let shard_config = ShardConfig::new("bench", "zone-0");
     let pulse = crate::shard::PULSE;

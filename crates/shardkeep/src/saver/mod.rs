@@ -3,11 +3,17 @@
 //! Enqueue never blocks — a full queue drops the request, counts it and logs `event=save_dropped`.
 //! All blocking I/O happens in the drainer, each operation bounded by the I/O timeout. Outcomes
 //! that need the zone (a flush conflict, an ownership loss, a refused checkpoint) go back through
-//! [`SaveFeedback`]; shutdown waits on [`Saver::barrier`].
+//! [`SaveFeedback`]; shutdown waits on [`Saver::barrier`], which covers the logout saves still
+//! retrying in the background too.
 //!
-//! - [`worker`] — the batch handler: coalescing, the checkpoint leg, the CAS leg, final rebase.
+//! - `worker` — the batch handler: coalescing, the checkpoint leg, the CAS leg, final rebase.
+//! - `final_retry` — a logout save that could not land: retried through an outage, then a
+//!   durable retry job.
+//! - [`pending`] — the registry of those logout saves, which the barrier waits for.
 //! - [`stats`] — counters the simulator and benchmarks read.
 
+mod final_retry;
+pub mod pending;
 pub mod stats;
 mod worker;
 
@@ -19,7 +25,9 @@ use uuid::Uuid;
 
 use crate::character::{CharacterSnapshot, CharacterStore, CheckpointStore};
 use crate::drain::{BarrierOutcome, DrainQueue, EnqueueError};
+use crate::retry::RetryQueue;
 use crate::telemetry;
+pub use pending::{MAX_PENDING_FINALS, UnsavedFinals};
 pub use stats::{SaverStats, SaverStatsSnapshot};
 
 /// Why a snapshot is being saved, which decides the tiers it reaches.
@@ -84,10 +92,19 @@ pub enum SaverEvent {
         /// The checkpoint's epoch.
         stored_epoch: i64,
     },
-    /// A logout's final flush could not land within its retry budget.
+    /// A logout's final save was written to neither the row nor a retry job (no retry queue,
+    /// or too many pending); its checkpoint still holds it.
     FinalDropped {
         /// The character.
         character_id: Uuid,
+    },
+    /// A logout's final save outlasted the outage budget (or every rebase lost a race) and is a
+    /// durable `gameplay_state` retry job now, applied by the retry worker under the epoch fence.
+    FinalQueuedAsJob {
+        /// The character.
+        character_id: Uuid,
+        /// The job.
+        retry_job_id: Uuid,
     },
     /// The row does not exist.
     NotFound {
@@ -121,8 +138,9 @@ pub struct SaverConfig {
     pub final_retries: u32,
     /// Time budget of the final-flush rebase loop.
     pub final_budget: Duration,
-    /// How long a logout's final save keeps retrying, in the background, while Postgres is
-    /// unreachable (the player is gone: no later cadence would write its last changes).
+    /// How long a logout's final save keeps retrying directly, in the background, while
+    /// Postgres is unreachable (the player is gone: no later cadence would write its last
+    /// changes); after that it becomes a durable retry job, written when Postgres answers.
     pub final_outage_budget: Duration,
 }
 
@@ -160,11 +178,25 @@ pub enum EnqueueOutcome {
     DroppedClosed,
 }
 
+/// Where a saver writes; any may be absent (with neither rows nor checkpoints every save is a
+/// no-op: a storeless, ephemeral shard).
+#[derive(Debug, Clone, Default)]
+pub struct SaverSinks {
+    /// Postgres rows (flushes and final saves).
+    pub rows: Option<CharacterStore>,
+    /// Redis checkpoints (every save).
+    pub checkpoints: Option<CheckpointStore>,
+    /// Where a logout save that outlasts a Postgres outage becomes a durable job. Without it
+    /// such a save is given up (counted, logged) and only its checkpoint keeps it.
+    pub retry: Option<RetryQueue>,
+}
+
 /// Handle on a shard's saver. Cheap to clone.
 #[derive(Clone)]
 pub struct Saver {
     queue: DrainQueue<Vec<SaveRequest>>,
     stats: Arc<SaverStats>,
+    pending: pending::PendingFinals,
 }
 
 impl std::fmt::Debug for Saver {
@@ -176,22 +208,40 @@ impl std::fmt::Debug for Saver {
 }
 
 impl Saver {
-    /// Starts a saver. With neither store nor checkpoints, every save is a no-op (a storeless,
-    /// ephemeral shard). `cancel` is the shard's run context.
+    /// Starts a saver writing to `sinks`. `cancel` is the shard's run context: cancelling it
+    /// stops the drainer and abandons background final retries (a crash).
     pub fn spawn(
-        store: Option<CharacterStore>,
-        checkpoints: Option<CheckpointStore>,
+        sinks: SaverSinks,
         feedback: Arc<dyn SaveFeedback>,
         config: SaverConfig,
         cancel: CancellationToken,
     ) -> Self {
         let stats = Arc::new(SaverStats::default());
-        let worker =
-            worker::SaverWorker::new(store, checkpoints, feedback, config, Arc::clone(&stats))
-                .with_cancel(cancel.clone());
+        let pending = pending::PendingFinals::default();
+        let finals = sinks.rows.clone().map(|store| final_retry::FinalRetries {
+            store,
+            retry: sinks.retry.clone(),
+            feedback: Arc::clone(&feedback),
+            stats: Arc::clone(&stats),
+            config,
+            pending: pending.clone(),
+            cancel: cancel.clone(),
+        });
+        let worker = worker::SaverWorker::new(
+            sinks.rows,
+            sinks.checkpoints,
+            feedback,
+            config,
+            Arc::clone(&stats),
+            finals,
+        );
         let (queue, _task) =
             DrainQueue::spawn(config.queue_depth, config.max_batch, worker, cancel);
-        Self { queue, stats }
+        Self {
+            queue,
+            stats,
+            pending,
+        }
     }
 
     /// Queues a save without blocking; a full queue drops it (counted, logged).
@@ -275,9 +325,26 @@ impl Saver {
         tracing::warn!(event = "save_dropped", character = %first, count, reason = reason.as_str(), cause);
     }
 
-    /// Waits, at most `bound`, until every save queued so far finished its I/O.
+    /// Waits, at most `bound`, until every save queued so far finished its I/O, including the
+    /// logout saves still retrying in the background: `Drained` means each is in its row or a
+    /// durable retry job (or was fenced). `TimedOut` when the bound ran out first;
+    /// [`Saver::unsaved_finals`] then says what is left.
     pub async fn barrier(&self, bound: Duration) -> BarrierOutcome {
-        self.queue.barrier(bound).await
+        let deadline = tokio::time::Instant::now() + bound;
+        let queued = self.queue.barrier(bound).await;
+        if queued != BarrierOutcome::Drained {
+            return queued;
+        }
+        if self.pending.settled_by(deadline).await {
+            BarrierOutcome::Drained
+        } else {
+            BarrierOutcome::TimedOut
+        }
+    }
+
+    /// Logout saves not yet durable (retrying through an outage, or waiting to become a job).
+    pub fn unsaved_finals(&self) -> UnsavedFinals {
+        self.pending.unsaved()
     }
 
     /// Stops the saver at once; queued saves are abandoned.

@@ -17,6 +17,7 @@ pub struct SaverStats {
     row_ownership_lost: AtomicU64,
     row_failed: AtomicU64,
     final_dropped: AtomicU64,
+    final_queued_as_job: AtomicU64,
     dropped_checkpoint: AtomicU64,
     dropped_row: AtomicU64,
 }
@@ -42,8 +43,11 @@ pub struct SaverStatsSnapshot {
     pub row_ownership_lost: u64,
     /// Row writes that failed (Postgres down, timeout).
     pub row_failed: u64,
-    /// Final flushes given up after the rebase budget.
+    /// Logout final saves written to neither the row nor a retry job (their checkpoints keep
+    /// them).
     pub final_dropped: u64,
+    /// Logout final saves that became durable retry jobs (a long outage, or no rebase won).
+    pub final_queued_as_job: u64,
     /// Checkpoint requests dropped at enqueue.
     pub dropped_checkpoint: u64,
     /// Flush and final requests dropped at enqueue.
@@ -74,6 +78,7 @@ bump!(
     row_ownership_lost,
     row_failed,
     final_dropped,
+    final_queued_as_job,
 );
 
 impl SaverStats {
@@ -100,6 +105,7 @@ impl SaverStats {
             row_ownership_lost: get(&self.row_ownership_lost),
             row_failed: get(&self.row_failed),
             final_dropped: get(&self.final_dropped),
+            final_queued_as_job: get(&self.final_queued_as_job),
             dropped_checkpoint: get(&self.dropped_checkpoint),
             dropped_row: get(&self.dropped_row),
         }

@@ -1,14 +1,15 @@
 //! The saver's batch handler. One pass: coalesce requests per character, write every snapshot's
 //! checkpoint in one pipelined round trip, then CAS-save the flush and final snapshots in one
-//! batched statement, and route each outcome.
+//! batched statement, and route each outcome. A final save that cannot land goes on in the
+//! background ([`super::final_retry`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::final_retry::{FinalRetries, Start};
 use super::{SaveFeedback, SaveReason, SaveRequest, SaverConfig, SaverEvent, SaverStats};
 use crate::character::store::MAX_SAVE_BATCH;
 use crate::character::{
@@ -23,7 +24,7 @@ pub(super) struct SaverWorker {
     feedback: Arc<dyn SaveFeedback>,
     config: SaverConfig,
     stats: Arc<SaverStats>,
-    cancel: CancellationToken,
+    finals: Option<FinalRetries>,
 }
 
 impl SaverWorker {
@@ -33,6 +34,7 @@ impl SaverWorker {
         feedback: Arc<dyn SaveFeedback>,
         config: SaverConfig,
         stats: Arc<SaverStats>,
+        finals: Option<FinalRetries>,
     ) -> Self {
         Self {
             store,
@@ -40,23 +42,30 @@ impl SaverWorker {
             feedback,
             config,
             stats,
-            cancel: CancellationToken::new(),
+            finals,
         }
     }
-
-    /// Stops background final retries with `cancel` (the shard's run context).
-    pub(super) fn with_cancel(mut self, cancel: CancellationToken) -> Self {
-        self.cancel = cancel;
-        self
-    }
 }
+
+/// A final save the batch could not land, and where its background retry starts.
+type Unlanded = (SaveRequest, Start);
 
 impl BatchHandler<Vec<SaveRequest>> for SaverWorker {
     async fn handle(&mut self, batch: Vec<Vec<SaveRequest>>) {
         let requests = coalesce(batch.into_iter().flatten().collect());
         for chunk in requests.chunks(self.config.write_chunk.clamp(1, MAX_SAVE_BATCH)) {
             // The two tiers are independent: write them concurrently.
-            tokio::join!(self.write_checkpoints(chunk), self.write_rows(chunk));
+            let (checkpointed, unlanded) =
+                tokio::join!(self.write_checkpoints(chunk), self.write_rows(chunk));
+            // Registered before this batch counts as handled, so a barrier queued after it
+            // waits for these too.
+            for (request, start) in unlanded {
+                let id = request.snapshot.character_id;
+                match &self.finals {
+                    Some(finals) => finals.spawn(request, checkpointed.contains(&id), start),
+                    None => self.final_dropped(id),
+                }
+            }
         }
     }
 }
@@ -89,9 +98,11 @@ pub(super) fn coalesce(batch: Vec<SaveRequest>) -> Vec<SaveRequest> {
 }
 
 impl SaverWorker {
-    async fn write_checkpoints(&self, requests: &[SaveRequest]) {
+    /// Writes the checkpoints of `requests`; returns the characters whose checkpoint landed.
+    async fn write_checkpoints(&self, requests: &[SaveRequest]) -> HashSet<Uuid> {
+        let mut landed = HashSet::new();
         let Some(checkpoints) = &self.checkpoints else {
-            return;
+            return landed;
         };
         let snapshots: Vec<&CharacterSnapshot> = requests.iter().map(|r| &r.snapshot).collect();
         self.stats.checkpoint_attempted(snapshots.len() as u64);
@@ -99,12 +110,21 @@ impl SaverWorker {
             tokio::time::timeout(self.config.io_timeout, checkpoints.write_many(&snapshots)).await;
         let writes = match result {
             Ok(Ok(writes)) => writes,
-            Ok(Err(err)) => return self.checkpoint_failed(snapshots.len(), &err.to_string()),
-            Err(_) => return self.checkpoint_failed(snapshots.len(), "timed out"),
+            Ok(Err(err)) => {
+                self.checkpoint_failed(snapshots.len(), &err.to_string());
+                return landed;
+            }
+            Err(_) => {
+                self.checkpoint_failed(snapshots.len(), "timed out");
+                return landed;
+            }
         };
         for (snapshot, write) in snapshots.iter().zip(writes) {
             match write {
-                CheckpointWrite::Written => self.stats.checkpoint_landed(1),
+                CheckpointWrite::Written => {
+                    self.stats.checkpoint_landed(1);
+                    landed.insert(snapshot.character_id);
+                }
                 CheckpointWrite::NotOwner { stored_epoch } => {
                     self.stats.checkpoint_refused(1);
                     metrics::counter!(telemetry::CHECKPOINT_REFUSED_TOTAL).increment(1);
@@ -117,6 +137,7 @@ impl SaverWorker {
                 }
             }
         }
+        landed
     }
 
     fn checkpoint_failed(&self, count: usize, error: &str) {
@@ -131,13 +152,15 @@ impl SaverWorker {
         );
     }
 
-    async fn write_rows(&self, requests: &[SaveRequest]) {
+    /// CAS-saves the flush and final snapshots of `requests`; returns the final saves that did
+    /// not land and must go on in the background.
+    async fn write_rows(&self, requests: &[SaveRequest]) -> Vec<Unlanded> {
         let Some(store) = &self.store else {
-            return;
+            return Vec::new();
         };
         let rows: Vec<&SaveRequest> = requests.iter().filter(|r| r.reason.writes_row()).collect();
         if rows.is_empty() {
-            return;
+            return Vec::new();
         }
         let snapshots: Vec<&CharacterSnapshot> = rows.iter().map(|r| &r.snapshot).collect();
         self.stats.row_attempted(snapshots.len() as u64);
@@ -147,30 +170,20 @@ impl SaverWorker {
         metrics::histogram!(telemetry::SAVER_FLUSH_SECONDS).record(started.elapsed().as_secs_f64());
         let outcomes = match result {
             Ok(Ok(outcomes)) => outcomes,
-            Ok(Err(err)) => return self.rows_failed(store, &rows, &err.to_string()),
-            Err(_) => return self.rows_failed(store, &rows, "timed out"),
+            Ok(Err(err)) => return self.rows_failed(&rows, &err.to_string()),
+            Err(_) => return self.rows_failed(&rows, "timed out"),
         };
+        let mut unlanded = Vec::new();
         for (request, (_, outcome)) in rows.iter().zip(outcomes) {
-            self.route(store, request, outcome).await;
+            unlanded.extend(self.route(store, request, outcome).await);
         }
+        unlanded
     }
 
     /// A batch did not reach Postgres. Flushes wait for the next cadence; a logout's final save
-    /// has none, so it keeps retrying in the background.
-    fn rows_failed(&self, store: &CharacterStore, rows: &[&SaveRequest], error: &str) {
+    /// has none, so it goes on in the background.
+    fn rows_failed(&self, rows: &[&SaveRequest], error: &str) -> Vec<Unlanded> {
         let count = rows.len();
-        for request in rows.iter().filter(|r| r.reason == SaveReason::Final) {
-            tokio::spawn(retry_final(
-                FinalRetry {
-                    store: store.clone(),
-                    feedback: Arc::clone(&self.feedback),
-                    stats: Arc::clone(&self.stats),
-                    config: self.config,
-                },
-                (*request).clone(),
-                self.cancel.clone(),
-            ));
-        }
         self.stats.row_failed(count as u64);
         metrics::counter!(telemetry::SAVER_WRITE_FAILURES_TOTAL, "tier" => "postgres")
             .increment(count as u64);
@@ -180,9 +193,18 @@ impl SaverWorker {
             error,
             "retried at the next cadence"
         );
+        rows.iter()
+            .filter(|r| r.reason == SaveReason::Final)
+            .map(|r| ((*r).clone(), Start::Direct))
+            .collect()
     }
 
-    async fn route(&self, store: &CharacterStore, request: &SaveRequest, outcome: SaveOutcome) {
+    async fn route(
+        &self,
+        store: &CharacterStore,
+        request: &SaveRequest,
+        outcome: SaveOutcome,
+    ) -> Option<Unlanded> {
         let snapshot = &request.snapshot;
         let character_id = snapshot.character_id;
         match outcome {
@@ -201,7 +223,10 @@ impl SaverWorker {
                 metrics::counter!(telemetry::SAVER_CONFLICTS_TOTAL, "reason" => request.reason.as_str())
                     .increment(1);
                 if request.reason == SaveReason::Final && !self.feedback.is_present(character_id) {
-                    self.finalize(store, request, current_version).await;
+                    return self
+                        .finalize(store, request, current_version)
+                        .await
+                        .map(|start| (request.clone(), start));
                 } else {
                     self.feedback.deliver(SaverEvent::FlushConflict {
                         character_id,
@@ -210,6 +235,7 @@ impl SaverWorker {
                 }
             }
         }
+        None
     }
 
     fn saved(&self, request: &SaveRequest, dumped_version: i64, new_version: i64) {
@@ -235,13 +261,13 @@ impl SaverWorker {
 
     /// The player is gone and nobody else will write this logout delta: rebase onto the current
     /// row and retry, bounded. Safe only because the epoch fence is a separate conjunct that a
-    /// rebase cannot reach.
+    /// rebase cannot reach. `Some` when it did not land: where its background retry starts.
     async fn finalize(
         &self,
         store: &CharacterStore,
         request: &SaveRequest,
         mut current_version: i64,
-    ) {
+    ) -> Option<Start> {
         let deadline = Instant::now() + self.config.final_budget;
         let mut snapshot = request.snapshot.clone();
         for _ in 0..self.config.final_retries {
@@ -254,100 +280,38 @@ impl SaverWorker {
                 .await
             {
                 Ok(Ok(SaveOutcome::Saved(new_version))) => {
-                    return self.saved(request, request.snapshot.state_version, new_version);
+                    self.saved(request, request.snapshot.state_version, new_version);
+                    return None;
                 }
                 Ok(Ok(SaveOutcome::VersionConflict(v))) => current_version = v,
                 Ok(Ok(SaveOutcome::OwnershipLost(epoch))) => {
-                    return self.ownership_lost(&snapshot, epoch);
+                    self.ownership_lost(&snapshot, epoch);
+                    return None;
                 }
-                Ok(Ok(SaveOutcome::NotFound)) => break,
+                Ok(Ok(SaveOutcome::NotFound)) => {
+                    self.feedback.deliver(SaverEvent::NotFound {
+                        character_id: snapshot.character_id,
+                    });
+                    return None;
+                }
                 Ok(Err(err)) => {
                     tracing::warn!(event = "final_flush_retry_failed", character = %snapshot.character_id, error = %err);
+                    return Some(Start::Direct);
                 }
-                Err(_) => break,
+                Err(_) => return Some(Start::Direct),
             }
         }
+        // Every rebase lost a race: a durable job applies without one, fenced by the epoch.
+        Some(Start::Job)
+    }
+
+    fn final_dropped(&self, character_id: Uuid) {
         self.stats.final_dropped(1);
         metrics::counter!(telemetry::SAVER_FINAL_DROPPED_TOTAL).increment(1);
-        tracing::warn!(event = "final_flush_dropped", character = %snapshot.character_id,
-            "logout delta lost; the last durable flush still loads");
-        self.feedback.deliver(SaverEvent::FinalDropped {
-            character_id: snapshot.character_id,
-        });
-    }
-}
-
-/// What a background final retry needs.
-struct FinalRetry {
-    store: CharacterStore,
-    feedback: Arc<dyn SaveFeedback>,
-    stats: Arc<SaverStats>,
-    config: SaverConfig,
-}
-
-/// Retries a logout's final save through a Postgres outage: backoff from 250 ms to 4 s, up to
-/// the outage budget; version conflicts rebase (the epoch fence still applies); a crash of the
-/// shard (`cancel`) abandons it.
-async fn retry_final(retry: FinalRetry, request: SaveRequest, cancel: CancellationToken) {
-    let FinalRetry {
-        store,
-        feedback,
-        stats,
-        config,
-    } = retry;
-    let character_id = request.snapshot.character_id;
-    let deadline = Instant::now() + config.final_outage_budget;
-    let mut snapshot = request.snapshot.clone();
-    let mut pause = std::time::Duration::from_millis(250);
-    let mut rebases = 0;
-    loop {
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            () = tokio::time::sleep(pause) => {}
-        }
-        match tokio::time::timeout(config.io_timeout, store.save(&snapshot)).await {
-            Ok(Ok(SaveOutcome::Saved(new_version))) => {
-                stats.row_landed(1);
-                tracing::info!(event = "final_flush_recovered", character = %character_id);
-                return feedback.deliver(SaverEvent::Saved {
-                    character_id,
-                    reason: SaveReason::Final,
-                    dumped_version: request.snapshot.state_version,
-                    new_version,
-                });
-            }
-            Ok(Ok(SaveOutcome::VersionConflict(current))) if rebases < config.final_retries => {
-                stats.row_conflicts(1);
-                rebases += 1;
-                snapshot.state_version = current;
-                pause = std::time::Duration::ZERO;
-                continue;
-            }
-            Ok(Ok(SaveOutcome::OwnershipLost(current_epoch))) => {
-                stats.row_ownership_lost(1);
-                return feedback.deliver(SaverEvent::OwnershipLost {
-                    character_id,
-                    current_epoch,
-                });
-            }
-            Ok(Ok(SaveOutcome::NotFound)) => {
-                return feedback.deliver(SaverEvent::NotFound { character_id });
-            }
-            Ok(Ok(SaveOutcome::VersionConflict(_))) => {}
-            Ok(Err(_)) | Err(_) if Instant::now() < deadline => {
-                pause = (pause * 2).clamp(
-                    std::time::Duration::from_millis(250),
-                    std::time::Duration::from_secs(4),
-                );
-                continue;
-            }
-            Ok(Err(_)) | Err(_) => {}
-        }
-        stats.final_dropped(1);
-        metrics::counter!(telemetry::SAVER_FINAL_DROPPED_TOTAL).increment(1);
         tracing::warn!(event = "final_flush_dropped", character = %character_id,
-            "logout delta lost; the last durable flush still loads");
-        return feedback.deliver(SaverEvent::FinalDropped { character_id });
+            "logout delta not written to Postgres; its checkpoint still loads");
+        self.feedback
+            .deliver(SaverEvent::FinalDropped { character_id });
     }
 }
 

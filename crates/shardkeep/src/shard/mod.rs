@@ -34,7 +34,7 @@ use crate::character::{CharacterStore, CheckpointStore};
 use crate::game::world::{ZoneDef, run_resets};
 use crate::game::{Catalog, CharacterModel, LiveCharacter};
 use crate::placement::{PlacementRecord, PlacementStore, PlacementWriter};
-use crate::saver::{SaveReason, Saver, SaverConfig, SaverEvent};
+use crate::saver::{SaveReason, Saver, SaverConfig, SaverEvent, SaverSinks};
 
 pub use actions::ActionError;
 pub use directory::ZoneDirectory;
@@ -60,6 +60,9 @@ pub struct ShardStores {
     pub placement: Option<PlacementStore>,
     /// The audit trail (`None`: auditing disabled).
     pub audit: Option<crate::audit::AuditStore>,
+    /// Retry jobs: where a logout save that outlasts a Postgres outage goes (`None`: such a
+    /// save is given up, and only its checkpoint keeps it).
+    pub retry: Option<crate::retry::RetryQueue>,
 }
 
 /// Tunables of one shard.
@@ -227,8 +230,11 @@ impl Shard {
             residency: residency.clone(),
         });
         let saver = Saver::spawn(
-            stores.characters,
-            stores.checkpoints,
+            SaverSinks {
+                rows: stores.characters,
+                checkpoints: stores.checkpoints,
+                retry: stores.retry,
+            },
             feedback,
             config.saver,
             cancel.child_token(),
@@ -474,7 +480,9 @@ impl Shard {
                 stored_epoch,
                 EvictionCause::DoubleOwn { stored_epoch },
             ),
-            SaverEvent::FinalDropped { .. } | SaverEvent::NotFound { .. } => {}
+            SaverEvent::FinalDropped { .. }
+            | SaverEvent::FinalQueuedAsJob { .. }
+            | SaverEvent::NotFound { .. } => {}
         }
     }
 

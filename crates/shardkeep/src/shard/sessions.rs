@@ -100,8 +100,12 @@ pub struct OutboundHandoff {
 pub struct ShutdownReport {
     /// Players whose final flush was queued.
     pub finalized: usize,
-    /// The saver's barrier.
+    /// The saver's barrier: `Drained` only when every logout save is in its row or a durable
+    /// retry job (or was fenced).
     pub saver: BarrierOutcome,
+    /// Logout saves that were not durable when the bound ran out (still retrying through a
+    /// Postgres outage), and how many of them the Redis checkpoint holds.
+    pub unsaved_finals: crate::saver::UnsavedFinals,
     /// The placement writer's barrier.
     pub placement: BarrierOutcome,
     /// The auditor's barrier.
@@ -394,11 +398,21 @@ impl Shard {
         let left: Vec<CharacterSnapshot> = self.deferred_finals.drain(..).collect();
         self.saver.enqueue_many(SaveReason::Final, left);
         let saver = self.saver.barrier(bound).await;
+        let unsaved_finals = self.saver.unsaved_finals();
+        if unsaved_finals.pending > 0 {
+            tracing::warn!(
+                event = "shutdown_finals_unsaved",
+                pending = unsaved_finals.pending,
+                checkpointed = unsaved_finals.checkpointed,
+                "logout saves not yet in Postgres; their checkpoints hold them"
+            );
+        }
         let placement = self.placement.barrier(bound).await;
         let auditor = self.auditor.barrier(bound).await;
         ShutdownReport {
             finalized,
             saver,
+            unsaved_finals,
             placement,
             auditor,
         }

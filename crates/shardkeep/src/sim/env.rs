@@ -148,6 +148,7 @@ impl SimEnv {
             checkpoints: Some(CheckpointStore::new(self.redis.clone())),
             placement: Some(PlacementStore::new(self.redis.clone())),
             audit: Some(AuditStore::new(self.pg.clone())),
+            retry: Some(self.retry.clone()),
         }
     }
 

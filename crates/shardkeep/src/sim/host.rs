@@ -325,6 +325,7 @@ impl Host {
                         }
                     }
                     SaverEvent::FinalDropped { character_id }
+                    | SaverEvent::FinalQueuedAsJob { character_id, .. }
                     | SaverEvent::OwnershipLost { character_id, .. }
                     | SaverEvent::NotFound { character_id } => finals.push(character_id),
                     _ => {}

@@ -77,6 +77,11 @@ pub(super) fn build_report(
         ("upkeep steps failed", get(&c.upkeep_failed_steps)),
         ("upkeep markers removed", get(&c.upkeep_markers_removed)),
         ("upkeep registrations", get(&c.upkeep_registrations)),
+        ("logout saves made retry jobs", saver.final_queued_as_job),
+        (
+            "logout saves unsaved at shutdown",
+            get(&c.finals_unsaved_at_shutdown),
+        ),
         ("players parked at the end", world.parked_count() as u64),
         ("row scans", scans),
     ]

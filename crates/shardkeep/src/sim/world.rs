@@ -57,6 +57,7 @@ pub(super) struct Counters {
     pub(super) upkeep_failed_steps: AtomicU64,
     pub(super) upkeep_markers_removed: AtomicU64,
     pub(super) upkeep_registrations: AtomicU64,
+    pub(super) finals_unsaved_at_shutdown: AtomicU64,
 }
 
 /// Reads a counter.
@@ -104,6 +105,7 @@ pub(super) fn add_saver_stats(a: &mut SaverStatsSnapshot, b: &SaverStatsSnapshot
     a.row_ownership_lost += b.row_ownership_lost;
     a.row_failed += b.row_failed;
     a.final_dropped += b.final_dropped;
+    a.final_queued_as_job += b.final_queued_as_job;
     a.dropped_checkpoint += b.dropped_checkpoint;
     a.dropped_row += b.dropped_row;
 }

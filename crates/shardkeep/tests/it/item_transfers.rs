@@ -118,7 +118,7 @@ async fn put_then_get_from_a_container_is_a_transfer(pool: PgPool) {
     shard.walk(b, "north").unwrap();
     let chest = shard
         .zones()
-        .next()
+        .find(|z| z.def.id == "zone-0")
         .unwrap()
         .entities
         .floor
@@ -151,7 +151,7 @@ async fn self_pickups_reset_spawns_and_engine_moves_record_nothing(pool: PgPool)
     shard.walk(b, "south").unwrap();
     let ore = shard
         .zones()
-        .next()
+        .find(|z| z.def.id == "zone-0")
         .unwrap()
         .entities
         .floor

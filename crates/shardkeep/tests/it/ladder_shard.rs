@@ -508,9 +508,11 @@ async fn a_logout_during_a_postgres_outage_lands_its_final_save_once_it_heals(po
     proxy.set_mode(ProxyMode::Cut);
     shard.logout(id).unwrap();
     assert_eq!(
-        shard.saver().barrier(BARRIER).await,
-        BarrierOutcome::Drained
+        shard.saver().barrier(Duration::from_secs(2)).await,
+        BarrierOutcome::TimedOut,
+        "the barrier covers the final save retrying in the background"
     );
+    assert_eq!(shard.saver().unsaved_finals().pending, 1);
     assert!(
         shard.saver().stats().row_failed >= 1,
         "the first attempt failed"
@@ -535,6 +537,10 @@ async fn a_logout_during_a_postgres_outage_lands_its_final_save_once_it_heals(po
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert_eq!(
+        shard.saver().barrier(BARRIER).await,
+        BarrierOutcome::Drained
+    );
     shard.tick();
     let events = shard.take_saver_events();
     assert!(
@@ -576,6 +582,7 @@ async fn a_redis_outage_during_a_checkpoint_recovers_at_the_next_cadence(pool: P
         checkpoints: Some(shardkeep::character::CheckpointStore::new(proxied)),
         placement: None,
         audit: None,
+        retry: None,
     };
     let mut shard = boot_with(shard_stores, &stores, config, &[0], 1);
     let id = stores.new_character("Aria").await;

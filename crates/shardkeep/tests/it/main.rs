@@ -9,6 +9,7 @@ mod checkpoint_keys;
 mod coord_cleanup;
 mod coord_handoff;
 mod coord_records;
+mod final_saves;
 mod instance_anchor;
 mod item_transfers;
 mod journal;

@@ -43,6 +43,7 @@ impl Stores {
             checkpoints: Some(self.checkpoints.clone()),
             placement: Some(self.placement.clone()),
             audit: Some(self.audit.clone()),
+            retry: None,
         }
     }
 
@@ -193,5 +194,21 @@ pub(crate) fn rows_only(pool: PgPool) -> ShardStores {
         checkpoints: None,
         placement: None,
         audit: None,
+        retry: None,
+    }
+}
+
+/// Rows, checkpoints and retry jobs: rows and jobs over `pool` (e.g. one behind a fault proxy),
+/// checkpoints in `redis`. No worker takes the retry signals; jobs wait in their table.
+pub(crate) fn rows_checkpoints_and_jobs(pool: PgPool, redis: RedisBackend) -> ShardStores {
+    let pg = PostgresBackend::from_pool(pool);
+    let (retry, _signals) =
+        shardkeep::retry::RetryQueue::new(pg.clone(), 16, Arc::new(shardkeep::clock::SystemClock));
+    ShardStores {
+        characters: Some(CharacterStore::new(pg)),
+        checkpoints: Some(CheckpointStore::new(redis)),
+        placement: None,
+        audit: None,
+        retry: Some(retry),
     }
 }

@@ -1,0 +1,198 @@
+//! A logout's final save that could not land with its batch. The player is gone, so no later
+//! cadence would write these changes: the save keeps retrying in the background through a
+//! Postgres outage (backoff 250 ms to 4 s, rebasing on version conflicts, fenced by the epoch),
+//! and when the outage outlasts the budget, or rebasing never wins, it becomes a durable
+//! `gameplay_state` retry job, written as soon as Postgres answers and fenced like any save. Each
+//! one is registered as pending until it is durable, so the saver's barrier waits for it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::pending::{PendingFinals, PendingTicket};
+use super::{SaveFeedback, SaveReason, SaveRequest, SaverConfig, SaverEvent, SaverStats};
+use crate::character::{CharacterStore, SaveOutcome};
+use crate::retry::{
+    IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
+};
+use crate::telemetry;
+
+/// Longest pause between attempts to write the retry job.
+const JOB_BACKOFF_CAP: Duration = Duration::from_secs(10);
+
+/// What the background retries of one saver share.
+#[derive(Clone)]
+pub(super) struct FinalRetries {
+    pub(super) store: CharacterStore,
+    pub(super) retry: Option<RetryQueue>,
+    pub(super) feedback: Arc<dyn SaveFeedback>,
+    pub(super) stats: Arc<SaverStats>,
+    pub(super) config: SaverConfig,
+    pub(super) pending: PendingFinals,
+    /// The shard's run context: a crash abandons every retry (the checkpoint keeps the save).
+    pub(super) cancel: CancellationToken,
+}
+
+/// Where a background retry starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Start {
+    /// Saving directly, through an outage.
+    Direct,
+    /// Straight to the durable job (the direct path already gave up).
+    Job,
+}
+
+impl FinalRetries {
+    /// Registers `request` as pending and retries it in the background from `start`.
+    /// `checkpointed` says whether its checkpoint was written (what keeps it if all else fails).
+    pub(super) fn spawn(&self, request: SaveRequest, checkpointed: bool, start: Start) {
+        let character_id = request.snapshot.character_id;
+        let Some(ticket) = self.pending.begin(character_id, checkpointed) else {
+            tracing::warn!(event = "final_retry_refused", character = %character_id,
+                "too many final saves pending; this one is kept by its checkpoint only");
+            return self.dropped(character_id);
+        };
+        let retries = self.clone();
+        tokio::spawn(async move { retries.run(request, start, ticket).await });
+    }
+
+    async fn run(self, request: SaveRequest, start: Start, ticket: PendingTicket) {
+        if start == Start::Direct && !self.save_through_outage(&request).await {
+            return;
+        }
+        if self.cancel.is_cancelled() {
+            return;
+        }
+        match &self.retry {
+            Some(retry) => self.queue_as_job(retry, &request).await,
+            None => self.dropped(request.snapshot.character_id),
+        }
+        drop(ticket);
+    }
+
+    /// Retries the save directly until it lands or is fenced (false: done), or the outage
+    /// budget or the rebase budget runs out (true: make it a job).
+    async fn save_through_outage(&self, request: &SaveRequest) -> bool {
+        let character_id = request.snapshot.character_id;
+        let deadline = Instant::now() + self.config.final_outage_budget;
+        let mut snapshot = request.snapshot.clone();
+        let mut pause = Duration::from_millis(250);
+        let mut rebases = 0;
+        loop {
+            tokio::select! {
+                () = self.cancel.cancelled() => return false,
+                () = tokio::time::sleep(pause) => {}
+            }
+            match tokio::time::timeout(self.config.io_timeout, self.store.save(&snapshot)).await {
+                Ok(Ok(SaveOutcome::Saved(new_version))) => {
+                    self.stats.row_landed(1);
+                    tracing::info!(event = "final_flush_recovered", character = %character_id);
+                    self.feedback.deliver(SaverEvent::Saved {
+                        character_id,
+                        reason: SaveReason::Final,
+                        dumped_version: request.snapshot.state_version,
+                        new_version,
+                    });
+                    return false;
+                }
+                Ok(Ok(SaveOutcome::VersionConflict(current))) => {
+                    self.stats.row_conflicts(1);
+                    if rebases >= self.config.final_retries {
+                        return true;
+                    }
+                    rebases += 1;
+                    snapshot.state_version = current;
+                    pause = Duration::ZERO;
+                }
+                Ok(Ok(SaveOutcome::OwnershipLost(current_epoch))) => {
+                    self.stats.row_ownership_lost(1);
+                    self.feedback.deliver(SaverEvent::OwnershipLost {
+                        character_id,
+                        current_epoch,
+                    });
+                    return false;
+                }
+                Ok(Ok(SaveOutcome::NotFound)) => {
+                    self.feedback.deliver(SaverEvent::NotFound { character_id });
+                    return false;
+                }
+                Ok(Err(_)) | Err(_) => {
+                    if Instant::now() >= deadline {
+                        return true;
+                    }
+                    pause = (pause * 2).clamp(Duration::from_millis(250), Duration::from_secs(4));
+                }
+            }
+        }
+    }
+
+    /// Writes the save as a `gameplay_state` retry job, retrying until Postgres takes it (or the
+    /// shard is killed: the checkpoint keeps the save). Applied by the retry worker, fenced by
+    /// the copy's epoch like any save.
+    async fn queue_as_job(&self, retry: &RetryQueue, request: &SaveRequest) {
+        let snapshot = &request.snapshot;
+        let character_id = snapshot.character_id;
+        let job = PersistenceRetryJob::new(
+            PersistenceRetryPayload::GameplayState {
+                character_id,
+                state: snapshot.state.clone(),
+                zone_ref: snapshot.zone_ref.clone(),
+                room_ref: snapshot.zone_ref.as_ref().and(snapshot.room_ref.clone()),
+            },
+            IdempotencyEnvelope {
+                idempotency_key: format!(
+                    "final:{character_id}:{}:{}",
+                    snapshot.owner_epoch,
+                    Uuid::now_v7()
+                ),
+                owner_epoch: snapshot.owner_epoch,
+                origin: Origin::GameplayState,
+                issued_at: Utc::now(),
+            },
+            "saver-final",
+            None,
+        );
+        let job = match job {
+            Ok(job) => job,
+            Err(err) => {
+                tracing::error!(event = "final_job_invalid", character = %character_id, error = %err);
+                return self.dropped(character_id);
+            }
+        };
+        let mut pause = Duration::from_millis(250);
+        loop {
+            match tokio::time::timeout(self.config.io_timeout, retry.enqueue(&job)).await {
+                Ok(Ok(_)) => {
+                    self.stats.final_queued_as_job(1);
+                    metrics::counter!(telemetry::SAVER_FINAL_QUEUED_AS_JOB_TOTAL).increment(1);
+                    tracing::warn!(event = "final_flush_queued_as_job", character = %character_id,
+                        retry_job_id = %job.retry_job_id(),
+                        "the logout save is a durable retry job now");
+                    return self.feedback.deliver(SaverEvent::FinalQueuedAsJob {
+                        character_id,
+                        retry_job_id: job.retry_job_id(),
+                    });
+                }
+                Ok(Err(_)) | Err(_) => {
+                    tokio::select! {
+                        () = self.cancel.cancelled() => return,
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                    pause = (pause * 2).min(JOB_BACKOFF_CAP);
+                }
+            }
+        }
+    }
+
+    fn dropped(&self, character_id: Uuid) {
+        self.stats.final_dropped(1);
+        metrics::counter!(telemetry::SAVER_FINAL_DROPPED_TOTAL).increment(1);
+        tracing::warn!(event = "final_flush_dropped", character = %character_id,
+            "logout delta not written to Postgres; its checkpoint still loads");
+        self.feedback
+            .deliver(SaverEvent::FinalDropped { character_id });
+    }
+}
