@@ -34,6 +34,9 @@ pub const SAVER_WRITE_FAILURES_TOTAL: &str = "shardkeep_saver_write_failures_tot
 /// Logout final saves written to neither the row nor a retry job (no retry queue configured, or
 /// too many pending); their checkpoints still hold them.
 pub const SAVER_FINAL_DROPPED_TOTAL: &str = "shardkeep_saver_final_dropped_total";
+/// Handoffs whose carried snapshot was refused: a newer owner had superseded the copy that
+/// dumped it (a zombie handed the player off).
+pub const HANDOFF_SUPERSEDED_TOTAL: &str = "shardkeep_handoff_superseded_total";
 /// Logout final saves that outlasted the outage budget and became durable retry jobs.
 pub const SAVER_FINAL_QUEUED_AS_JOB_TOTAL: &str = "shardkeep_saver_final_queued_as_job_total";
 /// Duration of one batched CAS save.
@@ -114,6 +117,7 @@ pub fn register_all() {
         CHECKPOINT_REFUSED_TOTAL,
         SAVER_FINAL_DROPPED_TOTAL,
         SAVER_FINAL_QUEUED_AS_JOB_TOTAL,
+        HANDOFF_SUPERSEDED_TOTAL,
         PLACEMENT_STALE_TOTAL,
         PLACEMENT_DROPPED_TOTAL,
         RETRY_CLAIMED_TOTAL,

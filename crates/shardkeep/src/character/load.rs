@@ -9,6 +9,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::checkpoint::CheckpointStore;
+use super::handoff::HandoffPayload;
 use super::snapshot::{CharacterSnapshot, Freshest, freshest};
 use super::store::{CharacterStore, StoreError};
 use crate::retry::apply::{RowState, replay_effects};
@@ -60,6 +61,37 @@ pub struct LoadedCharacter {
     pub brand_new: bool,
 }
 
+/// How a handoff's claim loaded the character.
+#[derive(Debug, Clone, PartialEq)]
+pub enum HandoffLoad {
+    /// The copy that dumped the carried snapshot still owned the row: its content is adopted.
+    Adopted(LoadedCharacter),
+    /// A newer owner had superseded the copy that dumped the carried snapshot: its content was
+    /// refused, and the freshest durable copy (row or checkpoint) was loaded instead.
+    Superseded {
+        /// The epoch the carried snapshot was dumped under.
+        dumped_under_epoch: i64,
+        /// The row's owner epoch found by the claim (the copy that superseded it).
+        owner_epoch: i64,
+        /// The character as loaded from durable storage, under the new epoch.
+        loaded: LoadedCharacter,
+    },
+}
+
+impl HandoffLoad {
+    /// The character to admit, whichever way it was loaded.
+    pub fn into_loaded(self) -> LoadedCharacter {
+        match self {
+            Self::Adopted(loaded) | Self::Superseded { loaded, .. } => loaded,
+        }
+    }
+
+    /// True when the carried content was refused.
+    pub fn is_superseded(&self) -> bool {
+        matches!(self, Self::Superseded { .. })
+    }
+}
+
 /// Loads characters for sessions. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct CharacterLoader {
@@ -105,19 +137,27 @@ impl CharacterLoader {
         ))
     }
 
-    /// Claims a character arriving by cross-shard handoff. The carried snapshot is the content
-    /// (it is newer than any durable copy); the row supplies the CAS token, and the claim mints
-    /// the destination's epoch.
+    /// Claims a character arriving by cross-shard handoff `handoff_token`. When the copy that
+    /// dumped the carried snapshot still owns the row, the carried snapshot is the content (it
+    /// is newer than any durable copy): the row supplies the CAS token and the claim mints the
+    /// destination's epoch. When a newer owner had superseded that copy (a zombie handed the
+    /// player off), the carried content is refused and the freshest durable copy is loaded, as
+    /// for a login; the answer says which happened.
     pub async fn claim_for_handoff(
         &self,
-        carried: CharacterSnapshot,
+        carried: HandoffPayload,
+        handoff_token: &str,
         floor: i64,
-    ) -> Result<LoadedCharacter, LoadError> {
-        let character_id = carried.character_id;
-        let claimed = tokio::time::timeout(
+    ) -> Result<HandoffLoad, LoadError> {
+        let character_id = carried.snapshot.character_id;
+        let claim = tokio::time::timeout(
             self.io_timeout,
-            self.store
-                .claim_continuing(character_id, floor, carried.owner_epoch),
+            self.store.claim_for_handoff(
+                character_id,
+                floor,
+                carried.dumped_under_epoch,
+                handoff_token,
+            ),
         )
         .await
         .map_err(|_| LoadError::Timeout(character_id))?
@@ -125,18 +165,37 @@ impl CharacterLoader {
             character_id,
             source,
         })?;
+        let claimed = claim.claimed;
+        if !claim.adopted {
+            let owner_epoch = claimed.row.owner_epoch;
+            tracing::warn!(event = "handoff_superseded", character = %character_id,
+                dumped_under_epoch = carried.dumped_under_epoch, owner_epoch,
+                "a superseded copy's handoff was refused; loading the freshest durable copy");
+            metrics::counter!(crate::telemetry::HANDOFF_SUPERSEDED_TOTAL).increment(1);
+            let checkpoint = self.read_checkpoint(character_id).await;
+            return Ok(HandoffLoad::Superseded {
+                dumped_under_epoch: carried.dumped_under_epoch,
+                owner_epoch,
+                loaded: choose(
+                    claimed.row,
+                    claimed.live_version,
+                    checkpoint,
+                    claimed.new_epoch,
+                ),
+            });
+        }
         let snapshot = CharacterSnapshot {
             state_version: claimed.row.state_version,
             owner_epoch: claimed.new_epoch,
             account_id: claimed.row.account_id,
             name: claimed.row.name,
-            ..carried
+            ..carried.snapshot
         };
-        Ok(LoadedCharacter {
+        Ok(HandoffLoad::Adopted(LoadedCharacter {
             snapshot,
             source: LoadSource::Handoff,
             brand_new: false,
-        })
+        }))
     }
 
     /// The checkpoint of the character named `name` (any case), looked up the way names are

@@ -132,6 +132,16 @@ pub struct ClaimedRow {
     pub row: CharacterSnapshot,
 }
 
+/// Result of a handoff's claim.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HandoffClaim {
+    /// The claim: the new epoch and the row as it was just before.
+    pub claimed: ClaimedRow,
+    /// True when the carried content is adopted (its copy still owned the row); false when a
+    /// newer owner had superseded that copy, so the destination must load a durable copy.
+    pub adopted: bool,
+}
+
 /// Handle on the `characters` table. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct CharacterStore {
@@ -233,19 +243,28 @@ SELECT i.id, m.state_version, m.owner_epoch, upd.state_version
   LEFT JOIN upd ON upd.id = i.id
   LEFT JOIN missed m ON m.id = i.id";
 
+// One statement mints the epoch and, for a handoff ($3: the epoch its snapshot was dumped under,
+// $4: its token), decides under the row lock whether the carried content is adopted: only when
+// the copy that dumped it still owns the row, or this very handoff's earlier claim (whose reply
+// was lost) does. An adopted handoff continues the lineage; anything else starts a new one.
 const CLAIM: &str = "
 WITH prev AS (
-    SELECT id, owner_epoch FROM characters WHERE id = $1 FOR UPDATE
+    SELECT id, owner_epoch, handoff_claim FROM characters WHERE id = $1 FOR UPDATE
+), decided AS (
+    SELECT id, owner_epoch,
+           COALESCE($3::int8 = owner_epoch OR $4::text = handoff_claim, false) AS adopt
+      FROM prev
 )
 UPDATE characters c
-   SET owner_epoch = GREATEST(prev.owner_epoch, $2) + 1,
-       lineage_epoch = CASE WHEN prev.owner_epoch = $3 THEN c.lineage_epoch
-                            ELSE GREATEST(prev.owner_epoch, $2) + 1 END,
+   SET owner_epoch = GREATEST(d.owner_epoch, $2) + 1,
+       lineage_epoch = CASE WHEN d.adopt THEN c.lineage_epoch
+                            ELSE GREATEST(d.owner_epoch, $2) + 1 END,
+       handoff_claim = CASE WHEN d.adopt THEN $4::text END,
        updated_at = now()
-  FROM prev
- WHERE c.id = prev.id
+  FROM decided d
+ WHERE c.id = d.id
 RETURNING c.owner_epoch, c.id, c.account_id, c.name, c.zone_ref, c.room_ref, c.state, c.chargen,
-          c.state_version, prev.owner_epoch, c.live_version";
+          c.state_version, d.owner_epoch, c.live_version, d.adopt";
 
 const SELECT_BY_ID: &str = "SELECT id, account_id, name, zone_ref, room_ref, state, chargen, \
     state_version, owner_epoch FROM characters WHERE id = $1";
@@ -303,27 +322,40 @@ impl CharacterStore {
     /// and returns it with the row as it stood before the claim. The new copy's content starts
     /// over from stored state (a login), so a new lineage begins.
     pub async fn claim(&self, character_id: Uuid, floor: i64) -> Result<ClaimedRow, StoreError> {
-        self.claim_with(character_id, floor, None).await
+        Ok(self.claim_with(character_id, floor, None).await?.claimed)
     }
 
-    /// A claim for a handoff whose carried snapshot was dumped by the copy at `carried_epoch`:
-    /// when that copy is the current owner, the lineage continues; otherwise a new one begins.
-    pub async fn claim_continuing(
+    /// The claim of a handoff (`handoff_token`) whose snapshot was dumped by the copy at
+    /// `dumped_under_epoch`. The carried content is adopted, and the lineage continues, only
+    /// when that copy is still the row's owner (or this handoff's own earlier claim is, when its
+    /// reply was lost); otherwise the claim still mints the destination's epoch, a new lineage
+    /// begins, and the answer says the carried content must not be used.
+    pub async fn claim_for_handoff(
         &self,
         character_id: Uuid,
         floor: i64,
-        carried_epoch: i64,
-    ) -> Result<ClaimedRow, StoreError> {
-        self.claim_with(character_id, floor, Some(carried_epoch))
-            .await
+        dumped_under_epoch: i64,
+        handoff_token: &str,
+    ) -> Result<HandoffClaim, StoreError> {
+        if handoff_token.is_empty() {
+            return Err(StoreError::InvalidInput(
+                "a handoff claim needs its token".into(),
+            ));
+        }
+        self.claim_with(
+            character_id,
+            floor,
+            Some((dumped_under_epoch, handoff_token)),
+        )
+        .await
     }
 
     async fn claim_with(
         &self,
         character_id: Uuid,
         floor: i64,
-        carried_epoch: Option<i64>,
-    ) -> Result<ClaimedRow, StoreError> {
+        handoff: Option<(i64, &str)>,
+    ) -> Result<HandoffClaim, StoreError> {
         if floor < 0 {
             return Err(StoreError::InvalidInput(format!(
                 "epoch floor {floor} is negative"
@@ -341,21 +373,38 @@ impl CharacterStore {
             i64,
             i64,
             i64,
+            bool,
         );
         let row: Option<ClaimTuple> = sqlx::query_as(CLAIM)
             .bind(character_id)
             .bind(floor)
-            .bind(carried_epoch)
+            .bind(handoff.map(|(epoch, _)| epoch))
+            .bind(handoff.map(|(_, token)| token))
             .fetch_optional(self.pg.pool())
             .await?;
-        let (new_epoch, id, account, name, zone, room, state, chargen, version, previous, live) =
-            row.ok_or(StoreError::NotFound(character_id))?;
-        Ok(ClaimedRow {
+        let (
             new_epoch,
-            live_version: live,
-            row: snapshot_of((
-                id, account, name, zone, room, state, chargen, version, previous,
-            )),
+            id,
+            account,
+            name,
+            zone,
+            room,
+            state,
+            chargen,
+            version,
+            previous,
+            live,
+            adopted,
+        ) = row.ok_or(StoreError::NotFound(character_id))?;
+        Ok(HandoffClaim {
+            claimed: ClaimedRow {
+                new_epoch,
+                live_version: live,
+                row: snapshot_of((
+                    id, account, name, zone, room, state, chargen, version, previous,
+                )),
+            },
+            adopted,
         })
     }
 

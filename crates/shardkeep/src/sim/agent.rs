@@ -42,6 +42,12 @@ pub(super) struct Agent {
     pub(super) reward_seq: u64,
     /// Its shard index at first login.
     pub(super) home_shard: usize,
+    /// A zombie copy's driver: it never logs in, and is dropped (never parked) when its copy
+    /// goes.
+    pub(super) ghost: bool,
+    /// A zombie's driver that heads for the nearest exit to another shard, walking every pulse,
+    /// to hand its stale copy off before the fence finds it.
+    pub(super) escapes: bool,
     rng: SimRng,
 }
 
@@ -62,6 +68,8 @@ impl Agent {
             name: format!("player{index:05}"),
             reward_seq: 0,
             home_shard: index % shards.max(1),
+            ghost: false,
+            escapes: false,
             rng,
         }
     }
@@ -69,6 +77,8 @@ impl Agent {
     /// A copy that plays on as a zombie, with a generator of its own.
     pub(super) fn zombie_copy(&self) -> Self {
         let mut copy = self.clone();
+        copy.ghost = true;
+        copy.escapes = copy.rng.random_bool(0.5);
         copy.rng = SimRng::seed_from_u64(self.rng.clone().random::<u64>() ^ 0x5A5A);
         copy
     }

@@ -15,7 +15,7 @@ use uuid::Uuid;
 use super::agent::Agent;
 use super::travel;
 use super::world::{World, bump};
-use crate::character::{CharacterSnapshot, LoadedCharacter};
+use crate::character::{CharacterSnapshot, HandoffLoad, LoadedCharacter};
 use crate::game::world::ZoneDef;
 use crate::journal::{PlayerSnapshot, SessionLifecycleEffectPlan};
 use crate::saver::{SaveReason, SaverEvent};
@@ -48,7 +48,7 @@ pub(super) enum Inbound {
     HandoffLoaded {
         agent: Agent,
         token: String,
-        loaded: LoadedCharacter,
+        loaded: HandoffLoad,
         old_session: String,
         old_player: PlayerSnapshot,
     },
@@ -201,6 +201,10 @@ impl Host {
 
     /// Gives an agent back to the world: it logs in again after `after_ms`.
     pub(super) fn release(&self, agent: Agent, after_ms: u64) {
+        if agent.ghost {
+            // A zombie's driver never logs in.
+            return;
+        }
         self.world.in_transit.fetch_add(1, Ordering::Relaxed);
         travel::go_offline(&self.world, agent, after_ms);
     }
@@ -445,10 +449,15 @@ impl Host {
         &mut self,
         mut agent: Agent,
         token: String,
-        loaded: LoadedCharacter,
+        load: HandoffLoad,
         old_session: String,
         old_player: PlayerSnapshot,
     ) {
+        let superseded = load.is_superseded();
+        if superseded {
+            bump(&self.world.counters.handoffs_superseded);
+        }
+        let loaded = load.into_loaded();
         let id = agent.character_id;
         let epoch = loaded.snapshot.owner_epoch;
         self.clear_older_copy(id, epoch);
@@ -474,7 +483,25 @@ impl Host {
                     old_player,
                 );
                 bump(&self.world.counters.handoffs);
-                self.attach(id, agent, session);
+                if !agent.ghost {
+                    return self.attach(id, agent, session);
+                }
+                let body = Body {
+                    agent: Some(agent),
+                    phase: Phase::Ghost,
+                    session,
+                    session_end: self.pulse,
+                };
+                if superseded {
+                    // A zombie's handoff was refused: the destination loaded the durable copy
+                    // under a new epoch, and the zombie's session leaves at once. The copy that
+                    // played on elsewhere meets the new epoch at its next save.
+                    self.log_out(id, body);
+                } else {
+                    // Adopted before the real login's claim landed: it plays on as a zombie
+                    // until that claim fences it.
+                    self.bodies.insert(id, body);
+                }
             }
             Err(err) => {
                 tracing::debug!(event = "sim_handoff_admit_failed", error = %err);

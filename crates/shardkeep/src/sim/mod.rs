@@ -17,6 +17,7 @@
 
 mod agent;
 mod checks;
+mod claims;
 mod env;
 mod faults;
 mod host;

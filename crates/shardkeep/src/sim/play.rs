@@ -67,11 +67,16 @@ impl Host {
         let Some(agent) = body.agent.as_mut() else {
             return true;
         };
-        let Some(action) = agent.next_action() else {
+        let next = if ghost && agent.escapes {
+            Some(Action::Walk)
+        } else {
+            agent.next_action()
+        };
+        let Some(action) = next else {
             return true;
         };
         match action {
-            Action::Walk => return self.walk(id, body, ghost),
+            Action::Walk => return self.walk(id, body),
             Action::Fight => self.fight(id, body),
             Action::Drop => self.drop_item(id, body),
             Action::Get => self.pick_up(id, body),
@@ -136,32 +141,43 @@ impl Host {
         }
     }
 
-    fn walk(&mut self, id: Uuid, body: &mut Body, ghost: bool) -> bool {
+    fn walk(&mut self, id: Uuid, body: &mut Body) -> bool {
         let Some((zone, room)) = self.shard.location(id) else {
             return true;
         };
-        let exits: Vec<(String, String)> = self
+        let hosted = |zone: &str| self.shard.zones().any(|z| z.def.id == zone);
+        let mut exits: Vec<(String, String, String)> = self
             .zones
             .get(&zone)
             .and_then(|z| z.rooms.get(&room))
             .map(|r| {
                 r.exits
                     .iter()
-                    .map(|(dir, exit)| (dir.clone(), exit.zone.clone()))
+                    .map(|(dir, exit)| (dir.clone(), exit.zone.clone(), exit.room.clone()))
                     .collect()
             })
             .unwrap_or_default();
         let Some(agent) = body.agent.as_mut() else {
             return true;
         };
+        if agent.escapes {
+            // Out of the shard if an exit leads out, else towards a room that has one.
+            let out: Vec<_> = exits.iter().filter(|e| !hosted(&e.1)).cloned().collect();
+            let towards: Vec<_> = exits.iter().filter(|e| e.2 == "r0").cloned().collect();
+            if !out.is_empty() {
+                exits = out;
+            } else if !towards.is_empty() {
+                exits = towards;
+            }
+        }
         if exits.is_empty() {
             return true;
         }
-        let (direction, to_zone) = exits[agent.pick(exits.len())].clone();
-        let leaves_shard = !self.shard.zones().any(|z| z.def.id == to_zone);
-        if leaves_shard && (ghost || self.shard.has_pending_transfer(id)) {
-            // Zombies stay put (their claim would make the live copy the zombie), and an item
-            // waiting on its transfer commit must not travel.
+        let (direction, to_zone, _) = exits[agent.pick(exits.len())].clone();
+        let leaves_shard = !hosted(&to_zone);
+        if leaves_shard && self.shard.has_pending_transfer(id) {
+            // An item waiting on its transfer commit must not travel. Zombies do travel: the
+            // destination refuses the carried copy once the live owner has claimed.
             return true;
         }
         let before = self.player_snapshot(id);
@@ -185,7 +201,9 @@ impl Host {
                     .target_shard
                     .clone()
                     .unwrap_or_else(|| super::world::World::shard_id(agent.home_shard));
-                self.world.in_transit.fetch_add(1, Ordering::Relaxed);
+                if !agent.ghost {
+                    self.world.in_transit.fetch_add(1, Ordering::Relaxed);
+                }
                 travel::hand_off(
                     &self.world,
                     agent,

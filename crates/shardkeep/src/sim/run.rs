@@ -206,13 +206,14 @@ async fn play(world: Arc<World>, progress: Progress) -> SimReport {
     };
     let audit = audit_counts(&world).await;
     let transfer_audit = transfer_audit(&world).await;
-    let (acked, destroyed, end_floors, placement_problems) = world
+    let (acked, destroyed, end_floors, placement_problems, claims) = world
         .with_ledger(|l| {
             (
                 l.acked.clone(),
                 l.destroyed.clone(),
                 l.end_floors.clone(),
                 l.placement_violations.clone(),
+                l.claims.clone(),
             )
         })
         .unwrap_or_default();
@@ -232,6 +233,7 @@ async fn play(world: Arc<World>, progress: Progress) -> SimReport {
         checks::item_conservation(&end),
         checks::sessions_placed(&end, settled.sessions_checked),
         checks::nothing_dangling(&end),
+        super::claims::no_superseded_handoff_adopted(&claims),
     ];
     let passed = invariants.iter().all(|i| i.holds) && rows.len() == config.players;
     let mut report = build_report(

@@ -66,6 +66,7 @@ pub(super) fn build_report(
         ("handoffs", get(&c.handoffs)),
         ("handoff retries", get(&c.handoff_retries)),
         ("handoffs lost", get(&c.handoffs_lost)),
+        ("zombie handoffs refused", get(&c.handoffs_superseded)),
         ("handoff takes recovered", get(&c.handoff_takes_recovered)),
         ("fights", get(&c.fights)),
         ("deaths", get(&c.deaths)),

@@ -6,15 +6,15 @@
 //! the handoff payload, the claim of a taken handoff, and the journal append of a closed stream.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chrono::Utc;
 
 use super::agent::Agent;
+use super::claims::{ClaimRecord, HandoffClaimRecord};
 use super::host::Inbound;
 use super::world::{World, bump};
-use crate::character::CharacterSnapshot;
+use crate::character::{CharacterSnapshot, HandoffLoad, HandoffPayload};
 use crate::coord::{HandoffTake, PresenceRecord, TransferActivation};
 use crate::journal::{
     ActiveSession, PlayerSnapshot, RealtimeRuntimeProfile, RealtimeStreamCleanup,
@@ -52,8 +52,12 @@ pub(super) fn deliver(world: &Arc<World>, shard: &str, message: Inbound) {
     }
 }
 
-/// The agent leaves for `after_ms`, then logs in through the gate.
+/// The agent leaves for `after_ms`, then logs in through the gate. A zombie's driver never
+/// logs in: it is dropped.
 pub(super) fn go_offline(world: &Arc<World>, agent: Agent, after_ms: u64) {
+    if agent.ghost {
+        return;
+    }
     let world = Arc::clone(world);
     tokio::spawn(async move {
         tokio::select! {
@@ -68,8 +72,7 @@ pub(super) fn go_offline(world: &Arc<World>, agent: Agent, after_ms: u64) {
 async fn login(world: Arc<World>, agent: Agent) {
     loop {
         if world.is_settling() || world.halt.is_cancelled() {
-            world.in_transit.fetch_sub(1, Ordering::Relaxed);
-            return world.park(agent);
+            return world.leave_transit(agent);
         }
         let route = tokio::time::timeout(
             IO_BOUND,
@@ -96,8 +99,7 @@ async fn login(world: Arc<World>, agent: Agent) {
             _ => {
                 bump(&world.counters.login_retries);
                 if !pause(&world).await {
-                    world.in_transit.fetch_sub(1, Ordering::Relaxed);
-                    return world.park(agent);
+                    return world.leave_transit(agent);
                 }
             }
         }
@@ -111,7 +113,16 @@ pub(super) fn claim(world: &Arc<World>, shard: String, agent: Agent, floor: i64)
         let _permit = world.io.acquire().await;
         let loaded = world.loader.claim_and_load(agent.character_id, floor).await;
         match loaded {
-            Ok(loaded) => deliver(&world, &shard, Inbound::Loaded { agent, loaded }),
+            Ok(loaded) => {
+                world.with_ledger(|ledger| {
+                    ledger.claims.push(ClaimRecord {
+                        character_id: agent.character_id,
+                        minted: loaded.snapshot.owner_epoch,
+                        handoff: None,
+                    })
+                });
+                deliver(&world, &shard, Inbound::Loaded { agent, loaded })
+            }
             Err(err) => {
                 tracing::debug!(event = "sim_claim_failed", error = %err);
                 bump(&world.counters.login_retries);
@@ -263,9 +274,9 @@ pub(super) fn hand_off(
     let world = Arc::clone(world);
     let token = agent.token("handoff");
     tokio::spawn(async move {
-        let payload = match serde_json::to_vec(&snapshot) {
+        let payload = match HandoffPayload::new(snapshot.clone()).encode() {
             Ok(payload) => payload,
-            Err(_) => return go_offline(&world, agent, 500),
+            Err(_) => return world.leave_transit(agent),
         };
         let scope = HandoffScope::Placement(target.clone());
         loop {
@@ -285,8 +296,7 @@ pub(super) fn hand_off(
             }
             bump(&world.counters.handoff_retries);
             if !pause(&world).await {
-                world.in_transit.fetch_sub(1, Ordering::Relaxed);
-                return world.park(agent);
+                return world.leave_transit(agent);
             }
         }
         let message = Inbound::Handoff {
@@ -315,7 +325,7 @@ pub(super) fn arrive(
     let world = Arc::clone(world);
     tokio::spawn(async move {
         let scope = HandoffScope::Placement(shard.clone());
-        let snapshot = loop {
+        let carried = loop {
             let taken = {
                 let _permit = world.io.acquire().await;
                 tokio::time::timeout(
@@ -329,8 +339,8 @@ pub(super) fn arrive(
             };
             match taken {
                 Ok(Ok(HandoffTake::Taken { payload, .. })) => {
-                    match serde_json::from_slice::<CharacterSnapshot>(&payload) {
-                        Ok(snapshot) => break snapshot,
+                    match HandoffPayload::decode(&payload) {
+                        Ok(carried) => break carried,
                         Err(_) => {
                             bump(&world.counters.handoffs_lost);
                             return go_offline(&world, agent, 500);
@@ -339,28 +349,33 @@ pub(super) fn arrive(
                 }
                 Ok(Ok(HandoffTake::AlreadyConsumed | HandoffTake::NotFound)) => {
                     bump(&world.counters.handoff_takes_recovered);
-                    break retained;
+                    break HandoffPayload::new(retained);
                 }
                 _ => {
                     bump(&world.counters.handoff_retries);
                     if !pause(&world).await {
-                        world.in_transit.fetch_sub(1, Ordering::Relaxed);
-                        return world.park(agent);
+                        return world.leave_transit(agent);
                     }
                 }
             }
         };
-        let floor = snapshot.owner_epoch;
+        let floor = carried.dumped_under_epoch;
         loop {
             let claimed = {
                 let _permit = world.io.acquire().await;
                 world
                     .loader
-                    .claim_for_handoff(snapshot.clone(), floor)
+                    .claim_for_handoff(carried.clone(), &token, floor)
                     .await
             };
             match claimed {
                 Ok(loaded) => {
+                    record_claim(
+                        &world,
+                        agent.character_id,
+                        &loaded,
+                        (&token, carried.dumped_under_epoch),
+                    );
                     let message = Inbound::HandoffLoaded {
                         agent,
                         token,
@@ -373,8 +388,7 @@ pub(super) fn arrive(
                 Err(_) => {
                     bump(&world.counters.handoff_retries);
                     if !pause(&world).await {
-                        world.in_transit.fetch_sub(1, Ordering::Relaxed);
-                        return world.park(agent);
+                        return world.leave_transit(agent);
                     }
                 }
             }
@@ -438,4 +452,29 @@ pub(super) fn confirm_transfer(
         old_player,
         SessionLifecycleEffectPlan::ConfirmedTransfer,
     );
+}
+
+/// Records a handoff claim whose reply arrived.
+fn record_claim(
+    world: &World,
+    character_id: uuid::Uuid,
+    loaded: &HandoffLoad,
+    (token, dumped_under): (&str, i64),
+) {
+    let minted = match loaded {
+        HandoffLoad::Adopted(l) | HandoffLoad::Superseded { loaded: l, .. } => {
+            l.snapshot.owner_epoch
+        }
+    };
+    world.with_ledger(|ledger| {
+        ledger.claims.push(ClaimRecord {
+            character_id,
+            minted,
+            handoff: Some(HandoffClaimRecord {
+                token: token.to_owned(),
+                dumped_under,
+                adopted: !loaded.is_superseded(),
+            }),
+        })
+    });
 }

@@ -31,6 +31,7 @@ pub(super) struct Counters {
     pub(super) disconnects: AtomicU64,
     pub(super) linkdead_timeouts: AtomicU64,
     pub(super) walks: AtomicU64,
+    pub(super) handoffs_superseded: AtomicU64,
     pub(super) instance_entries: AtomicU64,
     pub(super) handoffs: AtomicU64,
     pub(super) handoff_retries: AtomicU64,
@@ -91,6 +92,8 @@ pub(super) struct Ledger {
     pub(super) voided: u64,
     /// Sessions found without a matching placement at the end.
     pub(super) placement_violations: Vec<String>,
+    /// Every claim whose reply arrived (logins and handoffs).
+    pub(super) claims: Vec<super::claims::ClaimRecord>,
 }
 
 /// Adds `b` into `a`.
@@ -215,6 +218,16 @@ impl World {
     /// True once the run settles.
     pub(super) fn is_settling(&self) -> bool {
         self.settling.load(Ordering::Relaxed)
+    }
+
+    /// An agent in transit stops travelling for this run: parked, or, for a zombie's driver
+    /// (never counted in transit), dropped.
+    pub(super) fn leave_transit(&self, agent: Agent) {
+        if agent.ghost {
+            return;
+        }
+        self.in_transit.fetch_sub(1, Ordering::Relaxed);
+        self.park(agent);
     }
 
     /// Keeps an agent that will not log in again this run.

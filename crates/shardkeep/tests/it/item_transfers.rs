@@ -587,7 +587,7 @@ async fn a_releaser_that_handed_off_still_gives_up_its_item(pool: PgPool) {
     shard.logout(a).unwrap();
     stores
         .characters
-        .claim_continuing(a, epoch, epoch)
+        .claim_for_handoff(a, epoch, epoch, "h-1")
         .await
         .unwrap();
     shard.get_item(b, item).unwrap();

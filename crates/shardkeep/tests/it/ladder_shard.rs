@@ -2,7 +2,9 @@ use std::time::Duration;
 
 use serde_json::json;
 use shardkeep::backend::redis::RedisTimeouts;
-use shardkeep::character::{CharacterSnapshot, CheckpointWrite, LoadSource, SaveOutcome};
+use shardkeep::character::{
+    CharacterSnapshot, CheckpointWrite, HandoffLoad, HandoffPayload, LoadSource, SaveOutcome,
+};
 use shardkeep::drain::BarrierOutcome;
 use shardkeep::faults::{FaultProxy, ProxyMode};
 use shardkeep::saver::{SaveReason, SaverConfig, SaverEvent};
@@ -337,9 +339,12 @@ async fn a_cross_shard_handoff_carries_the_snapshot_and_the_destination_claims(p
     assert!(a.player(id).is_none());
     let loaded = stores
         .loader()
-        .claim_for_handoff(handoff.snapshot, 1)
+        .claim_for_handoff(HandoffPayload::new(handoff.snapshot), "h-1", 1)
         .await
         .unwrap();
+    let HandoffLoad::Adopted(loaded) = loaded else {
+        panic!("the live copy's own handoff is adopted: {loaded:?}");
+    };
     b.admit(
         loaded,
         shardkeep::shard::Arrival::Handoff {

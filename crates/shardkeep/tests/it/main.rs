@@ -10,6 +10,7 @@ mod coord_cleanup;
 mod coord_handoff;
 mod coord_records;
 mod final_saves;
+mod handoff_fencing;
 mod instance_anchor;
 mod item_transfers;
 mod journal;
