@@ -1,6 +1,6 @@
 //! The periodic keyspace upkeep every long-running instance does: keep its registry entry
-//! alive, remove transfer markers of completed handoffs, and prune presence and registry index
-//! members whose records expired. Each step is bounded and independent: one failing (a Redis
+//! alive, remove transfer markers of transfers no longer pending, and prune presence and registry
+//! index members whose records expired. Each step is bounded and independent: one failing (a Redis
 //! hiccup) is logged and the others still run.
 
 use std::time::Duration;
@@ -18,7 +18,7 @@ pub const MAINTENANCE_MAX_EXAMINED: usize = 10_000;
 pub struct MaintenancePass {
     /// The registration had lapsed (or never existed) and was written again.
     pub registered: bool,
-    /// Transfer markers of consumed handoffs removed.
+    /// Transfer markers removed (their transfers no longer pending).
     pub markers_removed: usize,
     /// Presence index members removed.
     pub presence_pruned: usize,
@@ -28,8 +28,8 @@ pub struct MaintenancePass {
     pub failed_steps: u32,
 }
 
-/// One pass: heartbeat (registering again when the entry lapsed), reconcile consumed transfer
-/// markers, prune presence, list (and so prune) the registry.
+/// One pass: heartbeat (registering again when the entry lapsed), reconcile transfer markers
+/// against pending transfers, prune presence, list (and so prune) the registry.
 pub async fn maintain_once(
     coord: &Coordination,
     record: &InstanceRecord,
@@ -47,7 +47,7 @@ pub async fn maintain_once(
         },
     }
     match coord
-        .transfer_markers_reconcile_consumed(MAINTENANCE_MAX_EXAMINED)
+        .transfer_markers_reconcile_pending(MAINTENANCE_MAX_EXAMINED)
         .await
     {
         Ok(report) => pass.markers_removed = report.removed.len(),

@@ -34,6 +34,33 @@ pub struct TransferReconcile {
 }
 
 impl Coordination {
+    /// The source starts transfer `token`: the transfer is pending (its activation marker is
+    /// kept) until [`Coordination::transfer_complete`] or `ttl`. Call it before storing the
+    /// handoff, so no marker can exist for a transfer that is not pending.
+    pub async fn transfer_begin(&self, token: &str, ttl: Ttl) -> Result<(), CoordError> {
+        let key = self.keys().transfer_pending(token)?;
+        let () = self.conn().pset_ex(key, 1, ttl.as_millis()).await?;
+        Ok(())
+    }
+
+    /// True while transfer `token` is pending.
+    pub async fn transfer_is_pending(&self, token: &str) -> Result<bool, CoordError> {
+        let key = self.keys().transfer_pending(token)?;
+        Ok(self.conn().exists(key).await?)
+    }
+
+    /// The source completes transfer `token` (it has seen the activation): the transfer is no
+    /// longer pending and its marker goes. A marker left behind by a failure here is removed by
+    /// the next reconciliation, since the transfer is no longer pending.
+    pub async fn transfer_complete(&self, token: &str) -> Result<(), CoordError> {
+        let pending = self.keys().transfer_pending(token)?;
+        let marker = self.keys().transfer_activated(token)?;
+        let mut conn = self.conn();
+        let _: i64 = conn.unlink(&pending).await?;
+        let _: i64 = conn.unlink(&marker).await?;
+        Ok(())
+    }
+
     /// Records that `activation.transfer_token` was activated, expiring after `ttl`.
     pub async fn transfer_marker_set(
         &self,
@@ -56,16 +83,19 @@ impl Coordination {
         raw.map(|raw| decode(&key, &raw)).transpose()
     }
 
-    /// Reconciliation as a game server runs it: a token is live while its handoff has not been
-    /// consumed, so markers of completed transfers are removed. Examines at most `max_examined`
-    /// markers.
-    pub async fn transfer_markers_reconcile_consumed(
+    /// Reconciliation as `serve` and every shard run it: a marker is live while its transfer is
+    /// pending ([`Coordination::transfer_begin`] until [`Coordination::transfer_complete`] or the
+    /// pending record's TTL), whether or not its handoff has been taken. Markers of transfers no
+    /// longer pending are removed. Each page of the bounded SCAN is checked and cleaned on its
+    /// own, so a marker written while the pass runs is judged by its own pending record, never
+    /// by a list taken before it existed. Examines at most `max_examined` markers.
+    pub async fn transfer_markers_reconcile_pending(
         &self,
         max_examined: usize,
     ) -> Result<TransferReconcile, CoordError> {
         let pattern = self.keys().transfer_activated_pattern();
+        let mut report = TransferReconcile::default();
         let mut conn = self.conn();
-        let mut tokens = Vec::new();
         let mut cursor: u64 = 0;
         loop {
             let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
@@ -76,32 +106,76 @@ impl Coordination {
                 .arg(self.config().scan_count)
                 .query_async(&mut conn)
                 .await?;
-            tokens.extend(keys.iter().filter_map(|k| self.keys().transfer_token_of(k)));
+            report.examined += keys.len();
+            let mut checks = redis::pipe();
+            let mut candidates = Vec::with_capacity(keys.len());
+            for key in keys {
+                match self.keys().transfer_token_of(&key) {
+                    Some(token) => {
+                        checks.exists(self.keys().transfer_pending(&token)?);
+                        candidates.push((key, Some(token)));
+                    }
+                    // Not a marker this keyspace wrote: nothing can keep it.
+                    None => candidates.push((key, None)),
+                }
+            }
+            let mut pending = if candidates.iter().any(|(_, t)| t.is_some()) {
+                let answers: Vec<bool> = checks.query_async(&mut conn).await?;
+                answers.into_iter()
+            } else {
+                Vec::new().into_iter()
+            };
+            let mut stale = Vec::new();
+            for (key, token) in candidates {
+                match token {
+                    Some(token) => {
+                        if pending.next() == Some(false) {
+                            stale.push((key, token));
+                        }
+                    }
+                    None => stale.push((key.clone(), key)),
+                }
+            }
+            self.unlink_markers(&mut conn, stale, &mut report).await?;
             cursor = next;
-            if cursor == 0 || tokens.len() >= max_examined {
+            if cursor == 0 {
+                report.complete = true;
+                break;
+            }
+            if report.examined >= max_examined {
                 break;
             }
         }
-        let mut live = HashSet::new();
-        for chunk in tokens.chunks(256) {
-            let mut pipe = redis::pipe();
-            for token in chunk {
-                pipe.exists(self.keys().handoff_consumed(token)?);
-            }
-            let consumed: Vec<bool> = pipe.query_async(&mut conn).await?;
-            live.extend(
-                chunk
-                    .iter()
-                    .zip(consumed)
-                    .filter(|(_, c)| !c)
-                    .map(|(t, _)| t.clone()),
-            );
-        }
-        self.transfer_markers_reconcile(&live, max_examined).await
+        metrics::counter!(crate::telemetry::TRANSFER_MARKERS_REMOVED_TOTAL)
+            .increment(report.removed.len() as u64);
+        Ok(report)
     }
 
-    /// Removes every marker whose token is not in `live_pending`, walking the family with a
-    /// bounded SCAN that examines at most `max_examined` keys.
+    async fn unlink_markers(
+        &self,
+        conn: &mut redis::aio::ConnectionManager,
+        stale: Vec<(String, String)>,
+        report: &mut TransferReconcile,
+    ) -> Result<(), CoordError> {
+        if stale.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for (key, _) in &stale {
+            pipe.unlink(key);
+        }
+        let removed: Vec<i64> = pipe.query_async(conn).await?;
+        for ((_, token), n) in stale.into_iter().zip(removed) {
+            if n > 0 && !report.removed.contains(&token) {
+                report.removed.push(token);
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes every marker whose token is not in `live_pending` (the caller's own view of its
+    /// pending transfers, which must include every transfer begun before the call), walking
+    /// the family with a bounded SCAN that examines at most `max_examined` keys.
     pub async fn transfer_markers_reconcile(
         &self,
         live_pending: &HashSet<String>,
@@ -129,19 +203,7 @@ impl Coordination {
                     None => stale.push((key.clone(), key)),
                 }
             }
-            if !stale.is_empty() {
-                let keys: Vec<&String> = stale.iter().map(|(k, _)| k).collect();
-                let mut pipe = redis::pipe();
-                for key in &keys {
-                    pipe.unlink(*key);
-                }
-                let removed: Vec<i64> = pipe.query_async(&mut conn).await?;
-                for ((_, token), n) in stale.into_iter().zip(removed) {
-                    if n > 0 && !report.removed.contains(&token) {
-                        report.removed.push(token);
-                    }
-                }
-            }
+            self.unlink_markers(&mut conn, stale, &mut report).await?;
             cursor = next;
             if cursor == 0 {
                 report.complete = true;

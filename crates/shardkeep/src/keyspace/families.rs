@@ -125,12 +125,20 @@ pub const FAMILIES: &[KeyFamily] = &[
         "proof a handoff token was taken; blocks replay after the payload expired"
     ),
     family!(
+        "transfer_pending",
+        "<ns>:transfer:pending:<token>",
+        GameServer,
+        TtlRule::CallerProvided,
+        None,
+        "a transfer the source game server started and has not completed; its marker lives while this does"
+    ),
+    family!(
         "transfer_activated",
         "<ns>:transfer:activated:<token>",
         ControlPlane,
         TtlRule::CallerProvided,
         None,
-        "a target game server activated this transfer token; reconciled against live tokens"
+        "a target game server activated this transfer token; reconciled against pending transfers"
     ),
     family!(
         "presence_account",

@@ -205,6 +205,11 @@ impl Keyspace {
         self.plain("transfer:activated", "transfer token", token)
     }
 
+    /// A transfer the source has started and not completed (what keeps its marker live).
+    pub fn transfer_pending(&self, token: &str) -> Result<String, KeyError> {
+        self.plain("transfer:pending", "transfer token", token)
+    }
+
     /// SCAN pattern over every transfer activation marker.
     pub fn transfer_activated_pattern(&self) -> String {
         format!("{}:transfer:activated:*", self.ns)

@@ -175,7 +175,10 @@ pub(super) struct Dangling {
     pub(super) retry_pending: i64,
     pub(super) journal: QueueDepths,
     pub(super) untaken_handoffs: usize,
-    pub(super) consumed_markers: usize,
+    /// Transfers still pending (never completed by their source).
+    pub(super) pending_transfers: usize,
+    /// Activation markers left although their transfer is no longer pending.
+    pub(super) stale_markers: usize,
 }
 
 /// No row older than its last acknowledged durable save, and no row seen going backwards.
@@ -327,13 +330,19 @@ pub(super) fn nothing_dangling(end: &EndState<'_>) -> Invariant {
             d.untaken_handoffs
         ));
     }
-    if d.consumed_markers > 0 {
+    if d.pending_transfers > 0 {
         details.push(format!(
-            "{} transfer markers of consumed handoffs",
-            d.consumed_markers
+            "{} transfers never completed by their source",
+            d.pending_transfers
         ));
     }
-    Invariant::new("no dangling leases or consumed markers", 6, details)
+    if d.stale_markers > 0 {
+        details.push(format!(
+            "{} transfer markers of transfers no longer pending",
+            d.stale_markers
+        ));
+    }
+    Invariant::new("no dangling leases or consumed markers", 7, details)
 }
 
 /// Handoff payload keys still present (consumed markers excluded).
@@ -343,19 +352,23 @@ pub(super) async fn untaken_handoffs(coord: &Coordination) -> Result<usize, crat
     Ok(keys.iter().filter(|k| !k.ends_with(":consumed")).count())
 }
 
-/// Transfer markers whose handoff has been consumed.
-pub(super) async fn consumed_markers(coord: &Coordination) -> Result<usize, crate::CoordError> {
-    let keys = scan(coord, &coord.keys().transfer_activated_pattern()).await?;
-    let mut consumed = 0;
-    for key in keys {
+/// Transfers still pending, and activation markers whose transfer no longer is.
+pub(super) async fn transfer_leftovers(
+    coord: &Coordination,
+) -> Result<(usize, usize), crate::CoordError> {
+    let pending_pattern = format!("{}:transfer:pending:*", coord.keys().namespace());
+    let pending = scan(coord, &pending_pattern).await?.len();
+    let markers = scan(coord, &coord.keys().transfer_activated_pattern()).await?;
+    let mut stale = 0;
+    for key in markers {
         let Some(token) = coord.keys().transfer_token_of(&key) else {
             continue;
         };
-        if coord.handoff_is_consumed(&token).await? {
-            consumed += 1;
+        if !coord.transfer_is_pending(&token).await? {
+            stale += 1;
         }
     }
-    Ok(consumed)
+    Ok((pending, stale))
 }
 
 async fn scan(coord: &Coordination, pattern: &str) -> Result<Vec<String>, crate::CoordError> {

@@ -61,6 +61,14 @@ pub(super) enum Inbound {
 }
 
 impl Inbound {
+    /// The transfer a handoff message belongs to, if it is one.
+    pub(super) fn transfer_token(&self) -> Option<&str> {
+        match self {
+            Inbound::Handoff { token, .. } | Inbound::HandoffLoaded { token, .. } => Some(token),
+            _ => None,
+        }
+    }
+
     /// The agent a message carries, if any.
     pub(super) fn into_agent(self) -> Option<Agent> {
         match self {
@@ -167,6 +175,11 @@ impl Host {
                 message = self.inbox.recv() => match message {
                     Some(Inbound::Settle(SettleStep::Shutdown(reply))) => {
                         self.shutdown().await;
+                        // What arrived meanwhile finds no shard: handed back as undeliverable.
+                        self.inbox.close();
+                        while let Ok(message) = self.inbox.try_recv() {
+                            travel::undeliverable(&self.world, message);
+                        }
                         let _ = reply.send(());
                         return;
                     }
@@ -471,7 +484,7 @@ impl Host {
         let redialed = admitted.and_then(|_| self.shard.redial(&token, &session));
         match redialed {
             Ok(admitted) => {
-                tracing::debug!(event = "sim_handoff_in", shard = %self.id, character = %id, epoch);
+                tracing::debug!(event = "sim_handoff_in", shard = %self.id, character = %id, epoch, %token);
                 travel::start_session(&self.world, &self.id, &agent, &session, &admitted.zone);
                 travel::confirm_transfer(
                     &self.world,
@@ -506,6 +519,7 @@ impl Host {
             Err(err) => {
                 tracing::debug!(event = "sim_handoff_admit_failed", error = %err);
                 bump(&self.world.counters.handoffs_lost);
+                travel::abandon_transfer(&self.world, token);
                 travel::go_offline(&self.world, agent, 500);
             }
         }

@@ -365,9 +365,16 @@ async fn settle(world: &Arc<World>, journal: Option<&SessionJournal>) -> Settled
         world.env.redis_direct.clone(),
         CoordinationConfig::default(),
     );
-    if let Err(err) = coord.transfer_markers_reconcile_consumed(100_000).await {
+    wait_until(SETTLE_BOUND, async || {
+        world.counters.transfers_awaiting.load(Ordering::Relaxed) == 0
+    })
+    .await;
+    if let Err(err) = coord.transfer_markers_reconcile_pending(100_000).await {
         tracing::warn!(event = "sim_marker_reconcile_failed", error = %err);
     }
+    let (pending_transfers, stale_markers) = checks::transfer_leftovers(&coord)
+        .await
+        .unwrap_or((usize::MAX, usize::MAX));
     let count = |sql: &'static str| {
         let pg = pg.clone();
         async move {
@@ -388,7 +395,8 @@ async fn settle(world: &Arc<World>, journal: Option<&SessionJournal>) -> Settled
             None => Default::default(),
         },
         untaken_handoffs: checks::untaken_handoffs(&coord).await.unwrap_or(usize::MAX),
-        consumed_markers: checks::consumed_markers(&coord).await.unwrap_or(usize::MAX),
+        pending_transfers,
+        stale_markers,
     };
     Settled {
         dangling,

@@ -67,6 +67,7 @@ pub(super) fn build_report(
         ("handoff retries", get(&c.handoff_retries)),
         ("handoffs lost", get(&c.handoffs_lost)),
         ("zombie handoffs refused", get(&c.handoffs_superseded)),
+        ("transfers completed", get(&c.transfers_completed)),
         ("handoff takes recovered", get(&c.handoff_takes_recovered)),
         ("fights", get(&c.fights)),
         ("deaths", get(&c.deaths)),

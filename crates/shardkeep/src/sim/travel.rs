@@ -45,9 +45,18 @@ async fn pause(world: &World) -> bool {
 
 /// Sends `message` to `shard`'s host; when it has none the agent goes back to logging in.
 pub(super) fn deliver(world: &Arc<World>, shard: &str, message: Inbound) {
-    if let Err(message) = world.send(shard, message)
-        && let Some(agent) = message.into_agent()
-    {
+    if let Err(message) = world.send(shard, message) {
+        undeliverable(world, *message);
+    }
+}
+
+/// A message whose host is gone: a handoff's transfer will never be activated, and the agent
+/// goes back to logging in.
+pub(super) fn undeliverable(world: &Arc<World>, message: Inbound) {
+    if let Some(token) = message.transfer_token() {
+        abandon_transfer(world, token.to_owned());
+    }
+    if let Some(agent) = message.into_agent() {
         go_offline(world, agent, 500);
     }
 }
@@ -282,13 +291,15 @@ pub(super) fn hand_off(
         loop {
             let put = {
                 let _permit = world.io.acquire().await;
-                tokio::time::timeout(
-                    IO_BOUND,
-                    world
-                        .env
-                        .coord
-                        .handoff_put(&token, &scope, &payload, HANDOFF_TTL),
-                )
+                let coord = &world.env.coord;
+                // The transfer is pending before its handoff exists, so its activation marker
+                // is kept until this source has seen it.
+                tokio::time::timeout(IO_BOUND, async {
+                    coord.transfer_begin(&token, HANDOFF_TTL).await?;
+                    coord
+                        .handoff_put(&token, &scope, &payload, HANDOFF_TTL)
+                        .await
+                })
                 .await
             };
             if matches!(put, Ok(Ok(()))) {
@@ -299,6 +310,8 @@ pub(super) fn hand_off(
                 return world.leave_transit(agent);
             }
         }
+        tracing::debug!(event = "sim_transfer_begun", %token, character = %agent.character_id, %target);
+        await_activation(&world, token.clone());
         let message = Inbound::Handoff {
             agent,
             token,
@@ -307,6 +320,67 @@ pub(super) fn hand_off(
             old_player,
         };
         deliver(&world, &target, message);
+    });
+}
+
+/// The source side of a transfer after its handoff left: it waits for the destination's
+/// activation marker (or for the transfer to stop being pending: a lost handoff ends it) and
+/// then completes the transfer, which lets the marker go.
+fn await_activation(world: &Arc<World>, token: String) {
+    let world = Arc::clone(world);
+    world
+        .counters
+        .transfers_awaiting
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + HANDOFF_TTL.duration();
+        while tokio::time::Instant::now() < deadline && !world.halt.is_cancelled() {
+            let seen = {
+                let _permit = world.io.acquire().await;
+                let coord = &world.env.coord;
+                tokio::time::timeout(IO_BOUND, async {
+                    if coord.transfer_marker_get(&token).await?.is_none()
+                        && coord.transfer_is_pending(&token).await?
+                    {
+                        return Ok::<_, crate::CoordError>(false);
+                    }
+                    coord.transfer_complete(&token).await?;
+                    Ok(true)
+                })
+                .await
+            };
+            if matches!(seen, Ok(Ok(true))) {
+                bump(&world.counters.transfers_completed);
+                break;
+            }
+            if !pause(&world).await {
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(event = "sim_transfer_unconfirmed", %token);
+            }
+        }
+        world
+            .counters
+            .transfers_awaiting
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    });
+}
+
+/// A handoff that cannot arrive ends its transfer (retrying until Redis answers), so its source
+/// stops waiting.
+pub(super) fn abandon_transfer(world: &Arc<World>, token: String) {
+    let world = Arc::clone(world);
+    tokio::spawn(async move {
+        loop {
+            let ended = {
+                let _permit = world.io.acquire().await;
+                tokio::time::timeout(IO_BOUND, world.env.coord.transfer_complete(&token)).await
+            };
+            if matches!(ended, Ok(Ok(()))) || !pause(&world).await {
+                return;
+            }
+        }
     });
 }
 
@@ -343,6 +417,7 @@ pub(super) fn arrive(
                         Ok(carried) => break carried,
                         Err(_) => {
                             bump(&world.counters.handoffs_lost);
+                            abandon_transfer(&world, token);
                             return go_offline(&world, agent, 500);
                         }
                     }
@@ -416,17 +491,26 @@ pub(super) fn confirm_transfer(
     };
     let marker_world = Arc::clone(world);
     tokio::spawn(async move {
-        let _permit = marker_world.io.acquire().await;
-        let set = tokio::time::timeout(
-            IO_BOUND,
-            marker_world
-                .env
-                .coord
-                .transfer_marker_set(&activation, SESSION_TTL),
-        )
-        .await;
-        if !matches!(set, Ok(Ok(()))) {
+        // The source waits for this marker: retried until it lands.
+        loop {
+            let set = {
+                let _permit = marker_world.io.acquire().await;
+                tokio::time::timeout(
+                    IO_BOUND,
+                    marker_world
+                        .env
+                        .coord
+                        .transfer_marker_set(&activation, SESSION_TTL),
+                )
+                .await
+            };
+            if matches!(set, Ok(Ok(()))) {
+                return;
+            }
             bump(&marker_world.counters.session_marker_failures);
+            if !pause(&marker_world).await {
+                return;
+            }
         }
     });
     let payload = PersistenceRetryPayload::TransferActivation {

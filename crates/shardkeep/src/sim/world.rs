@@ -32,6 +32,8 @@ pub(super) struct Counters {
     pub(super) linkdead_timeouts: AtomicU64,
     pub(super) walks: AtomicU64,
     pub(super) handoffs_superseded: AtomicU64,
+    pub(super) transfers_completed: AtomicU64,
+    pub(super) transfers_awaiting: AtomicU64,
     pub(super) instance_entries: AtomicU64,
     pub(super) handoffs: AtomicU64,
     pub(super) handoff_retries: AtomicU64,

@@ -376,22 +376,30 @@ async fn reconcile_removes_markers_without_a_live_pending_token() {
     );
 }
 
-/// Markers for two handoffs: "pending" (payload untaken) and "done" (payload taken).
-async fn pending_and_done_markers(coord: &shardkeep::Coordination) {
+/// Markers for two transfers whose handoffs were both taken: "pending" (its source has not
+/// completed it) and "done" (no longer pending: its record is gone).
+async fn pending_and_done_markers(redis: &TestRedis) {
     use shardkeep::HandoffScope;
+    let coord = redis.coordination();
     let ttl = Ttl::from_secs(600).unwrap();
     for token in ["pending", "done"] {
-        coord
-            .transfer_marker_set(&activation(token), ttl)
-            .await
-            .unwrap();
+        coord.transfer_begin(token, ttl).await.unwrap();
         coord
             .handoff_put(token, &HandoffScope::Instance("i".into()), b"x", ttl)
             .await
             .unwrap();
+        coord
+            .handoff_take(token, &[HandoffScope::Instance("i".into())])
+            .await
+            .unwrap();
+        coord
+            .transfer_marker_set(&activation(token), ttl)
+            .await
+            .unwrap();
     }
-    coord
-        .handoff_take("done", &[HandoffScope::Instance("i".into())])
+    let mut raw = redis.raw().await;
+    let _: i64 = raw
+        .del(redis.keys().transfer_pending("done").unwrap())
         .await
         .unwrap();
 }
@@ -400,9 +408,9 @@ async fn pending_and_done_markers(coord: &shardkeep::Coordination) {
 async fn reconcile_as_a_game_server_keeps_pending_transfers_only() {
     let redis = TestRedis::new().await;
     let coord = redis.coordination();
-    pending_and_done_markers(&coord).await;
+    pending_and_done_markers(&redis).await;
     let report = coord
-        .transfer_markers_reconcile_consumed(1000)
+        .transfer_markers_reconcile_pending(1000)
         .await
         .unwrap();
     assert_eq!(report.removed, vec!["done".to_string()]);
@@ -420,7 +428,7 @@ async fn a_maintenance_pass_registers_reconciles_and_prunes() {
     use shardkeep::coord::maintain_once;
     let redis = TestRedis::new().await;
     let coord = redis.coordination();
-    pending_and_done_markers(&coord).await;
+    pending_and_done_markers(&redis).await;
     coord
         .presence_put(&presence("acc-1", "chr-1", "s-1", 100))
         .await

@@ -23,3 +23,4 @@ mod retry_jobs;
 mod saver_backlog;
 mod simulate;
 mod support;
+mod transfer_markers;
