@@ -183,6 +183,32 @@ pub(crate) struct ServeArgs {
     /// Seconds between reconciliation passes (transfer markers, presence, registry).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub(crate) reconcile_seconds: u64,
+
+    /// A stable journal consumer id for this process (1 to 128 of [A-Za-z0-9_.-], for example a
+    /// StatefulSet pod name). A restart under the same id takes its predecessor's held journal
+    /// entries back itself: at once after a clean shutdown, within the heartbeat TTL (15 s)
+    /// after a crash. A second live process with the same id is refused at start-up. Unset: a
+    /// fresh id per start; a crashed process's entries then come back through any serve's
+    /// recovery within the heartbeat TTL plus one recovery interval (about 25 s).
+    #[arg(long, env = "SHARDKEEP_CONSUMER_ID", value_parser = parse_consumer_id)]
+    pub(crate) consumer_id: Option<String>,
+}
+
+/// A stable consumer id, checked before anything connects.
+fn parse_consumer_id(raw: &str) -> Result<String, String> {
+    let valid = !raw.is_empty()
+        && raw.len() <= shardkeep::queue::MAX_CONSUMER_ID
+        && raw
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+    if valid {
+        Ok(raw.to_owned())
+    } else {
+        Err(format!(
+            "{raw:?} is not a consumer id: 1 to {} characters of [A-Za-z0-9_.-]",
+            shardkeep::queue::MAX_CONSUMER_ID
+        ))
+    }
 }
 
 /// Where the signed API is, and the key to sign with.

@@ -65,10 +65,17 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         journal.clone(),
         coord.clone(),
         CharacterStore::new(pg.clone()),
-        Some(retry.clone()),
-        JournalWorkerConfig::default(),
+        JournalWorkerConfig {
+            consumer_id: args.consumer_id.clone(),
+            ..JournalWorkerConfig::default()
+        },
     );
-    let journal_task = tokio::spawn(journal_worker.run(cancel.clone()));
+    // Claimed before serving anything: an id held by a live process stops the start-up here.
+    let consumer = journal_worker
+        .consumer()
+        .await
+        .context("journal consumer")?;
+    let journal_task = tokio::spawn(journal_worker.run_with(consumer, cancel.clone()));
     let record = InstanceRecord {
         instance_id: instance_id.clone(),
         service: "serve".into(),

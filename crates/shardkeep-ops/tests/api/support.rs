@@ -200,6 +200,7 @@ pub(crate) async fn journal_dead_letter(app: &TestApp, token: &str) -> Uuid {
             zone: "zone-0".into(),
             room: "r0".into(),
             owner_epoch: 1,
+            state_version: Some(1),
         },
         runtime_profile: RealtimeRuntimeProfile {
             transport: "quic".into(),

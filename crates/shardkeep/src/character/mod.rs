@@ -17,6 +17,6 @@ pub use handoff::{HandoffPayload, HandoffPayloadError};
 pub use load::{CharacterLoader, HandoffLoad, LoadError, LoadSource, LoadedCharacter};
 pub use snapshot::{CharacterSnapshot, Freshest, SaveOutcome, freshest};
 pub use store::{
-    CharacterStore, ClaimedRow, HandoffClaim, LocationWrite, NewCharacter, Releaser, StoreError,
-    TransferCommit,
+    CharacterStore, ClaimedRow, HandoffClaim, LocationOrder, LocationWrite, NewCharacter, Releaser,
+    StoreError, TransferCommit,
 };

@@ -116,8 +116,23 @@ pub enum LocationWrite {
         /// The row's epoch.
         current_epoch: i64,
     },
+    /// The row already holds a newer location (a later cleanup's, or a live write of a newer
+    /// state than the writer knew); nothing was written.
+    Stale,
     /// No such character.
     NotFound,
+}
+
+/// Where a session cleanup's location write stands in its character's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocationOrder {
+    /// The epoch of the copy whose stream closed (also the ownership fence).
+    pub owner_epoch: i64,
+    /// When the stream closed.
+    pub closed_at: chrono::DateTime<chrono::Utc>,
+    /// The copy's row version when the stream closed (its last write it knew of landed); a row
+    /// whose last live write is newer holds a newer location. `None`: not known.
+    pub known_version: Option<i64>,
 }
 
 /// Result of a claim: the new epoch and the row as it was just before the claim.
@@ -523,14 +538,46 @@ impl CharacterStore {
         zone: &str,
         room: &str,
     ) -> Result<LocationWrite, StoreError> {
+        self.write_location_inner(character_id, owner_epoch, None, zone, room)
+            .await
+    }
+
+    /// A session cleanup's location write: fenced by the epoch like any write, and applied only
+    /// when newer than what the row holds, decided in the one statement that writes: newer than
+    /// the last cleanup location written (by `(epoch, closed_at)`), and no live write of a newer
+    /// state than the copy knew at close. An older one answers [`LocationWrite::Stale`].
+    pub async fn write_location_ordered(
+        &self,
+        character_id: Uuid,
+        order: LocationOrder,
+        zone: &str,
+        room: &str,
+    ) -> Result<LocationWrite, StoreError> {
+        self.write_location_inner(character_id, order.owner_epoch, Some(order), zone, room)
+            .await
+    }
+
+    async fn write_location_inner(
+        &self,
+        character_id: Uuid,
+        owner_epoch: i64,
+        order: Option<LocationOrder>,
+        zone: &str,
+        room: &str,
+    ) -> Result<LocationWrite, StoreError> {
         if zone.is_empty() {
             return Err(StoreError::InvalidInput("zone must not be empty".into()));
         }
         let (written, current_epoch): (i64, Option<i64>) = sqlx::query_as(
             "WITH upd AS (
                  UPDATE characters SET zone_ref = $3, room_ref = $4, state_version = state_version + 1,
+                        journal_location_epoch = COALESCE($5, journal_location_epoch),
+                        journal_location_at = COALESCE($6, journal_location_at),
                         updated_at = now()
                   WHERE id = $1 AND owner_epoch <= $2
+                    AND ($6::timestamptz IS NULL OR journal_location_epoch IS NULL
+                         OR (journal_location_epoch, journal_location_at) < ($5::int8, $6::timestamptz))
+                    AND ($7::int8 IS NULL OR live_version <= $7)
               RETURNING 1
              )
              SELECT (SELECT count(*) FROM upd), (SELECT owner_epoch FROM characters WHERE id = $1)",
@@ -539,14 +586,18 @@ impl CharacterStore {
         .bind(owner_epoch)
         .bind(zone)
         .bind(room)
+        .bind(order.map(|o| o.owner_epoch))
+        .bind(order.map(|o| o.closed_at))
+        .bind(order.and_then(|o| o.known_version))
         .fetch_one(self.pg.pool())
         .await?;
         Ok(match (written, current_epoch) {
             (1, _) => LocationWrite::Written,
             (_, None) => LocationWrite::NotFound,
-            (_, Some(epoch)) => LocationWrite::Superseded {
+            (_, Some(epoch)) if epoch > owner_epoch => LocationWrite::Superseded {
                 current_epoch: epoch,
             },
+            (_, Some(_)) => LocationWrite::Stale,
         })
     }
 

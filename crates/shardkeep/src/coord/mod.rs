@@ -7,6 +7,7 @@
 //! validated before anything is sent, so a rejected call writes nothing.
 
 pub mod cleanup;
+pub mod cleanup_order;
 pub mod handoff;
 pub mod maintenance;
 pub mod nonce;
@@ -22,6 +23,7 @@ use crate::keyspace::{DEFAULT_CONSUMED_MARKER_TTL, KeyError, Keyspace};
 use crate::ttl::{Ttl, TtlError};
 
 pub use cleanup::{CleanupMode, CleanupReport};
+pub use cleanup_order::{CLEANUP_ORDER_TTL, CleanupOrder, OrderCheck};
 pub use handoff::{HandoffMove, HandoffTake};
 pub use maintenance::{MaintenancePass, maintain_once, run_maintenance};
 pub use nonce::NonceRegistration;

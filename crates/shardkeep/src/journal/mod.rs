@@ -44,6 +44,11 @@ pub struct PlayerSnapshot {
     pub room: String,
     /// The epoch of the copy the session drove; location writes are fenced by it.
     pub owner_epoch: i64,
+    /// The copy's row version when the stream closed (its last write it knew of): a row with a
+    /// newer live write holds a newer location, which the cleanup leaves alone. Absent in
+    /// entries written before it existed.
+    #[serde(default)]
+    pub state_version: Option<i64>,
 }
 
 /// How the realtime session was connected.

@@ -1,7 +1,10 @@
 //! The journal worker: leases cleanup entries and applies their effects. A reconnectable entry
-//! whose session is active again is skipped, so a reconnect is never undone by stale work. A
-//! failing side effect fails the entry, which retries through the queue and dead-letters after
-//! the attempt limit.
+//! whose session is active again is skipped, so a reconnect is never undone by stale work, and so
+//! is any entry older than a cleanup already applied for the same character (by the copy's
+//! epoch, then the close time): effects are order-insensitive, whatever order retries,
+//! recoveries and requeues deliver entries in. A failing side effect fails the entry, which
+//! retries through the queue (at the front, keeping its place) and dead-letters after the
+//! attempt limit.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,16 +14,13 @@ use chrono::Utc;
 use tokio_util::sync::CancellationToken;
 
 use super::{RealtimeStreamCleanup, SessionJournal};
-use crate::character::{CharacterStore, LocationWrite};
-use crate::coord::{Coordination, PresenceRecord};
-use crate::queue::{Consumer, FailOutcome, Leased};
-use crate::retry::{
-    IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
-};
+use crate::character::{CharacterStore, LocationOrder, LocationWrite};
+use crate::coord::{CleanupOrder, Coordination, OrderCheck, PresenceRecord};
+use crate::queue::{Consumer, FailOutcome, Leased, QueueError};
 use crate::ttl::Ttl;
 
 /// Tunables.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct JournalWorkerConfig {
     /// How often the worker drains even without a wake signal.
     pub interval: Duration,
@@ -36,6 +36,12 @@ pub struct JournalWorkerConfig {
     pub failure_backoff: Duration,
     /// Longest pause after failing passes.
     pub failure_backoff_cap: Duration,
+    /// A stable consumer id (for example a StatefulSet ordinal): a restarted worker takes its
+    /// predecessor's held entries back itself, within the heartbeat TTL of a crash and at once
+    /// after a clean shutdown, and a second live worker with the same id is refused. `None`: a
+    /// fresh id per start, whose crashed predecessor's entries come back through any worker's
+    /// recovery (heartbeat TTL plus one recovery interval).
+    pub consumer_id: Option<String>,
 }
 
 impl Default for JournalWorkerConfig {
@@ -47,6 +53,7 @@ impl Default for JournalWorkerConfig {
             presence_ttl: Ttl::from_static_secs(120),
             failure_backoff: Duration::from_millis(500),
             failure_backoff_cap: Duration::from_secs(8),
+            consumer_id: None,
         }
     }
 }
@@ -58,8 +65,8 @@ pub struct JournalStats {
     pub processed: AtomicU64,
     /// Entries skipped because the session reconnected.
     pub skipped_reconnected: AtomicU64,
-    /// Location writes turned into retry jobs.
-    pub location_retries: AtomicU64,
+    /// Entries skipped because a newer cleanup of the same character was already applied.
+    pub skipped_stale: AtomicU64,
     /// Entry failures (retried through the queue).
     pub failures: AtomicU64,
     /// Entries dead-lettered.
@@ -112,6 +119,9 @@ pub enum Processed {
     Applied,
     /// The session is active again; nothing was done.
     SkippedReconnected,
+    /// A newer cleanup of the same character was already applied; nothing but this session's
+    /// own resume-ledger deletion was done.
+    SkippedStale,
 }
 
 /// The journal worker.
@@ -120,28 +130,34 @@ pub struct JournalWorker {
     journal: SessionJournal,
     coord: Coordination,
     store: CharacterStore,
-    retry: Option<RetryQueue>,
     config: JournalWorkerConfig,
     stats: Arc<JournalStats>,
 }
 
 impl JournalWorker {
-    /// A worker applying effects through `coord` (Redis) and `store` (Postgres); failed location
-    /// writes become retry jobs on `retry` when given.
+    /// A worker applying effects through `coord` (Redis) and `store` (Postgres).
     pub fn new(
         journal: SessionJournal,
         coord: Coordination,
         store: CharacterStore,
-        retry: Option<RetryQueue>,
         config: JournalWorkerConfig,
     ) -> Self {
         Self {
             journal,
             coord,
             store,
-            retry,
             config,
             stats: Arc::new(JournalStats::default()),
+        }
+    }
+
+    /// This worker's consumer: its configured stable id, or a fresh one. An id held by a live
+    /// process is refused ([`QueueError::IdentityInUse`]); call this before [`Self::run_with`]
+    /// to fail a start-up on it.
+    pub async fn consumer(&self) -> Result<Consumer<RealtimeStreamCleanup>, QueueError> {
+        match &self.config.consumer_id {
+            Some(id) => self.journal.queue().consumer_with_id(id).await,
+            None => self.journal.queue().consumer().await,
         }
     }
 
@@ -150,12 +166,16 @@ impl JournalWorker {
         Arc::clone(&self.stats)
     }
 
-    /// Runs until `cancel`: recovers at start-up and periodically, drains on every wake signal
-    /// and on every interval, and shuts its consumer down cleanly at the end.
+    /// Runs until `cancel` with a consumer of its own ([`Self::consumer`], retried while Redis
+    /// is unreachable; a stable id in use by a live process stops it, logged).
     pub async fn run(self, cancel: CancellationToken) {
-        let mut consumer = loop {
-            match self.journal.queue().consumer().await {
+        let consumer = loop {
+            match self.consumer().await {
                 Ok(consumer) => break consumer,
+                Err(err @ QueueError::IdentityInUse(_)) => {
+                    tracing::error!(event = "journal_consumer_refused", error = %err);
+                    return;
+                }
                 Err(err) => {
                     tracing::warn!(event = "journal_consumer_failed", error = %err);
                     tokio::select! {
@@ -165,6 +185,18 @@ impl JournalWorker {
                 }
             }
         };
+        self.run_with(consumer, cancel).await;
+    }
+
+    /// Runs with `consumer` until `cancel`: recovers at start-up and periodically, drains on
+    /// every wake signal and on every interval, and at the end hands its held entries back at
+    /// once (a clean shutdown). A consumer whose id was taken over stops at once, touching
+    /// nothing.
+    pub async fn run_with(
+        self,
+        mut consumer: Consumer<RealtimeStreamCleanup>,
+        cancel: CancellationToken,
+    ) {
         let wake = self.journal.wake_signal();
         let mut pacing =
             PassPacing::new(self.config.failure_backoff, self.config.failure_backoff_cap);
@@ -178,6 +210,10 @@ impl JournalWorker {
             }
             let failed = match self.drain_pass(&mut consumer).await {
                 Ok(pass) => pass.failed > 0,
+                Err(err @ QueueError::IdentityLost(_)) => {
+                    tracing::error!(event = "journal_consumer_lost", error = %err);
+                    return;
+                }
                 Err(err) => {
                     tracing::warn!(event = "journal_drain_failed", error = %err);
                     true
@@ -265,6 +301,12 @@ impl JournalWorker {
                 tracing::info!(event = "journal_skipped_reconnected", session = %leased.entry.item.session_token);
                 consumer.ack(leased).await?;
             }
+            Ok(Processed::SkippedStale) => {
+                self.stats.skipped_stale.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(event = "journal_skipped_stale", session = %leased.entry.item.session_token,
+                    "a newer cleanup of this character was already applied");
+                consumer.ack(leased).await?;
+            }
             Err(error) => {
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(event = "journal_effect_failed", session = %leased.entry.item.session_token, error = %error);
@@ -277,7 +319,9 @@ impl JournalWorker {
         Ok(true)
     }
 
-    /// Applies one entry's effects.
+    /// Applies one entry's effects. Deleting the session's own resume ledger always applies
+    /// (that session is over); everything else only while the entry is the newest cleanup seen
+    /// for its character.
     pub async fn process(
         &self,
         item: &RealtimeStreamCleanup,
@@ -298,6 +342,20 @@ impl JournalWorker {
         {
             return Ok(Processed::SkippedReconnected);
         }
+        let player = &item.player;
+        let order = CleanupOrder {
+            owner_epoch: player.owner_epoch,
+            closed_at: item.closed_at,
+            entry_id,
+        };
+        let place = self
+            .coord
+            .cleanup_order_claim(&player.character_id.to_string(), &order)
+            .await
+            .map_err(|e| format!("cleanup order: {e}"))?;
+        if place == OrderCheck::Stale {
+            return Ok(Processed::SkippedStale);
+        }
         if effects.persist_resume_ledger
             && let Some(record) = &item.pending_resume
         {
@@ -307,10 +365,9 @@ impl JournalWorker {
                 .map_err(|e| format!("resume ledger store: {e}"))?;
         }
         if effects.persist_location {
-            self.persist_location(item, entry_id).await?;
+            self.persist_location(item).await?;
         }
         if effects.refresh_presence {
-            let player = &item.player;
             let record = PresenceRecord {
                 account_id: player.account_id.to_string(),
                 character_id: player.character_id.to_string(),
@@ -321,30 +378,28 @@ impl JournalWorker {
                     + chrono::Duration::from_std(self.config.presence_ttl.duration())
                         .unwrap_or_default(),
             };
+            // Checked against the order again in the write: a newer cleanup may have come in.
             self.coord
-                .presence_put(&record)
+                .presence_put_ordered(&record, &order)
                 .await
                 .map_err(|e| format!("presence refresh: {e}"))?;
         }
         Ok(Processed::Applied)
     }
 
-    /// Writes the location, fenced by the snapshot's epoch; when the write fails it becomes a
-    /// retry job (origin: session cleanup), and only if that fails too does the entry fail.
-    async fn persist_location(
-        &self,
-        item: &RealtimeStreamCleanup,
-        entry_id: uuid::Uuid,
-    ) -> Result<(), String> {
+    /// Writes the location, fenced by the snapshot's epoch and ordered against what the row
+    /// holds (an older cleanup's location, or one older than the copy's last live write, is
+    /// left alone). A failed write fails the entry, which retries through the queue in order.
+    async fn persist_location(&self, item: &RealtimeStreamCleanup) -> Result<(), String> {
         let player = &item.player;
+        let order = LocationOrder {
+            owner_epoch: player.owner_epoch,
+            closed_at: item.closed_at,
+            known_version: player.state_version,
+        };
         match self
             .store
-            .write_location(
-                player.character_id,
-                player.owner_epoch,
-                &player.zone,
-                &player.room,
-            )
+            .write_location_ordered(player.character_id, order, &player.zone, &player.room)
             .await
         {
             Ok(LocationWrite::Written) => Ok(()),
@@ -353,37 +408,15 @@ impl JournalWorker {
                     epoch = player.owner_epoch, current_epoch);
                 Ok(())
             }
+            Ok(LocationWrite::Stale) => {
+                tracing::info!(event = "journal_location_stale", character = %player.character_id,
+                    "the row holds a newer location");
+                Ok(())
+            }
             Ok(LocationWrite::NotFound) => {
                 Err(format!("character {} not found", player.character_id))
             }
-            Err(write_err) => {
-                let Some(retry) = &self.retry else {
-                    return Err(format!("location write: {write_err}"));
-                };
-                let job = PersistenceRetryJob::new(
-                    PersistenceRetryPayload::CharacterLocation {
-                        character_id: player.character_id,
-                        zone: player.zone.clone(),
-                        room: player.room.clone(),
-                        position: None,
-                    },
-                    IdempotencyEnvelope {
-                        idempotency_key: format!("journal:{entry_id}:location"),
-                        owner_epoch: player.owner_epoch,
-                        origin: Origin::SessionCleanup,
-                        issued_at: Utc::now(),
-                    },
-                    "session-lifecycle-journal",
-                    Some(item.session_token.clone()),
-                )
-                .map_err(|e| e.to_string())?;
-                retry
-                    .enqueue(&job)
-                    .await
-                    .map_err(|e| format!("location write: {write_err}; retry job: {e}"))?;
-                self.stats.location_retries.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
+            Err(err) => Err(format!("location write: {err}")),
         }
     }
 }

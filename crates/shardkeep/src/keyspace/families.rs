@@ -157,6 +157,14 @@ pub const FAMILIES: &[KeyFamily] = &[
         "presence record of a character"
     ),
     family!(
+        "presence_cleanup_order",
+        "{<ns>:presence}:order:<character_id>",
+        GameServer,
+        TtlRule::Default("cleanup order TTL, 7 d, refreshed by each cleanup"),
+        None,
+        "the newest session cleanup seen for a character; older ones skip their effects"
+    ),
+    family!(
         "presence_account_index",
         "{<ns>:presence}:accounts",
         GameServer,

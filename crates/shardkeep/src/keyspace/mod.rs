@@ -243,6 +243,16 @@ impl Keyspace {
         ))
     }
 
+    /// The order mark of one character's session cleanups (the newest seen); in the presence
+    /// group so a presence refresh can check it in the same script.
+    pub fn presence_cleanup_order(&self, character_id: &str) -> Result<String, KeyError> {
+        Ok(format!(
+            "{}:order:{}",
+            self.presence_tag(),
+            segment::escape("character id", character_id)?
+        ))
+    }
+
     /// Index set of account ids with a presence record.
     pub fn presence_account_index(&self) -> String {
         format!("{}:accounts", self.presence_tag())

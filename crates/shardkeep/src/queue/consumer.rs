@@ -1,5 +1,5 @@
 //! A consumer incarnation: leases entries into its own processing list, acks or fails them, and
-//! keeps its heartbeat alive while it runs.
+//! keeps its heartbeat (and its place in the consumer set) alive while it runs.
 
 use std::marker::PhantomData;
 use std::sync::LazyLock;
@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::identity::Incarnation;
 use super::{DurableDeadLetterEntry, DurableWorkQueueEntry, QueueError, WorkQueue};
 use crate::telemetry;
 
@@ -22,8 +23,9 @@ static ACK_BATCH: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/ack_batch.lua")));
 static REQUEUE_HELD: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/requeue_held.lua")));
+static LEAVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/leave.lua")));
 
-/// Most entries one [`Consumer::requeue_held`] call moves.
+/// Most entries one [`Consumer::requeue_held`] or [`Consumer::shutdown`] call moves.
 const MAX_REQUEUE_HELD: usize = 10_000;
 
 /// Most entries one batch lease takes.
@@ -31,6 +33,24 @@ pub const MAX_LEASE_BATCH: usize = 512;
 
 /// Most undecodable entries one lease call dead-letters before giving up for now.
 const MAX_POISON_PER_LEASE: usize = 64;
+
+/// Where a successor entry goes in its destination list.
+#[derive(Debug, Clone, Copy)]
+enum Place {
+    /// The front of pending: leased next.
+    Front,
+    /// The newest end (dead letters).
+    Newest,
+}
+
+impl Place {
+    fn as_arg(self) -> &'static str {
+        match self {
+            Self::Front => "front",
+            Self::Newest => "newest",
+        }
+    }
+}
 
 /// An entry this consumer holds.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,9 +90,8 @@ pub enum FailOutcome {
 #[derive(Debug)]
 pub struct Consumer<T> {
     queue: WorkQueue<T>,
-    id: String,
+    incarnation: Incarnation,
     processing: String,
-    heartbeat: String,
     blocking: Option<redis::aio::MultiplexedConnection>,
     stop: CancellationToken,
     _item: PhantomData<fn() -> T>,
@@ -84,34 +103,23 @@ impl<T> Drop for Consumer<T> {
     }
 }
 
-impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
-    /// Registers a new consumer incarnation (a fresh id) and starts its heartbeat.
-    pub async fn consumer(&self) -> Result<Consumer<T>, QueueError> {
-        let id = Uuid::now_v7().to_string();
-        let keys = self.keys();
-        let processing = keys.processing(&id)?;
-        let heartbeat = keys.consumer_heartbeat(&id)?;
-        let ttl = self.config().heartbeat_ttl;
-        let () = redis::pipe()
-            .atomic()
-            .pset_ex(&heartbeat, 1, ttl.as_millis())
-            .ignore()
-            .sadd(&keys.consumers, &id)
-            .ignore()
-            .query_async(&mut self.redis().conn())
-            .await?;
+impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
+    /// A consumer for `incarnation` (already registered), with its heartbeat started.
+    pub(super) fn start(
+        queue: &WorkQueue<T>,
+        incarnation: Incarnation,
+    ) -> Result<Self, QueueError> {
+        let processing = queue.keys().processing(&incarnation.id)?;
         let stop = CancellationToken::new();
-        tokio::spawn(beat(
-            self.redis().clone(),
-            heartbeat.clone(),
-            ttl,
-            stop.clone(),
-        ));
-        Ok(Consumer {
-            queue: self.clone(),
-            id,
+        tokio::spawn(
+            incarnation
+                .clone()
+                .beat(queue.redis().clone(), stop.clone()),
+        );
+        Ok(Self {
+            queue: queue.clone(),
+            incarnation,
             processing,
-            heartbeat,
             blocking: None,
             stop,
             _item: PhantomData,
@@ -119,37 +127,17 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
     }
 }
 
-async fn beat(redis: crate::RedisBackend, key: String, ttl: crate::Ttl, stop: CancellationToken) {
-    let period = ttl.duration() / 3;
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(period) => {}
-        }
-        let refreshed: redis::RedisResult<()> =
-            redis.conn().pset_ex(&key, 1, ttl.as_millis()).await;
-        if let Err(err) = refreshed {
-            tracing::warn!(event = "queue_heartbeat_failed", error = %err);
-        }
-    }
-}
-
 impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
-    /// This incarnation's id.
+    /// This consumer's id (fresh per incarnation by default, or the stable id it claimed).
     pub fn id(&self) -> &str {
-        &self.id
+        &self.incarnation.id
     }
 
-    /// Leases the oldest pending entry without waiting; `None` when pending is empty.
+    /// Leases the oldest pending entry without waiting; `None` when pending is empty. The lease
+    /// refreshes this consumer's heartbeat and registration in the same step.
     pub async fn lease(&mut self) -> Result<Option<Leased<T>>, QueueError> {
         for _ in 0..MAX_POISON_PER_LEASE {
-            let raw: Option<Vec<u8>> = redis::cmd("LMOVE")
-                .arg(&self.queue.keys().pending)
-                .arg(&self.processing)
-                .arg("RIGHT")
-                .arg("LEFT")
-                .query_async(&mut self.queue.redis().conn())
-                .await?;
+            let raw = self.lease_raw(1).await?.pop();
             match self.decode(raw).await? {
                 Decoded::Entry(leased) => return Ok(Some(leased)),
                 Decoded::Empty => return Ok(None),
@@ -165,6 +153,9 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
         &mut self,
         timeout: Duration,
     ) -> Result<Option<Leased<T>>, QueueError> {
+        // Registered (with a fresh heartbeat) before blocking; a stall while blocked is covered
+        // by the beat and, failing that, by recovery's backstop.
+        self.incarnation.refresh(self.queue.redis()).await?;
         if self.blocking.is_none() {
             let client = self.queue.redis().client();
             let config = redis::AsyncConnectionConfig::new()
@@ -199,12 +190,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
     /// Leases up to `max` (at most 512) of the oldest pending entries in one round trip, oldest
     /// first; undecodable ones are dead-lettered on the way.
     pub async fn lease_batch(&mut self, max: usize) -> Result<Vec<Leased<T>>, QueueError> {
-        let raws: Vec<Vec<u8>> = LEASE_BATCH
-            .key(&self.queue.keys().pending)
-            .key(&self.processing)
-            .arg(max.clamp(1, MAX_LEASE_BATCH))
-            .invoke_async(&mut self.queue.redis().conn())
-            .await?;
+        let raws = self.lease_raw(max.clamp(1, MAX_LEASE_BATCH)).await?;
         let mut leased = Vec::with_capacity(raws.len());
         for raw in raws {
             if let Decoded::Entry(entry) = self.decode(Some(raw)).await? {
@@ -212,6 +198,28 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
             }
         }
         Ok(leased)
+    }
+
+    /// Moves up to `max` of the oldest pending entries into this consumer's processing list,
+    /// refreshing its heartbeat and registration in the same script.
+    async fn lease_raw(&self, max: usize) -> Result<Vec<Vec<u8>>, QueueError> {
+        self.incarnation.check()?;
+        let keys = self.queue.keys();
+        let leased: redis::RedisResult<Vec<Vec<u8>>> = LEASE_BATCH
+            .key(&keys.pending)
+            .key(&self.processing)
+            .key(&self.incarnation.heartbeat)
+            .key(&keys.consumers)
+            .arg(max)
+            .arg(&self.incarnation.id)
+            .arg(&self.incarnation.token)
+            .arg(self.queue.config().heartbeat_ttl.as_millis())
+            .invoke_async(&mut self.queue.redis().conn())
+            .await;
+        match leased {
+            Err(err) if err.to_string().contains("identity_lost") => Err(self.incarnation.lost()),
+            other => Ok(other?),
+        }
     }
 
     /// Acks many entries in one round trip; one outcome each, in order.
@@ -261,7 +269,8 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
                     failed_at: Utc::now(),
                     item: serde_json::Value::String(String::from_utf8_lossy(&raw).into_owned()),
                 };
-                self.move_to(&raw, &self.queue.keys().dead, &dead).await?;
+                self.move_to(&raw, &self.queue.keys().dead, &dead, Place::Newest)
+                    .await?;
                 metrics::counter!(telemetry::QUEUE_DEAD_LETTERS_TOTAL, "queue" => self.queue.name().to_owned(), "cause" => "undecodable")
                     .increment(1);
                 Ok(Decoded::Poison)
@@ -274,13 +283,25 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
         raw: &[u8],
         destination: &str,
         successor: &S,
+        place: Place,
     ) -> Result<bool, QueueError> {
         let body = serde_json::to_vec(successor).map_err(QueueError::Encode)?;
+        self.settle(raw, destination, &body, place).await
+    }
+
+    async fn settle(
+        &self,
+        raw: &[u8],
+        destination: &str,
+        body: &[u8],
+        place: Place,
+    ) -> Result<bool, QueueError> {
         let moved: i64 = SETTLE
             .key(&self.processing)
             .key(destination)
             .arg(raw)
             .arg(body)
+            .arg(place.as_arg())
             .invoke_async(&mut self.queue.redis().conn())
             .await?;
         Ok(moved == 1)
@@ -301,8 +322,8 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
         })
     }
 
-    /// `leased` failed with `error`: back to pending with one more attempt, or, at the attempt
-    /// limit, a dead letter — atomically.
+    /// `leased` failed with `error`: back to the front of pending with one more attempt (it is
+    /// retried before later entries), or, at the attempt limit, a dead letter — atomically.
     pub async fn fail(&self, leased: &Leased<T>, error: &str) -> Result<FailOutcome, QueueError>
     where
         T: Clone,
@@ -318,7 +339,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
                 item: leased.entry.item.clone(),
             };
             if !self
-                .move_to(&leased.raw, &self.queue.keys().dead, &dead)
+                .move_to(&leased.raw, &self.queue.keys().dead, &dead, Place::Newest)
                 .await?
             {
                 return Ok(FailOutcome::Stale);
@@ -334,7 +355,12 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
             ..leased.entry.clone()
         };
         if !self
-            .move_to(&leased.raw, &self.queue.keys().pending, &retry)
+            .move_to(
+                &leased.raw,
+                &self.queue.keys().pending,
+                &retry,
+                Place::Front,
+            )
             .await?
         {
             return Ok(FailOutcome::Stale);
@@ -342,21 +368,20 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
         Ok(FailOutcome::Retried { attempts })
     }
 
-    /// Hands `leased` back to pending unchanged (no attempt counted): used to end a pass
-    /// without spinning on an entry that already failed in it.
+    /// Hands `leased` back to the front of pending unchanged (no attempt counted): used to end
+    /// a pass without spinning on an entry that already failed in it.
     pub async fn release(&self, leased: &Leased<T>) -> Result<bool, QueueError> {
-        let moved: i64 = SETTLE
-            .key(&self.processing)
-            .key(&self.queue.keys().pending)
-            .arg(&leased.raw)
-            .arg(&leased.raw)
-            .invoke_async(&mut self.queue.redis().conn())
-            .await?;
-        Ok(moved == 1)
+        self.settle(
+            &leased.raw,
+            &self.queue.keys().pending,
+            &leased.raw,
+            Place::Front,
+        )
+        .await
     }
 
-    /// Moves every entry this consumer's processing list holds back to pending, oldest first, so
-    /// they are leased next; returns how many. For a consumer that handles one entry at a time,
+    /// Moves every entry this consumer's processing list holds back to the front of pending, in
+    /// the order they were leased, so they are leased next; returns how many. For a consumer that handles one entry at a time,
     /// called when it holds nothing: a lease whose reply was lost (a connection cut mid-call)
     /// left its entry here, and no recovery would find it while this consumer lives. Work may
     /// run twice, so handlers must be idempotent (the queue is at-least-once anyway).
@@ -370,19 +395,10 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
         Ok(usize::try_from(moved).unwrap_or(0))
     }
 
-    /// Refreshes the heartbeat now (the background beat does this every third of the TTL).
+    /// Refreshes the heartbeat and registration now (the background beat does this every third
+    /// of the TTL).
     pub async fn heartbeat(&self) -> Result<(), QueueError> {
-        let () = self
-            .queue
-            .redis()
-            .conn()
-            .pset_ex(
-                &self.heartbeat,
-                1,
-                self.queue.config().heartbeat_ttl.as_millis(),
-            )
-            .await?;
-        Ok(())
+        self.incarnation.refresh(self.queue.redis()).await
     }
 
     /// Stops heartbeating without a trace, as a crashed process would (tests and the simulator).
@@ -390,32 +406,25 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
         self.stop.cancel();
     }
 
-    /// Clean shutdown: stops the heartbeat and leaves the consumer set. Entries still held are
-    /// returned to pending first, since nobody will finish them.
+    /// Clean shutdown: hands every held entry back to the front of pending (nobody will finish
+    /// them), stops the heartbeat and leaves the consumer set, in one step. A consumer whose id
+    /// another incarnation took over touches nothing: those entries are the new holder's.
     pub async fn shutdown(self) -> Result<(), QueueError> {
         self.stop.cancel();
         let keys = self.queue.keys();
-        let mut conn = self.queue.redis().conn();
-        loop {
-            let moved: Option<Vec<u8>> = redis::cmd("LMOVE")
-                .arg(&self.processing)
-                .arg(&keys.pending)
-                .arg("LEFT")
-                .arg("RIGHT")
-                .query_async(&mut conn)
-                .await?;
-            if moved.is_none() {
-                break;
-            }
-        }
-        let () = redis::pipe()
-            .atomic()
-            .del(&self.heartbeat)
-            .ignore()
-            .srem(&keys.consumers, &self.id)
-            .ignore()
-            .query_async(&mut conn)
+        let moved: i64 = LEAVE
+            .key(&self.processing)
+            .key(&keys.pending)
+            .key(&self.incarnation.heartbeat)
+            .key(&keys.consumers)
+            .arg(&self.incarnation.id)
+            .arg(&self.incarnation.token)
+            .arg(MAX_REQUEUE_HELD)
+            .invoke_async(&mut self.queue.redis().conn())
             .await?;
+        if moved < 0 {
+            return Err(QueueError::IdentityLost(self.incarnation.id.clone()));
+        }
         Ok(())
     }
 }

@@ -7,12 +7,20 @@
 //! consumers whose heartbeat is gone, counting those crash re-deliveries apart from handler
 //! failures, so a restarting instance never steals a live consumer's work.
 //!
-//! - `consumer` — lease, ack, fail, heartbeat.
-//! - `recovery` — returning a dead consumer's entries, under a lock.
+//! - `consumer` — lease, ack, fail, release, shutdown.
+//! - `identity` — a consumer's id and incarnation: fresh per process by default, or stable
+//!   (`consumer_with_id`) so a restart takes its predecessor's entries back at once; the
+//!   heartbeat that re-registers it.
+//! - `recovery` — returning dead consumers' entries (and those of processing lists no
+//!   registered consumer owns), under a lock, in order.
+//!
+//! Order: leases take the oldest entry; a retried, released or recovered entry goes back to the
+//! front, in its original order, so work runs first in, first out except where a handler fails.
 //! - `dead` — listing and requeueing dead letters.
 
 mod consumer;
 mod dead;
+mod identity;
 mod recovery;
 
 use std::marker::PhantomData;
@@ -31,6 +39,7 @@ use crate::ttl::Ttl;
 
 pub use consumer::{AckOutcome, Consumer, FailOutcome, Leased, MAX_LEASE_BATCH};
 pub use dead::{DeadLetterView, MAX_DEAD_LETTER_LIST};
+pub use identity::MAX_CONSUMER_ID;
 pub use recovery::RecoveryReport;
 
 static APPEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/append.lua")));
@@ -86,6 +95,19 @@ pub enum QueueError {
     /// A dead letter's item does not decode, so it cannot become work again.
     #[error("dead letter {0} holds an undecodable item")]
     Undecodable(Uuid),
+    /// A stable consumer id is held by a live process (its heartbeat kept being refreshed);
+    /// each process needs an id of its own.
+    #[error(
+        "consumer id {0:?} is in use by a live process (its heartbeat is being refreshed); give each process its own consumer id"
+    )]
+    IdentityInUse(String),
+    /// Another incarnation took this consumer's id over (this one stalled past its heartbeat);
+    /// it must stop, leaving the entries to the new holder.
+    #[error("consumer id {0:?} was taken over by another incarnation; this consumer has stopped")]
+    IdentityLost(String),
+    /// A stable consumer id must be 1 to 128 characters of `[A-Za-z0-9_.-]`.
+    #[error("consumer id {0:?} must be 1 to 128 characters of [A-Za-z0-9_.-]")]
+    InvalidConsumerId(String),
 }
 
 /// Tunables.

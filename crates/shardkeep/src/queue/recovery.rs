@@ -1,8 +1,13 @@
-//! Recovery: returns to pending only the entries of consumers whose heartbeat key is gone, under
-//! a lock so concurrent recoveries never double-deliver. Each returned entry's `crash_count`
-//! goes up by one; an entry that reaches the crash limit becomes a dead letter (a poison pill)
-//! instead of killing consumer after consumer.
+//! Recovery: returns to the front of pending, in their original order, only the entries of
+//! consumers whose heartbeat is gone, under a lock so concurrent recoveries never double-deliver.
+//! Each returned entry's `crash_count` goes up by one; an entry that reaches the crash limit
+//! becomes a dead letter (a poison pill) instead of killing consumer after consumer.
+//!
+//! Candidates are the registered consumers, and, as a backstop, every processing list found by
+//! a bounded SCAN whose consumer is not registered (however it fell out of the set): nothing a
+//! dead consumer held is left unwalked.
 
+use std::collections::HashSet;
 use std::sync::LazyLock;
 
 use chrono::Utc;
@@ -13,6 +18,7 @@ use uuid::Uuid;
 
 use super::{DurableDeadLetterEntry, DurableWorkQueueEntry, QueueError, WorkQueue};
 use crate::keyspace::QUEUE_RECOVERY_LOCK_TTL;
+use crate::keyspace::segment::unescape;
 use crate::telemetry;
 
 static RECOVER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/recover.lua")));
@@ -20,6 +26,8 @@ static UNLOCK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua
 
 /// Consumers examined per recovery pass.
 const MAX_CONSUMERS_PER_PASS: usize = 10_000;
+/// Processing lists the backstop SCAN examines per pass.
+const MAX_LISTS_PER_PASS: usize = 10_000;
 /// Entries moved per script call.
 const RECOVER_CHUNK: isize = 256;
 
@@ -30,8 +38,10 @@ pub struct RecoveryReport {
     pub ran: bool,
     /// Consumers examined.
     pub consumers: usize,
-    /// Consumers found dead.
+    /// Consumers found dead (registered ones, and unregistered owners of processing lists).
     pub dead_consumers: usize,
+    /// Processing lists found by the backstop whose consumer was not registered.
+    pub unregistered: usize,
     /// Entries returned to pending.
     pub returned: usize,
     /// Entries dead-lettered as poison pills (or undecodable).
@@ -104,43 +114,104 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         consumers.sort();
         consumers.dedup();
         report.consumers = consumers.len();
-        for consumer in consumers {
+        let registered: HashSet<String> = consumers.iter().cloned().collect();
+        let unregistered = self.unregistered_lists(&registered).await?;
+        report.unregistered = unregistered.len();
+        for consumer in consumers.into_iter().chain(unregistered) {
             let heartbeat = keys.consumer_heartbeat(&consumer)?;
             if conn.exists(&heartbeat).await? {
                 continue;
             }
-            report.dead_consumers += 1;
-            let processing = keys.processing(&consumer)?;
-            loop {
-                let entries: Vec<Vec<u8>> = conn.lrange(&processing, -RECOVER_CHUNK, -1).await?;
-                let mut call = RECOVER.prepare_invoke();
-                call.key(&processing)
-                    .key(&heartbeat)
-                    .key(&keys.pending)
-                    .key(&keys.dead)
-                    .key(&keys.consumers)
-                    .arg(&consumer);
-                for raw in entries.iter().rev() {
-                    let (successor, to_dead) = self.successor(raw)?;
-                    call.arg(raw)
-                        .arg(successor)
-                        .arg(if to_dead { "d" } else { "p" });
-                }
-                let moved: Vec<i64> = call.invoke_async(&mut conn).await?;
-                match moved.as_slice() {
-                    [returned, poisoned] => {
-                        report.returned += usize::try_from(*returned).unwrap_or(0);
-                        report.poisoned += usize::try_from(*poisoned).unwrap_or(0);
-                    }
-                    // The consumer came back to life: leave its entries alone.
-                    _ => break,
-                }
-                if entries.is_empty() || entries.len() < RECOVER_CHUNK as usize {
-                    break;
-                }
+            if let Some((returned, poisoned)) = self.return_entries(&consumer, None).await? {
+                report.dead_consumers += 1;
+                report.returned += returned;
+                report.poisoned += poisoned;
             }
         }
         Ok(report)
+    }
+
+    /// Consumer ids of processing lists (found by a bounded SCAN of the family) that are not in
+    /// `registered`.
+    async fn unregistered_lists(
+        &self,
+        registered: &HashSet<String>,
+    ) -> Result<Vec<String>, QueueError> {
+        let prefix = self.keys().processing_prefix();
+        let pattern = format!("{prefix}*");
+        let mut conn = self.redis().conn();
+        let mut found = Vec::new();
+        let mut examined = 0;
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(256)
+                .query_async(&mut conn)
+                .await?;
+            examined += page.len();
+            found.extend(
+                page.iter()
+                    .filter_map(|key| key.strip_prefix(&prefix).and_then(unescape))
+                    .filter(|id| !registered.contains(id)),
+            );
+            cursor = next;
+            if cursor == 0 || examined >= MAX_LISTS_PER_PASS {
+                break;
+            }
+        }
+        found.sort();
+        found.dedup();
+        Ok(found)
+    }
+
+    /// Returns the entries of `consumer`'s processing list to the front of pending in their
+    /// original order (newest chunk first, each chunk newest first, so the oldest is leased
+    /// first), one crash more each. Only while its heartbeat is held by `holder` (`None`: while
+    /// it has none). `None` when the heartbeat was not as expected (nothing more moved).
+    pub(super) async fn return_entries(
+        &self,
+        consumer: &str,
+        holder: Option<&str>,
+    ) -> Result<Option<(usize, usize)>, QueueError> {
+        let keys = self.keys();
+        let mut conn = self.redis().conn();
+        let heartbeat = keys.consumer_heartbeat(consumer)?;
+        let processing = keys.processing(consumer)?;
+        let (mut returned, mut poisoned) = (0, 0);
+        loop {
+            let entries: Vec<Vec<u8>> = conn.lrange(&processing, 0, RECOVER_CHUNK - 1).await?;
+            let mut call = RECOVER.prepare_invoke();
+            call.key(&processing)
+                .key(&heartbeat)
+                .key(&keys.pending)
+                .key(&keys.dead)
+                .key(&keys.consumers)
+                .arg(consumer)
+                .arg(holder.unwrap_or(""));
+            for raw in &entries {
+                let (successor, to_dead) = self.successor(raw)?;
+                call.arg(raw)
+                    .arg(successor)
+                    .arg(if to_dead { "d" } else { "p" });
+            }
+            let moved: Vec<i64> = call.invoke_async(&mut conn).await?;
+            match moved.as_slice() {
+                [r, p] => {
+                    returned += usize::try_from(*r).unwrap_or(0);
+                    poisoned += usize::try_from(*p).unwrap_or(0);
+                }
+                // The heartbeat is not as expected (a consumer came back to life, or another
+                // incarnation took the id): leave the rest alone.
+                _ => return Ok((returned + poisoned > 0).then_some((returned, poisoned))),
+            }
+            if entries.len() < RECOVER_CHUNK as usize {
+                return Ok(Some((returned, poisoned)));
+            }
+        }
     }
 
     /// What an entry of a dead consumer becomes: back to pending with one more crash, or a dead

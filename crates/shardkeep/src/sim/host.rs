@@ -254,6 +254,7 @@ impl Host {
             zone,
             room,
             owner_epoch: entry.character.owner_epoch,
+            state_version: Some(entry.character.state_version),
         })
     }
 

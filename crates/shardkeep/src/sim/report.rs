@@ -85,8 +85,8 @@ pub struct JournalCounts {
     pub processed: u64,
     /// Entries skipped because the session reconnected first.
     pub skipped_reconnected: u64,
-    /// Location writes turned into retry jobs.
-    pub location_retries: u64,
+    /// Entries skipped because a newer cleanup of the same character was applied first.
+    pub skipped_stale: u64,
     /// Entries dead-lettered (the planted poison included).
     pub dead_lettered: u64,
 }
@@ -181,12 +181,12 @@ impl fmt::Display for SimReport {
         let j = &self.journal;
         let _ = writeln!(
             out,
-            "journal         appended {} (append retries {}), processed {}, skipped (reconnected) {}, location retries {}, dead-lettered {}",
+            "journal         appended {} (append retries {}), processed {}, skipped (reconnected) {}, skipped (older than one applied) {}, dead-lettered {}",
             j.appended,
             j.append_retries,
             j.processed,
             j.skipped_reconnected,
-            j.location_retries,
+            j.skipped_stale,
             j.dead_lettered
         );
         let kinds: Vec<String> = self

@@ -136,7 +136,7 @@ pub(super) fn build_report(
             append_retries: get(&c.journal_append_retries),
             processed: load(&journal.processed),
             skipped_reconnected: load(&journal.skipped_reconnected),
-            location_retries: load(&journal.location_retries),
+            skipped_stale: load(&journal.skipped_stale),
             dead_lettered: load(&journal.dead_lettered),
         },
         transfers: TransferCounts {

@@ -58,7 +58,6 @@ pub(super) fn start_workers(world: &Arc<World>) -> (Arc<RetryStats>, Arc<Journal
         env.journal.clone(),
         env.coord.clone(),
         CharacterStore::new(env.pg.clone()),
-        Some(env.retry.clone()),
         JournalWorkerConfig::default(),
     );
     let journal_stats = journal_worker.stats();

@@ -1,4 +1,3 @@
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -6,7 +5,6 @@ use chrono::Utc;
 use serde_json::json;
 use shardkeep::backend::redis::RedisTimeouts;
 use shardkeep::character::{CharacterStore, NewCharacter};
-use shardkeep::clock::SystemClock;
 use shardkeep::coord::ResumeLedgerRecord;
 use shardkeep::faults::{FaultProxy, ProxyMode};
 use shardkeep::journal::{
@@ -15,21 +13,20 @@ use shardkeep::journal::{
     cleanup_stream,
 };
 use shardkeep::queue::WorkQueueConfig;
-use shardkeep::retry::RetryQueue;
 use shardkeep::{Coordination, CoordinationConfig, PostgresBackend, RedisBackend, Ttl};
 use shardkeep_testkit::TestRedis;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-struct Env {
-    redis: TestRedis,
-    store: CharacterStore,
-    coord: Coordination,
-    journal: SessionJournal,
+pub(crate) struct Env {
+    pub(crate) redis: TestRedis,
+    pub(crate) store: CharacterStore,
+    pub(crate) coord: Coordination,
+    pub(crate) journal: SessionJournal,
 }
 
 impl Env {
-    async fn new(pool: &PgPool) -> Self {
+    pub(crate) async fn new(pool: &PgPool) -> Self {
         let redis = TestRedis::new().await;
         let journal = SessionJournal::new(redis.backend(), WorkQueueConfig::default()).unwrap();
         Self {
@@ -40,17 +37,16 @@ impl Env {
         }
     }
 
-    fn worker(&self, retry: Option<RetryQueue>) -> JournalWorker {
+    pub(crate) fn worker(&self) -> JournalWorker {
         JournalWorker::new(
             self.journal.clone(),
             self.coord.clone(),
             self.store.clone(),
-            retry,
             config(),
         )
     }
 
-    async fn character(&self) -> PlayerSnapshot {
+    pub(crate) async fn character(&self) -> PlayerSnapshot {
         let id = Uuid::now_v7();
         let account = Uuid::now_v7();
         self.store
@@ -74,6 +70,7 @@ impl Env {
             zone: "zone-2".into(),
             room: "r3".into(),
             owner_epoch: epoch,
+            state_version: Some(0),
         }
     }
 }
@@ -85,7 +82,7 @@ fn config() -> JournalWorkerConfig {
     }
 }
 
-fn cleanup(
+pub(crate) fn cleanup(
     player: &PlayerSnapshot,
     token: &str,
     plan: SessionLifecycleEffectPlan,
@@ -111,7 +108,7 @@ fn cleanup(
     }
 }
 
-async fn location(store: &CharacterStore, id: Uuid) -> (Option<String>, Option<String>) {
+pub(crate) async fn location(store: &CharacterStore, id: Uuid) -> (Option<String>, Option<String>) {
     let row = store.load(id).await.unwrap().unwrap();
     (row.zone_ref, row.room_ref)
 }
@@ -121,7 +118,7 @@ async fn a_reconnectable_cleanup_persists_ledger_location_and_presence(pool: PgP
     let env = Env::new(&pool).await;
     let player = env.character().await;
     let item = cleanup(&player, "s-1", SessionLifecycleEffectPlan::Reconnectable);
-    let worker = env.worker(None);
+    let worker = env.worker();
     assert_eq!(
         worker.process(&item, Uuid::now_v7()).await.unwrap(),
         Processed::Applied
@@ -163,10 +160,7 @@ async fn a_permanent_removal_deletes_the_ledger_and_persists_location_only(pool:
         )
         .await
         .unwrap();
-    env.worker(None)
-        .process(&item, Uuid::now_v7())
-        .await
-        .unwrap();
+    env.worker().process(&item, Uuid::now_v7()).await.unwrap();
     assert!(env.coord.resume_load("s-2").await.unwrap().is_none());
     assert_eq!(
         location(&env.store, player.character_id).await.0.as_deref(),
@@ -199,10 +193,7 @@ async fn a_confirmed_transfer_deletes_the_ledger_and_touches_nothing_else(pool: 
         .session_activate("s-3", Ttl::from_secs(60).unwrap())
         .await
         .unwrap();
-    env.worker(None)
-        .process(&item, Uuid::now_v7())
-        .await
-        .unwrap();
+    env.worker().process(&item, Uuid::now_v7()).await.unwrap();
     assert!(env.coord.resume_load("s-3").await.unwrap().is_none());
     assert_eq!(
         location(&env.store, player.character_id).await.0.as_deref(),
@@ -228,10 +219,7 @@ async fn stale_cleanup_of_a_reconnected_session_is_skipped(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(
-        env.worker(None)
-            .process(&item, Uuid::now_v7())
-            .await
-            .unwrap(),
+        env.worker().process(&item, Uuid::now_v7()).await.unwrap(),
         Processed::SkippedReconnected
     );
     assert!(env.coord.resume_load("s-4").await.unwrap().is_none());
@@ -328,7 +316,7 @@ async fn an_append_failure_leaves_the_session_active_with_the_error(pool: PgPool
 async fn a_lost_wake_signal_is_covered_by_the_interval(pool: PgPool) {
     let env = Env::new(&pool).await;
     let player = env.character().await;
-    let worker = env.worker(None);
+    let worker = env.worker();
     let stats = worker.stats();
     let cancel = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(worker.run(cancel.clone()));
@@ -366,7 +354,7 @@ async fn a_failing_effect_dead_letters_after_eight_attempts_with_its_summary(poo
     let env = Env::new(&pool).await;
     let mut player = env.character().await;
     player.character_id = Uuid::now_v7(); // a character the store does not have
-    let worker = env.worker(None);
+    let worker = env.worker();
     let entry = env
         .journal
         .append(cleanup(
@@ -420,7 +408,7 @@ async fn a_poison_journal_entry_is_dead_lettered_with_its_error(pool: PgPool) {
         .await
         .unwrap();
     let mut consumer = env.journal.queue().consumer().await.unwrap();
-    assert_eq!(env.worker(None).drain(&mut consumer).await.unwrap(), 0);
+    assert_eq!(env.worker().drain(&mut consumer).await.unwrap(), 0);
     let (depths, summaries) = env.journal.inspect(10).await.unwrap();
     assert_eq!(depths.dead, 1);
     assert!(summaries[0].error.contains("does not decode"));
@@ -428,7 +416,7 @@ async fn a_poison_journal_entry_is_dead_lettered_with_its_error(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
-async fn a_failed_location_write_becomes_a_session_cleanup_retry_job(pool: PgPool) {
+async fn a_failed_location_write_fails_the_entry_to_retry_in_order(pool: PgPool) {
     let env = Env::new(&pool).await;
     let player = env.character().await;
     let url = std::env::var("DATABASE_URL").unwrap();
@@ -445,33 +433,34 @@ async fn a_failed_location_write_becomes_a_session_cleanup_retry_job(pool: PgPoo
         .await
         .unwrap();
     proxy.set_mode(ProxyMode::Cut);
-    let (retry, _signals) = RetryQueue::new(
-        PostgresBackend::from_pool(pool.clone()),
-        8,
-        Arc::new(SystemClock),
-    );
     let worker = JournalWorker::new(
         env.journal.clone(),
         env.coord.clone(),
         CharacterStore::new(PostgresBackend::from_pool(cut_pool)),
-        Some(retry),
         config(),
     );
     let item = cleanup(&player, "s-9", SessionLifecycleEffectPlan::PermanentRemoval);
+    let entry = Uuid::now_v7();
+    let failed = worker.process(&item, entry).await;
+    assert!(
+        matches!(&failed, Err(e) if e.starts_with("location write")),
+        "{failed:?}"
+    );
+    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM persistence_retry_jobs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(jobs, 0, "no retry job jumps the journal's order");
+    // The entry's retry (the same entry, at the front of the queue) lands once Postgres is back.
+    proxy.set_mode(ProxyMode::Pass);
     assert_eq!(
-        worker.process(&item, Uuid::now_v7()).await.unwrap(),
+        worker.process(&item, entry).await.unwrap(),
         Processed::Applied
     );
-    let (kind, origin, impact): (String, String, String) =
-        sqlx::query_as("SELECT job_kind, origin, session_impact FROM persistence_retry_jobs")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
     assert_eq!(
-        (kind.as_str(), origin.as_str(), impact.as_str()),
-        ("character_location", "session_cleanup", "none")
+        location(&env.store, player.character_id).await,
+        (Some("zone-2".into()), Some("r3".into()))
     );
-    assert_eq!(worker.stats().location_retries.load(Ordering::Relaxed), 1);
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
@@ -493,7 +482,7 @@ async fn an_entry_leased_by_a_call_whose_reply_was_lost_is_processed_next_pass(p
     drop(lost);
     let depths = env.journal.queue().depths().await.unwrap();
     assert_eq!((depths.pending, depths.processing), (0, 1));
-    let pass = env.worker(None).drain_pass(&mut consumer).await.unwrap();
+    let pass = env.worker().drain_pass(&mut consumer).await.unwrap();
     assert_eq!((pass.handled, pass.failed), (1, 0));
     let depths = env.journal.queue().depths().await.unwrap();
     assert_eq!((depths.pending, depths.processing, depths.dead), (0, 0, 0));

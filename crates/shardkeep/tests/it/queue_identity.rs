@@ -1,0 +1,195 @@
+//! Consumer identity and restart recovery. By default each consumer is a fresh incarnation: a
+//! crashed one's entries come back through any worker's recovery once its heartbeat lapses. With
+//! a stable id, a restarted process takes its predecessor's entries back itself, and a second
+//! live process asking for an id in use is refused.
+
+use std::time::{Duration, Instant};
+
+use redis::AsyncCommands;
+use shardkeep::Ttl;
+use shardkeep::queue::{QueueError, WorkQueue, WorkQueueConfig};
+use shardkeep_testkit::TestRedis;
+
+const HEARTBEAT: Duration = Duration::from_millis(600);
+
+fn queue(redis: &TestRedis) -> WorkQueue<u32> {
+    let config = WorkQueueConfig {
+        heartbeat_ttl: Ttl::try_from(HEARTBEAT).unwrap(),
+        ..WorkQueueConfig::default()
+    };
+    WorkQueue::new(redis.backend(), "identity", config).unwrap()
+}
+
+async fn append_all(queue: &WorkQueue<u32>, n: u32) {
+    for i in 0..n {
+        queue.append(i).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn fresh_identities_are_unique_and_a_crash_is_recovered_after_the_heartbeat_lapses() {
+    let redis = TestRedis::new().await;
+    let queue = queue(&redis);
+    append_all(&queue, 3).await;
+    let mut crashed = queue.consumer().await.unwrap();
+    let other = queue.consumer().await.unwrap();
+    assert_ne!(crashed.id(), other.id());
+    crashed.lease_batch(3).await.unwrap();
+    crashed.abandon();
+    // Bound in this mode: heartbeat TTL, then the next recovery pass of any worker.
+    assert_eq!(
+        queue.recover().await.unwrap().returned,
+        0,
+        "not before the lapse"
+    );
+    tokio::time::sleep(HEARTBEAT + Duration::from_millis(150)).await;
+    assert_eq!(queue.recover().await.unwrap().returned, 3);
+}
+
+#[tokio::test]
+async fn a_clean_restart_under_a_stable_id_claims_it_at_once() {
+    let redis = TestRedis::new().await;
+    let queue = queue(&redis);
+    append_all(&queue, 2).await;
+    let mut first = queue.consumer_with_id("serve-0").await.unwrap();
+    assert_eq!(first.id(), "serve-0");
+    first.lease_batch(2).await.unwrap();
+    first.shutdown().await.unwrap();
+    assert_eq!(
+        queue.depths().await.unwrap().pending,
+        2,
+        "handed back at shutdown"
+    );
+    let started = Instant::now();
+    let mut second = queue.consumer_with_id("serve-0").await.unwrap();
+    assert!(started.elapsed() < HEARTBEAT / 2, "{:?}", started.elapsed());
+    let leased = second.lease().await.unwrap().unwrap();
+    assert_eq!((leased.entry.item, leased.entry.crash_count), (0, 0));
+}
+
+#[tokio::test]
+async fn a_restart_after_a_crash_takes_the_predecessors_entries_back_itself() {
+    let redis = TestRedis::new().await;
+    let queue = queue(&redis);
+    append_all(&queue, 5).await;
+    let mut crashed = queue.consumer_with_id("serve-0").await.unwrap();
+    crashed.lease_batch(3).await.unwrap();
+    crashed.abandon();
+    let started = Instant::now();
+    let mut restarted = queue.consumer_with_id("serve-0").await.unwrap();
+    // Bound in this mode: the predecessor's heartbeat TTL, no recovery pass needed.
+    let waited = started.elapsed();
+    assert!(
+        waited <= HEARTBEAT + Duration::from_millis(200),
+        "{waited:?}"
+    );
+    let depths = queue.depths().await.unwrap();
+    assert_eq!((depths.pending, depths.processing), (5, 0));
+    let mut order = Vec::new();
+    while let Some(leased) = restarted.lease().await.unwrap() {
+        order.push((leased.entry.item, leased.entry.crash_count));
+        restarted.ack(&leased).await.unwrap();
+    }
+    assert_eq!(
+        order,
+        vec![(0, 1), (1, 1), (2, 1), (3, 0), (4, 0)],
+        "the predecessor's entries first, in order, counted as a crash"
+    );
+}
+
+#[tokio::test]
+async fn a_second_live_process_with_an_id_in_use_is_refused() {
+    let redis = TestRedis::new().await;
+    let queue = queue(&redis);
+    append_all(&queue, 2).await;
+    let mut live = queue.consumer_with_id("serve-0").await.unwrap();
+    let held = live.lease().await.unwrap().unwrap();
+    let started = Instant::now();
+    let refused = queue.consumer_with_id("serve-0").await;
+    assert!(
+        matches!(&refused, Err(QueueError::IdentityInUse(id)) if id == "serve-0"),
+        "{refused:?}"
+    );
+    assert!(started.elapsed() < HEARTBEAT, "{:?}", started.elapsed());
+    let message = refused.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(message.contains("in use by a live process"), "{message}");
+    // The live one goes on untouched.
+    assert_eq!(
+        live.ack(&held).await.unwrap(),
+        shardkeep::queue::AckOutcome::Acked
+    );
+    assert!(live.lease().await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn two_processes_started_together_with_one_id_get_one_consumer() {
+    let redis = TestRedis::new().await;
+    let queue = queue(&redis);
+    let (a, b) = tokio::join!(
+        queue.consumer_with_id("serve-1"),
+        queue.consumer_with_id("serve-1")
+    );
+    let oks = [a.is_ok(), b.is_ok()].iter().filter(|ok| **ok).count();
+    assert_eq!(oks, 1, "exactly one wins");
+    let refused = if a.is_err() { a.err() } else { b.err() };
+    assert!(matches!(refused, Some(QueueError::IdentityInUse(_))));
+}
+
+#[tokio::test]
+async fn an_incarnation_whose_id_was_taken_over_stops_and_touches_nothing() {
+    let redis = TestRedis::new().await;
+    let queue = queue(&redis);
+    append_all(&queue, 3).await;
+    let mut stalled = queue.consumer_with_id("serve-0").await.unwrap();
+    stalled.lease().await.unwrap().unwrap();
+    // It stalls past its heartbeat; a restart under its id takes over.
+    let keys = redis.keys().queue("identity").unwrap();
+    let mut raw = redis.raw().await;
+    let _: i64 = raw
+        .del(keys.consumer_heartbeat("serve-0").unwrap())
+        .await
+        .unwrap();
+    let mut successor = queue.consumer_with_id("serve-0").await.unwrap();
+    let taken = successor.lease().await.unwrap().unwrap();
+    assert_eq!((taken.entry.item, taken.entry.crash_count), (0, 1));
+    // The stalled one wakes up: it may neither lease nor hand back the successor's entries.
+    assert!(matches!(
+        stalled.lease().await,
+        Err(QueueError::IdentityLost(_))
+    ));
+    assert!(matches!(
+        stalled.heartbeat().await,
+        Err(QueueError::IdentityLost(_))
+    ));
+    assert!(matches!(
+        stalled.shutdown().await,
+        Err(QueueError::IdentityLost(_))
+    ));
+    assert_eq!(queue.depths().await.unwrap().processing, 1);
+    assert_eq!(
+        successor.ack(&taken).await.unwrap(),
+        shardkeep::queue::AckOutcome::Acked
+    );
+}
+
+#[tokio::test]
+async fn malformed_consumer_ids_are_refused_before_touching_redis() {
+    let redis = TestRedis::new().await;
+    let queue = queue(&redis);
+    let long = "x".repeat(129);
+    for bad in ["", "has space", "a:b", "{tag}", "é", long.as_str()] {
+        assert!(
+            matches!(
+                queue.consumer_with_id(bad).await,
+                Err(QueueError::InvalidConsumerId(_))
+            ),
+            "{bad:?}"
+        );
+    }
+    let mut raw = redis.raw().await;
+    let keys: Vec<String> = raw
+        .keys(format!("*{}*", redis.keys().namespace()))
+        .await
+        .unwrap();
+    assert!(keys.is_empty(), "{keys:?}");
+}
