@@ -159,6 +159,9 @@ fn malformed_operator_arguments_are_rejected() {
         &["serve", "--listen", "nowhere"][..],
         &["serve", "--skew-seconds", "0"],
         &["serve", "--retry-backoff-millis", "fast"],
+        &["serve", "--consumer-id", ""],
+        &["serve", "--consumer-id", "has space"],
+        &["serve", "--consumer-id", "a:b"],
         &["dead-letters", "list", "--kind", "mail"],
         &["dead-letters", "list", "--kind", "retry", "--limit", "0"],
         &[
@@ -392,6 +395,76 @@ fn simulate_runs_prints_the_table_and_writes_the_json_report() {
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
     assert_eq!(json["passed"], true);
     assert_eq!(json["run"]["players"], 30);
-    assert_eq!(json["invariants"].as_array().unwrap().len(), 5);
+    assert_eq!(json["invariants"].as_array().unwrap().len(), 7);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Two `serve` processes started with one `--consumer-id`: the second is refused at start-up
+/// with a clear error while the first keeps its journal consumer.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_second_serve_with_a_consumer_id_in_use_is_refused(pool: PgPool) {
+    let url = database_url_of(&pool);
+    let test_redis = shardkeep_testkit::TestRedis::new().await;
+    let namespace = test_redis.keys().namespace().to_owned();
+    let redis = test_redis.url().to_owned();
+    let spawn = |port: u16| {
+        Command::new(env!("CARGO_BIN_EXE_shardkeep"))
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--namespace",
+                &namespace,
+                "--consumer-id",
+                "serve-0",
+            ])
+            .env("DATABASE_URL", &url)
+            .env("REDIS_URL", &redis)
+            .env("SHARDKEEP_INTERNAL_KEYS", "ops:0123456789abcdef0123")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    };
+    let first_port = free();
+    let mut first = spawn(first_port);
+    let mut up = false;
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", first_port)).is_ok() {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(up, "the first serve never listened");
+    let second = spawn(free());
+    let out = tokio::task::spawn_blocking(move || second.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("in use by a live process"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", first_port)).is_ok(),
+        "the first serve goes on"
+    );
+    let status = Command::new("kill")
+        .args(["-TERM", &first.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let status = tokio::task::spawn_blocking(move || first.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(status.success());
 }

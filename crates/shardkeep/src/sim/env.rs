@@ -123,8 +123,12 @@ impl SimEnv {
         let coord = Coordination::new(redis.clone(), CoordinationConfig::default());
         let (retry, retry_signals) =
             RetryQueue::new(pg.clone(), signal_depth, Arc::new(SystemClock));
-        let journal = SessionJournal::new(redis.clone(), WorkQueueConfig::default())
-            .map_err(|e| setup(&e))?;
+        // Time is compressed: a crashed journal consumer's heartbeat lapses in 3 s.
+        let journal_config = WorkQueueConfig {
+            heartbeat_ttl: crate::ttl::Ttl::from_static_secs(3),
+            ..WorkQueueConfig::default()
+        };
+        let journal = SessionJournal::new(redis.clone(), journal_config).map_err(|e| setup(&e))?;
         Ok(Self {
             db_url,
             keys,

@@ -61,7 +61,7 @@ pub(super) fn plan(
         let per_minute = match fault {
             Fault::KillShard | Fault::RedisOutage | Fault::PostgresOutage | Fault::QueueFull => 2.0,
             Fault::Zombie => 4.0,
-            Fault::Poison => 2.0,
+            Fault::Poison | Fault::WorkerCrash => 2.0,
         };
         if fault == Fault::Zombie && shards < 2 {
             continue;
@@ -149,7 +149,36 @@ async fn apply(world: &Arc<World>, fault: &PlannedFault) {
             }
         }
         Fault::Poison => plant_poison(world).await,
+        Fault::WorkerCrash => crash_a_journal_worker(world).await,
     }
+}
+
+/// Entries a crashing journal worker holds when it dies.
+pub(super) const CRASH_HELD: usize = 64;
+
+/// A second journal consumer competes with the run's worker for two seconds, leasing entries
+/// as they arrive and finishing none, then dies holding them (no clean shutdown); the run's
+/// worker goes on with later entries and recovers these once the dead consumer's heartbeat
+/// lapses.
+async fn crash_a_journal_worker(world: &World) {
+    let queue = world.env.journal.queue();
+    let Ok(mut doomed) = queue.consumer().await else {
+        return;
+    };
+    let until = tokio::time::Instant::now() + Duration::from_secs(2);
+    let mut held = 0;
+    while held < CRASH_HELD && tokio::time::Instant::now() < until && !world.halt.is_cancelled() {
+        match doomed.lease_blocking(Duration::from_millis(200)).await {
+            Ok(Some(_)) => held += 1,
+            Ok(None) => {}
+            Err(_) => break,
+        }
+    }
+    world
+        .counters
+        .journal_held_by_crash
+        .fetch_add(held as u64, Ordering::Relaxed);
+    doomed.abandon();
 }
 
 async fn hold(world: &World, length: Duration) {

@@ -23,6 +23,7 @@ mod faults;
 mod host;
 mod host_faults;
 mod host_settle;
+mod order_checks;
 mod play;
 pub mod report;
 mod run;
@@ -54,17 +55,21 @@ pub enum Fault {
     QueueFull,
     /// Undecodable retry rows and journal entries are planted.
     Poison,
+    /// A second journal worker leases a batch of entries and dies holding them, while the first
+    /// goes on with later ones: recovery returns older entries after newer ones were applied.
+    WorkerCrash,
 }
 
 impl Fault {
     /// Every fault, in display order.
-    pub const ALL: [Fault; 6] = [
+    pub const ALL: [Fault; 7] = [
         Fault::KillShard,
         Fault::Zombie,
         Fault::RedisOutage,
         Fault::PostgresOutage,
         Fault::QueueFull,
         Fault::Poison,
+        Fault::WorkerCrash,
     ];
 
     /// The flag spelling.
@@ -76,6 +81,7 @@ impl Fault {
             Fault::PostgresOutage => "postgres-outage",
             Fault::QueueFull => "queue-full",
             Fault::Poison => "poison",
+            Fault::WorkerCrash => "worker-crash",
         }
     }
 }
@@ -89,7 +95,7 @@ impl fmt::Display for Fault {
 /// A `--faults` value that names no fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown fault {0:?}; expected all, none, or a comma list of: kill-shard, zombie, redis-outage, postgres-outage, queue-full, poison"
+    "unknown fault {0:?}; expected all, none, or a comma list of: kill-shard, zombie, redis-outage, postgres-outage, queue-full, poison, worker-crash"
 )]
 pub struct UnknownFault(pub String);
 

@@ -15,6 +15,7 @@ use super::checks::{self, Dangling, EndState, Observed};
 use super::env::SimEnv;
 use super::faults;
 use super::host::{Host, Inbound, SettleStep};
+use super::order_checks::{self, OrderObserved};
 use super::report::SimReport;
 use super::summary::{audit_counts, build_report, transfer_audit};
 use super::world::{World, get};
@@ -149,7 +150,8 @@ async fn play(world: Arc<World>, progress: Progress) -> SimReport {
         super::travel::go_offline(&world, agent, ramp * index as u64);
     }
     let observed = Arc::new(Mutex::new(Observed::default()));
-    let scanner = spawn_scanner(&world, &observed);
+    let order_observed = Arc::new(Mutex::new(OrderObserved::default()));
+    let scanner = spawn_scanner(&world, &observed, &order_observed);
     let plan = faults::plan(config.seed, config.duration, &config.faults, config.shards);
     let start = Instant::now();
     let injector = tokio::spawn(faults::inject(Arc::clone(&world), plan.clone(), start));
@@ -204,9 +206,18 @@ async fn play(world: Arc<World>, progress: Progress) -> SimReport {
         observed.record(&rows);
         observed
     };
+    let direct = Coordination::new(
+        world.env.redis_direct.clone(),
+        CoordinationConfig::default(),
+    );
+    order_checks::scan(&world.env.pg_direct, &direct, &order_observed).await;
+    let order_observed = order_observed
+        .lock()
+        .map(|mut o| std::mem::take(&mut *o))
+        .unwrap_or_default();
     let audit = audit_counts(&world).await;
     let transfer_audit = transfer_audit(&world).await;
-    let (acked, destroyed, end_floors, placement_problems, claims) = world
+    let (acked, destroyed, end_floors, placement_problems, claims, cleanups) = world
         .with_ledger(|l| {
             (
                 l.acked.clone(),
@@ -214,6 +225,7 @@ async fn play(world: Arc<World>, progress: Progress) -> SimReport {
                 l.end_floors.clone(),
                 l.placement_violations.clone(),
                 l.claims.clone(),
+                l.cleanups.clone(),
             )
         })
         .unwrap_or_default();
@@ -234,6 +246,7 @@ async fn play(world: Arc<World>, progress: Progress) -> SimReport {
         checks::sessions_placed(&end, settled.sessions_checked),
         checks::nothing_dangling(&end),
         super::claims::no_superseded_handoff_adopted(&claims),
+        order_checks::journal_order_kept(&direct, &cleanups, &order_observed).await,
     ];
     let passed = invariants.iter().all(|i| i.holds) && rows.len() == config.players;
     let mut report = build_report(
@@ -256,9 +269,15 @@ async fn play(world: Arc<World>, progress: Progress) -> SimReport {
 fn spawn_scanner(
     world: &Arc<World>,
     observed: &Arc<Mutex<Observed>>,
+    order_observed: &Arc<Mutex<OrderObserved>>,
 ) -> tokio::task::JoinHandle<()> {
     let world = Arc::clone(world);
     let observed = Arc::clone(observed);
+    let order_observed = Arc::clone(order_observed);
+    let coord = Coordination::new(
+        world.env.redis_direct.clone(),
+        CoordinationConfig::default(),
+    );
     tokio::spawn(async move {
         loop {
             tokio::select! {
@@ -270,6 +289,7 @@ fn spawn_scanner(
             {
                 observed.record(&rows);
             }
+            order_checks::scan(&world.env.pg_direct, &coord, &order_observed).await;
         }
     })
 }

@@ -154,6 +154,7 @@ pub(super) fn build_report(
             "zombies_made": get(&c.zombies_made),
             "zombie_evictions": get(&c.evictions),
             "poison_planted": get(&c.poison_planted),
+            "journal_entries_held_by_crashed_workers": get(&c.journal_held_by_crash),
         }),
         invariants,
         passed,

@@ -13,6 +13,7 @@ use chrono::Utc;
 use super::agent::Agent;
 use super::claims::{ClaimRecord, HandoffClaimRecord};
 use super::host::Inbound;
+use super::order_checks::CleanupRecord;
 use super::world::{World, bump};
 use crate::character::{CharacterSnapshot, HandoffLoad, HandoffPayload};
 use crate::coord::{HandoffTake, PresenceRecord, TransferActivation};
@@ -221,8 +222,16 @@ pub(super) fn close_stream(
                 )
                 .await
             };
-            if outcome.entry_id.is_some() {
+            if let Some(entry_id) = outcome.entry_id {
                 bump(&world.counters.journal_appended);
+                world.with_ledger(|ledger| {
+                    ledger.cleanups.push(CleanupRecord {
+                        character_id: cleanup.player.character_id,
+                        owner_epoch: cleanup.player.owner_epoch,
+                        closed_at: cleanup.closed_at,
+                        entry_id,
+                    })
+                });
                 return;
             }
             bump(&world.counters.journal_append_retries);

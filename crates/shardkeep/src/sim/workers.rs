@@ -58,7 +58,10 @@ pub(super) fn start_workers(world: &Arc<World>) -> (Arc<RetryStats>, Arc<Journal
         env.journal.clone(),
         env.coord.clone(),
         CharacterStore::new(env.pg.clone()),
-        JournalWorkerConfig::default(),
+        JournalWorkerConfig {
+            recovery_interval: Duration::from_secs(2),
+            ..JournalWorkerConfig::default()
+        },
     );
     let journal_stats = journal_worker.stats();
     tokio::spawn(journal_worker.run(world.halt.child_token()));

@@ -56,6 +56,7 @@ pub(super) struct Counters {
     pub(super) shards_killed: AtomicU64,
     pub(super) zombies_made: AtomicU64,
     pub(super) poison_planted: AtomicU64,
+    pub(super) journal_held_by_crash: AtomicU64,
     pub(super) upkeep_passes: AtomicU64,
     pub(super) upkeep_failed_steps: AtomicU64,
     pub(super) upkeep_markers_removed: AtomicU64,
@@ -96,6 +97,8 @@ pub(super) struct Ledger {
     pub(super) placement_violations: Vec<String>,
     /// Every claim whose reply arrived (logins and handoffs).
     pub(super) claims: Vec<super::claims::ClaimRecord>,
+    /// Every session cleanup appended to the journal.
+    pub(super) cleanups: Vec<super::order_checks::CleanupRecord>,
 }
 
 /// Adds `b` into `a`.

@@ -26,7 +26,7 @@ async fn a_short_run_with_every_fault_keeps_every_invariant() {
     .unwrap();
     let failed: Vec<_> = report.invariants.iter().filter(|i| !i.holds).collect();
     assert!(report.passed, "{report}\n{failed:?}");
-    assert_eq!(report.invariants.len(), 6);
+    assert_eq!(report.invariants.len(), 7);
     for invariant in &report.invariants {
         assert!(invariant.checked > 0, "{} checked nothing", invariant.name);
     }
