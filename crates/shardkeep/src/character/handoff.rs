@@ -54,12 +54,20 @@ impl HandoffPayload {
         serde_json::to_vec(self)
     }
 
-    /// Reads stored bytes, checking that the stated epoch is the snapshot's own.
+    /// Reads stored bytes, checking that the stated epoch is the snapshot's own. A bare
+    /// snapshot, as shards before this payload stored them, is read as dumped under its own
+    /// `owner_epoch` (what that field always meant), so a rolling upgrade loses no handoff.
     pub fn decode(bytes: &[u8]) -> Result<Self, HandoffPayloadError> {
         if bytes.len() > MAX_HANDOFF_PAYLOAD_BYTES {
             return Err(HandoffPayloadError::TooLarge(bytes.len()));
         }
-        let payload: Self = serde_json::from_slice(bytes)?;
+        let payload: Self = match serde_json::from_slice(bytes) {
+            Ok(payload) => payload,
+            Err(err) => match serde_json::from_slice::<CharacterSnapshot>(bytes) {
+                Ok(snapshot) => Self::new(snapshot),
+                Err(_) => return Err(err.into()),
+            },
+        };
         let (stated, snapshot) = (payload.dumped_under_epoch, payload.snapshot.owner_epoch);
         if stated != snapshot || stated < 0 {
             return Err(HandoffPayloadError::EpochMismatch { stated, snapshot });
@@ -98,15 +106,21 @@ mod tests {
     }
 
     #[test]
+    fn a_bare_snapshot_from_an_older_shard_reads_as_dumped_under_its_epoch() {
+        let bare = serde_json::to_vec(&snapshot(7)).unwrap();
+        let payload = HandoffPayload::decode(&bare).unwrap();
+        assert_eq!(payload.dumped_under_epoch, 7);
+        assert_eq!(payload.snapshot, snapshot(7));
+    }
+
+    #[test]
     fn malformed_payloads_are_typed_errors() {
         assert!(matches!(
             HandoffPayload::decode(b"{not json"),
             Err(HandoffPayloadError::Malformed(_))
         ));
-        // A bare snapshot (no stated epoch) is not a handoff payload.
-        let bare = serde_json::to_vec(&snapshot(7)).unwrap();
         assert!(matches!(
-            HandoffPayload::decode(&bare),
+            HandoffPayload::decode(br#"{"dumped_under_epoch": 1}"#),
             Err(HandoffPayloadError::Malformed(_))
         ));
         let mut lying = HandoffPayload::new(snapshot(7));

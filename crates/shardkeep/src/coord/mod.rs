@@ -7,7 +7,6 @@
 //! validated before anything is sent, so a rejected call writes nothing.
 
 pub mod cleanup;
-pub mod cleanup_order;
 pub mod handoff;
 pub mod maintenance;
 pub mod nonce;
@@ -15,6 +14,7 @@ pub mod presence;
 pub mod registry;
 pub mod resume;
 pub mod session;
+pub mod session_order;
 pub mod throttle;
 pub mod transfer;
 
@@ -23,13 +23,13 @@ use crate::keyspace::{DEFAULT_CONSUMED_MARKER_TTL, KeyError, Keyspace};
 use crate::ttl::{Ttl, TtlError};
 
 pub use cleanup::{CleanupMode, CleanupReport};
-pub use cleanup_order::{CLEANUP_ORDER_TTL, CleanupOrder, OrderCheck};
 pub use handoff::{HandoffMove, HandoffTake};
 pub use maintenance::{MaintenancePass, maintain_once, run_maintenance};
 pub use nonce::NonceRegistration;
 pub use presence::{PresencePrune, PresenceRecord};
 pub use registry::{InstanceRecord, RegistryListing};
 pub use resume::ResumeLedgerRecord;
+pub use session_order::{OrderCheck, SESSION_ORDER_TTL, SessionOrder};
 pub use throttle::{ThrottlePolicy, ThrottleStatus};
 pub use transfer::{TransferActivation, TransferReconcile};
 

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{RealtimeStreamCleanup, SessionJournal};
 use crate::character::{CharacterStore, LocationOrder, LocationWrite};
-use crate::coord::{CleanupOrder, Coordination, OrderCheck, PresenceRecord};
+use crate::coord::{Coordination, OrderCheck, PresenceRecord, SessionOrder};
 use crate::queue::{Consumer, FailOutcome, Leased, QueueError};
 use crate::ttl::Ttl;
 
@@ -103,6 +103,10 @@ impl PassPacing {
     }
 }
 
+/// Most entries one drain pass handles; the loop goes on at once when a pass stops at it, so
+/// recovery and pacing get their turn during a long backlog.
+pub const MAX_PASS_ENTRIES: usize = 1024;
+
 /// What one drain pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DrainPass {
@@ -110,6 +114,8 @@ pub struct DrainPass {
     pub handled: usize,
     /// Entries that failed (retried through the queue or dead-lettered).
     pub failed: usize,
+    /// True when the pass stopped at [`MAX_PASS_ENTRIES`] with work left.
+    pub more: bool,
 }
 
 /// What processing one entry did.
@@ -208,21 +214,27 @@ impl JournalWorker {
                 }
                 last_recovery = tokio::time::Instant::now();
             }
-            let failed = match self.drain_pass(&mut consumer).await {
-                Ok(pass) => pass.failed > 0,
+            let (failed, more) = match self.drain_pass(&mut consumer).await {
+                Ok(pass) => (pass.failed > 0, pass.more),
                 Err(err @ QueueError::IdentityLost(_)) => {
                     tracing::error!(event = "journal_consumer_lost", error = %err);
                     return;
                 }
                 Err(err) => {
                     tracing::warn!(event = "journal_drain_failed", error = %err);
-                    true
+                    (true, false)
                 }
             };
             if let Some(pause) = pacing.after_pass(failed) {
                 tokio::select! {
                     () = cancel.cancelled() => break,
                     () = tokio::time::sleep(pause) => {}
+                }
+                continue;
+            }
+            if more {
+                if cancel.is_cancelled() {
+                    break;
                 }
                 continue;
             }
@@ -237,9 +249,8 @@ impl JournalWorker {
         }
     }
 
-    /// Leases and processes entries until pending is empty, trying each entry at most once per
-    /// pass (a failed entry waits for the next pass instead of spinning); returns how many it
-    /// handled.
+    /// Leases and processes entries until pending is empty (or [`MAX_PASS_ENTRIES`] were
+    /// handled), trying each entry at most once per pass; returns how many it handled.
     pub async fn drain(
         &self,
         consumer: &mut Consumer<RealtimeStreamCleanup>,
@@ -249,6 +260,9 @@ impl JournalWorker {
 
     /// One pass of [`Self::drain`]. It starts by putting back whatever the consumer's processing
     /// list holds (it holds nothing between passes, so those are leases whose replies were lost).
+    /// An entry that fails stays held through the rest of the pass, so the entries behind it
+    /// run (their effects do not depend on order), and goes back to the front, in its place,
+    /// when the pass ends: one failing entry never stalls the journal.
     pub async fn drain_pass(
         &self,
         consumer: &mut Consumer<RealtimeStreamCleanup>,
@@ -261,23 +275,22 @@ impl JournalWorker {
                 "entries leased by calls whose replies were lost are pending again"
             );
         }
-        let mut handled = 0;
-        let mut failed = std::collections::HashSet::new();
-        while let Some(leased) = consumer.lease().await? {
-            if failed.contains(&leased.entry.entry_id) {
-                consumer.release(&leased).await?;
+        let mut pass = DrainPass::default();
+        while pass.handled < MAX_PASS_ENTRIES {
+            let Some(leased) = consumer.lease().await? else {
                 break;
-            }
+            };
             if !self.handle(consumer, &leased).await? {
-                failed.insert(leased.entry.entry_id);
+                pass.failed += 1;
             }
-            handled += 1;
+            pass.handled += 1;
+        }
+        pass.more = pass.handled >= MAX_PASS_ENTRIES;
+        if pass.failed > 0 {
+            consumer.requeue_held().await?;
         }
         let _ = self.journal.queue().depths().await;
-        Ok(DrainPass {
-            handled,
-            failed: failed.len(),
-        })
+        Ok(pass)
     }
 
     /// Processes one entry; false when it failed (and was retried or dead-lettered).
@@ -310,7 +323,8 @@ impl JournalWorker {
             Err(error) => {
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(event = "journal_effect_failed", session = %leased.entry.item.session_token, error = %error);
-                if let FailOutcome::DeadLettered { .. } = consumer.fail(leased, &error).await? {
+                if let FailOutcome::DeadLettered { .. } = consumer.fail_held(leased, &error).await?
+                {
                     self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
                 }
                 return Ok(false);
@@ -319,9 +333,10 @@ impl JournalWorker {
         Ok(true)
     }
 
-    /// Applies one entry's effects. Deleting the session's own resume ledger always applies
-    /// (that session is over); everything else only while the entry is the newest cleanup seen
-    /// for its character.
+    /// Applies one entry's effects, only while the entry is the newest session event seen for
+    /// its character (a cleanup of an earlier session, or one older than a cleanup already
+    /// applied, is stale) and its copy still owns the character. Deleting the session's own
+    /// resume ledger applies either way: that session is over.
     pub async fn process(
         &self,
         item: &RealtimeStreamCleanup,
@@ -329,31 +344,40 @@ impl JournalWorker {
     ) -> Result<Processed, String> {
         let effects = item.plan.effects(item.transfer_confirmed);
         let token = &item.session_token;
+        if !effects.delete_resume_ledger
+            && self
+                .coord
+                .session_is_active(token)
+                .await
+                .map_err(|e| format!("session check: {e}"))?
+        {
+            return Ok(Processed::SkippedReconnected);
+        }
+        let player = &item.player;
+        let character = player.character_id.to_string();
+        let order = SessionOrder {
+            owner_epoch: player.owner_epoch,
+            at: item.closed_at,
+            event_id: entry_id,
+        };
+        let place = self
+            .coord
+            .session_order_claim(&character, &order)
+            .await
+            .map_err(|e| format!("session order: {e}"))?;
+        // After the claim: an older cleanup storing this session's ledger concurrently checks
+        // the order again after its store, and finds this one.
         if effects.delete_resume_ledger {
             self.coord
                 .resume_delete(token)
                 .await
                 .map_err(|e| format!("resume ledger delete: {e}"))?;
-        } else if self
-            .coord
-            .session_is_active(token)
-            .await
-            .map_err(|e| format!("session check: {e}"))?
-        {
-            return Ok(Processed::SkippedReconnected);
         }
-        let player = &item.player;
-        let order = CleanupOrder {
-            owner_epoch: player.owner_epoch,
-            closed_at: item.closed_at,
-            entry_id,
-        };
-        let place = self
-            .coord
-            .cleanup_order_claim(&player.character_id.to_string(), &order)
-            .await
-            .map_err(|e| format!("cleanup order: {e}"))?;
         if place == OrderCheck::Stale {
+            return Ok(Processed::SkippedStale);
+        }
+        if effects.persist_location && !self.persist_location(item).await? {
+            // A newer owner holds the character: this session's presence and ledger are over.
             return Ok(Processed::SkippedStale);
         }
         if effects.persist_resume_ledger
@@ -363,14 +387,25 @@ impl JournalWorker {
                 .resume_store(record, self.config.resume_ttl)
                 .await
                 .map_err(|e| format!("resume ledger store: {e}"))?;
-        }
-        if effects.persist_location {
-            self.persist_location(item).await?;
+            let still = self
+                .coord
+                .session_order_claim(&character, &order)
+                .await
+                .map_err(|e| format!("session order: {e}"))?;
+            if still == OrderCheck::Stale {
+                // A newer event came in meanwhile (and may have deleted this ledger before the
+                // store landed): take the store back.
+                self.coord
+                    .resume_delete(token)
+                    .await
+                    .map_err(|e| format!("resume ledger delete: {e}"))?;
+                return Ok(Processed::SkippedStale);
+            }
         }
         if effects.refresh_presence {
             let record = PresenceRecord {
                 account_id: player.account_id.to_string(),
-                character_id: player.character_id.to_string(),
+                character_id: character.clone(),
                 session_token: token.clone(),
                 shard_id: player.shard_id.clone(),
                 zone_id: Some(player.zone.clone()),
@@ -378,19 +413,24 @@ impl JournalWorker {
                     + chrono::Duration::from_std(self.config.presence_ttl.duration())
                         .unwrap_or_default(),
             };
-            // Checked against the order again in the write: a newer cleanup may have come in.
-            self.coord
+            // Checked against the order again in the write: a newer event may have come in.
+            let written = self
+                .coord
                 .presence_put_ordered(&record, &order)
                 .await
                 .map_err(|e| format!("presence refresh: {e}"))?;
+            if written == OrderCheck::Stale {
+                return Ok(Processed::SkippedStale);
+            }
         }
         Ok(Processed::Applied)
     }
 
     /// Writes the location, fenced by the snapshot's epoch and ordered against what the row
     /// holds (an older cleanup's location, or one older than the copy's last live write, is
-    /// left alone). A failed write fails the entry, which retries through the queue in order.
-    async fn persist_location(&self, item: &RealtimeStreamCleanup) -> Result<(), String> {
+    /// left alone). `Ok(false)` when a newer owner holds the character. A failed write fails the
+    /// entry, which is retried.
+    async fn persist_location(&self, item: &RealtimeStreamCleanup) -> Result<bool, String> {
         let player = &item.player;
         let order = LocationOrder {
             owner_epoch: player.owner_epoch,
@@ -402,16 +442,16 @@ impl JournalWorker {
             .write_location_ordered(player.character_id, order, &player.zone, &player.room)
             .await
         {
-            Ok(LocationWrite::Written) => Ok(()),
+            Ok(LocationWrite::Written) => Ok(true),
             Ok(LocationWrite::Superseded { current_epoch }) => {
                 tracing::info!(event = "journal_location_superseded", character = %player.character_id,
                     epoch = player.owner_epoch, current_epoch);
-                Ok(())
+                Ok(false)
             }
             Ok(LocationWrite::Stale) => {
                 tracing::info!(event = "journal_location_stale", character = %player.character_id,
                     "the row holds a newer location");
-                Ok(())
+                Ok(true)
             }
             Ok(LocationWrite::NotFound) => {
                 Err(format!("character {} not found", player.character_id))

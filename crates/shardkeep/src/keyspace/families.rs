@@ -157,7 +157,7 @@ pub const FAMILIES: &[KeyFamily] = &[
         "presence record of a character"
     ),
     family!(
-        "presence_cleanup_order",
+        "presence_session_order",
         "{<ns>:presence}:order:<character_id>",
         GameServer,
         TtlRule::Default("cleanup order TTL, 7 d, refreshed by each cleanup"),

@@ -245,7 +245,7 @@ impl Keyspace {
 
     /// The order mark of one character's session cleanups (the newest seen); in the presence
     /// group so a presence refresh can check it in the same script.
-    pub fn presence_cleanup_order(&self, character_id: &str) -> Result<String, KeyError> {
+    pub fn presence_session_order(&self, character_id: &str) -> Result<String, KeyError> {
         Ok(format!(
             "{}:order:{}",
             self.presence_tag(),

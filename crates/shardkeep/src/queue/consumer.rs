@@ -368,6 +368,35 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
         Ok(FailOutcome::Retried { attempts })
     }
 
+    /// `leased` failed with `error`, and the caller goes on with later entries: it stays held
+    /// by this consumer with one more attempt (so neither this pass nor another worker runs it
+    /// again meanwhile), until [`Consumer::requeue_held`] puts it back at the front of pending
+    /// in its original order; at the attempt limit it is a dead letter at once.
+    pub async fn fail_held(
+        &self,
+        leased: &Leased<T>,
+        error: &str,
+    ) -> Result<FailOutcome, QueueError>
+    where
+        T: Clone,
+    {
+        let attempts = leased.entry.attempts + 1;
+        if attempts >= self.queue.config().max_attempts {
+            return self.fail(leased, error).await;
+        }
+        let retry = DurableWorkQueueEntry {
+            attempts,
+            ..leased.entry.clone()
+        };
+        if !self
+            .move_to(&leased.raw, &self.processing, &retry, Place::Newest)
+            .await?
+        {
+            return Ok(FailOutcome::Stale);
+        }
+        Ok(FailOutcome::Retried { attempts })
+    }
+
     /// Hands `leased` back to the front of pending unchanged (no attempt counted): used to end
     /// a pass without spinning on an entry that already failed in it.
     pub async fn release(&self, leased: &Leased<T>) -> Result<bool, QueueError> {
@@ -389,9 +418,14 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
         let moved: i64 = REQUEUE_HELD
             .key(&self.processing)
             .key(&self.queue.keys().pending)
+            .key(&self.incarnation.heartbeat)
             .arg(MAX_REQUEUE_HELD)
+            .arg(&self.incarnation.token)
             .invoke_async(&mut self.queue.redis().conn())
             .await?;
+        if moved < 0 {
+            return Err(self.incarnation.lost());
+        }
         Ok(usize::try_from(moved).unwrap_or(0))
     }
 

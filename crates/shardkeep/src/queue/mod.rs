@@ -152,6 +152,9 @@ pub struct WorkQueue<T> {
     name: String,
     keys: QueueKeys,
     config: WorkQueueConfig,
+    /// Where recovery's backstop SCAN goes on from (it walks the keyspace a bounded slice per
+    /// pass); shared by clones.
+    backstop_cursor: std::sync::Arc<std::sync::atomic::AtomicU64>,
     _item: PhantomData<fn() -> T>,
 }
 
@@ -162,6 +165,7 @@ impl<T> Clone for WorkQueue<T> {
             name: self.name.clone(),
             keys: self.keys.clone(),
             config: self.config,
+            backstop_cursor: std::sync::Arc::clone(&self.backstop_cursor),
             _item: PhantomData,
         }
     }
@@ -180,6 +184,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
             name: name.to_owned(),
             keys,
             config,
+            backstop_cursor: std::sync::Arc::default(),
             _item: PhantomData,
         })
     }
@@ -260,5 +265,9 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
 
     pub(crate) fn redis(&self) -> &RedisBackend {
         &self.redis
+    }
+
+    pub(crate) fn backstop_cursor(&self) -> &std::sync::atomic::AtomicU64 {
+        &self.backstop_cursor
     }
 }

@@ -26,8 +26,13 @@ static UNLOCK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua
 
 /// Consumers examined per recovery pass.
 const MAX_CONSUMERS_PER_PASS: usize = 10_000;
-/// Processing lists the backstop SCAN examines per pass.
-const MAX_LISTS_PER_PASS: usize = 10_000;
+/// SCAN calls the backstop makes per pass (each examines about [`BACKSTOP_SCAN_COUNT`] keys of
+/// the whole keyspace); the next pass goes on from where this one stopped, so a pass stays
+/// bounded however large the keyspace, and the whole keyspace is covered every
+/// `keys / (calls × count)` passes.
+const BACKSTOP_CALLS_PER_PASS: usize = 64;
+/// The COUNT hint of each backstop SCAN call.
+const BACKSTOP_SCAN_COUNT: usize = 1000;
 /// Entries moved per script call.
 const RECOVER_CHUNK: isize = 256;
 
@@ -131,38 +136,39 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         Ok(report)
     }
 
-    /// Consumer ids of processing lists (found by a bounded SCAN of the family) that are not in
-    /// `registered`.
+    /// Consumer ids of processing lists that are not in `registered`, found by the next slice
+    /// of a SCAN of the keyspace (at most [`BACKSTOP_CALLS_PER_PASS`] calls; the cursor is kept
+    /// for the next pass).
     async fn unregistered_lists(
         &self,
         registered: &HashSet<String>,
     ) -> Result<Vec<String>, QueueError> {
+        use std::sync::atomic::Ordering;
         let prefix = self.keys().processing_prefix();
         let pattern = format!("{prefix}*");
         let mut conn = self.redis().conn();
         let mut found = Vec::new();
-        let mut examined = 0;
-        let mut cursor: u64 = 0;
-        loop {
+        let mut cursor = self.backstop_cursor().load(Ordering::Relaxed);
+        for _ in 0..BACKSTOP_CALLS_PER_PASS {
             let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("MATCH")
                 .arg(&pattern)
                 .arg("COUNT")
-                .arg(256)
+                .arg(BACKSTOP_SCAN_COUNT)
                 .query_async(&mut conn)
                 .await?;
-            examined += page.len();
             found.extend(
                 page.iter()
                     .filter_map(|key| key.strip_prefix(&prefix).and_then(unescape))
                     .filter(|id| !registered.contains(id)),
             );
             cursor = next;
-            if cursor == 0 || examined >= MAX_LISTS_PER_PASS {
+            if cursor == 0 {
                 break;
             }
         }
+        self.backstop_cursor().store(cursor, Ordering::Relaxed);
         found.sort();
         found.dedup();
         Ok(found)

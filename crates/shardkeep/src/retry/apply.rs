@@ -53,6 +53,18 @@ fn record_effect(
     store(row, &doc)
 }
 
+/// True when the row's recorded job effects hold one under `key` (the job ran before).
+pub(crate) fn effect_recorded(row: &RowState, key: &str) -> bool {
+    row.state
+        .get("job_effects")
+        .and_then(|e| e.as_array())
+        .is_some_and(|effects| {
+            effects
+                .iter()
+                .any(|e| e.get("key").and_then(|k| k.as_str()) == Some(key))
+        })
+}
+
 /// Replays the job effects recorded in `source` (a stored row's state) on `row` (a newer
 /// checkpoint's), in the order they were applied. Reward grants stay idempotent by key; an
 /// effect that does not decode or apply is skipped (the checkpoint's own content stands).

@@ -94,6 +94,7 @@ impl RetryQueue {
     }
 
     /// Stores `job`, then signals the worker. An insert failure comes back: nothing was queued.
+    /// Enqueueing the same job again (a retry after a lost reply) stores it once.
     pub async fn enqueue(&self, job: &PersistenceRetryJob) -> Result<EnqueueOutcome, RetryError> {
         let mut conn = self.pg.pool().acquire().await?;
         store::insert_job(&mut conn, job, self.clock.now()).await?;

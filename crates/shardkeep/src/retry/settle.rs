@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::apply::{RowState, apply_payload};
+use super::apply::{RowState, apply_payload, effect_recorded};
 use super::job::{PersistenceRetryJob, PersistenceRetryPayload};
 use super::store::ClaimedRow;
 use crate::backend::PostgresBackend;
@@ -129,12 +129,17 @@ pub(crate) async fn settle(
             outcomes.push(JobOutcome::Superseded);
             continue;
         }
+        let key = &job.envelope().idempotency_key;
         if let PersistenceRetryPayload::CombatRewards { .. } = payload {
-            let key = &job.envelope().idempotency_key;
             if !granted.contains(key) || !seen_keys.insert(key.clone()) {
                 outcomes.push(JobOutcome::AlreadyApplied);
                 continue;
             }
+        } else if effect_recorded(row, key) {
+            // The same job stored twice (an enqueue retried after its reply was lost, landing
+            // after the first copy ran): applying it again would undo what landed since.
+            outcomes.push(JobOutcome::AlreadyApplied);
+            continue;
         }
         let before = row.clone();
         match apply_payload(row, payload, &job.envelope().idempotency_key) {

@@ -66,7 +66,8 @@ const JOB_COLUMNS: &str = "retry_job_id, job_kind, character_id, realm_id, paylo
 const INSERT: &str = "
 INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, realm_id, zone_id, payload,
     next_attempt_at, session_token, session_impact, source, idempotency_key, owner_epoch, origin, issued_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+ON CONFLICT (retry_job_id) DO NOTHING";
 
 /// Due rows whose lease is absent or expired, oldest first, skipping rows another worker is
 /// claiming; then stamp the lease. `$4` restricts the claim to signaled ids when not null.

@@ -234,7 +234,8 @@ impl Saver {
             config,
             Arc::clone(&stats),
             finals,
-        );
+        )
+        .counting_finals(pending.clone());
         let (queue, _task) =
             DrainQueue::spawn(config.queue_depth, config.max_batch, worker, cancel);
         Self {
@@ -302,8 +303,14 @@ impl Saver {
             .collect();
         let unwrap =
             |requests: Vec<SaveRequest>| requests.into_iter().map(|r| r.snapshot).collect();
+        let count = requests.len();
         let result = match self.queue.try_enqueue(requests) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                if reason == SaveReason::Final {
+                    self.pending.queued(count);
+                }
+                Ok(())
+            }
             Err(EnqueueError::Full(requests)) => Err(EnqueueError::Full(unwrap(requests))),
             Err(EnqueueError::Closed(requests)) => Err(EnqueueError::Closed(unwrap(requests))),
         };
@@ -342,7 +349,8 @@ impl Saver {
         }
     }
 
-    /// Logout saves not yet durable (retrying through an outage, or waiting to become a job).
+    /// Logout saves not yet durable: still queued, or retrying through an outage, or waiting to
+    /// become a job.
     pub fn unsaved_finals(&self) -> UnsavedFinals {
         self.pending.unsaved()
     }

@@ -3,6 +3,7 @@
 //! them, so a shutdown never reports `Drained` while a logout's changes are not yet durable.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
@@ -15,10 +16,21 @@ pub const MAX_PENDING_FINALS: usize = 10_000;
 /// Final saves not yet durable, as a shutdown reports them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct UnsavedFinals {
-    /// Logout saves whose changes are in neither the row nor a retry job yet.
+    /// Logout saves still in the saver's queue, not yet attempted (neither their row nor their
+    /// checkpoint is written).
+    pub queued: usize,
+    /// Logout saves attempted whose changes are in neither the row nor a retry job yet.
     pub pending: usize,
-    /// How many of them the Redis checkpoint holds (a login prefers it over the older row).
+    /// How many of the `pending` ones the Redis checkpoint holds (a login prefers it over the
+    /// older row).
     pub checkpointed: usize,
+}
+
+impl UnsavedFinals {
+    /// Logout saves not yet durable in Postgres, queued or pending.
+    pub fn total(&self) -> usize {
+        self.queued + self.pending
+    }
 }
 
 #[derive(Debug, Default)]
@@ -28,11 +40,12 @@ struct Entries {
     live: HashMap<u64, (Uuid, bool)>,
 }
 
-/// The registry of pending final saves. Cheap to clone.
+/// The registry of pending final saves, and a count of those still queued. Cheap to clone.
 #[derive(Debug, Clone)]
 pub(super) struct PendingFinals {
     entries: Arc<Mutex<Entries>>,
     count: Arc<watch::Sender<usize>>,
+    queued: Arc<AtomicUsize>,
 }
 
 impl Default for PendingFinals {
@@ -40,6 +53,7 @@ impl Default for PendingFinals {
         Self {
             entries: Arc::default(),
             count: Arc::new(watch::channel(0).0),
+            queued: Arc::default(),
         }
     }
 }
@@ -59,6 +73,20 @@ impl Drop for PendingTicket {
 }
 
 impl PendingFinals {
+    /// `n` final saves entered the saver's queue.
+    pub(super) fn queued(&self, n: usize) {
+        self.queued.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// `n` queued final saves were taken off the queue by the drainer.
+    pub(super) fn dequeued(&self, n: usize) {
+        let _ = self
+            .queued
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| {
+                Some(q.saturating_sub(n))
+            });
+    }
+
     /// Registers a final save of `character_id`; `None` when [`MAX_PENDING_FINALS`] are pending.
     pub(super) fn begin(&self, character_id: Uuid, checkpointed: bool) -> Option<PendingTicket> {
         let Ok(mut entries) = self.entries.lock() else {
@@ -84,15 +112,20 @@ impl PendingFinals {
         }
     }
 
-    /// What is pending now.
+    /// What is queued and pending now.
     pub(super) fn unsaved(&self) -> UnsavedFinals {
+        let queued = self.queued.load(Ordering::Relaxed);
         self.entries
             .lock()
             .map(|entries| UnsavedFinals {
+                queued,
                 pending: entries.live.len(),
                 checkpointed: entries.live.values().filter(|(_, c)| *c).count(),
             })
-            .unwrap_or_default()
+            .unwrap_or(UnsavedFinals {
+                queued,
+                ..UnsavedFinals::default()
+            })
     }
 
     /// Waits until nothing is pending or `deadline` passes; true when nothing is pending.
@@ -115,13 +148,17 @@ mod tests {
         let pending = PendingFinals::default();
         let a = pending.begin(Uuid::from_u128(1), true);
         let b = pending.begin(Uuid::from_u128(1), false);
+        pending.queued(3);
+        pending.dequeued(1);
         assert_eq!(
             pending.unsaved(),
             UnsavedFinals {
+                queued: 2,
                 pending: 2,
                 checkpointed: 1
             }
         );
+        pending.dequeued(5);
         let soon = Instant::now() + Duration::from_millis(20);
         assert!(!pending.settled_by(soon).await);
         drop(a);

@@ -25,9 +25,16 @@ pub(super) struct SaverWorker {
     config: SaverConfig,
     stats: Arc<SaverStats>,
     finals: Option<FinalRetries>,
+    queued_finals: Option<super::pending::PendingFinals>,
 }
 
 impl SaverWorker {
+    /// Counts the final saves this worker takes off the queue in `pending`.
+    pub(super) fn counting_finals(mut self, pending: super::pending::PendingFinals) -> Self {
+        self.queued_finals = Some(pending);
+        self
+    }
+
     pub(super) fn new(
         store: Option<CharacterStore>,
         checkpoints: Option<CheckpointStore>,
@@ -43,6 +50,7 @@ impl SaverWorker {
             config,
             stats,
             finals,
+            queued_finals: None,
         }
     }
 }
@@ -52,7 +60,12 @@ type Unlanded = (SaveRequest, Start);
 
 impl BatchHandler<Vec<SaveRequest>> for SaverWorker {
     async fn handle(&mut self, batch: Vec<Vec<SaveRequest>>) {
-        let requests = coalesce(batch.into_iter().flatten().collect());
+        let requests: Vec<SaveRequest> = batch.into_iter().flatten().collect();
+        let finals = requests
+            .iter()
+            .filter(|r| r.reason == SaveReason::Final)
+            .count();
+        let requests = coalesce(requests);
         for chunk in requests.chunks(self.config.write_chunk.clamp(1, MAX_SAVE_BATCH)) {
             // The two tiers are independent: write them concurrently.
             let (checkpointed, unlanded) =
@@ -66,6 +79,10 @@ impl BatchHandler<Vec<SaveRequest>> for SaverWorker {
                     None => self.final_dropped(id),
                 }
             }
+        }
+        // Off the queue only now: each is in its row, pending in the background, or dropped.
+        if let Some(pending) = &self.queued_finals {
+            pending.dequeued(finals);
         }
     }
 }

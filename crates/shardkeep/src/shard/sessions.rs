@@ -103,8 +103,8 @@ pub struct ShutdownReport {
     /// The saver's barrier: `Drained` only when every logout save is in its row or a durable
     /// retry job (or was fenced).
     pub saver: BarrierOutcome,
-    /// Logout saves that were not durable when the bound ran out (still retrying through a
-    /// Postgres outage), and how many of them the Redis checkpoint holds.
+    /// Logout saves that were not durable when the bound ran out (still queued, or retrying
+    /// through a Postgres outage), and how many of the retrying ones the Redis checkpoint holds.
     pub unsaved_finals: crate::saver::UnsavedFinals,
     /// The placement writer's barrier.
     pub placement: BarrierOutcome,
@@ -399,9 +399,10 @@ impl Shard {
         self.saver.enqueue_many(SaveReason::Final, left);
         let saver = self.saver.barrier(bound).await;
         let unsaved_finals = self.saver.unsaved_finals();
-        if unsaved_finals.pending > 0 {
+        if unsaved_finals.total() > 0 {
             tracing::warn!(
                 event = "shutdown_finals_unsaved",
+                queued = unsaved_finals.queued,
                 pending = unsaved_finals.pending,
                 checkpointed = unsaved_finals.checkpointed,
                 "logout saves not yet in Postgres; their checkpoints hold them"

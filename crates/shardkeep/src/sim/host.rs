@@ -242,6 +242,11 @@ impl Host {
         self.world.in_transit.fetch_sub(1, Ordering::Relaxed);
     }
 
+    /// The owner epoch of the copy of `id` held here (0 when none is).
+    fn epoch_of(&self, id: Uuid) -> i64 {
+        self.shard.player(id).map_or(0, |p| p.character.owner_epoch)
+    }
+
     /// The journal's view of a held player.
     pub(super) fn player_snapshot(&self, character_id: Uuid) -> Option<PlayerSnapshot> {
         let entry = self.shard.player(character_id)?;
@@ -419,7 +424,14 @@ impl Host {
         if reconnectable {
             let token = agent.token("session");
             if let Some(admitted) = self.shard.resume(id, &token) {
-                travel::start_session(&self.world, &self.id, &agent, &token, &admitted.zone);
+                let epoch = self.epoch_of(id);
+                travel::start_session(
+                    &self.world,
+                    &self.id,
+                    &agent,
+                    (&token, epoch),
+                    &admitted.zone,
+                );
                 bump(&self.world.counters.resumes);
                 self.attach(id, agent, token);
                 return;
@@ -448,7 +460,14 @@ impl Host {
                 tracing::debug!(event = "sim_login", shard = %self.id, character = %id,
                     source = ?admitted.source, zone = %admitted.zone,
                     epoch = ?self.shard.player(id).map(|e| e.character.owner_epoch));
-                travel::start_session(&self.world, &self.id, &agent, &token, &admitted.zone);
+                let epoch = self.epoch_of(id);
+                travel::start_session(
+                    &self.world,
+                    &self.id,
+                    &agent,
+                    (&token, epoch),
+                    &admitted.zone,
+                );
                 bump(&self.world.counters.logins);
                 self.attach(id, agent, token);
             }
@@ -486,7 +505,13 @@ impl Host {
         match redialed {
             Ok(admitted) => {
                 tracing::debug!(event = "sim_handoff_in", shard = %self.id, character = %id, epoch, %token);
-                travel::start_session(&self.world, &self.id, &agent, &session, &admitted.zone);
+                travel::start_session(
+                    &self.world,
+                    &self.id,
+                    &agent,
+                    (&session, epoch),
+                    &admitted.zone,
+                );
                 travel::confirm_transfer(
                     &self.world,
                     &self.id,

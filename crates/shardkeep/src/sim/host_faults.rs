@@ -127,8 +127,14 @@ fn shard_config(world: &World, index: usize) -> ShardConfig {
     let mut config = ShardConfig::new(&World::shard_id(index), &home);
     config.checkpoint_pulses = world.config.checkpoint_pulses;
     config.flush_pulses = world.config.flush_pulses;
+    // Time is compressed: a logout save that a Postgres outage holds up for 2 s becomes a
+    // durable retry job, as one held up for 60 s does in production.
+    config.saver.final_outage_budget = FINAL_OUTAGE_BUDGET;
     config
 }
+
+/// How long a simulated logout save retries directly before it becomes a retry job.
+const FINAL_OUTAGE_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Boots shard `index` with its zones, writing through the proxied stores.
 pub(super) fn boot(world: &World, index: usize) -> Shard {

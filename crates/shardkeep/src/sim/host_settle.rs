@@ -108,12 +108,12 @@ impl Host {
         let shard = std::mem::replace(&mut self.shard, boot_idle(&self.world, self.index));
         let report = shard.shutdown(Duration::from_secs(20)).await;
         tracing::info!(event = "sim_shard_shutdown", shard = %self.id, finalized = report.finalized,
-            saver = ?report.saver, unsaved_finals = report.unsaved_finals.pending,
+            saver = ?report.saver, unsaved_finals = report.unsaved_finals.total(),
             placement = ?report.placement, auditor = ?report.auditor);
         self.world
             .counters
             .finals_unsaved_at_shutdown
-            .fetch_add(report.unsaved_finals.pending as u64, Ordering::Relaxed);
+            .fetch_add(report.unsaved_finals.total() as u64, Ordering::Relaxed);
         let stats = saver.stats();
         self.world.with_ledger(|ledger| {
             ledger.destroyed.extend(floors.iter().map(|(id, _)| *id));

@@ -217,7 +217,7 @@ async fn play(world: Arc<World>, progress: Progress) -> SimReport {
         .unwrap_or_default();
     let audit = audit_counts(&world).await;
     let transfer_audit = transfer_audit(&world).await;
-    let (acked, destroyed, end_floors, placement_problems, claims, cleanups) = world
+    let (acked, destroyed, end_floors, placement_problems, claims, session_events) = world
         .with_ledger(|l| {
             (
                 l.acked.clone(),
@@ -225,7 +225,7 @@ async fn play(world: Arc<World>, progress: Progress) -> SimReport {
                 l.end_floors.clone(),
                 l.placement_violations.clone(),
                 l.claims.clone(),
-                l.cleanups.clone(),
+                l.session_events.clone(),
             )
         })
         .unwrap_or_default();
@@ -246,7 +246,7 @@ async fn play(world: Arc<World>, progress: Progress) -> SimReport {
         checks::sessions_placed(&end, settled.sessions_checked),
         checks::nothing_dangling(&end),
         super::claims::no_superseded_handoff_adopted(&claims),
-        order_checks::journal_order_kept(&direct, &cleanups, &order_observed).await,
+        order_checks::journal_order_kept(&direct, &session_events, &order_observed).await,
     ];
     let passed = invariants.iter().all(|i| i.holds) && rows.len() == config.players;
     let mut report = build_report(

@@ -9,13 +9,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
+use uuid::Uuid;
 
 use super::agent::Agent;
 use super::claims::{ClaimRecord, HandoffClaimRecord};
 use super::host::Inbound;
-use super::order_checks::CleanupRecord;
+use super::order_checks::SessionEvent;
 use super::world::{World, bump};
 use crate::character::{CharacterSnapshot, HandoffLoad, HandoffPayload};
+use crate::coord::SessionOrder;
 use crate::coord::{HandoffTake, PresenceRecord, TransferActivation};
 use crate::journal::{
     ActiveSession, PlayerSnapshot, RealtimeRuntimeProfile, RealtimeStreamCleanup,
@@ -142,12 +144,14 @@ pub(super) fn claim(world: &Arc<World>, shard: String, agent: Agent, floor: i64)
     });
 }
 
-/// Marks a new session active and present (best effort; a miss is counted).
+/// Marks a new session of the copy at `epoch` active and present (best effort; a miss is
+/// counted). Its presence write takes the character's session order, so a cleanup of an earlier
+/// session arriving later leaves it alone.
 pub(super) fn start_session(
     world: &Arc<World>,
     shard: &str,
     agent: &Agent,
-    token: &str,
+    (token, epoch): (&str, i64),
     zone: &str,
 ) {
     world.sessions.insert(
@@ -166,15 +170,27 @@ pub(super) fn start_session(
         expires_at: Utc::now() + chrono::Duration::seconds(120),
     };
     let token = token.to_owned();
+    let order = SessionOrder {
+        owner_epoch: epoch,
+        at: Utc::now(),
+        event_id: Uuid::now_v7(),
+    };
+    world.with_ledger(|ledger| {
+        ledger.session_events.push(SessionEvent {
+            character_id: agent.character_id,
+            order,
+            cleanup: false,
+        })
+    });
     tokio::spawn(async move {
         let _permit = world.io.acquire().await;
         let coord = &world.env.coord;
         let marked = tokio::time::timeout(IO_BOUND, async {
             coord.session_activate(&token, SESSION_TTL).await?;
-            coord.presence_put(&record).await
+            coord.presence_put_ordered(&record, &order).await
         })
         .await;
-        if !matches!(marked, Ok(Ok(()))) {
+        if !matches!(marked, Ok(Ok(_))) {
             bump(&world.counters.session_marker_failures);
         }
     });
@@ -188,6 +204,8 @@ pub(super) fn close_stream(
     plan: SessionLifecycleEffectPlan,
 ) {
     let world = Arc::clone(world);
+    // The stream closes now, whenever the append gets to run.
+    let closed_at = Utc::now();
     tokio::spawn(async move {
         let pending_resume = (plan == SessionLifecycleEffectPlan::Reconnectable).then(|| {
             crate::coord::ResumeLedgerRecord {
@@ -209,7 +227,7 @@ pub(super) fn close_stream(
             pending_resume,
             transfer_confirmed: plan == SessionLifecycleEffectPlan::ConfirmedTransfer,
             plan,
-            closed_at: Utc::now(),
+            closed_at,
         };
         loop {
             let outcome = {
@@ -225,11 +243,14 @@ pub(super) fn close_stream(
             if let Some(entry_id) = outcome.entry_id {
                 bump(&world.counters.journal_appended);
                 world.with_ledger(|ledger| {
-                    ledger.cleanups.push(CleanupRecord {
+                    ledger.session_events.push(SessionEvent {
                         character_id: cleanup.player.character_id,
-                        owner_epoch: cleanup.player.owner_epoch,
-                        closed_at: cleanup.closed_at,
-                        entry_id,
+                        order: SessionOrder {
+                            owner_epoch: cleanup.player.owner_epoch,
+                            at: cleanup.closed_at,
+                            event_id: entry_id,
+                        },
+                        cleanup: true,
                     })
                 });
                 return;

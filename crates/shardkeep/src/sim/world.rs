@@ -97,8 +97,8 @@ pub(super) struct Ledger {
     pub(super) placement_violations: Vec<String>,
     /// Every claim whose reply arrived (logins and handoffs).
     pub(super) claims: Vec<super::claims::ClaimRecord>,
-    /// Every session cleanup appended to the journal.
-    pub(super) cleanups: Vec<super::order_checks::CleanupRecord>,
+    /// Every session started and every session cleanup appended to the journal.
+    pub(super) session_events: Vec<super::order_checks::SessionEvent>,
 }
 
 /// Adds `b` into `a`.

@@ -52,6 +52,7 @@ async fn shutdown_does_not_report_drained_while_a_final_save_is_unsaved(pool: Pg
     assert_eq!(
         report.unsaved_finals,
         UnsavedFinals {
+            queued: 0,
             pending: 1,
             checkpointed: 1
         },
@@ -209,4 +210,36 @@ async fn a_final_save_job_from_a_superseded_copy_is_fenced(pool: PgPool) {
         "the departed copy's save is fenced by the newer owner"
     );
     assert_eq!(currency_of(&stores, id).await, 7);
+}
+
+/// Postgres hangs (no answer at all): the logout's save is still in the saver's hands when the
+/// shutdown bound runs out, and the report counts it.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_shutdown_bound_running_out_counts_saves_still_queued(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let stores = Stores::new(&pool, redis.backend());
+    let proxy = FaultProxy::start(pg_addr()).await.unwrap();
+    let stalled_pool = proxied_pool(&pool, &proxy).await;
+    let mut config = config();
+    config.saver.io_timeout = Duration::from_secs(5);
+    let mut shard = boot_with(
+        rows_checkpoints_and_jobs(stalled_pool, redis.backend()),
+        &stores,
+        config,
+        &[0],
+        1,
+    );
+    let id = stores.new_character("Aria").await;
+    login(&stores, &mut shard, id, "s").await;
+    proxy.set_mode(ProxyMode::Stall);
+    shard.logout(id).unwrap();
+    let report = shard.shutdown(Duration::from_millis(500)).await;
+    assert_eq!(report.saver, BarrierOutcome::TimedOut);
+    assert_eq!(
+        report.unsaved_finals.total(),
+        1,
+        "{:?}",
+        report.unsaved_finals
+    );
+    proxy.set_mode(ProxyMode::Pass);
 }

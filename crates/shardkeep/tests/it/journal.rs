@@ -53,7 +53,7 @@ impl Env {
             .create(&NewCharacter {
                 character_id: id,
                 account_id: account,
-                name: format!("P{}", &id.simple().to_string()[..8]),
+                name: format!("P{}", &id.simple().to_string()[20..]),
                 zone_ref: Some("zone-0".into()),
                 room_ref: Some("r0".into()),
                 state: json!({}),
@@ -65,7 +65,7 @@ impl Env {
         PlayerSnapshot {
             character_id: id,
             account_id: account,
-            character_name: format!("P{}", &id.simple().to_string()[..8]),
+            character_name: format!("P{}", &id.simple().to_string()[20..]),
             shard_id: "shard-1".into(),
             zone: "zone-2".into(),
             room: "r3".into(),

@@ -75,29 +75,29 @@ async fn a_cleanup_older_than_the_rows_last_live_write_leaves_the_location(pool:
 /// presence write: the write is refused in the same script that would have made it.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_presence_refresh_checks_the_order_in_the_write_itself(pool: PgPool) {
-    use shardkeep::coord::{CleanupOrder, OrderCheck, PresenceRecord};
+    use shardkeep::coord::{OrderCheck, PresenceRecord, SessionOrder};
     let env = Env::new(&pool).await;
     let character = Uuid::now_v7().to_string();
-    let older = CleanupOrder {
+    let older = SessionOrder {
         owner_epoch: 3,
-        closed_at: Utc::now() - ChronoDuration::seconds(5),
-        entry_id: Uuid::now_v7(),
+        at: Utc::now() - ChronoDuration::seconds(5),
+        event_id: Uuid::now_v7(),
     };
-    let newer = CleanupOrder {
-        closed_at: Utc::now(),
-        entry_id: Uuid::now_v7(),
+    let newer = SessionOrder {
+        at: Utc::now(),
+        event_id: Uuid::now_v7(),
         ..older
     };
     assert_eq!(
         env.coord
-            .cleanup_order_claim(&character, &older)
+            .session_order_claim(&character, &older)
             .await
             .unwrap(),
         OrderCheck::Current
     );
     assert_eq!(
         env.coord
-            .cleanup_order_claim(&character, &newer)
+            .session_order_claim(&character, &newer)
             .await
             .unwrap(),
         OrderCheck::Current
@@ -127,15 +127,15 @@ async fn a_presence_refresh_checks_the_order_in_the_write_itself(pool: PgPool) {
     // A retry of the newest is still current; a newer copy (higher epoch) always is.
     assert_eq!(
         env.coord
-            .cleanup_order_claim(&character, &newer)
+            .session_order_claim(&character, &newer)
             .await
             .unwrap(),
         OrderCheck::Current
     );
-    let later_copy = CleanupOrder {
+    let later_copy = SessionOrder {
         owner_epoch: 4,
-        closed_at: Utc::now() - ChronoDuration::seconds(60),
-        entry_id: Uuid::now_v7(),
+        at: Utc::now() - ChronoDuration::seconds(60),
+        event_id: Uuid::now_v7(),
     };
     assert_eq!(
         env.coord
@@ -152,7 +152,120 @@ async fn a_presence_refresh_checks_the_order_in_the_write_itself(pool: PgPool) {
             .is_some()
     );
     assert!(
-        env.coord.cleanup_order_claim("", &older).await.is_err(),
+        env.coord.session_order_claim("", &older).await.is_err(),
         "an empty character id is a typed error"
+    );
+}
+
+/// The player reconnected as a new session of the same copy, whose start took the character's
+/// session order: the cleanup of the earlier session, delivered late, leaves its presence alone.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_cleanup_of_a_session_closed_before_the_next_one_started_is_stale(pool: PgPool) {
+    use shardkeep::coord::{OrderCheck, PresenceRecord, SessionOrder};
+    let env = Env::new(&pool).await;
+    let player = env.character().await;
+    let mut older = cleanup(&player, "s-1", SessionLifecycleEffectPlan::Reconnectable);
+    older.closed_at = Utc::now() - ChronoDuration::seconds(10);
+    let started = PresenceRecord {
+        account_id: player.account_id.to_string(),
+        character_id: player.character_id.to_string(),
+        session_token: "s-2".into(),
+        shard_id: "shard-1".into(),
+        zone_id: Some("zone-1".into()),
+        expires_at: Utc::now() + ChronoDuration::seconds(60),
+    };
+    let start = SessionOrder {
+        owner_epoch: player.owner_epoch,
+        at: Utc::now(),
+        event_id: Uuid::now_v7(),
+    };
+    assert_eq!(
+        env.coord
+            .presence_put_ordered(&started, &start)
+            .await
+            .unwrap(),
+        OrderCheck::Current
+    );
+    assert_eq!(
+        env.worker().process(&older, Uuid::now_v7()).await.unwrap(),
+        shardkeep::journal::Processed::SkippedStale
+    );
+    let presence = env
+        .coord
+        .presence_by_character(&player.character_id.to_string())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(presence.session_token, "s-2");
+    assert!(env.coord.resume_load("s-1").await.unwrap().is_none());
+}
+
+/// The character was claimed by a newer owner (a login elsewhere) after the stream closed: the
+/// cleanup, recovered late, stores neither its presence nor its resume ledger.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_cleanup_whose_copy_was_superseded_leaves_presence_and_ledger_alone(pool: PgPool) {
+    let env = Env::new(&pool).await;
+    let player = env.character().await;
+    let item = cleanup(&player, "s-1", SessionLifecycleEffectPlan::Reconnectable);
+    env.store.claim(player.character_id, 0).await.unwrap();
+    assert_eq!(
+        env.worker().process(&item, Uuid::now_v7()).await.unwrap(),
+        shardkeep::journal::Processed::SkippedStale
+    );
+    assert!(
+        env.coord
+            .presence_by_character(&player.character_id.to_string())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(env.coord.resume_load("s-1").await.unwrap().is_none());
+    assert_eq!(
+        location(&env.store, player.character_id).await,
+        (Some("zone-0".into()), Some("r0".into()))
+    );
+}
+
+/// An entry that keeps failing stays held through the pass while the entries behind it run,
+/// then goes back to the front, in its place, for the next pass.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_failing_entry_does_not_stall_the_entries_behind_it(pool: PgPool) {
+    let env = Env::new(&pool).await;
+    let mut missing = env.character().await;
+    missing.character_id = Uuid::now_v7();
+    let player = env.character().await;
+    let failing = env
+        .journal
+        .append(cleanup(
+            &missing,
+            "s-x",
+            SessionLifecycleEffectPlan::PermanentRemoval,
+        ))
+        .await
+        .unwrap();
+    env.journal
+        .append(cleanup(
+            &player,
+            "s-1",
+            SessionLifecycleEffectPlan::PermanentRemoval,
+        ))
+        .await
+        .unwrap();
+    let worker = env.worker();
+    let mut consumer = env.journal.queue().consumer().await.unwrap();
+    let pass = worker.drain_pass(&mut consumer).await.unwrap();
+    assert_eq!((pass.handled, pass.failed), (2, 1));
+    assert_eq!(
+        location(&env.store, player.character_id).await,
+        (Some("zone-2".into()), Some("r3".into())),
+        "the entry behind the failing one ran"
+    );
+    let depths = env.journal.queue().depths().await.unwrap();
+    assert_eq!((depths.pending, depths.processing), (1, 0));
+    let again = consumer.lease().await.unwrap().unwrap();
+    assert_eq!(
+        (again.entry.entry_id, again.entry.attempts),
+        (failing, 1),
+        "back at the front with its attempt counted"
     );
 }

@@ -152,7 +152,12 @@ async fn an_incarnation_whose_id_was_taken_over_stops_and_touches_nothing() {
     let mut successor = queue.consumer_with_id("serve-0").await.unwrap();
     let taken = successor.lease().await.unwrap().unwrap();
     assert_eq!((taken.entry.item, taken.entry.crash_count), (0, 1));
-    // The stalled one wakes up: it may neither lease nor hand back the successor's entries.
+    // The stalled one wakes up: it may neither hand back nor lease the successor's entries.
+    assert!(matches!(
+        stalled.requeue_held().await,
+        Err(QueueError::IdentityLost(_))
+    ));
+    assert_eq!(queue.depths().await.unwrap().processing, 1, "untouched");
     assert!(matches!(
         stalled.lease().await,
         Err(QueueError::IdentityLost(_))

@@ -570,3 +570,18 @@ async fn a_running_worker_picks_up_signals_and_polls(pool: PgPool) {
     cancel.cancel();
     task.await.unwrap();
 }
+
+/// An enqueue retried after its reply was lost (the insert had landed) stores the job once.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn enqueueing_the_same_job_again_stores_it_once(pool: PgPool) {
+    let id = character(&pool, "Aria").await;
+    let (queue, _signals) = RetryQueue::new(pg(&pool), 8, Arc::new(SystemClock));
+    let job = reward(id, "k-once", 0, 5);
+    queue.enqueue(&job).await.unwrap();
+    queue.enqueue(&job).await.unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM persistence_retry_jobs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1);
+}

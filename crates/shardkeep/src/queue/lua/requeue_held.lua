@@ -1,8 +1,14 @@
 -- Move a consumer's held entries back to the front of pending (the end leases take from), in
 -- the order they were leased: newest first, so the oldest ends up leased first. Used for leases
--- whose replies were lost, and by a clean shutdown.
--- KEYS[1] the consumer's processing list, KEYS[2] pending; ARGV[1] most entries to move
--- Reply: entries moved
+-- whose replies were lost and for entries that failed during a pass, only while this
+-- incarnation still holds its id: entries of an incarnation that took the id over are its own.
+-- KEYS[1] the consumer's processing list, KEYS[2] pending, KEYS[3] heartbeat
+-- ARGV[1] most entries to move, ARGV[2] incarnation token
+-- Reply: entries moved, or -1 when another incarnation holds the id (nothing moved)
+local holder = redis.call('GET', KEYS[3])
+if holder and holder ~= ARGV[2] then
+  return -1
+end
 local moved = 0
 local max = tonumber(ARGV[1])
 while moved < max do

@@ -1,11 +1,12 @@
--- Claim a place in a character's order of session cleanups: the mark names the newest cleanup
--- seen, as (owner epoch, close time in microseconds, entry id). A cleanup at or after the mark
--- takes it (a retry of the very cleanup that holds it stays current); an older one is stale.
+-- Claim a place in a character's order of session events (sessions starting, streams closing):
+-- the mark names the newest event seen, as (owner epoch, time in microseconds, event id). An
+-- event at or after the mark takes it (a retry of the very event that holds it stays current);
+-- an older one is stale.
 -- With presence keys given, the presence record is written in the same step, only when
 -- current.
 -- KEYS[1] the character's order mark; optionally KEYS[2] account record, KEYS[3] character
 -- record, KEYS[4] account index, KEYS[5] character index
--- ARGV[1] epoch, ARGV[2] closed-at micros, ARGV[3] entry id, ARGV[4] mark TTL ms; with presence:
+-- ARGV[1] epoch, ARGV[2] time in micros, ARGV[3] event id, ARGV[4] mark TTL ms; with presence:
 -- ARGV[5] record, ARGV[6] record TTL ms, ARGV[7] account id, ARGV[8] character id
 -- Reply: 1 current (and presence written), 0 stale (nothing written)
 local mark = redis.call('HMGET', KEYS[1], 'epoch', 'at', 'entry')

@@ -1,0 +1,104 @@
+//! The order of a character's session events: sessions starting and streams closing. Retries,
+//! recoveries and requeues can deliver the journal's cleanups in any order, and a cleanup can
+//! arrive after the character's next session began; each event carries its place (the epoch of
+//! the copy, when it happened, its id), and a per-character mark records the newest place seen.
+//! A cleanup older than the mark is stale: its side effects would undo newer ones, so they are
+//! skipped. Presence writes check the mark in the same script that writes, so a newer event
+//! arriving meanwhile still wins.
+
+use std::sync::LazyLock;
+
+use chrono::{DateTime, Utc};
+use redis::Script;
+use uuid::Uuid;
+
+use super::presence::PresenceRecord;
+use super::{CoordError, Coordination, encode};
+use crate::ttl::Ttl;
+
+static ORDER: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/session_order.lua")));
+
+/// How long a character's order mark is kept after its last session event (a cleanup older
+/// than this, say a dead letter requeued much later, is no longer recognised as stale by it; the
+/// row's own location order still is).
+pub const SESSION_ORDER_TTL: Ttl = Ttl::from_static_secs(7 * 24 * 60 * 60);
+
+/// A session event's place in its character's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionOrder {
+    /// The epoch of the copy the session drives (a later copy always comes later).
+    pub owner_epoch: i64,
+    /// When the session started, or its stream closed (orders the events of one copy).
+    pub at: DateTime<Utc>,
+    /// The event's id (a journal entry's id for a cleanup); breaks a tie.
+    pub event_id: Uuid,
+}
+
+/// Where an event stood when it was checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OrderCheck {
+    /// Newest seen (or a retry of the newest): its effects apply.
+    Current,
+    /// A newer event of the character was seen: its effects are skipped.
+    Stale,
+}
+
+impl Coordination {
+    /// Takes `order`'s place as the newest session event of `character_id`, unless a newer one
+    /// was seen (then nothing is written). Calling it again for the same event checks it.
+    pub async fn session_order_claim(
+        &self,
+        character_id: &str,
+        order: &SessionOrder,
+    ) -> Result<OrderCheck, CoordError> {
+        let mark = self.keys().presence_session_order(character_id)?;
+        let current: i64 = ORDER
+            .key(mark)
+            .arg(order.owner_epoch)
+            .arg(order.at.timestamp_micros())
+            .arg(order.event_id.to_string())
+            .arg(SESSION_ORDER_TTL.as_millis())
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(check(current))
+    }
+
+    /// Writes `record` (as [`Self::presence_put`] does) only while `order` is still the newest
+    /// session event of its character, checked, taken and written in one step. A session start
+    /// writes its presence this way too, so a cleanup of an earlier session arriving later is
+    /// stale.
+    pub async fn presence_put_ordered(
+        &self,
+        record: &PresenceRecord,
+        order: &SessionOrder,
+    ) -> Result<OrderCheck, CoordError> {
+        let ttl = Ttl::from_millis((record.expires_at - Utc::now()).num_milliseconds())?;
+        let keys = self.keys();
+        let current: i64 = ORDER
+            .key(keys.presence_session_order(&record.character_id)?)
+            .key(keys.presence_account(&record.account_id)?)
+            .key(keys.presence_character(&record.character_id)?)
+            .key(keys.presence_account_index())
+            .key(keys.presence_character_index())
+            .arg(order.owner_epoch)
+            .arg(order.at.timestamp_micros())
+            .arg(order.event_id.to_string())
+            .arg(SESSION_ORDER_TTL.as_millis())
+            .arg(encode(record)?)
+            .arg(ttl.as_millis())
+            .arg(&record.account_id)
+            .arg(&record.character_id)
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(check(current))
+    }
+}
+
+fn check(current: i64) -> OrderCheck {
+    if current == 1 {
+        OrderCheck::Current
+    } else {
+        OrderCheck::Stale
+    }
+}
