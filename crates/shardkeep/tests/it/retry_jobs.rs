@@ -585,3 +585,42 @@ async fn enqueueing_the_same_job_again_stores_it_once(pool: PgPool) {
         .unwrap();
     assert_eq!(rows, 1);
 }
+
+/// A whole-state job whose first copy already ran (its enqueue was retried after a lost reply
+/// and landed again) is not applied twice: it would undo what landed since.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_state_job_stored_again_after_it_ran_is_not_applied_twice(pool: PgPool) {
+    let id = character(&pool, "Aria").await;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (queue, signals) = RetryQueue::new(pg(&pool), 8, Arc::clone(&clock));
+    let state_job = PersistenceRetryJob::new(
+        PersistenceRetryPayload::GameplayState {
+            character_id: id,
+            state: json!({ "experience": 10, "currency": 0 }),
+            zone_ref: None,
+            room_ref: None,
+        },
+        IdempotencyEnvelope {
+            idempotency_key: "final:once".into(),
+            owner_epoch: 0,
+            origin: Origin::GameplayState,
+            issued_at: Utc::now(),
+        },
+        "saver-final",
+        None,
+    )
+    .unwrap();
+    let mut worker = RetryWorker::new(pg(&pool), signals, config("w"), Arc::clone(&clock));
+    queue.enqueue(&state_job).await.unwrap();
+    assert_eq!(worker.run_until_idle().await.unwrap(), 1);
+    // A reward lands after it; then the state job's second copy arrives.
+    queue.enqueue(&reward(id, "r-1", 0, 5)).await.unwrap();
+    assert_eq!(worker.run_until_idle().await.unwrap(), 1);
+    assert_eq!(experience(&pool, id).await, 15);
+    queue.enqueue(&state_job).await.unwrap();
+    let stats = worker.stats();
+    let before = RetryStats::get(&stats.already_applied);
+    assert_eq!(worker.run_until_idle().await.unwrap(), 1);
+    assert_eq!(RetryStats::get(&stats.already_applied), before + 1);
+    assert_eq!(experience(&pool, id).await, 15, "the reward survived");
+}
