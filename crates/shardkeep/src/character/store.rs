@@ -116,9 +116,13 @@ pub enum LocationWrite {
         /// The row's epoch.
         current_epoch: i64,
     },
-    /// The row already holds a newer location (a later cleanup's, or a live write of a newer
-    /// state than the writer knew); nothing was written.
-    Stale,
+    /// The row already holds a newer location; nothing was written. `newer_cleanup`: a later
+    /// session cleanup's (this cleanup is older than one already applied); otherwise a live
+    /// write of a newer state than the writer knew (or this very cleanup's, written before).
+    Stale {
+        /// A newer session cleanup wrote the row's location.
+        newer_cleanup: bool,
+    },
     /// No such character.
     NotFound,
 }
@@ -568,7 +572,7 @@ impl CharacterStore {
         if zone.is_empty() {
             return Err(StoreError::InvalidInput("zone must not be empty".into()));
         }
-        let (written, current_epoch): (i64, Option<i64>) = sqlx::query_as(
+        let (written, current_epoch, newer_cleanup): (i64, Option<i64>, Option<bool>) = sqlx::query_as(
             "WITH upd AS (
                  UPDATE characters SET zone_ref = $3, room_ref = $4, state_version = state_version + 1,
                         journal_location_epoch = COALESCE($5, journal_location_epoch),
@@ -580,7 +584,10 @@ impl CharacterStore {
                     AND ($7::int8 IS NULL OR live_version <= $7)
               RETURNING 1
              )
-             SELECT (SELECT count(*) FROM upd), (SELECT owner_epoch FROM characters WHERE id = $1)",
+             SELECT (SELECT count(*) FROM upd),
+                    (SELECT owner_epoch FROM characters WHERE id = $1),
+                    (SELECT (journal_location_epoch, journal_location_at) > ($5::int8, $6::timestamptz)
+                       FROM characters WHERE id = $1)",
         )
         .bind(character_id)
         .bind(owner_epoch)
@@ -597,7 +604,9 @@ impl CharacterStore {
             (_, Some(epoch)) if epoch > owner_epoch => LocationWrite::Superseded {
                 current_epoch: epoch,
             },
-            (_, Some(_)) => LocationWrite::Stale,
+            (_, Some(_)) => LocationWrite::Stale {
+                newer_cleanup: newer_cleanup.unwrap_or(false),
+            },
         })
     }
 

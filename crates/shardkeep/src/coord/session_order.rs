@@ -13,11 +13,14 @@ use redis::Script;
 use uuid::Uuid;
 
 use super::presence::PresenceRecord;
+use super::resume::ResumeLedgerRecord;
 use super::{CoordError, Coordination, encode};
 use crate::ttl::Ttl;
 
 static ORDER: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/session_order.lua")));
+static RESUME: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/resume_ordered.lua")));
 
 /// How long a character's order mark is kept after its last session event (a cleanup older
 /// than this, say a dead letter requeued much later, is no longer recognised as stale by it; the
@@ -92,6 +95,61 @@ impl Coordination {
             .invoke_async(&mut self.conn())
             .await?;
         Ok(check(current))
+    }
+}
+
+impl Coordination {
+    /// Stores `record` (expiring after `ttl`) as the resume ledger written by the session event
+    /// at `order`, unless a newer event's ledger is stored under the same session token.
+    pub async fn resume_store_ordered(
+        &self,
+        record: &ResumeLedgerRecord,
+        ttl: Ttl,
+        order: &SessionOrder,
+    ) -> Result<OrderCheck, CoordError> {
+        let mut body = serde_json::to_value(record).map_err(|source| CoordError::Decode {
+            key: record.session_token.clone(),
+            source,
+        })?;
+        if let Some(map) = body.as_object_mut() {
+            map.insert(
+                "order".into(),
+                serde_json::json!([
+                    order.owner_epoch,
+                    order.at.timestamp_micros(),
+                    order.event_id.to_string()
+                ]),
+            );
+        }
+        let stored: i64 = RESUME
+            .key(self.keys().resume_ledger(&record.session_token)?)
+            .arg("store")
+            .arg(order.owner_epoch)
+            .arg(order.at.timestamp_micros())
+            .arg(order.event_id.to_string())
+            .arg(encode(&body)?)
+            .arg(ttl.as_millis())
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(check(stored))
+    }
+
+    /// Deletes the resume ledger of `session_token` only if the event at `order` stored it (a
+    /// cleanup found stale after its store takes its own record back, never a newer one's).
+    pub async fn resume_take_back(
+        &self,
+        session_token: &str,
+        order: &SessionOrder,
+    ) -> Result<bool, CoordError> {
+        let taken: i64 = RESUME
+            .key(self.keys().resume_ledger(session_token)?)
+            .arg("take_back")
+            .arg(order.owner_epoch)
+            .arg(order.at.timestamp_micros())
+            .arg(order.event_id.to_string())
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(taken == 1)
     }
 }
 

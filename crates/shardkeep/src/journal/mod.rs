@@ -22,7 +22,10 @@ use crate::queue::{QueueDepths, QueueError, WorkQueue, WorkQueueConfig};
 
 pub use cleanup::{ActiveSession, ActiveSessions, CleanupOutcome, cleanup_stream};
 pub use plan::{Effects, SessionLifecycleEffectPlan};
-pub use worker::{DrainPass, JournalStats, JournalWorker, JournalWorkerConfig, Processed};
+pub use worker::{
+    DrainPass, EffectError, JournalStats, JournalWorker, JournalWorkerConfig, MAX_PASS_ENTRIES,
+    MAX_PASS_TIME, Processed,
+};
 
 /// The queue name of the journal.
 pub const JOURNAL_QUEUE: &str = "session-lifecycle";

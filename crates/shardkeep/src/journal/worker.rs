@@ -65,7 +65,7 @@ pub struct JournalStats {
     pub processed: AtomicU64,
     /// Entries skipped because the session reconnected.
     pub skipped_reconnected: AtomicU64,
-    /// Entries skipped because a newer cleanup of the same character was already applied.
+    /// Entries skipped because a newer session event of the same character came first.
     pub skipped_stale: AtomicU64,
     /// Entry failures (retried through the queue).
     pub failures: AtomicU64,
@@ -104,8 +104,10 @@ impl PassPacing {
 }
 
 /// Most entries one drain pass handles; the loop goes on at once when a pass stops at it, so
-/// recovery and pacing get their turn during a long backlog.
+/// recovery, pacing and shutdown get their turn during a long backlog.
 pub const MAX_PASS_ENTRIES: usize = 1024;
+/// Longest a drain pass goes on leasing (a slow store cannot make one pass last for minutes).
+pub const MAX_PASS_TIME: Duration = Duration::from_secs(10);
 
 /// What one drain pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -125,9 +127,74 @@ pub enum Processed {
     Applied,
     /// The session is active again; nothing was done.
     SkippedReconnected,
-    /// A newer cleanup of the same character was already applied; nothing but this session's
-    /// own resume-ledger deletion was done.
+    /// A newer session event of the same character came first (a cleanup already applied, a
+    /// session started since, a newer owner); nothing but this session's own resume-ledger
+    /// deletion was done.
     SkippedStale,
+}
+
+/// Why an entry's effects could not be applied.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct EffectError {
+    /// True when a store could not be reached, so every entry would fail alike: the entry goes
+    /// back to the front and the pass ends (one attempt counted, on that entry only). False:
+    /// this entry fails on its own; it is held while the entries behind it run.
+    pub unavailable: bool,
+    /// What failed.
+    pub message: String,
+}
+
+impl EffectError {
+    fn coord(what: &str, err: &crate::coord::CoordError) -> Self {
+        Self {
+            unavailable: matches!(err, crate::coord::CoordError::Redis(_)),
+            message: format!("{what}: {err}"),
+        }
+    }
+
+    fn store(what: &str, err: &crate::character::StoreError) -> Self {
+        Self {
+            unavailable: matches!(err, crate::character::StoreError::Database(e) if store_unreachable(e)),
+            message: format!("{what}: {err}"),
+        }
+    }
+
+    fn entry(message: String) -> Self {
+        Self {
+            unavailable: false,
+            message,
+        }
+    }
+}
+
+/// True for a Postgres failure that any entry would meet alike: no connection, or a server-side
+/// condition of the connection, resource or operator-intervention classes (SQLSTATE 08, 53,
+/// 57) or a transaction rollback (40).
+fn store_unreachable(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| ["08", "40", "53", "57"].iter().any(|c| code.starts_with(c))),
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        _ => false,
+    }
+}
+
+/// How handling one entry ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Handled {
+    /// Applied or skipped, and acked.
+    Done,
+    /// Failed on its own: held until the pass ends.
+    FailedHeld,
+    /// A store was unreachable: back at the front; the pass ends.
+    FailedUnavailable,
 }
 
 /// The journal worker.
@@ -276,29 +343,43 @@ impl JournalWorker {
             );
         }
         let mut pass = DrainPass::default();
+        let started = tokio::time::Instant::now();
+        let mut held = false;
         while pass.handled < MAX_PASS_ENTRIES {
+            if started.elapsed() >= MAX_PASS_TIME {
+                pass.more = true;
+                break;
+            }
             let Some(leased) = consumer.lease().await? else {
                 break;
             };
-            if !self.handle(consumer, &leased).await? {
-                pass.failed += 1;
-            }
             pass.handled += 1;
+            match self.handle(consumer, &leased).await? {
+                Handled::Done => {}
+                Handled::FailedHeld => {
+                    pass.failed += 1;
+                    held = true;
+                }
+                Handled::FailedUnavailable => {
+                    pass.failed += 1;
+                    break;
+                }
+            }
         }
-        pass.more = pass.handled >= MAX_PASS_ENTRIES;
-        if pass.failed > 0 {
+        pass.more |= pass.handled >= MAX_PASS_ENTRIES;
+        if held {
             consumer.requeue_held().await?;
         }
         let _ = self.journal.queue().depths().await;
         Ok(pass)
     }
 
-    /// Processes one entry; false when it failed (and was retried or dead-lettered).
+    /// Processes one entry, acking, holding or failing it.
     async fn handle(
         &self,
         consumer: &Consumer<RealtimeStreamCleanup>,
         leased: &Leased<RealtimeStreamCleanup>,
-    ) -> Result<bool, crate::queue::QueueError> {
+    ) -> Result<Handled, crate::queue::QueueError> {
         match self
             .process(&leased.entry.item, leased.entry.entry_id)
             .await
@@ -317,20 +398,29 @@ impl JournalWorker {
             Ok(Processed::SkippedStale) => {
                 self.stats.skipped_stale.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(event = "journal_skipped_stale", session = %leased.entry.item.session_token,
-                    "a newer cleanup of this character was already applied");
+                    "a newer session event of this character came first");
                 consumer.ack(leased).await?;
             }
             Err(error) => {
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(event = "journal_effect_failed", session = %leased.entry.item.session_token, error = %error);
-                if let FailOutcome::DeadLettered { .. } = consumer.fail_held(leased, &error).await?
-                {
+                tracing::warn!(event = "journal_effect_failed", session = %leased.entry.item.session_token,
+                    error = %error, unavailable = error.unavailable);
+                let outcome = if error.unavailable {
+                    consumer.fail(leased, &error.message).await?
+                } else {
+                    consumer.fail_held(leased, &error.message).await?
+                };
+                if let FailOutcome::DeadLettered { .. } = outcome {
                     self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
                 }
-                return Ok(false);
+                return Ok(if error.unavailable {
+                    Handled::FailedUnavailable
+                } else {
+                    Handled::FailedHeld
+                });
             }
         }
-        Ok(true)
+        Ok(Handled::Done)
     }
 
     /// Applies one entry's effects, only while the entry is the newest session event seen for
@@ -341,7 +431,7 @@ impl JournalWorker {
         &self,
         item: &RealtimeStreamCleanup,
         entry_id: uuid::Uuid,
-    ) -> Result<Processed, String> {
+    ) -> Result<Processed, EffectError> {
         let effects = item.plan.effects(item.transfer_confirmed);
         let token = &item.session_token;
         if !effects.delete_resume_ledger
@@ -349,7 +439,7 @@ impl JournalWorker {
                 .coord
                 .session_is_active(token)
                 .await
-                .map_err(|e| format!("session check: {e}"))?
+                .map_err(|e| EffectError::coord("session check", &e))?
         {
             return Ok(Processed::SkippedReconnected);
         }
@@ -364,43 +454,35 @@ impl JournalWorker {
             .coord
             .session_order_claim(&character, &order)
             .await
-            .map_err(|e| format!("session order: {e}"))?;
-        // After the claim: an older cleanup storing this session's ledger concurrently checks
-        // the order again after its store, and finds this one.
+            .map_err(|e| EffectError::coord("session order", &e))?;
+        // After the claim: an older cleanup that stored this session's ledger concurrently
+        // checks the order again after its store, and takes its record back.
         if effects.delete_resume_ledger {
             self.coord
                 .resume_delete(token)
                 .await
-                .map_err(|e| format!("resume ledger delete: {e}"))?;
+                .map_err(|e| EffectError::coord("resume ledger delete", &e))?;
         }
         if place == OrderCheck::Stale {
+            // A store of this very entry that a crash kept from its check is taken back too.
+            if effects.persist_resume_ledger {
+                self.coord
+                    .resume_take_back(token, &order)
+                    .await
+                    .map_err(|e| EffectError::coord("resume ledger take-back", &e))?;
+            }
             return Ok(Processed::SkippedStale);
         }
         if effects.persist_location && !self.persist_location(item).await? {
-            // A newer owner holds the character: this session's presence and ledger are over.
+            // A newer owner holds the character, or a newer cleanup wrote the location: this
+            // session's presence and ledger are over.
             return Ok(Processed::SkippedStale);
         }
         if effects.persist_resume_ledger
             && let Some(record) = &item.pending_resume
+            && !self.store_resume(token, record, &character, &order).await?
         {
-            self.coord
-                .resume_store(record, self.config.resume_ttl)
-                .await
-                .map_err(|e| format!("resume ledger store: {e}"))?;
-            let still = self
-                .coord
-                .session_order_claim(&character, &order)
-                .await
-                .map_err(|e| format!("session order: {e}"))?;
-            if still == OrderCheck::Stale {
-                // A newer event came in meanwhile (and may have deleted this ledger before the
-                // store landed): take the store back.
-                self.coord
-                    .resume_delete(token)
-                    .await
-                    .map_err(|e| format!("resume ledger delete: {e}"))?;
-                return Ok(Processed::SkippedStale);
-            }
+            return Ok(Processed::SkippedStale);
         }
         if effects.refresh_presence {
             let record = PresenceRecord {
@@ -418,7 +500,7 @@ impl JournalWorker {
                 .coord
                 .presence_put_ordered(&record, &order)
                 .await
-                .map_err(|e| format!("presence refresh: {e}"))?;
+                .map_err(|e| EffectError::coord("presence refresh", &e))?;
             if written == OrderCheck::Stale {
                 return Ok(Processed::SkippedStale);
             }
@@ -426,11 +508,44 @@ impl JournalWorker {
         Ok(Processed::Applied)
     }
 
+    /// Stores the session's resume ledger as the event at `order` (never over a newer event's),
+    /// then checks the order again: if a newer event came in meanwhile, which may have deleted
+    /// the ledger before this store landed, the record is taken back. False when stale.
+    async fn store_resume(
+        &self,
+        token: &str,
+        record: &crate::coord::ResumeLedgerRecord,
+        character: &str,
+        order: &SessionOrder,
+    ) -> Result<bool, EffectError> {
+        let stored = self
+            .coord
+            .resume_store_ordered(record, self.config.resume_ttl, order)
+            .await
+            .map_err(|e| EffectError::coord("resume ledger store", &e))?;
+        if stored == OrderCheck::Stale {
+            return Ok(false);
+        }
+        let still = self
+            .coord
+            .session_order_claim(character, order)
+            .await
+            .map_err(|e| EffectError::coord("session order", &e))?;
+        if still == OrderCheck::Stale {
+            self.coord
+                .resume_take_back(token, order)
+                .await
+                .map_err(|e| EffectError::coord("resume ledger take-back", &e))?;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
     /// Writes the location, fenced by the snapshot's epoch and ordered against what the row
     /// holds (an older cleanup's location, or one older than the copy's last live write, is
-    /// left alone). `Ok(false)` when a newer owner holds the character. A failed write fails the
-    /// entry, which is retried.
-    async fn persist_location(&self, item: &RealtimeStreamCleanup) -> Result<bool, String> {
+    /// left alone). `Ok(false)` when a newer owner holds the character or a newer cleanup wrote
+    /// the location. A failed write fails the entry, which is retried.
+    async fn persist_location(&self, item: &RealtimeStreamCleanup) -> Result<bool, EffectError> {
         let player = &item.player;
         let order = LocationOrder {
             owner_epoch: player.owner_epoch,
@@ -448,15 +563,18 @@ impl JournalWorker {
                     epoch = player.owner_epoch, current_epoch);
                 Ok(false)
             }
-            Ok(LocationWrite::Stale) => {
+            Ok(LocationWrite::Stale { newer_cleanup }) => {
                 tracing::info!(event = "journal_location_stale", character = %player.character_id,
-                    "the row holds a newer location");
-                Ok(true)
+                    newer_cleanup, "the row holds a newer location");
+                // A live write of a newer state (say the flush at detach) keeps the session
+                // going; a newer cleanup ends it.
+                Ok(!newer_cleanup)
             }
-            Ok(LocationWrite::NotFound) => {
-                Err(format!("character {} not found", player.character_id))
-            }
-            Err(err) => Err(format!("location write: {err}")),
+            Ok(LocationWrite::NotFound) => Err(EffectError::entry(format!(
+                "character {} not found",
+                player.character_id
+            ))),
+            Err(err) => Err(EffectError::store("location write", &err)),
         }
     }
 }

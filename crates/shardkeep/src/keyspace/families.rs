@@ -160,9 +160,9 @@ pub const FAMILIES: &[KeyFamily] = &[
         "presence_session_order",
         "{<ns>:presence}:order:<character_id>",
         GameServer,
-        TtlRule::Default("cleanup order TTL, 7 d, refreshed by each cleanup"),
+        TtlRule::Default("session order TTL, 7 d, refreshed by each session event"),
         None,
-        "the newest session cleanup seen for a character; older ones skip their effects"
+        "the newest session event (start or cleanup) seen for a character; older cleanups skip their effects"
     ),
     family!(
         "presence_account_index",

@@ -303,16 +303,23 @@ impl Saver {
             .collect();
         let unwrap =
             |requests: Vec<SaveRequest>| requests.into_iter().map(|r| r.snapshot).collect();
-        let count = requests.len();
+        let finals = if reason == SaveReason::Final {
+            requests.len()
+        } else {
+            0
+        };
+        // Counted before the drainer can see them, taken back if the queue refuses them.
+        self.pending.queued(finals);
         let result = match self.queue.try_enqueue(requests) {
-            Ok(()) => {
-                if reason == SaveReason::Final {
-                    self.pending.queued(count);
-                }
-                Ok(())
+            Ok(()) => Ok(()),
+            Err(EnqueueError::Full(requests)) => {
+                self.pending.dequeued(finals);
+                Err(EnqueueError::Full(unwrap(requests)))
             }
-            Err(EnqueueError::Full(requests)) => Err(EnqueueError::Full(unwrap(requests))),
-            Err(EnqueueError::Closed(requests)) => Err(EnqueueError::Closed(unwrap(requests))),
+            Err(EnqueueError::Closed(requests)) => {
+                self.pending.dequeued(finals);
+                Err(EnqueueError::Closed(unwrap(requests)))
+            }
         };
         metrics::gauge!(telemetry::SAVER_QUEUE_DEPTH).set(self.queue.depth() as f64);
         result

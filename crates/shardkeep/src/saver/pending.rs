@@ -24,12 +24,15 @@ pub struct UnsavedFinals {
     /// How many of the `pending` ones the Redis checkpoint holds (a login prefers it over the
     /// older row).
     pub checkpointed: usize,
+    /// Logout saves a shutdown could not even queue (the saver's queue stayed full to the end
+    /// of its bound); their checkpoints hold what the last cadence wrote.
+    pub dropped: usize,
 }
 
 impl UnsavedFinals {
-    /// Logout saves not yet durable in Postgres, queued or pending.
+    /// Logout saves not yet durable in Postgres: queued, pending or dropped.
     pub fn total(&self) -> usize {
-        self.queued + self.pending
+        self.queued + self.pending + self.dropped
     }
 }
 
@@ -121,6 +124,7 @@ impl PendingFinals {
                 queued,
                 pending: entries.live.len(),
                 checkpointed: entries.live.values().filter(|(_, c)| *c).count(),
+                dropped: 0,
             })
             .unwrap_or(UnsavedFinals {
                 queued,
@@ -155,7 +159,8 @@ mod tests {
             UnsavedFinals {
                 queued: 2,
                 pending: 2,
-                checkpointed: 1
+                checkpointed: 1,
+                dropped: 0,
             }
         );
         pending.dequeued(5);

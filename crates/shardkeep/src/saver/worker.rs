@@ -29,6 +29,12 @@ pub(super) struct SaverWorker {
 }
 
 impl SaverWorker {
+    fn count_dequeued(&self, n: usize) {
+        if let Some(pending) = &self.queued_finals {
+            pending.dequeued(n);
+        }
+    }
+
     /// Counts the final saves this worker takes off the queue in `pending`.
     pub(super) fn counting_finals(mut self, pending: super::pending::PendingFinals) -> Self {
         self.queued_finals = Some(pending);
@@ -66,6 +72,7 @@ impl BatchHandler<Vec<SaveRequest>> for SaverWorker {
             .filter(|r| r.reason == SaveReason::Final)
             .count();
         let requests = coalesce(requests);
+        let mut uncounted = finals;
         for chunk in requests.chunks(self.config.write_chunk.clamp(1, MAX_SAVE_BATCH)) {
             // The two tiers are independent: write them concurrently.
             let (checkpointed, unlanded) =
@@ -79,11 +86,17 @@ impl BatchHandler<Vec<SaveRequest>> for SaverWorker {
                     None => self.final_dropped(id),
                 }
             }
+            // This chunk's finals are off the queue now: in their rows, pending, or dropped.
+            let done = chunk
+                .iter()
+                .filter(|r| r.reason == SaveReason::Final)
+                .count()
+                .min(uncounted);
+            uncounted -= done;
+            self.count_dequeued(done);
         }
-        // Off the queue only now: each is in its row, pending in the background, or dropped.
-        if let Some(pending) = &self.queued_finals {
-            pending.dequeued(finals);
-        }
+        // Finals merged into another request of the same character.
+        self.count_dequeued(uncounted);
     }
 }
 

@@ -396,9 +396,13 @@ impl Shard {
             self.offer_deferred_finals();
         }
         let left: Vec<CharacterSnapshot> = self.deferred_finals.drain(..).collect();
-        self.saver.enqueue_many(SaveReason::Final, left);
+        let left_count = left.len();
+        let last_chance = self.saver.enqueue_many(SaveReason::Final, left);
         let saver = self.saver.barrier(bound).await;
-        let unsaved_finals = self.saver.unsaved_finals();
+        let mut unsaved_finals = self.saver.unsaved_finals();
+        if last_chance != crate::saver::EnqueueOutcome::Queued {
+            unsaved_finals.dropped = left_count;
+        }
         if unsaved_finals.total() > 0 {
             tracing::warn!(
                 event = "shutdown_finals_unsaved",

@@ -75,6 +75,10 @@ pub(super) fn build_report(
         ("appearance changes", get(&c.appearance_changes)),
         ("equipment changes", get(&c.equipment_changes)),
         ("session marker failures", get(&c.session_marker_failures)),
+        (
+            "session starts older than a seen event",
+            get(&c.session_starts_stale),
+        ),
         ("keyspace upkeep passes", get(&c.upkeep_passes)),
         ("upkeep steps failed", get(&c.upkeep_failed_steps)),
         ("upkeep markers removed", get(&c.upkeep_markers_removed)),

@@ -17,8 +17,8 @@ use super::host::Inbound;
 use super::order_checks::SessionEvent;
 use super::world::{World, bump};
 use crate::character::{CharacterSnapshot, HandoffLoad, HandoffPayload};
-use crate::coord::SessionOrder;
 use crate::coord::{HandoffTake, PresenceRecord, TransferActivation};
+use crate::coord::{OrderCheck, SessionOrder};
 use crate::journal::{
     ActiveSession, PlayerSnapshot, RealtimeRuntimeProfile, RealtimeStreamCleanup,
     SessionLifecycleEffectPlan, cleanup_stream,
@@ -190,8 +190,11 @@ pub(super) fn start_session(
             coord.presence_put_ordered(&record, &order).await
         })
         .await;
-        if !matches!(marked, Ok(Ok(_))) {
-            bump(&world.counters.session_marker_failures);
+        match marked {
+            Ok(Ok(OrderCheck::Current)) => {}
+            // A newer session event of the character was already seen (its presence stands).
+            Ok(Ok(OrderCheck::Stale)) => bump(&world.counters.session_starts_stale),
+            _ => bump(&world.counters.session_marker_failures),
         }
     });
 }

@@ -51,6 +51,7 @@ pub(super) struct Counters {
     pub(super) journal_append_retries: AtomicU64,
     pub(super) journal_appends_abandoned: AtomicU64,
     pub(super) session_marker_failures: AtomicU64,
+    pub(super) session_starts_stale: AtomicU64,
     pub(super) evictions: AtomicU64,
     pub(super) faults_injected: AtomicU64,
     pub(super) shards_killed: AtomicU64,

@@ -54,7 +54,8 @@ async fn shutdown_does_not_report_drained_while_a_final_save_is_unsaved(pool: Pg
         UnsavedFinals {
             queued: 0,
             pending: 1,
-            checkpointed: 1
+            checkpointed: 1,
+            dropped: 0,
         },
         "the report names the unsaved logout and that its checkpoint holds it"
     );

@@ -443,7 +443,7 @@ async fn a_failed_location_write_fails_the_entry_to_retry_in_order(pool: PgPool)
     let entry = Uuid::now_v7();
     let failed = worker.process(&item, entry).await;
     assert!(
-        matches!(&failed, Err(e) if e.starts_with("location write")),
+        matches!(&failed, Err(e) if e.message.starts_with("location write") && e.unavailable),
         "{failed:?}"
     );
     let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM persistence_retry_jobs")

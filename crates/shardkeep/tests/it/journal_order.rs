@@ -269,3 +269,134 @@ async fn a_failing_entry_does_not_stall_the_entries_behind_it(pool: PgPool) {
         "back at the front with its attempt counted"
     );
 }
+
+/// A store outage fails the entry at the head once and ends the pass: the entries behind it
+/// are not charged an attempt each (a long outage would dead-letter the whole backlog).
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_store_outage_charges_only_the_entry_at_the_head(pool: PgPool) {
+    use shardkeep::character::CharacterStore;
+    use shardkeep::faults::{FaultProxy, ProxyMode};
+    use shardkeep::journal::{JournalWorker, JournalWorkerConfig};
+    let env = Env::new(&pool).await;
+    let proxy = FaultProxy::start(crate::support::pg_addr()).await.unwrap();
+    let cut = crate::support::proxied_pool(&pool, &proxy).await;
+    for n in 0..3 {
+        let player = env.character().await;
+        env.journal
+            .append(cleanup(
+                &player,
+                &format!("s-{n}"),
+                SessionLifecycleEffectPlan::PermanentRemoval,
+            ))
+            .await
+            .unwrap();
+    }
+    proxy.set_mode(ProxyMode::Cut);
+    let worker = JournalWorker::new(
+        env.journal.clone(),
+        env.coord.clone(),
+        CharacterStore::new(shardkeep::PostgresBackend::from_pool(cut)),
+        JournalWorkerConfig::default(),
+    );
+    let mut consumer = env.journal.queue().consumer().await.unwrap();
+    let pass = worker.drain_pass(&mut consumer).await.unwrap();
+    assert_eq!((pass.handled, pass.failed), (1, 1));
+    let mut attempts = Vec::new();
+    while let Some(leased) = consumer.lease().await.unwrap() {
+        attempts.push(leased.entry.attempts);
+    }
+    assert_eq!(attempts, vec![1, 0, 0]);
+    proxy.set_mode(ProxyMode::Pass);
+}
+
+/// The row tells a cleanup older than one already written apart from one older than a live
+/// write, and a retry of the cleanup that wrote is not taken for a newer one.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_stale_location_write_says_whether_a_newer_cleanup_wrote(pool: PgPool) {
+    use shardkeep::character::{LocationOrder, LocationWrite};
+    let env = Env::new(&pool).await;
+    let player = env.character().await;
+    let at = |secs_ago: i64| Utc::now() - ChronoDuration::seconds(secs_ago);
+    let order = |closed_at, known_version| LocationOrder {
+        owner_epoch: player.owner_epoch,
+        closed_at,
+        known_version,
+    };
+    let newer = order(at(1), Some(0));
+    let write = |o: LocationOrder, room: &'static str| {
+        let store = env.store.clone();
+        let id = player.character_id;
+        async move {
+            store
+                .write_location_ordered(id, o, "zone-1", room)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(write(newer, "r1").await, LocationWrite::Written);
+    assert_eq!(
+        write(order(at(9), Some(0)), "r2").await,
+        LocationWrite::Stale {
+            newer_cleanup: true
+        }
+    );
+    assert_eq!(
+        write(newer, "r1").await,
+        LocationWrite::Stale {
+            newer_cleanup: false
+        },
+        "the same cleanup again"
+    );
+    // A live flush lands after a later close's copy last knew the row.
+    let mut row = env.store.load(player.character_id).await.unwrap().unwrap();
+    row.owner_epoch = player.owner_epoch;
+    env.store.save(&row).await.unwrap();
+    assert_eq!(
+        write(order(Utc::now(), Some(0)), "r3").await,
+        LocationWrite::Stale {
+            newer_cleanup: false
+        }
+    );
+}
+
+/// A resume ledger stored by a cleanup is never replaced by an older cleanup's, and a
+/// take-back removes only the record that very cleanup stored.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn resume_ledgers_are_stored_and_taken_back_in_order(pool: PgPool) {
+    use shardkeep::Ttl;
+    use shardkeep::coord::{OrderCheck, ResumeLedgerRecord, SessionOrder};
+    let env = Env::new(&pool).await;
+    let record = |seq| ResumeLedgerRecord {
+        session_token: "s-1".into(),
+        character_id: "c".into(),
+        last_applied_seq: seq,
+        zone_id: "zone-0".into(),
+        recorded_at: Utc::now(),
+    };
+    let order = |secs_ago| SessionOrder {
+        owner_epoch: 2,
+        at: Utc::now() - ChronoDuration::seconds(secs_ago),
+        event_id: Uuid::now_v7(),
+    };
+    let ttl = Ttl::from_secs(60).unwrap();
+    let (older, newer) = (order(10), order(1));
+    assert_eq!(
+        env.coord
+            .resume_store_ordered(&record(3), ttl, &newer)
+            .await
+            .unwrap(),
+        OrderCheck::Current
+    );
+    assert_eq!(
+        env.coord
+            .resume_store_ordered(&record(1), ttl, &older)
+            .await
+            .unwrap(),
+        OrderCheck::Stale
+    );
+    assert!(!env.coord.resume_take_back("s-1", &older).await.unwrap());
+    let kept = env.coord.resume_load("s-1").await.unwrap().unwrap();
+    assert_eq!(kept.last_applied_seq, 3, "the newer record stands");
+    assert!(env.coord.resume_take_back("s-1", &newer).await.unwrap());
+    assert!(env.coord.resume_load("s-1").await.unwrap().is_none());
+}
