@@ -230,8 +230,11 @@ WITH upd AS (
 SELECT (SELECT state_version FROM upd), (SELECT state_version FROM missed), (SELECT owner_epoch FROM missed)";
 
 // Rows are locked first, in id order (the one global lock order of every statement that locks
-// several characters), whatever order the batch lists them in; the update then only touches rows
-// it already holds, so two overlapping batches, or a batch and a transfer, never deadlock.
+// several characters), whatever order the batch lists them in: the update's one-time filter
+// counts the `locked` CTE, which runs (locking every row, sorted) before the update scans
+// anything, so it only ever touches rows it already holds, and two overlapping batches, or a
+// batch and a transfer, never deadlock. (Joining the CTE instead lets a generic plan rescan it
+// per row: quadratic.)
 const SAVE_MANY: &str = "
 WITH input AS (
     SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::int8[], $4::jsonb[], $5::jsonb[], $6::text[], $7::text[])
@@ -247,8 +250,9 @@ WITH input AS (
            state_version = c.state_version + 1,
            live_version = c.state_version + 1,
            updated_at = now()
-      FROM input i JOIN locked l ON l.id = i.id
+      FROM input i
      WHERE c.id = i.id AND c.state_version = i.expected AND c.owner_epoch <= i.epoch
+       AND (SELECT count(*) FROM locked) >= 0
  RETURNING c.id, c.state_version
 ), missed AS (
     SELECT c.id, c.state_version, c.owner_epoch

@@ -85,7 +85,8 @@ pub struct JournalCounts {
     pub processed: u64,
     /// Entries skipped because the session reconnected first.
     pub skipped_reconnected: u64,
-    /// Entries skipped because a newer cleanup of the same character was applied first.
+    /// Entries skipped because a newer session event of the same character came first (a
+    /// handed-off session's cleanup, once the destination's session started, among them).
     pub skipped_stale: u64,
     /// Entries dead-lettered (the planted poison included).
     pub dead_lettered: u64,
@@ -181,7 +182,7 @@ impl fmt::Display for SimReport {
         let j = &self.journal;
         let _ = writeln!(
             out,
-            "journal         appended {} (append retries {}), processed {}, skipped (reconnected) {}, skipped (older than one applied) {}, dead-lettered {}",
+            "journal         appended {} (append retries {}), processed {}, skipped (reconnected) {}, skipped (older than a newer session event) {}, dead-lettered {}",
             j.appended,
             j.append_retries,
             j.processed,
