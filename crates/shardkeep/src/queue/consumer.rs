@@ -155,7 +155,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
     ) -> Result<Option<Leased<T>>, QueueError> {
         // Registered (with a fresh heartbeat) before blocking; a stall while blocked is covered
         // by the beat and, failing that, by recovery's backstop.
-        self.incarnation.refresh(self.queue.redis()).await?;
+        self.incarnation.refresh_if_due(self.queue.redis()).await?;
         if self.blocking.is_none() {
             let client = self.queue.redis().client();
             let config = redis::AsyncConnectionConfig::new()
@@ -218,7 +218,11 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
             .await;
         match leased {
             Err(err) if err.to_string().contains("identity_lost") => Err(self.incarnation.lost()),
-            other => Ok(other?),
+            other => {
+                let raws = other?;
+                self.incarnation.mark_refreshed();
+                Ok(raws)
+            }
         }
     }
 

@@ -11,8 +11,8 @@
 
 use std::sync::Arc;
 use std::sync::LazyLock;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use redis::{Script, Value};
 use serde::Serialize;
@@ -43,6 +43,9 @@ pub(super) struct Incarnation {
     consumers: String,
     ttl: Ttl,
     lost: Arc<AtomicBool>,
+    /// When the heartbeat was last refreshed, in milliseconds since `born`.
+    refreshed_ms: Arc<AtomicU64>,
+    born: Instant,
 }
 
 impl Incarnation {
@@ -56,6 +59,8 @@ impl Incarnation {
             token: Uuid::now_v7().to_string(),
             ttl: queue.config().heartbeat_ttl,
             lost: Arc::default(),
+            refreshed_ms: Arc::default(),
+            born: Instant::now(),
             id,
         })
     }
@@ -89,10 +94,32 @@ impl Incarnation {
             .invoke_async(&mut redis.conn())
             .await?;
         if refreshed == 1 {
+            self.mark_refreshed();
             Ok(())
         } else {
             Err(self.lost())
         }
+    }
+
+    /// Records that the heartbeat was just refreshed (by a refresh or a lease script).
+    pub(super) fn mark_refreshed(&self) {
+        let ms = u64::try_from(self.born.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        self.refreshed_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Refreshes unless a refresh landed within the last third of the TTL (then the heartbeat,
+    /// and so the registration, is certainly alive): what a blocking lease does first, so a
+    /// consumer back from a stall is registered again before it can take anything.
+    pub(super) async fn refresh_if_due(&self, redis: &RedisBackend) -> Result<(), QueueError> {
+        self.check()?;
+        let last = Duration::from_millis(self.refreshed_ms.load(Ordering::Relaxed));
+        let since = self.born.elapsed().saturating_sub(last);
+        if self.refreshed_ms.load(Ordering::Relaxed) > 0 && since < self.ttl.duration() / 3 {
+            return Ok(());
+        }
+        self.refresh(redis).await
     }
 
     /// The background heartbeat: every third of the TTL until `stop`, or until the id is lost.
