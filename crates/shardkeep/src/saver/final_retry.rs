@@ -188,11 +188,16 @@ impl FinalRetries {
     }
 
     fn dropped(&self, character_id: Uuid) {
-        self.stats.final_dropped(1);
-        metrics::counter!(telemetry::SAVER_FINAL_DROPPED_TOTAL).increment(1);
-        tracing::warn!(event = "final_flush_dropped", character = %character_id,
-            "logout delta not written to Postgres; its checkpoint still loads");
-        self.feedback
-            .deliver(SaverEvent::FinalDropped { character_id });
+        final_dropped(&self.stats, self.feedback.as_ref(), character_id);
     }
+}
+
+/// Counts, logs and reports a logout save given up: written to neither its row nor a retry job
+/// (its checkpoint still holds it).
+pub(super) fn final_dropped(stats: &SaverStats, feedback: &dyn SaveFeedback, character_id: Uuid) {
+    stats.final_dropped(1);
+    metrics::counter!(telemetry::SAVER_FINAL_DROPPED_TOTAL).increment(1);
+    tracing::warn!(event = "final_flush_dropped", character = %character_id,
+        "logout delta not written to Postgres; its checkpoint still loads");
+    feedback.deliver(SaverEvent::FinalDropped { character_id });
 }

@@ -336,12 +336,7 @@ impl SaverWorker {
     }
 
     fn final_dropped(&self, character_id: Uuid) {
-        self.stats.final_dropped(1);
-        metrics::counter!(telemetry::SAVER_FINAL_DROPPED_TOTAL).increment(1);
-        tracing::warn!(event = "final_flush_dropped", character = %character_id,
-            "logout delta not written to Postgres; its checkpoint still loads");
-        self.feedback
-            .deliver(SaverEvent::FinalDropped { character_id });
+        super::final_retry::final_dropped(&self.stats, self.feedback.as_ref(), character_id);
     }
 }
 

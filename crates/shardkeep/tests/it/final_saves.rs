@@ -20,6 +20,19 @@ fn config() -> ShardConfig {
     config
 }
 
+/// Runs a retry worker until no job is due; returns the jobs it settled and how many of them
+/// were superseded.
+async fn run_retry_worker(pool: &PgPool) -> (usize, u64) {
+    use shardkeep::retry::{RetryQueue, RetryStats, RetryWorker, RetryWorkerConfig};
+    let pg = shardkeep::PostgresBackend::from_pool(pool.clone());
+    let clock = std::sync::Arc::new(shardkeep::clock::SystemClock);
+    let (_, signals) = RetryQueue::new(pg.clone(), 4, clock.clone());
+    let mut worker = RetryWorker::new(pg, signals, RetryWorkerConfig::new("w"), clock);
+    let stats = worker.stats();
+    let settled = worker.run_until_idle().await.unwrap();
+    (settled, RetryStats::get(&stats.superseded))
+}
+
 async fn currency_of(stores: &Stores, id: uuid::Uuid) -> serde_json::Value {
     let row = stores.characters.load(id).await.unwrap().unwrap();
     row.state["currency"].clone()
@@ -149,16 +162,8 @@ async fn a_final_save_outlasting_the_outage_budget_becomes_a_retry_job(pool: PgP
     let stats = shard.saver().stats();
     assert_eq!((stats.final_queued_as_job, stats.final_dropped), (1, 0));
     // The retry worker applies it, fenced by the departed copy's epoch like any save.
-    let pg = shardkeep::PostgresBackend::from_pool(pool.clone());
-    let clock = std::sync::Arc::new(shardkeep::clock::SystemClock);
-    let (_, signals) = shardkeep::retry::RetryQueue::new(pg.clone(), 4, clock.clone());
-    let mut worker = shardkeep::retry::RetryWorker::new(
-        pg,
-        signals,
-        shardkeep::retry::RetryWorkerConfig::new("w"),
-        clock,
-    );
-    assert_eq!(worker.run_until_idle().await.unwrap(), 1);
+    let (applied, _) = run_retry_worker(&pool).await;
+    assert_eq!(applied, 1);
     assert_eq!(currency_of(&stores, id).await, 42);
 }
 
@@ -194,20 +199,10 @@ async fn a_final_save_job_from_a_superseded_copy_is_fenced(pool: PgPool) {
         shard.saver().barrier(Duration::from_secs(20)).await,
         BarrierOutcome::Drained
     );
-    let pg = shardkeep::PostgresBackend::from_pool(pool.clone());
-    let clock = std::sync::Arc::new(shardkeep::clock::SystemClock);
-    let (_, signals) = shardkeep::retry::RetryQueue::new(pg.clone(), 4, clock.clone());
-    let mut worker = shardkeep::retry::RetryWorker::new(
-        pg,
-        signals,
-        shardkeep::retry::RetryWorkerConfig::new("w"),
-        clock,
-    );
-    let stats = worker.stats();
-    assert_eq!(worker.run_until_idle().await.unwrap(), 1);
+    let (applied, superseded) = run_retry_worker(&pool).await;
     assert_eq!(
-        shardkeep::retry::RetryStats::get(&stats.superseded),
-        1,
+        (applied, superseded),
+        (1, 1),
         "the departed copy's save is fenced by the newer owner"
     );
     assert_eq!(currency_of(&stores, id).await, 7);
