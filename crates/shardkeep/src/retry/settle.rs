@@ -168,6 +168,7 @@ pub(crate) async fn settle(
         }
     }
 
+    release_reward_keys(&mut tx, claimed, &outcomes, &granted).await?;
     write_characters(&mut tx, &characters, &dirty).await?;
     write_activations(&mut tx, &activations).await?;
     write_job_outcomes(&mut tx, claimed, &outcomes, now, reschedule).await?;
@@ -230,6 +231,38 @@ async fn grant_reward_keys(
     .await?
     .into_iter()
     .collect())
+}
+
+/// Takes back the reward keys recorded in this transaction for jobs that did not apply (their
+/// apply failed: a retry, or a dead letter an operator may requeue), so the grant can still
+/// happen once.
+async fn release_reward_keys(
+    tx: &mut sqlx::PgConnection,
+    claimed: &[Claimed],
+    outcomes: &[JobOutcome],
+    granted: &HashSet<String>,
+) -> Result<(), sqlx::Error> {
+    let failed: Vec<String> = claimed
+        .iter()
+        .zip(outcomes)
+        .filter(|(_, outcome)| {
+            matches!(
+                outcome,
+                JobOutcome::Retrying(_) | JobOutcome::DeadLettered(_)
+            )
+        })
+        .filter_map(|(c, _)| c.job.as_ref().ok())
+        .map(|job| job.envelope().idempotency_key.clone())
+        .filter(|key| granted.contains(key))
+        .collect();
+    if failed.is_empty() {
+        return Ok(());
+    }
+    sqlx::query("DELETE FROM reward_grants WHERE idempotency_key = ANY($1)")
+        .bind(&failed)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
 }
 
 /// Most bytes of state documents sent in one UPDATE. sqlx does not set TCP_NODELAY, and a bind

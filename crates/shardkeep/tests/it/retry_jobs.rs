@@ -624,3 +624,78 @@ async fn a_state_job_stored_again_after_it_ran_is_not_applied_twice(pool: PgPool
     assert_eq!(RetryStats::get(&stats.already_applied), before + 1);
     assert_eq!(experience(&pool, id).await, 15, "the reward survived");
 }
+
+/// A reward whose apply fails (the stored state cannot take it) must not leave its key behind:
+/// the next attempt, once the row is readable, grants it.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_reward_whose_apply_failed_is_granted_on_the_next_attempt(pool: PgPool) {
+    let id = character(&pool, "Aria").await;
+    sqlx::query("UPDATE characters SET state = '{\"experience\": \"lots\"}' WHERE id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let clock = Arc::new(ManualClock::starting_at(Utc::now()));
+    let (queue, signals) = RetryQueue::new(pg(&pool), 8, clock.clone());
+    let mut worker = RetryWorker::new(pg(&pool), signals, config("w"), clock.clone());
+    let stats = worker.stats();
+    queue
+        .enqueue(&reward(id, "r-fails-once", 0, 5))
+        .await
+        .unwrap();
+    worker.run_until_idle().await.unwrap();
+    assert_eq!(RetryStats::get(&stats.retried), 1, "the apply failed");
+    // The row is repaired; the job's next attempt comes due.
+    sqlx::query(
+        "UPDATE characters SET state = '{\"experience\": 0, \"currency\": 0}' WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    clock.advance(chrono::Duration::seconds(3600));
+    worker.run_until_idle().await.unwrap();
+    assert_eq!(
+        RetryStats::get(&stats.already_applied),
+        0,
+        "the failed attempt's reward key made the retry look applied"
+    );
+    assert_eq!(experience(&pool, id).await, 5, "the reward was lost");
+}
+
+/// A reward dead-lettered because its apply kept failing is granted when an operator requeues
+/// it after the fix (its key was not left behind).
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_requeued_reward_dead_letter_is_granted(pool: PgPool) {
+    let id = character(&pool, "Aria").await;
+    sqlx::query("UPDATE characters SET state = '{\"experience\": \"lots\"}' WHERE id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (queue, signals) = RetryQueue::new(pg(&pool), 8, Arc::clone(&clock));
+    let mut once = config("w");
+    once.retry_limit = 1;
+    let mut worker = RetryWorker::new(pg(&pool), signals, once, clock);
+    let stats = worker.stats();
+    queue.enqueue(&reward(id, "r-dead", 0, 7)).await.unwrap();
+    worker.run_until_idle().await.unwrap();
+    assert_eq!(RetryStats::get(&stats.dead_lettered), 1);
+    sqlx::query(
+        "UPDATE characters SET state = '{\"experience\": 0, \"currency\": 0}' WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let dead = queue.dead_letters_inspect(10).await.unwrap();
+    let letter = dead.dead_letters[0].dead_letter_id;
+    assert!(matches!(
+        queue.dead_letters_requeue(letter).await.unwrap(),
+        RequeueOutcome::Requeued { .. }
+    ));
+    worker.run_until_idle().await.unwrap();
+    assert_eq!(RetryStats::get(&stats.already_applied), 0);
+    assert_eq!(experience(&pool, id).await, 7);
+}
