@@ -93,6 +93,29 @@ impl Coordination {
         &self,
         max_examined: usize,
     ) -> Result<TransferReconcile, CoordError> {
+        self.reconcile_markers(Liveness::Pending, max_examined)
+            .await
+    }
+
+    /// Removes every marker whose token is not in `live_pending` (the caller's own view of its
+    /// pending transfers, which must include every transfer begun before the call), walking
+    /// the family with a bounded SCAN that examines at most `max_examined` keys.
+    pub async fn transfer_markers_reconcile(
+        &self,
+        live_pending: &HashSet<String>,
+        max_examined: usize,
+    ) -> Result<TransferReconcile, CoordError> {
+        self.reconcile_markers(Liveness::Listed(live_pending), max_examined)
+            .await
+    }
+
+    /// The one reconciliation walk: each SCAN page is judged by `liveness` and its stale
+    /// markers unlinked before the next page is read.
+    async fn reconcile_markers(
+        &self,
+        liveness: Liveness<'_>,
+        max_examined: usize,
+    ) -> Result<TransferReconcile, CoordError> {
         let pattern = self.keys().transfer_activated_pattern();
         let mut report = TransferReconcile::default();
         let mut conn = self.conn();
@@ -107,35 +130,21 @@ impl Coordination {
                 .query_async(&mut conn)
                 .await?;
             report.examined += keys.len();
-            let mut checks = redis::pipe();
-            let mut candidates = Vec::with_capacity(keys.len());
-            for key in keys {
-                match self.keys().transfer_token_of(&key) {
-                    Some(token) => {
-                        checks.exists(self.keys().transfer_pending(&token)?);
-                        candidates.push((key, Some(token)));
-                    }
-                    // Not a marker this keyspace wrote: nothing can keep it.
-                    None => candidates.push((key, None)),
-                }
-            }
-            let mut pending = if candidates.iter().any(|(_, t)| t.is_some()) {
-                let answers: Vec<bool> = checks.query_async(&mut conn).await?;
-                answers.into_iter()
-            } else {
-                Vec::new().into_iter()
-            };
-            let mut stale = Vec::new();
-            for (key, token) in candidates {
-                match token {
-                    Some(token) => {
-                        if pending.next() == Some(false) {
-                            stale.push((key, token));
-                        }
-                    }
-                    None => stale.push((key.clone(), key)),
-                }
-            }
+            // A key that is not a marker this keyspace wrote has nothing to keep it.
+            let tokens: Vec<Option<String>> = keys
+                .iter()
+                .map(|k| self.keys().transfer_token_of(k))
+                .collect();
+            let live = self.live_tokens(&mut conn, &tokens, &liveness).await?;
+            let stale: Vec<(String, String)> = keys
+                .into_iter()
+                .zip(tokens)
+                .filter_map(|(key, token)| match token {
+                    Some(token) if live.contains(&token) => None,
+                    Some(token) => Some((key, token)),
+                    None => Some((key.clone(), key)),
+                })
+                .collect();
             self.unlink_markers(&mut conn, stale, &mut report).await?;
             cursor = next;
             if cursor == 0 {
@@ -149,6 +158,37 @@ impl Coordination {
         metrics::counter!(crate::telemetry::TRANSFER_MARKERS_REMOVED_TOTAL)
             .increment(report.removed.len() as u64);
         Ok(report)
+    }
+
+    /// Which of one page's tokens belong to live transfers.
+    async fn live_tokens(
+        &self,
+        conn: &mut redis::aio::ConnectionManager,
+        tokens: &[Option<String>],
+        liveness: &Liveness<'_>,
+    ) -> Result<HashSet<String>, CoordError> {
+        let named: Vec<&String> = tokens.iter().flatten().collect();
+        match liveness {
+            Liveness::Listed(live) => Ok(named
+                .into_iter()
+                .filter(|t| live.contains(*t))
+                .cloned()
+                .collect()),
+            Liveness::Pending if named.is_empty() => Ok(HashSet::new()),
+            Liveness::Pending => {
+                let mut pipe = redis::pipe();
+                for token in &named {
+                    pipe.exists(self.keys().transfer_pending(token)?);
+                }
+                let pending: Vec<bool> = pipe.query_async(conn).await?;
+                Ok(named
+                    .into_iter()
+                    .zip(pending)
+                    .filter(|(_, p)| *p)
+                    .map(|(t, _)| t.clone())
+                    .collect())
+            }
+        }
     }
 
     async fn unlink_markers(
@@ -172,49 +212,12 @@ impl Coordination {
         }
         Ok(())
     }
+}
 
-    /// Removes every marker whose token is not in `live_pending` (the caller's own view of its
-    /// pending transfers, which must include every transfer begun before the call), walking
-    /// the family with a bounded SCAN that examines at most `max_examined` keys.
-    pub async fn transfer_markers_reconcile(
-        &self,
-        live_pending: &HashSet<String>,
-        max_examined: usize,
-    ) -> Result<TransferReconcile, CoordError> {
-        let pattern = self.keys().transfer_activated_pattern();
-        let mut report = TransferReconcile::default();
-        let mut conn = self.conn();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(self.config().scan_count)
-                .query_async(&mut conn)
-                .await?;
-            let mut stale = Vec::new();
-            for key in keys {
-                report.examined += 1;
-                match self.keys().transfer_token_of(&key) {
-                    Some(token) if live_pending.contains(&token) => {}
-                    Some(token) => stale.push((key, token)),
-                    None => stale.push((key.clone(), key)),
-                }
-            }
-            self.unlink_markers(&mut conn, stale, &mut report).await?;
-            cursor = next;
-            if cursor == 0 {
-                report.complete = true;
-                break;
-            }
-            if report.examined >= max_examined {
-                break;
-            }
-        }
-        metrics::counter!(crate::telemetry::TRANSFER_MARKERS_REMOVED_TOTAL)
-            .increment(report.removed.len() as u64);
-        Ok(report)
-    }
+/// What keeps a marker.
+enum Liveness<'a> {
+    /// Its transfer's pending record.
+    Pending,
+    /// The caller's list of pending tokens.
+    Listed(&'a HashSet<String>),
 }

@@ -118,10 +118,21 @@ impl QueueKeys {
     }
 
     /// The prefix of every processing list: a processing key is this prefix followed by the
-    /// escaped consumer id. Only the depth script uses it, to reach every consumer's list in one
-    /// round trip; consumer ids are UUIDs, which escape to themselves.
+    /// escaped consumer id. The depth script uses it to reach every consumer's list in one round
+    /// trip.
     pub fn processing_prefix(&self) -> String {
         format!("{}:processing:", self.tag)
+    }
+
+    /// SCAN pattern over every processing list of this queue (recovery's backstop).
+    pub fn processing_pattern(&self) -> String {
+        format!("{}*", self.processing_prefix())
+    }
+
+    /// The consumer id a processing-list key names, if the key is one of this queue's.
+    pub fn consumer_of_processing(&self, key: &str) -> Option<String> {
+        key.strip_prefix(&self.processing_prefix())
+            .and_then(segment::unescape)
     }
 
     /// The heartbeat key of one consumer incarnation.
@@ -208,6 +219,11 @@ impl Keyspace {
     /// A transfer the source has started and not completed (what keeps its marker live).
     pub fn transfer_pending(&self, token: &str) -> Result<String, KeyError> {
         self.plain("transfer:pending", "transfer token", token)
+    }
+
+    /// SCAN pattern over every pending-transfer record.
+    pub fn transfer_pending_pattern(&self) -> String {
+        format!("{}:transfer:pending:*", self.ns)
     }
 
     /// SCAN pattern over every transfer activation marker.

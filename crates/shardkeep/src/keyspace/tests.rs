@@ -129,6 +129,14 @@ proptest! {
         let marker = k.transfer_activated(&a).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert!(glob_match(k.transfer_activated_pattern().as_bytes(), marker.as_bytes()));
         prop_assert_eq!(k.transfer_token_of(&marker), Some(a.clone()));
+        let pending = k.transfer_pending(&a).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(glob_match(k.transfer_pending_pattern().as_bytes(), pending.as_bytes()));
+        prop_assert!(!glob_match(k.transfer_pending_pattern().as_bytes(), marker.as_bytes()));
+        let q = k.queue("q").map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let list = q.processing(&a).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(glob_match(q.processing_pattern().as_bytes(), list.as_bytes()));
+        prop_assert_eq!(q.consumer_of_processing(&list), Some(a.clone()));
+        prop_assert_eq!(q.consumer_of_processing(&q.pending), None);
         for (_, key) in all_keys(&other, &a, &b) {
             let key = key.map_err(|e| TestCaseError::fail(e.to_string()))?;
             for pattern in k.namespace_patterns() {

@@ -18,7 +18,6 @@ use uuid::Uuid;
 
 use super::{DurableDeadLetterEntry, DurableWorkQueueEntry, QueueError, WorkQueue};
 use crate::keyspace::QUEUE_RECOVERY_LOCK_TTL;
-use crate::keyspace::segment::unescape;
 use crate::telemetry;
 
 static RECOVER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/recover.lua")));
@@ -144,8 +143,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         registered: &HashSet<String>,
     ) -> Result<Vec<String>, QueueError> {
         use std::sync::atomic::Ordering;
-        let prefix = self.keys().processing_prefix();
-        let pattern = format!("{prefix}*");
+        let pattern = self.keys().processing_pattern();
         let mut conn = self.redis().conn();
         let mut found = Vec::new();
         let mut cursor = self.backstop_cursor().load(Ordering::Relaxed);
@@ -160,7 +158,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
                 .await?;
             found.extend(
                 page.iter()
-                    .filter_map(|key| key.strip_prefix(&prefix).and_then(unescape))
+                    .filter_map(|key| self.keys().consumer_of_processing(key))
                     .filter(|id| !registered.contains(id)),
             );
             cursor = next;

@@ -356,8 +356,9 @@ pub(super) async fn untaken_handoffs(coord: &Coordination) -> Result<usize, crat
 pub(super) async fn transfer_leftovers(
     coord: &Coordination,
 ) -> Result<(usize, usize), crate::CoordError> {
-    let pending_pattern = format!("{}:transfer:pending:*", coord.keys().namespace());
-    let pending = scan(coord, &pending_pattern).await?.len();
+    let pending = scan(coord, &coord.keys().transfer_pending_pattern())
+        .await?
+        .len();
     let markers = scan(coord, &coord.keys().transfer_activated_pattern()).await?;
     let mut stale = 0;
     for key in markers {
