@@ -33,6 +33,41 @@ async fn run_retry_worker(pool: &PgPool) -> (usize, u64) {
     (settled, RetryStats::get(&stats.superseded))
 }
 
+/// A shard whose rows and jobs go through a fault proxy (checkpoints straight to Redis), with
+/// Aria logged in.
+struct Scene {
+    _redis: TestRedis,
+    stores: Stores,
+    proxy: FaultProxy,
+    shard: shardkeep::shard::Shard,
+    id: uuid::Uuid,
+}
+
+impl Scene {
+    async fn logged_in(pool: &PgPool, config: ShardConfig) -> Self {
+        let redis = TestRedis::new().await;
+        let stores = Stores::new(pool, redis.backend());
+        let proxy = FaultProxy::start(pg_addr()).await.unwrap();
+        let proxied = proxied_pool(pool, &proxy).await;
+        let mut shard = boot_with(
+            rows_checkpoints_and_jobs(proxied, redis.backend()),
+            &stores,
+            config,
+            &[0],
+            1,
+        );
+        let id = stores.new_character("Aria").await;
+        login(&stores, &mut shard, id, "s").await;
+        Self {
+            _redis: redis,
+            stores,
+            proxy,
+            shard,
+            id,
+        }
+    }
+}
+
 async fn currency_of(stores: &Stores, id: uuid::Uuid) -> serde_json::Value {
     let row = stores.characters.load(id).await.unwrap().unwrap();
     row.state["currency"].clone()
@@ -40,19 +75,13 @@ async fn currency_of(stores: &Stores, id: uuid::Uuid) -> serde_json::Value {
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn shutdown_does_not_report_drained_while_a_final_save_is_unsaved(pool: PgPool) {
-    let redis = TestRedis::new().await;
-    let stores = Stores::new(&pool, redis.backend());
-    let proxy = FaultProxy::start(pg_addr()).await.unwrap();
-    let cut_pool = proxied_pool(&pool, &proxy).await;
-    let mut shard = boot_with(
-        rows_checkpoints_and_jobs(cut_pool, redis.backend()),
-        &stores,
-        config(),
-        &[0],
-        1,
-    );
-    let id = stores.new_character("Aria").await;
-    login(&stores, &mut shard, id, "s").await;
+    let Scene {
+        _redis,
+        stores,
+        proxy,
+        mut shard,
+        id,
+    } = Scene::logged_in(&pool, config()).await;
     shard.player_mut(id).unwrap().character.currency = 42;
     proxy.set_mode(ProxyMode::Cut);
     shard.logout(id).unwrap();
@@ -80,19 +109,13 @@ async fn shutdown_does_not_report_drained_while_a_final_save_is_unsaved(pool: Pg
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn shutdown_waits_for_a_final_save_that_lands_within_its_bound(pool: PgPool) {
-    let redis = TestRedis::new().await;
-    let stores = Stores::new(&pool, redis.backend());
-    let proxy = FaultProxy::start(pg_addr()).await.unwrap();
-    let cut_pool = proxied_pool(&pool, &proxy).await;
-    let mut shard = boot_with(
-        rows_checkpoints_and_jobs(cut_pool, redis.backend()),
-        &stores,
-        config(),
-        &[0],
-        1,
-    );
-    let id = stores.new_character("Aria").await;
-    login(&stores, &mut shard, id, "s").await;
+    let Scene {
+        _redis,
+        stores,
+        proxy,
+        mut shard,
+        id,
+    } = Scene::logged_in(&pool, config()).await;
     shard.player_mut(id).unwrap().character.currency = 42;
     proxy.set_mode(ProxyMode::Cut);
     shard.logout(id).unwrap();
@@ -117,21 +140,15 @@ async fn shutdown_waits_for_a_final_save_that_lands_within_its_bound(pool: PgPoo
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_final_save_outlasting_the_outage_budget_becomes_a_retry_job(pool: PgPool) {
-    let redis = TestRedis::new().await;
-    let stores = Stores::new(&pool, redis.backend());
-    let proxy = FaultProxy::start(pg_addr()).await.unwrap();
-    let cut_pool = proxied_pool(&pool, &proxy).await;
     let mut config = config();
     config.saver.final_outage_budget = Duration::from_millis(800);
-    let mut shard = boot_with(
-        rows_checkpoints_and_jobs(cut_pool, redis.backend()),
-        &stores,
-        config,
-        &[0],
-        1,
-    );
-    let id = stores.new_character("Aria").await;
-    login(&stores, &mut shard, id, "s").await;
+    let Scene {
+        _redis,
+        stores,
+        proxy,
+        mut shard,
+        id,
+    } = Scene::logged_in(&pool, config).await;
     shard.player_mut(id).unwrap().character.currency = 42;
     proxy.set_mode(ProxyMode::Cut);
     shard.logout(id).unwrap();
@@ -169,21 +186,15 @@ async fn a_final_save_outlasting_the_outage_budget_becomes_a_retry_job(pool: PgP
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_final_save_job_from_a_superseded_copy_is_fenced(pool: PgPool) {
-    let redis = TestRedis::new().await;
-    let stores = Stores::new(&pool, redis.backend());
-    let proxy = FaultProxy::start(pg_addr()).await.unwrap();
-    let cut_pool = proxied_pool(&pool, &proxy).await;
     let mut config = config();
     config.saver.final_outage_budget = Duration::from_millis(300);
-    let mut shard = boot_with(
-        rows_checkpoints_and_jobs(cut_pool, redis.backend()),
-        &stores,
-        config,
-        &[0],
-        1,
-    );
-    let id = stores.new_character("Aria").await;
-    login(&stores, &mut shard, id, "s").await;
+    let Scene {
+        _redis,
+        stores,
+        proxy,
+        mut shard,
+        id,
+    } = Scene::logged_in(&pool, config).await;
     shard.player_mut(id).unwrap().character.currency = 42;
     proxy.set_mode(ProxyMode::Cut);
     shard.logout(id).unwrap();
@@ -212,21 +223,16 @@ async fn a_final_save_job_from_a_superseded_copy_is_fenced(pool: PgPool) {
 /// shutdown bound runs out, and the report counts it.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_shutdown_bound_running_out_counts_saves_still_queued(pool: PgPool) {
-    let redis = TestRedis::new().await;
-    let stores = Stores::new(&pool, redis.backend());
-    let proxy = FaultProxy::start(pg_addr()).await.unwrap();
-    let stalled_pool = proxied_pool(&pool, &proxy).await;
     let mut config = config();
     config.saver.io_timeout = Duration::from_secs(5);
-    let mut shard = boot_with(
-        rows_checkpoints_and_jobs(stalled_pool, redis.backend()),
-        &stores,
-        config,
-        &[0],
-        1,
-    );
-    let id = stores.new_character("Aria").await;
-    login(&stores, &mut shard, id, "s").await;
+    let Scene {
+        _redis,
+        stores,
+        proxy,
+        mut shard,
+        id,
+    } = Scene::logged_in(&pool, config).await;
+    shard.player_mut(id).unwrap().character.currency = 42;
     proxy.set_mode(ProxyMode::Stall);
     shard.logout(id).unwrap();
     let report = shard.shutdown(Duration::from_millis(500)).await;
@@ -237,5 +243,12 @@ async fn a_shutdown_bound_running_out_counts_saves_still_queued(pool: PgPool) {
         "{:?}",
         report.unsaved_finals
     );
+    assert_ne!(currency_of(&stores, id).await, 42, "not in the row yet");
+    // Reported unsaved, not lost: once Postgres answers, the save goes on to land.
     proxy.set_mode(ProxyMode::Pass);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while currency_of(&stores, id).await != 42 {
+        assert!(tokio::time::Instant::now() < deadline, "the save was lost");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -61,6 +61,16 @@ fn config(owner: &str) -> RetryWorkerConfig {
     config
 }
 
+/// Overwrites a row's state document behind the library's back (a corrupt or repaired row).
+async fn set_state(pool: &PgPool, id: Uuid, state: serde_json::Value) {
+    sqlx::query("UPDATE characters SET state = $2 WHERE id = $1")
+        .bind(id)
+        .bind(state)
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
 async fn experience(pool: &PgPool, id: Uuid) -> i64 {
     let state: serde_json::Value = sqlx::query_scalar("SELECT state FROM characters WHERE id = $1")
         .bind(id)
@@ -630,11 +640,7 @@ async fn a_state_job_stored_again_after_it_ran_is_not_applied_twice(pool: PgPool
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_reward_whose_apply_failed_is_granted_on_the_next_attempt(pool: PgPool) {
     let id = character(&pool, "Aria").await;
-    sqlx::query("UPDATE characters SET state = '{\"experience\": \"lots\"}' WHERE id = $1")
-        .bind(id)
-        .execute(&pool)
-        .await
-        .unwrap();
+    set_state(&pool, id, json!({ "experience": "lots" })).await;
     let clock = Arc::new(ManualClock::starting_at(Utc::now()));
     let (queue, signals) = RetryQueue::new(pg(&pool), 8, clock.clone());
     let mut worker = RetryWorker::new(pg(&pool), signals, config("w"), clock.clone());
@@ -646,13 +652,7 @@ async fn a_reward_whose_apply_failed_is_granted_on_the_next_attempt(pool: PgPool
     worker.run_until_idle().await.unwrap();
     assert_eq!(RetryStats::get(&stats.retried), 1, "the apply failed");
     // The row is repaired; the job's next attempt comes due.
-    sqlx::query(
-        "UPDATE characters SET state = '{\"experience\": 0, \"currency\": 0}' WHERE id = $1",
-    )
-    .bind(id)
-    .execute(&pool)
-    .await
-    .unwrap();
+    set_state(&pool, id, json!({ "experience": 0, "currency": 0 })).await;
     clock.advance(chrono::Duration::seconds(3600));
     worker.run_until_idle().await.unwrap();
     assert_eq!(
@@ -668,11 +668,7 @@ async fn a_reward_whose_apply_failed_is_granted_on_the_next_attempt(pool: PgPool
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_requeued_reward_dead_letter_is_granted(pool: PgPool) {
     let id = character(&pool, "Aria").await;
-    sqlx::query("UPDATE characters SET state = '{\"experience\": \"lots\"}' WHERE id = $1")
-        .bind(id)
-        .execute(&pool)
-        .await
-        .unwrap();
+    set_state(&pool, id, json!({ "experience": "lots" })).await;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let (queue, signals) = RetryQueue::new(pg(&pool), 8, Arc::clone(&clock));
     let mut once = config("w");
@@ -682,13 +678,7 @@ async fn a_requeued_reward_dead_letter_is_granted(pool: PgPool) {
     queue.enqueue(&reward(id, "r-dead", 0, 7)).await.unwrap();
     worker.run_until_idle().await.unwrap();
     assert_eq!(RetryStats::get(&stats.dead_lettered), 1);
-    sqlx::query(
-        "UPDATE characters SET state = '{\"experience\": 0, \"currency\": 0}' WHERE id = $1",
-    )
-    .bind(id)
-    .execute(&pool)
-    .await
-    .unwrap();
+    set_state(&pool, id, json!({ "experience": 0, "currency": 0 })).await;
     let dead = queue.dead_letters_inspect(10).await.unwrap();
     let letter = dead.dead_letters[0].dead_letter_id;
     assert!(matches!(

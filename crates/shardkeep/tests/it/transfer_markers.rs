@@ -101,6 +101,12 @@ async fn bad_transfer_tokens_are_typed_errors() {
     let long = "t".repeat(300);
     assert!(coord.transfer_begin(&long, ttl).await.is_err());
     assert!(coord.transfer_is_pending(&long).await.is_err());
+    let mut raw = redis.raw().await;
+    let written: Vec<String> =
+        redis::AsyncCommands::keys(&mut raw, format!("*{}*", redis.keys().namespace()))
+            .await
+            .unwrap();
+    assert!(written.is_empty(), "{written:?}");
 }
 
 /// Transfers begun and activated while a reconciliation pass walks the markers keep their
