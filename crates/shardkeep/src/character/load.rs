@@ -28,6 +28,14 @@ pub enum LoadError {
     /// The claim or row read did not answer in time; the login must be refused.
     #[error("claiming character {0} timed out")]
     Timeout(Uuid),
+    /// The character named in a lookup by name could not be read.
+    #[error("looking up the character named {name:?}: {reason}")]
+    NameLookup {
+        /// The name asked for.
+        name: String,
+        /// What failed.
+        reason: String,
+    },
     /// A checkpoint asked for by name could not be read.
     #[error("reading the checkpoint of character {character_id}: {source}")]
     Checkpoint {
@@ -208,13 +216,14 @@ impl CharacterLoader {
         let Some(checkpoints) = &self.checkpoints else {
             return Ok(None);
         };
+        let lookup = |reason: String| LoadError::NameLookup {
+            name: name.to_owned(),
+            reason,
+        };
         let row = tokio::time::timeout(self.io_timeout, self.store.load_by_name(name))
             .await
-            .map_err(|_| LoadError::Timeout(Uuid::nil()))?
-            .map_err(|source| LoadError::Store {
-                character_id: Uuid::nil(),
-                source,
-            })?;
+            .map_err(|_| lookup("timed out".into()))?
+            .map_err(|e| lookup(e.to_string()))?;
         let Some(row) = row else {
             return Ok(None);
         };
