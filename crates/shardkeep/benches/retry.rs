@@ -136,6 +136,7 @@ async fn shardkeep_run(
                         owner_epoch: 0,
                         origin: Origin::CombatRewards,
                         issued_at: Utc::now(),
+                        issue_seq: 0,
                     },
                     "bench",
                     None,

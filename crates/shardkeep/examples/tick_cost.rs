@@ -45,11 +45,13 @@ async fn main() {
             chargen: None,
             state_version: 0,
             owner_epoch: 1,
+            issue_mark: 0,
         };
         let loaded = LoadedCharacter {
             snapshot,
             source: LoadSource::Row,
             brand_new: false,
+            origin: Default::default(),
         };
         shard
             .admit(

@@ -153,6 +153,7 @@ pub(crate) async fn retry_dead_letter(app: &mut TestApp) -> Uuid {
             owner_epoch: 0,
             origin: Origin::SessionCleanup,
             issued_at: Utc::now(),
+            issue_seq: 0,
         },
         "test",
         Some("session-9".into()),

@@ -158,6 +158,7 @@ fn snapshot(id: Uuid, name: &str) -> CharacterSnapshot {
         state: template_state(),
         chargen: None,
         state_version: 0,
+        issue_mark: 0,
         owner_epoch: 1,
     }
 }
@@ -361,6 +362,7 @@ async fn sustain(
             snapshot: snapshot(*id, name),
             source: LoadSource::Row,
             brand_new: false,
+            origin: Default::default(),
         };
         shard
             .admit(

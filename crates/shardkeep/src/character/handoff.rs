@@ -94,6 +94,7 @@ mod tests {
             chargen: None,
             state_version: 4,
             owner_epoch: epoch,
+            issue_mark: 0,
         }
     }
 

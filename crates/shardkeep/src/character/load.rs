@@ -11,8 +11,8 @@ use uuid::Uuid;
 use super::checkpoint::CheckpointStore;
 use super::handoff::HandoffPayload;
 use super::snapshot::{CharacterSnapshot, Freshest, freshest};
-use super::store::{CharacterStore, StoreError};
-use crate::retry::apply::{RowState, replay_effects};
+use super::store::{CharacterStore, ClaimedRow, StoreError};
+use crate::retry::apply::{RowState, apply_payload};
 
 /// Why a character could not be loaded for a session.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +67,22 @@ pub struct LoadedCharacter {
     pub source: LoadSource,
     /// True when the row had never been placed in a zone (a brand-new character).
     pub brand_new: bool,
+    /// Which copy's content it is, and which of that copy's writes it holds.
+    pub origin: ContentOrigin,
+}
+
+/// The copy whose dump a loaded content is, and which issued writes it holds: every one that
+/// copy issued up to `mark`, and those in `beyond_mark` (durable jobs applied to the row since,
+/// or replayed on a checkpoint), by issuing epoch and sequence. Checks and diagnostics read it;
+/// the session does not.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContentOrigin {
+    /// The owner epoch of the copy that dumped the content (0: no copy ever wrote it).
+    pub epoch: i64,
+    /// That copy's issue mark in the content.
+    pub mark: u64,
+    /// Sequenced writes the content holds past the mark: `(issuing epoch, sequence)`.
+    pub beyond_mark: Vec<(i64, u64)>,
 }
 
 /// How a handoff's claim loaded the character.
@@ -135,14 +151,29 @@ impl CharacterLoader {
                 character_id,
                 source,
             })?;
-        let row = claimed.row;
-        let checkpoint = self.read_checkpoint(row.character_id).await;
-        Ok(choose(
-            row,
-            claimed.live_version,
-            checkpoint,
-            claimed.new_epoch,
-        ))
+        let checkpoint = self.read_checkpoint(character_id).await;
+        let loaded = choose(claimed, checkpoint);
+        self.record_item_loads(&loaded).await?;
+        Ok(loaded)
+    }
+
+    /// Writes the loaded content's items to the item-load ledger under the new epoch, before the
+    /// copy goes live (fails closed like the claim: a copy whose loads are not on record could
+    /// let a phantom through).
+    async fn record_item_loads(&self, loaded: &LoadedCharacter) -> Result<(), LoadError> {
+        let character_id = loaded.snapshot.character_id;
+        let items = crate::game::items::stored_item_ids(&loaded.snapshot.state);
+        tokio::time::timeout(
+            self.io_timeout,
+            self.store
+                .record_item_loads(character_id, loaded.snapshot.owner_epoch, &items),
+        )
+        .await
+        .map_err(|_| LoadError::Timeout(character_id))?
+        .map_err(|source| LoadError::Store {
+            character_id,
+            source,
+        })
     }
 
     /// Claims a character arriving by cross-shard handoff `handoff_token`. When the copy that
@@ -181,29 +212,35 @@ impl CharacterLoader {
                 "a superseded copy's handoff was refused; loading the freshest durable copy");
             metrics::counter!(crate::telemetry::HANDOFF_SUPERSEDED_TOTAL).increment(1);
             let checkpoint = self.read_checkpoint(character_id).await;
+            let loaded = choose(claimed, checkpoint);
+            self.record_item_loads(&loaded).await?;
             return Ok(HandoffLoad::Superseded {
                 dumped_under_epoch: carried.dumped_under_epoch,
                 owner_epoch,
-                loaded: choose(
-                    claimed.row,
-                    claimed.live_version,
-                    checkpoint,
-                    claimed.new_epoch,
-                ),
+                loaded,
             });
         }
+        let origin = ContentOrigin {
+            epoch: carried.snapshot.owner_epoch,
+            mark: carried.snapshot.issue_mark,
+            beyond_mark: Vec::new(),
+        };
         let snapshot = CharacterSnapshot {
             state_version: claimed.row.state_version,
             owner_epoch: claimed.new_epoch,
             account_id: claimed.row.account_id,
             name: claimed.row.name,
+            issue_mark: 0,
             ..carried.snapshot
         };
-        Ok(HandoffLoad::Adopted(LoadedCharacter {
+        let loaded = LoadedCharacter {
             snapshot,
             source: LoadSource::Handoff,
             brand_new: false,
-        }))
+            origin,
+        };
+        self.record_item_loads(&loaded).await?;
+        Ok(HandoffLoad::Adopted(loaded))
     }
 
     /// The checkpoint of the character named `name` (any case), looked up the way names are
@@ -260,29 +297,34 @@ impl CharacterLoader {
     }
 }
 
-/// Combines the row (with its pre-claim epoch and the version of its last live write) and an
-/// optional checkpoint into the snapshot a session starts from. Identity always comes from the
-/// row; so does the CAS token. When the checkpoint wins, the retry-job effects the row took since
-/// its last live write are replayed on it, so neither the checkpoint's newer content nor a
-/// durable job's effect is lost.
-pub fn choose(
-    row: CharacterSnapshot,
-    row_live_version: i64,
-    checkpoint: Option<CharacterSnapshot>,
-    new_epoch: i64,
-) -> LoadedCharacter {
+/// Combines a claimed row (with its pre-claim epoch, the version of its last live write and the
+/// previous owner's job effects) and an optional checkpoint into the snapshot a session starts
+/// from. Identity always comes from the row; so does the CAS token. When the checkpoint wins, the
+/// previous owner's job effects it does not hold are replayed on it — sequenced ones issued after
+/// its dump (past its issue mark), unsequenced ones applied since the row's last live write — so
+/// neither the checkpoint's newer content nor a durable job's effect is lost, and nothing older
+/// overwrites it.
+pub fn choose(claimed: ClaimedRow, checkpoint: Option<CharacterSnapshot>) -> LoadedCharacter {
+    let ClaimedRow {
+        new_epoch,
+        live_version,
+        row,
+        content_mark,
+        effects,
+    } = claimed;
     let brand_new = row.zone_ref.is_none();
+    let previous = row.owner_epoch;
     let pick = checkpoint
         .filter(|c| c.character_id == row.character_id)
         .map(|c| {
             let which = freshest(
                 (row.owner_epoch, row.state_version),
-                row_live_version,
+                live_version,
                 (c.owner_epoch, c.state_version),
             );
             (which, c)
         });
-    let (source, mut snapshot) = match pick {
+    let (source, mut snapshot, origin) = match pick {
         Some((Freshest::Checkpoint, c)) => {
             let mut s = c;
             if s.zone_ref.is_none() {
@@ -290,35 +332,70 @@ pub fn choose(
                 s.zone_ref = row.zone_ref.clone();
                 s.room_ref = row.room_ref.clone();
             }
-            if s.owner_epoch == row.owner_epoch {
+            let mut origin = ContentOrigin {
+                epoch: s.owner_epoch,
+                mark: s.issue_mark,
+                beyond_mark: Vec::new(),
+            };
+            if s.owner_epoch == previous {
                 let mut merged = RowState {
                     state: s.state,
                     zone_ref: s.zone_ref,
                     room_ref: s.room_ref,
                 };
-                replay_effects(&mut merged, &row.state);
+                let newer = effects.iter().filter(|e| {
+                    e.owner_epoch == previous
+                        && if e.issue_seq == 0 {
+                            e.row_version > live_version
+                        } else {
+                            e.issue_seq > origin.mark
+                        }
+                });
+                for effect in newer {
+                    if apply_payload(&mut merged, &effect.payload).is_ok() && effect.issue_seq > 0 {
+                        origin
+                            .beyond_mark
+                            .push((effect.owner_epoch, effect.issue_seq));
+                    }
+                }
                 s.state = merged.state;
                 s.zone_ref = merged.zone_ref;
                 s.room_ref = merged.room_ref;
             }
             s.account_id = row.account_id;
             s.name = row.name.clone();
-            (LoadSource::Checkpoint, s)
+            (LoadSource::Checkpoint, s, origin)
         }
-        _ => (LoadSource::Row, row.clone()),
+        _ => {
+            // The row holds its last live writer's dump, then every job applied since.
+            let beyond_mark = effects
+                .iter()
+                .filter(|e| e.issue_seq > 0)
+                .map(|e| (e.owner_epoch, e.issue_seq))
+                .collect();
+            let origin = ContentOrigin {
+                epoch: content_mark.epoch,
+                mark: content_mark.seq,
+                beyond_mark,
+            };
+            (LoadSource::Row, row.clone(), origin)
+        }
     };
     snapshot.state_version = row.state_version;
     snapshot.owner_epoch = new_epoch;
+    snapshot.issue_mark = 0;
     LoadedCharacter {
         snapshot,
         source,
         brand_new,
+        origin,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::retry::apply::RecordedEffect;
 
     fn snap(epoch: i64, version: i64, zone: Option<&str>, marker: &str) -> CharacterSnapshot {
         CharacterSnapshot {
@@ -331,16 +408,28 @@ mod tests {
             chargen: None,
             state_version: version,
             owner_epoch: epoch,
+            issue_mark: 0,
+        }
+    }
+
+    fn claimed(row: CharacterSnapshot, live_version: i64, new_epoch: i64) -> ClaimedRow {
+        ClaimedRow {
+            new_epoch,
+            live_version,
+            content_mark: crate::character::IssueMark {
+                epoch: row.owner_epoch,
+                seq: row.issue_mark,
+            },
+            effects: Vec::new(),
+            row,
         }
     }
 
     #[test]
     fn checkpoint_content_at_a_tie_with_the_rows_token_and_new_epoch() {
         let loaded = choose(
-            snap(3, 7, Some("a"), "row"),
-            7,
+            claimed(snap(3, 7, Some("a"), "row"), 7, 4),
             Some(snap(3, 7, Some("b"), "ckpt")),
-            4,
         );
         assert_eq!(loaded.source, LoadSource::Checkpoint);
         assert_eq!(loaded.snapshot.state["marker"], "ckpt");
@@ -354,10 +443,8 @@ mod tests {
     #[test]
     fn a_stale_owners_checkpoint_never_outranks_the_row() {
         let loaded = choose(
-            snap(5, 2, Some("a"), "row"),
-            2,
+            claimed(snap(5, 2, Some("a"), "row"), 2, 6),
             Some(snap(4, 40, Some("b"), "zombie")),
-            6,
         );
         assert_eq!(loaded.source, LoadSource::Row);
         assert_eq!(loaded.snapshot.state["marker"], "row");
@@ -370,10 +457,8 @@ mod tests {
     #[test]
     fn an_instance_checkpoint_keeps_the_rows_anchor() {
         let loaded = choose(
-            snap(3, 7, Some("a"), "row"),
-            7,
+            claimed(snap(3, 7, Some("a"), "row"), 7, 4),
             Some(snap(3, 7, None, "ckpt")),
-            4,
         );
         assert_eq!(loaded.snapshot.state["marker"], "ckpt");
         assert_eq!(loaded.snapshot.zone_ref.as_deref(), Some("a"));
@@ -381,43 +466,107 @@ mod tests {
 
     #[test]
     fn no_checkpoint_means_the_row() {
-        let loaded = choose(snap(1, 1, None, "row"), 1, None, 2);
+        let loaded = choose(claimed(snap(1, 1, None, "row"), 1, 2), None);
         assert_eq!(loaded.source, LoadSource::Row);
         assert!(loaded.brand_new);
     }
 
+    fn effect(seq: u64, row_version: i64, payload: serde_json::Value) -> RecordedEffect {
+        RecordedEffect {
+            owner_epoch: 3,
+            issue_seq: seq,
+            row_version,
+            payload: serde_json::from_value(payload).unwrap_or_else(|e| panic!("{e}")),
+        }
+    }
+
     #[test]
-    fn a_newer_checkpoint_gets_the_rows_later_job_effects_replayed() {
-        use crate::retry::PersistenceRetryPayload;
-        // Live write at 7 with 10 xp; a reward job then took the row to 8 with 35 xp; the
-        // checkpoint, dumped at 7 after the live copy gained an item, wins and gets the reward.
-        let reward = PersistenceRetryPayload::CombatRewards {
-            character_id: Uuid::nil(),
-            experience: 25,
-            currency: 2,
-            items: vec![],
-        };
+    fn a_newer_checkpoint_gets_only_the_effects_issued_after_its_dump() {
+        let nil = Uuid::nil();
+        // Live write at 7 (mark 2) with 10 xp. Jobs then took the row to 8: a reward issued as 3
+        // and a hair change issued as 4. The checkpoint was dumped at 7 with mark 3: it holds the
+        // reward (and an item the row lacks); the hair change came after it.
         let mut row = snap(3, 8, Some("a"), "row");
-        row.state = serde_json::json!({
-            "experience": 35, "currency": 2, "reward_keys": ["k1"],
-            "job_effects": [{ "key": "k1", "payload": reward }],
-        });
+        row.state = serde_json::json!({ "experience": 35, "appearance": { "hair": "red" } });
+        let mut claim = claimed(row, 7, 4);
+        claim.content_mark.seq = 2;
+        claim.effects = vec![
+            effect(
+                3,
+                8,
+                serde_json::json!({ "kind": "combat_rewards", "character_id": nil,
+                "experience": 25, "currency": 0, "items": [] }),
+            ),
+            effect(
+                4,
+                8,
+                serde_json::json!({ "kind": "character_appearance", "character_id": nil,
+                "appearance": { "hair": "red" } }),
+            ),
+        ];
         let mut checkpoint = snap(3, 7, Some("a"), "ckpt");
+        checkpoint.issue_mark = 3;
         checkpoint.state = serde_json::json!({
-            "experience": 10, "inventory": [{ "proto": "gem" }],
+            "experience": 35, "inventory": [{ "proto": "gem" }], "appearance": { "hair": "grey" },
         });
-        let loaded = choose(row.clone(), 7, Some(checkpoint.clone()), 4);
+        let loaded = choose(claim.clone(), Some(checkpoint.clone()));
         assert_eq!(loaded.source, LoadSource::Checkpoint);
-        assert_eq!(loaded.snapshot.state["experience"], 35);
-        assert_eq!(loaded.snapshot.state["currency"], 2);
+        assert_eq!(loaded.snapshot.state["experience"], 35, "the reward once");
+        assert_eq!(loaded.snapshot.state["appearance"]["hair"], "red");
         assert_eq!(loaded.snapshot.state["inventory"][0]["proto"], "gem");
         assert_eq!(loaded.snapshot.state_version, 8, "the row's CAS token");
-        // A checkpoint that already holds the grant gets nothing twice.
-        checkpoint.state = serde_json::json!({ "experience": 35, "reward_keys": ["k1"] });
-        let loaded = choose(row.clone(), 7, Some(checkpoint), 4);
+        assert_eq!(
+            loaded.snapshot.issue_mark, 0,
+            "the new copy has issued nothing"
+        );
+        assert_eq!(
+            loaded.origin,
+            ContentOrigin {
+                epoch: 3,
+                mark: 3,
+                beyond_mark: vec![(3, 4)]
+            }
+        );
+        // A checkpoint dumped after the hair change (mark 4) holds its own, newer hair.
+        checkpoint.issue_mark = 4;
+        checkpoint.state["appearance"]["hair"] = "blue".into();
+        let loaded = choose(claim.clone(), Some(checkpoint));
+        assert_eq!(loaded.snapshot.state["appearance"]["hair"], "blue");
         assert_eq!(loaded.snapshot.state["experience"], 35);
-        // A live write after the checkpoint's dump wins outright.
-        let loaded = choose(row, 8, Some(snap(3, 7, Some("a"), "ckpt")), 4);
+        // A live write after the checkpoint's dump wins outright, with its jobs applied.
+        let mut newer = claim;
+        newer.live_version = 8;
+        let loaded = choose(newer, Some(snap(3, 7, Some("a"), "ckpt")));
         assert_eq!(loaded.source, LoadSource::Row);
+        assert_eq!(
+            loaded.origin,
+            ContentOrigin {
+                epoch: 3,
+                mark: 2,
+                beyond_mark: vec![(3, 3), (3, 4)]
+            }
+        );
+    }
+
+    #[test]
+    fn unsequenced_effects_replay_only_when_applied_since_the_last_live_write() {
+        let nil = Uuid::nil();
+        let reward = |version| {
+            effect(
+                0,
+                version,
+                serde_json::json!({ "kind": "combat_rewards", "character_id": nil,
+                "experience": 5, "currency": 0, "items": [] }),
+            )
+        };
+        let mut claim = claimed(snap(3, 9, Some("a"), "row"), 7, 4);
+        claim.effects = vec![reward(8)];
+        let mut checkpoint = snap(3, 7, Some("a"), "ckpt");
+        checkpoint.state = serde_json::json!({ "experience": 10 });
+        let loaded = choose(claim.clone(), Some(checkpoint.clone()));
+        assert_eq!(loaded.snapshot.state["experience"], 15);
+        claim.effects = vec![reward(7)];
+        let loaded = choose(claim, Some(checkpoint));
+        assert_eq!(loaded.snapshot.state["experience"], 10);
     }
 }

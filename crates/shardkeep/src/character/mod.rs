@@ -14,8 +14,10 @@ pub mod store;
 
 pub use checkpoint::{CheckpointError, CheckpointStore, CheckpointWrite};
 pub use handoff::{HandoffPayload, HandoffPayloadError};
-pub use load::{CharacterLoader, HandoffLoad, LoadError, LoadSource, LoadedCharacter};
-pub use snapshot::{CharacterSnapshot, Freshest, SaveOutcome, freshest};
+pub use load::{
+    CharacterLoader, ContentOrigin, HandoffLoad, LoadError, LoadSource, LoadedCharacter,
+};
+pub use snapshot::{CharacterSnapshot, Freshest, IssueMark, SaveOutcome, freshest};
 pub use store::{
     CharacterStore, ClaimedRow, HandoffClaim, LocationOrder, LocationWrite, NewCharacter, Releaser,
     StoreError, TransferCommit,

@@ -30,6 +30,31 @@ pub struct CharacterSnapshot {
     pub state_version: i64,
     /// Ownership fence: the epoch of the copy that dumped it.
     pub owner_epoch: i64,
+    /// The issue mark of the copy that dumped it: every reward and retry job that copy issued
+    /// with a sequence up to this is already in `state`. A loaded copy starts again at 0 under
+    /// its new epoch. (Absent in snapshots from before marks existed: 0.)
+    #[serde(default)]
+    pub issue_mark: u64,
+}
+
+/// Where a content stands in the issue sequence of the copy that dumped it: that copy (at
+/// `epoch`) had issued every reward and retry job up to `seq` when it dumped the content, so all
+/// of them are in it. Rewards and jobs are issued in memory first (see
+/// [`crate::game::LiveCharacter::issue`]), so a later dump always holds an earlier issue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct IssueMark {
+    /// The owner epoch of the copy that dumped the content.
+    pub epoch: i64,
+    /// The last sequence that copy had issued.
+    pub seq: u64,
+}
+
+impl IssueMark {
+    /// True when the content already holds the write issued by the copy at `epoch` as `seq`
+    /// (an unsequenced write, `seq` 0, is never known to be held).
+    pub fn holds(&self, epoch: i64, seq: u64) -> bool {
+        seq > 0 && self.epoch == epoch && seq <= self.seq
+    }
 }
 
 /// How a compare-and-swap save ended. There is deliberately no `Default`: every variant demands

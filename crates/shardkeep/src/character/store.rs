@@ -3,8 +3,9 @@
 
 use uuid::Uuid;
 
-use super::snapshot::{CharacterSnapshot, SaveOutcome, classify_save};
+use super::snapshot::{CharacterSnapshot, IssueMark, SaveOutcome, classify_save};
 use crate::backend::PostgresBackend;
+use crate::retry::apply::RecordedEffect;
 
 /// Most characters one batched save accepts.
 pub const MAX_SAVE_BATCH: usize = 1024;
@@ -149,6 +150,29 @@ pub struct ClaimedRow {
     pub live_version: i64,
     /// The row, with the owner epoch it had before this claim (what freshness compares).
     pub row: CharacterSnapshot,
+    /// The issue mark of the content the row holds (its last live write, or a state job's).
+    pub content_mark: IssueMark,
+    /// The job effects applied to the row since its content was dumped (see the claim), by
+    /// epoch and issue order.
+    pub(crate) effects: Vec<RecordedEffect>,
+}
+
+/// The claim's effect list, `[[epoch, seq, row_version, payload], …]`, as effects. One that does
+/// not decode is skipped with a log line (replay is best effort: the row itself holds it).
+fn decode_effects(character_id: Uuid, effects: serde_json::Value) -> Vec<RecordedEffect> {
+    let list: Vec<(i64, i64, i64, serde_json::Value)> = match serde_json::from_value(effects) {
+        Ok(list) => list,
+        Err(err) => {
+            tracing::warn!(event = "job_effects_unreadable", character = %character_id, error = %err);
+            return Vec::new();
+        }
+    };
+    list.into_iter()
+        .filter_map(|(epoch, seq, version, payload)| {
+            crate::retry::effects::decode((character_id, epoch, seq, version, payload))
+        })
+        .map(|(_, effect)| effect)
+        .collect()
 }
 
 /// Result of a handoff's claim.
@@ -177,10 +201,16 @@ type RowTuple = (
     Option<serde_json::Value>,
     i64,
     i64,
+    i64,
 );
 
 /// One row of the batched save's answer: id, locked version and epoch, new version if saved.
 type BatchRow = (Uuid, Option<i64>, Option<i64>, Option<i64>);
+
+/// A snapshot's issue mark as stored (a mark past `i64::MAX` is clamped; none is that large).
+fn mark_of(snapshot: &CharacterSnapshot) -> i64 {
+    i64::try_from(snapshot.issue_mark).unwrap_or(i64::MAX)
+}
 
 fn snapshot_of(row: RowTuple) -> CharacterSnapshot {
     let (
@@ -193,6 +223,7 @@ fn snapshot_of(row: RowTuple) -> CharacterSnapshot {
         chargen,
         state_version,
         owner_epoch,
+        issue_mark,
     ) = row;
     CharacterSnapshot {
         character_id,
@@ -204,6 +235,7 @@ fn snapshot_of(row: RowTuple) -> CharacterSnapshot {
         chargen,
         state_version,
         owner_epoch,
+        issue_mark: u64::try_from(issue_mark).unwrap_or(0),
     }
 }
 
@@ -219,6 +251,8 @@ WITH upd AS (
            room_ref = CASE WHEN NULLIF($6, '') IS NULL THEN c.room_ref ELSE $7 END,
            state_version = c.state_version + 1,
            live_version = c.state_version + 1,
+           live_issue_epoch = $3,
+           live_issue_mark = $8,
            updated_at = now()
      WHERE c.id = $1 AND c.state_version = $2 AND c.owner_epoch <= $3
  RETURNING c.state_version
@@ -237,8 +271,9 @@ SELECT (SELECT state_version FROM upd), (SELECT state_version FROM missed), (SEL
 // per row: quadratic.)
 const SAVE_MANY: &str = "
 WITH input AS (
-    SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::int8[], $4::jsonb[], $5::jsonb[], $6::text[], $7::text[])
-        AS t(id, expected, epoch, state, chargen, zone_ref, room_ref)
+    SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::int8[], $4::jsonb[], $5::jsonb[], $6::text[], $7::text[],
+                         $8::int8[])
+        AS t(id, expected, epoch, state, chargen, zone_ref, room_ref, issue_mark)
 ), locked AS (
     SELECT c.id FROM characters c WHERE c.id = ANY($1) ORDER BY c.id FOR UPDATE
 ), upd AS (
@@ -249,6 +284,8 @@ WITH input AS (
            room_ref = CASE WHEN NULLIF(i.zone_ref, '') IS NULL THEN c.room_ref ELSE i.room_ref END,
            state_version = c.state_version + 1,
            live_version = c.state_version + 1,
+           live_issue_epoch = i.epoch,
+           live_issue_mark = i.issue_mark,
            updated_at = now()
       FROM input i
      WHERE c.id = i.id AND c.state_version = i.expected AND c.owner_epoch <= i.epoch
@@ -287,13 +324,32 @@ UPDATE characters c
   FROM decided d
  WHERE c.id = d.id
 RETURNING c.owner_epoch, c.id, c.account_id, c.name, c.zone_ref, c.room_ref, c.state, c.chargen,
-          c.state_version, d.owner_epoch, c.live_version, d.adopt";
+          c.state_version, d.owner_epoch, c.live_version, d.adopt, c.live_issue_epoch,
+          c.live_issue_mark,
+          -- The job effects applied since the row's content was dumped, read under the claim's
+          -- lock (a loader replays the previous owner's on a newer checkpoint): sequenced ones
+          -- past the content's mark or of a later owner, unsequenced ones since the last live
+          -- write.
+          (SELECT COALESCE(jsonb_agg(jsonb_build_array(e.owner_epoch, e.issue_seq, e.row_version,
+                                                       e.payload)
+                                     ORDER BY e.owner_epoch, e.issue_seq, e.applied_order),
+                           '[]'::jsonb)
+             FROM (SELECT * FROM character_job_effects e
+                    WHERE e.character_id = c.id AND e.payload IS NOT NULL
+                      AND CASE WHEN e.issue_seq = 0 THEN e.row_version > c.live_version
+                               ELSE e.owner_epoch > c.live_issue_epoch
+                                    OR (e.owner_epoch = c.live_issue_epoch
+                                        AND e.issue_seq > c.live_issue_mark) END
+                    ORDER BY e.owner_epoch, e.issue_seq, e.applied_order
+                    LIMIT 4096) e)";
 
 const SELECT_BY_ID: &str = "SELECT id, account_id, name, zone_ref, room_ref, state, chargen, \
-    state_version, owner_epoch FROM characters WHERE id = $1";
+    state_version, owner_epoch, CASE WHEN live_issue_epoch = owner_epoch THEN live_issue_mark \
+    ELSE 0 END FROM characters WHERE id = $1";
 
 const SELECT_BY_NAME: &str = "SELECT id, account_id, name, zone_ref, room_ref, state, chargen, \
-    state_version, owner_epoch FROM characters WHERE lower(name) = lower(btrim($1))";
+    state_version, owner_epoch, CASE WHEN live_issue_epoch = owner_epoch THEN live_issue_mark \
+    ELSE 0 END FROM characters WHERE lower(name) = lower(btrim($1))";
 
 impl CharacterStore {
     /// A store over `pg`.
@@ -397,6 +453,9 @@ impl CharacterStore {
             i64,
             i64,
             bool,
+            i64,
+            i64,
+            serde_json::Value,
         );
         let row: Option<ClaimTuple> = sqlx::query_as(CLAIM)
             .bind(character_id)
@@ -418,13 +477,32 @@ impl CharacterStore {
             previous,
             live,
             adopted,
+            mark_epoch,
+            mark,
+            effects,
         ) = row.ok_or(StoreError::NotFound(character_id))?;
+        let content_mark = IssueMark {
+            epoch: mark_epoch,
+            seq: u64::try_from(mark).unwrap_or(0),
+        };
+        let previous_mark = if mark_epoch == previous { mark } else { 0 };
         Ok(HandoffClaim {
             claimed: ClaimedRow {
                 new_epoch,
                 live_version: live,
+                content_mark,
+                effects: decode_effects(character_id, effects),
                 row: snapshot_of((
-                    id, account, name, zone, room, state, chargen, version, previous,
+                    id,
+                    account,
+                    name,
+                    zone,
+                    room,
+                    state,
+                    chargen,
+                    version,
+                    previous,
+                    previous_mark,
                 )),
             },
             adopted,
@@ -461,6 +539,7 @@ impl CharacterStore {
                 .bind(&snapshot.chargen)
                 .bind(zone_ref)
                 .bind(zone_ref.and(snapshot.room_ref.as_deref()))
+                .bind(mark_of(snapshot))
                 .fetch_one(self.pg.pool())
                 .await?;
         Ok(classify_save(
@@ -510,6 +589,7 @@ impl CharacterStore {
             .zip(&zones)
             .map(|(s, z)| z.and(s.room_ref.as_deref()))
             .collect();
+        let marks: Vec<i64> = snapshots.iter().map(|s| mark_of(s)).collect();
         let rows: Vec<BatchRow> = sqlx::query_as(SAVE_MANY)
             .bind(&ids)
             .bind(&expected)
@@ -518,6 +598,7 @@ impl CharacterStore {
             .bind(&chargens)
             .bind(&zones)
             .bind(&rooms)
+            .bind(&marks)
             .fetch_all(self.pg.pool())
             .await?;
         let by_id: std::collections::HashMap<Uuid, SaveOutcome> = rows
@@ -656,7 +737,7 @@ impl CharacterStore {
                 released_epoch,
             } => {
                 if let Some(item_id) = item_id
-                    && held_copy_supersedes(snapshot, item_id, released_epoch)?
+                    && held_copy_supersedes(&mut tx, snapshot, item_id, released_epoch).await?
                 {
                     return Ok(TransferCommit::ReleaserSuperseded {
                         current_epoch: snapshot.owner_epoch,
@@ -719,6 +800,7 @@ impl CharacterStore {
                 .bind(&snapshot.chargen)
                 .bind(zone_ref)
                 .bind(zone_ref.and(snapshot.room_ref.as_deref()))
+                .bind(mark_of(snapshot))
                 .fetch_one(conn)
                 .await?;
         Ok(classify_save(
@@ -753,8 +835,7 @@ impl CharacterStore {
         if !crate::game::items::remove_stored_item(&mut doc, item_id) {
             // Gone from the row: released for good, unless a copy loaded since started out
             // holding it (and moved it on), which makes this released one a phantom.
-            if crate::game::state::released_before_load(&doc.held_at_load, item_id, released_epoch)
-            {
+            if loaded_after(conn, character_id, item_id, released_epoch).await? {
                 return Ok(Err(epoch));
             }
             // A save the releaser dumped before the release may still be on its way with the
@@ -783,6 +864,36 @@ impl CharacterStore {
         Ok(Ok(Some(version)))
     }
 
+    /// Records in the item-load ledger that the copy at `owner_epoch` started out holding
+    /// `items` (duplicates ignored; at most one carry tree's worth). A floor copy of one of them
+    /// released by an earlier copy of this character is then known to be a phantom.
+    pub async fn record_item_loads(
+        &self,
+        character_id: Uuid,
+        owner_epoch: i64,
+        items: &[Uuid],
+    ) -> Result<(), StoreError> {
+        let mut unique: Vec<Uuid> = items.to_vec();
+        unique.sort_unstable();
+        unique.dedup();
+        if unique.is_empty() {
+            return Ok(());
+        }
+        sqlx::query(
+            "INSERT INTO item_loads (item_id, character_id, loaded_epoch)
+             SELECT item, $2, $3 FROM UNNEST($1::uuid[]) AS item
+             ON CONFLICT (item_id, character_id) DO UPDATE
+                SET loaded_epoch = GREATEST(item_loads.loaded_epoch, EXCLUDED.loaded_epoch),
+                    loaded_at = now()",
+        )
+        .bind(&unique)
+        .bind(character_id)
+        .bind(owner_epoch)
+        .execute(self.pg.pool())
+        .await?;
+        Ok(())
+    }
+
     /// The row's current `(state_version, owner_epoch)`.
     pub async fn version_of(&self, character_id: Uuid) -> Result<Option<(i64, i64)>, StoreError> {
         Ok(
@@ -796,15 +907,33 @@ impl CharacterStore {
 
 /// Whether the releaser copy at hand shows the item released at `released_epoch` to be a
 /// phantom: it holds the item itself, or a copy loaded after the release started out holding it.
-fn held_copy_supersedes(
+async fn held_copy_supersedes(
+    conn: &mut sqlx::PgConnection,
     snapshot: &CharacterSnapshot,
     item_id: Uuid,
     released_epoch: i64,
 ) -> Result<bool, StoreError> {
     let mut doc = <crate::game::StateDocument as serde::Deserialize>::deserialize(&snapshot.state)
         .map_err(|e| StoreError::InvalidInput(format!("releaser state: {e}")))?;
-    Ok(
-        crate::game::state::released_before_load(&doc.held_at_load, item_id, released_epoch)
-            || crate::game::items::remove_stored_item(&mut doc, item_id),
+    Ok(crate::game::items::remove_stored_item(&mut doc, item_id)
+        || loaded_after(conn, snapshot.character_id, item_id, released_epoch).await?)
+}
+
+/// Whether a copy of `character_id` later than `released_epoch` started out holding `item_id`
+/// (the item-load ledger): a copy of it released at `released_epoch` is then a phantom.
+async fn loaded_after(
+    conn: &mut sqlx::PgConnection,
+    character_id: Uuid,
+    item_id: Uuid,
+    released_epoch: i64,
+) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM item_loads
+                         WHERE item_id = $1 AND character_id = $2 AND loaded_epoch > $3)",
     )
+    .bind(item_id)
+    .bind(character_id)
+    .bind(released_epoch)
+    .fetch_one(conn)
+    .await?)
 }

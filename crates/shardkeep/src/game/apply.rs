@@ -82,11 +82,10 @@ pub fn apply_snapshot(
             doc.applied_seq
         },
         tracks: doc.tracks.clone(),
-        reward_keys: doc.reward_keys.clone(),
-        held_at_load: doc.held_at_load.clone(),
         chargen: snapshot.chargen.clone(),
         state_version: snapshot.state_version,
         owner_epoch: snapshot.owner_epoch,
+        issued: snapshot.issue_mark,
         dying: false,
     };
     // 3. gear
@@ -118,7 +117,6 @@ pub fn apply_snapshot(
     if let Some(input) = snapshot.chargen.as_ref() {
         apply_chargen(&mut character, input, catalog, &mut warnings);
     }
-    character.mark_held_at_load();
     // 4. derived values
     character.recompute();
     // 5. resource current values last, clamped to the final maxima
@@ -202,9 +200,6 @@ pub fn dump_character(
         position: character.position,
         applied_seq: character.applied_seq,
         tracks: character.tracks.clone(),
-        reward_keys: character.reward_keys.clone(),
-        job_effects: Vec::new(),
-        held_at_load: character.held_at_load.clone(),
     };
     let carry_bytes = encoded_len(&(&doc.equipment, &doc.inventory));
     if carry_bytes > limits.max_bytes {
@@ -225,6 +220,7 @@ pub fn dump_character(
         chargen: character.chargen.clone(),
         state_version: character.state_version,
         owner_epoch: character.owner_epoch,
+        issue_mark: character.issued,
     })
 }
 

@@ -408,6 +408,25 @@ pub fn remove_stored_item(doc: &mut crate::game::state::StateDocument, id: Uuid)
         || from_list(&mut doc.inventory, id)
 }
 
+/// Every item id in a stored state document's carry tree (worn, carried, and inside
+/// containers), depth first. A document that does not decode holds none.
+pub fn stored_item_ids(state: &serde_json::Value) -> Vec<Uuid> {
+    fn walk(item: &ItemJson, out: &mut Vec<Uuid>) {
+        out.extend(item.id);
+        for inner in &item.contents {
+            walk(inner, out);
+        }
+    }
+    let Ok(doc) = crate::game::state::StateDocument::deserialize(state) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for item in doc.equipment.values().chain(&doc.inventory) {
+        walk(item, &mut out);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -74,40 +74,6 @@ pub struct StateDocument {
     pub applied_seq: u64,
     /// Advancement tracks and the step reached on each.
     pub tracks: BTreeMap<String, u32>,
-    /// Idempotency keys of the most recent reward grants (newest last, at most
-    /// [`MAX_REWARD_KEYS`]): a grant whose key is here has already been applied to this state.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub reward_keys: Vec<String>,
-    /// Retry-job effects applied to the stored row since the last live write (newest last, at
-    /// most [`MAX_JOB_EFFECTS`]). A live dump never carries them, so every live write clears
-    /// them; a loader that prefers a newer checkpoint replays them on it.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub job_effects: Vec<serde_json::Value>,
-    /// Items a copy of this character held when it was loaded, each with the highest owner
-    /// epoch that loaded it (at most [`MAX_HELD_AT_LOAD`], lowest epochs dropped first). A copy
-    /// of one of them released by an earlier epoch is a phantom: a later copy started out
-    /// holding the item (a crash rolled the release back), so that floor copy must not enter
-    /// another character's row.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub held_at_load: BTreeMap<Uuid, i64>,
-}
-
-/// Most job effects a stored state keeps for replay.
-pub const MAX_JOB_EFFECTS: usize = 512;
-
-/// Most items a stored state remembers as held at a load.
-pub const MAX_HELD_AT_LOAD: usize = 1024;
-
-/// Whether a copy of `item_id` released by the copy at `released_epoch` is a phantom: a copy
-/// loaded at a later epoch started out holding the item.
-pub fn released_before_load(
-    held_at_load: &BTreeMap<Uuid, i64>,
-    item_id: Uuid,
-    released_epoch: i64,
-) -> bool {
-    held_at_load
-        .get(&item_id)
-        .is_some_and(|loaded| *loaded > released_epoch)
 }
 
 /// Content-driven character creation input, applied on first spawn.
@@ -120,22 +86,6 @@ pub struct ChargenInput {
     pub items: Vec<String>,
     /// Starting looks.
     pub appearance: Option<Appearance>,
-}
-
-/// Most reward keys a state keeps.
-pub const MAX_REWARD_KEYS: usize = 4096;
-
-/// Records a reward key, keeping at most [`MAX_REWARD_KEYS`]; false when it was already there.
-pub fn remember_reward(keys: &mut Vec<String>, key: &str) -> bool {
-    if keys.iter().any(|k| k == key) {
-        return false;
-    }
-    keys.push(key.to_owned());
-    if keys.len() > MAX_REWARD_KEYS {
-        let excess = keys.len() - MAX_REWARD_KEYS;
-        keys.drain(..excess);
-    }
-    true
 }
 
 /// A resource pool.
@@ -184,43 +134,27 @@ pub struct LiveCharacter {
     pub applied_seq: u64,
     /// Advancement tracks.
     pub tracks: BTreeMap<String, u32>,
-    /// Keys of the most recent reward grants applied to this character.
-    pub reward_keys: Vec<String>,
-    /// Items held when a copy was loaded, with the highest epoch that loaded each (see
-    /// [`StateDocument::held_at_load`]).
-    pub held_at_load: BTreeMap<Uuid, i64>,
     /// Pending chargen input (`None` once applied).
     pub chargen: Option<serde_json::Value>,
     /// CAS token: the row version this copy was loaded or last saved at.
     pub state_version: i64,
     /// Ownership fence of this copy.
     pub owner_epoch: i64,
+    /// This copy's issue sequence: the last reward or retry job it issued (see
+    /// [`LiveCharacter::issue`]). Every dump records it as the snapshot's issue mark.
+    pub issued: u64,
     /// Transient death latch: set when a death is recorded, cleared on respawn, so one death is
     /// emitted once. Never persisted.
     pub dying: bool,
 }
 
 impl LiveCharacter {
-    /// Records every item this copy holds (nested ones too) as held at its owner epoch, keeping
-    /// at most [`MAX_HELD_AT_LOAD`] entries (lowest epochs dropped first).
-    pub fn mark_held_at_load(&mut self) {
-        let epoch = self.owner_epoch;
-        let mut held = Vec::new();
-        for item in self.equipment.values().chain(&self.inventory) {
-            item.walk(&mut |i| held.extend(i.id));
-        }
-        for id in held {
-            self.held_at_load.insert(id, epoch);
-        }
-        if self.held_at_load.len() > MAX_HELD_AT_LOAD {
-            let mut by_epoch: Vec<(i64, Uuid)> =
-                self.held_at_load.iter().map(|(id, e)| (*e, *id)).collect();
-            by_epoch.sort_unstable();
-            let excess = by_epoch.len() - MAX_HELD_AT_LOAD;
-            for (_, id) in by_epoch.into_iter().take(excess) {
-                self.held_at_load.remove(&id);
-            }
-        }
+    /// Issues the next sequence number for a reward or retry job of this copy. Apply the write
+    /// to this live character first, then issue: every later dump holds it, so a durable job
+    /// carrying this number is known to be in any snapshot whose issue mark reaches it.
+    pub fn issue(&mut self) -> u64 {
+        self.issued += 1;
+        self.issued
     }
 
     /// Recomputes derived attributes and resource maxima; current values are clamped.

@@ -2,7 +2,7 @@
 //! a game with its own model supplies its own version of this step.
 
 use super::job::PersistenceRetryPayload;
-use crate::game::state::{MAX_JOB_EFFECTS, StateDocument};
+use crate::game::state::StateDocument;
 
 /// The mutable part of a character row a job may change.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,80 +22,48 @@ fn store(row: &mut RowState, doc: &StateDocument) -> Result<(), String> {
     Ok(())
 }
 
-/// Applies `payload` to `row` and, when it changed the row, records it among the row's job
-/// effects (replayed by a loader that prefers a newer checkpoint). A transfer activation changes
-/// no row state (it is recorded in its own table).
+/// A job effect as recorded beside its row (`character_job_effects`).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RecordedEffect {
+    /// The epoch of the copy that issued the job.
+    pub(crate) owner_epoch: i64,
+    /// Its place in that copy's issue sequence (0: not sequenced).
+    pub(crate) issue_seq: u64,
+    /// The row version right after the settle that applied it.
+    pub(crate) row_version: i64,
+    /// What it did.
+    pub(crate) payload: PersistenceRetryPayload,
+}
+
+/// True for a payload that sets a value outright (the newest one wins), false for one that adds
+/// to what is there.
+pub(crate) fn is_absolute(payload: &PersistenceRetryPayload) -> bool {
+    matches!(
+        payload,
+        PersistenceRetryPayload::CharacterLocation { .. }
+            | PersistenceRetryPayload::CharacterAppearance { .. }
+            | PersistenceRetryPayload::CharacterEquipment { .. }
+            | PersistenceRetryPayload::GameplayState { .. }
+    )
+}
+
+/// Replays `effects` on `row` (a newer snapshot's content), in the order given. An effect that
+/// does not apply is skipped (the snapshot's own content stands); returns how many applied.
+pub(crate) fn replay<'a>(
+    row: &mut RowState,
+    effects: impl IntoIterator<Item = &'a RecordedEffect>,
+) -> usize {
+    effects
+        .into_iter()
+        .filter(|effect| apply_payload(row, &effect.payload).is_ok())
+        .count()
+}
+
+/// What `payload` does to `row`. Whether it should run at all (a duplicate, a write the row
+/// already holds) is decided by the caller from shardkeep's bookkeeping, never from the document.
 pub(crate) fn apply_payload(
     row: &mut RowState,
     payload: &PersistenceRetryPayload,
-    key: &str,
-) -> Result<(), String> {
-    let before = row.clone();
-    apply_effect(row, payload, key)?;
-    if *row != before {
-        record_effect(row, payload, key)?;
-    }
-    Ok(())
-}
-
-fn record_effect(
-    row: &mut RowState,
-    payload: &PersistenceRetryPayload,
-    key: &str,
-) -> Result<(), String> {
-    let mut doc = document(&row.state)?;
-    let effect = serde_json::json!({ "key": key, "payload": payload });
-    doc.job_effects.push(effect);
-    if doc.job_effects.len() > MAX_JOB_EFFECTS {
-        let excess = doc.job_effects.len() - MAX_JOB_EFFECTS;
-        doc.job_effects.drain(..excess);
-    }
-    store(row, &doc)
-}
-
-/// True when the row's recorded job effects hold one under `key` (the job ran before).
-pub(crate) fn effect_recorded(row: &RowState, key: &str) -> bool {
-    row.state
-        .get("job_effects")
-        .and_then(|e| e.as_array())
-        .is_some_and(|effects| {
-            effects
-                .iter()
-                .any(|e| e.get("key").and_then(|k| k.as_str()) == Some(key))
-        })
-}
-
-/// Replays the job effects recorded in `source` (a stored row's state) on `row` (a newer
-/// checkpoint's), in the order they were applied. Reward grants stay idempotent by key; an
-/// effect that does not decode or apply is skipped (the checkpoint's own content stands).
-pub(crate) fn replay_effects(row: &mut RowState, source: &serde_json::Value) -> usize {
-    let Some(effects) = source.get("job_effects").and_then(|e| e.as_array()) else {
-        return 0;
-    };
-    let mut replayed = 0;
-    for effect in effects {
-        let key = effect
-            .get("key")
-            .and_then(|k| k.as_str())
-            .unwrap_or_default();
-        let Some(payload) = effect
-            .get("payload")
-            .and_then(|p| serde_json::from_value::<PersistenceRetryPayload>(p.clone()).ok())
-        else {
-            continue;
-        };
-        if apply_effect(row, &payload, key).is_ok() {
-            replayed += 1;
-        }
-    }
-    replayed
-}
-
-/// What `payload` does to `row`.
-fn apply_effect(
-    row: &mut RowState,
-    payload: &PersistenceRetryPayload,
-    key: &str,
 ) -> Result<(), String> {
     match payload {
         PersistenceRetryPayload::CharacterLocation {
@@ -142,10 +110,6 @@ fn apply_effect(
             ..
         } => {
             let mut doc = document(&row.state)?;
-            if !crate::game::state::remember_reward(&mut doc.reward_keys, key) {
-                // The live copy already granted it and a flush carried it here.
-                return Ok(());
-            }
             doc.experience = doc.experience.saturating_add(*experience);
             doc.currency = doc.currency.saturating_add(*currency);
             doc.inventory.extend(items.iter().cloned());
@@ -186,25 +150,43 @@ mod tests {
                 id: None,
             }],
         };
-        apply_payload(&mut row, &payload, "k").unwrap();
+        apply_payload(&mut row, &payload).unwrap();
         assert_eq!(row.state["experience"], 100);
         assert_eq!(row.state["currency"], 6);
         assert_eq!(row.state["inventory"].as_array().unwrap().len(), 2);
     }
 
     #[test]
-    fn a_reward_whose_key_the_state_holds_is_not_granted_again() {
+    fn replay_runs_effects_in_the_order_given_and_skips_what_does_not_apply() {
         let mut row = row();
-        let payload = PersistenceRetryPayload::CombatRewards {
-            character_id: Uuid::nil(),
-            experience: 5,
-            currency: 0,
-            items: vec![],
+        let looks = |hair: &str| RecordedEffect {
+            owner_epoch: 1,
+            issue_seq: 1,
+            row_version: 1,
+            payload: PersistenceRetryPayload::CharacterAppearance {
+                character_id: Uuid::nil(),
+                appearance: serde_json::from_value(json!({ "hair": hair })).unwrap(),
+            },
         };
-        apply_payload(&mut row, &payload, "kill-1").unwrap();
-        apply_payload(&mut row, &payload, "kill-1").unwrap();
-        assert_eq!(row.state["experience"], 15);
-        assert_eq!(row.state["reward_keys"], serde_json::json!(["kill-1"]));
+        let broken = RecordedEffect {
+            payload: PersistenceRetryPayload::GameplayState {
+                character_id: Uuid::nil(),
+                state: json!({ "experience": "lots" }),
+                zone_ref: None,
+                room_ref: None,
+            },
+            ..looks("x")
+        };
+        assert_eq!(
+            replay(&mut row, [&looks("red"), &broken, &looks("blue")]),
+            2
+        );
+        assert_eq!(row.state["appearance"]["hair"], "blue");
+        assert_eq!(
+            row.state["experience"], 10,
+            "the broken state did not apply"
+        );
+        assert!(is_absolute(&looks("x").payload));
     }
 
     #[test]
@@ -216,7 +198,7 @@ mod tests {
             room: "r3".into(),
             position: Some([1, 2]),
         };
-        apply_payload(&mut row, &payload, "k").unwrap();
+        apply_payload(&mut row, &payload).unwrap();
         assert_eq!(
             (row.zone_ref.as_deref(), row.room_ref.as_deref()),
             (Some("zone-2"), Some("r3"))
@@ -237,13 +219,13 @@ mod tests {
             currency: 0,
             items: vec![],
         };
-        assert!(apply_payload(&mut row, &payload, "k").is_err());
+        assert!(apply_payload(&mut row, &payload).is_err());
         let bad_state = PersistenceRetryPayload::GameplayState {
             character_id: Uuid::nil(),
             state: json!({ "experience": "lots" }),
             zone_ref: None,
             room_ref: None,
         };
-        assert!(apply_payload(&mut row, &bad_state, "k").is_err());
+        assert!(apply_payload(&mut row, &bad_state).is_err());
     }
 }

@@ -26,6 +26,15 @@ pub struct IdempotencyEnvelope {
     pub origin: Origin,
     /// When it was issued.
     pub issued_at: DateTime<Utc>,
+    /// The issuing copy's sequence for this write (see [`crate::character::IssueMark`]): a
+    /// snapshot whose issue mark is at or above it already holds the write. For a state job,
+    /// the issue mark of the dump it carries. 0: not sequenced (ordered by key alone).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub issue_seq: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The write a job performs, serialized by kind name.
@@ -286,6 +295,8 @@ impl PersistenceRetryJob {
                 owner_epoch: stored.owner_epoch,
                 origin,
                 issued_at: stored.issued_at,
+                issue_seq: u64::try_from(stored.issue_seq)
+                    .map_err(|_| format!("issue_seq {} is negative", stored.issue_seq))?,
             },
         })
     }
@@ -341,6 +352,7 @@ pub(crate) struct StoredJob {
     pub(crate) owner_epoch: i64,
     pub(crate) origin: String,
     pub(crate) issued_at: DateTime<Utc>,
+    pub(crate) issue_seq: i64,
 }
 
 #[cfg(test)]
@@ -355,6 +367,7 @@ mod tests {
             owner_epoch: 3,
             origin,
             issued_at: Utc::now(),
+            issue_seq: 0,
         }
     }
 

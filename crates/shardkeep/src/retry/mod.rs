@@ -16,6 +16,7 @@
 
 pub(crate) mod apply;
 pub mod backoff;
+pub(crate) mod effects;
 pub mod job;
 pub mod policy;
 mod settle;

@@ -1,14 +1,17 @@
 //! Settling a claimed batch in one transaction: lock the jobs still leased to us (the rest are
-//! stale), lock their characters, apply what passes the ownership fence, record reward keys and
-//! transfer activations, delete what is done, and reschedule or dead-letter what failed — every
-//! job write fenced by our lease token.
+//! stale), lock their characters, apply what passes the ownership fence and is not already in the
+//! row (by key, or by the issue mark of the content the row holds), record what applied beside
+//! the row and the transfer activations, delete what is done, and reschedule or dead-letter what
+//! failed — every job write fenced by our lease token. A job that fails records nothing, so its
+//! next attempt (or the requeue of its dead letter) still applies.
 
 use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::apply::{RowState, apply_payload, effect_recorded};
+use super::apply::{RecordedEffect, RowState, apply_payload, is_absolute, replay};
+use super::effects;
 use super::job::{PersistenceRetryJob, PersistenceRetryPayload};
 use super::store::ClaimedRow;
 use crate::backend::PostgresBackend;
@@ -45,7 +48,29 @@ pub(crate) trait Reschedule {
     fn next_attempt(&mut self, attempt: u32, now: DateTime<Utc>) -> DateTime<Utc>;
 }
 
-type CharacterRow = (Uuid, i64, serde_json::Value, Option<String>, Option<String>);
+/// A character row as a settle holds it under its lock.
+#[derive(Debug, Clone)]
+struct Locked {
+    owner_epoch: i64,
+    state_version: i64,
+    /// The issue mark of the content the row holds (see `docs/bookkeeping.md`).
+    mark: (i64, u64),
+    row: RowState,
+    /// The sequenced effects recorded for the row's epoch, in issue order (read only when a job
+    /// in the batch orders against them), plus those applied in this batch.
+    sequenced: Vec<RecordedEffect>,
+}
+
+type CharacterRow = (
+    Uuid,
+    i64,
+    i64,
+    serde_json::Value,
+    Option<String>,
+    Option<String>,
+    i64,
+    i64,
+);
 
 /// Settles `claimed` in one transaction, returning an outcome per job in input order.
 pub(crate) async fn settle(
@@ -70,46 +95,30 @@ pub(crate) async fn settle(
     .await?
     .into_iter()
     .collect();
-
-    let character_ids: Vec<Uuid> = claimed
+    let jobs: Vec<&PersistenceRetryJob> = claimed
         .iter()
         .filter(|c| owned.contains(&c.row.stored.retry_job_id))
-        .filter_map(|c| c.job.as_ref().ok().map(|j| j.payload().character_id()))
-        .collect::<HashSet<_>>()
-        .into_iter()
+        .filter_map(|c| c.job.as_ref().ok())
         .collect();
-    let rows: Vec<CharacterRow> = sqlx::query_as(
-        "SELECT id, owner_epoch, state, zone_ref, room_ref FROM characters
-          WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-    )
-    .bind(&character_ids)
-    .fetch_all(&mut *tx)
-    .await?;
-    let mut characters: HashMap<Uuid, (i64, RowState)> = rows
-        .into_iter()
-        .map(|(id, epoch, state, zone_ref, room_ref)| {
+    let mut characters = lock_characters(&mut tx, &jobs).await?;
+    let pairs: Vec<(Uuid, String)> = jobs
+        .iter()
+        .map(|j| {
             (
-                id,
-                (
-                    epoch,
-                    RowState {
-                        state,
-                        zone_ref,
-                        room_ref,
-                    },
-                ),
+                j.payload().character_id(),
+                j.envelope().idempotency_key.clone(),
             )
         })
         .collect();
+    let recorded = effects::recorded_keys(&mut tx, &pairs).await?;
 
-    let granted = grant_reward_keys(&mut tx, claimed, &owned, &characters).await?;
-    let mut seen_keys = HashSet::new();
+    let mut seen = HashSet::new();
     let mut outcomes = Vec::with_capacity(claimed.len());
     let mut dirty = HashSet::new();
     let mut activations = Vec::new();
+    let mut records = Vec::new();
     for c in claimed {
-        let id = c.row.stored.retry_job_id;
-        if !owned.contains(&id) {
+        if !owned.contains(&c.row.stored.retry_job_id) {
             outcomes.push(JobOutcome::Stale);
             continue;
         }
@@ -121,30 +130,36 @@ pub(crate) async fn settle(
             }
         };
         let payload = job.payload();
-        let Some((epoch, row)) = characters.get_mut(&payload.character_id()) else {
+        let envelope = job.envelope();
+        let Some(locked) = characters.get_mut(&payload.character_id()) else {
             outcomes.push(failure(c, "character not found".into(), retry_limit));
             continue;
         };
-        if *epoch > job.envelope().owner_epoch {
+        if locked.owner_epoch > envelope.owner_epoch {
             outcomes.push(JobOutcome::Superseded);
             continue;
         }
-        let key = &job.envelope().idempotency_key;
-        if let PersistenceRetryPayload::CombatRewards { .. } = payload {
-            if !granted.contains(key) || !seen_keys.insert(key.clone()) {
-                outcomes.push(JobOutcome::AlreadyApplied);
-                continue;
-            }
-        } else if effect_recorded(row, key) {
-            // The same job stored twice (an enqueue retried after its reply was lost, landing
-            // after the first copy ran): applying it again would undo what landed since.
+        let pair = (payload.character_id(), envelope.idempotency_key.clone());
+        if recorded.contains(&pair) || seen.contains(&pair) || already_held(locked, job) {
             outcomes.push(JobOutcome::AlreadyApplied);
             continue;
         }
-        let before = row.clone();
-        match apply_payload(row, payload, &job.envelope().idempotency_key) {
+        let before = locked.row.clone();
+        match apply_payload(&mut locked.row, payload) {
             Ok(()) => {
-                if *row != before {
+                if let PersistenceRetryPayload::GameplayState { .. } = payload
+                    && envelope.issue_seq > 0
+                {
+                    // A dump: the row now holds that copy's content up to its mark, then the
+                    // effects it issued later, replayed on it.
+                    locked.mark = (envelope.owner_epoch, envelope.issue_seq);
+                    dirty.insert(payload.character_id());
+                    let later = locked.sequenced.iter().filter(|e| {
+                        e.owner_epoch == envelope.owner_epoch && e.issue_seq > envelope.issue_seq
+                    });
+                    replay(&mut locked.row, later);
+                }
+                if locked.row != before {
                     dirty.insert(payload.character_id());
                 }
                 if let PersistenceRetryPayload::TransferActivation {
@@ -159,21 +174,118 @@ pub(crate) async fn settle(
                         *character_id,
                         target_shard.clone(),
                         target_zone.clone(),
-                        job.envelope().owner_epoch,
+                        envelope.owner_epoch,
                     ));
+                } else {
+                    if envelope.issue_seq > 0 {
+                        locked.sequenced.push(RecordedEffect {
+                            owner_epoch: envelope.owner_epoch,
+                            issue_seq: envelope.issue_seq,
+                            row_version: locked.state_version + 1,
+                            payload: payload.clone(),
+                        });
+                    }
+                    records.push(effects::NewRecord {
+                        character_id: payload.character_id(),
+                        key: envelope.idempotency_key.clone(),
+                        owner_epoch: envelope.owner_epoch,
+                        issue_seq: envelope.issue_seq,
+                        payload: payload.clone(),
+                    });
                 }
+                seen.insert(pair);
                 outcomes.push(JobOutcome::Applied);
             }
             Err(err) => outcomes.push(failure(c, err, retry_limit)),
         }
     }
 
-    release_reward_keys(&mut tx, claimed, &outcomes, &granted).await?;
-    write_characters(&mut tx, &characters, &dirty).await?;
+    let versions = write_characters(&mut tx, &characters, &dirty).await?;
+    effects::insert(&mut tx, &records, &versions).await?;
     write_activations(&mut tx, &activations).await?;
     write_job_outcomes(&mut tx, claimed, &outcomes, now, reschedule).await?;
     tx.commit().await?;
     Ok(outcomes)
+}
+
+/// Locks the characters `jobs` apply to (in id order), with the sequenced effects of those that
+/// have a sequenced job whose order matters (a value set outright).
+async fn lock_characters(
+    tx: &mut sqlx::PgConnection,
+    jobs: &[&PersistenceRetryJob],
+) -> Result<HashMap<Uuid, Locked>, sqlx::Error> {
+    let ids: Vec<Uuid> = jobs
+        .iter()
+        .map(|j| j.payload().character_id())
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    let rows: Vec<CharacterRow> = sqlx::query_as(
+        "SELECT id, owner_epoch, state_version, state, zone_ref, room_ref, live_issue_epoch,
+                live_issue_mark
+           FROM characters WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+    )
+    .bind(&ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut characters: HashMap<Uuid, Locked> = rows
+        .into_iter()
+        .map(
+            |(id, owner_epoch, state_version, state, zone_ref, room_ref, mark_epoch, mark)| {
+                let locked = Locked {
+                    owner_epoch,
+                    state_version,
+                    mark: (mark_epoch, u64::try_from(mark).unwrap_or(0)),
+                    row: RowState {
+                        state,
+                        zone_ref,
+                        room_ref,
+                    },
+                    sequenced: Vec::new(),
+                };
+                (id, locked)
+            },
+        )
+        .collect();
+    let ordered: Vec<(Uuid, i64)> = jobs
+        .iter()
+        .filter(|j| j.envelope().issue_seq > 0 && is_absolute(j.payload()))
+        .filter_map(|j| {
+            let id = j.payload().character_id();
+            characters.get(&id).map(|c| (id, c.owner_epoch))
+        })
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    for (id, found) in effects::sequenced(tx, &ordered).await? {
+        if let Some(locked) = characters.get_mut(&id) {
+            locked.sequenced = found;
+        }
+    }
+    Ok(characters)
+}
+
+/// True when the row already holds what a sequenced job would write: a dump of its copy at or
+/// after the job's issue landed (the row's mark reaches it; a state job's own dump only when a
+/// later one landed), or, for a value set outright, a later write of the same kind applied.
+fn already_held(locked: &Locked, job: &PersistenceRetryJob) -> bool {
+    let envelope = job.envelope();
+    let seq = envelope.issue_seq;
+    if seq == 0 {
+        return false;
+    }
+    let (mark_epoch, mark) = locked.mark;
+    let is_state = matches!(job.payload(), PersistenceRetryPayload::GameplayState { .. });
+    if mark_epoch == envelope.owner_epoch && (mark > seq || (mark == seq && !is_state)) {
+        return true;
+    }
+    is_absolute(job.payload())
+        && locked.sequenced.iter().any(|e| {
+            e.owner_epoch == envelope.owner_epoch
+                && e.issue_seq > seq
+                && (e.payload.kind() == job.payload().kind()
+                    || matches!(e.payload, PersistenceRetryPayload::GameplayState { .. }))
+        })
 }
 
 fn failure(c: &Claimed, error: String, retry_limit: u32) -> JobOutcome {
@@ -185,130 +297,68 @@ fn failure(c: &Claimed, error: String, retry_limit: u32) -> JobOutcome {
     }
 }
 
-/// Records the idempotency keys of the reward jobs that will apply (owned, character present,
-/// not superseded); returns the keys that were new. A key already recorded means the grant
-/// happened before.
-async fn grant_reward_keys(
-    tx: &mut sqlx::PgConnection,
-    claimed: &[Claimed],
-    owned: &HashSet<Uuid>,
-    characters: &HashMap<Uuid, (i64, RowState)>,
-) -> Result<HashSet<String>, sqlx::Error> {
-    let mut keys = Vec::new();
-    let mut character_ids = Vec::new();
-    let mut job_ids = Vec::new();
-    for c in claimed
-        .iter()
-        .filter(|c| owned.contains(&c.row.stored.retry_job_id))
-    {
-        let Ok(job) = &c.job else { continue };
-        if !matches!(job.payload(), PersistenceRetryPayload::CombatRewards { .. }) {
-            continue;
-        }
-        let character_id = job.payload().character_id();
-        let eligible = characters
-            .get(&character_id)
-            .is_some_and(|(epoch, _)| *epoch <= job.envelope().owner_epoch);
-        if eligible {
-            keys.push(job.envelope().idempotency_key.clone());
-            character_ids.push(character_id);
-            job_ids.push(job.retry_job_id());
-        }
-    }
-    if keys.is_empty() {
-        return Ok(HashSet::new());
-    }
-    Ok(sqlx::query_scalar(
-        "INSERT INTO reward_grants (idempotency_key, character_id, retry_job_id)
-         SELECT * FROM UNNEST($1::text[], $2::uuid[], $3::uuid[])
-         ON CONFLICT (idempotency_key) DO NOTHING
-         RETURNING idempotency_key",
-    )
-    .bind(&keys)
-    .bind(&character_ids)
-    .bind(&job_ids)
-    .fetch_all(&mut *tx)
-    .await?
-    .into_iter()
-    .collect())
-}
-
-/// Takes back the reward keys recorded in this transaction for jobs that did not apply (their
-/// apply failed: a retry, or a dead letter an operator may requeue), so the grant can still
-/// happen once.
-async fn release_reward_keys(
-    tx: &mut sqlx::PgConnection,
-    claimed: &[Claimed],
-    outcomes: &[JobOutcome],
-    granted: &HashSet<String>,
-) -> Result<(), sqlx::Error> {
-    let failed: Vec<String> = claimed
-        .iter()
-        .zip(outcomes)
-        .filter(|(_, outcome)| {
-            matches!(
-                outcome,
-                JobOutcome::Retrying(_) | JobOutcome::DeadLettered(_)
-            )
-        })
-        .filter_map(|(c, _)| c.job.as_ref().ok())
-        .map(|job| job.envelope().idempotency_key.clone())
-        .filter(|key| granted.contains(key))
-        .collect();
-    if failed.is_empty() {
-        return Ok(());
-    }
-    sqlx::query("DELETE FROM reward_grants WHERE idempotency_key = ANY($1)")
-        .bind(&failed)
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
-}
-
 /// Most bytes of state documents sent in one UPDATE. sqlx does not set TCP_NODELAY, and a bind
 /// message larger than the socket's initial 16 KiB send buffer leaves its tail waiting on the
 /// server's delayed ACK (~40 ms); statements kept under that size never stall.
 const UPDATE_CHUNK_BYTES: usize = 12 * 1024;
 
+/// Writes the changed rows (chunked by size), each moving one version on; returns every locked
+/// character's row version after the batch.
 async fn write_characters(
     tx: &mut sqlx::PgConnection,
-    characters: &HashMap<Uuid, (i64, RowState)>,
+    characters: &HashMap<Uuid, Locked>,
     dirty: &HashSet<Uuid>,
-) -> Result<(), sqlx::Error> {
-    let mut ids = Vec::new();
-    let mut states = Vec::new();
-    let mut zones = Vec::new();
-    let mut rooms = Vec::new();
+) -> Result<HashMap<Uuid, i64>, sqlx::Error> {
+    let mut chunk = RowChunk::default();
     let mut bytes = 0;
     let mut sorted: Vec<&Uuid> = dirty.iter().collect();
     sorted.sort();
     for (n, id) in sorted.iter().enumerate() {
-        if let Some((_, row)) = characters.get(id) {
-            bytes += crate::game::apply::encoded_len(&row.state);
-            ids.push(**id);
-            states.push(&row.state);
-            zones.push(row.zone_ref.as_deref());
-            rooms.push(row.room_ref.as_deref());
+        if let Some(locked) = characters.get(id) {
+            bytes += crate::game::apply::encoded_len(&locked.row.state);
+            chunk.push(**id, locked);
         }
         let last = n + 1 == sorted.len();
-        if !ids.is_empty() && (bytes >= UPDATE_CHUNK_BYTES || last) {
-            update_characters(tx, &ids, &states, &zones, &rooms).await?;
-            ids.clear();
-            states.clear();
-            zones.clear();
-            rooms.clear();
+        if !chunk.ids.is_empty() && (bytes >= UPDATE_CHUNK_BYTES || last) {
+            update_characters(tx, &chunk).await?;
+            chunk = RowChunk::default();
             bytes = 0;
         }
     }
-    Ok(())
+    Ok(characters
+        .iter()
+        .map(|(id, locked)| {
+            let moved = i64::from(dirty.contains(id));
+            (*id, locked.state_version + moved)
+        })
+        .collect())
+}
+
+#[derive(Default)]
+struct RowChunk<'a> {
+    ids: Vec<Uuid>,
+    states: Vec<&'a serde_json::Value>,
+    zones: Vec<Option<&'a str>>,
+    rooms: Vec<Option<&'a str>>,
+    mark_epochs: Vec<i64>,
+    marks: Vec<i64>,
+}
+
+impl<'a> RowChunk<'a> {
+    fn push(&mut self, id: Uuid, locked: &'a Locked) {
+        self.ids.push(id);
+        self.states.push(&locked.row.state);
+        self.zones.push(locked.row.zone_ref.as_deref());
+        self.rooms.push(locked.row.room_ref.as_deref());
+        self.mark_epochs.push(locked.mark.0);
+        self.marks
+            .push(i64::try_from(locked.mark.1).unwrap_or(i64::MAX));
+    }
 }
 
 async fn update_characters(
     tx: &mut sqlx::PgConnection,
-    ids: &[Uuid],
-    states: &[&serde_json::Value],
-    zones: &[Option<&str>],
-    rooms: &[Option<&str>],
+    chunk: &RowChunk<'_>,
 ) -> Result<(), sqlx::Error> {
     // The version moves on, so a live copy's next flush conflicts and re-dumps over this row
     // rather than silently overwriting it.
@@ -316,14 +366,18 @@ async fn update_characters(
         "UPDATE characters c
             SET state = v.state, zone_ref = COALESCE(NULLIF(v.zone_ref, ''), c.zone_ref),
                 room_ref = CASE WHEN NULLIF(v.zone_ref, '') IS NULL THEN c.room_ref ELSE v.room_ref END,
+                live_issue_epoch = v.mark_epoch, live_issue_mark = v.mark,
                 state_version = c.state_version + 1, updated_at = now()
-           FROM UNNEST($1::uuid[], $2::jsonb[], $3::text[], $4::text[]) AS v(id, state, zone_ref, room_ref)
+           FROM UNNEST($1::uuid[], $2::jsonb[], $3::text[], $4::text[], $5::int8[], $6::int8[])
+                AS v(id, state, zone_ref, room_ref, mark_epoch, mark)
           WHERE c.id = v.id",
     )
-    .bind(ids)
-    .bind(states)
-    .bind(zones)
-    .bind(rooms)
+    .bind(&chunk.ids)
+    .bind(&chunk.states)
+    .bind(&chunk.zones)
+    .bind(&chunk.rooms)
+    .bind(&chunk.mark_epochs)
+    .bind(&chunk.marks)
     .execute(&mut *tx)
     .await?;
     Ok(())
@@ -420,10 +474,10 @@ async fn write_job_outcomes(
              )
              INSERT INTO persistence_job_dead_letters (dead_letter_id, retry_job_id, job_kind, character_id,
                  realm_id, zone_id, payload, failed_attempts, last_error, failed_at, session_token, source,
-                 session_impact, idempotency_key, owner_epoch, origin, issued_at)
+                 session_impact, idempotency_key, owner_epoch, origin, issued_at, issue_seq)
              SELECT dead_letter_id, retry_job_id, job_kind, character_id, realm_id, zone_id, payload,
                     attempt_count + 1, err, $4, session_token, source, session_impact, idempotency_key,
-                    owner_epoch, origin, issued_at
+                    owner_epoch, origin, issued_at, issue_seq
                FROM moved",
         )
         .bind(&dead_ids)

@@ -61,12 +61,13 @@ pub struct DeadLetterInspection {
 }
 
 const JOB_COLUMNS: &str = "retry_job_id, job_kind, character_id, realm_id, payload, session_token, \
-    session_impact, source, idempotency_key, owner_epoch, origin, issued_at";
+    session_impact, source, idempotency_key, owner_epoch, origin, issued_at, issue_seq";
 
 const INSERT: &str = "
 INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, realm_id, zone_id, payload,
-    next_attempt_at, session_token, session_impact, source, idempotency_key, owner_epoch, origin, issued_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+    next_attempt_at, session_token, session_impact, source, idempotency_key, owner_epoch, origin, issued_at,
+    issue_seq)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
 ON CONFLICT (retry_job_id) DO NOTHING";
 
 /// Due rows whose lease is absent or expired, oldest first, skipping rows another worker is
@@ -90,7 +91,7 @@ UPDATE persistence_retry_jobs j
  WHERE j.retry_job_id = due.retry_job_id
 RETURNING j.retry_job_id, j.job_kind, j.character_id, j.realm_id, j.payload, j.session_token,
           j.session_impact, j.source, j.idempotency_key, j.owner_epoch, j.origin, j.issued_at,
-          j.attempt_count, j.next_attempt_at, j.created_at";
+          j.issue_seq, j.attempt_count, j.next_attempt_at, j.created_at";
 
 /// Inserts `job` as due at `now`, on `conn` (inside the caller's transaction when it has one).
 pub(crate) async fn insert_job(
@@ -116,6 +117,7 @@ pub(crate) async fn insert_job(
         .bind(envelope.owner_epoch)
         .bind(envelope.origin.as_str())
         .bind(envelope.issued_at)
+        .bind(i64::try_from(envelope.issue_seq).unwrap_or(i64::MAX))
         .execute(conn)
         .await?;
     Ok(())

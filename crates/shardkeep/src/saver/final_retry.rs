@@ -151,6 +151,8 @@ impl FinalRetries {
                 owner_epoch: snapshot.owner_epoch,
                 origin: Origin::GameplayState,
                 issued_at: Utc::now(),
+                // The dump's mark: the row then holds every write the copy issued up to it.
+                issue_seq: snapshot.issue_mark,
             },
             "saver-final",
             None,

@@ -359,6 +359,7 @@ mod tests {
                 chargen: None,
                 state_version: 1,
                 owner_epoch: epoch,
+                issue_mark: 0,
             },
         }
     }

@@ -143,25 +143,11 @@ impl Agent {
         (xp, gold, self.rng.random_bool(0.15))
     }
 
-    /// The reward key of the next grant by the copy at `epoch`; it carries the amounts so the
-    /// checker can re-add them.
-    pub(super) fn next_reward_key(&mut self, epoch: i64, xp: i64, gold: i64) -> String {
+    /// The idempotency key of the next reward granted by the copy at `epoch`.
+    pub(super) fn next_reward_key(&mut self, epoch: i64) -> String {
         self.reward_seq += 1;
-        reward_key(self.character_id, epoch, self.reward_seq, xp, gold)
+        format!("reward:{}:{epoch}:{}", self.character_id, self.reward_seq)
     }
-}
-
-/// `reward:{character}:{epoch}:{seq}:{xp}:{gold}`.
-pub(super) fn reward_key(character: Uuid, epoch: i64, seq: u64, xp: i64, gold: i64) -> String {
-    format!("reward:{character}:{epoch}:{seq}:{xp}:{gold}")
-}
-
-/// The experience and currency a reward key grants.
-pub(super) fn reward_amounts(key: &str) -> Option<(i64, i64)> {
-    let mut parts = key.rsplitn(3, ':');
-    let gold = parts.next()?.parse().ok()?;
-    let xp = parts.next()?.parse().ok()?;
-    key.starts_with("reward:").then_some((xp, gold))
 }
 
 #[cfg(test)]
@@ -183,12 +169,9 @@ mod tests {
     }
 
     #[test]
-    fn reward_keys_carry_their_amounts() {
+    fn reward_keys_are_unique() {
         let mut agent = Agent::new(1, 1, 1);
-        let key = agent.next_reward_key(3, 25, 4);
-        assert_eq!(reward_amounts(&key), Some((25, 4)));
-        assert_ne!(agent.next_reward_key(3, 25, 4), key, "keys are unique");
-        assert_eq!(reward_amounts("reward:x:1:1:ten:4"), None);
-        assert_eq!(reward_amounts("bonus:x:1:1:10:4"), None);
+        let key = agent.next_reward_key(3);
+        assert_ne!(agent.next_reward_key(3), key);
     }
 }

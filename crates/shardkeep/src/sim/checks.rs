@@ -5,16 +5,16 @@
 //! less is a rollback), and each item's holder (a holder change must be explained by an
 //! `item_transferred` audit row naming the new holder and the item).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::agent::reward_amounts;
 use super::report::Invariant;
+use super::rewards::RewardLedger;
 use crate::backend::PostgresBackend;
+use crate::character::ContentOrigin;
 use crate::coord::Coordination;
-use crate::game::state::released_before_load;
 use crate::queue::QueueDepths;
 
 /// One character row as the checker reads it.
@@ -24,75 +24,67 @@ pub(super) struct RowView {
     pub(super) version: i64,
     pub(super) experience: i64,
     pub(super) currency: i64,
-    pub(super) reward_keys: Vec<String>,
     pub(super) items: Vec<Uuid>,
-    /// Items a copy started out holding, by the epoch that loaded them.
-    pub(super) held_at_load: BTreeMap<Uuid, i64>,
+    /// Whose content the row holds, and which of that copy's issued writes it holds.
+    pub(super) origin: ContentOrigin,
 }
 
-/// Every item id in a stored carry tree (inventory and equipment, contents included).
-pub(super) fn stored_item_ids(state: &Value) -> Vec<Uuid> {
-    fn walk(item: &Value, out: &mut Vec<Uuid>) {
-        if let Some(id) = item
-            .get("id")
-            .and_then(Value::as_str)
-            .and_then(|s| s.parse().ok())
-        {
-            out.push(id);
-        }
-        if let Some(contents) = item.get("contents").and_then(Value::as_array) {
-            for inner in contents {
-                walk(inner, out);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    if let Some(inventory) = state.get("inventory").and_then(Value::as_array) {
-        for item in inventory {
-            walk(item, &mut out);
-        }
-    }
-    if let Some(equipment) = state.get("equipment").and_then(Value::as_object) {
-        for item in equipment.values() {
-            walk(item, &mut out);
-        }
-    }
-    out
-}
+use crate::game::items::stored_item_ids;
 
-fn view(id: Uuid, version: i64, state: &Value) -> RowView {
-    let number = |field: &str| state.get(field).and_then(Value::as_i64).unwrap_or(0);
+type RowTuple = (Uuid, i64, Value, i64, i64, Vec<i64>, Vec<i64>);
+
+fn view((id, version, state, epoch, mark, beyond_epochs, beyond): RowTuple) -> RowView {
+    let (experience, currency) = super::rewards::amounts_of(&state);
+    let seq = |n: i64| u64::try_from(n).unwrap_or(0);
     RowView {
         id,
         version,
-        experience: number("experience"),
-        currency: number("currency"),
-        reward_keys: state
-            .get("reward_keys")
-            .and_then(Value::as_array)
-            .map(|keys| {
-                keys.iter()
-                    .filter_map(|k| k.as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default(),
-        items: stored_item_ids(state),
-        held_at_load: state
-            .get("held_at_load")
-            .and_then(|v| serde_json::from_value(v.clone()).ok())
-            .unwrap_or_default(),
+        experience,
+        currency,
+        items: stored_item_ids(&state),
+        origin: ContentOrigin {
+            epoch,
+            mark: seq(mark),
+            beyond_mark: beyond_epochs
+                .into_iter()
+                .zip(beyond.into_iter().map(seq))
+                .collect(),
+        },
     }
 }
 
-/// Reads every character row.
+/// Reads every character row, with the issue mark of its content and the sequenced job effects
+/// applied to it since (the bookkeeping beside the row).
 pub(super) async fn read_rows(pg: &PostgresBackend) -> Result<Vec<RowView>, sqlx::Error> {
-    let rows: Vec<(Uuid, i64, Value)> =
-        sqlx::query_as("SELECT id, state_version, state FROM characters")
+    let rows: Vec<RowTuple> = sqlx::query_as(
+        "SELECT c.id, c.state_version, c.state, c.live_issue_epoch, c.live_issue_mark,
+                COALESCE(b.epochs, '{}'), COALESCE(b.seqs, '{}')
+           FROM characters c
+           LEFT JOIN LATERAL (
+               SELECT array_agg(e.owner_epoch ORDER BY e.owner_epoch, e.issue_seq) AS epochs,
+                      array_agg(e.issue_seq ORDER BY e.owner_epoch, e.issue_seq) AS seqs
+                 FROM character_job_effects e
+                WHERE e.character_id = c.id AND e.issue_seq > 0
+                  AND (e.owner_epoch > c.live_issue_epoch
+                       OR (e.owner_epoch = c.live_issue_epoch AND e.issue_seq > c.live_issue_mark))
+           ) b ON true",
+    )
+    .fetch_all(pg.pool())
+    .await?;
+    Ok(rows.into_iter().map(view).collect())
+}
+
+/// The item-load ledger: (item, character) → the highest epoch that loaded holding it.
+pub(super) async fn read_item_loads(
+    pg: &PostgresBackend,
+) -> Result<HashMap<(Uuid, Uuid), i64>, sqlx::Error> {
+    let rows: Vec<(Uuid, Uuid, i64)> =
+        sqlx::query_as("SELECT item_id, character_id, loaded_epoch FROM item_loads")
             .fetch_all(pg.pool())
             .await?;
     Ok(rows
-        .iter()
-        .map(|(id, version, state)| view(*id, *version, state))
+        .into_iter()
+        .map(|(item, character, epoch)| ((item, character), epoch))
         .collect())
 }
 
@@ -166,6 +158,10 @@ pub(super) struct EndState<'a> {
     pub(super) transfer_audit: &'a HashSet<(Uuid, Uuid)>,
     pub(super) placement_problems: &'a [String],
     pub(super) dangling: &'a Dangling,
+    /// What each copy issued and started out with.
+    pub(super) rewards: &'a RewardLedger,
+    /// The item-load ledger: (item, character) → the highest epoch that loaded holding it.
+    pub(super) item_loads: &'a HashMap<(Uuid, Uuid), i64>,
 }
 
 /// Leftovers after the drain.
@@ -206,32 +202,27 @@ pub(super) fn no_rollback(end: &EndState<'_>) -> Invariant {
     Invariant::new("no rollback", checked, details)
 }
 
-/// Every reward key at most once per row, and the row's experience and currency exactly the
-/// sum of the rewards its keys name (characters start with none).
+/// Every content holds exactly the rewards its issue marks say: each copy as it was loaded
+/// (checked at the claim), and each row at the end — its origin copy's start, that copy's
+/// rewards up to the row's mark, and its jobs applied past it. A reward applied twice, or one the
+/// bookkeeping claims but the content lacks, breaks the sum.
 pub(super) fn no_reward_twice(end: &EndState<'_>) -> Invariant {
-    let mut details = Vec::new();
-    let mut checked = 0;
+    let mut details = end.rewards.problems.clone();
+    let mut checked = end.rewards.checked;
     for row in end.rows {
-        let mut keys = HashSet::new();
-        let (mut xp, mut gold) = (0i64, 0i64);
-        for key in &row.reward_keys {
+        if let Some(expected) = end.rewards.expected(row.id, &row.origin) {
             checked += 1;
-            if !keys.insert(key.as_str()) {
-                details.push(format!("{}: reward {key} recorded twice", row.id));
+            if expected != (row.experience, row.currency) {
+                details.push(format!(
+                    "{}: row holds experience/currency {:?} but its origin (epoch {}, mark {}, \
+                     past it {:?}) adds up to {expected:?}",
+                    row.id,
+                    (row.experience, row.currency),
+                    row.origin.epoch,
+                    row.origin.mark,
+                    row.origin.beyond_mark
+                ));
             }
-            match reward_amounts(key) {
-                Some((x, g)) => {
-                    xp += x;
-                    gold += g;
-                }
-                None => details.push(format!("{}: unreadable reward key {key}", row.id)),
-            }
-        }
-        if xp != row.experience || gold != row.currency {
-            details.push(format!(
-                "{}: experience {} / currency {} but its rewards add up to {xp} / {gold}",
-                row.id, row.experience, row.currency
-            ));
         }
     }
     Invariant::new("no reward granted twice", checked, details)
@@ -251,8 +242,11 @@ pub(super) fn item_conservation(end: &EndState<'_>) -> Invariant {
         // A release a crash rolled back: the library voids this copy on pickup, so it is no
         // holder (its destruction is on the record with the floors).
         let phantom = released.is_some_and(|(by, epoch)| {
-            rows.get(&by)
-                .is_some_and(|row| released_before_load(&row.held_at_load, *item, epoch))
+            rows.contains_key(&by)
+                && end
+                    .item_loads
+                    .get(&(*item, by))
+                    .is_some_and(|loaded| *loaded > epoch)
         });
         if !phantom {
             holders.entry(*item).or_default().push("a floor".into());
@@ -395,8 +389,6 @@ async fn scan(coord: &Coordination, pattern: &str) -> Result<Vec<String>, crate:
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
 
     fn row(id: u128, version: i64, xp: i64, items: &[u128]) -> RowView {
@@ -405,25 +397,9 @@ mod tests {
             version,
             experience: xp,
             currency: 0,
-            reward_keys: Vec::new(),
             items: items.iter().map(|i| Uuid::from_u128(*i)).collect(),
-            held_at_load: BTreeMap::new(),
+            origin: ContentOrigin::default(),
         }
-    }
-
-    #[test]
-    fn stored_trees_yield_every_id() {
-        let a = Uuid::from_u128(1);
-        let b = Uuid::from_u128(2);
-        let c = Uuid::from_u128(3);
-        let state = json!({
-            "inventory": [{ "proto": "bag", "id": a, "contents": [{ "proto": "gem", "id": b }] }, { "proto": "ore" }],
-            "equipment": { "head": { "proto": "helm", "id": c } }
-        });
-        let mut ids = stored_item_ids(&state);
-        ids.sort();
-        assert_eq!(ids, vec![a, b, c]);
-        assert!(stored_item_ids(&json!("not a state")).is_empty());
     }
 
     #[test]
@@ -443,6 +419,11 @@ mod tests {
         );
     }
 
+    static NO_REWARDS: std::sync::LazyLock<RewardLedger> =
+        std::sync::LazyLock::new(RewardLedger::default);
+    static NO_LOADS: std::sync::LazyLock<HashMap<(Uuid, Uuid), i64>> =
+        std::sync::LazyLock::new(HashMap::new);
+
     fn end<'a>(
         rows: &'a [RowView],
         observed: &'a Observed,
@@ -460,6 +441,8 @@ mod tests {
             transfer_audit: audit,
             placement_problems: &[],
             dangling,
+            rewards: &NO_REWARDS,
+            item_loads: &NO_LOADS,
         }
     }
 
@@ -487,7 +470,7 @@ mod tests {
     fn a_floor_copy_whose_release_a_crash_rolled_back_is_no_holder() {
         let item = Uuid::from_u128(10);
         let releaser = Uuid::from_u128(1);
-        let mut restored = row(1, 3, 0, &[10]);
+        let restored = row(1, 3, 0, &[10]);
         let observed = Observed::default();
         let destroyed: HashSet<Uuid> = [item].into();
         let audit = HashSet::new();
@@ -500,23 +483,37 @@ mod tests {
         state.end_floors = &floors;
         assert!(!item_conservation(&state).holds);
         // ...unless a copy loaded after the release (epoch 6) started out holding it.
-        restored.held_at_load.insert(item, 6);
+        let loads: HashMap<(Uuid, Uuid), i64> = [((item, releaser), 6)].into();
         let rows = [restored];
         let mut state = end(&rows, &observed, &destroyed, &audit, &dangling, &acked);
         state.end_floors = &floors;
+        state.item_loads = &loads;
         assert!(item_conservation(&state).holds);
+        // A load at or before the release epoch does not make it a phantom.
+        let loads: HashMap<(Uuid, Uuid), i64> = [((item, releaser), 4)].into();
+        state.item_loads = &loads;
+        assert!(!item_conservation(&state).holds);
     }
 
     #[test]
     fn rewards_must_add_up_and_rollbacks_against_acks_are_caught() {
+        let mut rewards = RewardLedger::default();
         let mut good = row(1, 7, 30, &[]);
         good.currency = 3;
-        good.reward_keys = vec!["reward:a:1:1:10:1".into(), "reward:a:1:2:20:2".into()];
+        good.origin = ContentOrigin {
+            epoch: 1,
+            mark: 2,
+            beyond_mark: vec![],
+        };
         let mut twice = good.clone();
         twice.id = Uuid::from_u128(2);
-        twice.reward_keys.push("reward:a:1:1:10:1".into());
         twice.experience = 40;
         twice.currency = 4;
+        for row in [&good, &twice] {
+            rewards.loaded(row.id, 1, &ContentOrigin::default(), (0, 0));
+            rewards.issued(row.id, 1, 1, (10, 1));
+            rewards.issued(row.id, 1, 2, (20, 2));
+        }
         let rows = [good, twice];
         let observed = Observed::default();
         let destroyed = HashSet::new();
@@ -524,9 +521,11 @@ mod tests {
         let dangling = Dangling::default();
         let mut acked = HashMap::new();
         acked.insert(Uuid::from_u128(1), 8);
-        let state = end(&rows, &observed, &destroyed, &audit, &dangling, &acked);
-        let rewards = no_reward_twice(&state);
-        assert_eq!(rewards.details.len(), 1, "{:?}", rewards.details);
+        let mut state = end(&rows, &observed, &destroyed, &audit, &dangling, &acked);
+        state.rewards = &rewards;
+        let verdict = no_reward_twice(&state);
+        assert_eq!(verdict.details.len(), 1, "{:?}", verdict.details);
+        assert_eq!(verdict.checked, 4, "two loads and two rows");
         let rollback = no_rollback(&state);
         assert_eq!(rollback.details.len(), 1, "{:?}", rollback.details);
         assert!(nothing_dangling(&state).holds);

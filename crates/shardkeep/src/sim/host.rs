@@ -48,7 +48,7 @@ pub(super) enum Inbound {
     HandoffLoaded {
         agent: Agent,
         token: String,
-        loaded: HandoffLoad,
+        loaded: Box<HandoffLoad>,
         old_session: String,
         old_player: PlayerSnapshot,
     },
@@ -407,7 +407,7 @@ impl Host {
                 loaded,
                 old_session,
                 old_player,
-            } => self.admit_handoff(agent, token, loaded, old_session, old_player),
+            } => self.admit_handoff(agent, token, *loaded, old_session, old_player),
             Inbound::Zombify { target } => self.zombify(&target),
             Inbound::Kill => self.kill(),
             Inbound::Settle(step) => self.settle(step).await,

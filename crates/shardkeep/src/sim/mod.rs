@@ -26,6 +26,7 @@ mod host_settle;
 mod order_checks;
 mod play;
 pub mod report;
+mod rewards;
 mod run;
 mod summary;
 mod travel;

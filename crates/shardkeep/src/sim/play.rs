@@ -11,7 +11,6 @@ use super::host::{Body, Host, Phase};
 use super::travel;
 use super::world::bump;
 use crate::game::items::{CarryLimits, Item, dump_one};
-use crate::game::state::remember_reward;
 use crate::journal::SessionLifecycleEffectPlan;
 use crate::retry::{Origin, PersistenceRetryPayload};
 use crate::shard::WalkOutcome;
@@ -228,11 +227,8 @@ impl Host {
         };
         let epoch = entry.character.owner_epoch;
         let (xp, gold, loot) = agent.reward();
-        let key = agent.next_reward_key(epoch, xp, gold);
+        let key = agent.next_reward_key(epoch);
         let loot = loot.then_some(herb).flatten().map(|p| Item::spawn(&p));
-        if !remember_reward(&mut entry.character.reward_keys, &key) {
-            return;
-        }
         entry.character.experience += xp;
         entry.character.currency += gold;
         let mut items = Vec::new();
@@ -243,6 +239,10 @@ impl Host {
             }
             entry.character.inventory.push(item);
         }
+        // Granted in memory first, then issued: every later dump holds it.
+        let seq = entry.character.issue();
+        self.world
+            .with_ledger(|ledger| ledger.rewards.issued(id, epoch, seq, (xp, gold)));
         bump(&self.world.counters.fights);
         let payload = PersistenceRetryPayload::CombatRewards {
             character_id: id,
@@ -253,7 +253,7 @@ impl Host {
         if let Some(job) = travel::job(
             payload,
             key,
-            epoch,
+            (epoch, seq),
             Origin::CombatRewards,
             &self.id,
             &body.session,
@@ -377,6 +377,7 @@ impl Host {
         };
         entry.character.appearance.outfit = outfit.to_owned();
         let epoch = entry.character.owner_epoch;
+        let issued = entry.character.issue();
         let payload = PersistenceRetryPayload::CharacterAppearance {
             character_id: id,
             appearance: entry.character.appearance.clone(),
@@ -386,7 +387,7 @@ impl Host {
         if let Some(job) = travel::job(
             payload,
             key,
-            epoch,
+            (epoch, issued),
             Origin::ClientAppearance,
             &self.id,
             &body.session,

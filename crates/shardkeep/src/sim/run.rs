@@ -229,6 +229,12 @@ async fn play(world: Arc<World>, progress: Progress) -> SimReport {
             )
         })
         .unwrap_or_default();
+    let rewards = world
+        .with_ledger(|l| std::mem::take(&mut l.rewards))
+        .unwrap_or_default();
+    let item_loads = checks::read_item_loads(&world.env.pg_direct)
+        .await
+        .unwrap_or_default();
     let end = EndState {
         rows: &rows,
         observed: &observed,
@@ -238,6 +244,8 @@ async fn play(world: Arc<World>, progress: Progress) -> SimReport {
         transfer_audit: &transfer_audit,
         placement_problems: &placement_problems,
         dangling: &settled.dangling,
+        rewards: &rewards,
+        item_loads: &item_loads,
     };
     let invariants = vec![
         checks::no_rollback(&end),

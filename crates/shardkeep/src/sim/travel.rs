@@ -131,7 +131,13 @@ pub(super) fn claim(world: &Arc<World>, shard: String, agent: Agent, floor: i64)
                         character_id: agent.character_id,
                         minted: loaded.snapshot.owner_epoch,
                         handoff: None,
-                    })
+                    });
+                    ledger.rewards.loaded(
+                        agent.character_id,
+                        loaded.snapshot.owner_epoch,
+                        &loaded.origin,
+                        super::rewards::amounts_of(&loaded.snapshot.state),
+                    );
                 });
                 deliver(&world, &shard, Inbound::Loaded { agent, loaded })
             }
@@ -285,11 +291,11 @@ pub(super) fn enqueue_job(world: &Arc<World>, job: PersistenceRetryJob) {
     });
 }
 
-/// A retry job from the simulator.
+/// A retry job from the simulator, issued by the copy at `epoch` as `issue_seq`.
 pub(super) fn job(
     payload: PersistenceRetryPayload,
     key: String,
-    epoch: i64,
+    (epoch, issue_seq): (i64, u64),
     origin: Origin,
     shard: &str,
     session: &str,
@@ -299,6 +305,7 @@ pub(super) fn job(
         owner_epoch: epoch,
         origin,
         issued_at: Utc::now(),
+        issue_seq,
     };
     PersistenceRetryJob::new(payload, envelope, shard, Some(session.to_owned())).ok()
 }
@@ -487,7 +494,7 @@ pub(super) fn arrive(
                     let message = Inbound::HandoffLoaded {
                         agent,
                         token,
-                        loaded,
+                        loaded: Box::new(loaded),
                         old_session,
                         old_player,
                     };
@@ -553,10 +560,11 @@ pub(super) fn confirm_transfer(
         target_zone: zone.to_owned(),
     };
     let key = format!("transfer:{token}");
+    // An activation changes no row: it needs no place in the copy's issue sequence.
     if let Some(job) = job(
         payload,
         key,
-        epoch,
+        (epoch, 0),
         Origin::TransferActivation,
         shard,
         token,
@@ -578,12 +586,15 @@ fn record_claim(
     loaded: &HandoffLoad,
     (token, dumped_under): (&str, i64),
 ) {
-    let minted = match loaded {
-        HandoffLoad::Adopted(l) | HandoffLoad::Superseded { loaded: l, .. } => {
-            l.snapshot.owner_epoch
-        }
-    };
+    let (HandoffLoad::Adopted(l) | HandoffLoad::Superseded { loaded: l, .. }) = loaded;
+    let minted = l.snapshot.owner_epoch;
     world.with_ledger(|ledger| {
+        ledger.rewards.loaded(
+            character_id,
+            minted,
+            &l.origin,
+            super::rewards::amounts_of(&l.snapshot.state),
+        );
         ledger.claims.push(ClaimRecord {
             character_id,
             minted,

@@ -100,6 +100,8 @@ pub(super) struct Ledger {
     pub(super) claims: Vec<super::claims::ClaimRecord>,
     /// Every session started and every session cleanup appended to the journal.
     pub(super) session_events: Vec<super::order_checks::SessionEvent>,
+    /// Every reward issued and what every copy started out with.
+    pub(super) rewards: super::rewards::RewardLedger,
 }
 
 /// Adds `b` into `a`.

@@ -258,6 +258,7 @@ async fn a_storeless_shard_records_nothing_and_still_works(pool: PgPool) {
             chargen: None,
             state_version: 0,
             owner_epoch: 0,
+            issue_mark: 0,
         };
         shard
             .admit(
@@ -265,6 +266,7 @@ async fn a_storeless_shard_records_nothing_and_still_works(pool: PgPool) {
                     snapshot,
                     source: LoadSource::Row,
                     brand_new: true,
+                    origin: Default::default(),
                 },
                 Arrival::Login {
                     session_token: name.into(),
@@ -863,8 +865,14 @@ async fn a_held_releaser_still_holding_the_item_gives_nothing(pool: PgPool) {
         matches!(outcome, TransferCommit::ReleaserSuperseded { .. }),
         "{outcome:?}"
     );
-    // Released at epoch 1 but a copy loaded at 3 held it: also a phantom, even without it now.
-    releaser.state = json!({ "held_at_load": { item.to_string(): 3 } });
+    // Released at epoch 1 but a copy loaded at 3 held it (the item-load ledger says so): also a
+    // phantom, even without it now.
+    releaser.state = json!({});
+    stores
+        .characters
+        .record_item_loads(a, 3, &[item])
+        .await
+        .unwrap();
     let side = Releaser::Held {
         snapshot: &releaser,
         item_id: Some(item),

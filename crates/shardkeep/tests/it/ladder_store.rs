@@ -224,6 +224,7 @@ fn full_snapshot(row: &CharacterSnapshot, epoch: i64) -> CharacterSnapshot {
         chargen: Some(json!({ "pending": true })),
         state_version: row.state_version,
         owner_epoch: epoch,
+        issue_mark: 7,
     }
 }
 
@@ -242,7 +243,7 @@ async fn drift_guard_every_field_survives_both_tiers(pool: PgPool) {
     let as_json = serde_json::to_value(&snap).unwrap();
     assert_eq!(
         as_json.as_object().unwrap().len(),
-        9,
+        10,
         "a new field needs this test extended"
     );
 
@@ -280,6 +281,7 @@ async fn a_stale_owner_cannot_overwrite_a_newer_checkpoint() {
         chargen: None,
         state_version: 3,
         owner_epoch: 5,
+        issue_mark: 0,
     };
     assert_eq!(
         checkpoints.write(&base).await.unwrap(),

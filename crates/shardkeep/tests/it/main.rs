@@ -5,6 +5,7 @@
 
 mod audit;
 mod bench_smoke;
+mod bookkeeping;
 mod checkpoint_keys;
 mod coord_cleanup;
 mod coord_handoff;

@@ -48,6 +48,7 @@ fn reward(character_id: Uuid, key: &str, epoch: i64, experience: i64) -> Persist
             owner_epoch: epoch,
             origin: Origin::CombatRewards,
             issued_at: Utc::now(),
+            issue_seq: 0,
         },
         "combat",
         Some("session-1".into()),
@@ -125,7 +126,7 @@ async fn two_workers_apply_thousands_of_jobs_exactly_once(pool: PgPool) {
         0
     );
     assert_eq!(
-        count(&pool, "SELECT count(*) FROM reward_grants").await,
+        count(&pool, "SELECT count(*) FROM character_job_effects").await,
         total as i64
     );
 }
@@ -419,7 +420,7 @@ async fn a_job_from_a_superseded_owner_is_never_applied(pool: PgPool) {
         0
     );
     assert_eq!(
-        count(&pool, "SELECT count(*) FROM reward_grants").await,
+        count(&pool, "SELECT count(*) FROM character_job_effects").await,
         0,
         "no grant recorded"
     );
@@ -454,6 +455,7 @@ async fn each_payload_kind_applies_to_the_character_store(pool: PgPool) {
         owner_epoch: 0,
         origin,
         issued_at: Utc::now(),
+        issue_seq: 0,
     };
     let jobs = vec![
         PersistenceRetryJob::new(
@@ -615,6 +617,7 @@ async fn a_state_job_stored_again_after_it_ran_is_not_applied_twice(pool: PgPool
             owner_epoch: 0,
             origin: Origin::GameplayState,
             issued_at: Utc::now(),
+            issue_seq: 0,
         },
         "saver-final",
         None,

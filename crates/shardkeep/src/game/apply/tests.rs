@@ -3,7 +3,7 @@ use uuid::Uuid;
 
 use super::*;
 use crate::game::items::{CarryLimits, Slot};
-use crate::game::state::{Affect, MAX_HELD_AT_LOAD, released_before_load};
+use crate::game::state::Affect;
 
 fn snapshot(state: serde_json::Value) -> CharacterSnapshot {
     CharacterSnapshot {
@@ -16,6 +16,7 @@ fn snapshot(state: serde_json::Value) -> CharacterSnapshot {
         chargen: None,
         state_version: 4,
         owner_epoch: 2,
+        issue_mark: 9,
     }
 }
 
@@ -145,8 +146,7 @@ fn dump_then_apply_is_the_identity() {
         "inventory": [{ "proto": "bag", "contents": [{ "proto": "gem", "id": "0190a0b0-0000-7000-8000-000000000001" }] }],
         "experience": 1234, "level": 3, "currency": 99,
         "appearance": { "hair": "black", "skin": "pale", "outfit": "robe" },
-        "position": [3, 4], "applied_seq": 17, "tracks": { "smithing": 2 },
-        "held_at_load": { "0190a0b0-0000-7000-8000-000000000001": 2 }
+        "position": [3, 4], "applied_seq": 17, "tracks": { "smithing": 2 }
     });
     let snap = snapshot(state);
     let applied = apply_snapshot(&snap, &Catalog::reference(), options());
@@ -234,44 +234,55 @@ fn pulses_expire_affects_and_cooldowns() {
 }
 
 #[test]
-fn a_load_remembers_what_the_copy_held_at_its_epoch() {
+fn a_document_from_before_the_bookkeeping_moved_out_loads_and_dumps_without_it() {
     let gem = "0190a0b0-0000-7000-8000-000000000001";
-    let moved_on = "0190a0b0-0000-7000-8000-000000000002";
     let state = json!({
-        "inventory": [{ "proto": "bag", "contents": [{ "proto": "gem", "id": gem }] }],
-        "held_at_load": { gem: 1, moved_on: 1 }
+        "experience": 40,
+        "inventory": [{ "proto": "gem", "id": gem }],
+        "reward_keys": ["reward:a:1:1:40:0"],
+        "job_effects": [{ "key": "looks-1", "payload": { "kind": "character_appearance" } }],
+        "held_at_load": { gem: 1 }
     });
     let applied = apply_snapshot(&snapshot(state), &Catalog::reference(), options());
-    let held = &applied.character.held_at_load;
-    let id = |s: &str| Uuid::parse_str(s).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(
-        held.get(&id(gem)),
-        Some(&2),
-        "re-marked at this copy's epoch"
-    );
-    assert_eq!(held.get(&id(moved_on)), Some(&1), "kept: no longer held");
+    assert!(applied.warnings.is_empty(), "{:?}", applied.warnings);
     let dumped = dump_character(&applied.character, None, None, CarryLimits::default())
         .unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(dumped.state["held_at_load"][gem], json!(2));
-    // A copy of the gem released by epoch 1 is a phantom now; one released by epoch 2 is not.
-    assert!(released_before_load(held, id(gem), 1));
-    assert!(!released_before_load(held, id(gem), 2));
-    assert!(!released_before_load(held, Uuid::nil(), 0));
+    let fields = dumped.state.as_object().unwrap_or_else(|| panic!("object"));
+    for old in ["reward_keys", "job_effects", "held_at_load"] {
+        assert!(!fields.contains_key(old), "{old} is still in the document");
+    }
+    assert_eq!(dumped.state["experience"], 40);
+    assert_eq!(
+        crate::game::items::stored_item_ids(&dumped.state),
+        vec![Uuid::parse_str(gem).unwrap_or_else(|e| panic!("{e}"))]
+    );
 }
 
 #[test]
-fn held_at_load_keeps_the_newest_entries_within_its_bound() {
-    let state =
-        json!({ "inventory": [{ "proto": "gem", "id": "0190a0b0-0000-7000-8000-000000000009" }] });
+fn issues_are_numbered_and_every_dump_carries_the_mark() {
     let mut character =
-        apply_snapshot(&snapshot(state), &Catalog::reference(), options()).character;
-    for n in 0..(MAX_HELD_AT_LOAD as u128 + 10) {
-        character.held_at_load.insert(Uuid::from_u128(n + 1), 1);
-    }
-    character.owner_epoch = 7;
-    character.mark_held_at_load();
-    assert_eq!(character.held_at_load.len(), MAX_HELD_AT_LOAD);
-    let gem =
-        Uuid::parse_str("0190a0b0-0000-7000-8000-000000000009").unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(character.held_at_load.get(&gem), Some(&7));
+        apply_snapshot(&snapshot(json!({})), &Catalog::reference(), options()).character;
+    assert_eq!(
+        character.issued, 9,
+        "a copy continues from the snapshot's mark"
+    );
+    assert_eq!((character.issue(), character.issue()), (10, 11));
+    let dumped = dump_character(&character, None, None, CarryLimits::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(dumped.issue_mark, 11);
+}
+
+#[test]
+fn stored_item_ids_walk_worn_carried_and_nested_items() {
+    let id = |n: u128| Uuid::from_u128(n);
+    let state = json!({
+        "equipment": { "head": { "proto": "helm", "id": id(1) } },
+        "inventory": [{ "proto": "bag", "id": id(2), "contents": [{ "proto": "gem", "id": id(3) }] },
+                      { "proto": "gem" }]
+    });
+    assert_eq!(
+        crate::game::items::stored_item_ids(&state),
+        vec![id(1), id(2), id(3)]
+    );
+    assert!(crate::game::items::stored_item_ids(&json!("not a document")).is_empty());
 }
