@@ -13,6 +13,8 @@ pub const REGISTRY_PRUNED_TOTAL: &str = "shardkeep_registry_pruned_total";
 pub const TRANSFER_MARKERS_REMOVED_TOTAL: &str = "shardkeep_transfer_markers_removed_total";
 /// Nonce registrations, labelled `outcome` (registered, replayed).
 pub const NONCE_REGISTRATIONS_TOTAL: &str = "shardkeep_nonce_registrations_total";
+/// Bookkeeping rows pruned, labelled `table` (character_job_effects, item_loads).
+pub const BOOKKEEPING_PRUNED_TOTAL: &str = "shardkeep_bookkeeping_pruned_total";
 /// Keys deleted by admin cleanup, labelled `target`.
 pub const CLEANUP_DELETED_TOTAL: &str = "shardkeep_cleanup_deleted_total";
 
@@ -102,6 +104,10 @@ pub fn describe() {
         CLEANUP_DELETED_TOTAL,
         "Keys deleted by admin cleanup, by target."
     );
+    describe_counter!(
+        BOOKKEEPING_PRUNED_TOTAL,
+        "Bookkeeping rows pruned by the maintenance pass, by table."
+    );
 }
 
 /// Touches every metric once (counters at zero, gauges unset to zero) with its usual labels, so
@@ -128,6 +134,9 @@ pub fn register_all() {
     }
     for outcome in ["taken", "already_consumed", "not_found"] {
         counter!(HANDOFF_TAKES_TOTAL, "outcome" => outcome).increment(0);
+    }
+    for table in ["character_job_effects", "item_loads"] {
+        counter!(BOOKKEEPING_PRUNED_TOTAL, "table" => table).increment(0);
     }
     for outcome in ["registered", "replayed"] {
         counter!(NONCE_REGISTRATIONS_TOTAL, "outcome" => outcome).increment(0);

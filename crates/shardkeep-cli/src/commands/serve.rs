@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use shardkeep::audit::{AuditReader, AuditStore, StaffReadLimit};
-use shardkeep::character::CharacterStore;
+use shardkeep::character::{
+    Bookkeeping, BookkeepingRetention, CharacterStore, run_bookkeeping_prune,
+};
 use shardkeep::clock::SystemClock;
 use shardkeep::coord::{InstanceRecord, run_maintenance};
 use shardkeep::journal::{JournalWorker, JournalWorkerConfig, SessionJournal};
@@ -90,6 +92,15 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         cancel.clone(),
         |_| {},
     ));
+    // Bookkeeping beside the character rows, pruned on the same cadence (every instance may
+    // run it: each pass deletes a bounded batch, and two passes at once only share the work).
+    let prune_task = tokio::spawn(run_bookkeeping_prune(
+        Bookkeeping::new(pg.clone()),
+        BookkeepingRetention::default(),
+        Duration::from_secs(args.reconcile_seconds),
+        cancel.clone(),
+        |_| {},
+    ));
 
     let state = AppState {
         retry,
@@ -131,6 +142,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let _ = retry_task.await;
         let _ = journal_task.await;
         let _ = reconcile_task.await;
+        let _ = prune_task.await;
     };
     if tokio::time::timeout(Duration::from_secs(30), drain)
         .await

@@ -5,13 +5,18 @@
 //! - [`checkpoint`] — Redis: id-keyed snapshots behind a Lua ownership guard.
 //! - [`handoff`] — what a cross-shard handoff carries, and the epoch it was dumped under.
 //! - [`load`] — login-time load: claim, read both tiers, pick the freshest; fails closed.
+//! - [`bookkeeping`] — pruning the job effects and item-load ledger kept beside the rows.
 
+pub mod bookkeeping;
 pub mod checkpoint;
 pub mod handoff;
 pub mod load;
 pub mod snapshot;
 pub mod store;
 
+pub use bookkeeping::{
+    Bookkeeping, BookkeepingRetention, BookkeepingSizes, PruneReport, run_bookkeeping_prune,
+};
 pub use checkpoint::{CheckpointError, CheckpointStore, CheckpointWrite};
 pub use handoff::{HandoffPayload, HandoffPayloadError};
 pub use load::{

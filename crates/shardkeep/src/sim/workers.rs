@@ -68,7 +68,28 @@ pub(super) fn start_workers(world: &Arc<World>) -> (Arc<RetryStats>, Arc<Journal
     for index in 0..world.config.shards {
         start_upkeep(world, index);
     }
+    start_bookkeeping_prune(world);
     (retry_stats, journal_stats)
+}
+
+/// The bookkeeping prune a `serve` instance runs, on the upkeep cadence, through the proxied
+/// Postgres connection (its outages hit it too).
+fn start_bookkeeping_prune(world: &Arc<World>) {
+    let counters = Arc::clone(world);
+    tokio::spawn(crate::character::run_bookkeeping_prune(
+        crate::character::Bookkeeping::new(world.env.pg.clone()),
+        crate::character::BookkeepingRetention::default(),
+        UPKEEP_PERIOD,
+        world.halt.child_token(),
+        move |pass| {
+            if let Ok(report) = pass {
+                counters
+                    .counters
+                    .bookkeeping_pruned
+                    .fetch_add(report.effects + report.item_loads, Ordering::Relaxed);
+            }
+        },
+    ));
 }
 
 /// Each shard's keyspace upkeep (registry heartbeat, transfer-marker reconciliation, presence

@@ -59,6 +59,8 @@ pub(super) struct Counters {
     pub(super) poison_planted: AtomicU64,
     pub(super) journal_held_by_crash: AtomicU64,
     pub(super) upkeep_passes: AtomicU64,
+    /// Bookkeeping rows (job effects, item loads) pruned by the maintenance pass.
+    pub(super) bookkeeping_pruned: AtomicU64,
     pub(super) upkeep_failed_steps: AtomicU64,
     pub(super) upkeep_markers_removed: AtomicU64,
     pub(super) upkeep_registrations: AtomicU64,

@@ -1,0 +1,162 @@
+//! Pruning shardkeep's bookkeeping beside the character rows (`docs/bookkeeping.md`): job
+//! effects a live write has superseded, unsequenced job keys past their dedupe window, and
+//! item-load ledger entries past theirs. Each pass deletes a bounded batch per table, so a long
+//! backlog drains over several passes without one long statement.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::PostgresBackend;
+
+/// Most rows one pass deletes from each table.
+pub const PRUNE_BATCH: i64 = 10_000;
+
+/// How long bookkeeping that no live write supersedes is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BookkeepingRetention {
+    /// Unsequenced job keys (jobs issued without a copy's issue sequence): a duplicate of such a
+    /// job arriving within this window is refused.
+    pub unsequenced_effects: Duration,
+    /// Item-load ledger entries: a floor copy that a crash rolled back, picked up within this
+    /// window of its owner's reload, is refused as a phantom.
+    pub item_loads: Duration,
+}
+
+impl Default for BookkeepingRetention {
+    fn default() -> Self {
+        Self {
+            unsequenced_effects: Duration::from_secs(7 * 24 * 3600),
+            item_loads: Duration::from_secs(30 * 24 * 3600),
+        }
+    }
+}
+
+/// What one prune pass removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PruneReport {
+    /// Job-effect rows deleted.
+    pub effects: u64,
+    /// Item-load ledger rows deleted.
+    pub item_loads: u64,
+}
+
+/// Rows the bookkeeping tables hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BookkeepingSizes {
+    /// `character_job_effects` rows.
+    pub effects: i64,
+    /// `item_loads` rows.
+    pub item_loads: i64,
+}
+
+/// Handle on the bookkeeping tables. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Bookkeeping {
+    pg: PostgresBackend,
+}
+
+// A sequenced effect is superseded once the row holds a live write that holds it (same copy,
+// issue mark at or past it) or a live write by a later copy (its content accounts for every
+// earlier copy's jobs, and an earlier copy's job can no longer apply). An unsequenced one is kept
+// for its dedupe window; checkpoints live far shorter, so replay never needs it past that.
+const PRUNE_EFFECTS: &str = "
+WITH doomed AS (
+    SELECT e.character_id, e.idempotency_key
+      FROM character_job_effects e
+      LEFT JOIN characters c ON c.id = e.character_id
+     WHERE c.id IS NULL
+        OR (e.issue_seq > 0 AND (e.owner_epoch < c.live_issue_epoch
+                                 OR (e.owner_epoch = c.live_issue_epoch
+                                     AND e.issue_seq <= c.live_issue_mark)))
+        OR (e.issue_seq = 0 AND e.applied_at < now() - make_interval(secs => $1))
+     LIMIT $2
+)
+DELETE FROM character_job_effects e
+ USING doomed d
+ WHERE e.character_id = d.character_id AND e.idempotency_key = d.idempotency_key";
+
+const PRUNE_ITEM_LOADS: &str = "
+WITH doomed AS (
+    SELECT item_id, character_id FROM item_loads
+     WHERE loaded_at < now() - make_interval(secs => $1)
+     LIMIT $2
+)
+DELETE FROM item_loads l
+ USING doomed d
+ WHERE l.item_id = d.item_id AND l.character_id = d.character_id";
+
+impl Bookkeeping {
+    /// A handle over `pg`.
+    pub fn new(pg: PostgresBackend) -> Self {
+        Self { pg }
+    }
+
+    /// One pass: at most [`PRUNE_BATCH`] rows from each table.
+    pub async fn prune_once(
+        &self,
+        retention: BookkeepingRetention,
+    ) -> Result<PruneReport, sqlx::Error> {
+        let effects = sqlx::query(PRUNE_EFFECTS)
+            .bind(retention.unsequenced_effects.as_secs_f64())
+            .bind(PRUNE_BATCH)
+            .execute(self.pg.pool())
+            .await?
+            .rows_affected();
+        let item_loads = sqlx::query(PRUNE_ITEM_LOADS)
+            .bind(retention.item_loads.as_secs_f64())
+            .bind(PRUNE_BATCH)
+            .execute(self.pg.pool())
+            .await?
+            .rows_affected();
+        metrics::counter!(crate::telemetry::BOOKKEEPING_PRUNED_TOTAL, "table" => "character_job_effects")
+            .increment(effects);
+        metrics::counter!(crate::telemetry::BOOKKEEPING_PRUNED_TOTAL, "table" => "item_loads")
+            .increment(item_loads);
+        Ok(PruneReport {
+            effects,
+            item_loads,
+        })
+    }
+
+    /// How many rows each table holds (a full count: for tests and occasional inspection).
+    pub async fn sizes(&self) -> Result<BookkeepingSizes, sqlx::Error> {
+        let (effects, item_loads) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM character_job_effects), (SELECT count(*) FROM item_loads)",
+        )
+        .fetch_one(self.pg.pool())
+        .await?;
+        Ok(BookkeepingSizes {
+            effects,
+            item_loads,
+        })
+    }
+}
+
+/// Prunes every `period` until `cancel` fires, passing each pass's outcome to `on_pass`. A pass
+/// that deleted a full batch runs again at once (a backlog drains without waiting periods).
+pub async fn run_bookkeeping_prune(
+    bookkeeping: Bookkeeping,
+    retention: BookkeepingRetention,
+    period: Duration,
+    cancel: CancellationToken,
+    mut on_pass: impl FnMut(&Result<PruneReport, sqlx::Error>) + Send,
+) {
+    loop {
+        let pass = bookkeeping.prune_once(retention).await;
+        if let Err(err) = &pass {
+            tracing::warn!(event = "bookkeeping_prune_failed", error = %err);
+        }
+        on_pass(&pass);
+        let backlog = pass.as_ref().is_ok_and(|r| {
+            r.effects >= PRUNE_BATCH.unsigned_abs() || r.item_loads >= PRUNE_BATCH.unsigned_abs()
+        });
+        if backlog && !cancel.is_cancelled() {
+            continue;
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(period) => {}
+        }
+    }
+}
