@@ -360,6 +360,11 @@ pub(crate) struct LadderBenchArgs {
     /// Seconds the sustain step runs at real pulse speed.
     #[arg(long, default_value_t = 70, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub(crate) sustain_seconds: u64,
+
+    /// Sessions of the aged character every step also runs with (each a login, 100 rewards, 10
+    /// item moves and a flush, through the library); 0 runs the fresh document only.
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub(crate) aging_logins: u32,
 }
 
 /// Options of `shardkeep migrate`.

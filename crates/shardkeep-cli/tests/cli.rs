@@ -138,6 +138,8 @@ fn malformed_bench_arguments_are_rejected() {
         &["bench", "ladder", "--rows", "5"][..],
         &["bench", "ladder", "--batch", "0"],
         &["bench", "ladder", "--seconds", "-1"],
+        &["bench", "ladder", "--aging-logins", "many"],
+        &["bench", "ladder", "--aging-logins", "100001"],
         &["bench", "nothing"],
         &["bench", "audit", "--events", "5"],
         &["bench", "audit", "--slowdown-ms", "0"],

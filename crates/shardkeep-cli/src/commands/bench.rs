@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use shardkeep::bench::BenchEnv;
+use shardkeep::bench::aging::{self, AgingPlan};
 use shardkeep::bench::ladder::{self, LadderBenchConfig};
 
 use crate::cli::{AuditBenchArgs, BenchArgs, BenchCommand, LadderBenchArgs};
@@ -44,55 +45,108 @@ async fn run_ladder(env: &BenchEnv, args: &LadderBenchArgs) -> anyhow::Result<Ex
         online: args.online as usize,
         sustain: Duration::from_secs(args.sustain_seconds),
     };
+    let aged = if args.aging_logins > 0 {
+        let logins = args.aging_logins as usize;
+        let plan = AgingPlan {
+            rewards: logins * 100,
+            item_moves: logins * 10,
+            logins,
+            ..AgingPlan::default()
+        };
+        let aged = aging::age_character(env, plan).await?;
+        println!(
+            "aged: a character after {} rewards ({} also as retry jobs), {} item moves and {} \
+             logins through the library, aged in {:.1} s; bookkeeping rows left beside it: {}",
+            plan.rewards,
+            aged.jobs,
+            plan.item_moves,
+            plan.logins,
+            aged.took.as_secs_f64(),
+            aged.bookkeeping_rows
+        );
+        Some(aged)
+    } else {
+        None
+    };
+    let fresh_state = aged
+        .as_ref()
+        .map_or_else(ladder::template_state, |a| a.fresh_state.clone());
     println!(
         "bench ladder: {} rows, {} s per step, batches of {}, state document {} bytes",
         config.rows,
         args.seconds,
         config.batch,
-        ladder::template_state().to_string().len()
+        fresh_state.to_string().len()
     );
-    let r = ladder::run(env, config).await?;
+    let r = ladder::run_with_state(env, config, &fresh_state).await?;
+    print_ladder("", &r);
+    if let Some(aged) = aged {
+        let (aged_bytes, fresh_bytes) = (
+            aged.state.to_string().len(),
+            aged.fresh_state.to_string().len(),
+        );
+        println!(
+            "aged: state document {aged_bytes} bytes; a fresh character holding the same items \
+             {fresh_bytes} bytes = {:.2}x (goal <= 1.10x)",
+            aged_bytes as f64 / fresh_bytes as f64
+        );
+        let a = ladder::run_with_state(env, config, &aged.state).await?;
+        print_ladder("aged ", &a);
+        for (step, aged_rate, fresh_rate) in [
+            ("raw UPDATE one at a time", a.raw_update, r.raw_update),
+            ("CAS save, single row", a.cas_single, r.cas_single),
+            ("CAS save, batched", a.cas_batched, r.cas_batched),
+            ("checkpoint write, pipelined", a.checkpoint, r.checkpoint),
+        ] {
+            println!(
+                "ratio: aged / fresh, {step} = {:.2}x (goal >= 0.90x)",
+                aged_rate / fresh_rate
+            );
+        }
+        if let (Some(sa), Some(sf)) = (a.sustain, r.sustain) {
+            println!(
+                "ratio: aged / fresh, sustain checkpoints = {:.2}x, flush rows = {:.2}x, \
+                 slowest pulse {:.0} ms vs {:.0} ms (goal >= 0.90x)",
+                sa.checkpoints_per_second / sf.checkpoints_per_second,
+                sa.flush_rows_per_second / sf.flush_rows_per_second,
+                sa.max_pulse_ms,
+                sf.max_pulse_ms
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The rate lines of one ladder run; `label` prefixes them ("aged " for the aged document).
+fn print_ladder(label: &str, r: &ladder::LadderBenchReport) {
+    let line = |what: &str, rate: f64| println!("{label}{what:<33}{}", per_second(rate));
+    line("raw UPDATE, one at a time", r.raw_update);
+    line("CAS save, single row", r.cas_single);
+    line("CAS save, batched", r.cas_batched);
+    line("raw SET, one at a time", r.raw_set);
+    line("raw SET, pipelined", r.raw_set_pipelined);
+    line("checkpoint write, pipelined", r.checkpoint);
     println!(
-        "raw UPDATE, one at a time        {}",
-        per_second(r.raw_update)
-    );
-    println!(
-        "CAS save, single row             {}",
-        per_second(r.cas_single)
-    );
-    println!(
-        "CAS save, batched                {}",
-        per_second(r.cas_batched)
-    );
-    println!("raw SET, one at a time           {}", per_second(r.raw_set));
-    println!(
-        "raw SET, pipelined               {}",
-        per_second(r.raw_set_pipelined)
-    );
-    println!(
-        "checkpoint write, pipelined      {}",
-        per_second(r.checkpoint)
-    );
-    println!(
-        "ratio: batched CAS / raw UPDATE one at a time = {:.1}x (goal >= 10x)",
+        "{label}ratio: batched CAS / raw UPDATE one at a time = {:.1}x (goal >= 10x)",
         r.cas_batched / r.raw_update
     );
     println!(
-        "ratio: single-row CAS / raw UPDATE one at a time = {:.2}x",
+        "{label}ratio: single-row CAS / raw UPDATE one at a time = {:.2}x",
         r.cas_single / r.raw_update
     );
     println!(
-        "ratio: checkpoint write / raw SET one at a time = {:.1}x",
+        "{label}ratio: checkpoint write / raw SET one at a time = {:.1}x",
         r.checkpoint / r.raw_set
     );
     println!(
-        "ratio: checkpoint write / raw SET pipelined = {:.2}x",
+        "{label}ratio: checkpoint write / raw SET pipelined = {:.2}x",
         r.checkpoint / r.raw_set_pipelined
     );
     if let Some(s) = r.sustain {
         println!(
-            "sustain: {} online for {:.0} s at 40/240 pulses of 250 ms: {} checkpoints (cadence needs {}), \
-             {} flush rows (needs {}); dropped {}, failed {}, slowest pulse {:.0} ms, overruns {}, max queue depth {}",
+            "{label}sustain: {} online for {:.0} s at 40/240 pulses of 250 ms: {} checkpoints \
+             (cadence needs {}), {} flush rows (needs {}); dropped {}, failed {}, slowest pulse \
+             {:.0} ms, overruns {}, max queue depth {}",
             s.online,
             s.seconds,
             per_second(s.checkpoints_per_second).trim(),
@@ -106,7 +160,7 @@ async fn run_ladder(env: &BenchEnv, args: &LadderBenchArgs) -> anyhow::Result<Ex
             s.max_queue_depth
         );
         println!(
-            "sustain: {} characters {} (goal >= 250,000 with no drops)",
+            "{label}sustain: {} characters {} (goal >= 250,000 with no drops)",
             s.online,
             if s.sustained {
                 "SUSTAINED"
@@ -115,7 +169,6 @@ async fn run_ladder(env: &BenchEnv, args: &LadderBenchArgs) -> anyhow::Result<Ex
             }
         );
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 async fn run_audit(

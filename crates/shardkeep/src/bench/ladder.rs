@@ -128,6 +128,7 @@ async fn insert_rows(
     store_pg: &crate::PostgresBackend,
     count: usize,
     prefix: &str,
+    state: &serde_json::Value,
 ) -> Result<Vec<(Uuid, String)>, LadderBenchError> {
     let pool = store_pg.pool();
     sqlx::query(
@@ -136,7 +137,7 @@ async fn insert_rows(
            FROM generate_series(1, $3) AS g",
     )
     .bind(prefix)
-    .bind(template_state())
+    .bind(state)
     .bind(i64::try_from(count).unwrap_or(i64::MAX))
     .execute(pool)
     .await?;
@@ -148,14 +149,14 @@ async fn insert_rows(
     )
 }
 
-fn snapshot(id: Uuid, name: &str) -> CharacterSnapshot {
+fn snapshot(id: Uuid, name: &str, state: &serde_json::Value) -> CharacterSnapshot {
     CharacterSnapshot {
         character_id: id,
         account_id: Uuid::nil(),
         name: name.to_owned(),
         zone_ref: Some("zone-0".into()),
         room_ref: Some("r0".into()),
-        state: template_state(),
+        state: state.clone(),
         chargen: None,
         state_version: 0,
         issue_mark: 0,
@@ -163,17 +164,29 @@ fn snapshot(id: Uuid, name: &str) -> CharacterSnapshot {
     }
 }
 
-/// Runs every step.
+/// Runs every step with the template document.
 pub async fn run(
     env: &BenchEnv,
     config: LadderBenchConfig,
 ) -> Result<LadderBenchReport, LadderBenchError> {
+    run_with_state(env, config, &template_state()).await
+}
+
+/// Runs every step with every character holding `state` (a fresh or an aged document).
+pub async fn run_with_state(
+    env: &BenchEnv,
+    config: LadderBenchConfig,
+    state: &serde_json::Value,
+) -> Result<LadderBenchReport, LadderBenchError> {
     let store = CharacterStore::new(env.pg.clone());
     let checkpoints = CheckpointStore::new(env.redis.clone());
-    let rows = insert_rows(&env.pg, config.rows, "tp-").await?;
-    let mut snapshots: Vec<CharacterSnapshot> =
-        rows.iter().map(|(id, name)| snapshot(*id, name)).collect();
-    let state = template_state();
+    let prefix = format!("tp{}-", Uuid::now_v7().simple());
+    let rows = insert_rows(&env.pg, config.rows, &prefix, state).await?;
+    let mut snapshots: Vec<CharacterSnapshot> = rows
+        .iter()
+        .map(|(id, name)| snapshot(*id, name, state))
+        .collect();
+    let state = state.clone();
     let state_bytes = serde_json::to_vec(&state).map(|v| v.len()).unwrap_or(0);
     let batch = config
         .batch
@@ -286,7 +299,7 @@ pub async fn run(
     let checkpoint = rate(done, started.elapsed());
 
     let sustain = if config.online > 0 {
-        Some(sustain(env, config).await?)
+        Some(sustain(env, config, &state).await?)
     } else {
         None
     };
@@ -319,8 +332,10 @@ async fn resync_versions(
 async fn sustain(
     env: &BenchEnv,
     config: LadderBenchConfig,
+    state: &serde_json::Value,
 ) -> Result<SustainReport, LadderBenchError> {
-    let rows = insert_rows(&env.pg, config.online, "on-").await?;
+    let prefix = format!("on{}-", Uuid::now_v7().simple());
+    let rows = insert_rows(&env.pg, config.online, &prefix, state).await?;
     let catalog = Arc::new(Catalog::reference());
     let stores = ShardStores {
         characters: Some(CharacterStore::new(env.pg.clone())),
@@ -340,7 +355,7 @@ async fn sustain(
     );
     // Check the template applies cleanly once, then admit everyone from it.
     let probe = apply_snapshot(
-        &snapshot(Uuid::nil(), "probe"),
+        &snapshot(Uuid::nil(), "probe", state),
         &catalog,
         ApplyOptions::default(),
     );
@@ -359,7 +374,7 @@ async fn sustain(
     .map_err(|e| LadderBenchError::Other(e.to_string()))?;
     for (id, name) in &rows {
         let loaded = LoadedCharacter {
-            snapshot: snapshot(*id, name),
+            snapshot: snapshot(*id, name, state),
             source: LoadSource::Row,
             brand_new: false,
             origin: Default::default(),

@@ -5,6 +5,7 @@
 //! Each run works in a database and a Redis namespace of its own, created for the run and
 //! removed afterwards, so a benchmark never touches operational data.
 
+pub mod aging;
 pub mod audit;
 pub mod ladder;
 

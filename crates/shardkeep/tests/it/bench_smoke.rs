@@ -78,3 +78,40 @@ async fn the_audit_bench_runs_every_step() {
     assert!(report.batched_dropped <= 100 && report.single_row_dropped <= 100);
     env.teardown().await;
 }
+
+/// A character aged through the library (logins, rewards with some as retry jobs, item moves,
+/// flushes, the maintenance pass) keeps a document the size of a fresh one holding the same
+/// items, with none of shardkeep's bookkeeping in it and none left beside it.
+#[tokio::test]
+async fn an_aged_character_weighs_what_a_fresh_one_with_its_items_does() {
+    let env = env().await;
+    let plan = shardkeep::bench::aging::AgingPlan {
+        rewards: 3_000,
+        item_moves: 300,
+        logins: 30,
+        job_every: 10,
+    };
+    let aged = shardkeep::bench::aging::age_character(&env, plan)
+        .await
+        .unwrap();
+    assert_eq!(aged.jobs, 300);
+    let fields = aged.state.as_object().unwrap();
+    for old in ["reward_keys", "job_effects", "held_at_load"] {
+        assert!(!fields.contains_key(old), "{old} is in the document");
+    }
+    let (aged_bytes, fresh_bytes) = (
+        aged.state.to_string().len(),
+        aged.fresh_state.to_string().len(),
+    );
+    assert!(
+        aged_bytes * 10 <= fresh_bytes * 11,
+        "aged {aged_bytes} bytes vs fresh {fresh_bytes}"
+    );
+    // Every reward once: the template's 48211 plus 30 sessions of 100 grants.
+    let per_session: i64 = (0..100).map(|n: i64| 17 + n % 23).sum();
+    assert_eq!(aged.state["experience"], 48_211 + 30 * per_session);
+    // Only the item-load ledger's rows for its items are left beside it.
+    let items = shardkeep::game::items::stored_item_ids(&aged.state).len() as i64;
+    assert_eq!(aged.bookkeeping_rows, items);
+    env.teardown().await;
+}
