@@ -33,9 +33,10 @@ CREATE TABLE character_job_effects (
     PRIMARY KEY (character_id, idempotency_key)
 ) WITH (fillfactor = 90, autovacuum_vacuum_scale_factor = 0.02);
 
-CREATE INDEX character_job_effects_by_epoch
-    ON character_job_effects (character_id, owner_epoch, issue_seq);
-CREATE INDEX character_job_effects_by_age ON character_job_effects (applied_at);
+-- Per-character reads go through the primary key's leading column (a character has few rows:
+-- those no live write has superseded yet). Only unsequenced rows are pruned by age.
+CREATE INDEX character_job_effects_unsequenced_by_age
+    ON character_job_effects (applied_at) WHERE issue_seq = 0;
 
 -- The item-load ledger: the highest owner epoch of a copy of `character_id` that started out
 -- holding `item_id`. A floor copy of the item released by an earlier copy of that character is a

@@ -98,9 +98,46 @@ pub(crate) struct NewRecord {
     pub(crate) payload: PersistenceRetryPayload,
 }
 
-/// Inserts the records of a batch's applied jobs; `versions` gives each character's row version
-/// after the batch.
+/// Most bytes of payloads sent in one INSERT (see the settle's `UPDATE_CHUNK_BYTES`: a bind
+/// message past the socket's first send buffer stalls on the server's delayed ACK).
+const INSERT_CHUNK_BYTES: usize = 10 * 1024;
+
+/// Inserts the records of a batch's applied jobs, in statements of bounded size; `versions`
+/// gives each character's row version after the batch.
 pub(crate) async fn insert(
+    tx: &mut sqlx::PgConnection,
+    records: &[NewRecord],
+    versions: &HashMap<Uuid, i64>,
+) -> Result<(), sqlx::Error> {
+    let mut start = 0;
+    let mut bytes = 0;
+    for (n, record) in records.iter().enumerate() {
+        bytes += 96 + record.key.len() + payload_len(&record.payload);
+        if bytes >= INSERT_CHUNK_BYTES || n + 1 == records.len() {
+            insert_chunk(tx, &records[start..=n], versions).await?;
+            start = n + 1;
+            bytes = 0;
+        }
+    }
+    Ok(())
+}
+
+fn payload_len(payload: &PersistenceRetryPayload) -> usize {
+    match payload {
+        PersistenceRetryPayload::GameplayState { state, .. } => {
+            crate::game::apply::encoded_len(state) + 64
+        }
+        PersistenceRetryPayload::CombatRewards { items, .. } => {
+            96 + crate::game::apply::encoded_len(items)
+        }
+        PersistenceRetryPayload::CharacterEquipment { equipment, .. } => {
+            64 + crate::game::apply::encoded_len(equipment)
+        }
+        _ => 160,
+    }
+}
+
+async fn insert_chunk(
     tx: &mut sqlx::PgConnection,
     records: &[NewRecord],
     versions: &HashMap<Uuid, i64>,

@@ -72,7 +72,8 @@ type CharacterRow = (
     i64,
 );
 
-/// Settles `claimed` in one transaction, returning an outcome per job in input order.
+/// Settles `claimed` (leased under `token`) in one transaction, returning an outcome per job in
+/// input order. Jobs whose lease was reclaimed meanwhile are `Stale`.
 pub(crate) async fn settle(
     pg: &PostgresBackend,
     token: Uuid,
@@ -95,12 +96,57 @@ pub(crate) async fn settle(
     .await?
     .into_iter()
     .collect();
+    let outcomes = settle_owned(&mut tx, now, claimed, &owned, retry_limit, reschedule).await?;
+    tx.commit().await?;
+    Ok(outcomes)
+}
+
+/// Claims up to `limit` due jobs (only `ids` when given) and settles them in the same
+/// transaction: the row locks taken by the claim (`FOR UPDATE SKIP LOCKED`) are the lease, so no
+/// lease is written, and a worker that dies mid-way leaves the jobs due as they were. Returns
+/// the claimed jobs with their outcomes.
+pub(crate) async fn claim_and_settle(
+    pg: &PostgresBackend,
+    ids: Option<&[Uuid]>,
+    limit: i64,
+    now: DateTime<Utc>,
+    retry_limit: u32,
+    reschedule: &mut impl Reschedule,
+) -> Result<(Vec<Claimed>, Vec<JobOutcome>), sqlx::Error> {
+    let mut tx = pg.pool().begin().await?;
+    let claimed: Vec<Claimed> = super::store::lock_due(&mut tx, ids, limit, now)
+        .await?
+        .into_iter()
+        .map(|row| Claimed {
+            job: PersistenceRetryJob::restore(row.stored.clone()),
+            row,
+        })
+        .collect();
+    if claimed.is_empty() {
+        return Ok((claimed, Vec::new()));
+    }
+    let owned: HashSet<Uuid> = claimed.iter().map(|c| c.row.stored.retry_job_id).collect();
+    let outcomes = settle_owned(&mut tx, now, &claimed, &owned, retry_limit, reschedule).await?;
+    tx.commit().await?;
+    Ok((claimed, outcomes))
+}
+
+/// The settle itself, inside the caller's transaction, for the jobs in `owned` (the rest of
+/// `claimed` are `Stale`).
+async fn settle_owned(
+    tx: &mut sqlx::PgConnection,
+    now: DateTime<Utc>,
+    claimed: &[Claimed],
+    owned: &HashSet<Uuid>,
+    retry_limit: u32,
+    reschedule: &mut impl Reschedule,
+) -> Result<Vec<JobOutcome>, sqlx::Error> {
     let jobs: Vec<&PersistenceRetryJob> = claimed
         .iter()
         .filter(|c| owned.contains(&c.row.stored.retry_job_id))
         .filter_map(|c| c.job.as_ref().ok())
         .collect();
-    let mut characters = lock_characters(&mut tx, &jobs).await?;
+    let mut characters = lock_characters(tx, &jobs).await?;
     let pairs: Vec<(Uuid, String)> = jobs
         .iter()
         .map(|j| {
@@ -110,7 +156,7 @@ pub(crate) async fn settle(
             )
         })
         .collect();
-    let recorded = effects::recorded_keys(&mut tx, &pairs).await?;
+    let recorded = effects::recorded_keys(tx, &pairs).await?;
 
     let mut seen = HashSet::new();
     let mut outcomes = Vec::with_capacity(claimed.len());
@@ -200,11 +246,10 @@ pub(crate) async fn settle(
         }
     }
 
-    let versions = write_characters(&mut tx, &characters, &dirty).await?;
-    effects::insert(&mut tx, &records, &versions).await?;
-    write_activations(&mut tx, &activations).await?;
-    write_job_outcomes(&mut tx, claimed, &outcomes, now, reschedule).await?;
-    tx.commit().await?;
+    let versions = write_characters(tx, &characters, &dirty).await?;
+    effects::insert(tx, &records, &versions).await?;
+    write_activations(tx, &activations).await?;
+    write_job_outcomes(tx, claimed, &outcomes, now, reschedule).await?;
     Ok(outcomes)
 }
 

@@ -93,6 +93,36 @@ RETURNING j.retry_job_id, j.job_kind, j.character_id, j.realm_id, j.payload, j.s
           j.session_impact, j.source, j.idempotency_key, j.owner_epoch, j.origin, j.issued_at,
           j.issue_seq, j.attempt_count, j.next_attempt_at, j.created_at";
 
+/// Due rows whose lease is absent or expired, oldest first, locked for the caller's transaction
+/// (rows another worker holds are skipped). `$2` restricts the claim to signaled ids when not
+/// null.
+const LOCK_DUE: &str = "
+SELECT retry_job_id, job_kind, character_id, realm_id, payload, session_token, session_impact,
+       source, idempotency_key, owner_epoch, origin, issued_at, issue_seq, attempt_count,
+       next_attempt_at, created_at
+  FROM persistence_retry_jobs
+ WHERE next_attempt_at <= $1
+   AND (lease_token IS NULL OR lease_expires_at <= $1)
+   AND ($2::uuid[] IS NULL OR retry_job_id = ANY($2))
+ ORDER BY next_attempt_at, created_at
+ LIMIT $3
+   FOR UPDATE SKIP LOCKED";
+
+/// Locks up to `limit` due jobs (only `ids` when given) inside the caller's transaction.
+pub(crate) async fn lock_due(
+    conn: &mut sqlx::PgConnection,
+    ids: Option<&[Uuid]>,
+    limit: i64,
+    now: DateTime<Utc>,
+) -> Result<Vec<ClaimedRow>, sqlx::Error> {
+    sqlx::query_as(LOCK_DUE)
+        .bind(now)
+        .bind(ids)
+        .bind(limit)
+        .fetch_all(conn)
+        .await
+}
+
 /// Inserts `job` as due at `now`, on `conn` (inside the caller's transaction when it has one).
 pub(crate) async fn insert_job(
     conn: &mut sqlx::PgConnection,

@@ -11,7 +11,7 @@ use uuid::Uuid;
 
 use super::backoff::Backoff;
 use super::job::PersistenceRetryJob;
-use super::settle::{Claimed, JobOutcome, Reschedule, fail_alone, settle};
+use super::settle::{Claimed, JobOutcome, Reschedule, claim_and_settle, fail_alone, settle};
 use super::{RetrySignals, store};
 use crate::backend::PostgresBackend;
 use crate::clock::Clock;
@@ -32,6 +32,9 @@ pub struct RetryWorkerConfig {
     pub retry_limit: u32,
     /// Delay between attempts.
     pub backoff: Backoff,
+    /// Claimed batches settling at once in [`RetryWorker::run`] (3): the next batch is claimed
+    /// while earlier ones commit. Batches touching one character serialize on its row lock.
+    pub settles_in_flight: usize,
 }
 
 impl RetryWorkerConfig {
@@ -44,6 +47,7 @@ impl RetryWorkerConfig {
             lease: Duration::from_secs(30),
             retry_limit: 8,
             backoff: Backoff::default(),
+            settles_in_flight: 3,
         }
     }
 }
@@ -137,150 +141,74 @@ pub struct RetryWorker {
     config: RetryWorkerConfig,
     clock: Arc<dyn Clock>,
     stats: Arc<RetryStats>,
+    settler: Settler,
 }
 
-impl RetryWorker {
-    /// A worker over `pg`, fed by `signals`.
-    pub fn new(
-        pg: PostgresBackend,
-        signals: RetrySignals,
-        config: RetryWorkerConfig,
-        clock: Arc<dyn Clock>,
-    ) -> Self {
-        Self {
-            pg,
-            signals,
-            signals_open: true,
-            config,
-            clock,
-            stats: Arc::new(RetryStats::default()),
-        }
-    }
-
-    /// Its counters.
-    pub fn stats(&self) -> Arc<RetryStats> {
-        Arc::clone(&self.stats)
-    }
-
-    /// Runs until `cancel`: signaled ids are claimed as they arrive; due rows are polled every
-    /// poll interval (repeatedly while claims come back full).
-    pub async fn run(mut self, cancel: CancellationToken) {
-        let mut interval = tokio::time::interval(self.config.poll_interval);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                biased;
-                () = cancel.cancelled() => return,
-                first = self.signals.0.recv(), if self.signals_open => match first {
-                    Some(id) => {
-                        if let Err(err) = self.claim_signaled(id).await {
-                            tracing::warn!(event = "retry_claim_failed", error = %err);
-                        }
-                    }
-                    None => self.signals_open = false,
-                },
-                _ = interval.tick() => {
-                    loop {
-                        match self.poll_once().await {
-                            Ok(n) if n as i64 >= self.config.claim_limit && !cancel.is_cancelled() => continue,
-                            Ok(_) => break,
-                            Err(err) => {
-                                tracing::warn!(event = "retry_poll_failed", error = %err);
-                                break;
-                            }
-                        }
-                    }
-                    self.report_depths().await;
-                }
-            }
-        }
-    }
-
-    async fn claim_signaled(&mut self, first: Uuid) -> Result<usize, sqlx::Error> {
-        let mut ids = vec![first];
-        while (ids.len() as i64) < self.config.claim_limit {
-            match self.signals.0.try_recv() {
-                Ok(id) => ids.push(id),
-                Err(_) => break,
-            }
-        }
-        self.claim_and_settle(Some(&ids)).await
-    }
-
-    /// Claims and settles whatever signals are waiting now; returns jobs claimed.
-    pub async fn drain_signals(&mut self) -> Result<usize, sqlx::Error> {
-        let mut total = 0;
-        while let Ok(first) = self.signals.0.try_recv() {
-            total += self.claim_signaled(first).await?;
-        }
-        Ok(total)
-    }
-
-    /// One poll: claims up to the claim limit of due rows and settles them; returns jobs claimed.
-    pub async fn poll_once(&mut self) -> Result<usize, sqlx::Error> {
-        self.claim_and_settle(None).await
-    }
-
-    /// Polls until a poll claims nothing (tests and drains).
-    pub async fn run_until_idle(&mut self) -> Result<usize, sqlx::Error> {
-        let mut total = self.drain_signals().await?;
-        loop {
-            let n = self.poll_once().await?;
-            if n == 0 {
-                return Ok(total);
-            }
-            total += n;
-        }
-    }
-
-    async fn claim_and_settle(&mut self, ids: Option<&[Uuid]>) -> Result<usize, sqlx::Error> {
-        let batch = self.claim(ids).await?;
-        let count = batch.len();
-        if count > 0 {
-            self.settle_batch(&batch).await;
-        }
-        Ok(count)
-    }
-
-    /// Claims up to the claim limit of due jobs (only `ids`, when given) under a fresh lease,
-    /// without settling them.
-    pub async fn claim(&mut self, ids: Option<&[Uuid]>) -> Result<ClaimedBatch, sqlx::Error> {
-        let token = Uuid::now_v7();
-        let rows = store::claim(
+impl Settler {
+    /// Claims and settles in one transaction (the row locks are the lease); returns the jobs
+    /// claimed. If that transaction fails, the same jobs are claimed under a lease and settled
+    /// the careful way (job by job when the batch fails again), so one bad job costs only itself.
+    async fn claim_and_settle(&self, ids: Option<&[Uuid]>) -> Result<usize, sqlx::Error> {
+        let mut jitter = Jitter(self.backoff);
+        let now = self.clock.now();
+        let one_transaction = claim_and_settle(
             &self.pg,
             ids,
-            self.config.claim_limit,
-            &self.config.owner,
-            token,
-            self.clock.now(),
-            self.config.lease,
+            self.claim_limit,
+            now,
+            self.retry_limit,
+            &mut jitter,
         )
-        .await?;
-        self.stats
-            .claimed
-            .fetch_add(rows.len() as u64, Ordering::Relaxed);
-        metrics::counter!(telemetry::RETRY_CLAIMED_TOTAL).increment(rows.len() as u64);
-        let claimed = rows
-            .into_iter()
-            .map(|row| Claimed {
-                job: PersistenceRetryJob::restore(row.stored.clone()),
-                row,
-            })
-            .collect();
-        Ok(ClaimedBatch { token, claimed })
+        .await;
+        match one_transaction {
+            Ok((claimed, outcomes)) => {
+                self.count_claimed(claimed.len());
+                outcomes
+                    .iter()
+                    .for_each(|o| log_and_record(&self.stats, o));
+                Ok(claimed.len())
+            }
+            Err(err) => {
+                tracing::warn!(event = "retry_batch_fallback", error = %err,
+                    "settling under a lease instead");
+                let token = Uuid::now_v7();
+                let rows = store::claim(
+                    &self.pg,
+                    ids,
+                    self.claim_limit,
+                    &self.owner,
+                    token,
+                    self.clock.now(),
+                    self.lease,
+                )
+                .await?;
+                self.count_claimed(rows.len());
+                let claimed: Vec<Claimed> = rows
+                    .into_iter()
+                    .map(|row| Claimed {
+                        job: PersistenceRetryJob::restore(row.stored.clone()),
+                        row,
+                    })
+                    .collect();
+                if !claimed.is_empty() {
+                    self.settle(token, &claimed).await;
+                }
+                Ok(claimed.len())
+            }
+        }
     }
 
-    /// Settles a claimed batch (fenced by its lease) and returns each job's outcome in order.
-    pub async fn settle_batch(&mut self, batch: &ClaimedBatch) -> Vec<JobOutcome> {
-        self.settle_claimed(batch.token, &batch.claimed).await
+    fn count_claimed(&self, n: usize) {
+        self.stats.claimed.fetch_add(n as u64, Ordering::Relaxed);
+        metrics::counter!(telemetry::RETRY_CLAIMED_TOTAL).increment(n as u64);
     }
 
     /// Settles the batch in one transaction; if that fails, job by job, so one bad job costs
     /// only itself.
-    async fn settle_claimed(&mut self, token: Uuid, claimed: &[Claimed]) -> Vec<JobOutcome> {
-        let mut jitter = Jitter(self.config.backoff);
+    async fn settle(&self, token: Uuid, claimed: &[Claimed]) -> Vec<JobOutcome> {
+        let mut jitter = Jitter(self.backoff);
         let now = self.clock.now();
-        let limit = self.config.retry_limit;
+        let limit = self.retry_limit;
         let outcomes = match settle(&self.pg, token, now, claimed, limit, &mut jitter).await {
             Ok(outcomes) => outcomes,
             Err(batch_err) => {
@@ -313,26 +241,210 @@ impl RetryWorker {
                 outcomes
             }
         };
-        outcomes.iter().for_each(|o| self.log_and_record(o));
+        outcomes.iter().for_each(|o| log_and_record(&self.stats, o));
         outcomes
     }
+}
 
-    fn log_and_record(&self, outcome: &JobOutcome) {
-        match outcome {
-            JobOutcome::Superseded => tracing::info!(
-                event = "retry_superseded",
-                "job from a superseded owner dropped"
-            ),
-            JobOutcome::DeadLettered(err) => {
-                tracing::warn!(event = "retry_dead_lettered", error = %err)
-            }
-            JobOutcome::Stale => tracing::warn!(
-                event = "retry_lease_stale",
-                "lease reclaimed; nothing written"
-            ),
-            _ => {}
+fn log_and_record(stats: &RetryStats, outcome: &JobOutcome) {
+    match outcome {
+        JobOutcome::Superseded => tracing::info!(
+            event = "retry_superseded",
+            "job from a superseded owner dropped"
+        ),
+        JobOutcome::DeadLettered(err) => {
+            tracing::warn!(event = "retry_dead_lettered", error = %err)
         }
-        self.stats.record(outcome);
+        JobOutcome::Stale => tracing::warn!(
+            event = "retry_lease_stale",
+            "lease reclaimed; nothing written"
+        ),
+        _ => {}
+    }
+    stats.record(outcome);
+}
+
+/// What settling a batch needs; cheap to clone into a settle task.
+#[derive(Debug, Clone)]
+struct Settler {
+    pg: PostgresBackend,
+    clock: Arc<dyn Clock>,
+    stats: Arc<RetryStats>,
+    backoff: Backoff,
+    retry_limit: u32,
+    claim_limit: i64,
+    owner: String,
+    lease: Duration,
+}
+
+impl RetryWorker {
+    /// A worker over `pg`, fed by `signals`.
+    pub fn new(
+        pg: PostgresBackend,
+        signals: RetrySignals,
+        config: RetryWorkerConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let stats = Arc::new(RetryStats::default());
+        let settler = Settler {
+            pg: pg.clone(),
+            clock: Arc::clone(&clock),
+            stats: Arc::clone(&stats),
+            backoff: config.backoff,
+            retry_limit: config.retry_limit,
+            claim_limit: config.claim_limit,
+            owner: config.owner.clone(),
+            lease: config.lease,
+        };
+        Self {
+            pg,
+            signals,
+            signals_open: true,
+            config,
+            clock,
+            stats,
+            settler,
+        }
+    }
+
+    /// Its counters.
+    pub fn stats(&self) -> Arc<RetryStats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// Runs until `cancel`: signaled ids are claimed as they arrive; due rows are polled every
+    /// poll interval (repeatedly while claims come back full). Up to `settles_in_flight` claimed
+    /// batches settle at once; on cancel the ones in flight finish first.
+    pub async fn run(mut self, cancel: CancellationToken) {
+        let mut interval = tokio::time::interval(self.config.poll_interval);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut settling = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => break,
+                Some(_) = settling.join_next(), if !settling.is_empty() => {}
+                first = self.signals.0.recv(), if self.signals_open => match first {
+                    Some(id) => {
+                        let ids = self.signaled_ids(id);
+                        self.settle_in_flight(ids, &mut settling).await;
+                    }
+                    None => self.signals_open = false,
+                },
+                _ = interval.tick() => {
+                    loop {
+                        match self.settler.claim_and_settle(None).await {
+                            Ok(n) if n as i64 >= self.config.claim_limit && !cancel.is_cancelled() => continue,
+                            Ok(_) => break,
+                            Err(err) => {
+                                tracing::warn!(event = "retry_poll_failed", error = %err);
+                                break;
+                            }
+                        }
+                    }
+                    self.report_depths().await;
+                }
+            }
+        }
+        while settling.join_next().await.is_some() {}
+    }
+
+    /// Starts claiming and settling the signaled `ids` in a task of their own, after waiting
+    /// for a free slot.
+    async fn settle_in_flight(
+        &mut self,
+        ids: Vec<Uuid>,
+        settling: &mut tokio::task::JoinSet<()>,
+    ) {
+        while settling.len() >= self.config.settles_in_flight.max(1) {
+            settling.join_next().await;
+        }
+        let settler = self.settler.clone();
+        settling.spawn(async move {
+            if let Err(err) = settler.claim_and_settle(Some(&ids)).await {
+                tracing::warn!(event = "retry_claim_failed", error = %err);
+            }
+        });
+    }
+
+    fn signaled_ids(&mut self, first: Uuid) -> Vec<Uuid> {
+        let mut ids = vec![first];
+        while (ids.len() as i64) < self.config.claim_limit {
+            match self.signals.0.try_recv() {
+                Ok(id) => ids.push(id),
+                Err(_) => break,
+            }
+        }
+        ids
+    }
+
+    async fn claim_signaled(&mut self, first: Uuid) -> Result<usize, sqlx::Error> {
+        let ids = self.signaled_ids(first);
+        self.claim_and_settle(Some(&ids)).await
+    }
+
+    /// Claims and settles whatever signals are waiting now; returns jobs claimed.
+    pub async fn drain_signals(&mut self) -> Result<usize, sqlx::Error> {
+        let mut total = 0;
+        while let Ok(first) = self.signals.0.try_recv() {
+            total += self.claim_signaled(first).await?;
+        }
+        Ok(total)
+    }
+
+    /// One poll: claims up to the claim limit of due rows and settles them; returns jobs claimed.
+    pub async fn poll_once(&mut self) -> Result<usize, sqlx::Error> {
+        self.claim_and_settle(None).await
+    }
+
+    /// Polls until a poll claims nothing (tests and drains).
+    pub async fn run_until_idle(&mut self) -> Result<usize, sqlx::Error> {
+        let mut total = self.drain_signals().await?;
+        loop {
+            let n = self.poll_once().await?;
+            if n == 0 {
+                return Ok(total);
+            }
+            total += n;
+        }
+    }
+
+    async fn claim_and_settle(&mut self, ids: Option<&[Uuid]>) -> Result<usize, sqlx::Error> {
+        self.settler.claim_and_settle(ids).await
+    }
+
+    /// Claims up to the claim limit of due jobs (only `ids`, when given) under a fresh lease,
+    /// without settling them (the two-step path: [`RetryWorker::settle_batch`] settles, fenced
+    /// by the lease; the worker itself claims and settles in one transaction).
+    pub async fn claim(&mut self, ids: Option<&[Uuid]>) -> Result<ClaimedBatch, sqlx::Error> {
+        let token = Uuid::now_v7();
+        let rows = store::claim(
+            &self.pg,
+            ids,
+            self.config.claim_limit,
+            &self.config.owner,
+            token,
+            self.clock.now(),
+            self.config.lease,
+        )
+        .await?;
+        self.stats
+            .claimed
+            .fetch_add(rows.len() as u64, Ordering::Relaxed);
+        metrics::counter!(telemetry::RETRY_CLAIMED_TOTAL).increment(rows.len() as u64);
+        let claimed = rows
+            .into_iter()
+            .map(|row| Claimed {
+                job: PersistenceRetryJob::restore(row.stored.clone()),
+                row,
+            })
+            .collect();
+        Ok(ClaimedBatch { token, claimed })
+    }
+
+    /// Settles a claimed batch (fenced by its lease) and returns each job's outcome in order.
+    pub async fn settle_batch(&mut self, batch: &ClaimedBatch) -> Vec<JobOutcome> {
+        self.settler.settle(batch.token, &batch.claimed).await
     }
 
     async fn report_depths(&self) {
