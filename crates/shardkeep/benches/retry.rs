@@ -126,9 +126,16 @@ async fn shardkeep_run(
     pace: Option<f64>,
 ) -> Result_ {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    // The producers share the game server's pool (8); the worker has its own, as in `serve`
+    // (16), the way apalis's workers have theirs.
     let (queue, signals) = RetryQueue::new(env.pg.clone(), 1024, Arc::clone(&clock));
+    let worker_pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(16)
+        .connect_with(pool.connect_options().as_ref().clone())
+        .await
+        .unwrap();
     let worker = RetryWorker::new(
-        env.pg.clone(),
+        shardkeep::PostgresBackend::from_pool(worker_pool),
         signals,
         RetryWorkerConfig::new("bench"),
         clock,

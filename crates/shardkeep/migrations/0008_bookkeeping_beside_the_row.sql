@@ -72,6 +72,7 @@ SELECT c.id, k.key, c.owner_epoch, 0, 'combat_rewards', NULL, c.state_version
  CROSS JOIN LATERAL jsonb_array_elements_text(
            CASE WHEN jsonb_typeof(c.state->'reward_keys') = 'array'
                 THEN c.state->'reward_keys' ELSE '[]'::jsonb END) AS k(key)
+ WHERE k.key IS NOT NULL
     ON CONFLICT DO NOTHING;
 
 INSERT INTO character_job_effects
@@ -79,6 +80,12 @@ INSERT INTO character_job_effects
 SELECT g.character_id, g.idempotency_key, COALESCE(c.owner_epoch, 0), 0, 'combat_rewards', NULL,
        COALESCE(c.state_version, 0)
   FROM reward_grants g LEFT JOIN characters c ON c.id = g.character_id
+ -- A grant recorded for a job that did not apply (still pending, or dead-lettered and not yet
+ -- requeued: the key used to be committed even when the apply failed) is not carried over, so
+ -- that job still grants when it runs.
+ WHERE NOT EXISTS (SELECT 1 FROM persistence_retry_jobs j WHERE j.retry_job_id = g.retry_job_id)
+   AND NOT EXISTS (SELECT 1 FROM persistence_job_dead_letters d
+                    WHERE d.retry_job_id = g.retry_job_id AND d.requeued_at IS NULL)
     ON CONFLICT DO NOTHING;
 
 DROP TABLE reward_grants;

@@ -13,6 +13,8 @@ pub const REGISTRY_PRUNED_TOTAL: &str = "shardkeep_registry_pruned_total";
 pub const TRANSFER_MARKERS_REMOVED_TOTAL: &str = "shardkeep_transfer_markers_removed_total";
 /// Nonce registrations, labelled `outcome` (registered, replayed).
 pub const NONCE_REGISTRATIONS_TOTAL: &str = "shardkeep_nonce_registrations_total";
+/// Loads that went on without writing their items to the item-load ledger.
+pub const ITEM_LOADS_UNRECORDED_TOTAL: &str = "shardkeep_item_loads_unrecorded_total";
 /// Bookkeeping rows pruned, labelled `table` (character_job_effects, item_loads).
 pub const BOOKKEEPING_PRUNED_TOTAL: &str = "shardkeep_bookkeeping_pruned_total";
 /// Keys deleted by admin cleanup, labelled `target`.
@@ -105,6 +107,10 @@ pub fn describe() {
         "Keys deleted by admin cleanup, by target."
     );
     describe_counter!(
+        ITEM_LOADS_UNRECORDED_TOTAL,
+        "Loads that went on without their item-load ledger entries."
+    );
+    describe_counter!(
         BOOKKEEPING_PRUNED_TOTAL,
         "Bookkeeping rows pruned by the maintenance pass, by table."
     );
@@ -129,6 +135,7 @@ pub fn register_all() {
         RETRY_CLAIMED_TOTAL,
         RETRY_REQUEUED_TOTAL,
         AUDIT_DROPPED_TOTAL,
+        ITEM_LOADS_UNRECORDED_TOTAL,
     ] {
         counter!(name).increment(0);
     }

@@ -157,10 +157,12 @@ pub struct ClaimedRow {
     pub(crate) effects: Vec<RecordedEffect>,
 }
 
-/// The claim's effect list, `[[epoch, seq, row_version, payload], …]`, as effects. One that does
+/// The claim's effect list, `[[key, epoch, seq, row_version, payload], …]`, as effects. One that does
 /// not decode is skipped with a log line (replay is best effort: the row itself holds it).
 fn decode_effects(character_id: Uuid, effects: serde_json::Value) -> Vec<RecordedEffect> {
-    let list: Vec<(i64, i64, i64, serde_json::Value)> = match serde_json::from_value(effects) {
+    let list: Vec<(String, i64, i64, i64, serde_json::Value)> = match serde_json::from_value(
+        effects,
+    ) {
         Ok(list) => list,
         Err(err) => {
             tracing::warn!(event = "job_effects_unreadable", character = %character_id, error = %err);
@@ -168,8 +170,8 @@ fn decode_effects(character_id: Uuid, effects: serde_json::Value) -> Vec<Recorde
         }
     };
     list.into_iter()
-        .filter_map(|(epoch, seq, version, payload)| {
-            crate::retry::effects::decode((character_id, epoch, seq, version, payload))
+        .filter_map(|(key, epoch, seq, version, payload)| {
+            crate::retry::effects::decode((character_id, key, epoch, seq, version, payload))
         })
         .map(|(_, effect)| effect)
         .collect()
@@ -330,8 +332,8 @@ RETURNING c.owner_epoch, c.id, c.account_id, c.name, c.zone_ref, c.room_ref, c.s
           -- lock (a loader replays the previous owner's on a newer checkpoint): sequenced ones
           -- past the content's mark or of a later owner, unsequenced ones since the last live
           -- write.
-          (SELECT COALESCE(jsonb_agg(jsonb_build_array(e.owner_epoch, e.issue_seq, e.row_version,
-                                                       e.payload)
+          (SELECT COALESCE(jsonb_agg(jsonb_build_array(e.idempotency_key, e.owner_epoch,
+                                                       e.issue_seq, e.row_version, e.payload)
                                      ORDER BY e.owner_epoch, e.issue_seq, e.applied_order),
                            '[]'::jsonb)
              FROM (SELECT * FROM character_job_effects e
@@ -340,7 +342,7 @@ RETURNING c.owner_epoch, c.id, c.account_id, c.name, c.zone_ref, c.room_ref, c.s
                                ELSE e.owner_epoch > c.live_issue_epoch
                                     OR (e.owner_epoch = c.live_issue_epoch
                                         AND e.issue_seq > c.live_issue_mark) END
-                    ORDER BY e.owner_epoch, e.issue_seq, e.applied_order
+                    ORDER BY e.owner_epoch DESC, e.issue_seq DESC, e.applied_order DESC
                     LIMIT 4096) e)";
 
 const SELECT_BY_ID: &str = "SELECT id, account_id, name, zone_ref, room_ref, state, chargen, \

@@ -25,6 +25,8 @@ fn store(row: &mut RowState, doc: &StateDocument) -> Result<(), String> {
 /// A job effect as recorded beside its row (`character_job_effects`).
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RecordedEffect {
+    /// The job's idempotency key.
+    pub(crate) key: String,
     /// The epoch of the copy that issued the job.
     pub(crate) owner_epoch: i64,
     /// Its place in that copy's issue sequence (0: not sequenced).
@@ -160,6 +162,7 @@ mod tests {
     fn replay_runs_effects_in_the_order_given_and_skips_what_does_not_apply() {
         let mut row = row();
         let looks = |hair: &str| RecordedEffect {
+            key: format!("looks-{hair}"),
             owner_epoch: 1,
             issue_seq: 1,
             row_version: 1,

@@ -36,10 +36,11 @@ pub(crate) async fn recorded_keys(
     Ok(found.into_iter().collect())
 }
 
-type EffectRow = (Uuid, i64, i64, i64, serde_json::Value);
+type EffectRow = (Uuid, String, i64, i64, i64, serde_json::Value);
 
 /// The sequenced effects recorded for each of `characters` under the epoch given with it, in
-/// issue order. An effect whose payload no longer decodes is left out (it cannot be replayed).
+/// issue order (the newest [`MAX_EFFECTS_READ`] when there are more). An effect whose payload no
+/// longer decodes is left out (it cannot be replayed).
 pub(crate) async fn sequenced(
     conn: &mut sqlx::PgConnection,
     characters: &[(Uuid, i64)],
@@ -49,15 +50,17 @@ pub(crate) async fn sequenced(
     }
     let (ids, epochs): (Vec<Uuid>, Vec<i64>) = characters.iter().copied().unzip();
     let rows: Vec<EffectRow> = sqlx::query_as(
-        "SELECT e.character_id, e.owner_epoch, e.issue_seq, e.row_version, e.payload
+        "SELECT e.character_id, e.idempotency_key, e.owner_epoch, e.issue_seq, e.row_version,
+                e.payload
            FROM UNNEST($1::uuid[], $2::int8[]) AS c(id, epoch)
            CROSS JOIN LATERAL (
                SELECT * FROM character_job_effects e
                 WHERE e.character_id = c.id AND e.owner_epoch = c.epoch AND e.issue_seq > 0
                   AND e.payload IS NOT NULL
-                ORDER BY e.issue_seq, e.applied_order
+                ORDER BY e.issue_seq DESC, e.applied_order DESC
                 LIMIT $3
-           ) e",
+           ) e
+          ORDER BY e.character_id, e.issue_seq, e.applied_order",
     )
     .bind(&ids)
     .bind(&epochs)
@@ -75,11 +78,12 @@ pub(crate) async fn sequenced(
 
 /// One recorded row as an effect, when its payload decodes.
 pub(crate) fn decode(row: EffectRow) -> Option<(Uuid, RecordedEffect)> {
-    let (character_id, owner_epoch, issue_seq, row_version, payload) = row;
+    let (character_id, key, owner_epoch, issue_seq, row_version, payload) = row;
     let payload = serde_json::from_value::<PersistenceRetryPayload>(payload).ok()?;
     Some((
         character_id,
         RecordedEffect {
+            key,
             owner_epoch,
             issue_seq: u64::try_from(issue_seq).ok()?,
             row_version,

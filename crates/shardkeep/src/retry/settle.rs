@@ -59,6 +59,8 @@ struct Locked {
     /// The sequenced effects recorded for the row's epoch, in issue order (read only when a job
     /// in the batch orders against them), plus those applied in this batch.
     sequenced: Vec<RecordedEffect>,
+    /// A state job (a live copy's dump) applied in this batch: the write counts as live.
+    live_write: bool,
 }
 
 type CharacterRow = (
@@ -193,12 +195,12 @@ async fn settle_owned(
         let before = locked.row.clone();
         match apply_payload(&mut locked.row, payload) {
             Ok(()) => {
-                if let PersistenceRetryPayload::GameplayState { .. } = payload
-                    && envelope.issue_seq > 0
-                {
-                    // A dump: the row now holds that copy's content up to its mark, then the
-                    // effects it issued later, replayed on it.
+                if let PersistenceRetryPayload::GameplayState { .. } = payload {
+                    // A dump: a live write of that copy's content up to its mark (a checkpoint
+                    // dumped before it no longer outranks the row), then the effects it issued
+                    // later, replayed on it.
                     locked.mark = (envelope.owner_epoch, envelope.issue_seq);
+                    locked.live_write = true;
                     dirty.insert(payload.character_id());
                     let later = locked.sequenced.iter().filter(|e| {
                         e.owner_epoch == envelope.owner_epoch && e.issue_seq > envelope.issue_seq
@@ -225,6 +227,7 @@ async fn settle_owned(
                 } else {
                     if envelope.issue_seq > 0 {
                         locked.sequenced.push(RecordedEffect {
+                            key: envelope.idempotency_key.clone(),
                             owner_epoch: envelope.owner_epoch,
                             issue_seq: envelope.issue_seq,
                             row_version: locked.state_version + 1,
@@ -287,6 +290,7 @@ async fn lock_characters(
                         room_ref,
                     },
                     sequenced: Vec::new(),
+                    live_write: false,
                 };
                 (id, locked)
             },
@@ -316,7 +320,12 @@ async fn lock_characters(
 fn already_held(locked: &Locked, job: &PersistenceRetryJob) -> bool {
     let envelope = job.envelope();
     let seq = envelope.issue_seq;
-    if seq == 0 {
+    if seq == 0
+        || matches!(
+            job.payload(),
+            PersistenceRetryPayload::TransferActivation { .. }
+        )
+    {
         return false;
     }
     let (mark_epoch, mark) = locked.mark;
@@ -387,6 +396,7 @@ struct RowChunk<'a> {
     rooms: Vec<Option<&'a str>>,
     mark_epochs: Vec<i64>,
     marks: Vec<i64>,
+    live: Vec<bool>,
 }
 
 impl<'a> RowChunk<'a> {
@@ -398,6 +408,7 @@ impl<'a> RowChunk<'a> {
         self.mark_epochs.push(locked.mark.0);
         self.marks
             .push(i64::try_from(locked.mark.1).unwrap_or(i64::MAX));
+        self.live.push(locked.live_write);
     }
 }
 
@@ -412,9 +423,11 @@ async fn update_characters(
             SET state = v.state, zone_ref = COALESCE(NULLIF(v.zone_ref, ''), c.zone_ref),
                 room_ref = CASE WHEN NULLIF(v.zone_ref, '') IS NULL THEN c.room_ref ELSE v.room_ref END,
                 live_issue_epoch = v.mark_epoch, live_issue_mark = v.mark,
+                live_version = CASE WHEN v.live THEN c.state_version + 1 ELSE c.live_version END,
                 state_version = c.state_version + 1, updated_at = now()
-           FROM UNNEST($1::uuid[], $2::jsonb[], $3::text[], $4::text[], $5::int8[], $6::int8[])
-                AS v(id, state, zone_ref, room_ref, mark_epoch, mark)
+           FROM UNNEST($1::uuid[], $2::jsonb[], $3::text[], $4::text[], $5::int8[], $6::int8[],
+                       $7::bool[])
+                AS v(id, state, zone_ref, room_ref, mark_epoch, mark, live)
           WHERE c.id = v.id",
     )
     .bind(&chunk.ids)
@@ -423,6 +436,7 @@ async fn update_characters(
     .bind(&chunk.rooms)
     .bind(&chunk.mark_epochs)
     .bind(&chunk.marks)
+    .bind(&chunk.live)
     .execute(&mut *tx)
     .await?;
     Ok(())

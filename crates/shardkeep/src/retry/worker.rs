@@ -163,9 +163,7 @@ impl Settler {
         match one_transaction {
             Ok((claimed, outcomes)) => {
                 self.count_claimed(claimed.len());
-                outcomes
-                    .iter()
-                    .for_each(|o| log_and_record(&self.stats, o));
+                outcomes.iter().for_each(|o| log_and_record(&self.stats, o));
                 Ok(claimed.len())
             }
             Err(err) => {
@@ -351,11 +349,7 @@ impl RetryWorker {
 
     /// Starts claiming and settling the signaled `ids` in a task of their own, after waiting
     /// for a free slot.
-    async fn settle_in_flight(
-        &mut self,
-        ids: Vec<Uuid>,
-        settling: &mut tokio::task::JoinSet<()>,
-    ) {
+    async fn settle_in_flight(&mut self, ids: Vec<Uuid>, settling: &mut tokio::task::JoinSet<()>) {
         while settling.len() >= self.config.settles_in_flight.max(1) {
             settling.join_next().await;
         }

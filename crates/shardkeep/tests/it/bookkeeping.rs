@@ -414,3 +414,67 @@ async fn bookkeeping_stays_bounded_under_a_steady_workload(pool: PgPool) {
         .unwrap();
     assert_eq!(keys, vec!["new".to_owned()]);
 }
+
+/// A logout save that became a state job is a live write: a checkpoint dumped before it (an
+/// earlier cadence, or the final dump's own checkpoint write that failed) must not win over it at
+/// the next login, or the rewards issued in between are rolled back.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_state_job_outranks_a_checkpoint_dumped_before_it(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let store = CharacterStore::new(pg(&pool));
+    let checkpoints = CheckpointStore::new(redis.backend());
+    let mut live = live_copy(&store, "Aria").await;
+    live.state = json!({ "experience": 10 });
+    live.issue_mark = 4;
+    checkpoints.write(&live).await.unwrap();
+    // Rewards 5 and 6 granted (+30), then the final dump, whose save became a job.
+    let id = live.character_id;
+    let dump = PersistenceRetryPayload::GameplayState {
+        character_id: id,
+        state: json!({ "experience": 40 }),
+        zone_ref: None,
+        room_ref: None,
+    };
+    let mut retry = Retry::new(&pool);
+    assert_eq!(retry.run(&[job(&live, dump, "final-6", 6)]).await, (1, 0));
+    let (version, live_version): (i64, i64) =
+        sqlx::query_as("SELECT state_version, live_version FROM characters WHERE id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (version, live_version),
+        (2, 2),
+        "the state job is a live write"
+    );
+    let loader = CharacterLoader::new(store, Some(checkpoints), Duration::from_secs(5));
+    let loaded = loader.claim_and_load(id, 0).await.unwrap();
+    assert_eq!(
+        loaded.snapshot.state["experience"], 40,
+        "the checkpoint dumped before the final save won ({:?})",
+        loaded.source
+    );
+}
+
+/// The item-load ledger write comes after the claim minted the new epoch; refusing the load when
+/// it fails would make the retry's claim bury the fresher checkpoint under the new epoch (a
+/// rollback). The load goes on without it (logged and counted).
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_load_whose_item_ledger_write_fails_still_loads_the_freshest_copy(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let store = CharacterStore::new(pg(&pool));
+    let checkpoints = CheckpointStore::new(redis.backend());
+    let mut live = live_copy(&store, "Aria").await;
+    live.state = json!({ "experience": 99,
+                         "inventory": [{ "proto": "gem", "id": uuid::Uuid::now_v7() }] });
+    checkpoints.write(&live).await.unwrap();
+    sqlx::query("DROP TABLE item_loads")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let loader = CharacterLoader::new(store, Some(checkpoints), Duration::from_secs(5));
+    let loaded = loader.claim_and_load(live.character_id, 0).await.unwrap();
+    assert_eq!(loaded.source, LoadSource::Checkpoint);
+    assert_eq!(loaded.snapshot.state["experience"], 99);
+}

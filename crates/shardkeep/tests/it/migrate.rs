@@ -45,7 +45,7 @@ async fn old_documents_carry_their_bookkeeping_forward(pool: PgPool) {
     let gem = Uuid::now_v7();
     let old_state = json!({
         "experience": 10,
-        "reward_keys": ["k1", "k2"],
+        "reward_keys": ["k1", "k2", null],
         "job_effects": [
             { "key": "looks-1", "payload": { "kind": "character_appearance", "character_id": id,
                                              "appearance": { "hair": "red" } } },
@@ -69,6 +69,27 @@ async fn old_documents_carry_their_bookkeeping_forward(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
+    // A grant committed for a job whose apply failed (the old defect): that job is still pending,
+    // so its key must not be carried over.
+    let failed_job = Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO reward_grants (idempotency_key, character_id, retry_job_id) VALUES ('k5', $1, $2)",
+    )
+    .bind(id)
+    .bind(failed_job)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, payload,
+             next_attempt_at, session_impact, source, idempotency_key, owner_epoch, origin, issued_at)
+         VALUES ($2, 'combat_rewards', $1, '{}', now(), 'none', 'test', 'k5', 3, 'combat_rewards', now())",
+    )
+    .bind(id)
+    .bind(failed_job)
+    .execute(&pool)
+    .await
+    .unwrap();
 
     let pg = PostgresBackend::from_pool(pool.clone());
     pg.migrate().await.unwrap();
