@@ -86,6 +86,12 @@ SELECT g.character_id, g.idempotency_key, COALESCE(c.owner_epoch, 0), 0, 'combat
  WHERE NOT EXISTS (SELECT 1 FROM persistence_retry_jobs j WHERE j.retry_job_id = g.retry_job_id)
    AND NOT EXISTS (SELECT 1 FROM persistence_job_dead_letters d
                     WHERE d.retry_job_id = g.retry_job_id AND d.requeued_at IS NULL)
+   -- ...nor one whose dead letter was requeued (under a new job id) and is pending again.
+   AND NOT EXISTS (SELECT 1 FROM persistence_job_dead_letters d
+                     JOIN persistence_retry_jobs j
+                       ON j.character_id = d.character_id AND j.idempotency_key = d.idempotency_key
+                    WHERE d.character_id = g.character_id AND d.idempotency_key = g.idempotency_key
+                      AND d.requeued_at IS NOT NULL)
     ON CONFLICT DO NOTHING;
 
 DROP TABLE reward_grants;

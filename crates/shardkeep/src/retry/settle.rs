@@ -199,7 +199,13 @@ async fn settle_owned(
                     // A dump: a live write of that copy's content up to its mark (a checkpoint
                     // dumped before it no longer outranks the row), then the effects it issued
                     // later, replayed on it.
-                    locked.mark = (envelope.owner_epoch, envelope.issue_seq);
+                    // Within one copy the mark never goes down: an unsequenced dump (0) by a
+                    // producer without the copy's sequence keeps what the row's mark held.
+                    locked.mark = if locked.mark.0 == envelope.owner_epoch {
+                        (locked.mark.0, locked.mark.1.max(envelope.issue_seq))
+                    } else {
+                        (envelope.owner_epoch, envelope.issue_seq)
+                    };
                     locked.live_write = true;
                     dirty.insert(payload.character_id());
                     let later = locked.sequenced.iter().filter(|e| {
@@ -320,13 +326,24 @@ async fn lock_characters(
 fn already_held(locked: &Locked, job: &PersistenceRetryJob) -> bool {
     let envelope = job.envelope();
     let seq = envelope.issue_seq;
-    if seq == 0
-        || matches!(
-            job.payload(),
-            PersistenceRetryPayload::TransferActivation { .. }
-        )
-    {
+    if matches!(
+        job.payload(),
+        PersistenceRetryPayload::TransferActivation { .. }
+    ) {
         return false;
+    }
+    if seq == 0 {
+        // A document written by the old code still lists the rewards it holds.
+        return matches!(job.payload(), PersistenceRetryPayload::CombatRewards { .. })
+            && locked
+                .row
+                .state
+                .get("reward_keys")
+                .and_then(serde_json::Value::as_array)
+                .is_some_and(|keys| {
+                    keys.iter()
+                        .any(|k| k.as_str() == Some(envelope.idempotency_key.as_str()))
+                });
     }
     let (mark_epoch, mark) = locked.mark;
     let is_state = matches!(job.payload(), PersistenceRetryPayload::GameplayState { .. });

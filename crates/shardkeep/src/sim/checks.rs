@@ -510,7 +510,7 @@ mod tests {
         twice.experience = 40;
         twice.currency = 4;
         for row in [&good, &twice] {
-            rewards.loaded(row.id, 1, &ContentOrigin::default(), (0, 0));
+            rewards.loaded_from(row.id, 1, &ContentOrigin::default(), (0, 0), "copy 1");
             rewards.issued(row.id, 1, 1, (10, 1));
             rewards.issued(row.id, 1, 2, (20, 2));
         }

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use uuid::Uuid;
 
-use crate::character::ContentOrigin;
+use crate::character::{ContentOrigin, LoadedCharacter};
 
 /// Experience and currency.
 type Amounts = (i64, i64);
@@ -89,19 +89,26 @@ impl RewardLedger {
 
     /// A copy was loaded at `epoch` from `origin`, holding `holds`: checked, then remembered as
     /// that copy's start.
-    pub(super) fn loaded(
+    pub(super) fn loaded(&mut self, character: Uuid, loaded: &LoadedCharacter) {
+        let epoch = loaded.snapshot.owner_epoch;
+        let what = format!(
+            "the copy loaded at epoch {epoch} (from the {:?})",
+            loaded.source
+        );
+        let holds = amounts_of(&loaded.snapshot.state);
+        self.loaded_from(character, epoch, &loaded.origin, holds, &what);
+    }
+
+    /// A copy at `epoch` started out holding `holds`, from `origin`.
+    pub(super) fn loaded_from(
         &mut self,
         character: Uuid,
         epoch: i64,
         origin: &ContentOrigin,
         holds: Amounts,
+        what: &str,
     ) {
-        self.check(
-            character,
-            origin,
-            holds,
-            &format!("the copy loaded at epoch {epoch}"),
-        );
+        self.check(character, origin, holds, what);
         self.loaded.insert((character, epoch), holds);
     }
 }
@@ -133,12 +140,12 @@ mod tests {
     fn a_content_holds_its_base_its_rewards_to_the_mark_and_those_past_it() {
         let c = Uuid::from_u128(1);
         let mut ledger = RewardLedger::default();
-        ledger.loaded(c, 1, &origin(0, 0, vec![]), (0, 0));
+        ledger.loaded_from(c, 1, &origin(0, 0, vec![]), (0, 0), "copy 1");
         for seq in 1..=4 {
             ledger.issued(c, 1, seq, (10 * seq as i64, 1));
         }
         // Rewards 1 and 2 dumped; 4 applied by its job; 3 lost with a crash.
-        ledger.loaded(c, 2, &origin(1, 2, vec![(1, 4)]), (70, 3));
+        ledger.loaded_from(c, 2, &origin(1, 2, vec![(1, 4)]), (70, 3), "copy 2");
         assert!(ledger.problems.is_empty(), "{:?}", ledger.problems);
         assert_eq!(ledger.expected(c, &origin(2, 0, vec![])), Some((70, 3)));
         // Reward 2 granted twice (a replay of what the content held) is caught.

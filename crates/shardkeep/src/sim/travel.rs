@@ -132,12 +132,7 @@ pub(super) fn claim(world: &Arc<World>, shard: String, agent: Agent, floor: i64)
                         minted: loaded.snapshot.owner_epoch,
                         handoff: None,
                     });
-                    ledger.rewards.loaded(
-                        agent.character_id,
-                        loaded.snapshot.owner_epoch,
-                        &loaded.origin,
-                        super::rewards::amounts_of(&loaded.snapshot.state),
-                    );
+                    ledger.rewards.loaded(agent.character_id, &loaded);
                 });
                 deliver(&world, &shard, Inbound::Loaded { agent, loaded })
             }
@@ -589,12 +584,7 @@ fn record_claim(
     let (HandoffLoad::Adopted(l) | HandoffLoad::Superseded { loaded: l, .. }) = loaded;
     let minted = l.snapshot.owner_epoch;
     world.with_ledger(|ledger| {
-        ledger.rewards.loaded(
-            character_id,
-            minted,
-            &l.origin,
-            super::rewards::amounts_of(&l.snapshot.state),
-        );
+        ledger.rewards.loaded(character_id, l);
         ledger.claims.push(ClaimRecord {
             character_id,
             minted,

@@ -478,3 +478,49 @@ async fn a_load_whose_item_ledger_write_fails_still_loads_the_freshest_copy(pool
     assert_eq!(loaded.source, LoadSource::Checkpoint);
     assert_eq!(loaded.snapshot.state["experience"], 99);
 }
+
+/// An unsequenced state job (a producer with no live copy) never lowers the issue mark of the
+/// live copy's content, and a document that still lists reward keys (written by the old code)
+/// refuses an unsequenced grant it lists: neither lets a reward be granted twice.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn unsequenced_writes_never_reopen_a_granted_reward(pool: PgPool) {
+    let store = CharacterStore::new(pg(&pool));
+    let mut live = live_copy(&store, "Aria").await;
+    let id = live.character_id;
+    live.state = json!({ "experience": 30 });
+    live.issue_mark = 50;
+    assert!(matches!(
+        store.save(&live).await.unwrap(),
+        SaveOutcome::Saved(_)
+    ));
+    let mut retry = Retry::new(&pool);
+    let outside = PersistenceRetryPayload::GameplayState {
+        character_id: id,
+        state: json!({ "experience": 30, "appearance": { "hair": "red" } }),
+        zone_ref: None,
+        room_ref: None,
+    };
+    assert_eq!(
+        retry.run(&[job(&live, outside, "outside", 0)]).await,
+        (1, 0)
+    );
+    // The copy's reward 30 (granted live, in the flush above) comes back as a requeued job.
+    assert_eq!(retry.run(&[reward(&live, 30, 30)]).await, (0, 1));
+    assert_eq!(state_of(&store, id).await["experience"], 30);
+
+    // A document from the old code lists the reward keys it holds.
+    sqlx::query("UPDATE characters SET state = $2 WHERE id = $1")
+        .bind(id)
+        .bind(json!({ "experience": 40, "reward_keys": ["old-grant"] }))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let old = PersistenceRetryPayload::CombatRewards {
+        character_id: id,
+        experience: 10,
+        currency: 0,
+        items: vec![],
+    };
+    assert_eq!(retry.run(&[job(&live, old, "old-grant", 0)]).await, (0, 1));
+    assert_eq!(state_of(&store, id).await["experience"], 40);
+}

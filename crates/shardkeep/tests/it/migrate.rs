@@ -80,16 +80,44 @@ async fn old_documents_carry_their_bookkeeping_forward(pool: PgPool) {
     .execute(&pool)
     .await
     .unwrap();
+    let pending = |job: Uuid, key: &'static str| {
+        sqlx::query(
+            "INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, payload,
+                 next_attempt_at, session_impact, source, idempotency_key, owner_epoch, origin,
+                 issued_at)
+             VALUES ($2, 'combat_rewards', $1, '{}', now(), 'none', 'test', $3, 3,
+                     'combat_rewards', now())",
+        )
+        .bind(id)
+        .bind(job)
+        .bind(key)
+    };
+    pending(failed_job, "k5").execute(&pool).await.unwrap();
+    // Another failed one was dead-lettered, then requeued as a new job still pending: its grant
+    // (recorded under the first job's id) is not carried over either.
+    let (first, requeued) = (Uuid::now_v7(), Uuid::now_v7());
     sqlx::query(
-        "INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, payload,
-             next_attempt_at, session_impact, source, idempotency_key, owner_epoch, origin, issued_at)
-         VALUES ($2, 'combat_rewards', $1, '{}', now(), 'none', 'test', 'k5', 3, 'combat_rewards', now())",
+        "INSERT INTO reward_grants (idempotency_key, character_id, retry_job_id) VALUES ('k6', $1, $2)",
     )
     .bind(id)
-    .bind(failed_job)
+    .bind(first)
     .execute(&pool)
     .await
     .unwrap();
+    sqlx::query(
+        "INSERT INTO persistence_job_dead_letters (dead_letter_id, retry_job_id, job_kind,
+             character_id, payload, failed_attempts, last_error, failed_at, source, session_impact,
+             idempotency_key, owner_epoch, origin, issued_at, requeued_at, requeued_retry_job_id)
+         VALUES (gen_random_uuid(), $2, 'combat_rewards', $1, '{}', 8, 'boom', now(), 'test',
+                 'none', 'k6', 3, 'combat_rewards', now(), now(), $3)",
+    )
+    .bind(id)
+    .bind(first)
+    .bind(requeued)
+    .execute(&pool)
+    .await
+    .unwrap();
+    pending(requeued, "k6").execute(&pool).await.unwrap();
 
     let pg = PostgresBackend::from_pool(pool.clone());
     pg.migrate().await.unwrap();
