@@ -327,23 +327,25 @@ UPDATE characters c
  WHERE c.id = d.id
 RETURNING c.owner_epoch, c.id, c.account_id, c.name, c.zone_ref, c.room_ref, c.state, c.chargen,
           c.state_version, d.owner_epoch, c.live_version, d.adopt, c.live_issue_epoch,
-          c.live_issue_mark,
-          -- The job effects applied since the row's content was dumped, read under the claim's
-          -- lock (a loader replays the previous owner's on a newer checkpoint): sequenced ones
-          -- past the content's mark or of a later owner, unsequenced ones since the last live
-          -- write.
-          (SELECT COALESCE(jsonb_agg(jsonb_build_array(e.idempotency_key, e.owner_epoch,
-                                                       e.issue_seq, e.row_version, e.payload)
-                                     ORDER BY e.owner_epoch, e.issue_seq, e.applied_order),
-                           '[]'::jsonb)
-             FROM (SELECT * FROM character_job_effects e
-                    WHERE e.character_id = c.id AND e.payload IS NOT NULL
-                      AND CASE WHEN e.issue_seq = 0 THEN e.row_version > c.live_version
-                               ELSE e.owner_epoch > c.live_issue_epoch
-                                    OR (e.owner_epoch = c.live_issue_epoch
-                                        AND e.issue_seq > c.live_issue_mark) END
-                    ORDER BY e.owner_epoch DESC, e.issue_seq DESC, e.applied_order DESC
-                    LIMIT 4096) e)";
+          c.live_issue_mark";
+
+// The job effects applied since the row's content was dumped, read after the claim took the row
+// lock (its own statement: a claim that waited for a settle's lock reads the settled row, and
+// only a statement started after that commit sees the settle's effect records too). A loader
+// replays the previous owner's on a newer checkpoint: sequenced ones past the content's mark or
+// of a later owner, unsequenced ones since the last live write; the newest 4,096, in order.
+const EFFECTS_SINCE_DUMP: &str = "
+SELECT COALESCE(jsonb_agg(jsonb_build_array(e.idempotency_key, e.owner_epoch, e.issue_seq,
+                                            e.row_version, e.payload)
+                          ORDER BY e.owner_epoch, e.issue_seq, e.applied_order), '[]'::jsonb)
+  FROM (SELECT e.* FROM character_job_effects e JOIN characters c ON c.id = e.character_id
+         WHERE e.character_id = $1 AND e.payload IS NOT NULL
+           AND CASE WHEN e.issue_seq = 0 THEN e.row_version > c.live_version
+                    ELSE e.owner_epoch > c.live_issue_epoch
+                         OR (e.owner_epoch = c.live_issue_epoch
+                             AND e.issue_seq > c.live_issue_mark) END
+         ORDER BY e.owner_epoch DESC, e.issue_seq DESC, e.applied_order DESC
+         LIMIT 4096) e";
 
 const SELECT_BY_ID: &str = "SELECT id, account_id, name, zone_ref, room_ref, state, chargen, \
     state_version, owner_epoch, CASE WHEN live_issue_epoch = owner_epoch THEN live_issue_mark \
@@ -457,15 +459,24 @@ impl CharacterStore {
             bool,
             i64,
             i64,
-            serde_json::Value,
         );
+        let mut tx = self.pg.pool().begin().await?;
         let row: Option<ClaimTuple> = sqlx::query_as(CLAIM)
             .bind(character_id)
             .bind(floor)
             .bind(handoff.map(|(epoch, _)| epoch))
             .bind(handoff.map(|(_, token)| token))
-            .fetch_optional(self.pg.pool())
+            .fetch_optional(&mut *tx)
             .await?;
+        let effects: serde_json::Value = if row.is_some() {
+            sqlx::query_scalar(EFFECTS_SINCE_DUMP)
+                .bind(character_id)
+                .fetch_one(&mut *tx)
+                .await?
+        } else {
+            serde_json::Value::Null
+        };
+        tx.commit().await?;
         let (
             new_epoch,
             id,
@@ -481,7 +492,6 @@ impl CharacterStore {
             adopted,
             mark_epoch,
             mark,
-            effects,
         ) = row.ok_or(StoreError::NotFound(character_id))?;
         let content_mark = IssueMark {
             epoch: mark_epoch,

@@ -524,3 +524,55 @@ async fn unsequenced_writes_never_reopen_a_granted_reward(pool: PgPool) {
     assert_eq!(retry.run(&[job(&live, old, "old-grant", 0)]).await, (0, 1));
     assert_eq!(state_of(&store, id).await["experience"], 40);
 }
+
+/// A login's claim that waits for a settle's row lock must see that settle's effect records, not
+/// only its row: otherwise the checkpoint it prefers gets nothing replayed and the job's reward,
+/// already deleted as applied, is lost.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_claim_that_waited_for_a_settle_replays_its_effects(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let store = CharacterStore::new(pg(&pool));
+    let checkpoints = CheckpointStore::new(redis.backend());
+    let mut live = live_copy(&store, "Aria").await;
+    let id = live.character_id;
+    live.state = json!({ "experience": 14, "inventory": [{ "proto": "gem" }] });
+    checkpoints.write(&live).await.unwrap();
+    // A settle holds the row: it granted reward 1 (issued after the checkpoint's dump).
+    let mut settle = pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM characters WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .execute(&mut *settle)
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE characters SET state = '{\"experience\": 53}', state_version = state_version + 1
+          WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&mut *settle)
+    .await
+    .unwrap();
+    let reward = json!({ "kind": "combat_rewards", "character_id": id, "experience": 39,
+                         "currency": 0, "items": [] });
+    sqlx::query(
+        "INSERT INTO character_job_effects
+                (character_id, idempotency_key, owner_epoch, issue_seq, job_kind, payload, row_version)
+         VALUES ($1, 'reward-1', $2, 1, 'combat_rewards', $3, 2)",
+    )
+    .bind(id)
+    .bind(live.owner_epoch)
+    .bind(reward)
+    .execute(&mut *settle)
+    .await
+    .unwrap();
+    let loader = CharacterLoader::new(store, Some(checkpoints), Duration::from_secs(5));
+    let login = tokio::spawn(async move { loader.claim_and_load(id, 0).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    settle.commit().await.unwrap();
+    let loaded = login.await.unwrap().unwrap();
+    assert_eq!(loaded.source, LoadSource::Checkpoint);
+    assert_eq!(
+        loaded.snapshot.state["experience"], 53,
+        "the settle's reward was not replayed on the checkpoint"
+    );
+}
