@@ -395,6 +395,48 @@ async fn main() {
     println!(
         "  (raw lifecycle: INSERT, lease UPDATE, the grant, DELETE as separate statements per job)"
     );
+    // ENQUEUE_ONLY=1 measures the producers alone (no worker): the ceiling the queue can reach.
+    if std::env::var("ENQUEUE_ONLY").is_ok() {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let (queue, _signals) = RetryQueue::new(env.pg.clone(), 1, clock);
+        let started = Instant::now();
+        let mut lanes = Vec::new();
+        for p in 0..producers {
+            let queue = queue.clone();
+            let chars = many.clone();
+            lanes.push(tokio::spawn(async move {
+                for i in (p..jobs).step_by(producers) {
+                    let job = PersistenceRetryJob::new(
+                        PersistenceRetryPayload::CombatRewards {
+                            character_id: chars[i % chars.len()],
+                            experience: 1,
+                            currency: 0,
+                            items: vec![],
+                        },
+                        IdempotencyEnvelope {
+                            idempotency_key: format!("eq-{i}"),
+                            owner_epoch: 0,
+                            origin: Origin::CombatRewards,
+                            issued_at: Utc::now(),
+                            issue_seq: 1,
+                        },
+                        "bench",
+                        None,
+                    )
+                    .unwrap();
+                    queue.enqueue(&job).await.unwrap();
+                }
+            }));
+        }
+        for lane in lanes {
+            lane.await.unwrap();
+        }
+        let rate = jobs as f64 / started.elapsed().as_secs_f64();
+        println!("enqueue only: {jobs} jobs by {producers} producers = {rate:.0} jobs/s");
+        pool.close().await;
+        env.teardown().await;
+        return;
+    }
     // SHARDKEEP_ONLY=1 skips the peers (for quick iterations; the ratio lines need them).
     if std::env::var("SHARDKEEP_ONLY").is_ok() {
         for (name, chars) in [("shardkeep, 2/char", &many), ("shardkeep, 200/char", &few)] {
