@@ -1,7 +1,8 @@
 //! The character durability ladder's storage tiers.
 //!
 //! - [`snapshot`] — the one snapshot type, save outcomes and the freshness rule (pure).
-//! - [`store`] — Postgres: create, claim (epoch mint), load, CAS save single and batched.
+//! - [`store`] — Postgres: create, claim (epoch mint), load, CAS save single and batched;
+//!   `item_moves` — the transfer commit and the item-load ledger.
 //! - [`checkpoint`] — Redis: id-keyed snapshots behind a Lua ownership guard.
 //! - [`handoff`] — what a cross-shard handoff carries, and the epoch it was dumped under.
 //! - [`load`] — login-time load: claim, read both tiers, pick the freshest; fails closed.
@@ -10,6 +11,7 @@
 pub mod bookkeeping;
 pub mod checkpoint;
 pub mod handoff;
+mod item_moves;
 pub mod load;
 pub mod snapshot;
 pub mod store;

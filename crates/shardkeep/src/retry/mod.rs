@@ -11,7 +11,7 @@
 //! - [`backoff`] — the retry delay.
 //! - `apply` — how each payload changes a character row (pure).
 //! - `store` — insert, claim, inspect, requeue.
-//! - `settle` — one batch's transaction.
+//! - `settle` — one batch's transaction; `settle_writes` — the batched writes that end it.
 //! - [`worker`] — the worker loop.
 
 pub(crate) mod apply;
@@ -20,6 +20,7 @@ pub(crate) mod effects;
 pub mod job;
 pub mod policy;
 mod settle;
+mod settle_writes;
 mod store;
 pub mod worker;
 

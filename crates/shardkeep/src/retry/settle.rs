@@ -13,6 +13,7 @@ use uuid::Uuid;
 use super::apply::{RecordedEffect, RowState, apply_payload, is_absolute, replay};
 use super::effects;
 use super::job::{PersistenceRetryJob, PersistenceRetryPayload};
+use super::settle_writes::{write_activations, write_characters, write_job_outcomes};
 use super::store::ClaimedRow;
 use crate::backend::PostgresBackend;
 
@@ -50,17 +51,17 @@ pub(crate) trait Reschedule {
 
 /// A character row as a settle holds it under its lock.
 #[derive(Debug, Clone)]
-struct Locked {
+pub(super) struct Locked {
     owner_epoch: i64,
-    state_version: i64,
+    pub(super) state_version: i64,
     /// The issue mark of the content the row holds (see `docs/bookkeeping.md`).
-    mark: (i64, u64),
-    row: RowState,
+    pub(super) mark: (i64, u64),
+    pub(super) row: RowState,
     /// The sequenced effects recorded for the row's epoch, in issue order (read only when a job
     /// in the batch orders against them), plus those applied in this batch.
     sequenced: Vec<RecordedEffect>,
     /// A state job (a live copy's dump) applied in this batch: the write counts as live.
-    live_write: bool,
+    pub(super) live_write: bool,
 }
 
 type CharacterRow = (
@@ -366,204 +367,6 @@ fn failure(c: &Claimed, error: String, retry_limit: u32) -> JobOutcome {
     } else {
         JobOutcome::Retrying(error)
     }
-}
-
-/// Most bytes of state documents sent in one UPDATE. sqlx does not set TCP_NODELAY, and a bind
-/// message larger than the socket's initial 16 KiB send buffer leaves its tail waiting on the
-/// server's delayed ACK (~40 ms); statements kept under that size never stall.
-const UPDATE_CHUNK_BYTES: usize = 12 * 1024;
-
-/// Writes the changed rows (chunked by size), each moving one version on; returns every locked
-/// character's row version after the batch.
-async fn write_characters(
-    tx: &mut sqlx::PgConnection,
-    characters: &HashMap<Uuid, Locked>,
-    dirty: &HashSet<Uuid>,
-) -> Result<HashMap<Uuid, i64>, sqlx::Error> {
-    let mut chunk = RowChunk::default();
-    let mut bytes = 0;
-    let mut sorted: Vec<&Uuid> = dirty.iter().collect();
-    sorted.sort();
-    for (n, id) in sorted.iter().enumerate() {
-        if let Some(locked) = characters.get(id) {
-            bytes += crate::game::apply::encoded_len(&locked.row.state);
-            chunk.push(**id, locked);
-        }
-        let last = n + 1 == sorted.len();
-        if !chunk.ids.is_empty() && (bytes >= UPDATE_CHUNK_BYTES || last) {
-            update_characters(tx, &chunk).await?;
-            chunk = RowChunk::default();
-            bytes = 0;
-        }
-    }
-    Ok(characters
-        .iter()
-        .map(|(id, locked)| {
-            let moved = i64::from(dirty.contains(id));
-            (*id, locked.state_version + moved)
-        })
-        .collect())
-}
-
-#[derive(Default)]
-struct RowChunk<'a> {
-    ids: Vec<Uuid>,
-    states: Vec<&'a serde_json::Value>,
-    zones: Vec<Option<&'a str>>,
-    rooms: Vec<Option<&'a str>>,
-    mark_epochs: Vec<i64>,
-    marks: Vec<i64>,
-    live: Vec<bool>,
-}
-
-impl<'a> RowChunk<'a> {
-    fn push(&mut self, id: Uuid, locked: &'a Locked) {
-        self.ids.push(id);
-        self.states.push(&locked.row.state);
-        self.zones.push(locked.row.zone_ref.as_deref());
-        self.rooms.push(locked.row.room_ref.as_deref());
-        self.mark_epochs.push(locked.mark.0);
-        self.marks
-            .push(i64::try_from(locked.mark.1).unwrap_or(i64::MAX));
-        self.live.push(locked.live_write);
-    }
-}
-
-async fn update_characters(
-    tx: &mut sqlx::PgConnection,
-    chunk: &RowChunk<'_>,
-) -> Result<(), sqlx::Error> {
-    // The version moves on, so a live copy's next flush conflicts and re-dumps over this row
-    // rather than silently overwriting it.
-    sqlx::query(
-        "UPDATE characters c
-            SET state = v.state, zone_ref = COALESCE(NULLIF(v.zone_ref, ''), c.zone_ref),
-                room_ref = CASE WHEN NULLIF(v.zone_ref, '') IS NULL THEN c.room_ref ELSE v.room_ref END,
-                live_issue_epoch = v.mark_epoch, live_issue_mark = v.mark,
-                live_version = CASE WHEN v.live THEN c.state_version + 1 ELSE c.live_version END,
-                state_version = c.state_version + 1, updated_at = now()
-           FROM UNNEST($1::uuid[], $2::jsonb[], $3::text[], $4::text[], $5::int8[], $6::int8[],
-                       $7::bool[])
-                AS v(id, state, zone_ref, room_ref, mark_epoch, mark, live)
-          WHERE c.id = v.id",
-    )
-    .bind(&chunk.ids)
-    .bind(&chunk.states)
-    .bind(&chunk.zones)
-    .bind(&chunk.rooms)
-    .bind(&chunk.mark_epochs)
-    .bind(&chunk.marks)
-    .bind(&chunk.live)
-    .execute(&mut *tx)
-    .await?;
-    Ok(())
-}
-
-type Activation = (String, Uuid, String, String, i64);
-
-async fn write_activations(
-    tx: &mut sqlx::PgConnection,
-    activations: &[Activation],
-) -> Result<(), sqlx::Error> {
-    if activations.is_empty() {
-        return Ok(());
-    }
-    let tokens: Vec<&str> = activations.iter().map(|a| a.0.as_str()).collect();
-    let characters: Vec<Uuid> = activations.iter().map(|a| a.1).collect();
-    let shards: Vec<&str> = activations.iter().map(|a| a.2.as_str()).collect();
-    let zones: Vec<&str> = activations.iter().map(|a| a.3.as_str()).collect();
-    let epochs: Vec<i64> = activations.iter().map(|a| a.4).collect();
-    sqlx::query(
-        "INSERT INTO transfer_activations (transfer_token, character_id, target_shard, target_zone, owner_epoch)
-         SELECT * FROM UNNEST($1::text[], $2::uuid[], $3::text[], $4::text[], $5::int8[])
-         ON CONFLICT (transfer_token) DO NOTHING",
-    )
-    .bind(&tokens)
-    .bind(&characters)
-    .bind(&shards)
-    .bind(&zones)
-    .bind(&epochs)
-    .execute(&mut *tx)
-    .await?;
-    Ok(())
-}
-
-/// Deletes finished jobs, reschedules retries and moves dead ones — batched, one statement each.
-async fn write_job_outcomes(
-    tx: &mut sqlx::PgConnection,
-    claimed: &[Claimed],
-    outcomes: &[JobOutcome],
-    now: DateTime<Utc>,
-    reschedule: &mut impl Reschedule,
-) -> Result<(), sqlx::Error> {
-    let mut done = Vec::new();
-    let (mut retry_ids, mut retry_errors, mut retry_at) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut dead_ids, mut dead_errors, mut dead_letter_ids) = (Vec::new(), Vec::new(), Vec::new());
-    for (c, outcome) in claimed.iter().zip(outcomes) {
-        let id = c.row.stored.retry_job_id;
-        match outcome {
-            JobOutcome::Applied | JobOutcome::AlreadyApplied | JobOutcome::Superseded => {
-                done.push(id)
-            }
-            JobOutcome::Retrying(err) => {
-                let attempt = u32::try_from(c.row.attempt_count).unwrap_or(0) + 1;
-                retry_ids.push(id);
-                retry_errors.push(err.clone());
-                retry_at.push(reschedule.next_attempt(attempt, now));
-            }
-            JobOutcome::DeadLettered(err) => {
-                dead_ids.push(id);
-                dead_errors.push(err.clone());
-                dead_letter_ids.push(Uuid::now_v7());
-            }
-            JobOutcome::Stale | JobOutcome::Unsettled(_) => {}
-        }
-    }
-    if !done.is_empty() {
-        sqlx::query("DELETE FROM persistence_retry_jobs WHERE retry_job_id = ANY($1)")
-            .bind(&done)
-            .execute(&mut *tx)
-            .await?;
-    }
-    if !retry_ids.is_empty() {
-        sqlx::query(
-            "UPDATE persistence_retry_jobs j
-                SET last_error = v.err, attempt_count = j.attempt_count + 1, next_attempt_at = v.at,
-                    lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, updated_at = $4
-               FROM UNNEST($1::uuid[], $2::text[], $3::timestamptz[]) AS v(id, err, at)
-              WHERE j.retry_job_id = v.id",
-        )
-        .bind(&retry_ids)
-        .bind(&retry_errors)
-        .bind(&retry_at)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-    }
-    if !dead_ids.is_empty() {
-        sqlx::query(
-            "WITH moved AS (
-                 DELETE FROM persistence_retry_jobs j
-                  USING UNNEST($1::uuid[], $2::text[], $3::uuid[]) AS v(id, err, dead_letter_id)
-                  WHERE j.retry_job_id = v.id
-              RETURNING j.*, v.err, v.dead_letter_id
-             )
-             INSERT INTO persistence_job_dead_letters (dead_letter_id, retry_job_id, job_kind, character_id,
-                 realm_id, zone_id, payload, failed_attempts, last_error, failed_at, session_token, source,
-                 session_impact, idempotency_key, owner_epoch, origin, issued_at, issue_seq)
-             SELECT dead_letter_id, retry_job_id, job_kind, character_id, realm_id, zone_id, payload,
-                    attempt_count + 1, err, $4, session_token, source, session_impact, idempotency_key,
-                    owner_epoch, origin, issued_at, issue_seq
-               FROM moved",
-        )
-        .bind(&dead_ids)
-        .bind(&dead_errors)
-        .bind(&dead_letter_ids)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-    }
-    Ok(())
 }
 
 /// Records a failure for one job outside any batch (its batch could not settle), fenced by the
