@@ -3,8 +3,8 @@
 
 use uuid::Uuid;
 
-use super::snapshot::{CharacterSnapshot, SaveOutcome, classify_save};
-use super::store::{CharacterStore, Releaser, SAVE_ONE, StoreError, TransferCommit, mark_of};
+use super::snapshot::{CharacterSnapshot, SaveOutcome};
+use super::store::{CharacterStore, Releaser, StoreError, TransferCommit};
 
 impl CharacterStore {
     /// Commits a cross-character item move: the releaser's side, the acquirer's snapshot (which
@@ -96,30 +96,6 @@ impl CharacterStore {
             releaser_version,
             acquirer_version,
         })
-    }
-
-    async fn save_in(
-        conn: &mut sqlx::PgConnection,
-        snapshot: &CharacterSnapshot,
-    ) -> Result<SaveOutcome, StoreError> {
-        let zone_ref = snapshot.zone_ref.as_deref().filter(|z| !z.is_empty());
-        let (saved, version, epoch): (Option<i64>, Option<i64>, Option<i64>) =
-            sqlx::query_as(SAVE_ONE)
-                .bind(snapshot.character_id)
-                .bind(snapshot.state_version)
-                .bind(snapshot.owner_epoch)
-                .bind(&snapshot.state)
-                .bind(&snapshot.chargen)
-                .bind(zone_ref)
-                .bind(zone_ref.and(snapshot.room_ref.as_deref()))
-                .bind(mark_of(snapshot))
-                .fetch_one(conn)
-                .await?;
-        Ok(classify_save(
-            version.zip(epoch),
-            saved,
-            snapshot.owner_epoch,
-        ))
     }
 
     /// Removes `item_id` from a departed releaser's stored row if it is still there. A row

@@ -210,7 +210,7 @@ type RowTuple = (
 type BatchRow = (Uuid, Option<i64>, Option<i64>, Option<i64>);
 
 /// A snapshot's issue mark as stored (a mark past `i64::MAX` is clamped; none is that large).
-pub(super) fn mark_of(snapshot: &CharacterSnapshot) -> i64 {
+fn mark_of(snapshot: &CharacterSnapshot) -> i64 {
     i64::try_from(snapshot.issue_mark).unwrap_or(i64::MAX)
 }
 
@@ -244,7 +244,7 @@ fn snapshot_of(row: RowTuple) -> CharacterSnapshot {
 // The update runs first and holds its own row locks; only rows it did not update are then
 // locked and read (`FOR UPDATE` waits out a concurrent writer and returns the newest version),
 // so every outcome is decided exactly, in the same statement, without a separate racing read.
-pub(super) const SAVE_ONE: &str = "
+const SAVE_ONE: &str = "
 WITH upd AS (
     UPDATE characters c
        SET state = $4,
@@ -541,6 +541,15 @@ impl CharacterStore {
 
     /// Compare-and-swap save of one snapshot, decided in one round trip.
     pub async fn save(&self, snapshot: &CharacterSnapshot) -> Result<SaveOutcome, StoreError> {
+        let mut conn = self.pg.pool().acquire().await?;
+        Self::save_in(&mut conn, snapshot).await
+    }
+
+    /// The compare-and-swap save on `conn` (inside the caller's transaction, when it has one).
+    pub(super) async fn save_in(
+        conn: &mut sqlx::PgConnection,
+        snapshot: &CharacterSnapshot,
+    ) -> Result<SaveOutcome, StoreError> {
         let zone_ref = snapshot.zone_ref.as_deref().filter(|z| !z.is_empty());
         let (saved, version, epoch): (Option<i64>, Option<i64>, Option<i64>) =
             sqlx::query_as(SAVE_ONE)
@@ -552,7 +561,7 @@ impl CharacterStore {
                 .bind(zone_ref)
                 .bind(zone_ref.and(snapshot.room_ref.as_deref()))
                 .bind(mark_of(snapshot))
-                .fetch_one(self.pg.pool())
+                .fetch_one(conn)
                 .await?;
         Ok(classify_save(
             version.zip(epoch),
