@@ -114,6 +114,28 @@ async fn experience_total(pool: &PgPool) -> i64 {
     .unwrap()
 }
 
+/// A one-experience reward grant for `character`, issued by its (epoch 0) copy as `seq`.
+fn reward_job(character: Uuid, key: String, seq: u64) -> PersistenceRetryJob {
+    PersistenceRetryJob::new(
+        PersistenceRetryPayload::CombatRewards {
+            character_id: character,
+            experience: 1,
+            currency: 0,
+            items: vec![],
+        },
+        IdempotencyEnvelope {
+            idempotency_key: key,
+            owner_epoch: 0,
+            origin: Origin::CombatRewards,
+            issued_at: Utc::now(),
+            issue_seq: seq,
+        },
+        "bench",
+        None,
+    )
+    .unwrap()
+}
+
 /// One shardkeep run: `jobs` reward grants spread over `chars`, each character's in its live
 /// copy's issue order, enqueued by `producers` lanes as fast as they go or at `pace` jobs/s.
 async fn shardkeep_run(
@@ -157,24 +179,9 @@ async fn shardkeep_run(
                     let due = tokio_start + Duration::from_secs_f64(i as f64 / rate);
                     tokio::time::sleep_until(due).await;
                 }
-                let job = PersistenceRetryJob::new(
-                    PersistenceRetryPayload::CombatRewards {
-                        character_id: chars[i % chars.len()],
-                        experience: 1,
-                        currency: 0,
-                        items: vec![],
-                    },
-                    IdempotencyEnvelope {
-                        idempotency_key: format!("{prefix}{i}-{}", micros_now()),
-                        owner_epoch: 0,
-                        origin: Origin::CombatRewards,
-                        issued_at: Utc::now(),
-                        issue_seq: (i / chars.len()) as u64 + 1,
-                    },
-                    "bench",
-                    None,
-                )
-                .unwrap();
+                let key = format!("{prefix}{i}-{}", micros_now());
+                let seq = (i / chars.len()) as u64 + 1;
+                let job = reward_job(chars[i % chars.len()], key, seq);
                 queue.enqueue(&job).await.unwrap();
             }
         }));
@@ -406,24 +413,7 @@ async fn main() {
             let chars = many.clone();
             lanes.push(tokio::spawn(async move {
                 for i in (p..jobs).step_by(producers) {
-                    let job = PersistenceRetryJob::new(
-                        PersistenceRetryPayload::CombatRewards {
-                            character_id: chars[i % chars.len()],
-                            experience: 1,
-                            currency: 0,
-                            items: vec![],
-                        },
-                        IdempotencyEnvelope {
-                            idempotency_key: format!("eq-{i}"),
-                            owner_epoch: 0,
-                            origin: Origin::CombatRewards,
-                            issued_at: Utc::now(),
-                            issue_seq: 1,
-                        },
-                        "bench",
-                        None,
-                    )
-                    .unwrap();
+                    let job = reward_job(chars[i % chars.len()], format!("eq-{i}"), 1);
                     queue.enqueue(&job).await.unwrap();
                 }
             }));
