@@ -135,12 +135,9 @@ impl ClaimedBatch {
 /// The worker. Run it with [`RetryWorker::run`], or step it in tests.
 #[derive(Debug)]
 pub struct RetryWorker {
-    pg: PostgresBackend,
     signals: RetrySignals,
     signals_open: bool,
     config: RetryWorkerConfig,
-    clock: Arc<dyn Clock>,
-    stats: Arc<RetryStats>,
     settler: Settler,
 }
 
@@ -169,31 +166,37 @@ impl Settler {
             Err(err) => {
                 tracing::warn!(event = "retry_batch_fallback", error = %err,
                     "settling under a lease instead");
-                let token = Uuid::now_v7();
-                let rows = store::claim(
-                    &self.pg,
-                    ids,
-                    self.claim_limit,
-                    &self.owner,
-                    token,
-                    self.clock.now(),
-                    self.lease,
-                )
-                .await?;
-                self.count_claimed(rows.len());
-                let claimed: Vec<Claimed> = rows
-                    .into_iter()
-                    .map(|row| Claimed {
-                        job: PersistenceRetryJob::restore(row.stored.clone()),
-                        row,
-                    })
-                    .collect();
-                if !claimed.is_empty() {
-                    self.settle(token, &claimed).await;
+                let batch = self.claim_leased(ids).await?;
+                if !batch.is_empty() {
+                    self.settle(batch.token, &batch.claimed).await;
                 }
-                Ok(claimed.len())
+                Ok(batch.len())
             }
         }
+    }
+
+    /// Claims up to the claim limit of due jobs (only `ids`, when given) under a fresh lease.
+    async fn claim_leased(&self, ids: Option<&[Uuid]>) -> Result<ClaimedBatch, sqlx::Error> {
+        let token = Uuid::now_v7();
+        let rows = store::claim(
+            &self.pg,
+            ids,
+            self.claim_limit,
+            &self.owner,
+            token,
+            self.clock.now(),
+            self.lease,
+        )
+        .await?;
+        self.count_claimed(rows.len());
+        let claimed = rows
+            .into_iter()
+            .map(|row| Claimed {
+                job: PersistenceRetryJob::restore(row.stored.clone()),
+                row,
+            })
+            .collect();
+        Ok(ClaimedBatch { token, claimed })
     }
 
     fn count_claimed(&self, n: usize) {
@@ -283,11 +286,10 @@ impl RetryWorker {
         config: RetryWorkerConfig,
         clock: Arc<dyn Clock>,
     ) -> Self {
-        let stats = Arc::new(RetryStats::default());
         let settler = Settler {
-            pg: pg.clone(),
-            clock: Arc::clone(&clock),
-            stats: Arc::clone(&stats),
+            pg,
+            clock,
+            stats: Arc::new(RetryStats::default()),
             backoff: config.backoff,
             retry_limit: config.retry_limit,
             claim_limit: config.claim_limit,
@@ -295,19 +297,16 @@ impl RetryWorker {
             lease: config.lease,
         };
         Self {
-            pg,
             signals,
             signals_open: true,
             config,
-            clock,
-            stats,
             settler,
         }
     }
 
     /// Its counters.
     pub fn stats(&self) -> Arc<RetryStats> {
-        Arc::clone(&self.stats)
+        Arc::clone(&self.settler.stats)
     }
 
     /// Runs until `cancel`: signaled ids are claimed as they arrive; due rows are polled every
@@ -411,29 +410,7 @@ impl RetryWorker {
     /// without settling them (the two-step path: [`RetryWorker::settle_batch`] settles, fenced
     /// by the lease; the worker itself claims and settles in one transaction).
     pub async fn claim(&mut self, ids: Option<&[Uuid]>) -> Result<ClaimedBatch, sqlx::Error> {
-        let token = Uuid::now_v7();
-        let rows = store::claim(
-            &self.pg,
-            ids,
-            self.config.claim_limit,
-            &self.config.owner,
-            token,
-            self.clock.now(),
-            self.config.lease,
-        )
-        .await?;
-        self.stats
-            .claimed
-            .fetch_add(rows.len() as u64, Ordering::Relaxed);
-        metrics::counter!(telemetry::RETRY_CLAIMED_TOTAL).increment(rows.len() as u64);
-        let claimed = rows
-            .into_iter()
-            .map(|row| Claimed {
-                job: PersistenceRetryJob::restore(row.stored.clone()),
-                row,
-            })
-            .collect();
-        Ok(ClaimedBatch { token, claimed })
+        self.settler.claim_leased(ids).await
     }
 
     /// Settles a claimed batch (fenced by its lease) and returns each job's outcome in order.
@@ -446,7 +423,7 @@ impl RetryWorker {
             "SELECT count(*) FILTER (WHERE lease_token IS NULL), count(*) FILTER (WHERE lease_token IS NOT NULL)
                FROM persistence_retry_jobs",
         )
-        .fetch_one(self.pg.pool())
+        .fetch_one(self.settler.pg.pool())
         .await;
         if let Ok((pending, leased)) = depths {
             metrics::gauge!(telemetry::RETRY_ROWS, "state" => "pending").set(pending as f64);
