@@ -12,7 +12,7 @@ use super::checkpoint::CheckpointStore;
 use super::handoff::HandoffPayload;
 use super::snapshot::{CharacterSnapshot, Freshest, freshest};
 use super::store::{CharacterStore, ClaimedRow, StoreError};
-use crate::retry::apply::{RowState, apply_payload};
+use crate::retry::apply::{RecordedEffect, RowState, apply_payload, lists_legacy_reward_key};
 
 /// Why a character could not be loaded for a session.
 #[derive(Debug, thiserror::Error)]
@@ -361,15 +361,18 @@ pub fn choose(claimed: ClaimedRow, checkpoint: Option<CharacterSnapshot>) -> Loa
                 };
                 // A checkpoint dumped before shardkeep's bookkeeping left the document still lists
                 // the rewards it holds: an unsequenced grant it names is not granted again.
-                let held_keys = legacy_reward_keys(&merged.state);
-                let newer = effects.iter().filter(|e| {
-                    e.owner_epoch == previous
-                        && if e.issue_seq == 0 {
-                            e.row_version > live_version && !held_keys.contains(e.key.as_str())
-                        } else {
-                            e.issue_seq > origin.mark
-                        }
-                });
+                let newer: Vec<&RecordedEffect> = effects
+                    .iter()
+                    .filter(|e| {
+                        e.owner_epoch == previous
+                            && if e.issue_seq == 0 {
+                                e.row_version > live_version
+                                    && !lists_legacy_reward_key(&merged.state, &e.key)
+                            } else {
+                                e.issue_seq > origin.mark
+                            }
+                    })
+                    .collect();
                 for effect in newer {
                     if apply_payload(&mut merged, &effect.payload).is_ok() && effect.issue_seq > 0 {
                         origin
@@ -411,23 +414,9 @@ pub fn choose(claimed: ClaimedRow, checkpoint: Option<CharacterSnapshot>) -> Loa
     }
 }
 
-/// The reward keys a state document written before migration 8 carries (none for a newer one).
-fn legacy_reward_keys(state: &serde_json::Value) -> std::collections::HashSet<String> {
-    state
-        .get("reward_keys")
-        .and_then(serde_json::Value::as_array)
-        .map(|keys| {
-            keys.iter()
-                .filter_map(|k| k.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::retry::apply::RecordedEffect;
 
     fn snap(epoch: i64, version: i64, zone: Option<&str>, marker: &str) -> CharacterSnapshot {
         CharacterSnapshot {

@@ -37,6 +37,15 @@ pub(crate) struct RecordedEffect {
     pub(crate) payload: PersistenceRetryPayload,
 }
 
+/// True when a state document written before migration 8 lists `key` among the reward grants it
+/// holds (the old `reward_keys` field; newer documents have none).
+pub(crate) fn lists_legacy_reward_key(state: &serde_json::Value, key: &str) -> bool {
+    state
+        .get("reward_keys")
+        .and_then(serde_json::Value::as_array)
+        .is_some_and(|keys| keys.iter().any(|k| k.as_str() == Some(key)))
+}
+
 /// True for a payload that sets a value outright (the newest one wins), false for one that adds
 /// to what is there.
 pub(crate) fn is_absolute(payload: &PersistenceRetryPayload) -> bool {

@@ -10,7 +10,9 @@ use std::collections::{HashMap, HashSet};
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::apply::{RecordedEffect, RowState, apply_payload, is_absolute, replay};
+use super::apply::{
+    RecordedEffect, RowState, apply_payload, is_absolute, lists_legacy_reward_key, replay,
+};
 use super::effects;
 use super::job::{PersistenceRetryJob, PersistenceRetryPayload};
 use super::settle_writes::{write_activations, write_characters, write_job_outcomes};
@@ -336,15 +338,7 @@ fn already_held(locked: &Locked, job: &PersistenceRetryJob) -> bool {
     if seq == 0 {
         // A document written by the old code still lists the rewards it holds.
         return matches!(job.payload(), PersistenceRetryPayload::CombatRewards { .. })
-            && locked
-                .row
-                .state
-                .get("reward_keys")
-                .and_then(serde_json::Value::as_array)
-                .is_some_and(|keys| {
-                    keys.iter()
-                        .any(|k| k.as_str() == Some(envelope.idempotency_key.as_str()))
-                });
+            && lists_legacy_reward_key(&locked.row.state, &envelope.idempotency_key);
     }
     let (mark_epoch, mark) = locked.mark;
     let is_state = matches!(job.payload(), PersistenceRetryPayload::GameplayState { .. });
