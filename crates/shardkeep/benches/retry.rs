@@ -7,7 +7,10 @@
 //! signal-to-start latency. Prints jobs per second, latencies and the ratio lines.
 //!
 //! `cargo bench -p shardkeep --bench retry` (needs DATABASE_URL and REDIS_URL; `JOBS` and
-//! `PRODUCERS` override the sizes).
+//! `PRODUCERS` override the sizes). For investigations: `SHARDKEEP_ONLY=1` skips the peers,
+//! `ENQUEUE_ONLY=1` measures the producers alone, `STEADY_ONLY=RATE` runs the paced run alone
+//! with its latency percentiles, and `SETTLES` / `SIGNAL_WAIT_MS` override the worker's
+//! `settles_in_flight` / `max_signal_wait`.
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 
@@ -68,7 +71,7 @@ impl Result_ {
 
     fn print(&self) {
         println!(
-            "retry: {:<28} {:>6} jobs in {:>6.2} s = {:>8.0} jobs/s; signal-to-start p50 {:>7.1} ms, p99 {:>7.1} ms",
+            "retry: {:<40} {:>6} jobs in {:>6.2} s = {:>8.0} jobs/s; signal-to-start p50 {:>7.1} ms, p99 {:>7.1} ms",
             self.name,
             self.jobs,
             self.elapsed.as_secs_f64(),
@@ -151,15 +154,21 @@ async fn shardkeep_run(
     // The producers share the game server's pool (8); the worker has its own, as in `serve`
     // (16), the way apalis's workers have theirs.
     let (queue, signals) = RetryQueue::new(env.pg.clone(), 1024, Arc::clone(&clock));
-    let worker_pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(16)
+    let worker_pool = shardkeep::PostgresBackend::pool_options(16)
         .connect_with(pool.connect_options().as_ref().clone())
         .await
         .unwrap();
     let worker = RetryWorker::new(
         shardkeep::PostgresBackend::from_pool(worker_pool),
         signals,
-        RetryWorkerConfig::new("bench"),
+        {
+            let mut config = RetryWorkerConfig::new("bench");
+            config.settles_in_flight = env_usize("SETTLES", config.settles_in_flight);
+            if let Ok(ms) = std::env::var("SIGNAL_WAIT_MS") {
+                config.max_signal_wait = Duration::from_millis(ms.parse().unwrap());
+            }
+            config
+        },
         clock,
     );
     let stats = worker.stats();
@@ -197,6 +206,8 @@ async fn shardkeep_run(
     let elapsed = started.elapsed();
     cancel.cancel();
     task.await.unwrap();
+    let batches = RetryStats::get(&stats.batches).max(1);
+    let mean_batch = RetryStats::get(&stats.claimed) as f64 / batches as f64;
     // A job's effect is recorded by the transaction that starts applying it: `applied_at` is
     // that transaction's start.
     let rows: Vec<(String, chrono::DateTime<Utc>)> = sqlx::query_as(
@@ -215,7 +226,7 @@ async fn shardkeep_run(
         })
         .collect();
     Result_ {
-        name,
+        name: format!("{name} ({mean_batch:.0}/batch)"),
         jobs,
         elapsed,
         latencies_ms,
@@ -423,6 +434,30 @@ async fn main() {
         }
         let rate = jobs as f64 / started.elapsed().as_secs_f64();
         println!("enqueue only: {jobs} jobs by {producers} producers = {rate:.0} jobs/s");
+        pool.close().await;
+        env.teardown().await;
+        return;
+    }
+    // STEADY_ONLY=RATE runs only the steady run at RATE jobs/s (latency investigations).
+    if let Some(rate) = std::env::var("STEADY_ONLY")
+        .ok()
+        .and_then(|v| v.parse::<f64>().ok())
+    {
+        let steady_jobs = (rate * 10.0) as usize;
+        let steady = shardkeep_run(
+            &env,
+            &pool,
+            format!("shardkeep, steady {rate:.0}/s"),
+            &many,
+            steady_jobs,
+            producers,
+            Some(rate),
+        )
+        .await;
+        steady.print();
+        for p in [0.9, 0.95, 0.98, 0.99, 0.995, 0.999] {
+            println!("  p{} {:.1} ms", p * 100.0, steady.percentile(p));
+        }
         pool.close().await;
         env.teardown().await;
         return;

@@ -28,7 +28,49 @@ pub struct AppliedMigration {
     pub description: String,
 }
 
+/// True when `err` says the connection to Postgres failed or went away, not the statement: I/O,
+/// TLS or protocol failures, the pool's own errors, SQLSTATE class 08 (connection exception)
+/// and the server shutting down or starting up (57P01–57P03). The same statement may well
+/// succeed on another connection.
+pub(crate) fn connection_lost(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            code.starts_with("08") || ["57P01", "57P02", "57P03"].contains(&code.as_ref())
+        }),
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        _ => false,
+    }
+}
+
+/// A pooled connection idle longer than this is checked with a round trip before it is handed
+/// out; one used more recently is handed out as it is.
+pub const PING_AFTER_IDLE: Duration = Duration::from_secs(2);
+
 impl PostgresBackend {
+    /// Pool settings shardkeep uses: at most `max_connections`, and a liveness round trip only
+    /// for connections idle longer than [`PING_AFTER_IDLE`]. sqlx's default checks every
+    /// connection on every checkout, which doubles the round trips of a one-statement write
+    /// (an enqueue) on a busy pool, where connections are never idle long; a connection that
+    /// broke since its last use fails its statement, and the pool then replaces it.
+    pub fn pool_options(max_connections: u32) -> PgPoolOptions {
+        PgPoolOptions::new()
+            .max_connections(max_connections)
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for > PING_AFTER_IDLE {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
+    }
+
     /// Connects to `url` (named by `setting` in errors), failing within `timeout`.
     pub async fn connect(
         setting: &'static str,
@@ -49,8 +91,7 @@ impl PostgresBackend {
             .map_err(|_| fail(format!("no answer within {} s", timeout.as_secs())))?
             .map_err(|e| fail(one_line(&e)))?;
         probe.close().await.map_err(|e| fail(one_line(&e)))?;
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections)
+        let pool = Self::pool_options(max_connections)
             .acquire_timeout(timeout)
             .connect_with(options)
             .await
@@ -137,5 +178,25 @@ impl PostgresBackend {
     /// Closes the pool.
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::connection_lost;
+
+    #[test]
+    fn a_lost_connection_is_told_from_a_failed_statement() {
+        assert!(connection_lost(&sqlx::Error::Io(std::io::Error::other(
+            "reset"
+        ))));
+        assert!(connection_lost(&sqlx::Error::PoolTimedOut));
+        assert!(connection_lost(&sqlx::Error::Protocol(
+            "unexpected message".into()
+        )));
+        assert!(!connection_lost(&sqlx::Error::RowNotFound));
+        assert!(!connection_lost(&sqlx::Error::ColumnNotFound(
+            "state".into()
+        )));
     }
 }

@@ -172,18 +172,10 @@ impl EffectError {
 /// condition of the connection, resource or operator-intervention classes (SQLSTATE 08, 53,
 /// 57) or a transaction rollback (40).
 fn store_unreachable(err: &sqlx::Error) -> bool {
-    match err {
-        sqlx::Error::Database(db) => db
+    crate::backend::postgres::connection_lost(err)
+        || matches!(err, sqlx::Error::Database(db) if db
             .code()
-            .is_some_and(|code| ["08", "40", "53", "57"].iter().any(|c| code.starts_with(c))),
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
-        _ => false,
-    }
+            .is_some_and(|code| ["40", "53", "57"].iter().any(|c| code.starts_with(c))))
 }
 
 /// How handling one entry ended.

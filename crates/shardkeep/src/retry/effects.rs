@@ -23,11 +23,16 @@ pub(crate) async fn recorded_keys(
     }
     let (characters, keys): (Vec<Uuid>, Vec<&str>) =
         pairs.iter().map(|(c, k)| (*c, k.as_str())).unzip();
+    // One primary-key probe per pair: the LIMIT keeps the planner from turning the lookup into a
+    // hash join over the whole table once a batch holds many pairs.
     let found: Vec<(Uuid, String)> = sqlx::query_as(
         "SELECT e.character_id, e.idempotency_key
            FROM UNNEST($1::uuid[], $2::text[]) AS k(character_id, idempotency_key)
-           JOIN character_job_effects e
-             ON e.character_id = k.character_id AND e.idempotency_key = k.idempotency_key",
+           CROSS JOIN LATERAL (
+               SELECT character_id, idempotency_key FROM character_job_effects e
+                WHERE e.character_id = k.character_id AND e.idempotency_key = k.idempotency_key
+                LIMIT 1
+           ) e",
     )
     .bind(&characters)
     .bind(&keys)

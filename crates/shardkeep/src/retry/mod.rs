@@ -2,9 +2,10 @@
 //!
 //! Durable first, then signal: [`RetryQueue::enqueue`] inserts the row and only then offers its
 //! id to the worker's bounded channel; a full or closed channel leaves the row to the poll. The
-//! [`RetryWorker`] claims signaled ids and polls due rows through one claim statement (`FOR UPDATE
-//! SKIP LOCKED`, 30 s leases), settles each claimed batch in one transaction fenced by its lease,
-//! and dead-letters jobs that exhaust their attempts or cannot be decoded.
+//! [`RetryWorker`] claims signaled ids (batches growing with the load) and polls due rows (`FOR
+//! UPDATE SKIP LOCKED`), settles each claimed batch in the transaction that claimed it (its row
+//! locks are the lease; a batch that fails is claimed again under a 30 s lease and settled job
+//! by job), and dead-letters jobs that exhaust their attempts or cannot be decoded.
 //!
 //! - [`job`] — the job, its payloads and the idempotency envelope.
 //! - [`policy`] — origin → session impact, the only place that decides it.

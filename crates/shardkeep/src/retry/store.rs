@@ -1,5 +1,6 @@
-//! SQL for retry jobs and dead letters: insert, the one claim statement (used by the signaled
-//! and the polling path), inspection and requeue. Settling a claimed batch lives in `settle`.
+//! SQL for retry jobs and dead letters: insert, the claim statements (signaled ids or any due
+//! rows; locked for the caller's transaction or leased), inspection and requeue. Settling a
+//! claimed batch lives in `settle`.
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
@@ -70,43 +71,77 @@ INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, realm_
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
 ON CONFLICT (retry_job_id) DO NOTHING";
 
-/// Due rows whose lease is absent or expired, oldest first, skipping rows another worker is
-/// claiming; then stamp the lease. `$4` restricts the claim to signaled ids when not null.
-const CLAIM: &str = "
-WITH due AS (
-    SELECT retry_job_id FROM persistence_retry_jobs
-     WHERE next_attempt_at <= $1
-       AND (lease_token IS NULL OR lease_expires_at <= $1)
-       AND ($4::uuid[] IS NULL OR retry_job_id = ANY($4))
-     ORDER BY next_attempt_at, created_at
-     LIMIT $5
-       FOR UPDATE SKIP LOCKED
-)
-UPDATE persistence_retry_jobs j
-   SET lease_token = $2,
-       lease_owner = $3,
-       lease_expires_at = $1 + make_interval(secs => $6),
-       updated_at = $1
-  FROM due
- WHERE j.retry_job_id = due.retry_job_id
-RETURNING j.retry_job_id, j.job_kind, j.character_id, j.realm_id, j.payload, j.session_token,
-          j.session_impact, j.source, j.idempotency_key, j.owner_epoch, j.origin, j.issued_at,
-          j.issue_seq, j.attempt_count, j.next_attempt_at, j.created_at";
+/// The rows a claim takes: due, with no live lease, oldest first, skipping rows another worker
+/// is claiming. Two forms, so each gets a plan of its own: the signaled ids (`$2`) found through
+/// the primary key (one statement for both let the planner scan the whole table), or any due
+/// row.
+macro_rules! due_rows {
+    ($columns:literal, $which:literal) => {
+        concat!(
+            "SELECT ",
+            $columns,
+            " FROM persistence_retry_jobs
+              WHERE ",
+            $which,
+            " next_attempt_at <= $1
+                AND (lease_token IS NULL OR lease_expires_at <= $1)
+              ORDER BY next_attempt_at, created_at
+              LIMIT $3
+                FOR UPDATE SKIP LOCKED"
+        )
+    };
+}
 
-/// Due rows whose lease is absent or expired, oldest first, locked for the caller's transaction
-/// (rows another worker holds are skipped). `$2` restricts the claim to signaled ids when not
-/// null.
-const LOCK_DUE: &str = "
-SELECT retry_job_id, job_kind, character_id, realm_id, payload, session_token, session_impact,
-       source, idempotency_key, owner_epoch, origin, issued_at, issue_seq, attempt_count,
-       next_attempt_at, created_at
-  FROM persistence_retry_jobs
- WHERE next_attempt_at <= $1
-   AND (lease_token IS NULL OR lease_expires_at <= $1)
-   AND ($2::uuid[] IS NULL OR retry_job_id = ANY($2))
- ORDER BY next_attempt_at, created_at
- LIMIT $3
-   FOR UPDATE SKIP LOCKED";
+/// The signaled rows among `$2`.
+macro_rules! signaled_rows {
+    ($columns:literal) => {
+        due_rows!($columns, "retry_job_id = ANY($2) AND")
+    };
+}
+
+/// Any due rows (both forms take the same parameters; here `$2` is null).
+macro_rules! any_due_rows {
+    ($columns:literal) => {
+        due_rows!($columns, "$2::uuid[] IS NULL AND")
+    };
+}
+
+/// Stamps a lease (`$4` token, `$5` owner, `$6` seconds) on the rows of `$due`.
+macro_rules! lease {
+    ($due:expr) => {
+        concat!(
+            "WITH due AS (",
+            $due,
+            ")
+             UPDATE persistence_retry_jobs j
+                SET lease_token = $4, lease_owner = $5,
+                    lease_expires_at = $1 + make_interval(secs => $6), updated_at = $1
+               FROM due
+              WHERE j.retry_job_id = due.retry_job_id
+             RETURNING j.retry_job_id, j.job_kind, j.character_id, j.realm_id, j.payload,
+                       j.session_token, j.session_impact, j.source, j.idempotency_key,
+                       j.owner_epoch, j.origin, j.issued_at, j.issue_seq, j.attempt_count,
+                       j.next_attempt_at, j.created_at"
+        )
+    };
+}
+
+/// Claims signaled rows under a new lease.
+const LEASE_SIGNALED: &str = lease!(signaled_rows!("retry_job_id"));
+/// Claims due rows under a new lease.
+const LEASE_DUE: &str = lease!(any_due_rows!("retry_job_id"));
+/// Locks signaled rows for the caller's transaction.
+const LOCK_SIGNALED: &str = signaled_rows!(
+    "retry_job_id, job_kind, character_id, realm_id, payload, session_token, session_impact,
+     source, idempotency_key, owner_epoch, origin, issued_at, issue_seq, attempt_count,
+     next_attempt_at, created_at"
+);
+/// Locks due rows for the caller's transaction.
+const LOCK_DUE: &str = any_due_rows!(
+    "retry_job_id, job_kind, character_id, realm_id, payload, session_token, session_impact,
+     source, idempotency_key, owner_epoch, origin, issued_at, issue_seq, attempt_count,
+     next_attempt_at, created_at"
+);
 
 /// Locks up to `limit` due jobs (only `ids` when given) inside the caller's transaction.
 pub(crate) async fn lock_due(
@@ -115,12 +150,16 @@ pub(crate) async fn lock_due(
     limit: i64,
     now: DateTime<Utc>,
 ) -> Result<Vec<ClaimedRow>, sqlx::Error> {
-    sqlx::query_as(LOCK_DUE)
-        .bind(now)
-        .bind(ids)
-        .bind(limit)
-        .fetch_all(conn)
-        .await
+    sqlx::query_as(if ids.is_some() {
+        LOCK_SIGNALED
+    } else {
+        LOCK_DUE
+    })
+    .bind(now)
+    .bind(ids)
+    .bind(limit)
+    .fetch_all(conn)
+    .await
 }
 
 /// Inserts `job` as due at `now`, on `conn` (inside the caller's transaction when it has one).
@@ -163,15 +202,19 @@ pub(crate) async fn claim(
     now: DateTime<Utc>,
     lease: std::time::Duration,
 ) -> Result<Vec<ClaimedRow>, sqlx::Error> {
-    let mut rows: Vec<ClaimedRow> = sqlx::query_as(CLAIM)
-        .bind(now)
-        .bind(token)
-        .bind(owner)
-        .bind(ids)
-        .bind(limit)
-        .bind(lease.as_secs_f64())
-        .fetch_all(pg.pool())
-        .await?;
+    let mut rows: Vec<ClaimedRow> = sqlx::query_as(if ids.is_some() {
+        LEASE_SIGNALED
+    } else {
+        LEASE_DUE
+    })
+    .bind(now)
+    .bind(ids)
+    .bind(limit)
+    .bind(token)
+    .bind(owner)
+    .bind(lease.as_secs_f64())
+    .fetch_all(pg.pool())
+    .await?;
     rows.sort_by_key(|r| (r.next_attempt_at, r.created_at));
     Ok(rows)
 }

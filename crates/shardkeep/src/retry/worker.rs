@@ -1,5 +1,6 @@
-//! The retry worker: claims signaled ids as they arrive and polls due rows on an interval (at
-//! most 128 per claim), then settles each claimed batch in one transaction.
+//! The retry worker: claims signaled ids as they arrive (batching them while others settle) and
+//! polls due rows on an interval beside them (at most 128 per claim), then settles each claimed
+//! batch in one transaction.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +15,7 @@ use super::job::PersistenceRetryJob;
 use super::settle::{Claimed, JobOutcome, Reschedule, claim_and_settle, fail_alone, settle};
 use super::{RetrySignals, store};
 use crate::backend::PostgresBackend;
+use crate::backend::postgres::connection_lost;
 use crate::clock::Clock;
 use crate::telemetry;
 
@@ -32,9 +34,14 @@ pub struct RetryWorkerConfig {
     pub retry_limit: u32,
     /// Delay between attempts.
     pub backoff: Backoff,
-    /// Claimed batches settling at once in [`RetryWorker::run`] (3): the next batch is claimed
-    /// while earlier ones commit. Batches touching one character serialize on its row lock.
+    /// Most signaled batches settling at once in [`RetryWorker::run`] (3; the poll runs beside
+    /// them). A second one starts only when a full claim's worth of signaled jobs is waiting or
+    /// the oldest has waited `max_signal_wait` (see [`RetryWorker::run`]); batches touching one
+    /// character serialize on its row lock.
     pub settles_in_flight: usize,
+    /// How long signaled jobs wait for a settling batch to finish before a batch of their own
+    /// starts beside it (10 ms): bounds the signal-to-start latency when one batch is slow.
+    pub max_signal_wait: Duration,
 }
 
 impl RetryWorkerConfig {
@@ -48,6 +55,7 @@ impl RetryWorkerConfig {
             retry_limit: 8,
             backoff: Backoff::default(),
             settles_in_flight: 3,
+            max_signal_wait: Duration::from_millis(10),
         }
     }
 }
@@ -57,6 +65,8 @@ impl RetryWorkerConfig {
 pub struct RetryStats {
     /// Jobs claimed.
     pub claimed: AtomicU64,
+    /// Claims that took at least one job (`claimed / batches` is the mean batch size).
+    pub batches: AtomicU64,
     /// Jobs applied.
     pub applied: AtomicU64,
     /// Reward jobs whose grant had already happened.
@@ -142,6 +152,35 @@ pub struct RetryWorker {
 }
 
 impl Settler {
+    /// Claims and settles due rows until a claim comes back short of the claim limit (or
+    /// `cancel`), then reports the queue's depths.
+    async fn poll_due(self, cancel: CancellationToken) {
+        loop {
+            match self.claim_and_settle(None).await {
+                Ok(n) if n as i64 >= self.claim_limit && !cancel.is_cancelled() => continue,
+                Ok(_) => break,
+                Err(err) => {
+                    tracing::warn!(event = "retry_poll_failed", error = %err);
+                    break;
+                }
+            }
+        }
+        self.report_depths().await;
+    }
+
+    async fn report_depths(&self) {
+        let depths: Result<(i64, i64), _> = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE lease_token IS NULL), count(*) FILTER (WHERE lease_token IS NOT NULL)
+               FROM persistence_retry_jobs",
+        )
+        .fetch_one(self.pg.pool())
+        .await;
+        if let Ok((pending, leased)) = depths {
+            metrics::gauge!(telemetry::RETRY_ROWS, "state" => "pending").set(pending as f64);
+            metrics::gauge!(telemetry::RETRY_ROWS, "state" => "leased").set(leased as f64);
+        }
+    }
+
     /// Claims and settles in one transaction (the row locks are the lease); returns the jobs
     /// claimed. If that transaction fails, the same jobs are claimed under a lease and settled
     /// the careful way (job by job when the batch fails again), so one bad job costs only itself.
@@ -200,6 +239,9 @@ impl Settler {
     }
 
     fn count_claimed(&self, n: usize) {
+        if n > 0 {
+            self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        }
         self.stats.claimed.fetch_add(n as u64, Ordering::Relaxed);
         metrics::counter!(telemetry::RETRY_CLAIMED_TOTAL).increment(n as u64);
     }
@@ -222,6 +264,11 @@ impl Settler {
                         .await
                     {
                         Ok(mut settled) => settled.pop(),
+                        // A lost connection is no failure of the job's: it keeps its attempts
+                        // and is claimed again when the lease runs out.
+                        Err(err) if connection_lost(&err) => {
+                            Some(JobOutcome::Unsettled(err.to_string()))
+                        }
                         Err(err) => fail_alone(
                             &self.pg,
                             token,
@@ -245,6 +292,24 @@ impl Settler {
         outcomes.iter().for_each(|o| log_and_record(&self.stats, o));
         outcomes
     }
+}
+
+/// An instant no wait reaches (about thirty years on).
+fn far_future() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(86_400 * 365 * 30)
+}
+
+/// Whether the run loop starts a batch of the `waiting` signaled ids now, with `in_flight`
+/// batches settling: at once when none is; beside others, while fewer than `most_in_flight`
+/// settle, when a full claim is waiting or the oldest has `waited` its longest.
+fn starts_batch(
+    waiting: usize,
+    in_flight: usize,
+    limit: usize,
+    most_in_flight: usize,
+    waited: bool,
+) -> bool {
+    waiting > 0 && (in_flight == 0 || ((waiting >= limit || waited) && in_flight < most_in_flight))
 }
 
 fn log_and_record(stats: &RetryStats, outcome: &JobOutcome) {
@@ -310,54 +375,73 @@ impl RetryWorker {
     }
 
     /// Runs until `cancel`: signaled ids are claimed as they arrive; due rows are polled every
-    /// poll interval (repeatedly while claims come back full). Up to `settles_in_flight` claimed
-    /// batches settle at once; on cancel the ones in flight finish first.
+    /// poll interval (repeatedly while claims come back full).
+    ///
+    /// Batches grow with the load rather than multiply: signaled ids wait in a buffer (at most
+    /// one claim's worth; the channel holds the rest). A batch starts at once when none is
+    /// settling; beside others (up to `settles_in_flight`) only when a full claim's worth is
+    /// waiting or the oldest waiting id has waited `max_signal_wait`. A light load is claimed
+    /// the moment it is signaled; a heavy one settles in few large transactions. On cancel the
+    /// batches in flight finish first; ids still buffered are durable rows the next poll finds.
     pub async fn run(mut self, cancel: CancellationToken) {
         let mut interval = tokio::time::interval(self.config.poll_interval);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut settling = tokio::task::JoinSet::new();
+        let mut waiting: Vec<Uuid> = Vec::new();
+        let mut oldest_waiting = tokio::time::Instant::now();
+        let limit = usize::try_from(self.config.claim_limit.max(1)).unwrap_or(usize::MAX);
+        let most_in_flight = self.config.settles_in_flight.max(1);
+        // The poll runs beside the signaled batches, so a slow one never holds them up; one
+        // poll at a time (the tick waits while one runs).
+        let mut polling = tokio::task::JoinSet::new();
         loop {
+            let waited = oldest_waiting.elapsed() >= self.config.max_signal_wait;
+            if starts_batch(waiting.len(), settling.len(), limit, most_in_flight, waited)
+                && !cancel.is_cancelled()
+            {
+                let ids: Vec<Uuid> = waiting.drain(..waiting.len().min(limit)).collect();
+                oldest_waiting = tokio::time::Instant::now();
+                let settler = self.settler.clone();
+                settling.spawn(async move {
+                    if let Err(err) = settler.claim_and_settle(Some(&ids)).await {
+                        tracing::warn!(event = "retry_claim_failed", error = %err);
+                    }
+                });
+                continue;
+            }
+            let accepting = self.signals_open && waiting.len() < limit;
+            let wait_ends = oldest_waiting
+                .checked_add(self.config.max_signal_wait)
+                .unwrap_or_else(far_future);
+            let may_join = !waiting.is_empty() && settling.len() < most_in_flight;
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => break,
                 Some(_) = settling.join_next(), if !settling.is_empty() => {}
-                first = self.signals.0.recv(), if self.signals_open => match first {
+                first = self.signals.0.recv(), if accepting => match first {
                     Some(id) => {
-                        let ids = self.signaled_ids(id);
-                        self.settle_in_flight(ids, &mut settling).await;
-                    }
-                    None => self.signals_open = false,
-                },
-                _ = interval.tick() => {
-                    loop {
-                        match self.settler.claim_and_settle(None).await {
-                            Ok(n) if n as i64 >= self.config.claim_limit && !cancel.is_cancelled() => continue,
-                            Ok(_) => break,
-                            Err(err) => {
-                                tracing::warn!(event = "retry_poll_failed", error = %err);
-                                break;
+                        if waiting.is_empty() {
+                            oldest_waiting = tokio::time::Instant::now();
+                        }
+                        waiting.push(id);
+                        while waiting.len() < limit {
+                            match self.signals.0.try_recv() {
+                                Ok(id) => waiting.push(id),
+                                Err(_) => break,
                             }
                         }
                     }
-                    self.report_depths().await;
+                    None => self.signals_open = false,
+                },
+                () = tokio::time::sleep_until(wait_ends), if may_join => {}
+                Some(_) = polling.join_next(), if !polling.is_empty() => {}
+                _ = interval.tick(), if polling.is_empty() => {
+                    polling.spawn(self.settler.clone().poll_due(cancel.clone()));
                 }
             }
         }
         while settling.join_next().await.is_some() {}
-    }
-
-    /// Starts claiming and settling the signaled `ids` in a task of their own, after waiting
-    /// for a free slot.
-    async fn settle_in_flight(&mut self, ids: Vec<Uuid>, settling: &mut tokio::task::JoinSet<()>) {
-        while settling.len() >= self.config.settles_in_flight.max(1) {
-            settling.join_next().await;
-        }
-        let settler = self.settler.clone();
-        settling.spawn(async move {
-            if let Err(err) = settler.claim_and_settle(Some(&ids)).await {
-                tracing::warn!(event = "retry_claim_failed", error = %err);
-            }
-        });
+        while polling.join_next().await.is_some() {}
     }
 
     fn signaled_ids(&mut self, first: Uuid) -> Vec<Uuid> {
@@ -417,17 +501,23 @@ impl RetryWorker {
     pub async fn settle_batch(&mut self, batch: &ClaimedBatch) -> Vec<JobOutcome> {
         self.settler.settle(batch.token, &batch.claimed).await
     }
+}
 
-    async fn report_depths(&self) {
-        let depths: Result<(i64, i64), _> = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE lease_token IS NULL), count(*) FILTER (WHERE lease_token IS NOT NULL)
-               FROM persistence_retry_jobs",
-        )
-        .fetch_one(self.settler.pg.pool())
-        .await;
-        if let Ok((pending, leased)) = depths {
-            metrics::gauge!(telemetry::RETRY_ROWS, "state" => "pending").set(pending as f64);
-            metrics::gauge!(telemetry::RETRY_ROWS, "state" => "leased").set(leased as f64);
-        }
+#[cfg(test)]
+mod tests {
+    use super::starts_batch;
+
+    #[test]
+    fn a_batch_starts_at_once_when_none_is_settling() {
+        assert!(starts_batch(1, 0, 128, 3, false));
+        assert!(!starts_batch(0, 0, 128, 3, true));
+    }
+
+    #[test]
+    fn a_second_batch_starts_with_a_full_claim_waiting_or_after_the_longest_wait() {
+        assert!(!starts_batch(127, 1, 128, 3, false));
+        assert!(starts_batch(128, 1, 128, 3, false));
+        assert!(starts_batch(1, 2, 128, 3, true));
+        assert!(!starts_batch(128, 3, 128, 3, true));
     }
 }

@@ -14,11 +14,11 @@ use shardkeep::retry::{
 use sqlx::PgPool;
 use uuid::Uuid;
 
-fn pg(pool: &PgPool) -> PostgresBackend {
+pub(crate) fn pg(pool: &PgPool) -> PostgresBackend {
     PostgresBackend::from_pool(pool.clone())
 }
 
-async fn character(pool: &PgPool, name: &str) -> Uuid {
+pub(crate) async fn character(pool: &PgPool, name: &str) -> Uuid {
     let id = Uuid::now_v7();
     CharacterStore::new(pg(pool))
         .create(&NewCharacter {
@@ -35,7 +35,12 @@ async fn character(pool: &PgPool, name: &str) -> Uuid {
     id
 }
 
-fn reward(character_id: Uuid, key: &str, epoch: i64, experience: i64) -> PersistenceRetryJob {
+pub(crate) fn reward(
+    character_id: Uuid,
+    key: &str,
+    epoch: i64,
+    experience: i64,
+) -> PersistenceRetryJob {
     PersistenceRetryJob::new(
         PersistenceRetryPayload::CombatRewards {
             character_id,
@@ -56,7 +61,7 @@ fn reward(character_id: Uuid, key: &str, epoch: i64, experience: i64) -> Persist
     .unwrap()
 }
 
-fn config(owner: &str) -> RetryWorkerConfig {
+pub(crate) fn config(owner: &str) -> RetryWorkerConfig {
     let mut config = RetryWorkerConfig::new(owner);
     config.backoff = shardkeep::retry::Backoff::from_base_millis(1000);
     config
@@ -72,7 +77,7 @@ async fn set_state(pool: &PgPool, id: Uuid, state: serde_json::Value) {
         .unwrap();
 }
 
-async fn experience(pool: &PgPool, id: Uuid) -> i64 {
+pub(crate) async fn experience(pool: &PgPool, id: Uuid) -> i64 {
     let state: serde_json::Value = sqlx::query_scalar("SELECT state FROM characters WHERE id = $1")
         .bind(id)
         .fetch_one(pool)
