@@ -438,6 +438,49 @@ async fn main() {
         env.teardown().await;
         return;
     }
+    // DRAIN_ONLY=1 stores and signals every job first, then times the worker alone.
+    if std::env::var("DRAIN_ONLY").is_ok() {
+        for (name, chars) in [("2/char", &many), ("200/char", &few)] {
+            let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+            let (queue, signals) = RetryQueue::new(env.pg.clone(), jobs, Arc::clone(&clock));
+            let prefix = format!("dr{}-", Uuid::now_v7().simple());
+            for i in 0..jobs {
+                let seq = (i / chars.len()) as u64 + 1;
+                let job = reward_job(chars[i % chars.len()], format!("{prefix}{i}"), seq);
+                queue.enqueue(&job).await.unwrap();
+            }
+            let worker_pool = shardkeep::PostgresBackend::pool_options(16)
+                .connect_with(pool.connect_options().as_ref().clone())
+                .await
+                .unwrap();
+            let worker = RetryWorker::new(
+                shardkeep::PostgresBackend::from_pool(worker_pool),
+                signals,
+                RetryWorkerConfig::new("bench"),
+                clock,
+            );
+            let stats = worker.stats();
+            let cancel = tokio_util::sync::CancellationToken::new();
+            let started = Instant::now();
+            let task = tokio::spawn(worker.run(cancel.clone()));
+            while RetryStats::get(&stats.applied) < jobs as u64 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            let elapsed = started.elapsed();
+            cancel.cancel();
+            task.await.unwrap();
+            let batch = RetryStats::get(&stats.claimed) as f64
+                / RetryStats::get(&stats.batches).max(1) as f64;
+            println!(
+                "drain only, {name}: {jobs} jobs in {:.2} s = {:.0} jobs/s ({batch:.0}/batch)",
+                elapsed.as_secs_f64(),
+                jobs as f64 / elapsed.as_secs_f64()
+            );
+        }
+        pool.close().await;
+        env.teardown().await;
+        return;
+    }
     // STEADY_ONLY=RATE runs only the steady run at RATE jobs/s (latency investigations).
     if let Some(rate) = std::env::var("STEADY_ONLY")
         .ok()

@@ -1,6 +1,8 @@
 //! How each payload changes a character row (pure). The reference state document is the target;
 //! a game with its own model supplies its own version of this step.
 
+use serde::Deserialize;
+
 use super::job::PersistenceRetryPayload;
 use crate::game::state::StateDocument;
 
@@ -13,7 +15,7 @@ pub(crate) struct RowState {
 }
 
 fn document(state: &serde_json::Value) -> Result<StateDocument, String> {
-    serde_json::from_value(state.clone())
+    StateDocument::deserialize(state)
         .map_err(|e| format!("stored state is not a state document: {e}"))
 }
 
@@ -70,12 +72,14 @@ pub(crate) fn replay<'a>(
         .count()
 }
 
-/// What `payload` does to `row`. Whether it should run at all (a duplicate, a write the row
-/// already holds) is decided by the caller from shardkeep's bookkeeping, never from the document.
+/// What `payload` does to `row`; true when the row changed. Whether it should run at all (a
+/// duplicate, a write the row already holds) is decided by the caller from shardkeep's
+/// bookkeeping, never from the document. A payload that would leave the row as it is changes
+/// nothing (the stored document is not rewritten).
 pub(crate) fn apply_payload(
     row: &mut RowState,
     payload: &PersistenceRetryPayload,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     match payload {
         PersistenceRetryPayload::CharacterLocation {
             zone,
@@ -84,22 +88,34 @@ pub(crate) fn apply_payload(
             ..
         } => {
             let mut doc = document(&row.state)?;
-            if position.is_some() {
+            let moved = position.is_some() && doc.position != *position;
+            if moved {
                 doc.position = *position;
+                store(row, &doc)?;
             }
-            store(row, &doc)?;
+            let anchored =
+                row.zone_ref.as_ref() != Some(zone) || row.room_ref.as_ref() != Some(room);
             row.zone_ref = Some(zone.clone());
             row.room_ref = Some(room.clone());
+            Ok(moved || anchored)
         }
         PersistenceRetryPayload::CharacterAppearance { appearance, .. } => {
             let mut doc = document(&row.state)?;
+            if doc.appearance == *appearance {
+                return Ok(false);
+            }
             doc.appearance = appearance.clone();
             store(row, &doc)?;
+            Ok(true)
         }
         PersistenceRetryPayload::CharacterEquipment { equipment, .. } => {
             let mut doc = document(&row.state)?;
+            if doc.equipment == *equipment {
+                return Ok(false);
+            }
             doc.equipment = equipment.clone();
             store(row, &doc)?;
+            Ok(true)
         }
         PersistenceRetryPayload::GameplayState {
             state,
@@ -108,11 +124,16 @@ pub(crate) fn apply_payload(
             ..
         } => {
             document(state)?;
-            row.state = state.clone();
+            let mut changed = row.state != *state;
+            if changed {
+                row.state = state.clone();
+            }
             if let Some(zone) = zone_ref.as_ref().filter(|z| !z.is_empty()) {
+                changed |= row.zone_ref.as_ref() != Some(zone) || row.room_ref != *room_ref;
                 row.zone_ref = Some(zone.clone());
                 row.room_ref = room_ref.clone();
             }
+            Ok(changed)
         }
         PersistenceRetryPayload::CombatRewards {
             experience,
@@ -121,14 +142,17 @@ pub(crate) fn apply_payload(
             ..
         } => {
             let mut doc = document(&row.state)?;
+            if *experience == 0 && *currency == 0 && items.is_empty() {
+                return Ok(false);
+            }
             doc.experience = doc.experience.saturating_add(*experience);
             doc.currency = doc.currency.saturating_add(*currency);
             doc.inventory.extend(items.iter().cloned());
             store(row, &doc)?;
+            Ok(true)
         }
-        PersistenceRetryPayload::TransferActivation { .. } => {}
+        PersistenceRetryPayload::TransferActivation { .. } => Ok(false),
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -165,6 +189,34 @@ mod tests {
         assert_eq!(row.state["experience"], 100);
         assert_eq!(row.state["currency"], 6);
         assert_eq!(row.state["inventory"].as_array().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn a_payload_that_leaves_the_row_as_it_is_changes_nothing() {
+        let mut row = row();
+        let before = row.clone();
+        let nothing = PersistenceRetryPayload::CombatRewards {
+            character_id: Uuid::nil(),
+            experience: 0,
+            currency: 0,
+            items: vec![],
+        };
+        assert_eq!(apply_payload(&mut row, &nothing), Ok(false));
+        let same_place = PersistenceRetryPayload::CharacterLocation {
+            character_id: Uuid::nil(),
+            zone: "zone-0".into(),
+            room: "r0".into(),
+            position: None,
+        };
+        assert_eq!(apply_payload(&mut row, &same_place), Ok(false));
+        assert_eq!(row, before, "the document was not rewritten");
+        let one_more = PersistenceRetryPayload::CombatRewards {
+            character_id: Uuid::nil(),
+            experience: 1,
+            currency: 0,
+            items: vec![],
+        };
+        assert_eq!(apply_payload(&mut row, &one_more), Ok(true));
     }
 
     #[test]

@@ -167,8 +167,7 @@ async fn insert_chunk(
         epochs.push(r.owner_epoch);
         seqs.push(i64::try_from(r.issue_seq).unwrap_or(i64::MAX));
         kinds.push(r.payload.kind());
-        payloads
-            .push(serde_json::to_value(&r.payload).map_err(|e| sqlx::Error::Encode(Box::new(e)))?);
+        payloads.push(sqlx::types::Json(&r.payload));
         row_versions.push(versions.get(&r.character_id).copied().unwrap_or(0));
     }
     sqlx::query(

@@ -195,9 +195,8 @@ async fn settle_owned(
             outcomes.push(JobOutcome::AlreadyApplied);
             continue;
         }
-        let before = locked.row.clone();
         match apply_payload(&mut locked.row, payload) {
-            Ok(()) => {
+            Ok(changed) => {
                 if let PersistenceRetryPayload::GameplayState { .. } = payload {
                     // A dump: a live write of that copy's content up to its mark (a checkpoint
                     // dumped before it no longer outranks the row), then the effects it issued
@@ -216,7 +215,7 @@ async fn settle_owned(
                     });
                     replay(&mut locked.row, later);
                 }
-                if locked.row != before {
+                if changed {
                     dirty.insert(payload.character_id());
                 }
                 if let PersistenceRetryPayload::TransferActivation {
