@@ -11,12 +11,14 @@
 //! - [`policy`] — origin → session impact, the only place that decides it.
 //! - [`backoff`] — the retry delay.
 //! - `apply` — how each payload changes a character row (pure).
+//! - `coalesce` — concurrent enqueues stored in one statement.
 //! - `store` — insert, claim, inspect, requeue.
 //! - `settle` — one batch's transaction; `settle_writes` — the batched writes that end it.
 //! - [`worker`] — the worker loop.
 
 pub(crate) mod apply;
 pub mod backoff;
+mod coalesce;
 pub(crate) mod effects;
 pub mod job;
 pub mod policy;
@@ -73,12 +75,13 @@ pub enum RetryError {
     Requeue(#[from] RequeueError),
 }
 
-/// Producer handle on the retry jobs. Cheap to clone.
+/// Producer handle on the retry jobs. Cheap to clone; clones store concurrent enqueues together.
 #[derive(Debug, Clone)]
 pub struct RetryQueue {
     pg: PostgresBackend,
     signal: mpsc::Sender<Uuid>,
     clock: Arc<dyn Clock>,
+    waiting: Arc<coalesce::Coalescer>,
 }
 
 /// The worker's end of the signal channel.
@@ -93,15 +96,24 @@ impl RetryQueue {
         clock: Arc<dyn Clock>,
     ) -> (Self, RetrySignals) {
         let (signal, receiver) = mpsc::channel(signal_depth.max(1));
-        (Self { pg, signal, clock }, RetrySignals(receiver))
+        let waiting = Arc::default();
+        (
+            Self {
+                pg,
+                signal,
+                clock,
+                waiting,
+            },
+            RetrySignals(receiver),
+        )
     }
 
     /// Stores `job`, then signals the worker. An insert failure comes back: nothing was queued.
-    /// Enqueueing the same job again (a retry after a lost reply) stores it once.
+    /// Enqueueing the same job again (a retry after a lost reply) stores it once. Enqueues made
+    /// at the same time are stored in one statement and commit (see `coalesce`); each returns
+    /// once its own job is committed.
     pub async fn enqueue(&self, job: &PersistenceRetryJob) -> Result<EnqueueOutcome, RetryError> {
-        let mut conn = self.pg.pool().acquire().await?;
-        store::insert_job(&mut conn, job, self.clock.now()).await?;
-        drop(conn);
+        self.waiting.insert(&self.pg, job, self.clock.now()).await?;
         metrics::counter!(telemetry::RETRY_ENQUEUED_TOTAL, "kind" => job.payload().kind())
             .increment(1);
         Ok(self.signal(job.retry_job_id()))

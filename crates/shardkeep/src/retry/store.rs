@@ -1,4 +1,4 @@
-//! SQL for retry jobs and dead letters: insert, the claim statements (signaled ids or any due
+//! SQL for retry jobs and dead letters: the batched insert, the claim statements (signaled ids or any due
 //! rows; locked for the caller's transaction or leased), inspection and requeue. Settling a
 //! claimed batch lives in `settle`.
 
@@ -64,11 +64,13 @@ pub struct DeadLetterInspection {
 const JOB_COLUMNS: &str = "retry_job_id, job_kind, character_id, realm_id, payload, session_token, \
     session_impact, source, idempotency_key, owner_epoch, origin, issued_at, issue_seq";
 
-const INSERT: &str = "
+const INSERT_MANY: &str = "
 INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, realm_id, zone_id, payload,
     next_attempt_at, session_token, session_impact, source, idempotency_key, owner_epoch, origin, issued_at,
     issue_seq)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::jsonb[],
+    $7::timestamptz[], $8::text[], $9::text[], $10::text[], $11::text[], $12::int8[], $13::text[],
+    $14::timestamptz[], $15::int8[])
 ON CONFLICT (retry_job_id) DO NOTHING";
 
 /// The rows a claim takes: due, with no live lease, oldest first, skipping rows another worker
@@ -162,31 +164,71 @@ pub(crate) async fn lock_due(
     .await
 }
 
-/// Inserts `job` as due at `now`, on `conn` (inside the caller's transaction when it has one).
-pub(crate) async fn insert_job(
+/// Inserts `jobs`, each due at the instant given with it, in one statement on `conn` (inside the
+/// caller's transaction when it has one): all or none. A job stored already (the same id) stays
+/// as it is.
+pub(crate) async fn insert_jobs(
     conn: &mut sqlx::PgConnection,
-    job: &PersistenceRetryJob,
-    now: DateTime<Utc>,
+    jobs: &[(&PersistenceRetryJob, DateTime<Utc>)],
 ) -> Result<(), sqlx::Error> {
-    let payload =
-        serde_json::to_value(job.payload()).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
-    let envelope = job.envelope();
-    sqlx::query(INSERT)
-        .bind(job.retry_job_id())
-        .bind(job.payload().kind())
-        .bind(job.payload().character_id())
-        .bind(job.realm_id())
-        .bind(job.payload().zone_id())
-        .bind(payload)
-        .bind(now)
-        .bind(job.session_token())
-        .bind(job.session_impact().as_str())
-        .bind(job.source())
-        .bind(&envelope.idempotency_key)
-        .bind(envelope.owner_epoch)
-        .bind(envelope.origin.as_str())
-        .bind(envelope.issued_at)
-        .bind(i64::try_from(envelope.issue_seq).unwrap_or(i64::MAX))
+    let n = jobs.len();
+    let (mut ids, mut kinds, mut characters) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let (mut realms, mut zones, mut payloads, mut due) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let (mut sessions, mut impacts, mut sources, mut keys) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let (mut epochs, mut origins, mut issued, mut seqs) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for (job, now) in jobs {
+        let envelope = job.envelope();
+        ids.push(job.retry_job_id());
+        kinds.push(job.payload().kind());
+        characters.push(job.payload().character_id());
+        realms.push(job.realm_id());
+        zones.push(job.payload().zone_id());
+        payloads.push(sqlx::types::Json(job.payload()));
+        due.push(*now);
+        sessions.push(job.session_token());
+        impacts.push(job.session_impact().as_str());
+        sources.push(job.source());
+        keys.push(envelope.idempotency_key.as_str());
+        epochs.push(envelope.owner_epoch);
+        origins.push(envelope.origin.as_str());
+        issued.push(envelope.issued_at);
+        seqs.push(i64::try_from(envelope.issue_seq).unwrap_or(i64::MAX));
+    }
+    sqlx::query(INSERT_MANY)
+        .bind(&ids)
+        .bind(&kinds)
+        .bind(&characters)
+        .bind(&realms)
+        .bind(&zones)
+        .bind(&payloads)
+        .bind(&due)
+        .bind(&sessions)
+        .bind(&impacts)
+        .bind(&sources)
+        .bind(&keys)
+        .bind(&epochs)
+        .bind(&origins)
+        .bind(&issued)
+        .bind(&seqs)
         .execute(conn)
         .await?;
     Ok(())
@@ -350,7 +392,7 @@ pub(crate) async fn requeue(
     let job = PersistenceRetryJob::restore(stored)
         .map_err(RequeueError::Undecodable)?
         .renewed();
-    insert_job(&mut tx, &job, now).await?;
+    insert_jobs(&mut tx, &[(&job, now)]).await?;
     sqlx::query(
         "UPDATE persistence_job_dead_letters SET requeued_at = $2, requeued_retry_job_id = $3
           WHERE dead_letter_id = $1",

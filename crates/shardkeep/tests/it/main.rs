@@ -24,6 +24,7 @@ mod queue;
 mod queue_identity;
 mod queue_order;
 mod retry_connections;
+mod retry_enqueue;
 mod retry_jobs;
 mod retry_plans;
 mod retry_worker_loop;

@@ -1,0 +1,100 @@
+//! Enqueues made at the same time are stored together, each still answered for its own job.
+
+use std::sync::Arc;
+
+use shardkeep::clock::SystemClock;
+use shardkeep::retry::{RetryQueue, RetryWorker};
+use sqlx::PgPool;
+use tokio::task::JoinSet;
+
+use super::retry_jobs::{character, config, experience, pg, reward};
+
+async fn stored(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM persistence_retry_jobs")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// 100 enqueues at once (one of them the same job twice) each return once stored, every job is
+/// stored once, and the worker applies every one.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn enqueues_at_once_are_each_stored_once(pool: PgPool) {
+    let id = character(&pool, "Aria").await;
+    let (queue, signals) = RetryQueue::new(pg(&pool), 256, Arc::new(SystemClock));
+    let twice = reward(id, "twice", 0, 1);
+    let mut enqueues = JoinSet::new();
+    for n in 0..99 {
+        let (queue, job) = (queue.clone(), reward(id, &format!("k{n}"), 0, 1));
+        enqueues.spawn(async move { queue.enqueue(&job).await.map(|_| ()) });
+    }
+    for _ in 0..2 {
+        let (queue, job) = (queue.clone(), twice.clone());
+        enqueues.spawn(async move { queue.enqueue(&job).await.map(|_| ()) });
+    }
+    while let Some(done) = enqueues.join_next().await {
+        done.unwrap().unwrap();
+    }
+    assert_eq!(stored(&pool).await, 100);
+    let mut worker = RetryWorker::new(pg(&pool), signals, config("w"), Arc::new(SystemClock));
+    worker.run_until_idle().await.unwrap();
+    assert_eq!(experience(&pool, id).await, 100);
+}
+
+/// A job Postgres refuses (a NUL byte in its key) fails alone: the jobs enqueued with it are
+/// stored, and their callers told so.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_job_postgres_refuses_fails_alone(pool: PgPool) {
+    let id = character(&pool, "Aria").await;
+    let (queue, _signals) = RetryQueue::new(pg(&pool), 256, Arc::new(SystemClock));
+    let mut enqueues = JoinSet::new();
+    for n in 0..40 {
+        let key = if n == 20 {
+            "bad\0key".to_owned()
+        } else {
+            format!("k{n}")
+        };
+        let (queue, job) = (queue.clone(), reward(id, &key, 0, 1));
+        enqueues.spawn(async move { (n, queue.enqueue(&job).await.is_ok()) });
+    }
+    while let Some(done) = enqueues.join_next().await {
+        let (n, stored_ok) = done.unwrap();
+        assert_eq!(stored_ok, n != 20, "job {n}");
+    }
+    assert_eq!(stored(&pool).await, 39);
+}
+
+/// A caller that stops waiting (its task aborted mid-enqueue) cuts no one else off: every other
+/// job enqueued with it is stored and answered.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_caller_that_stops_waiting_cuts_no_one_off(pool: PgPool) {
+    let id = character(&pool, "Aria").await;
+    let (queue, _signals) = RetryQueue::new(pg(&pool), 256, Arc::new(SystemClock));
+    let mut enqueues = JoinSet::new();
+    let mut quitter = None;
+    for n in 0..30 {
+        let (queue, job) = (queue.clone(), reward(id, &format!("k{n}"), 0, 1));
+        let handle = enqueues.spawn(async move { queue.enqueue(&job).await.map(|_| ()) });
+        if n == 3 {
+            quitter = Some(handle);
+        }
+    }
+    tokio::task::yield_now().await;
+    quitter.unwrap().abort();
+    let (mut answered, mut aborted) = (0, 0);
+    while let Some(done) = enqueues.join_next().await {
+        match done {
+            Ok(result) => {
+                result.unwrap();
+                answered += 1;
+            }
+            Err(err) => {
+                assert!(err.is_cancelled());
+                aborted += 1;
+            }
+        }
+    }
+    assert!(answered >= 29 && answered + aborted == 30);
+    let rows = stored(&pool).await;
+    assert!(rows >= 29, "{rows} stored");
+}
