@@ -55,7 +55,18 @@ impl Coalescer {
         now: DateTime<Utc>,
     ) -> Outcome {
         let (done, outcome) = oneshot::channel();
-        let bytes = 256 + crate::game::apply::encoded_len(job.payload());
+        let envelope = job.envelope();
+        let bytes = [
+            192,
+            crate::game::apply::encoded_len(job.payload()),
+            envelope.idempotency_key.len(),
+            job.source().len(),
+            job.session_token().map_or(0, str::len),
+            job.realm_id().map_or(0, str::len),
+            job.payload().zone_id().map_or(0, str::len),
+        ]
+        .into_iter()
+        .fold(0usize, usize::saturating_add);
         let start = {
             let mut state = self.lock();
             state.waiting.push_back(Waiting {
@@ -103,9 +114,15 @@ impl Coalescer {
     }
 
     async fn insert_waiting(self: Arc<Self>, pg: PostgresBackend) {
+        let mut slot = Slot {
+            coalescer: Arc::clone(&self),
+            pg: pg.clone(),
+            held: true,
+        };
         loop {
             let batch = self.take_batch();
             if batch.is_empty() {
+                slot.held = false;
                 return;
             }
             let rows: Vec<(&PersistenceRetryJob, DateTime<Utc>)> =
@@ -114,18 +131,58 @@ impl Coalescer {
             drop(rows);
             match together {
                 Ok(()) => batch.into_iter().for_each(|w| drop(w.done.send(Ok(())))),
-                Err(err) if batch.len() == 1 => {
-                    if let Some(waiting) = batch.into_iter().next() {
-                        let _ = waiting.done.send(Err(err));
-                    }
-                }
-                Err(_) => {
+                // Postgres refused the statement or a value would not encode: one of the jobs
+                // may be at fault, so each is stored on its own.
+                Err(sqlx::Error::Database(_) | sqlx::Error::Encode(_)) if batch.len() > 1 => {
                     for waiting in batch {
                         let alone = insert(&pg, &[(&waiting.job, waiting.now)]).await;
                         let _ = waiting.done.send(alone);
                     }
                 }
+                // No connection (an outage, a full pool): every job fails at once, so callers
+                // learn it within one attempt rather than one per job.
+                Err(err) => {
+                    let reason = err.to_string();
+                    let mut batch = batch.into_iter();
+                    if let Some(first) = batch.next() {
+                        let _ = first.done.send(Err(err));
+                    }
+                    for waiting in batch {
+                        let lost = std::io::Error::other(reason.clone());
+                        let _ = waiting.done.send(Err(sqlx::Error::Io(lost)));
+                    }
+                }
             }
+        }
+    }
+}
+
+/// An insert task's place among the [`MOST_INSERTING`]. A task that ends without handing it back
+/// (a panic, an abort) gives it up on drop, and a new task takes over what waits.
+struct Slot {
+    coalescer: Arc<Coalescer>,
+    pg: PostgresBackend,
+    held: bool,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if !self.held {
+            return;
+        }
+        let mut state = self.coalescer.lock();
+        state.inserting = state.inserting.saturating_sub(1);
+        if state.waiting.is_empty() {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                state.inserting += 1;
+                drop(state);
+                runtime.spawn(Arc::clone(&self.coalescer).insert_waiting(self.pg.clone()));
+            }
+            // No runtime left: the waiting callers are told (their channels close).
+            Err(_) => state.waiting.clear(),
         }
     }
 }
