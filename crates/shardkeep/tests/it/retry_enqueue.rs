@@ -99,3 +99,40 @@ async fn a_caller_that_stops_waiting_cuts_no_one_off(pool: PgPool) {
     let rows = stored(&pool).await;
     assert!(rows >= 29, "{rows} stored");
 }
+
+/// With Postgres out of reach (every connection attempt hangs), enqueues made together all fail
+/// within about one pool timeout (a failed batch used to be retried job by job, one pool
+/// timeout each).
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn an_outage_fails_a_batch_at_once(pool: PgPool) {
+    use shardkeep::faults::{FaultProxy, ProxyMode};
+    use std::time::{Duration, Instant};
+    let id = character(&pool, "Aria").await;
+    let options: sqlx::postgres::PgConnectOptions = (*pool.connect_options()).clone();
+    let upstream = format!("127.0.0.1:{}", options.get_port()).parse().unwrap();
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let cut = shardkeep::PostgresBackend::pool_options(2)
+        .acquire_timeout(Duration::from_millis(300))
+        .connect_lazy_with(options.host("127.0.0.1").port(proxy.addr().port()));
+    proxy.set_mode(ProxyMode::Stall);
+    let (queue, _signals) = RetryQueue::new(
+        shardkeep::PostgresBackend::from_pool(cut),
+        64,
+        Arc::new(SystemClock),
+    );
+    let started = Instant::now();
+    let mut enqueues = JoinSet::new();
+    for n in 0..20 {
+        let (queue, job) = (queue.clone(), reward(id, &format!("k{n}"), 0, 1));
+        enqueues.spawn(async move { queue.enqueue(&job).await.is_err() });
+    }
+    while let Some(done) = enqueues.join_next().await {
+        assert!(done.unwrap(), "nothing can be stored");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "failing took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(stored(&pool).await, 0);
+}
