@@ -25,7 +25,7 @@ use shardkeep::bench::BenchEnv;
 use shardkeep::clock::{Clock, SystemClock};
 use shardkeep::retry::{
     IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
-    RetryStats, RetryWorker, RetryWorkerConfig,
+    RetrySignals, RetryStats, RetryWorker, RetryWorkerConfig,
 };
 use sqlx::PgPool;
 use sqlx::migrate::MigrateDatabase;
@@ -154,23 +154,7 @@ async fn shardkeep_run(
     // The producers share the game server's pool (8); the worker has its own, as in `serve`
     // (16), the way apalis's workers have theirs.
     let (queue, signals) = RetryQueue::new(env.pg.clone(), 1024, Arc::clone(&clock));
-    let worker_pool = shardkeep::PostgresBackend::pool_options(16)
-        .connect_with(pool.connect_options().as_ref().clone())
-        .await
-        .unwrap();
-    let worker = RetryWorker::new(
-        shardkeep::PostgresBackend::from_pool(worker_pool),
-        signals,
-        {
-            let mut config = RetryWorkerConfig::new("bench");
-            config.settles_in_flight = env_usize("SETTLES", config.settles_in_flight);
-            if let Ok(ms) = std::env::var("SIGNAL_WAIT_MS") {
-                config.max_signal_wait = Duration::from_millis(ms.parse().unwrap());
-            }
-            config
-        },
-        clock,
-    );
+    let worker = bench_worker(pool, signals, clock).await;
     let stats = worker.stats();
     let cancel = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(worker.run(cancel.clone()));
@@ -382,6 +366,26 @@ async fn raw_run(pool: &PgPool, chars: &[Uuid], jobs: usize, producers: usize) -
     }
 }
 
+/// The worker under test, on a pool of its own (16, as in `serve`), with `SETTLES` and
+/// `SIGNAL_WAIT_MS` applied.
+async fn bench_worker(pool: &PgPool, signals: RetrySignals, clock: Arc<dyn Clock>) -> RetryWorker {
+    let worker_pool = shardkeep::PostgresBackend::pool_options(16)
+        .connect_with(pool.connect_options().as_ref().clone())
+        .await
+        .unwrap();
+    let mut config = RetryWorkerConfig::new("bench");
+    config.settles_in_flight = env_usize("SETTLES", config.settles_in_flight);
+    if let Ok(ms) = std::env::var("SIGNAL_WAIT_MS") {
+        config.max_signal_wait = Duration::from_millis(ms.parse().unwrap());
+    }
+    RetryWorker::new(
+        shardkeep::PostgresBackend::from_pool(worker_pool),
+        signals,
+        config,
+        clock,
+    )
+}
+
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -449,16 +453,7 @@ async fn main() {
                 let job = reward_job(chars[i % chars.len()], format!("{prefix}{i}"), seq);
                 queue.enqueue(&job).await.unwrap();
             }
-            let worker_pool = shardkeep::PostgresBackend::pool_options(16)
-                .connect_with(pool.connect_options().as_ref().clone())
-                .await
-                .unwrap();
-            let worker = RetryWorker::new(
-                shardkeep::PostgresBackend::from_pool(worker_pool),
-                signals,
-                RetryWorkerConfig::new("bench"),
-                clock,
-            );
+            let worker = bench_worker(&pool, signals, clock).await;
             let stats = worker.stats();
             let cancel = tokio_util::sync::CancellationToken::new();
             let started = Instant::now();

@@ -171,48 +171,30 @@ pub(crate) async fn insert_jobs(
     conn: &mut sqlx::PgConnection,
     jobs: &[(&PersistenceRetryJob, DateTime<Utc>)],
 ) -> Result<(), sqlx::Error> {
-    let n = jobs.len();
-    let (mut ids, mut kinds, mut characters) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    let (mut realms, mut zones, mut payloads, mut due) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    let (mut sessions, mut impacts, mut sources, mut keys) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    let (mut epochs, mut origins, mut issued, mut seqs) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    for (job, now) in jobs {
-        let envelope = job.envelope();
-        ids.push(job.retry_job_id());
-        kinds.push(job.payload().kind());
-        characters.push(job.payload().character_id());
-        realms.push(job.realm_id());
-        zones.push(job.payload().zone_id());
-        payloads.push(sqlx::types::Json(job.payload()));
-        due.push(*now);
-        sessions.push(job.session_token());
-        impacts.push(job.session_impact().as_str());
-        sources.push(job.source());
-        keys.push(envelope.idempotency_key.as_str());
-        epochs.push(envelope.owner_epoch);
-        origins.push(envelope.origin.as_str());
-        issued.push(envelope.issued_at);
-        seqs.push(i64::try_from(envelope.issue_seq).unwrap_or(i64::MAX));
+    // One array per column, in the order of `INSERT_MANY`'s UNNEST.
+    fn column<'a, T>(
+        jobs: &'a [(&PersistenceRetryJob, DateTime<Utc>)],
+        value: impl Fn(&'a PersistenceRetryJob) -> T,
+    ) -> Vec<T> {
+        jobs.iter().map(|(job, _)| value(job)).collect()
     }
+    let ids = column(jobs, |j| j.retry_job_id());
+    let kinds = column(jobs, |j| j.payload().kind());
+    let characters = column(jobs, |j| j.payload().character_id());
+    let realms = column(jobs, |j| j.realm_id());
+    let zones = column(jobs, |j| j.payload().zone_id());
+    let payloads = column(jobs, |j| sqlx::types::Json(j.payload()));
+    let due: Vec<DateTime<Utc>> = jobs.iter().map(|(_, now)| *now).collect();
+    let sessions = column(jobs, |j| j.session_token());
+    let impacts = column(jobs, |j| j.session_impact().as_str());
+    let sources = column(jobs, |j| j.source());
+    let keys = column(jobs, |j| j.envelope().idempotency_key.as_str());
+    let epochs = column(jobs, |j| j.envelope().owner_epoch);
+    let origins = column(jobs, |j| j.envelope().origin.as_str());
+    let issued = column(jobs, |j| j.envelope().issued_at);
+    let seqs = column(jobs, |j| {
+        i64::try_from(j.envelope().issue_seq).unwrap_or(i64::MAX)
+    });
     sqlx::query(INSERT_MANY)
         .bind(&ids)
         .bind(&kinds)
