@@ -172,6 +172,17 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "SHARDKEEP_CONSOLE_PASSWORD", hide_env_values = true)]
     pub(crate) console_password: Option<String>,
 
+    /// The URL operators use to reach this server, e.g. `https://ops.example.com`. An `https`
+    /// URL marks the console cookie `Secure` (set it whenever TLS ends in front of `serve`).
+    #[arg(long, env = "SHARDKEEP_PUBLIC_URL", value_parser = parse_public_url)]
+    pub(crate) public_url: Option<String>,
+
+    /// Trust `X-Forwarded-For` (the login throttle's client address) and `X-Forwarded-Proto`
+    /// (`https` marks the cookie `Secure`) from the proxy in front of `serve`. Only with a proxy
+    /// that sets them: otherwise any client could pick its own address.
+    #[arg(long, env = "SHARDKEEP_TRUST_FORWARDED_HEADERS")]
+    pub(crate) trust_forwarded_headers: bool,
+
     /// Base of the retry backoff, in milliseconds.
     #[arg(long, env = "PERSISTENCE_RETRY_BACKOFF_MILLIS", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     pub(crate) retry_backoff_millis: u64,
@@ -192,6 +203,15 @@ pub(crate) struct ServeArgs {
     /// recovery within the heartbeat TTL plus one recovery interval (about 25 s).
     #[arg(long, env = "SHARDKEEP_CONSUMER_ID", value_parser = parse_consumer_id)]
     pub(crate) consumer_id: Option<String>,
+}
+
+/// A public URL: `http://` or `https://` followed by a host.
+fn parse_public_url(raw: &str) -> Result<String, String> {
+    let url = url::Url::parse(raw).map_err(|e| format!("not a URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err("expected http://host or https://host".into());
+    }
+    Ok(raw.to_owned())
 }
 
 /// A stable consumer id, checked before anything connects.

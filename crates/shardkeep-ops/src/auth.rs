@@ -24,6 +24,17 @@ fn fail(code: &'static str, message: &str) -> ApiError {
     ApiError::unauthorized(code, message)
 }
 
+/// Reads a whole body of at most `limit` bytes; a longer one is a 413.
+pub(crate) async fn read_body(body: Body, limit: usize) -> Result<axum::body::Bytes, ApiError> {
+    axum::body::to_bytes(body, limit).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "payload_too_large",
+            format!("bodies are limited to {limit} bytes"),
+        )
+    })
+}
+
 /// Verifies the request's signature; answers 401 (or 413 for an oversized body) on failure.
 pub async fn require_signature(
     State(state): State<AppState>,
@@ -31,14 +42,7 @@ pub async fn require_signature(
     next: Next,
 ) -> Result<Response, ApiError> {
     let (parts, body) = request.into_parts();
-    let limit = state.settings.max_body_bytes;
-    let bytes = axum::body::to_bytes(body, limit).await.map_err(|_| {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!("bodies are limited to {limit} bytes"),
-        )
-    })?;
+    let bytes = read_body(body, state.settings.max_body_bytes).await?;
     let header = |name: &str| {
         parts
             .headers
@@ -90,7 +94,8 @@ pub async fn require_signature(
             "the timestamp is outside the accepted window",
         ));
     }
-    match state.coord.nonce_register(key_id, nonce).await {
+    let skew = std::time::Duration::from_secs(state.settings.skew_seconds.unsigned_abs());
+    match state.coord.nonce_register(key_id, nonce, skew).await {
         Ok(NonceRegistration::Registered) => {}
         Ok(NonceRegistration::Replayed) => {
             return Err(fail("replayed_nonce", "this nonce was already used"));

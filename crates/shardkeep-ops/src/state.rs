@@ -7,7 +7,6 @@ use shardkeep::journal::SessionJournal;
 use shardkeep::retry::RetryQueue;
 use shardkeep::{Coordination, PostgresBackend};
 
-use crate::console::ConsoleSessions;
 use crate::signing::InternalKeys;
 
 /// Settings of the API.
@@ -19,6 +18,14 @@ pub struct ApiSettings {
     pub max_body_bytes: usize,
     /// The console's operator password (`None` disables the console).
     pub console_password: Option<String>,
+    /// Failed-login attempts one client may make per throttle window.
+    pub console_login_client_limit: u32,
+    /// Login attempts all clients together may make per throttle window.
+    pub console_login_global_limit: u32,
+    /// Where operators reach this server (`https://…` marks the session cookie `Secure`).
+    pub public_url: Option<String>,
+    /// Trust `X-Forwarded-For` and `X-Forwarded-Proto` from a proxy in front of this server.
+    pub trust_forwarded_headers: bool,
 }
 
 impl Default for ApiSettings {
@@ -27,6 +34,10 @@ impl Default for ApiSettings {
             skew_seconds: 300,
             max_body_bytes: 64 * 1024,
             console_password: None,
+            console_login_client_limit: 10,
+            console_login_global_limit: 100,
+            public_url: None,
+            trust_forwarded_headers: false,
         }
     }
 }
@@ -50,6 +61,4 @@ pub struct AppState {
     pub settings: Arc<ApiSettings>,
     /// Rendered metrics (Prometheus text), when an exporter is installed.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
-    /// Console login sessions.
-    pub console: ConsoleSessions,
 }

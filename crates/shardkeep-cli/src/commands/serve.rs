@@ -41,11 +41,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let redis = super::connect_redis(&args.redis).await?;
     let metrics =
         shardkeep_ops::telemetry::install().map_err(|e| anyhow!("metrics exporter: {e}"))?;
-    let coord_config = CoordinationConfig {
-        nonce_skew_window: Ttl::from_secs(i64::from(args.skew_seconds))?,
-        ..CoordinationConfig::default()
-    };
-    let coord = Coordination::new(redis.clone(), coord_config);
+    let coord = Coordination::new(redis.clone(), CoordinationConfig::default());
     let clock = Arc::new(SystemClock);
     let (retry, signals) = RetryQueue::new(pg.clone(), 1024, clock.clone());
     let journal = SessionJournal::new(
@@ -112,10 +108,11 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         settings: Arc::new(ApiSettings {
             skew_seconds: i64::from(args.skew_seconds),
             console_password: args.console_password.clone(),
+            public_url: args.public_url.clone(),
+            trust_forwarded_headers: args.trust_forwarded_headers,
             ..ApiSettings::default()
         }),
         metrics: Some(metrics),
-        console: Default::default(),
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -132,7 +129,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             cancel.cancel();
         }
     };
-    axum::serve(listener, shardkeep_ops::router(state))
+    let app =
+        shardkeep_ops::router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
         .context("http server")?;

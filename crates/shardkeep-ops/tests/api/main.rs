@@ -6,4 +6,5 @@ mod auth;
 mod browser;
 mod console;
 mod routes;
+mod security;
 mod support;

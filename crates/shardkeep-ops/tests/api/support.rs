@@ -46,6 +46,28 @@ fn metrics_handle() -> metrics_exporter_prometheus::PrometheusHandle {
 }
 
 pub(crate) async fn spawn_app(pool: PgPool) -> TestApp {
+    spawn_app_with(
+        pool,
+        ApiSettings {
+            console_password: Some(PASSWORD.into()),
+            ..ApiSettings::default()
+        },
+    )
+    .await
+}
+
+/// Serves `state` on a free port (a second `serve` process over the same stores); returns its
+/// base URL.
+pub(crate) async fn serve(state: AppState) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app =
+        shardkeep_ops::router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    base
+}
+
+pub(crate) async fn spawn_app_with(pool: PgPool, settings: ApiSettings) -> TestApp {
     let redis = TestRedis::new().await;
     let pg = PostgresBackend::from_pool(pool.clone());
     let (retry, signals) = RetryQueue::new(pg.clone(), 64, Arc::new(SystemClock));
@@ -64,17 +86,10 @@ pub(crate) async fn spawn_app(pool: PgPool) -> TestApp {
         audit: AuditReader::new(AuditStore::new(pg.clone()), StaffReadLimit::default()),
         pg,
         keys: Arc::new(InternalKeys::parse(KEYS).unwrap()),
-        settings: Arc::new(ApiSettings {
-            console_password: Some(PASSWORD.into()),
-            ..ApiSettings::default()
-        }),
+        settings: Arc::new(settings),
         metrics: Some(metrics_handle()),
-        console: Default::default(),
     };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let app = shardkeep_ops::router(state.clone());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let base = serve(state.clone()).await;
     TestApp {
         client: SignedClient::new(&base, "ops", SECRET).unwrap(),
         http: reqwest::Client::new(),

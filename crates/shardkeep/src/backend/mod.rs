@@ -20,26 +20,58 @@ pub struct ConnectError {
     pub reason: String,
 }
 
-/// Replaces the password of a `scheme://user:password@host/…` URL with `***`.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
+/// Query parameters whose values are secrets (compared case-insensitively).
+const SECRET_PARAMS: &[&str] = &[
+    "password",
+    "pass",
+    "pwd",
+    "sslpassword",
+    "secret",
+    "token",
+    "auth",
+    "access_token",
+    "api_key",
+    "apikey",
+];
+
+/// A URL safe to log: the password of `scheme://user:password@host/…` and the values of secret
+/// query parameters (`?password=…`) become `***`. The user part ends at the last `@` before the
+/// query, so a password holding an unencoded `/` is still found; the rest is parsed as a URL.
+/// Text that does not parse as a URL after that is not echoed at all.
+pub fn redact_url(raw: &str) -> String {
+    let Some((scheme, rest)) = raw.split_once("://") else {
+        return raw.to_owned();
     };
-    let (authority, tail) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-            if userinfo.contains(':') {
-                format!("{scheme}://{user}:***@{host}{tail}")
-            } else {
-                format!("{scheme}://{user}@{host}{tail}")
+    let query_at = rest.find(['?', '#']).unwrap_or(rest.len());
+    let normalized = match rest.get(..query_at).and_then(|head| head.rfind('@')) {
+        Some(at) => {
+            let (userinfo, host_and_rest) = (&rest[..at], &rest[at + 1..]);
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{scheme}://{user}:***@{host_and_rest}"),
+                None => raw.to_owned(),
             }
         }
-        None => url.to_owned(),
+        None => raw.to_owned(),
+    };
+    let Ok(mut url) = url::Url::parse(&normalized) else {
+        return format!("{scheme}://<unparseable URL redacted>");
+    };
+    if let Some(query) = url.query() {
+        let redacted: Vec<String> = query
+            .split('&')
+            .map(|pair| {
+                let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+                let secret = SECRET_PARAMS.iter().any(|p| p.eq_ignore_ascii_case(name));
+                if secret {
+                    format!("{name}=***")
+                } else {
+                    pair.to_owned()
+                }
+            })
+            .collect();
+        url.set_query(Some(&redacted.join("&")));
     }
+    url.to_string()
 }
 
 /// Flattens an error and its sources into one line.
@@ -77,5 +109,43 @@ mod tests {
         );
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact_url("not a url"), "not a url");
+    }
+
+    #[test]
+    fn a_password_with_an_unencoded_slash_is_redacted() {
+        for url in [
+            "postgres://app:pa/ss@db:5432/x",
+            "postgres://app:123/ss@db/x",
+            "redis://:a/b/c@cache:6379/0",
+        ] {
+            let redacted = redact_url(url);
+            assert!(
+                !redacted.contains("ss@")
+                    && !redacted.contains("/b/c")
+                    && !redacted.contains("123/"),
+                "{url} → {redacted}"
+            );
+            assert!(redacted.contains(":***@"), "{url} → {redacted}");
+        }
+        assert_eq!(
+            redact_url("postgres://app:pa/ss@db:5432/x"),
+            "postgres://app:***@db:5432/x"
+        );
+    }
+
+    #[test]
+    fn secrets_in_the_query_are_redacted() {
+        assert_eq!(
+            redact_url("redis://127.0.0.1:6379/?password=hunter2"),
+            "redis://127.0.0.1:6379/?password=***"
+        );
+        assert_eq!(
+            redact_url("postgres://u@h/db?sslmode=require&password=x%26y&PassWord=z"),
+            "postgres://u@h/db?sslmode=require&password=***&PassWord=***"
+        );
+        assert_eq!(
+            redact_url("postgres://u@h/db?sslmode=require"),
+            "postgres://u@h/db?sslmode=require"
+        );
     }
 }

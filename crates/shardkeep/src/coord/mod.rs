@@ -7,6 +7,7 @@
 //! validated before anything is sent, so a rejected call writes nothing.
 
 pub mod cleanup;
+pub mod console;
 pub mod handoff;
 pub mod maintenance;
 pub mod nonce;
@@ -25,16 +26,13 @@ use crate::ttl::{Ttl, TtlError};
 pub use cleanup::{CleanupMode, CleanupReport};
 pub use handoff::{HandoffMove, HandoffTake};
 pub use maintenance::{MaintenancePass, maintain_once, run_maintenance};
-pub use nonce::NonceRegistration;
+pub use nonce::{NonceRegistration, nonce_lifetime};
 pub use presence::{PresencePrune, PresenceRecord};
 pub use registry::{InstanceRecord, RegistryListing};
 pub use resume::ResumeLedgerRecord;
 pub use session_order::{OrderCheck, SESSION_ORDER_TTL, SessionOrder};
 pub use throttle::{ThrottlePolicy, ThrottleStatus};
 pub use transfer::{TransferActivation, TransferReconcile};
-
-/// Default signed-request skew window (and nonce lifetime): 300 s.
-pub const DEFAULT_NONCE_SKEW_WINDOW: Ttl = Ttl::from_static_secs(300);
 
 /// Largest opaque payload (handoff snapshot, record body) accepted, in bytes.
 pub const MAX_PAYLOAD_BYTES: usize = 4 * 1024 * 1024;
@@ -72,8 +70,6 @@ pub enum CoordError {
 pub struct CoordinationConfig {
     /// Lifetime of a consumed-handoff marker.
     pub consumed_marker_ttl: Ttl,
-    /// Signed-request skew window; nonces live this long.
-    pub nonce_skew_window: Ttl,
     /// Keys examined per SCAN round trip (the `COUNT` hint).
     pub scan_count: usize,
 }
@@ -82,7 +78,6 @@ impl Default for CoordinationConfig {
     fn default() -> Self {
         Self {
             consumed_marker_ttl: DEFAULT_CONSUMED_MARKER_TTL,
-            nonce_skew_window: DEFAULT_NONCE_SKEW_WINDOW,
             scan_count: 256,
         }
     }

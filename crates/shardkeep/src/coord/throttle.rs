@@ -1,5 +1,6 @@
-//! Failed-login throttles: failures counted in a fixed window; over the limit answers
-//! `Throttled` with the time until the window ends.
+//! Login throttles: every attempt is counted, atomically, before it is judged, in a fixed window
+//! that starts at the first attempt; attempt number `max_attempts + 1` and later are refused
+//! until the window ends. Counting first means parallel guesses cannot all pass one check.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -11,21 +12,21 @@ use crate::ttl::Ttl;
 
 static HIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/throttle_hit.lua")));
 
-/// How many failures a window allows.
+/// How many attempts a window allows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ThrottlePolicy {
-    /// Failures allowed inside one window.
-    pub max_failures: u32,
-    /// Window length, starting at the first failure.
+    /// Attempts allowed inside one window.
+    pub max_attempts: u32,
+    /// Window length, starting at the first attempt.
     pub window: Ttl,
 }
 
-/// Whether a subject may try again.
+/// Whether an attempt may proceed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ThrottleStatus {
-    /// Under the limit; this many failures remain in the window.
+    /// Within the limit; this many attempts remain after this one.
     Allowed {
-        /// Failures left before throttling.
+        /// Attempts left in the window after this one.
         remaining: u32,
     },
     /// Over the limit until the window ends.
@@ -36,31 +37,30 @@ pub enum ThrottleStatus {
 }
 
 impl ThrottlePolicy {
-    /// Classifies a failure count with `ttl_ms` left in the window.
-    pub fn status(&self, failures: u64, ttl_ms: i64) -> ThrottleStatus {
-        if failures > u64::from(self.max_failures) {
-            ThrottleStatus::Throttled {
-                retry_after: Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(0)),
-            }
-        } else {
-            let left = u64::from(self.max_failures) - failures;
-            ThrottleStatus::Allowed {
+    /// Judges attempt number `attempt` (1 for the first in the window) with `ttl_ms` left in
+    /// the window: attempts `1..=max_attempts` are allowed, later ones throttled.
+    pub fn status(&self, attempt: u64, ttl_ms: i64) -> ThrottleStatus {
+        match u64::from(self.max_attempts).checked_sub(attempt) {
+            Some(left) => ThrottleStatus::Allowed {
                 remaining: u32::try_from(left).unwrap_or(u32::MAX),
-            }
+            },
+            None => ThrottleStatus::Throttled {
+                retry_after: Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(0)),
+            },
         }
     }
 }
 
 impl Coordination {
-    /// Records one failed login for `subject` and says whether it is now throttled.
-    pub async fn login_failure_record(
+    /// Counts one attempt by `subject` (in one atomic step), then judges it.
+    pub async fn login_attempt(
         &self,
         subject: &str,
         policy: ThrottlePolicy,
     ) -> Result<ThrottleStatus, CoordError> {
-        if policy.max_failures == 0 {
+        if policy.max_attempts == 0 {
             return Err(CoordError::InvalidInput(
-                "max_failures must be at least 1".into(),
+                "max_attempts must be at least 1".into(),
             ));
         }
         let key = self.keys().login_throttle(subject)?;
@@ -72,7 +72,7 @@ impl Coordination {
         Ok(policy.status(count, ttl))
     }
 
-    /// Says whether `subject` is throttled, without counting a failure.
+    /// Says how `subject`'s next attempt would be judged, without counting one.
     pub async fn login_throttle_check(
         &self,
         subject: &str,
@@ -84,10 +84,10 @@ impl Coordination {
             .pttl(&key)
             .query_async(&mut self.conn())
             .await?;
-        Ok(policy.status(count.unwrap_or(0), ttl))
+        Ok(policy.status(count.unwrap_or(0).saturating_add(1), ttl))
     }
 
-    /// Clears the failures of `subject` (after a successful login).
+    /// Clears the attempts of `subject` (after a successful login).
     pub async fn login_throttle_reset(&self, subject: &str) -> Result<(), CoordError> {
         let key = self.keys().login_throttle(subject)?;
         let _: i64 = self.conn().del(key).await?;
@@ -100,9 +100,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn status_crosses_the_limit_after_max_failures() {
+    fn exactly_max_attempts_are_allowed() {
         let policy = ThrottlePolicy {
-            max_failures: 3,
+            max_attempts: 3,
             window: Ttl::from_static_secs(60),
         };
         assert_eq!(

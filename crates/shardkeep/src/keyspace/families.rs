@@ -39,8 +39,8 @@ pub enum TtlRule {
     RegistrationTtl,
     /// The configured failed-login throttle window.
     ThrottleWindow,
-    /// The signed-request verifier's skew window.
-    NonceSkewWindow,
+    /// Twice the signed-request verifier's skew window plus one second.
+    NonceLifetime,
     /// Never expires; bounded by its own cleanup.
     None,
 }
@@ -54,7 +54,7 @@ impl TtlRule {
             Self::DerivedFromExpiresAt => "derived from `expires_at`".into(),
             Self::RegistrationTtl => "registration TTL".into(),
             Self::ThrottleWindow => "throttle window".into(),
-            Self::NonceSkewWindow => "nonce skew window".into(),
+            Self::NonceLifetime => "2 × skew window + 1 s".into(),
             Self::None => "none".into(),
         }
     }
@@ -101,12 +101,20 @@ pub const FAMILIES: &[KeyFamily] = &[
         "login session record"
     ),
     family!(
+        "console_session",
+        "<ns>:console:session:<token_sha256>",
+        ControlPlane,
+        TtlRule::Default("console session lifetime, 1 h"),
+        None,
+        "operator console session, shared by every serve process; deleted at logout"
+    ),
+    family!(
         "login_throttle",
         "<ns>:login:throttle:<subject>",
         Login,
         TtlRule::ThrottleWindow,
         None,
-        "failed-login counter per account or address"
+        "login attempt counter per account, client address, or global ceiling"
     ),
     family!(
         "handoff",
@@ -200,7 +208,7 @@ pub const FAMILIES: &[KeyFamily] = &[
         "internal_nonce",
         "<ns>:nonce:<key_id>:<nonce>",
         ControlPlane,
-        TtlRule::NonceSkewWindow,
+        TtlRule::NonceLifetime,
         None,
         "signed internal request nonce, for replay rejection"
     ),

@@ -184,7 +184,12 @@ impl Keyspace {
         self.plain("login:session", "session token", token)
     }
 
-    /// A failed-login throttle counter for one subject (account or address).
+    /// An operator-console session, named by the digest of its token (never the token itself).
+    pub fn console_session(&self, token_digest: &str) -> Result<String, KeyError> {
+        self.plain("console:session", "console session digest", token_digest)
+    }
+
+    /// A login throttle counter for one subject (account, address, or a global ceiling).
     pub fn login_throttle(&self, subject: &str) -> Result<String, KeyError> {
         self.plain("login:throttle", "throttle subject", subject)
     }

@@ -58,6 +58,7 @@ fn all_keys(k: &Keyspace, a: &str, b: &str) -> Vec<(String, Result<String, KeyEr
     vec![
         ("login_session".into(), k.login_session(a)),
         ("login_throttle".into(), k.login_throttle(a)),
+        ("console_session".into(), k.console_session(a)),
         (
             "handoff_i".into(),
             k.handoff(a, &HandoffScope::Instance(b.into())),

@@ -51,7 +51,11 @@ async fn populate(coord: &Coordination) {
         coord.registry_register(&record, ttl).await.unwrap();
     }
     coord
-        .nonce_register("ops", "nonce-0123456789abcdef")
+        .nonce_register(
+            "ops",
+            "nonce-0123456789abcdef",
+            std::time::Duration::from_secs(300),
+        )
         .await
         .unwrap();
 }

@@ -218,16 +218,25 @@ async fn a_nonce_registers_once_inside_the_skew_window() {
     let coord = redis.coordination();
     let nonce = "n0nce-0123456789abcdef";
     assert_eq!(
-        coord.nonce_register("ops", nonce).await.unwrap(),
+        coord
+            .nonce_register("ops", nonce, Duration::from_secs(300))
+            .await
+            .unwrap(),
         NonceRegistration::Registered
     );
     assert_eq!(
-        coord.nonce_register("ops", nonce).await.unwrap(),
+        coord
+            .nonce_register("ops", nonce, Duration::from_secs(300))
+            .await
+            .unwrap(),
         NonceRegistration::Replayed
     );
     // The same nonce under another key id is a different request.
     assert_eq!(
-        coord.nonce_register("ci", nonce).await.unwrap(),
+        coord
+            .nonce_register("ci", nonce, Duration::from_secs(300))
+            .await
+            .unwrap(),
         NonceRegistration::Registered
     );
     let mut raw = redis.raw().await;
@@ -236,29 +245,29 @@ async fn a_nonce_registers_once_inside_the_skew_window() {
         .await
         .unwrap();
     assert!(
-        (295..=300).contains(&ttl),
-        "nonce lives for the skew window: {ttl}"
+        (596..=601).contains(&ttl),
+        "a nonce lives twice the skew window plus a second: {ttl}"
     );
 }
 
 #[tokio::test]
-async fn the_throttle_counts_failures_in_a_window() {
+async fn the_throttle_admits_exactly_max_attempts_in_a_window() {
     let redis = TestRedis::new().await;
     let coord = redis.coordination();
     let policy = ThrottlePolicy {
-        max_failures: 3,
+        max_attempts: 3,
         window: Ttl::from_millis(400).unwrap(),
     };
     for remaining in [2, 1, 0] {
         assert_eq!(
-            coord.login_failure_record("acc-1", policy).await.unwrap(),
+            coord.login_attempt("acc-1", policy).await.unwrap(),
             ThrottleStatus::Allowed { remaining }
         );
     }
     let ThrottleStatus::Throttled { retry_after } =
-        coord.login_failure_record("acc-1", policy).await.unwrap()
+        coord.login_attempt("acc-1", policy).await.unwrap()
     else {
-        panic!("the fourth failure must throttle");
+        panic!("the fourth attempt must throttle");
     };
     assert!(retry_after <= Duration::from_millis(400) && retry_after > Duration::ZERO);
     assert!(matches!(
@@ -268,19 +277,27 @@ async fn the_throttle_counts_failures_in_a_window() {
     // Another subject is unaffected.
     assert_eq!(
         coord.login_throttle_check("acc-2", policy).await.unwrap(),
-        ThrottleStatus::Allowed { remaining: 3 }
+        ThrottleStatus::Allowed { remaining: 2 }
     );
     tokio::time::sleep(retry_after + Duration::from_millis(50)).await;
     assert_eq!(
-        coord.login_failure_record("acc-1", policy).await.unwrap(),
+        coord.login_attempt("acc-1", policy).await.unwrap(),
         ThrottleStatus::Allowed { remaining: 2 },
         "a new window starts after the old one ends"
     );
     coord.login_throttle_reset("acc-1").await.unwrap();
     assert_eq!(
         coord.login_throttle_check("acc-1", policy).await.unwrap(),
-        ThrottleStatus::Allowed { remaining: 3 }
+        ThrottleStatus::Allowed { remaining: 2 }
     );
+    // Exactly at the limit, a check says the next attempt is refused.
+    for _ in 0..3 {
+        coord.login_attempt("acc-3", policy).await.unwrap();
+    }
+    assert!(matches!(
+        coord.login_throttle_check("acc-3", policy).await.unwrap(),
+        ThrottleStatus::Throttled { .. }
+    ));
 }
 
 #[tokio::test]

@@ -1,4 +1,4 @@
--- Count one failure in a fixed window that starts at the first failure.
+-- Count one attempt in a fixed window that starts at the first attempt.
 -- KEYS[1] throttle counter; ARGV[1] window in milliseconds
 -- Reply: {count, remaining window in ms}
 local count = redis.call('INCR', KEYS[1])
