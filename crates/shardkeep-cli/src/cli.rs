@@ -191,6 +191,11 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "SHARDKEEP_RETRY_LIMIT", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub(crate) retry_limit: u32,
 
+    /// Times a retry job's lease may run out (its worker crashed or hung holding it) before the
+    /// job is dead-lettered.
+    #[arg(long, env = "SHARDKEEP_LEASE_EXPIRY_LIMIT", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub(crate) lease_expiry_limit: u32,
+
     /// Seconds between reconciliation passes (transfer markers, presence, registry).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub(crate) reconcile_seconds: u64,

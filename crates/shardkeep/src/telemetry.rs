@@ -56,6 +56,19 @@ pub const RETRY_ENQUEUED_TOTAL: &str = "shardkeep_retry_enqueued_total";
 pub const RETRY_DURABLE_ONLY_TOTAL: &str = "shardkeep_retry_durable_only_total";
 /// Retry jobs claimed.
 pub const RETRY_CLAIMED_TOTAL: &str = "shardkeep_retry_claimed_total";
+/// Stream-close cleanups that could not be appended to the journal.
+pub const CLEANUP_ENQUEUE_FAILURES_TOTAL: &str = "shardkeep_cleanup_enqueue_failures_total";
+/// Work-queue consumers that registered again (after their heartbeat lapsed), by queue.
+pub const QUEUE_CONSUMERS_REREGISTERED_TOTAL: &str = "shardkeep_queue_consumers_reregistered_total";
+/// Entries the recovery backstop returned from unregistered processing lists, by queue.
+pub const QUEUE_BACKSTOP_RECOVERED_TOTAL: &str = "shardkeep_queue_backstop_recovered_total";
+/// Seconds since an online character's last landed write — the data a crash would lose — by
+/// `shard`, `tier` (`checkpoint`, `row`) and `stat` (`worst`, `p99`).
+pub const UNSAVED_CHANGE_AGE_SECONDS: &str = "shardkeep_unsaved_change_age_seconds";
+/// Dead letters removed by retention, by `kind` (`retry`, `journal`).
+pub const DEAD_LETTERS_PRUNED_TOTAL: &str = "shardkeep_dead_letters_pruned_total";
+/// Retry jobs claimed again after their lease ran out (the worker holding them crashed or hung).
+pub const RETRY_LEASE_EXPIRIES_TOTAL: &str = "shardkeep_retry_lease_expiries_total";
 /// Retry job outcomes, labelled `outcome` (applied, already_applied, superseded, retrying,
 /// dead_lettered, stale).
 pub const RETRY_OUTCOMES_TOTAL: &str = "shardkeep_retry_outcomes_total";
@@ -111,6 +124,31 @@ pub fn describe() {
         "Loads that went on without their item-load ledger entries."
     );
     describe_counter!(
+        RETRY_LEASE_EXPIRIES_TOTAL,
+        "Retry jobs claimed again after their lease ran out (a worker crashed or hung on them)."
+    );
+    describe_counter!(
+        CLEANUP_ENQUEUE_FAILURES_TOTAL,
+        "Stream-close cleanups that could not be appended to the journal."
+    );
+    describe_counter!(
+        QUEUE_CONSUMERS_REREGISTERED_TOTAL,
+        "Work-queue consumers that registered again after their heartbeat lapsed, by queue."
+    );
+    describe_counter!(
+        QUEUE_BACKSTOP_RECOVERED_TOTAL,
+        "Entries the recovery backstop returned from unregistered processing lists, by queue."
+    );
+    metrics::describe_gauge!(
+        UNSAVED_CHANGE_AGE_SECONDS,
+        metrics::Unit::Seconds,
+        "Seconds since online characters' last landed checkpoint or row write (worst, p99)."
+    );
+    describe_counter!(
+        DEAD_LETTERS_PRUNED_TOTAL,
+        "Dead letters removed by retention, by kind."
+    );
+    describe_counter!(
         BOOKKEEPING_PRUNED_TOTAL,
         "Bookkeeping rows pruned by the maintenance pass, by table."
     );
@@ -136,8 +174,13 @@ pub fn register_all() {
         RETRY_REQUEUED_TOTAL,
         AUDIT_DROPPED_TOTAL,
         ITEM_LOADS_UNRECORDED_TOTAL,
+        RETRY_LEASE_EXPIRIES_TOTAL,
+        CLEANUP_ENQUEUE_FAILURES_TOTAL,
     ] {
         counter!(name).increment(0);
+    }
+    for kind in ["retry", "journal"] {
+        counter!(DEAD_LETTERS_PRUNED_TOTAL, "kind" => kind).increment(0);
     }
     for outcome in ["taken", "already_consumed", "not_found"] {
         counter!(HANDOFF_TAKES_TOTAL, "outcome" => outcome).increment(0);
@@ -180,6 +223,8 @@ pub fn register_all() {
         gauge!(QUEUE_DEPTH, "queue" => journal, "state" => state).set(0.0);
     }
     counter!(QUEUE_RECOVERED_TOTAL, "queue" => journal).increment(0);
+    counter!(QUEUE_CONSUMERS_REREGISTERED_TOTAL, "queue" => journal).increment(0);
+    counter!(QUEUE_BACKSTOP_RECOVERED_TOTAL, "queue" => journal).increment(0);
     counter!(QUEUE_FULL_TOTAL, "queue" => journal).increment(0);
     counter!(QUEUE_REQUEUED_TOTAL, "queue" => journal).increment(0);
     for cause in ["attempts", "undecodable", "poison"] {

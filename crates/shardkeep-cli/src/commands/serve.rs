@@ -17,7 +17,7 @@ use shardkeep::coord::{InstanceRecord, run_maintenance};
 use shardkeep::journal::{JournalWorker, JournalWorkerConfig, SessionJournal};
 use shardkeep::queue::WorkQueueConfig;
 use shardkeep::retry::{Backoff, RetryQueue, RetryWorker, RetryWorkerConfig};
-use shardkeep::{Coordination, CoordinationConfig, Ttl};
+use shardkeep::{Coordination, CoordinationConfig};
 use shardkeep_ops::signing::InternalKeys;
 use shardkeep_ops::{ApiSettings, AppState};
 use tokio_util::sync::CancellationToken;
@@ -57,6 +57,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut retry_config = RetryWorkerConfig::new(&instance_id);
     retry_config.backoff = Backoff::from_base_millis(args.retry_backoff_millis);
     retry_config.retry_limit = args.retry_limit;
+    retry_config.lease_expiry_limit = args.lease_expiry_limit;
     let retry_worker = RetryWorker::new(pg.clone(), signals, retry_config, clock);
     let retry_task = tokio::spawn(retry_worker.run(cancel.clone()));
     let journal_worker = JournalWorker::new(

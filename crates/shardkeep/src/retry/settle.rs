@@ -46,6 +46,23 @@ pub(crate) struct Claimed {
     pub(crate) job: Result<PersistenceRetryJob, String>,
 }
 
+impl Claimed {
+    /// A claimed row as a job; one whose lease has run out more than `lease_expiry_limit` times
+    /// is a job that keeps crashing or hanging its worker, and settles as a dead letter.
+    pub(crate) fn new(row: ClaimedRow, lease_expiry_limit: u32) -> Self {
+        let expiries = u32::try_from(row.lease_expiries).unwrap_or(0);
+        let job = if expiries > lease_expiry_limit {
+            Err(format!(
+                "its lease ran out {expiries} times (limit {lease_expiry_limit}): the job crashed \
+                 or hung every worker that took it; inspect its payload before a requeue"
+            ))
+        } else {
+            PersistenceRetryJob::restore(row.stored.clone())
+        };
+        Self { row, job }
+    }
+}
+
 /// How to reschedule a failure: attempt number → delay.
 pub(crate) trait Reschedule {
     fn next_attempt(&mut self, attempt: u32, now: DateTime<Utc>) -> DateTime<Utc>;
@@ -108,8 +125,10 @@ pub(crate) async fn settle(
 
 /// Claims up to `limit` due jobs (only `ids` when given) and settles them in the same
 /// transaction: the row locks taken by the claim (`FOR UPDATE SKIP LOCKED`) are the lease, so no
-/// lease is written, and a worker that dies mid-way leaves the jobs due as they were. Returns
-/// the claimed jobs with their outcomes.
+/// lease is written, and a worker that dies mid-way leaves the jobs due as they were. A job
+/// whose lease ran out (its last worker crashed or hung on it) is left alone here, so the caller
+/// claims it under a counted lease instead. Returns the claimed jobs with their outcomes, in
+/// order, without those left alone.
 pub(crate) async fn claim_and_settle(
     pg: &PostgresBackend,
     ids: Option<&[Uuid]>,
@@ -117,23 +136,43 @@ pub(crate) async fn claim_and_settle(
     now: DateTime<Utc>,
     retry_limit: u32,
     reschedule: &mut impl Reschedule,
-) -> Result<(Vec<Claimed>, Vec<JobOutcome>), sqlx::Error> {
+) -> Result<OneTransaction, sqlx::Error> {
     let mut tx = pg.pool().begin().await?;
-    let claimed: Vec<Claimed> = super::store::lock_due(&mut tx, ids, limit, now)
-        .await?
+    let (expired, fresh): (Vec<ClaimedRow>, Vec<ClaimedRow>) =
+        super::store::lock_due(&mut tx, ids, limit, now)
+            .await?
+            .into_iter()
+            .partition(|row| row.lease_expired);
+    let lease_ran_out = expired.iter().map(|r| r.stored.retry_job_id).collect();
+    let claimed: Vec<Claimed> = fresh
         .into_iter()
-        .map(|row| Claimed {
-            job: PersistenceRetryJob::restore(row.stored.clone()),
-            row,
-        })
+        .map(|row| Claimed::new(row, u32::MAX))
         .collect();
     if claimed.is_empty() {
-        return Ok((claimed, Vec::new()));
+        return Ok(OneTransaction {
+            claimed,
+            outcomes: Vec::new(),
+            lease_ran_out,
+        });
     }
     let owned: HashSet<Uuid> = claimed.iter().map(|c| c.row.stored.retry_job_id).collect();
     let outcomes = settle_owned(&mut tx, now, &claimed, &owned, retry_limit, reschedule).await?;
     tx.commit().await?;
-    Ok((claimed, outcomes))
+    Ok(OneTransaction {
+        claimed,
+        outcomes,
+        lease_ran_out,
+    })
+}
+
+/// What one claim-and-settle transaction did.
+pub(crate) struct OneTransaction {
+    /// The jobs it claimed and settled.
+    pub(crate) claimed: Vec<Claimed>,
+    /// Their outcomes, in order.
+    pub(crate) outcomes: Vec<JobOutcome>,
+    /// Due jobs whose lease had run out, left for a claim under a counted lease.
+    pub(crate) lease_ran_out: Vec<Uuid>,
 }
 
 /// The settle itself, inside the caller's transaction, for the jobs in `owned` (the rest of

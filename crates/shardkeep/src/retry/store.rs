@@ -19,6 +19,10 @@ pub(crate) struct ClaimedRow {
     pub(crate) attempt_count: i32,
     pub(crate) next_attempt_at: DateTime<Utc>,
     pub(crate) created_at: DateTime<Utc>,
+    /// Leases of this job that ran out, this claim's included.
+    pub(crate) lease_expiries: i32,
+    /// Whether this claim found a lease that had run out (its holder crashed or hung).
+    pub(crate) lease_expired: bool,
 }
 
 /// One dead letter, as operators see it.
@@ -108,7 +112,8 @@ macro_rules! any_due_rows {
     };
 }
 
-/// Stamps a lease (`$4` token, `$5` owner, `$6` seconds) on the rows of `$due`.
+/// Stamps a lease (`$4` token, `$5` owner, `$6` seconds) on the rows of `$due`, counting a lease
+/// that had run out.
 macro_rules! lease {
     ($due:expr) => {
         concat!(
@@ -117,32 +122,37 @@ macro_rules! lease {
             ")
              UPDATE persistence_retry_jobs j
                 SET lease_token = $4, lease_owner = $5,
-                    lease_expires_at = $1 + make_interval(secs => $6), updated_at = $1
+                    lease_expires_at = $1 + make_interval(secs => $6), updated_at = $1,
+                    lease_expiries = j.lease_expiries + due.lease_expired::int
                FROM due
               WHERE j.retry_job_id = due.retry_job_id
              RETURNING j.retry_job_id, j.job_kind, j.character_id, j.realm_id, j.payload,
                        j.session_token, j.session_impact, j.source, j.idempotency_key,
                        j.owner_epoch, j.origin, j.issued_at, j.issue_seq, j.attempt_count,
-                       j.next_attempt_at, j.created_at"
+                       j.next_attempt_at, j.created_at, j.lease_expiries, due.lease_expired"
         )
     };
 }
 
 /// Claims signaled rows under a new lease.
-const LEASE_SIGNALED: &str = lease!(signaled_rows!("retry_job_id"));
+const LEASE_SIGNALED: &str = lease!(signaled_rows!(
+    "retry_job_id, lease_token IS NOT NULL AS lease_expired"
+));
 /// Claims due rows under a new lease.
-const LEASE_DUE: &str = lease!(any_due_rows!("retry_job_id"));
+const LEASE_DUE: &str = lease!(any_due_rows!(
+    "retry_job_id, lease_token IS NOT NULL AS lease_expired"
+));
 /// Locks signaled rows for the caller's transaction.
 const LOCK_SIGNALED: &str = signaled_rows!(
     "retry_job_id, job_kind, character_id, realm_id, payload, session_token, session_impact,
      source, idempotency_key, owner_epoch, origin, issued_at, issue_seq, attempt_count,
-     next_attempt_at, created_at"
+     next_attempt_at, created_at, lease_expiries, lease_token IS NOT NULL AS lease_expired"
 );
 /// Locks due rows for the caller's transaction.
 const LOCK_DUE: &str = any_due_rows!(
     "retry_job_id, job_kind, character_id, realm_id, payload, session_token, session_impact,
      source, idempotency_key, owner_epoch, origin, issued_at, issue_seq, attempt_count,
-     next_attempt_at, created_at"
+     next_attempt_at, created_at, lease_expiries, lease_token IS NOT NULL AS lease_expired"
 );
 
 /// Locks up to `limit` due jobs (only `ids` when given) inside the caller's transaction.

@@ -11,7 +11,6 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::backoff::Backoff;
-use super::job::PersistenceRetryJob;
 use super::settle::{Claimed, JobOutcome, Reschedule, claim_and_settle, fail_alone, settle};
 use super::{RetrySignals, store};
 use crate::backend::PostgresBackend;
@@ -32,6 +31,9 @@ pub struct RetryWorkerConfig {
     pub lease: Duration,
     /// Attempts before a job is dead-lettered.
     pub retry_limit: u32,
+    /// Times a job's lease may run out before it is dead-lettered (3): a job whose worker keeps
+    /// crashing or hanging on it never settles, so it never counts an attempt.
+    pub lease_expiry_limit: u32,
     /// Delay between attempts.
     pub backoff: Backoff,
     /// Most signaled batches settling at once in [`RetryWorker::run`] (3; the poll runs beside
@@ -53,6 +55,7 @@ impl RetryWorkerConfig {
             claim_limit: 128,
             lease: Duration::from_secs(30),
             retry_limit: 8,
+            lease_expiry_limit: 3,
             backoff: Backoff::default(),
             settles_in_flight: 3,
             max_signal_wait: Duration::from_millis(10),
@@ -154,9 +157,18 @@ pub struct RetryWorker {
 impl Settler {
     /// Claims and settles due rows until a claim comes back short of the claim limit (or
     /// `cancel`), then reports the queue's depths.
-    async fn poll_due(self, cancel: CancellationToken) {
+    ///
+    /// A `cautious` poll (a worker's first, after a start) claims under a lease: a due job may
+    /// be one that killed the previous process inside its one-transaction settle, which left no
+    /// trace; under a lease a second kill leaves one that runs out and is counted.
+    async fn poll_due(self, cancel: CancellationToken, cautious: bool) {
         loop {
-            match self.claim_and_settle(None).await {
+            let claimed = if cautious {
+                self.claim_and_settle_leased(None).await
+            } else {
+                self.claim_and_settle(None).await
+            };
+            match claimed {
                 Ok(n) if n as i64 >= self.claim_limit && !cancel.is_cancelled() => continue,
                 Ok(_) => break,
                 Err(err) => {
@@ -197,21 +209,35 @@ impl Settler {
         )
         .await;
         match one_transaction {
-            Ok((claimed, outcomes)) => {
-                self.count_claimed(claimed.len());
-                outcomes.iter().for_each(|o| log_and_record(&self.stats, o));
-                Ok(claimed.len())
+            Ok(done) => {
+                self.count_claimed(done.claimed.len());
+                done.outcomes
+                    .iter()
+                    .for_each(|o| log_and_record(&self.stats, o));
+                let mut total = done.claimed.len();
+                if !done.lease_ran_out.is_empty() {
+                    total += self
+                        .claim_and_settle_leased(Some(&done.lease_ran_out))
+                        .await?;
+                }
+                Ok(total)
             }
             Err(err) => {
                 tracing::warn!(event = "retry_batch_fallback", error = %err,
                     "settling under a lease instead");
-                let batch = self.claim_leased(ids).await?;
-                if !batch.is_empty() {
-                    self.settle(batch.token, &batch.claimed).await;
-                }
-                Ok(batch.len())
+                self.claim_and_settle_leased(ids).await
             }
         }
+    }
+
+    /// Claims under a lease (committed before any work, so a worker that dies holding the jobs
+    /// leaves a lease that runs out and is counted), then settles; returns the jobs claimed.
+    async fn claim_and_settle_leased(&self, ids: Option<&[Uuid]>) -> Result<usize, sqlx::Error> {
+        let batch = self.claim_leased(ids).await?;
+        if !batch.is_empty() {
+            self.settle(batch.token, &batch.claimed).await;
+        }
+        Ok(batch.len())
     }
 
     /// Claims up to the claim limit of due jobs (only `ids`, when given) under a fresh lease.
@@ -228,12 +254,18 @@ impl Settler {
         )
         .await?;
         self.count_claimed(rows.len());
+        let ran_out = rows.iter().filter(|r| r.lease_expired).count();
+        if ran_out > 0 {
+            tracing::warn!(
+                event = "retry_lease_ran_out",
+                jobs = ran_out,
+                "jobs leased again after their lease ran out: a worker crashed or hung holding them"
+            );
+            metrics::counter!(telemetry::RETRY_LEASE_EXPIRIES_TOTAL).increment(ran_out as u64);
+        }
         let claimed = rows
             .into_iter()
-            .map(|row| Claimed {
-                job: PersistenceRetryJob::restore(row.stored.clone()),
-                row,
-            })
+            .map(|row| Claimed::new(row, self.lease_expiry_limit))
             .collect();
         Ok(ClaimedBatch { token, claimed })
     }
@@ -338,6 +370,7 @@ struct Settler {
     stats: Arc<RetryStats>,
     backoff: Backoff,
     retry_limit: u32,
+    lease_expiry_limit: u32,
     claim_limit: i64,
     owner: String,
     lease: Duration,
@@ -357,6 +390,7 @@ impl RetryWorker {
             stats: Arc::new(RetryStats::default()),
             backoff: config.backoff,
             retry_limit: config.retry_limit,
+            lease_expiry_limit: config.lease_expiry_limit,
             claim_limit: config.claim_limit,
             owner: config.owner.clone(),
             lease: config.lease,
@@ -394,6 +428,7 @@ impl RetryWorker {
         // The poll runs beside the signaled batches, so a slow one never holds them up; one
         // poll at a time (the tick waits while one runs).
         let mut polling = tokio::task::JoinSet::new();
+        let mut first_poll = true;
         loop {
             let waited = oldest_waiting.elapsed() >= self.config.max_signal_wait;
             if starts_batch(waiting.len(), settling.len(), limit, most_in_flight, waited)
@@ -436,7 +471,8 @@ impl RetryWorker {
                 () = tokio::time::sleep_until(wait_ends), if may_join => {}
                 Some(_) = polling.join_next(), if !polling.is_empty() => {}
                 _ = interval.tick(), if polling.is_empty() => {
-                    polling.spawn(self.settler.clone().poll_due(cancel.clone()));
+                    polling.spawn(self.settler.clone().poll_due(cancel.clone(), first_poll));
+                    first_poll = false;
                 }
             }
         }

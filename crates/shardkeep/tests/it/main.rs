@@ -26,6 +26,7 @@ mod queue_order;
 mod retry_connections;
 mod retry_enqueue;
 mod retry_jobs;
+mod retry_lease_expiry;
 mod retry_plans;
 mod retry_worker_loop;
 mod saver_backlog;

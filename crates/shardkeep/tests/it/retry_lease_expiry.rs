@@ -1,0 +1,107 @@
+//! Jobs that crash or hang the worker holding them: every lease that runs out is counted, and a
+//! job over the limit is dead-lettered with a clear error instead of being leased forever.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use shardkeep::clock::SystemClock;
+use shardkeep::retry::{RetryQueue, RetryWorker};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use super::retry_jobs::{character, config, experience, pg, reward};
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_job_whose_lease_keeps_running_out_is_dead_lettered(pool: PgPool) {
+    let id = character(&pool, "Crashy").await;
+    let (queue, signals) = RetryQueue::new(pg(&pool), 16, Arc::new(SystemClock));
+    queue.enqueue(&reward(id, "crash-1", 0, 5)).await.unwrap();
+    let mut settings = config("w");
+    settings.lease = Duration::from_millis(50);
+    settings.lease_expiry_limit = 2;
+    let mut worker = RetryWorker::new(pg(&pool), signals, settings, Arc::new(SystemClock));
+    // Three workers in turn take the job and die holding it (the batch is never settled).
+    for _ in 0..3 {
+        let held = worker.claim(None).await.unwrap();
+        assert_eq!(held.len(), 1);
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(80)).await;
+    }
+    // The next claim finds its lease run out a third time: over the limit of two.
+    worker.run_until_idle().await.unwrap();
+    assert_eq!(experience(&pool, id).await, 0, "the job is not run again");
+    let (jobs, error): (i64, Option<String>) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM persistence_retry_jobs),
+                (SELECT last_error FROM persistence_job_dead_letters LIMIT 1)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(jobs, 0);
+    let error = error.expect("a dead letter");
+    assert!(
+        error.contains("lease ran out 3 times"),
+        "a clear error: {error}"
+    );
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn each_lease_that_runs_out_is_counted(pool: PgPool) {
+    let id = character(&pool, "Hangs").await;
+    let (queue, signals) = RetryQueue::new(pg(&pool), 16, Arc::new(SystemClock));
+    queue.enqueue(&reward(id, "hang-1", 0, 5)).await.unwrap();
+    let mut settings = config("w");
+    settings.lease = Duration::from_millis(50);
+    let mut worker = RetryWorker::new(pg(&pool), signals, settings, Arc::new(SystemClock));
+    drop(worker.claim(None).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    drop(worker.claim(None).await.unwrap());
+    let expiries: i32 = sqlx::query_scalar("SELECT lease_expiries FROM persistence_retry_jobs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(expiries, 1);
+    // Under the limit the job still runs.
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    worker.run_until_idle().await.unwrap();
+    assert_eq!(experience(&pool, id).await, 5);
+}
+
+/// A worker that starts claims the jobs already due under a committed lease, so a job that
+/// killed the previous process inside its one-transaction settle leaves a trace when it kills
+/// this one too.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_starting_worker_claims_due_jobs_under_a_lease(pool: PgPool) {
+    let id = character(&pool, "Restarted").await;
+    let (queue, _) = RetryQueue::new(pg(&pool), 16, Arc::new(SystemClock));
+    queue.enqueue(&reward(id, "start-1", 0, 5)).await.unwrap();
+    // The job's character is locked, so its settle waits: the worker is "in" the job.
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM characters WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let (_, signals) = RetryQueue::new(pg(&pool), 16, Arc::new(SystemClock));
+    let worker = RetryWorker::new(pg(&pool), signals, config("w"), Arc::new(SystemClock));
+    let cancel = CancellationToken::new();
+    let running = tokio::spawn(worker.run(cancel.clone()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let leased: bool =
+            sqlx::query_scalar("SELECT lease_token IS NOT NULL FROM persistence_retry_jobs")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        if leased {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the starting worker's first claim wrote no lease"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    running.abort();
+    lock.rollback().await.unwrap();
+}
