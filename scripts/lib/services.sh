@@ -207,3 +207,44 @@ sk_browser_up() {
   sk_log "install them, e.g. 'sudo apt-get install chromium chromium-driver' (Debian/Ubuntu)."
   return 1
 }
+
+# The alerting rules (deploy/prometheus) are checked and unit-tested with promtool, which Debian
+# ships in its prometheus package. Installs it when missing and this is a root shell with
+# apt-get; otherwise says how.
+sk_promtool_up() {
+  if command -v promtool >/dev/null 2>&1; then
+    return 0
+  fi
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    sk_log "installing prometheus (for promtool) to check the alerting rules"
+    if DEBIAN_FRONTEND=noninteractive apt-get install -y prometheus >/dev/null 2>&1 \
+      || { apt-get update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y prometheus >/dev/null 2>&1; }; then
+      command -v promtool >/dev/null 2>&1 && return 0
+    fi
+  fi
+  sk_log "checking the alerting rules needs promtool:"
+  sk_log "install it, e.g. 'sudo apt-get install prometheus' (Debian/Ubuntu) or 'brew install prometheus' (macOS)."
+  return 1
+}
+
+# The OpenAPI document is validated with openapi-spec-validator (python3 -m openapi_spec_validator
+# FILE; it detects OpenAPI 2.0, 3.0 and 3.1). Installs it with pip when missing; otherwise says how.
+sk_openapi_validator_up() {
+  if ! command -v python3 >/dev/null 2>&1; then
+    sk_log "validating the OpenAPI document needs python3 with openapi-spec-validator:"
+    sk_log "install python3 and pip, then 'python3 -m pip install openapi-spec-validator'."
+    return 1
+  fi
+  if python3 -c 'import openapi_spec_validator' >/dev/null 2>&1; then
+    return 0
+  fi
+  sk_log "installing openapi-spec-validator to validate the OpenAPI document"
+  if python3 -m pip install --quiet openapi-spec-validator >/dev/null 2>&1 \
+    && python3 -c 'import openapi_spec_validator' >/dev/null 2>&1; then
+    return 0
+  fi
+  sk_log "validating the OpenAPI document needs openapi-spec-validator for $(command -v python3):"
+  sk_log "install it, e.g. 'python3 -m pip install openapi-spec-validator' (inside a virtualenv where"
+  sk_log "the system Python refuses pip installs)."
+  return 1
+}
