@@ -196,6 +196,15 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "SHARDKEEP_LEASE_EXPIRY_LIMIT", default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub(crate) lease_expiry_limit: u32,
 
+    /// Dead letters (retry and journal) older than this many days are removed by the
+    /// maintenance pass, requeued or not.
+    #[arg(long, env = "SHARDKEEP_DEAD_LETTER_MAX_AGE_DAYS", default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=3650))]
+    pub(crate) dead_letter_max_age_days: u32,
+
+    /// At most this many dead letters of each kind are kept (the newest).
+    #[arg(long, env = "SHARDKEEP_DEAD_LETTER_MAX_COUNT", default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub(crate) dead_letter_max_count: u32,
+
     /// Seconds between reconciliation passes (transfer markers, presence, registry).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub(crate) reconcile_seconds: u64,
@@ -286,6 +295,21 @@ pub(crate) enum DeadLettersAction {
         /// How many (1 to 500).
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=500))]
         limit: u32,
+        /// Skip this many of the newest.
+        #[arg(long, default_value_t = 0)]
+        offset: u32,
+        /// Only this character's (an id or a name).
+        #[arg(long)]
+        character: Option<String>,
+    },
+    /// Show one dead letter in full: its payload and what to check before a requeue.
+    Show {
+        /// Which queue.
+        #[arg(long, value_enum)]
+        kind: DeadLetterKind,
+        /// The dead letter's id.
+        #[arg(long)]
+        id: uuid::Uuid,
     },
     /// Requeue one dead letter as fresh work.
     Requeue {

@@ -2,8 +2,11 @@
 //! `shardkeep cleanup` use.
 
 use reqwest::Method;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::contract::ErrorBody;
 use crate::signing::{
     KEY_ID_HEADER, NONCE_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER, canonical, new_nonce, sign,
 };
@@ -58,26 +61,52 @@ impl SignedClient {
         })
     }
 
-    /// Sends a signed request; `path_and_query` starts with `/`.
+    /// A signed `GET` answered with a `T`.
+    pub async fn get<T: DeserializeOwned>(&self, path_and_query: &str) -> Result<T, ClientError> {
+        self.send(Method::GET, path_and_query, None).await
+    }
+
+    /// A signed `POST` of `body` answered with a `T`.
+    pub async fn post<B: Serialize, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+    ) -> Result<T, ClientError> {
+        let bytes = serde_json::to_vec(body).map_err(|e| ClientError::Transport {
+            base: self.base.clone(),
+            reason: format!("cannot encode the request: {e}"),
+        })?;
+        self.send(Method::POST, path, Some(bytes)).await
+    }
+
+    /// Sends a signed request with an optional JSON body, answered with any JSON.
     pub async fn call(
         &self,
         method: Method,
         path_and_query: &str,
         body: Option<&Value>,
     ) -> Result<Value, ClientError> {
-        let bytes = match body {
-            Some(body) => serde_json::to_vec(body).unwrap_or_default(),
-            None => Vec::new(),
-        };
+        let bytes = body.map(|b| serde_json::to_vec(b).unwrap_or_default());
+        self.send(method, path_and_query, bytes).await
+    }
+
+    async fn send<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<T, ClientError> {
+        let has_body = body.is_some();
+        let bytes = body.unwrap_or_default();
         let timestamp = chrono::Utc::now().timestamp();
         let nonce = new_nonce();
         let signature = sign(
             &self.secret,
             &canonical(method.as_str(), path_and_query, timestamp, &nonce, &bytes),
         );
-        let transport = |e: reqwest::Error| ClientError::Transport {
+        let transport = |reason: String| ClientError::Transport {
             base: self.base.clone(),
-            reason: e.to_string(),
+            reason,
         };
         let mut request = self
             .http
@@ -86,30 +115,32 @@ impl SignedClient {
             .header(TIMESTAMP_HEADER, timestamp.to_string())
             .header(NONCE_HEADER, &nonce)
             .header(SIGNATURE_HEADER, signature);
-        if body.is_some() {
+        if has_body {
             request = request
                 .header("content-type", "application/json")
                 .body(bytes);
         }
-        let response = request.send().await.map_err(transport)?;
+        let response = request.send().await.map_err(|e| transport(e.to_string()))?;
         let status = response.status().as_u16();
-        let value: Value = response.json().await.map_err(transport)?;
+        let text = response
+            .bytes()
+            .await
+            .map_err(|e| transport(e.to_string()))?;
         if (200..300).contains(&status) {
-            return Ok(value);
+            return serde_json::from_slice(&text)
+                .map_err(|e| transport(format!("unexpected answer: {e}")));
         }
-        let error = value.get("error");
-        Err(ClientError::Api {
-            status,
-            code: error
-                .and_then(|e| e.get("code"))
-                .and_then(Value::as_str)
-                .unwrap_or("unknown")
-                .to_owned(),
-            message: error
-                .and_then(|e| e.get("message"))
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_owned(),
-        })
+        match serde_json::from_slice::<ErrorBody>(&text) {
+            Ok(body) => Err(ClientError::Api {
+                status,
+                code: body.error.code,
+                message: body.error.message,
+            }),
+            Err(_) => Err(ClientError::Api {
+                status,
+                code: "unknown".into(),
+                message: String::from_utf8_lossy(&text).chars().take(200).collect(),
+            }),
+        }
     }
 }

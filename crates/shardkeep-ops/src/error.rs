@@ -4,6 +4,12 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use shardkeep::CoordError;
+use shardkeep::audit::AuditReadError;
+use shardkeep::queue::QueueError;
+use shardkeep::retry::{RequeueError, RetryError};
+
+use crate::contract::{ErrorBody, ErrorDetail};
 
 /// An API failure.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,6 +42,11 @@ impl ApiError {
         Self::new(StatusCode::UNAUTHORIZED, code, message)
     }
 
+    /// 404 with code `not_found`.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
     /// 500 that says nothing about the cause (which is logged).
     pub fn internal(cause: &dyn std::fmt::Display) -> Self {
         tracing::error!(event = "api_internal_error", error = %cause);
@@ -49,7 +60,64 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({ "error": { "code": self.code, "message": self.message } });
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_owned(),
+                message: self.message,
+            },
+        };
         (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<RetryError> for ApiError {
+    fn from(err: RetryError) -> Self {
+        match err {
+            RetryError::Requeue(RequeueError::Undecodable(reason)) => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "undecodable_job",
+                format!("the saved job cannot be restored: {reason}"),
+            ),
+            other => Self::internal(&other),
+        }
+    }
+}
+
+impl From<QueueError> for ApiError {
+    fn from(err: QueueError) -> Self {
+        match err {
+            QueueError::Undecodable(_) => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "undecodable_entry",
+                "the dead letter's item cannot be decoded",
+            ),
+            other => Self::internal(&other),
+        }
+    }
+}
+
+impl From<CoordError> for ApiError {
+    fn from(err: CoordError) -> Self {
+        match err {
+            CoordError::InvalidInput(message) => Self::bad_request(message),
+            other => Self::internal(&other),
+        }
+    }
+}
+
+impl From<AuditReadError> for ApiError {
+    fn from(err: AuditReadError) -> Self {
+        match err {
+            AuditReadError::Forbidden => {
+                Self::new(StatusCode::FORBIDDEN, "forbidden", err.to_string())
+            }
+            AuditReadError::RateLimited { .. } => Self::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                err.to_string(),
+            ),
+            AuditReadError::NotFound(_) => Self::not_found(err.to_string()),
+            AuditReadError::Database(e) => Self::internal(&e),
+        }
     }
 }

@@ -8,12 +8,16 @@
 //! - [`console`] — the operator console and its session login.
 //! - [`telemetry`] — the Prometheus exporter and per-route HTTP metrics.
 //! - [`client`] — a signing client of the internal API (used by the CLI).
+//! - [`contract`] — every internal route's request and response bodies; [`openapi`] — the
+//!   OpenAPI document generated from them.
 //! - [`state`], [`error`] — shared handler state and the JSON error shape.
 
 pub mod auth;
 pub mod client;
 pub mod console;
+pub mod contract;
 pub mod error;
+pub mod openapi;
 pub mod routes;
 pub mod signing;
 pub mod state;
@@ -37,6 +41,10 @@ pub fn router(state: AppState) -> Router {
             post(routes::retry::requeue),
         )
         .route(
+            "/v1/internal/persistence-retry/dead-letters/{id}",
+            get(routes::retry::detail),
+        )
+        .route(
             "/v1/internal/session-lifecycle-journal/dead-letters",
             get(routes::journal::list),
         )
@@ -44,6 +52,11 @@ pub fn router(state: AppState) -> Router {
             "/v1/internal/session-lifecycle-journal/dead-letters/requeue",
             post(routes::journal::requeue),
         )
+        .route(
+            "/v1/internal/session-lifecycle-journal/dead-letters/{id}",
+            get(routes::journal::detail),
+        )
+        .route("/v1/internal/openapi.json", get(openapi::serve))
         .route(
             "/v1/internal/admin/cleanup-targets",
             get(routes::admin::targets),
@@ -56,14 +69,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/internal/audit/staff", get(routes::audit::staff))
         .route_layer(from_fn_with_state(state.clone(), auth::require_signature));
     let console_api = Router::new()
-        .route("/console/api/overview", get(console::overview))
+        .route("/console/api/depths", get(console::depths))
+        .route("/console/api/dead-letters", get(console::dead_letters))
         .route(
-            "/console/api/retry/{id}/preview",
-            get(console::preview_retry),
-        )
-        .route(
-            "/console/api/journal/{id}/preview",
-            get(console::preview_journal),
+            "/console/api/dead-letters/{kind}/{id}",
+            get(console::detail),
         )
         .route(
             "/console/api/retry/{id}/requeue",

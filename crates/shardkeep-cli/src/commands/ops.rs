@@ -5,8 +5,12 @@ use std::process::ExitCode;
 
 use anyhow::anyhow;
 use indicatif::{ProgressBar, ProgressStyle};
-use serde_json::{Value, json};
 use shardkeep_ops::client::{ClientError, SignedClient};
+use shardkeep_ops::contract::{
+    CleanupMode, CleanupReport, CleanupRequest, JournalDeadLetterDetail, JournalDeadLetterList,
+    JournalRequeueResponse, OperatorChecks, RequeueRequest, RetryDeadLetterDetail,
+    RetryDeadLetterList, RetryRequeueResponse,
+};
 use shardkeep_ops::signing::InternalKeys;
 
 use crate::cli::{ApiClientArgs, CleanupArgs, DeadLetterKind, DeadLettersAction, DeadLettersArgs};
@@ -41,12 +45,54 @@ fn failed(err: ClientError) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn text(value: &Value, field: &str) -> String {
-    match value.get(field) {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Null) | None => "-".into(),
-        Some(other) => other.to_string(),
+fn or_dash<T: ToString>(value: Option<T>) -> String {
+    value.map_or_else(|| "-".into(), |v| v.to_string())
+}
+
+fn yes_no(value: Option<bool>) -> &'static str {
+    match value {
+        Some(true) => "YES",
+        Some(false) => "no",
+        None => "unknown",
     }
+}
+
+fn print_checks(checks: &OperatorChecks) {
+    println!("checks before a requeue:");
+    println!("  session impact:             {}", checks.session_impact);
+    println!(
+        "  session token:              {}",
+        or_dash(checks.session_token.as_deref())
+    );
+    println!(
+        "  session active again:       {}",
+        yes_no(Some(checks.session_active_again))
+    );
+    println!(
+        "  deletes a resume ledger:    {}",
+        yes_no(checks.deletes_resume_ledger)
+    );
+    println!(
+        "  transfer already confirmed: {}",
+        yes_no(checks.transfer_already_confirmed)
+    );
+}
+
+fn print_payload(payload: &serde_json::Value) {
+    println!("payload:");
+    let pretty = serde_json::to_string_pretty(payload).unwrap_or_else(|_| payload.to_string());
+    for line in pretty.lines() {
+        println!("  {line}");
+    }
+}
+
+fn query(limit: u32, offset: u32, character: Option<&str>) -> String {
+    let mut query = format!("?limit={limit}&offset={offset}");
+    if let Some(character) = character {
+        let encoded: String = url::form_urlencoded::byte_serialize(character.as_bytes()).collect();
+        query.push_str(&format!("&character={encoded}"));
+    }
+    query
 }
 
 fn table(headers: &[&str], rows: &[Vec<String>]) {
@@ -78,7 +124,7 @@ fn table(headers: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-/// `shardkeep dead-letters list|requeue`.
+/// `shardkeep dead-letters list|show|requeue`.
 pub(crate) async fn dead_letters(args: &DeadLettersArgs) -> anyhow::Result<ExitCode> {
     let client = client(&args.api)?;
     let base = |kind: DeadLetterKind| match kind {
@@ -86,51 +132,48 @@ pub(crate) async fn dead_letters(args: &DeadLettersArgs) -> anyhow::Result<ExitC
         DeadLetterKind::Journal => "/v1/internal/session-lifecycle-journal/dead-letters",
     };
     match &args.action {
-        DeadLettersAction::List { kind, limit } => {
-            let answer = match client
-                .call(
-                    reqwest::Method::GET,
-                    &format!("{}?limit={limit}", base(*kind)),
-                    None,
-                )
-                .await
-            {
-                Ok(answer) => answer,
-                Err(err) => return failed(err),
-            };
-            let letters = answer
-                .get("dead_letters")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
+        DeadLettersAction::List {
+            kind,
+            limit,
+            offset,
+            character,
+        } => {
+            let path = format!(
+                "{}{}",
+                base(*kind),
+                query(*limit, *offset, character.as_deref())
+            );
             match kind {
                 DeadLetterKind::Retry => {
+                    let list: RetryDeadLetterList = match client.get(&path).await {
+                        Ok(list) => list,
+                        Err(err) => return failed(err),
+                    };
                     println!(
                         "pending retry jobs: {}  active dead letters: {}",
-                        text(&answer, "pending_retry_jobs"),
-                        text(&answer, "active_dead_letters")
+                        list.pending_retry_jobs, list.active_dead_letters
                     );
-                    let rows: Vec<Vec<String>> = letters
+                    let rows: Vec<Vec<String>> = list
+                        .dead_letters
                         .iter()
                         .map(|l| {
-                            [
-                                "dead_letter_id",
-                                "job_kind",
-                                "character_id",
-                                "failed_attempts",
-                                "session_impact",
-                                "failed_at",
-                                "error",
+                            vec![
+                                l.dead_letter_id.to_string(),
+                                l.job_kind.clone(),
+                                or_dash(l.character_name.as_deref()),
+                                l.character_id.to_string(),
+                                l.failed_attempts.to_string(),
+                                l.session_impact.clone(),
+                                l.failed_at.to_rfc3339(),
+                                l.error.clone(),
                             ]
-                            .iter()
-                            .map(|f| text(l, f))
-                            .collect()
                         })
                         .collect();
                     table(
                         &[
                             "DEAD LETTER",
                             "KIND",
+                            "NAME",
                             "CHARACTER",
                             "ATTEMPTS",
                             "IMPACT",
@@ -141,32 +184,36 @@ pub(crate) async fn dead_letters(args: &DeadLettersArgs) -> anyhow::Result<ExitC
                     );
                 }
                 DeadLetterKind::Journal => {
+                    let list: JournalDeadLetterList = match client.get(&path).await {
+                        Ok(list) => list,
+                        Err(err) => return failed(err),
+                    };
                     println!(
                         "pending: {}  processing: {}  dead: {}",
-                        text(&answer, "pending"),
-                        text(&answer, "processing"),
-                        text(&answer, "dead")
+                        list.pending, list.processing, list.dead
                     );
-                    let rows: Vec<Vec<String>> = letters
+                    let rows: Vec<Vec<String>> = list
+                        .dead_letters
                         .iter()
                         .map(|l| {
-                            [
-                                "dead_letter_id",
-                                "character_name",
-                                "session_token",
-                                "attempts",
-                                "failed_at",
-                                "error",
+                            vec![
+                                l.dead_letter_id.to_string(),
+                                or_dash(l.character_name.as_deref()),
+                                or_dash(l.plan.as_deref()),
+                                yes_no(l.transfer_confirmed).to_owned(),
+                                or_dash(l.session_token.as_deref()),
+                                l.attempts.to_string(),
+                                l.failed_at.to_rfc3339(),
+                                l.error.clone(),
                             ]
-                            .iter()
-                            .map(|f| text(l, f))
-                            .collect()
                         })
                         .collect();
                     table(
                         &[
                             "DEAD LETTER",
                             "CHARACTER",
+                            "PLAN",
+                            "TRANSFER CONFIRMED",
                             "SESSION",
                             "ATTEMPTS",
                             "FAILED AT",
@@ -178,25 +225,74 @@ pub(crate) async fn dead_letters(args: &DeadLettersArgs) -> anyhow::Result<ExitC
             }
             Ok(ExitCode::SUCCESS)
         }
+        DeadLettersAction::Show { kind, id } => {
+            let path = format!("{}/{id}", base(*kind));
+            match kind {
+                DeadLetterKind::Retry => {
+                    let detail: RetryDeadLetterDetail = match client.get(&path).await {
+                        Ok(detail) => detail,
+                        Err(err) => return failed(err),
+                    };
+                    let l = &detail.dead_letter;
+                    println!("retry dead letter {}", l.dead_letter_id);
+                    println!("  job:        {} ({})", l.retry_job_id, l.job_kind);
+                    println!(
+                        "  character:  {} {}",
+                        l.character_id,
+                        or_dash(l.character_name.as_deref())
+                    );
+                    println!("  attempts:   {}", l.failed_attempts);
+                    println!("  failed at:  {}", l.failed_at.to_rfc3339());
+                    println!("  source:     {}", l.source);
+                    println!("  error:      {}", l.error);
+                    print_checks(&detail.checks);
+                    print_payload(&detail.payload);
+                }
+                DeadLetterKind::Journal => {
+                    let detail: JournalDeadLetterDetail = match client.get(&path).await {
+                        Ok(detail) => detail,
+                        Err(err) => return failed(err),
+                    };
+                    let l = &detail.dead_letter;
+                    println!("journal dead letter {}", l.dead_letter_id);
+                    println!("  entry:      {}", or_dash(l.entry_id));
+                    println!(
+                        "  character:  {} {}",
+                        or_dash(l.character_id),
+                        or_dash(l.character_name.as_deref())
+                    );
+                    println!("  plan:       {}", or_dash(l.plan.as_deref()));
+                    println!("  attempts:   {}", l.attempts);
+                    println!("  failed at:  {}", l.failed_at.to_rfc3339());
+                    println!("  error:      {}", l.error);
+                    print_checks(&detail.checks);
+                    print_payload(&detail.payload);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         DeadLettersAction::Requeue { kind, id } => {
-            let body = json!({ "rpc_version": 1, "dead_letter_id": id });
-            match client
-                .call(
-                    reqwest::Method::POST,
-                    &format!("{}/requeue", base(*kind)),
-                    Some(&body),
-                )
-                .await
-            {
-                Ok(answer) if answer.get("requeued") == Some(&Value::Bool(true)) => {
-                    let new_id = answer
-                        .get("retry_job_id")
-                        .or_else(|| answer.get("entry_id"))
-                        .map(|v| text(&json!({ "v": v }), "v"));
-                    println!("requeued {id} as {}", new_id.unwrap_or_default());
+            let request = RequeueRequest {
+                rpc_version: 1,
+                dead_letter_id: *id,
+            };
+            let path = format!("{}/requeue", base(*kind));
+            let answer = match kind {
+                DeadLetterKind::Retry => client
+                    .post::<_, RetryRequeueResponse>(&path, &request)
+                    .await
+                    .map(|a| (a.requeued, a.retry_job_id)),
+                DeadLetterKind::Journal => client
+                    .post::<_, JournalRequeueResponse>(&path, &request)
+                    .await
+                    .map(|a| (a.requeued, a.entry_id)),
+            };
+            match answer {
+                Ok((true, new_id)) => {
+                    println!("requeued {id} as {}", or_dash(new_id));
                     Ok(ExitCode::SUCCESS)
                 }
-                Ok(_) => {
+                Ok((false, _)) => {
                     eprintln!("error: not_requeued: {id} is unknown or was already requeued");
                     Ok(ExitCode::from(4))
                 }
@@ -210,23 +306,23 @@ pub(crate) async fn dead_letters(args: &DeadLettersArgs) -> anyhow::Result<ExitC
 pub(crate) async fn cleanup(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
     let client = client(&args.api)?;
     if args.dry_run {
-        let body = json!({ "target": args.target, "mode": "dry_run" });
+        let body = CleanupRequest {
+            target: args.target.clone(),
+            mode: CleanupMode::DryRun,
+            limit: None,
+        };
         return match client
-            .call(
-                reqwest::Method::POST,
-                "/v1/internal/admin/cleanup",
-                Some(&body),
-            )
+            .post::<_, CleanupReport>("/v1/internal/admin/cleanup", &body)
             .await
         {
             Ok(report) => {
                 table(
                     &["TARGET", "MODE", "MATCHING KEYS", "COMPLETE"],
                     &[vec![
-                        text(&report, "target"),
+                        report.target,
                         "dry run".into(),
-                        text(&report, "matched"),
-                        text(&report, "complete"),
+                        report.matched.to_string(),
+                        report.complete.to_string(),
                     ]],
                 );
                 Ok(ExitCode::SUCCESS)
@@ -242,13 +338,13 @@ pub(crate) async fn cleanup(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
     let mut deleted = 0u64;
     let mut calls = 0u64;
     loop {
-        let body = json!({ "target": args.target, "mode": "delete", "limit": args.batch });
+        let body = CleanupRequest {
+            target: args.target.clone(),
+            mode: CleanupMode::Delete,
+            limit: usize::try_from(args.batch).ok(),
+        };
         let report = match client
-            .call(
-                reqwest::Method::POST,
-                "/v1/internal/admin/cleanup",
-                Some(&body),
-            )
+            .post::<_, CleanupReport>("/v1/internal/admin/cleanup", &body)
             .await
         {
             Ok(report) => report,
@@ -258,18 +354,13 @@ pub(crate) async fn cleanup(args: &CleanupArgs) -> anyhow::Result<ExitCode> {
             }
         };
         calls += 1;
-        deleted += report.get("deleted").and_then(Value::as_u64).unwrap_or(0);
+        deleted += report.deleted;
         bar.set_message(format!(
             "{}: {deleted} keys deleted in {calls} calls",
             args.target
         ));
         bar.tick();
-        let complete = report
-            .get("complete")
-            .and_then(Value::as_bool)
-            .unwrap_or(true);
-        let progressed = report.get("deleted").and_then(Value::as_u64).unwrap_or(0) > 0;
-        if complete || !progressed {
+        if report.complete || report.deleted == 0 {
             break;
         }
     }

@@ -15,7 +15,7 @@ use shardkeep::character::{
 use shardkeep::clock::SystemClock;
 use shardkeep::coord::{InstanceRecord, run_maintenance};
 use shardkeep::journal::{JournalWorker, JournalWorkerConfig, SessionJournal};
-use shardkeep::queue::WorkQueueConfig;
+use shardkeep::queue::{DeadLetterRetention, WorkQueueConfig};
 use shardkeep::retry::{Backoff, RetryQueue, RetryWorker, RetryWorkerConfig};
 use shardkeep::{Coordination, CoordinationConfig};
 use shardkeep_ops::signing::InternalKeys;
@@ -98,6 +98,17 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         cancel.clone(),
         |_| {},
     ));
+    let retention = DeadLetterRetention {
+        max_age: Duration::from_secs(u64::from(args.dead_letter_max_age_days) * 86_400),
+        max_count: args.dead_letter_max_count as usize,
+    };
+    let retention_task = tokio::spawn(run_dead_letter_retention(
+        retry.clone(),
+        journal.clone(),
+        retention,
+        Duration::from_secs(args.reconcile_seconds),
+        cancel.clone(),
+    ));
 
     let state = AppState {
         retry,
@@ -143,6 +154,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let _ = journal_task.await;
         let _ = reconcile_task.await;
         let _ = prune_task.await;
+        let _ = retention_task.await;
     };
     if tokio::time::timeout(Duration::from_secs(30), drain)
         .await
@@ -156,6 +168,30 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     pg.close().await;
     println!("serve: stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Prunes both kinds of dead letters every `every` until `cancel` (each pass is bounded; a
+/// backlog takes several passes).
+async fn run_dead_letter_retention(
+    retry: RetryQueue,
+    journal: SessionJournal,
+    retention: DeadLetterRetention,
+    every: Duration,
+    cancel: CancellationToken,
+) {
+    let mut interval = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = interval.tick() => {}
+        }
+        if let Err(err) = retry.dead_letters_prune(retention).await {
+            tracing::warn!(event = "dead_letter_retention_failed", kind = "retry", error = %err);
+        }
+        if let Err(err) = journal.dead_letters_prune(retention).await {
+            tracing::warn!(event = "dead_letter_retention_failed", kind = "journal", error = %err);
+        }
+    }
 }
 
 async fn wait_for_signal() {

@@ -1,138 +1,193 @@
-//! The console's data calls: overview, requeue previews (what an operator must check first),
-//! and requeue.
+//! The console's data calls: queue depths, pages of dead letters (by kind, filtered by
+//! character), one dead letter with the checks to make first, and requeue. Details are the
+//! signed API's own bodies.
+
+use std::collections::HashMap;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
-use serde_json::{Value, json};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
 use uuid::Uuid;
 
 use crate::error::ApiError;
 use crate::routes;
 use crate::state::AppState;
 
-fn parse_id(raw: &str) -> Result<Uuid, ApiError> {
-    Uuid::parse_str(raw).map_err(|_| {
-        ApiError::new(
+/// Default console page size.
+const CONSOLE_PAGE: i64 = 20;
+
+/// Depth tiles.
+#[derive(Debug, Serialize)]
+pub struct Depths {
+    retry: RetryDepths,
+    journal: JournalDepths,
+}
+
+#[derive(Debug, Serialize)]
+struct RetryDepths {
+    pending: i64,
+    dead: i64,
+}
+
+#[derive(Debug, Serialize)]
+struct JournalDepths {
+    pending: u64,
+    processing: u64,
+    dead: u64,
+}
+
+/// One row of the console's dead-letter table.
+#[derive(Debug, Serialize)]
+pub struct Row {
+    dead_letter_id: Uuid,
+    character_id: Option<Uuid>,
+    character_name: Option<String>,
+    what: Option<String>,
+    error: String,
+    attempts: i64,
+    failed_at: DateTime<Utc>,
+}
+
+/// A page of one kind's dead letters.
+#[derive(Debug, Serialize)]
+pub struct RowPage {
+    kind: &'static str,
+    offset: i64,
+    limit: i64,
+    has_more: bool,
+    items: Vec<Row>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Retry,
+    Journal,
+}
+
+fn kind(raw: Option<&str>) -> Result<Kind, ApiError> {
+    match raw.map(str::trim) {
+        None | Some("retry") => Ok(Kind::Retry),
+        Some("journal") => Ok(Kind::Journal),
+        Some(_) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
-            "invalid_dead_letter_id",
-            "not a UUID",
-        )
-    })
-}
-
-/// `GET /console/api/overview`: both queues' depths and dead letters.
-pub async fn overview(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
-    let retry = state
-        .retry
-        .dead_letters_inspect(100)
-        .await
-        .map_err(|e| ApiError::internal(&e))?;
-    let (depths, journal) = state
-        .journal
-        .inspect(100)
-        .await
-        .map_err(|e| ApiError::internal(&e))?;
-    Ok(Json(json!({
-        "retry": retry,
-        "journal": { "pending": depths.pending, "processing": depths.processing, "dead": depths.dead, "dead_letters": journal },
-    })))
-}
-
-async fn session_active(state: &AppState, token: Option<&str>) -> Result<bool, ApiError> {
-    match token {
-        Some(token) => state
-            .coord
-            .session_is_active(token)
-            .await
-            .map_err(|e| ApiError::internal(&e)),
-        None => Ok(false),
+            "invalid_kind",
+            "kind must be retry or journal",
+        )),
     }
 }
 
-/// `GET /console/api/retry/{id}/preview`
-pub async fn preview_retry(
-    State(state): State<AppState>,
-    Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    let id = parse_id(&id)?;
-    let detail = state
-        .retry
-        .dead_letter_detail(id)
-        .await
-        .map_err(|e| ApiError::internal(&e))?
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "no active dead letter with that id",
-            )
-        })?;
-    let active = session_active(&state, detail.summary.session_token.as_deref()).await?;
-    Ok(Json(json!({
-        "kind": "retry",
-        "dead_letter_id": id,
-        "job_kind": detail.summary.job_kind,
-        "error": detail.summary.error,
-        "session_impact": detail.summary.session_impact,
-        "session_token": detail.summary.session_token,
-        "session_active_again": active,
-        "deletes_resume_ledger": false,
-        "transfer_already_confirmed": detail.transfer_already_recorded,
-    })))
+/// `GET /console/api/depths`
+pub async fn depths(State(state): State<AppState>) -> Result<Json<Depths>, ApiError> {
+    let retry = state.retry.dead_letters_inspect(1).await?;
+    let journal = state.journal.queue().depths().await?;
+    Ok(Json(Depths {
+        retry: RetryDepths {
+            pending: retry.pending_retry_jobs,
+            dead: retry.active_dead_letters,
+        },
+        journal: JournalDepths {
+            pending: journal.pending,
+            processing: journal.processing,
+            dead: journal.dead,
+        },
+    }))
 }
 
-/// `GET /console/api/journal/{id}/preview`
-pub async fn preview_journal(
+/// `GET /console/api/dead-letters?kind&character&offset&limit`
+pub async fn dead_letters(
     State(state): State<AppState>,
-    Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    let id = parse_id(&id)?;
-    let (_, letters) = state
-        .journal
-        .inspect(500)
-        .await
-        .map_err(|e| ApiError::internal(&e))?;
-    let letter = letters
-        .into_iter()
-        .find(|l| l.dead_letter_id == id)
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "no dead letter with that id",
-            )
-        })?;
-    let active = session_active(&state, letter.session_token.as_deref()).await?;
-    let deletes = letter.plan.map(|p| {
-        p.effects(letter.transfer_confirmed.unwrap_or(false))
-            .delete_resume_ledger
-    });
-    Ok(Json(json!({
-        "kind": "journal",
-        "dead_letter_id": id,
-        "plan": letter.plan.map(|p| p.as_str()),
-        "error": letter.error,
-        "session_impact": "none",
-        "session_token": letter.session_token,
-        "session_active_again": active,
-        "deletes_resume_ledger": deletes,
-        "transfer_already_confirmed": letter.transfer_confirmed,
-    })))
+    Query(mut query): Query<HashMap<String, String>>,
+) -> Result<Json<RowPage>, ApiError> {
+    let kind = kind(query.get("kind").map(String::as_str))?;
+    query
+        .entry("limit".into())
+        .or_insert_with(|| CONSOLE_PAGE.to_string());
+    let page = routes::page(&query)?;
+    // One more than the page says whether another follows.
+    let probe = page.limit + 1;
+    let (name, mut items): (&'static str, Vec<Row>) = match kind {
+        Kind::Retry => {
+            let found = state
+                .retry
+                .dead_letters_page(page.offset, probe, page.character.as_ref())
+                .await?;
+            let rows = found
+                .dead_letters
+                .into_iter()
+                .map(|l| Row {
+                    dead_letter_id: l.dead_letter_id,
+                    character_id: Some(l.character_id),
+                    character_name: l.character_name,
+                    what: Some(l.job_kind),
+                    error: l.error,
+                    attempts: i64::from(l.failed_attempts),
+                    failed_at: l.failed_at,
+                })
+                .collect();
+            ("retry", rows)
+        }
+        Kind::Journal => {
+            let found = state
+                .journal
+                .dead_letters_page(
+                    usize::try_from(page.offset).unwrap_or(0),
+                    usize::try_from(probe).unwrap_or(21),
+                    page.character.as_ref(),
+                )
+                .await?;
+            let rows = found
+                .into_iter()
+                .map(|l| Row {
+                    dead_letter_id: l.dead_letter_id,
+                    character_id: l.character_id,
+                    character_name: l.character_name,
+                    what: l.plan.map(|p| p.as_str().to_owned()),
+                    error: l.error,
+                    attempts: i64::from(l.attempts),
+                    failed_at: l.failed_at,
+                })
+                .collect();
+            ("journal", rows)
+        }
+    };
+    let has_more = items.len() as i64 > page.limit;
+    items.truncate(usize::try_from(page.limit).unwrap_or(20));
+    Ok(Json(RowPage {
+        kind: name,
+        offset: page.offset,
+        limit: page.limit,
+        has_more,
+        items,
+    }))
+}
+
+/// `GET /console/api/dead-letters/{kind}/{id}`: the signed API's detail body.
+pub async fn detail(
+    State(state): State<AppState>,
+    Path((which, id)): Path<(String, String)>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    let id = routes::dead_letter_id(&id)?;
+    Ok(match kind(Some(&which))? {
+        Kind::Retry => Json(routes::retry::detail_of(&state, id).await?).into_response(),
+        Kind::Journal => Json(routes::journal::detail_of(&state, id).await?).into_response(),
+    })
 }
 
 /// `POST /console/api/retry/{id}/requeue`
 pub async fn requeue_retry(
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    routes::retry::requeue_id(&state, parse_id(&id)?).await
+) -> Result<Json<crate::contract::RetryRequeueResponse>, ApiError> {
+    routes::retry::requeue_id(&state, routes::dead_letter_id(&id)?).await
 }
 
 /// `POST /console/api/journal/{id}/requeue`
 pub async fn requeue_journal(
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    routes::journal::requeue_id(&state, parse_id(&id)?).await
+) -> Result<Json<crate::contract::JournalRequeueResponse>, ApiError> {
+    routes::journal::requeue_id(&state, routes::dead_letter_id(&id)?).await
 }

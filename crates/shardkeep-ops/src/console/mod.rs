@@ -8,7 +8,7 @@ mod session;
 
 use axum::response::Html;
 
-pub use api::{overview, preview_journal, preview_retry, requeue_journal, requeue_retry};
+pub use api::{Depths, Row, RowPage, dead_letters, depths, detail, requeue_journal, requeue_retry};
 pub use session::{COOKIE, CSRF_HEADER, LOGIN_WINDOW, SESSION_TTL, login, logout, require_session};
 
 const PAGE: &str = include_str!("page.html");

@@ -4,29 +4,42 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
-use serde::Deserialize;
-use serde_json::{Value, json};
-use shardkeep::coord::{CleanupMode, CoordError};
 
+use crate::contract::{
+    CleanupMode, CleanupReport, CleanupRequest, CleanupTarget, CleanupTargetList, ErrorBody,
+};
 use crate::error::ApiError;
 use crate::state::AppState;
 
 /// `GET /v1/internal/admin/cleanup-targets`
-pub async fn targets(State(state): State<AppState>) -> Json<Value> {
-    Json(json!({ "targets": state.coord.keys().cleanup_targets() }))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CleanupBody {
-    target: String,
-    mode: CleanupMode,
-    limit: Option<usize>,
+#[utoipa::path(get, operation_id = "admin_targets", path = "/v1/internal/admin/cleanup-targets", tag = "admin",
+    responses((status = 200, description = "OK", body = CleanupTargetList)))]
+pub async fn targets(State(state): State<AppState>) -> Json<CleanupTargetList> {
+    let targets = state
+        .coord
+        .keys()
+        .cleanup_targets()
+        .into_iter()
+        .map(|t| CleanupTarget {
+            name: t.name.to_owned(),
+            owner: t.owner.as_str().to_owned(),
+            description: t.description.to_owned(),
+            exact_keys: t.exact_keys,
+            scan_patterns: t.scan_patterns,
+        })
+        .collect();
+    Json(CleanupTargetList { targets })
 }
 
 /// `POST /v1/internal/admin/cleanup` with `{"target", "mode": "dry_run" | "delete", "limit"?}`
-pub async fn cleanup(State(state): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
-    let body: CleanupBody = serde_json::from_slice(&body).map_err(|e| {
+#[utoipa::path(post, operation_id = "admin_cleanup", path = "/v1/internal/admin/cleanup", tag = "admin",
+    request_body = CleanupRequest,
+    responses((status = 200, description = "OK", body = CleanupReport), (status = 400, description = "malformed input", body = ErrorBody)))]
+pub async fn cleanup(
+    State(state): State<AppState>,
+    body: Bytes,
+) -> Result<Json<CleanupReport>, ApiError> {
+    let body: CleanupRequest = serde_json::from_slice(&body).map_err(|e| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
             "invalid_body",
@@ -43,13 +56,17 @@ pub async fn cleanup(State(state): State<AppState>, body: Bytes) -> Result<Json<
     let limit = body
         .limit
         .unwrap_or(shardkeep::coord::cleanup::MAX_DELETE_PER_CALL);
-    match state
-        .coord
-        .cleanup_run(&body.target, body.mode, limit)
-        .await
-    {
-        Ok(report) => Ok(Json(json!(report))),
-        Err(CoordError::InvalidInput(message)) => Err(ApiError::bad_request(message)),
-        Err(e) => Err(ApiError::internal(&e)),
-    }
+    let mode = match body.mode {
+        CleanupMode::DryRun => shardkeep::coord::CleanupMode::DryRun,
+        CleanupMode::Delete => shardkeep::coord::CleanupMode::Delete,
+    };
+    let report = state.coord.cleanup_run(&body.target, mode, limit).await?;
+    Ok(Json(CleanupReport {
+        target: report.target,
+        mode: body.mode,
+        matched: report.matched,
+        deleted: report.deleted,
+        deleted_keys: report.deleted_keys,
+        complete: report.complete,
+    }))
 }

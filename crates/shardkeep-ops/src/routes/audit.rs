@@ -6,9 +6,10 @@ use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use chrono::{DateTime, Utc};
-use shardkeep::audit::{AuditCursor, AuditPage, AuditReadError, Tier, Viewer};
+use shardkeep::audit::{AuditCursor, Tier, Viewer};
 use uuid::Uuid;
 
+use crate::contract::{AuditPage, ErrorBody};
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -40,24 +41,16 @@ fn cursor(query: &HashMap<String, String>) -> Result<Option<AuditCursor>, ApiErr
     }
 }
 
-fn read_error(err: AuditReadError) -> ApiError {
-    match err {
-        AuditReadError::Forbidden => {
-            ApiError::new(StatusCode::FORBIDDEN, "forbidden", err.to_string())
-        }
-        AuditReadError::RateLimited { .. } => ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limited",
-            err.to_string(),
-        ),
-        AuditReadError::NotFound(_) => {
-            ApiError::new(StatusCode::NOT_FOUND, "not_found", err.to_string())
-        }
-        AuditReadError::Database(e) => ApiError::internal(&e),
-    }
-}
-
 /// `GET /v1/internal/audit/characters/{character_id}?limit&before_at&before_seq`
+#[utoipa::path(get, operation_id = "audit_character", path = "/v1/internal/audit/characters/{character_id}", tag = "audit",
+    params(
+        ("character_id" = String, Path, description = "the character"),
+        ("limit" = Option<i64>, Query, description = "page size, 1..=500 (50)"),
+        ("before_at" = Option<String>, Query, description = "cursor: RFC 3339 time"),
+        ("before_seq" = Option<i64>, Query, description = "cursor: sequence"),
+    ),
+    responses((status = 200, description = "OK", body = AuditPage), (status = 400, description = "malformed input", body = ErrorBody),
+              (status = 404, description = "no such item", body = ErrorBody)))]
 pub async fn character(
     State(state): State<AppState>,
     Path(character_id): Path<String>,
@@ -76,11 +69,22 @@ pub async fn character(
         .audit
         .self_view(id, before, limit)
         .await
-        .map(Json)
-        .map_err(read_error)
+        .map(|page| Json(page.into()))
+        .map_err(Into::into)
 }
 
 /// `GET /v1/internal/audit/staff?name&viewer_account_id&viewer_tier&limit&before_at&before_seq`
+#[utoipa::path(get, operation_id = "audit_staff", path = "/v1/internal/audit/staff", tag = "audit",
+    params(
+        ("name" = String, Query, description = "the character's name"),
+        ("viewer_account_id" = String, Query, description = "who is looking"),
+        ("viewer_tier" = String, Query, description = "player, moderator or admin"),
+        ("limit" = Option<i64>, Query, description = "page size, 1..=500 (50)"),
+        ("before_at" = Option<String>, Query, description = "cursor: RFC 3339 time"),
+        ("before_seq" = Option<i64>, Query, description = "cursor: sequence"),
+    ),
+    responses((status = 200, description = "OK", body = AuditPage), (status = 400, description = "malformed input", body = ErrorBody),
+              (status = 403, description = "not allowed for this viewer", body = ErrorBody), (status = 429, description = "rate limited", body = ErrorBody)))]
 pub async fn staff(
     State(state): State<AppState>,
     Query(query): Query<HashMap<String, String>>,
@@ -104,6 +108,6 @@ pub async fn staff(
         .audit
         .staff_view(Viewer { account_id, tier }, name, before, limit)
         .await
-        .map(Json)
-        .map_err(read_error)
+        .map(|page| Json(page.into()))
+        .map_err(Into::into)
 }

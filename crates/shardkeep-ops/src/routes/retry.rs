@@ -1,53 +1,114 @@
-//! Persistence retry dead letters: inspect and requeue.
+//! Persistence retry dead letters: list, detail with the operator checks, requeue.
 
 use std::collections::HashMap;
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::{Query, State};
-use serde_json::{Value, json};
+use axum::extract::{Path, Query, State};
 
+use crate::contract::{
+    ErrorBody, OperatorChecks, RequeueRequest, RetryDeadLetterDetail, RetryDeadLetterList,
+    RetryRequeueResponse,
+};
 use crate::error::ApiError;
 use crate::state::AppState;
 
-/// `GET /v1/internal/persistence-retry/dead-letters?limit=N`
+/// `GET /v1/internal/persistence-retry/dead-letters?limit&offset&character`
+#[utoipa::path(get, operation_id = "retry_list", path = "/v1/internal/persistence-retry/dead-letters", tag = "retry",
+    params(
+        ("limit" = Option<i64>, Query, description = "page size, 1..=500 (50)"),
+        ("offset" = Option<i64>, Query, description = "dead letters to skip (0)"),
+        ("character" = Option<String>, Query, description = "a character id or name"),
+    ),
+    responses((status = 200, description = "OK", body = RetryDeadLetterList), (status = 400, description = "malformed input", body = ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
     Query(query): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
-    let limit = super::limit(&query)?;
+) -> Result<Json<RetryDeadLetterList>, ApiError> {
+    let page = super::page(&query)?;
     let inspection = state
         .retry
-        .dead_letters_inspect(limit)
+        .dead_letters_page(page.offset, page.limit, page.character.as_ref())
+        .await?;
+    Ok(Json(RetryDeadLetterList {
+        pending_retry_jobs: inspection.pending_retry_jobs,
+        active_dead_letters: inspection.active_dead_letters,
+        dead_letters: inspection
+            .dead_letters
+            .into_iter()
+            .map(Into::into)
+            .collect(),
+    }))
+}
+
+/// `GET /v1/internal/persistence-retry/dead-letters/{id}`
+#[utoipa::path(get, operation_id = "retry_detail", path = "/v1/internal/persistence-retry/dead-letters/{id}", tag = "retry",
+    params(("id" = String, Path, description = "dead letter id")),
+    responses((status = 200, description = "OK", body = RetryDeadLetterDetail), (status = 400, description = "malformed input", body = ErrorBody),
+              (status = 404, description = "no such item", body = ErrorBody)))]
+pub async fn detail(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<RetryDeadLetterDetail>, ApiError> {
+    detail_of(&state, super::dead_letter_id(&id)?)
         .await
-        .map_err(|e| ApiError::internal(&e))?;
-    Ok(Json(json!({
-        "pending_retry_jobs": inspection.pending_retry_jobs,
-        "active_dead_letters": inspection.active_dead_letters,
-        "dead_letters": inspection.dead_letters,
-    })))
+        .map(Json)
+}
+
+/// The whole retry dead letter `id` with the operator checks (shared with the console).
+pub async fn detail_of(
+    state: &AppState,
+    id: uuid::Uuid,
+) -> Result<RetryDeadLetterDetail, ApiError> {
+    let detail = state
+        .retry
+        .dead_letter_detail(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("no active retry dead letter with that id"))?;
+    let token = detail.summary.session_token.clone();
+    let checks = OperatorChecks {
+        session_impact: detail.summary.session_impact.clone(),
+        session_active_again: super::session_active(state, token.as_deref()).await?,
+        session_token: token,
+        // Retry jobs write character rows and transfer activations; none deletes a ledger.
+        deletes_resume_ledger: Some(false),
+        transfer_already_confirmed: Some(detail.transfer_already_recorded),
+    };
+    Ok(RetryDeadLetterDetail {
+        kind: "retry".into(),
+        dead_letter: detail.summary.into(),
+        payload: detail.payload,
+        checks,
+    })
 }
 
 /// `POST /v1/internal/persistence-retry/dead-letters/requeue`
-pub async fn requeue(State(state): State<AppState>, body: Bytes) -> Result<Json<Value>, ApiError> {
-    let id = super::requeue_request(&body)?;
-    requeue_id(&state, id).await
+#[utoipa::path(post, operation_id = "retry_requeue", path = "/v1/internal/persistence-retry/dead-letters/requeue", tag = "retry",
+    request_body = RequeueRequest,
+    responses((status = 200, description = "OK", body = RetryRequeueResponse), (status = 400, description = "malformed input", body = ErrorBody),
+              (status = 409, description = "wrong rpc_version", body = ErrorBody), (status = 422, description = "the stored work cannot be decoded", body = ErrorBody)))]
+pub async fn requeue(
+    State(state): State<AppState>,
+    body: Bytes,
+) -> Result<Json<RetryRequeueResponse>, ApiError> {
+    let request = super::requeue_request(&body)?;
+    requeue_id(&state, request.dead_letter_id).await
 }
 
 /// Requeues one retry dead letter (shared with the console).
-pub async fn requeue_id(state: &AppState, id: uuid::Uuid) -> Result<Json<Value>, ApiError> {
-    match state.retry.dead_letters_requeue(id).await {
-        Ok(shardkeep::retry::RequeueOutcome::Requeued { retry_job_id }) => Ok(Json(
-            json!({ "requeued": true, "retry_job_id": retry_job_id }),
-        )),
-        Ok(shardkeep::retry::RequeueOutcome::NotRequeued) => Ok(Json(json!({ "requeued": false }))),
-        Err(shardkeep::retry::RetryError::Requeue(
-            shardkeep::retry::RequeueError::Undecodable(reason),
-        )) => Err(ApiError::new(
-            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-            "undecodable_job",
-            format!("the saved job cannot be restored: {reason}"),
-        )),
-        Err(e) => Err(ApiError::internal(&e)),
-    }
+pub async fn requeue_id(
+    state: &AppState,
+    id: uuid::Uuid,
+) -> Result<Json<RetryRequeueResponse>, ApiError> {
+    let answer = match state.retry.dead_letters_requeue(id).await? {
+        shardkeep::retry::RequeueOutcome::Requeued { retry_job_id } => RetryRequeueResponse {
+            requeued: true,
+            retry_job_id: Some(retry_job_id),
+        },
+        shardkeep::retry::RequeueOutcome::NotRequeued => RetryRequeueResponse {
+            requeued: false,
+            retry_job_id: None,
+        },
+    };
+    Ok(Json(answer))
 }

@@ -1,10 +1,12 @@
-//! The console in headless Chromium (Debian's `chromium` and `chromium-driver`): log in, list
-//! both dead-letter queues, requeue through the confirmation, and see the lists change.
+//! The console in headless Chromium (Debian's `chromium` and `chromium-driver`): log in, read the
+//! depth tiles, open a dead letter's detail, filter and switch the dead-letter list, requeue
+//! through the confirmation, and see the list and the depths change.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use fantoccini::{ClientBuilder, Locator};
+use fantoccini::key::Key;
+use fantoccini::{Client, ClientBuilder, Locator};
 use sqlx::PgPool;
 
 use crate::support::{PASSWORD, journal_dead_letter, retry_dead_letter, spawn_app};
@@ -64,11 +66,52 @@ where
     panic!("timed out waiting for {what}");
 }
 
+/// The rendered text of the element with this id (empty while it is not on the page: the
+/// confirmation builds its check list when the checks arrive).
+async fn text(browser: &Client, id: &str) -> String {
+    match browser.find(Locator::Id(id)).await {
+        Ok(element) => element.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    }
+}
+
+/// How many elements match `css`.
+async fn count(browser: &Client, css: &str) -> usize {
+    browser.find_all(Locator::Css(css)).await.unwrap().len()
+}
+
+/// Whether the element with this id is displayed.
+async fn shown(browser: &Client, id: &str) -> bool {
+    browser
+        .find(Locator::Id(id))
+        .await
+        .unwrap()
+        .is_displayed()
+        .await
+        .unwrap()
+}
+
+/// Whether the element with this id is enabled.
+async fn enabled(browser: &Client, id: &str) -> bool {
+    browser
+        .find(Locator::Id(id))
+        .await
+        .unwrap()
+        .is_enabled()
+        .await
+        .unwrap()
+}
+
+async fn click(browser: &Client, locator: Locator<'_>) {
+    browser.find(locator).await.unwrap().click().await.unwrap();
+}
+
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn an_operator_logs_in_lists_and_requeues_in_a_browser(pool: PgPool) {
     let mut app = spawn_app(pool.clone()).await;
-    retry_dead_letter(&mut app).await;
-    journal_dead_letter(&app, "s-browser").await;
+    let retry_id = retry_dead_letter(&mut app).await.to_string();
+    let journal_id = journal_dead_letter(&app, "s-browser").await.to_string();
+    let stranger = uuid::Uuid::now_v7().to_string();
     let driver = chromedriver().await;
     let mut caps = serde_json::Map::new();
     caps.insert(
@@ -89,6 +132,8 @@ async fn an_operator_logs_in_lists_and_requeues_in_a_browser(pool: PgPool) {
             .goto(&format!("{}/console", app.base))
             .await
             .unwrap();
+
+        // A wrong password shows the error code; the right one opens the console.
         browser
             .find(Locator::Id("password"))
             .await
@@ -96,190 +141,173 @@ async fn an_operator_logs_in_lists_and_requeues_in_a_browser(pool: PgPool) {
             .send_keys("wrong")
             .await
             .unwrap();
-        browser
-            .find(Locator::Id("login-button"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(&browser, Locator::Id("login-button")).await;
         wait_until("the login error", || async {
-            browser
-                .find(Locator::Id("error"))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap()
-                .contains("bad_password")
+            text(&browser, "error").await.contains("bad_password")
         })
         .await;
         let password = browser.find(Locator::Id("password")).await.unwrap();
         password.clear().await.unwrap();
         password.send_keys(PASSWORD).await.unwrap();
-        browser
-            .find(Locator::Id("login-button"))
-            .await
-            .unwrap()
-            .click()
+        click(&browser, Locator::Id("login-button")).await;
+
+        // Depth tiles, and the retry list (the kind shown first).
+        wait_until("the depth tiles", || async {
+            text(&browser, "retry-dead").await == "1"
+                && text(&browser, "journal-dead").await == "1"
+                && text(&browser, "retry-pending").await == "0"
+                && text(&browser, "journal-processing").await == "0"
+        })
+        .await;
+        wait_until("the depths' age", || async {
+            text(&browser, "depths-updated").await.contains("updated")
+        })
+        .await;
+        wait_until("the retry dead letter", || async {
+            count(&browser, ".retry-row").await == 1
+        })
+        .await;
+        assert!(!shown(&browser, "login").await);
+        assert_eq!(count(&browser, ".journal-row").await, 0);
+        let row = browser.find(Locator::Css(".retry-row")).await.unwrap();
+        assert_eq!(
+            row.attr("data-id").await.unwrap().as_deref(),
+            Some(retry_id.as_str())
+        );
+        let when = browser
+            .find(Locator::Css(".retry-row td.failed-at .when"))
             .await
             .unwrap();
-        wait_until("both dead-letter lists", || async {
-            browser
-                .find_all(Locator::Css(".retry-row"))
-                .await
-                .unwrap()
-                .len()
-                == 1
-                && browser
-                    .find_all(Locator::Css(".journal-row"))
+        let raw = when.attr("title").await.unwrap().unwrap_or_default();
+        let shown_time = when.text().await.unwrap();
+        assert!(raw.contains('T'), "the raw time in the title: {raw:?}");
+        assert!(
+            shown_time.contains("ago") && !shown_time.contains(&raw),
+            "a local time and its age: {shown_time:?}"
+        );
+        assert!(!enabled(&browser, "prev-page").await);
+        assert!(!enabled(&browser, "next-page").await);
+
+        // The detail: every field, the pretty-printed payload and the checks, none flagged.
+        click(&browser, Locator::Css(".retry-row button.details")).await;
+        wait_until("the detail's payload", || async {
+            shown(&browser, "detail").await
+                && text(&browser, "detail-payload")
                     .await
-                    .unwrap()
-                    .len()
-                    == 1
+                    .contains("\"room\": \"r0\"")
         })
         .await;
-        assert_eq!(
-            browser
-                .find(Locator::Id("retry-dead"))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap(),
-            "1"
+        assert!(text(&browser, "detail-fields").await.contains(&retry_id));
+        let checks = text(&browser, "detail-checks").await;
+        assert!(
+            checks.contains("Session impact: none") && checks.contains("Session active again: no"),
+            "{checks}"
         );
-        assert_eq!(
-            browser
-                .find(Locator::Id("journal-dead"))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap(),
-            "1"
-        );
+        assert!(count(&browser, "#detail-checks li").await >= 5);
+        assert_eq!(count(&browser, "#detail-checks li.warn").await, 0);
+        click(&browser, Locator::Id("detail-close")).await;
+        wait_until("the detail to close", || async {
+            !shown(&browser, "detail").await
+        })
+        .await;
 
-        // Requeue the journal entry: the confirmation shows what to check first.
+        // A character filter that matches nothing empties the list; clearing it (Enter) restores it.
         browser
-            .find(Locator::Css(".journal-row button.requeue"))
+            .find(Locator::Id("character-filter"))
             .await
             .unwrap()
-            .click()
+            .send_keys(&stranger)
             .await
             .unwrap();
-        wait_until("the confirmation", || async {
-            !browser
-                .find(Locator::Id("confirm"))
-                .await
-                .unwrap()
-                .attr("class")
-                .await
-                .unwrap()
-                .unwrap_or_default()
-                .contains("hidden")
+        click(&browser, Locator::Id("apply-filter")).await;
+        wait_until("the filtered list to empty", || async {
+            count(&browser, ".retry-row").await == 0 && count(&browser, "tr.empty-row").await == 1
         })
         .await;
-        assert_eq!(
-            browser
-                .find(Locator::Id("c-ledger"))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap(),
-            "YES"
-        );
-        assert_eq!(
-            browser
-                .find(Locator::Id("c-active"))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap(),
-            "no"
-        );
-        assert_eq!(
-            browser
-                .find(Locator::Id("c-transfer"))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap(),
-            "no"
-        );
-        browser
-            .find(Locator::Id("confirm-requeue"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
-        wait_until("the journal list to empty", || async {
-            browser
-                .find_all(Locator::Css(".journal-row"))
-                .await
-                .unwrap()
-                .is_empty()
+        let filter = browser.find(Locator::Id("character-filter")).await.unwrap();
+        filter.clear().await.unwrap();
+        filter.send_keys(&Key::Enter).await.unwrap();
+        wait_until("the unfiltered list", || async {
+            count(&browser, ".retry-row").await == 1
         })
         .await;
-        assert_eq!(
-            browser
-                .find(Locator::Id("journal-pending"))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap(),
-            "1"
-        );
 
-        // Requeue the retry job.
+        // Switch to the journal and requeue its entry: the confirmation shows what to check first.
         browser
-            .find(Locator::Css(".retry-row button.requeue"))
+            .find(Locator::Id("kind-filter"))
             .await
             .unwrap()
-            .click()
+            .select_by_value("journal")
             .await
             .unwrap();
+        wait_until("the journal dead letter", || async {
+            count(&browser, ".journal-row").await == 1 && count(&browser, ".retry-row").await == 0
+        })
+        .await;
+        let row = browser.find(Locator::Css(".journal-row")).await.unwrap();
+        assert_eq!(
+            row.attr("data-id").await.unwrap().as_deref(),
+            Some(journal_id.as_str())
+        );
+        assert!(row.text().await.unwrap().contains("Aria"));
+        click(&browser, Locator::Css(".journal-row button.requeue")).await;
+        wait_until("the confirmation with its checks", || async {
+            shown(&browser, "confirm").await
+                && text(&browser, "c-ledger").await == "YES"
+                && enabled(&browser, "confirm-requeue").await
+        })
+        .await;
+        assert_eq!(text(&browser, "c-active").await, "no");
+        assert_eq!(text(&browser, "c-transfer").await, "no");
+        assert_eq!(text(&browser, "c-error").await, "store down");
+        assert_eq!(count(&browser, "#confirm-checks li.warn").await, 1);
+        click(&browser, Locator::Id("confirm-requeue")).await;
+        wait_until("the journal list and depths", || async {
+            !shown(&browser, "confirm").await
+                && count(&browser, ".journal-row").await == 0
+                && text(&browser, "journal-dead").await == "0"
+                && text(&browser, "journal-pending").await == "1"
+        })
+        .await;
+        assert!(text(&browser, "notice").await.contains(&journal_id));
+
+        // Requeue the retry job from its detail.
+        browser
+            .find(Locator::Id("kind-filter"))
+            .await
+            .unwrap()
+            .select_by_value("retry")
+            .await
+            .unwrap();
+        wait_until("the retry list again", || async {
+            count(&browser, ".retry-row").await == 1
+        })
+        .await;
+        click(&browser, Locator::Css(".retry-row button.details")).await;
+        wait_until("the detail", || async {
+            shown(&browser, "detail").await && enabled(&browser, "detail-requeue").await
+        })
+        .await;
+        click(&browser, Locator::Id("detail-requeue")).await;
         wait_until("the impact", || async {
-            browser
-                .find(Locator::Id("c-impact"))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap()
-                == "none"
+            text(&browser, "c-impact").await == "none" && enabled(&browser, "confirm-requeue").await
         })
         .await;
-        browser
-            .find(Locator::Id("confirm-requeue"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(&browser, Locator::Id("confirm-requeue")).await;
         wait_until("the retry list to empty", || async {
-            browser
-                .find_all(Locator::Css(".retry-row"))
-                .await
-                .unwrap()
-                .is_empty()
+            !shown(&browser, "detail").await
+                && count(&browser, ".retry-row").await == 0
+                && text(&browser, "retry-dead").await == "0"
+                && text(&browser, "retry-pending").await == "1"
         })
         .await;
-        assert_eq!(
-            browser
-                .find(Locator::Id("retry-pending"))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap(),
-            "1"
-        );
+
+        // Logging out brings the login form back.
+        click(&browser, Locator::Id("logout")).await;
+        wait_until("the login form", || async {
+            shown(&browser, "password").await && !shown(&browser, "main").await
+        })
+        .await;
     };
     run.await;
     browser.close().await.unwrap();

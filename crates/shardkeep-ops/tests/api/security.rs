@@ -211,7 +211,7 @@ async fn console_sessions_are_shared_and_logout_ends_them_everywhere(pool: PgPoo
         let http = app.http.clone();
         let cookie = cookie.clone();
         async move {
-            http.get(format!("{base}/console/api/overview"))
+            http.get(format!("{base}/console/api/depths"))
                 .header(COOKIE, cookie)
                 .send()
                 .await

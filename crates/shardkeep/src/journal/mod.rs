@@ -18,7 +18,10 @@ use uuid::Uuid;
 
 use crate::backend::RedisBackend;
 use crate::coord::ResumeLedgerRecord;
-use crate::queue::{QueueDepths, QueueError, WorkQueue, WorkQueueConfig};
+use crate::operator::CharacterFilter;
+use crate::queue::{
+    DeadLetterRetention, DeadLetterView, QueueDepths, QueueError, WorkQueue, WorkQueueConfig,
+};
 
 pub use cleanup::{ActiveSession, ActiveSessions, CleanupOutcome, cleanup_stream};
 pub use plan::{Effects, SessionLifecycleEffectPlan};
@@ -109,6 +112,21 @@ pub struct JournalDeadLetterSummary {
     pub transfer_confirmed: Option<bool>,
 }
 
+fn summary(view: DeadLetterView<RealtimeStreamCleanup>) -> JournalDeadLetterSummary {
+    JournalDeadLetterSummary {
+        dead_letter_id: view.record.dead_letter_id,
+        entry_id: view.record.entry_id,
+        attempts: view.record.failed_attempts,
+        error: view.record.error,
+        failed_at: view.record.failed_at,
+        session_token: view.item.as_ref().map(|i| i.session_token.clone()),
+        character_id: view.item.as_ref().map(|i| i.player.character_id),
+        character_name: view.item.as_ref().map(|i| i.player.character_name.clone()),
+        plan: view.item.as_ref().map(|i| i.plan),
+        transfer_confirmed: view.item.as_ref().map(|i| i.transfer_confirmed),
+    }
+}
+
 /// Handle on the journal: append, inspect, requeue, and the worker's wake signal. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct SessionJournal {
@@ -142,6 +160,52 @@ impl SessionJournal {
         Ok(id)
     }
 
+    /// A page of dead letters, newest first: `limit` (clamped to 1..=500) after skipping
+    /// `offset`, only those of `character` when given.
+    pub async fn dead_letters_page(
+        &self,
+        offset: usize,
+        limit: usize,
+        character: Option<&CharacterFilter>,
+    ) -> Result<Vec<JournalDeadLetterSummary>, QueueError> {
+        let views = match character {
+            None => self.queue.dead_letters_page(offset, limit).await?,
+            Some(filter) => {
+                self.queue
+                    .dead_letters_matching(offset, limit, |view| {
+                        view.item.as_ref().is_some_and(|item| {
+                            filter.matches(item.player.character_id, &item.player.character_name)
+                        })
+                    })
+                    .await?
+            }
+        };
+        Ok(views.into_iter().map(summary).collect())
+    }
+
+    /// The retained dead letter `dead_letter_id` with its stored item (raw JSON, which may not
+    /// decode), or `None`.
+    pub async fn dead_letter(
+        &self,
+        dead_letter_id: Uuid,
+    ) -> Result<Option<(JournalDeadLetterSummary, serde_json::Value)>, QueueError> {
+        Ok(self.queue.dead_letter(dead_letter_id).await?.map(|view| {
+            let item = view.record.item.clone();
+            (summary(view), item)
+        }))
+    }
+
+    /// One retention pass over the dead letters (see [`DeadLetterRetention`]).
+    pub async fn dead_letters_prune(
+        &self,
+        retention: DeadLetterRetention,
+    ) -> Result<u64, QueueError> {
+        let removed = self.queue.dead_letters_prune(retention).await?;
+        metrics::counter!(crate::telemetry::DEAD_LETTERS_PRUNED_TOTAL, "kind" => "journal")
+            .increment(removed);
+        Ok(removed)
+    }
+
     /// Depths and the newest `limit` (clamped to 1..=500) dead letters.
     pub async fn inspect(
         &self,
@@ -149,21 +213,7 @@ impl SessionJournal {
     ) -> Result<(QueueDepths, Vec<JournalDeadLetterSummary>), QueueError> {
         let depths = self.queue.depths().await?;
         let letters = self.queue.dead_letters(limit).await?;
-        let summaries = letters
-            .into_iter()
-            .map(|view| JournalDeadLetterSummary {
-                dead_letter_id: view.record.dead_letter_id,
-                entry_id: view.record.entry_id,
-                attempts: view.record.failed_attempts,
-                error: view.record.error,
-                failed_at: view.record.failed_at,
-                session_token: view.item.as_ref().map(|i| i.session_token.clone()),
-                character_id: view.item.as_ref().map(|i| i.player.character_id),
-                character_name: view.item.as_ref().map(|i| i.player.character_name.clone()),
-                plan: view.item.as_ref().map(|i| i.plan),
-                transfer_confirmed: view.item.as_ref().map(|i| i.transfer_confirmed),
-            })
-            .collect();
+        let summaries = letters.into_iter().map(summary).collect();
         Ok((depths, summaries))
     }
 

@@ -274,7 +274,15 @@ pub const FAMILIES: &[KeyFamily] = &[
         GameServer,
         TtlRule::None,
         None,
-        "dead letters, newest first"
+        "dead letters, newest first; bounded by dead-letter retention"
+    ),
+    family!(
+        "queue_dead_index",
+        "{<ns>:q:<queue>}:dead:index",
+        GameServer,
+        TtlRule::None,
+        None,
+        "dead letters by id, for lookup and requeue; pruned with the list"
     ),
     family!(
         "queue_consumers",

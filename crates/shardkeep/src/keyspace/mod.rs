@@ -101,6 +101,8 @@ pub struct QueueKeys {
     pub pending: String,
     /// Dead letters, newest first.
     pub dead: String,
+    /// Dead letters by id (hash: id → the dead letter as stored in `dead`).
+    pub dead_index: String,
     /// Set of registered consumer ids.
     pub consumers: String,
     /// Lock held while recovering dead consumers' processing lists.
@@ -348,6 +350,7 @@ impl Keyspace {
         Ok(QueueKeys {
             pending: format!("{tag}:pending"),
             dead: format!("{tag}:dead"),
+            dead_index: format!("{tag}:dead:index"),
             consumers: format!("{tag}:consumers"),
             recovery_lock: format!("{tag}:recovery-lock"),
             tag,

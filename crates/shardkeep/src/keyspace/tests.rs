@@ -80,6 +80,7 @@ fn all_keys(k: &Keyspace, a: &str, b: &str) -> Vec<(String, Result<String, KeyEr
         ("net".into(), k.net_counter(a)),
         ("q_pending".into(), q.clone().map(|q| q.pending)),
         ("q_dead".into(), q.clone().map(|q| q.dead)),
+        ("q_dead_index".into(), q.clone().map(|q| q.dead_index)),
         ("q_consumers".into(), q.clone().map(|q| q.consumers)),
         ("q_lock".into(), q.clone().map(|q| q.recovery_lock)),
         (

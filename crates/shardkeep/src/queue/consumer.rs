@@ -273,8 +273,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
                     failed_at: Utc::now(),
                     item: serde_json::Value::String(String::from_utf8_lossy(&raw).into_owned()),
                 };
-                self.move_to(&raw, &self.queue.keys().dead, &dead, Place::Newest)
-                    .await?;
+                self.move_to_dead(&raw, &dead).await?;
                 metrics::counter!(telemetry::QUEUE_DEAD_LETTERS_TOTAL, "queue" => self.queue.name().to_owned(), "cause" => "undecodable")
                     .increment(1);
                 Ok(Decoded::Poison)
@@ -290,7 +289,25 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
         place: Place,
     ) -> Result<bool, QueueError> {
         let body = serde_json::to_vec(successor).map_err(QueueError::Encode)?;
-        self.settle(raw, destination, &body, place).await
+        self.settle(raw, destination, &body, place, None).await
+    }
+
+    /// Moves `raw` to the dead letters as `dead`, indexed by its id.
+    async fn move_to_dead<S: Serialize>(
+        &self,
+        raw: &[u8],
+        dead: &DurableDeadLetterEntry<S>,
+    ) -> Result<bool, QueueError> {
+        let body = serde_json::to_vec(dead).map_err(QueueError::Encode)?;
+        let keys = self.queue.keys();
+        self.settle(
+            raw,
+            &keys.dead,
+            &body,
+            Place::Newest,
+            Some(dead.dead_letter_id),
+        )
+        .await
     }
 
     async fn settle(
@@ -299,13 +316,16 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
         destination: &str,
         body: &[u8],
         place: Place,
+        dead_letter_id: Option<Uuid>,
     ) -> Result<bool, QueueError> {
         let moved: i64 = SETTLE
             .key(&self.processing)
             .key(destination)
+            .key(&self.queue.keys().dead_index)
             .arg(raw)
             .arg(body)
             .arg(place.as_arg())
+            .arg(dead_letter_id.map(|id| id.to_string()).unwrap_or_default())
             .invoke_async(&mut self.queue.redis().conn())
             .await?;
         Ok(moved == 1)
@@ -342,10 +362,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
                 failed_at: Utc::now(),
                 item: leased.entry.item.clone(),
             };
-            if !self
-                .move_to(&leased.raw, &self.queue.keys().dead, &dead, Place::Newest)
-                .await?
-            {
+            if !self.move_to_dead(&leased.raw, &dead).await? {
                 return Ok(FailOutcome::Stale);
             }
             metrics::counter!(telemetry::QUEUE_DEAD_LETTERS_TOTAL, "queue" => self.queue.name().to_owned(), "cause" => "attempts")
@@ -409,6 +426,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
             &self.queue.keys().pending,
             &leased.raw,
             Place::Front,
+            None,
         )
         .await
     }

@@ -38,7 +38,7 @@ use crate::telemetry;
 use crate::ttl::Ttl;
 
 pub use consumer::{AckOutcome, Consumer, FailOutcome, Leased, MAX_LEASE_BATCH};
-pub use dead::{DeadLetterView, MAX_DEAD_LETTER_LIST};
+pub use dead::{DeadLetterRetention, DeadLetterView, MAX_DEAD_LETTER_LIST};
 pub use identity::MAX_CONSUMER_ID;
 pub use recovery::RecoveryReport;
 

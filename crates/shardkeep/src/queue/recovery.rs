@@ -194,13 +194,15 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
                 .key(&keys.pending)
                 .key(&keys.dead)
                 .key(&keys.consumers)
+                .key(&keys.dead_index)
                 .arg(consumer)
                 .arg(holder.unwrap_or(""));
             for raw in &entries {
-                let (successor, to_dead) = self.successor(raw)?;
+                let (successor, dead_letter_id) = self.successor(raw)?;
                 call.arg(raw)
                     .arg(successor)
-                    .arg(if to_dead { "d" } else { "p" });
+                    .arg(if dead_letter_id.is_some() { "d" } else { "p" })
+                    .arg(dead_letter_id.map(|id| id.to_string()).unwrap_or_default());
             }
             let moved: Vec<i64> = call.invoke_async(&mut conn).await?;
             match moved.as_slice() {
@@ -220,7 +222,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
 
     /// What an entry of a dead consumer becomes: back to pending with one more crash, or a dead
     /// letter when it has now crashed consumers too often (or cannot be read at all).
-    fn successor(&self, raw: &[u8]) -> Result<(Vec<u8>, bool), QueueError> {
+    fn successor(&self, raw: &[u8]) -> Result<(Vec<u8>, Option<Uuid>), QueueError> {
         // Decode generically so the item survives untouched even if this process's `T` differs.
         match serde_json::from_slice::<DurableWorkQueueEntry<serde_json::Value>>(raw) {
             Ok(mut entry) => {
@@ -237,11 +239,12 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
                         failed_at: Utc::now(),
                         item: entry.item,
                     };
-                    Ok((serde_json::to_vec(&dead).map_err(QueueError::Encode)?, true))
+                    let body = serde_json::to_vec(&dead).map_err(QueueError::Encode)?;
+                    Ok((body, Some(dead.dead_letter_id)))
                 } else {
                     Ok((
                         serde_json::to_vec(&entry).map_err(QueueError::Encode)?,
-                        false,
+                        None,
                     ))
                 }
             }
@@ -254,7 +257,8 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
                     failed_at: Utc::now(),
                     item: serde_json::Value::String(String::from_utf8_lossy(raw).into_owned()),
                 };
-                Ok((serde_json::to_vec(&dead).map_err(QueueError::Encode)?, true))
+                let body = serde_json::to_vec(&dead).map_err(QueueError::Encode)?;
+                Ok((body, Some(dead.dead_letter_id)))
             }
         }
     }

@@ -19,6 +19,7 @@
 pub(crate) mod apply;
 pub mod backoff;
 mod coalesce;
+mod dead_letters;
 pub(crate) mod effects;
 pub mod job;
 pub mod policy;
@@ -37,13 +38,13 @@ use crate::clock::Clock;
 use crate::telemetry;
 
 pub use backoff::Backoff;
+pub use dead_letters::{
+    DeadLetterDetail, DeadLetterInspection, DeadLetterSummary, MAX_INSPECT_LIMIT,
+};
 pub use job::{IdempotencyEnvelope, InvalidJob, PersistenceRetryJob, PersistenceRetryPayload};
 pub use policy::{Origin, SessionImpact, session_impact};
 pub use settle::JobOutcome;
-pub use store::{
-    DeadLetterDetail, DeadLetterInspection, DeadLetterSummary, MAX_INSPECT_LIMIT, RequeueError,
-    RequeueOutcome,
-};
+pub use store::{RequeueError, RequeueOutcome};
 pub use worker::{ClaimedBatch, RetryStats, RetryWorker, RetryWorkerConfig};
 
 /// Why a job was left to polling.
@@ -146,7 +147,29 @@ impl RetryQueue {
         &self,
         limit: i64,
     ) -> Result<DeadLetterInspection, RetryError> {
-        Ok(store::inspect(&self.pg, limit).await?)
+        Ok(dead_letters::inspect(&self.pg, 0, limit, None).await?)
+    }
+
+    /// Like [`RetryQueue::dead_letters_inspect`], a page of `limit` after skipping `offset`,
+    /// only `character`'s when given.
+    pub async fn dead_letters_page(
+        &self,
+        offset: i64,
+        limit: i64,
+        character: Option<&crate::operator::CharacterFilter>,
+    ) -> Result<DeadLetterInspection, RetryError> {
+        Ok(dead_letters::inspect(&self.pg, offset, limit, character).await?)
+    }
+
+    /// One retention pass over the dead letters (see [`crate::queue::DeadLetterRetention`]).
+    pub async fn dead_letters_prune(
+        &self,
+        retention: crate::queue::DeadLetterRetention,
+    ) -> Result<u64, RetryError> {
+        let removed = dead_letters::prune(&self.pg, retention, self.clock.now()).await?;
+        metrics::counter!(telemetry::DEAD_LETTERS_PRUNED_TOTAL, "kind" => "retry")
+            .increment(removed);
+        Ok(removed)
     }
 
     /// One active dead letter with its payload, and whether a transfer activation it carries is
@@ -155,7 +178,7 @@ impl RetryQueue {
         &self,
         dead_letter_id: Uuid,
     ) -> Result<Option<DeadLetterDetail>, RetryError> {
-        Ok(store::detail(&self.pg, dead_letter_id).await?)
+        Ok(dead_letters::detail(&self.pg, dead_letter_id).await?)
     }
 
     /// Restores an active dead letter as a fresh job (new id, no attempts) and signals the

@@ -8,9 +8,6 @@ use uuid::Uuid;
 use super::job::{PersistenceRetryJob, StoredJob};
 use crate::backend::PostgresBackend;
 
-/// Most dead letters one inspection returns.
-pub const MAX_INSPECT_LIMIT: i64 = 500;
-
 /// A job row as claimed: what is stored, plus its attempt count.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub(crate) struct ClaimedRow {
@@ -23,46 +20,6 @@ pub(crate) struct ClaimedRow {
     pub(crate) lease_expiries: i32,
     /// Whether this claim found a lease that had run out (its holder crashed or hung).
     pub(crate) lease_expired: bool,
-}
-
-/// One dead letter, as operators see it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
-pub struct DeadLetterSummary {
-    /// Dead letter id.
-    pub dead_letter_id: Uuid,
-    /// The job it came from.
-    pub retry_job_id: Uuid,
-    /// Payload kind.
-    pub job_kind: String,
-    /// The character.
-    pub character_id: Uuid,
-    /// Realm, if tagged.
-    pub realm_id: Option<String>,
-    /// Zone, if the payload names one.
-    pub zone_id: Option<String>,
-    /// Attempts made.
-    pub failed_attempts: i32,
-    /// The last error.
-    pub error: String,
-    /// When it was dead-lettered.
-    pub failed_at: DateTime<Utc>,
-    /// The session it belonged to.
-    pub session_token: Option<String>,
-    /// The enqueuing component.
-    pub source: String,
-    /// Its session impact.
-    pub session_impact: String,
-}
-
-/// What an inspection found.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct DeadLetterInspection {
-    /// Retry jobs waiting or leased.
-    pub pending_retry_jobs: i64,
-    /// Dead letters not yet requeued.
-    pub active_dead_letters: i64,
-    /// The newest active dead letters.
-    pub dead_letters: Vec<DeadLetterSummary>,
 }
 
 const JOB_COLUMNS: &str = "retry_job_id, job_kind, character_id, realm_id, payload, session_token, \
@@ -251,92 +208,6 @@ pub(crate) async fn claim(
     .await?;
     rows.sort_by_key(|r| (r.next_attempt_at, r.created_at));
     Ok(rows)
-}
-
-/// Pending jobs, active dead letters and the newest `limit` (clamped to 1..=500) summaries.
-pub(crate) async fn inspect(
-    pg: &PostgresBackend,
-    limit: i64,
-) -> Result<DeadLetterInspection, sqlx::Error> {
-    let limit = limit.clamp(1, MAX_INSPECT_LIMIT);
-    let (pending_retry_jobs, active_dead_letters): (i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM persistence_retry_jobs),
-                (SELECT count(*) FROM persistence_job_dead_letters WHERE requeued_at IS NULL)",
-    )
-    .fetch_one(pg.pool())
-    .await?;
-    let dead_letters = sqlx::query_as(
-        "SELECT dead_letter_id, retry_job_id, job_kind, character_id, realm_id, zone_id, failed_attempts,
-                last_error AS error, failed_at, session_token, source, session_impact
-           FROM persistence_job_dead_letters
-          WHERE requeued_at IS NULL
-          ORDER BY failed_at DESC, dead_letter_id DESC
-          LIMIT $1",
-    )
-    .bind(limit)
-    .fetch_all(pg.pool())
-    .await?;
-    Ok(DeadLetterInspection {
-        pending_retry_jobs,
-        active_dead_letters,
-        dead_letters,
-    })
-}
-
-/// One active dead letter with its saved payload.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct DeadLetterDetail {
-    /// The summary operators see.
-    pub summary: DeadLetterSummary,
-    /// The saved payload (raw JSON; it may not decode).
-    pub payload: serde_json::Value,
-    /// Whether a transfer activation in the payload is already recorded.
-    pub transfer_already_recorded: bool,
-}
-
-/// The active dead letter `dead_letter_id`, with its payload.
-pub(crate) async fn detail(
-    pg: &PostgresBackend,
-    dead_letter_id: Uuid,
-) -> Result<Option<DeadLetterDetail>, sqlx::Error> {
-    #[derive(sqlx::FromRow)]
-    struct DetailRow {
-        #[sqlx(flatten)]
-        summary: DeadLetterSummary,
-        payload: serde_json::Value,
-    }
-    let row: Option<DetailRow> = sqlx::query_as(
-        "SELECT dead_letter_id, retry_job_id, job_kind, character_id, realm_id, zone_id, failed_attempts,
-                last_error AS error, failed_at, session_token, source, session_impact, payload
-           FROM persistence_job_dead_letters
-          WHERE dead_letter_id = $1 AND requeued_at IS NULL",
-    )
-    .bind(dead_letter_id)
-    .fetch_optional(pg.pool())
-    .await?;
-    let Some(DetailRow { summary, payload }) = row else {
-        return Ok(None);
-    };
-    let transfer_token = payload
-        .get("transfer_token")
-        .and_then(|t| t.as_str())
-        .map(str::to_owned);
-    let transfer_already_recorded = match transfer_token {
-        Some(token) => {
-            sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM transfer_activations WHERE transfer_token = $1)",
-            )
-            .bind(token)
-            .fetch_one(pg.pool())
-            .await?
-        }
-        None => false,
-    };
-    Ok(Some(DeadLetterDetail {
-        summary,
-        payload,
-        transfer_already_recorded,
-    }))
 }
 
 /// How a requeue ended.

@@ -1,10 +1,11 @@
 -- Return a dead consumer's entries to the front of pending, in order: only while its heartbeat
 -- is held by the expected holder (absent, for a consumer presumed dead; this incarnation's own
 -- token, for a stable id claiming its predecessor's entries), and only entries still in its
--- processing list. Triples come newest first, so the oldest ends up leased first.
--- KEYS[1] processing list, KEYS[2] heartbeat, KEYS[3] pending, KEYS[4] dead, KEYS[5] consumers
--- ARGV[1] consumer id, ARGV[2] expected heartbeat holder ('' for none); then triples: entry,
--- successor, 'p' (pending) or 'd' (dead)
+-- processing list. Quads come newest first, so the oldest ends up leased first.
+-- KEYS[1] processing list, KEYS[2] heartbeat, KEYS[3] pending, KEYS[4] dead, KEYS[5] consumers,
+-- KEYS[6] dead-letter index
+-- ARGV[1] consumer id, ARGV[2] expected heartbeat holder ('' for none); then quads: entry,
+-- successor, 'p' (pending) or 'd' (dead), dead letter id ('' for pending)
 -- Reply: {returned, dead_lettered} or {-1} when the heartbeat is not as expected
 local holder = redis.call('GET', KEYS[2])
 if ARGV[2] == '' then
@@ -15,10 +16,11 @@ elseif holder ~= ARGV[2] then
   return {-1}
 end
 local returned, dead = 0, 0
-for i = 3, #ARGV, 3 do
+for i = 3, #ARGV, 4 do
   if redis.call('LREM', KEYS[1], 1, ARGV[i]) == 1 then
     if ARGV[i + 2] == 'd' then
       redis.call('LPUSH', KEYS[4], ARGV[i + 1])
+      redis.call('HSET', KEYS[6], ARGV[i + 3], ARGV[i + 1])
       dead = dead + 1
     else
       redis.call('RPUSH', KEYS[3], ARGV[i + 1])
