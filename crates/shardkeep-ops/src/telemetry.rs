@@ -9,6 +9,8 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 /// Internal-auth failures, labelled `code`.
 pub const AUTH_FAILURES_TOTAL: &str = "shardkeep_auth_failures_total";
+/// 1 when the last readiness check passed, else 0.
+pub const READY: &str = "shardkeep_ready";
 /// HTTP requests, labelled `route` (the matched pattern, never the raw path), `method`, `status`.
 pub const HTTP_REQUESTS_TOTAL: &str = "shardkeep_http_requests_total";
 /// HTTP request durations, labelled `route` and `method`.
@@ -22,6 +24,7 @@ pub fn install() -> Result<PrometheusHandle, String> {
     shardkeep::telemetry::describe();
     shardkeep::telemetry::register_all();
     metrics::describe_counter!(AUTH_FAILURES_TOTAL, "Internal-auth failures by code.");
+    metrics::describe_gauge!(READY, "1 when the last readiness check passed, else 0.");
     metrics::describe_counter!(HTTP_REQUESTS_TOTAL, "HTTP requests by matched route.");
     metrics::describe_histogram!(
         HTTP_REQUEST_SECONDS,

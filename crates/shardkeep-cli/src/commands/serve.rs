@@ -126,6 +126,20 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }),
         metrics: Some(metrics),
     };
+    // Readiness as a metric too, so an alert does not depend on someone probing /readyz.
+    let ready_task = {
+        let (state, cancel) = (state.clone(), cancel.clone());
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(Duration::from_secs(15));
+            loop {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    _ = interval.tick() => {}
+                }
+                shardkeep_ops::routes::health::check(&state).await;
+            }
+        })
+    };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -155,6 +169,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let _ = reconcile_task.await;
         let _ = prune_task.await;
         let _ = retention_task.await;
+        let _ = ready_task.await;
     };
     if tokio::time::timeout(Duration::from_secs(30), drain)
         .await

@@ -81,6 +81,7 @@ pub async fn cleanup_stream(
         Err(err) => {
             tracing::warn!(event = "stream_cleanup_enqueue_failed", session = %token, error = %err,
                 "session left active");
+            metrics::counter!(crate::telemetry::CLEANUP_ENQUEUE_FAILURES_TOTAL).increment(1);
             CleanupOutcome {
                 entry_id: None,
                 session_removed: false,

@@ -41,6 +41,7 @@ pub(super) struct Incarnation {
     pub(super) token: String,
     pub(super) heartbeat: String,
     consumers: String,
+    queue: String,
     ttl: Ttl,
     lost: Arc<AtomicBool>,
     /// When the heartbeat was last refreshed, in milliseconds since `born`.
@@ -56,6 +57,7 @@ impl Incarnation {
         Ok(Self {
             heartbeat: queue.keys().consumer_heartbeat(&id)?,
             consumers: queue.keys().consumers.clone(),
+            queue: queue.name().to_owned(),
             token: Uuid::now_v7().to_string(),
             ttl: queue.config().heartbeat_ttl,
             lost: Arc::default(),
@@ -93,7 +95,12 @@ impl Incarnation {
             .arg(self.ttl.as_millis())
             .invoke_async(&mut redis.conn())
             .await?;
-        if refreshed == 1 {
+        if refreshed >= 1 {
+            if refreshed == 2 {
+                tracing::info!(event = "queue_consumer_reregistered", queue = %self.queue, consumer = %self.id);
+                metrics::counter!(crate::telemetry::QUEUE_CONSUMERS_REREGISTERED_TOTAL, "queue" => self.queue.clone())
+                    .increment(1);
+            }
             self.mark_refreshed();
             Ok(())
         } else {

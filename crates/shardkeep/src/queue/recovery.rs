@@ -121,6 +121,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         let registered: HashSet<String> = consumers.iter().cloned().collect();
         let unregistered = self.unregistered_lists(&registered).await?;
         report.unregistered = unregistered.len();
+        let found_by_backstop: HashSet<String> = unregistered.iter().cloned().collect();
         for consumer in consumers.into_iter().chain(unregistered) {
             let heartbeat = keys.consumer_heartbeat(&consumer)?;
             if conn.exists(&heartbeat).await? {
@@ -128,6 +129,10 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
             }
             if let Some((returned, poisoned)) = self.return_entries(&consumer, None).await? {
                 report.dead_consumers += 1;
+                if found_by_backstop.contains(&consumer) {
+                    metrics::counter!(telemetry::QUEUE_BACKSTOP_RECOVERED_TOTAL, "queue" => self.name().to_owned())
+                        .increment((returned + poisoned) as u64);
+                }
                 report.returned += returned;
                 report.poisoned += poisoned;
             }
