@@ -374,9 +374,6 @@ async fn every_metric_an_alert_or_panel_names_is_exported(pool: PgPool) {
         std::fs::read_to_string(format!("{root}/deploy/grafana/shardkeep.json")).unwrap();
     let mut wanted = names_in(&alerts);
     wanted.extend(names_in(&dashboard));
-    // Written by a shard process (the crash-window gauge is set by the shard runtime, which
-    // this API test does not run).
-    wanted.remove("shardkeep_unsaved_change_age_seconds");
     let missing: Vec<&String> = wanted
         .iter()
         .filter(|name| {

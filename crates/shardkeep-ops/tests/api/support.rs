@@ -284,6 +284,8 @@ pub(crate) async fn saver_and_auditor_workload(app: &TestApp) {
         saver.enqueue(SaveReason::Flush, snapshot.clone());
     }
     saver.barrier(std::time::Duration::from_secs(5)).await;
+    // The crash-window gauge, as a shard exports it for its residents.
+    saver.landed().export("metrics-shard", &[id]);
     let auditor = Auditor::spawn(
         AuditStore::new(app.state.pg.clone()),
         AuditorConfig::default(),

@@ -13,6 +13,7 @@
 //! - [`stats`] — counters the simulator and benchmarks read.
 
 mod final_retry;
+pub mod landed;
 pub mod pending;
 pub mod stats;
 mod worker;
@@ -27,6 +28,7 @@ use crate::character::{CharacterSnapshot, CharacterStore, CheckpointStore};
 use crate::drain::{BarrierOutcome, DrainQueue, EnqueueError};
 use crate::retry::RetryQueue;
 use crate::telemetry;
+pub use landed::{LandedWrites, UnsavedAges};
 pub use pending::{MAX_PENDING_FINALS, UnsavedFinals};
 pub use stats::{SaverStats, SaverStatsSnapshot};
 
@@ -165,6 +167,8 @@ pub struct SaveRequest {
     pub reason: SaveReason,
     /// What.
     pub snapshot: CharacterSnapshot,
+    /// When the snapshot was taken (queued): what a landed write makes durable.
+    pub dumped_at: std::time::Instant,
 }
 
 /// Whether a save request was queued.
@@ -197,6 +201,7 @@ pub struct Saver {
     queue: DrainQueue<Vec<SaveRequest>>,
     stats: Arc<SaverStats>,
     pending: pending::PendingFinals,
+    landed: LandedWrites,
 }
 
 impl std::fmt::Debug for Saver {
@@ -218,6 +223,7 @@ impl Saver {
     ) -> Self {
         let stats = Arc::new(SaverStats::default());
         let pending = pending::PendingFinals::default();
+        let landed = LandedWrites::default();
         let finals = sinks.rows.clone().map(|store| final_retry::FinalRetries {
             store,
             retry: sinks.retry.clone(),
@@ -235,14 +241,21 @@ impl Saver {
             Arc::clone(&stats),
             finals,
         )
-        .counting_finals(pending.clone());
+        .counting_finals(pending.clone())
+        .recording(landed.clone());
         let (queue, _task) =
             DrainQueue::spawn(config.queue_depth, config.max_batch, worker, cancel);
         Self {
             queue,
             stats,
             pending,
+            landed,
         }
+    }
+
+    /// When each character's snapshots last landed on each tier (the crash window).
+    pub fn landed(&self) -> &LandedWrites {
+        &self.landed
     }
 
     /// Queues a save without blocking; a full queue drops it (counted, logged).
@@ -297,9 +310,14 @@ impl Saver {
         if snapshots.is_empty() {
             return Ok(());
         }
+        let dumped_at = std::time::Instant::now();
         let requests: Vec<SaveRequest> = snapshots
             .into_iter()
-            .map(|snapshot| SaveRequest { reason, snapshot })
+            .map(|snapshot| SaveRequest {
+                reason,
+                snapshot,
+                dumped_at,
+            })
             .collect();
         let unwrap =
             |requests: Vec<SaveRequest>| requests.into_iter().map(|r| r.snapshot).collect();

@@ -10,6 +10,7 @@ use std::time::Instant;
 use uuid::Uuid;
 
 use super::final_retry::{FinalRetries, Start};
+use super::landed::{LandedWrites, Tier};
 use super::{SaveFeedback, SaveReason, SaveRequest, SaverConfig, SaverEvent, SaverStats};
 use crate::character::store::MAX_SAVE_BATCH;
 use crate::character::{
@@ -26,6 +27,7 @@ pub(super) struct SaverWorker {
     stats: Arc<SaverStats>,
     finals: Option<FinalRetries>,
     queued_finals: Option<super::pending::PendingFinals>,
+    landed: LandedWrites,
 }
 
 impl SaverWorker {
@@ -33,6 +35,12 @@ impl SaverWorker {
         if let Some(pending) = &self.queued_finals {
             pending.dequeued(n);
         }
+    }
+
+    /// Records every landed write in `landed`.
+    pub(super) fn recording(mut self, landed: LandedWrites) -> Self {
+        self.landed = landed;
+        self
     }
 
     /// Counts the final saves this worker takes off the queue in `pending`.
@@ -57,6 +65,7 @@ impl SaverWorker {
             stats,
             finals,
             queued_finals: None,
+            landed: LandedWrites::default(),
         }
     }
 }
@@ -77,6 +86,13 @@ impl BatchHandler<Vec<SaveRequest>> for SaverWorker {
             // The two tiers are independent: write them concurrently.
             let (checkpointed, unlanded) =
                 tokio::join!(self.write_checkpoints(chunk), self.write_rows(chunk));
+            self.landed.record(
+                Tier::Checkpoint,
+                chunk
+                    .iter()
+                    .filter(|r| checkpointed.contains(&r.snapshot.character_id))
+                    .map(|r| (r.snapshot.character_id, r.dumped_at)),
+            );
             // Registered before this batch counts as handled, so a barrier queued after it
             // waits for these too.
             for (request, start) in unlanded {
@@ -116,6 +132,7 @@ pub(super) fn coalesce(batch: Vec<SaveRequest>) -> Vec<SaveRequest> {
                 let reason = kept.reason.max(request.reason);
                 if request.snapshot.owner_epoch >= kept.snapshot.owner_epoch {
                     kept.snapshot = request.snapshot;
+                    kept.dumped_at = request.dumped_at;
                 }
                 kept.reason = reason;
             }
@@ -270,6 +287,10 @@ impl SaverWorker {
 
     fn saved(&self, request: &SaveRequest, dumped_version: i64, new_version: i64) {
         self.stats.row_landed(1);
+        self.landed.record(
+            Tier::Row,
+            [(request.snapshot.character_id, request.dumped_at)],
+        );
         self.feedback.deliver(SaverEvent::Saved {
             character_id: request.snapshot.character_id,
             reason: request.reason,
@@ -348,6 +369,7 @@ mod tests {
 
     fn request(id: Uuid, reason: SaveReason, epoch: i64, marker: i64) -> SaveRequest {
         SaveRequest {
+            dumped_at: std::time::Instant::now(),
             reason,
             snapshot: CharacterSnapshot {
                 character_id: id,

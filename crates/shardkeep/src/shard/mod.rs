@@ -394,6 +394,13 @@ impl Shard {
         }
         self.saver.enqueue_many(SaveReason::Flush, flushes);
         self.saver.enqueue_many(SaveReason::Checkpoint, checkpoints);
+        // The crash window, once per checkpoint period.
+        if self.pulse.is_multiple_of(checkpoint_period) {
+            let residents = self.residency.ids();
+            self.saver
+                .landed()
+                .export(&self.config.shard_id, &residents);
+        }
     }
 
     /// Dumps every live, persisted, non-frozen, non-pending player and queues it for `reason`

@@ -30,6 +30,14 @@ impl ResidencyIndex {
             .unwrap_or(false)
     }
 
+    /// Every character held.
+    pub fn ids(&self) -> Vec<Uuid> {
+        self.zones
+            .read()
+            .map(|z| z.keys().copied().collect())
+            .unwrap_or_default()
+    }
+
     /// Characters held.
     pub fn len(&self) -> usize {
         self.zones.read().map(|z| z.len()).unwrap_or(0)

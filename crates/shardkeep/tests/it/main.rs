@@ -10,6 +10,7 @@ mod checkpoint_keys;
 mod coord_cleanup;
 mod coord_handoff;
 mod coord_records;
+mod crash_window;
 mod final_saves;
 mod handoff_fencing;
 mod instance_anchor;

@@ -1,0 +1,175 @@
+//! When each character's state last became durable on each tier — the crash window. A kill -9
+//! loses what changed since the snapshot of a character's last landed checkpoint (Redis) or row
+//! write (Postgres); the shard exports the worst and p99 of those ages over its residents.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+
+use crate::telemetry;
+
+/// A durability tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// The Redis checkpoint.
+    Checkpoint,
+    /// The Postgres row.
+    Row,
+}
+
+/// When a character's snapshots last landed, by the time each was dumped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Landed {
+    checkpoint: Instant,
+    row: Instant,
+}
+
+/// The worst and p99 age over the residents, per tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UnsavedAges {
+    /// Residents measured.
+    pub residents: usize,
+    /// Oldest checkpoint.
+    pub checkpoint_worst: Duration,
+    /// 99th percentile checkpoint age.
+    pub checkpoint_p99: Duration,
+    /// Oldest row write.
+    pub row_worst: Duration,
+    /// 99th percentile row age.
+    pub row_p99: Duration,
+}
+
+/// Per-character landing times, written by the saver, read by the shard. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct LandedWrites {
+    by_character: Arc<Mutex<HashMap<Uuid, Landed>>>,
+}
+
+/// Worst and p99 (nearest rank) of `ages`, which it reorders (linear time: no full sort, since
+/// a shard measures every resident once per checkpoint period inside a pulse).
+fn worst_and_p99(ages: &mut [Duration]) -> (Duration, Duration) {
+    let Some(worst) = ages.iter().max().copied() else {
+        return (Duration::ZERO, Duration::ZERO);
+    };
+    let rank = (ages.len() * 99).div_ceil(100).max(1) - 1;
+    let (_, p99, _) = ages.select_nth_unstable(rank);
+    (worst, *p99)
+}
+
+impl LandedWrites {
+    /// Records that snapshots dumped at the given instants landed on `tier`.
+    pub(crate) fn record(&self, tier: Tier, landed: impl IntoIterator<Item = (Uuid, Instant)>) {
+        let Ok(mut map) = self.by_character.lock() else {
+            return;
+        };
+        for (id, dumped_at) in landed {
+            let entry = map.entry(id).or_insert(Landed {
+                checkpoint: dumped_at,
+                row: dumped_at,
+            });
+            let slot = match tier {
+                Tier::Checkpoint => &mut entry.checkpoint,
+                Tier::Row => &mut entry.row,
+            };
+            *slot = (*slot).max(dumped_at);
+        }
+    }
+
+    /// Ages at `now` over `residents`. A resident with no landed write yet counts from the first
+    /// time it was seen here (a landing or a measure): its state was durable when it was loaded,
+    /// so right after a login this understates its age by up to one measuring period.
+    /// Characters no longer resident are forgotten.
+    pub fn measure(&self, now: Instant, residents: &[Uuid]) -> UnsavedAges {
+        let Ok(mut map) = self.by_character.lock() else {
+            return UnsavedAges::default();
+        };
+        let mut kept = HashMap::with_capacity(residents.len());
+        for id in residents {
+            let landed = map.get(id).copied().unwrap_or(Landed {
+                checkpoint: now,
+                row: now,
+            });
+            kept.insert(*id, landed);
+        }
+        *map = kept;
+        let mut checkpoints: Vec<Duration> = map
+            .values()
+            .map(|l| now.saturating_duration_since(l.checkpoint))
+            .collect();
+        let mut rows: Vec<Duration> = map
+            .values()
+            .map(|l| now.saturating_duration_since(l.row))
+            .collect();
+        drop(map);
+        let (checkpoint_worst, checkpoint_p99) = worst_and_p99(&mut checkpoints);
+        let (row_worst, row_p99) = worst_and_p99(&mut rows);
+        UnsavedAges {
+            residents: residents.len(),
+            checkpoint_worst,
+            checkpoint_p99,
+            row_worst,
+            row_p99,
+        }
+    }
+
+    /// Measures and exports `shardkeep_unsaved_change_age_seconds` for `shard`.
+    pub fn export(&self, shard: &str, residents: &[Uuid]) -> UnsavedAges {
+        let ages = self.measure(Instant::now(), residents);
+        for (tier, stat, age) in [
+            ("checkpoint", "worst", ages.checkpoint_worst),
+            ("checkpoint", "p99", ages.checkpoint_p99),
+            ("row", "worst", ages.row_worst),
+            ("row", "p99", ages.row_p99),
+        ] {
+            metrics::gauge!(telemetry::UNSAVED_CHANGE_AGE_SECONDS,
+                "shard" => shard.to_owned(), "tier" => tier, "stat" => stat)
+            .set(age.as_secs_f64());
+        }
+        ages
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_run_from_the_last_landed_snapshot_of_each_tier() {
+        let landed = LandedWrites::default();
+        let start = Instant::now();
+        let (a, b, gone) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+        landed.record(Tier::Checkpoint, [(a, start), (gone, start)]);
+        landed.record(Tier::Row, [(a, start)]);
+        landed.record(Tier::Checkpoint, [(a, start + Duration::from_secs(50))]);
+        // An older snapshot landing late does not move the time back.
+        landed.record(Tier::Checkpoint, [(a, start + Duration::from_secs(40))]);
+        let now = start + Duration::from_secs(60);
+        let ages = landed.measure(now, &[a, b]);
+        assert_eq!(ages.residents, 2);
+        assert_eq!(ages.checkpoint_worst, Duration::from_secs(10));
+        assert_eq!(ages.row_worst, Duration::from_secs(60));
+        // b was never saved: it counts from the first measure.
+        let later = landed.measure(now + Duration::from_secs(5), &[b]);
+        assert_eq!(later.checkpoint_worst, Duration::from_secs(5));
+        assert_eq!(later.residents, 1);
+        // Leavers are forgotten.
+        assert_eq!(landed.by_character.lock().map(|m| m.len()).unwrap_or(0), 1);
+    }
+
+    #[test]
+    fn p99_is_the_nearest_rank() {
+        let mut ages: Vec<Duration> = (1..=200).map(Duration::from_secs).collect();
+        assert_eq!(
+            worst_and_p99(&mut ages),
+            (Duration::from_secs(200), Duration::from_secs(198))
+        );
+        let mut one = vec![Duration::from_secs(3)];
+        assert_eq!(
+            worst_and_p99(&mut one),
+            (Duration::from_secs(3), Duration::from_secs(3))
+        );
+        assert_eq!(worst_and_p99(&mut []), (Duration::ZERO, Duration::ZERO));
+    }
+}
