@@ -18,7 +18,7 @@ pub struct ApiSettings {
     pub max_body_bytes: usize,
     /// The console's operator password (`None` disables the console).
     pub console_password: Option<String>,
-    /// Failed-login attempts one client may make per throttle window.
+    /// Login attempts one client may make per throttle window.
     pub console_login_client_limit: u32,
     /// Login attempts all clients together may make per throttle window.
     pub console_login_global_limit: u32,

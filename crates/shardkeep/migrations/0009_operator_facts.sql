@@ -5,7 +5,7 @@ ALTER TABLE persistence_retry_jobs
 
 -- Dead-letter retention prunes the oldest first, requeued or not.
 CREATE INDEX persistence_job_dead_letters_failed_at
-    ON persistence_job_dead_letters (failed_at);
+    ON persistence_job_dead_letters (failed_at, dead_letter_id);
 
 -- Operators filter dead letters by character.
 CREATE INDEX persistence_job_dead_letters_character

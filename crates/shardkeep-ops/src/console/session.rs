@@ -184,15 +184,20 @@ pub async fn login(State(state): State<AppState>, request: Request) -> Result<Re
 /// `POST /console/logout`: ends the session on every process and clears the cookie.
 pub async fn logout(State(state): State<AppState>, request: Request) -> Result<Response, ApiError> {
     let (parts, _) = request.into_parts();
-    if let Some(token) = session_cookie(&parts.headers) {
-        state
+    let ended = match session_cookie(&parts.headers) {
+        Some(token) => state
             .coord
             .console_session_delete(&digest(&token))
             .await
-            .map_err(|e| unavailable("the session store", &e))?;
-    }
+            .map_err(|e| unavailable("the session store", &e)),
+        None => Ok(()),
+    };
+    // The browser forgets the cookie either way; a 503 says the server may still know it.
     let set = cookie("", 0, over_tls(&parts, &state.settings));
-    let mut response = Json(serde_json::json!({ "ok": true })).into_response();
+    let mut response = match ended {
+        Ok(()) => Json(serde_json::json!({ "ok": true })).into_response(),
+        Err(err) => err.into_response(),
+    };
     if let Ok(value) = HeaderValue::from_str(&set) {
         response.headers_mut().insert(header::SET_COOKIE, value);
     }

@@ -43,7 +43,13 @@ pub fn redact_url(raw: &str) -> String {
         return raw.to_owned();
     };
     let query_at = rest.find(['?', '#']).unwrap_or(rest.len());
-    let normalized = match rest.get(..query_at).and_then(|head| head.rfind('@')) {
+    // A password may also hold `?` or `#`: with no `@` before them, the user part runs to the
+    // last `@` of all (over-redacting a query that holds one is the safe mistake).
+    let at = rest
+        .get(..query_at)
+        .and_then(|head| head.rfind('@'))
+        .or_else(|| rest.rfind('@'));
+    let normalized = match at {
         Some(at) => {
             let (userinfo, host_and_rest) = (&rest[..at], &rest[at + 1..]);
             match userinfo.split_once(':') {
@@ -61,7 +67,14 @@ pub fn redact_url(raw: &str) -> String {
             .split('&')
             .map(|pair| {
                 let name = pair.split_once('=').map_or(pair, |(name, _)| name);
-                let secret = SECRET_PARAMS.iter().any(|p| p.eq_ignore_ascii_case(name));
+                // Compared decoded, as the drivers read it (`pass%77ord` is `password`).
+                let decoded = url::form_urlencoded::parse(name.as_bytes())
+                    .next()
+                    .map(|(decoded, _)| decoded.into_owned())
+                    .unwrap_or_default();
+                let secret = SECRET_PARAMS
+                    .iter()
+                    .any(|p| p.eq_ignore_ascii_case(&decoded));
                 if secret {
                     format!("{name}=***")
                 } else {
@@ -147,5 +160,25 @@ mod tests {
             redact_url("postgres://u@h/db?sslmode=require"),
             "postgres://u@h/db?sslmode=require"
         );
+        assert_eq!(
+            redact_url("postgres://u@h/db?pass%77ord=hunter2"),
+            "postgres://u@h/db?pass%77ord=***"
+        );
+    }
+
+    #[test]
+    fn a_password_with_a_question_mark_or_hash_is_redacted() {
+        for url in [
+            "postgres://app:2024#Secret@db/x",
+            "postgres://app:12?ab@db/x",
+        ] {
+            let redacted = redact_url(url);
+            assert!(
+                !redacted.contains("Secret")
+                    && !redacted.contains("ab@")
+                    && !redacted.contains("2024"),
+                "{url} → {redacted}"
+            );
+        }
     }
 }

@@ -21,6 +21,9 @@ static PRUNE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/
 pub const MAX_DEAD_LETTER_LIST: usize = 500;
 /// Dead letters read per round trip when a walk of the list is needed.
 const PAGE: isize = 500;
+/// How deep a lookup walks the list when the index misses (letters written before the index
+/// existed were always within the newest 10,000 the old requeue searched).
+const UNINDEXED_SEARCH: isize = 10_000;
 /// Dead letters one retention pass removes at most.
 const PRUNE_BATCH: isize = 1_000;
 
@@ -72,7 +75,9 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         limit: usize,
     ) -> Result<Vec<DeadLetterView<T>>, QueueError> {
         let limit = limit.clamp(1, MAX_DEAD_LETTER_LIST) as isize;
-        let start = isize::try_from(offset).unwrap_or(isize::MAX - limit);
+        let start = isize::try_from(offset)
+            .unwrap_or(isize::MAX)
+            .min(isize::MAX - limit);
         let raws: Vec<Vec<u8>> = self
             .redis()
             .conn()
@@ -116,7 +121,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
     }
 
     /// The dead letter `dead_letter_id` as stored, through the index; a letter written before
-    /// the index existed is found by walking the list.
+    /// the index existed is found by walking the newest 10,000.
     async fn dead_letter_raw(&self, dead_letter_id: Uuid) -> Result<Option<Vec<u8>>, QueueError> {
         let mut conn = self.redis().conn();
         let indexed: Option<Vec<u8>> = conn
@@ -137,10 +142,10 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
             if let Some(raw) = hit {
                 return Ok(Some(raw.clone()));
             }
-            if page.len() < PAGE as usize {
+            start += PAGE;
+            if page.len() < PAGE as usize || start >= UNINDEXED_SEARCH {
                 return Ok(None);
             }
-            start += PAGE;
         }
     }
 
@@ -204,13 +209,16 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         let over_count = (len - keep).clamp(0, PRUNE_BATCH);
         // The oldest end of the list: the last `PRUNE_BATCH` letters, oldest last.
         let oldest: Vec<Vec<u8>> = conn.lrange(&self.keys().dead, -PRUNE_BATCH, -1).await?;
+        let age = chrono::Duration::from_std(retention.max_age).unwrap_or(chrono::Duration::MAX);
         let cutoff = Utc::now()
-            - chrono::Duration::from_std(retention.max_age).unwrap_or(chrono::Duration::MAX);
+            .checked_sub_signed(age)
+            .unwrap_or(chrono::DateTime::<Utc>::MIN_UTC);
         let mut doomed: Vec<(&[u8], String)> = Vec::new();
         for (from_oldest, raw) in oldest.iter().rev().enumerate() {
             let record =
                 serde_json::from_slice::<DurableDeadLetterEntry<serde_json::Value>>(raw).ok();
-            let expired = record.as_ref().is_some_and(|r| r.failed_at < cutoff);
+            // An unreadable letter can never be requeued: it goes with the expired ones.
+            let expired = record.as_ref().is_none_or(|r| r.failed_at < cutoff);
             if (from_oldest as isize) < over_count || expired {
                 let id = record
                     .map(|r| r.dead_letter_id.to_string())

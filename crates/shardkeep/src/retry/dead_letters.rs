@@ -165,15 +165,17 @@ pub(crate) async fn detail(
     }))
 }
 
-/// One retention pass: deletes (at most 1,000) dead letters, requeued or not, older than
+/// One retention pass: deletes (at most 2,000: 1,000 by age, 1,000 by count) dead letters, requeued or not, older than
 /// `max_age` or beyond the newest `max_count`. Returns how many went.
 pub(crate) async fn prune(
     pg: &PostgresBackend,
     retention: DeadLetterRetention,
     now: DateTime<Utc>,
 ) -> Result<u64, sqlx::Error> {
-    let cutoff =
-        now - chrono::Duration::from_std(retention.max_age).unwrap_or(chrono::Duration::MAX);
+    let age = chrono::Duration::from_std(retention.max_age).unwrap_or(chrono::Duration::MAX);
+    let cutoff = now
+        .checked_sub_signed(age)
+        .unwrap_or(DateTime::<Utc>::MIN_UTC);
     let keep = i64::try_from(retention.max_count).unwrap_or(i64::MAX);
     let done = sqlx::query(
         "DELETE FROM persistence_job_dead_letters

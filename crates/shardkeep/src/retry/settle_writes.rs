@@ -169,7 +169,8 @@ pub(super) async fn write_job_outcomes(
         sqlx::query(
             "UPDATE persistence_retry_jobs j
                 SET last_error = v.err, attempt_count = j.attempt_count + 1, next_attempt_at = v.at,
-                    lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, updated_at = $4
+                    lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, updated_at = $4,
+                    lease_expiries = 0
                FROM UNNEST($1::uuid[], $2::text[], $3::timestamptz[]) AS v(id, err, at)
               WHERE j.retry_job_id = v.id",
         )

@@ -215,9 +215,11 @@ impl Settler {
                     .iter()
                     .for_each(|o| log_and_record(&self.stats, o));
                 let mut total = done.claimed.len();
-                if !done.lease_ran_out.is_empty() {
+                // Each under a lease of its own: when one of them crashes its worker again,
+                // only its lease runs out, and only it is counted.
+                for id in &done.lease_ran_out {
                     total += self
-                        .claim_and_settle_leased(Some(&done.lease_ran_out))
+                        .claim_and_settle_leased(Some(std::slice::from_ref(id)))
                         .await?;
                 }
                 Ok(total)
@@ -323,6 +325,20 @@ impl Settler {
         };
         outcomes.iter().for_each(|o| log_and_record(&self.stats, o));
         outcomes
+    }
+}
+
+/// Whether a settle or poll task panicked. Its transaction rolled back and wrote no lease, so
+/// the next poll claims under a lease (as after a start): a job that panics again then leaves a
+/// lease that runs out, is counted, and is dead-lettered past the limit instead of looping.
+fn panicked(joined: Result<(), tokio::task::JoinError>) -> bool {
+    match joined {
+        Err(err) if err.is_panic() => {
+            tracing::error!(event = "retry_settle_panicked", error = %err,
+                "the next poll claims under a lease");
+            true
+        }
+        _ => false,
     }
 }
 
@@ -452,7 +468,9 @@ impl RetryWorker {
             tokio::select! {
                 biased;
                 () = cancel.cancelled() => break,
-                Some(_) = settling.join_next(), if !settling.is_empty() => {}
+                Some(joined) = settling.join_next(), if !settling.is_empty() => {
+                    first_poll |= panicked(joined);
+                }
                 first = self.signals.0.recv(), if accepting => match first {
                     Some(id) => {
                         if waiting.is_empty() {
@@ -469,7 +487,9 @@ impl RetryWorker {
                     None => self.signals_open = false,
                 },
                 () = tokio::time::sleep_until(wait_ends), if may_join => {}
-                Some(_) = polling.join_next(), if !polling.is_empty() => {}
+                Some(joined) = polling.join_next(), if !polling.is_empty() => {
+                    first_poll |= panicked(joined);
+                }
                 _ = interval.tick(), if polling.is_empty() => {
                     polling.spawn(self.settler.clone().poll_due(cancel.clone(), first_poll));
                     first_poll = false;
