@@ -216,7 +216,7 @@ pub struct JournalRequeueResponse {
 pub struct CleanupTarget {
     /// Target name.
     pub name: String,
-    /// The service that owns its keys.
+    /// The service that owns its keys (`login`, `control_plane`, `game_server`).
     pub owner: String,
     /// What deleting it repairs.
     pub description: String,

@@ -22,7 +22,11 @@ pub async fn targets(State(state): State<AppState>) -> Json<CleanupTargetList> {
         .into_iter()
         .map(|t| CleanupTarget {
             name: t.name.to_owned(),
-            owner: t.owner.as_str().to_owned(),
+            // The wire name (`game_server`), as before the typed contract.
+            owner: serde_json::to_value(t.owner)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
             description: t.description.to_owned(),
             exact_keys: t.exact_keys,
             scan_patterns: t.scan_patterns,

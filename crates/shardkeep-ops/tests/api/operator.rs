@@ -385,3 +385,143 @@ async fn every_metric_an_alert_or_panel_names_is_exported(pool: PgPool) {
         "named in deploy/ but not exported: {missing:?}"
     );
 }
+
+/// The value of the series `name` whose labels contain `labels` in `/metrics`, or 0.
+async fn metric(app: &crate::support::TestApp, name: &str, labels: &str) -> f64 {
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|line| line.starts_with(name) && line.contains(labels))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn the_operator_signals_count_what_happened(pool: PgPool) {
+    use shardkeep::journal::{ActiveSessions, cleanup_stream};
+    let app = spawn_app(pool).await;
+    let journal = shardkeep::journal::JOURNAL_QUEUE;
+    let queue_label = format!("queue=\"{journal}\"");
+    let keys = app.state.coord.keys().queue(journal).unwrap();
+    let mut raw = redis::Client::open(shardkeep_testkit::redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+
+    // A consumer that dropped out of the registered set is registered again by its heartbeat.
+    let before = metric(
+        &app,
+        "shardkeep_queue_consumers_reregistered_total",
+        &queue_label,
+    )
+    .await;
+    let consumer = app.state.journal.queue().consumer().await.unwrap();
+    let _: i64 = redis::cmd("SREM")
+        .arg(&keys.consumers)
+        .arg(consumer.id())
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    consumer.heartbeat().await.unwrap();
+    let after = metric(
+        &app,
+        "shardkeep_queue_consumers_reregistered_total",
+        &queue_label,
+    )
+    .await;
+    // At least: the recorder is shared with tests running beside this one.
+    assert!(after - before >= 1.0, "{before} → {after}");
+    consumer.shutdown().await.unwrap();
+
+    // A crashed consumer nobody has registered: only the backstop finds its entry.
+    let before = metric(
+        &app,
+        "shardkeep_queue_backstop_recovered_total",
+        &queue_label,
+    )
+    .await;
+    let dead = journal_dead_letter(&app, "s-backstop").await;
+    app.state.journal.requeue(dead).await.unwrap();
+    let mut lost = app.state.journal.queue().consumer().await.unwrap();
+    assert!(lost.lease().await.unwrap().is_some());
+    let id = lost.id().to_owned();
+    lost.abandon();
+    let _: i64 = redis::cmd("SREM")
+        .arg(&keys.consumers)
+        .arg(&id)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let _: i64 = redis::cmd("DEL")
+        .arg(keys.consumer_heartbeat(&id).unwrap())
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    // The backstop walks the keyspace a bounded slice per pass (the test server is shared).
+    let mut returned = 0;
+    for _ in 0..500 {
+        returned += app.state.journal.queue().recover().await.unwrap().returned;
+        if returned > 0 {
+            break;
+        }
+    }
+    assert_eq!(returned, 1);
+    let after = metric(
+        &app,
+        "shardkeep_queue_backstop_recovered_total",
+        &queue_label,
+    )
+    .await;
+    // At least: the recorder is shared with tests running beside this one.
+    assert!(after - before >= 1.0, "{before} → {after}");
+    let depths = app.state.journal.queue().depths().await.unwrap();
+    assert_eq!(depths.pending, 1, "the entry is back in pending");
+
+    // A stream-close cleanup that cannot reach the journal is counted (and the session stays).
+    use shardkeep::backend::redis::RedisTimeouts;
+    use shardkeep::faults::{FaultProxy, ProxyMode};
+    let upstream = shardkeep_testkit::redis_url()
+        .trim_start_matches("redis://")
+        .parse()
+        .unwrap();
+    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let cut = shardkeep::RedisBackend::connect(
+        "REDIS_URL",
+        &format!("redis://{}", proxy.addr()),
+        app.state.coord.keys().clone(),
+        RedisTimeouts {
+            connect: std::time::Duration::from_millis(300),
+            response: std::time::Duration::from_millis(300),
+        },
+    )
+    .await
+    .unwrap();
+    let cut_journal = shardkeep::journal::SessionJournal::new(
+        cut.clone(),
+        shardkeep::queue::WorkQueueConfig::default(),
+    )
+    .unwrap();
+    let cut_coord = shardkeep::Coordination::new(cut, shardkeep::CoordinationConfig::default());
+    proxy.set_mode(ProxyMode::Cut);
+    let before = metric(&app, "shardkeep_cleanup_enqueue_failures_total", "").await;
+    let cleanup = crate::support::cleanup_item("s-cut");
+    let outcome = cleanup_stream(
+        &cut_journal,
+        &ActiveSessions::default(),
+        &cut_coord,
+        cleanup,
+    )
+    .await;
+    assert!(outcome.enqueue_error.is_some());
+    let after = metric(&app, "shardkeep_cleanup_enqueue_failures_total", "").await;
+    // At least: the recorder is shared with tests running beside this one.
+    assert!(after - before >= 1.0, "{before} → {after}");
+}

@@ -201,12 +201,12 @@ pub(crate) async fn count(pool: &PgPool, sql: &'static str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
-/// Dead-letters one journal entry (one attempt allowed).
-pub(crate) async fn journal_dead_letter(app: &TestApp, token: &str) -> Uuid {
+/// A stream-close cleanup of a character named Aria for session `token`.
+pub(crate) fn cleanup_item(token: &str) -> shardkeep::journal::RealtimeStreamCleanup {
     use shardkeep::journal::{
         PlayerSnapshot, RealtimeRuntimeProfile, RealtimeStreamCleanup, SessionLifecycleEffectPlan,
     };
-    let item = RealtimeStreamCleanup {
+    RealtimeStreamCleanup {
         session_token: token.into(),
         player: PlayerSnapshot {
             character_id: Uuid::now_v7(),
@@ -227,7 +227,12 @@ pub(crate) async fn journal_dead_letter(app: &TestApp, token: &str) -> Uuid {
         transfer_confirmed: false,
         plan: SessionLifecycleEffectPlan::PermanentRemoval,
         closed_at: Utc::now(),
-    };
+    }
+}
+
+/// Dead-letters one journal entry (one attempt allowed).
+pub(crate) async fn journal_dead_letter(app: &TestApp, token: &str) -> Uuid {
+    let item = cleanup_item(token);
     app.state.journal.append(item).await.unwrap();
     let mut consumer = app.state.journal.queue().consumer().await.unwrap();
     let leased = consumer.lease().await.unwrap().unwrap();
