@@ -175,6 +175,14 @@ fn malformed_operator_arguments_are_rejected() {
             "not-a-uuid",
         ],
         &["dead-letters", "requeue", "--kind", "journal"],
+        &["dead-letters", "show", "--kind", "retry", "--id", "x"],
+        &[
+            "dead-letters",
+            "show",
+            "--id",
+            "01938f00-0000-7000-8000-000000000000",
+        ],
+        &["dead-letters", "list", "--kind", "retry", "--offset", "-1"],
         &["cleanup", "--target", "presence"],
         &["cleanup", "--target", "presence", "--dry-run", "--delete"],
         &[
@@ -278,6 +286,51 @@ async fn serve_answers_the_cli_and_stops_gracefully_on_sigterm(pool: PgPool) {
     );
     assert_eq!(unknown.status.code(), Some(4));
     assert!(stderr(&unknown).contains("not_requeued"));
+    // `show`: the whole dead letter, its payload and the checks, read back from the store.
+    let dead_letter_id = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO persistence_job_dead_letters (dead_letter_id, retry_job_id, job_kind,
+             character_id, zone_id, payload, failed_attempts, last_error, failed_at, session_token,
+             source, session_impact, idempotency_key, owner_epoch, origin, issued_at)
+         VALUES ($1, $2, 'character_location', $3, 'zone-7',
+             '{\"room\": \"vault\"}'::jsonb, 8, 'store down', now(), 'sess-show',
+             'test', 'none', 'show-1', 0, 'session_cleanup', now())",
+    )
+    .bind(dead_letter_id)
+    .bind(uuid::Uuid::now_v7())
+    .bind(uuid::Uuid::now_v7())
+    .execute(&pool)
+    .await
+    .unwrap();
+    let id = dead_letter_id.to_string();
+    let show = shardkeep(
+        &["dead-letters", "show", "--kind", "retry", "--id", &id],
+        &env,
+    );
+    let text = String::from_utf8_lossy(&show.stdout);
+    assert!(show.status.success(), "{}", stderr(&show));
+    for needle in [
+        id.as_str(),
+        "store down",
+        "session active again:       no",
+        "transfer already confirmed: no",
+        "\"room\": \"vault\"",
+    ] {
+        assert!(text.contains(needle), "show lacks {needle:?}: {text}");
+    }
+    let missing = shardkeep(
+        &[
+            "dead-letters",
+            "show",
+            "--kind",
+            "journal",
+            "--id",
+            "01938f00-0000-7000-8000-000000000000",
+        ],
+        &env,
+    );
+    assert_eq!(missing.status.code(), Some(3));
+    assert!(stderr(&missing).contains("not_found"));
     let dry = shardkeep(&["cleanup", "--target", "registry", "--dry-run"], &env);
     assert!(dry.status.success());
     assert!(String::from_utf8_lossy(&dry.stdout).contains("registry"));
