@@ -172,6 +172,14 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "SHARDKEEP_CONSOLE_PASSWORD", hide_env_values = true)]
     pub(crate) console_password: Option<String>,
 
+    /// Console login attempts one client address may make per 5 minutes.
+    #[arg(long, env = "SHARDKEEP_CONSOLE_LOGIN_CLIENT_LIMIT", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub(crate) console_login_client_limit: u32,
+
+    /// Console login attempts all clients together may make per 5 minutes.
+    #[arg(long, env = "SHARDKEEP_CONSOLE_LOGIN_GLOBAL_LIMIT", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub(crate) console_login_global_limit: u32,
+
     /// The URL operators use to reach this server, e.g. `https://ops.example.com`. An `https`
     /// URL marks the console cookie `Secure` (set it whenever TLS ends in front of `serve`).
     #[arg(long, env = "SHARDKEEP_PUBLIC_URL", value_parser = parse_public_url)]

@@ -164,6 +164,8 @@ fn malformed_operator_arguments_are_rejected() {
         &["serve", "--consumer-id", ""],
         &["serve", "--consumer-id", "has space"],
         &["serve", "--consumer-id", "a:b"],
+        &["serve", "--console-login-client-limit", "0"],
+        &["serve", "--public-url", "ftp://ops.example"],
         &["dead-letters", "list", "--kind", "mail"],
         &["dead-letters", "list", "--kind", "retry", "--limit", "0"],
         &[

@@ -122,6 +122,8 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             console_password: args.console_password.clone(),
             public_url: args.public_url.clone(),
             trust_forwarded_headers: args.trust_forwarded_headers,
+            console_login_client_limit: args.console_login_client_limit,
+            console_login_global_limit: args.console_login_global_limit,
             ..ApiSettings::default()
         }),
         metrics: Some(metrics),

@@ -54,25 +54,39 @@ fn session_cookie(headers: &HeaderMap) -> Option<String> {
 }
 
 /// The address a login comes from: the last `X-Forwarded-For` hop (the one our own proxy
-/// appended) when forwarded headers are trusted, otherwise the peer address.
-fn client_address(parts: &Parts, settings: &ApiSettings) -> String {
-    if settings.trust_forwarded_headers {
-        let forwarded = parts
-            .headers
-            .get_all("x-forwarded-for")
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .rfind(|hop| !hop.is_empty());
-        if let Some(hop) = forwarded {
-            return hop.to_owned();
-        }
+/// appended) when forwarded headers are trusted, otherwise the peer address. A trusted header
+/// whose last hop is not an IP address is refused: falling back to the peer (the proxy) would
+/// let one client spend everyone's attempts.
+fn client_address(parts: &Parts, settings: &ApiSettings) -> Result<String, ApiError> {
+    let peer = || {
+        parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map_or_else(|| "unknown".to_owned(), |info| info.0.ip().to_string())
+    };
+    if !settings.trust_forwarded_headers {
+        return Ok(peer());
     }
-    parts
-        .extensions
-        .get::<ConnectInfo<SocketAddr>>()
-        .map_or_else(|| "unknown".to_owned(), |info| info.0.ip().to_string())
+    let Some(last) = parts.headers.get_all("x-forwarded-for").iter().next_back() else {
+        return Ok(peer());
+    };
+    let hop = last
+        .as_bytes()
+        .rsplit(|b| *b == b',')
+        .map(|hop| hop.trim_ascii())
+        .find(|hop| !hop.is_empty());
+    match hop.and_then(|hop| {
+        std::str::from_utf8(hop)
+            .ok()?
+            .parse::<std::net::IpAddr>()
+            .ok()
+    }) {
+        Some(ip) => Ok(ip.to_string()),
+        None if hop.is_none() => Ok(peer()),
+        None => Err(ApiError::bad_request(
+            "X-Forwarded-For must end with the client's IP address",
+        )),
+    }
 }
 
 /// Whether the browser reached us over TLS: the public URL says so, or a trusted proxy does.
@@ -127,7 +141,10 @@ pub async fn login(State(state): State<AppState>, request: Request) -> Result<Re
     let body = crate::auth::read_body(body, state.settings.max_body_bytes).await?;
     let login: Login = serde_json::from_slice(&body)
         .map_err(|_| ApiError::bad_request("expected {\"password\": …}"))?;
-    let client = format!("console:client:{}", client_address(&parts, &state.settings));
+    let client = format!(
+        "console:client:{}",
+        client_address(&parts, &state.settings)?
+    );
     let per_client = ThrottlePolicy {
         max_attempts: state.settings.console_login_client_limit,
         window: LOGIN_WINDOW,
@@ -254,14 +271,35 @@ mod tests {
             trust_forwarded_headers: true,
             ..ApiSettings::default()
         };
-        let spoofed = parts(&[("x-forwarded-for", "1.1.1.1")]);
-        assert_eq!(client_address(&spoofed, &direct), "192.0.2.7");
-        let chain = parts(&[("x-forwarded-for", "1.1.1.1, 10.0.0.9")]);
-        assert_eq!(client_address(&chain, &proxied), "10.0.0.9");
-        assert_eq!(client_address(&parts(&[]), &proxied), "192.0.2.7");
+        let address = |headers: &[(&str, &str)], settings: &ApiSettings| {
+            client_address(&parts(headers), settings).map_err(|e| e.code)
+        };
+        let spoofed = [("x-forwarded-for", "1.1.1.1")];
+        assert_eq!(address(&spoofed, &direct), Ok("192.0.2.7".into()));
+        let chain = [("x-forwarded-for", "1.1.1.1, 10.0.0.9")];
+        assert_eq!(address(&chain, &proxied), Ok("10.0.0.9".into()));
         assert_eq!(
-            client_address(&parts(&[("x-forwarded-for", " , ")]), &proxied),
-            "192.0.2.7"
+            address(&[("x-forwarded-for", "2001:db8::1")], &proxied),
+            Ok("2001:db8::1".into())
+        );
+        assert_eq!(address(&[], &proxied), Ok("192.0.2.7".into()));
+        assert_eq!(
+            address(&[("x-forwarded-for", " , ")], &proxied),
+            Ok("192.0.2.7".into())
+        );
+        let mut raw = parts(&[]);
+        raw.headers.insert(
+            "x-forwarded-for",
+            HeaderValue::from_bytes(b"10.0.0.1, \xff").unwrap_or(HeaderValue::from_static("x")),
+        );
+        assert_eq!(
+            client_address(&raw, &proxied).map_err(|e| e.code),
+            Err("bad_request")
+        );
+        // Not an address: refused rather than charged to the proxy.
+        assert_eq!(
+            address(&[("x-forwarded-for", "1.1.1.1, attacker")], &proxied),
+            Err("bad_request")
         );
     }
 
