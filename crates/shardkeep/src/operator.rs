@@ -28,7 +28,8 @@ impl CharacterFilter {
     pub fn matches(&self, id: Uuid, name: &str) -> bool {
         match self {
             Self::Id(want) => *want == id,
-            Self::Name(want) => want.eq_ignore_ascii_case(name),
+            // Unicode-aware, as the retry list's `lower(name)` in Postgres.
+            Self::Name(want) => want.to_lowercase() == name.to_lowercase(),
         }
     }
 }
@@ -50,6 +51,7 @@ mod tests {
         );
         assert_eq!(CharacterFilter::parse("  "), None);
         assert!(CharacterFilter::Name("aria".into()).matches(id, "ARIA"));
+        assert!(CharacterFilter::Name("élise".into()).matches(id, "Élise"));
         assert!(!CharacterFilter::Id(Uuid::now_v7()).matches(id, "Aria"));
     }
 }

@@ -80,13 +80,10 @@ fn kind(raw: Option<&str>) -> Result<Kind, ApiError> {
 
 /// `GET /console/api/depths`
 pub async fn depths(State(state): State<AppState>) -> Result<Json<Depths>, ApiError> {
-    let retry = state.retry.dead_letters_inspect(1).await?;
+    let (pending, dead) = state.retry.depths().await?;
     let journal = state.journal.queue().depths().await?;
     Ok(Json(Depths {
-        retry: RetryDepths {
-            pending: retry.pending_retry_jobs,
-            dead: retry.active_dead_letters,
-        },
+        retry: RetryDepths { pending, dead },
         journal: JournalDepths {
             pending: journal.pending,
             processing: journal.processing,
@@ -104,8 +101,9 @@ pub async fn dead_letters(
     query
         .entry("limit".into())
         .or_insert_with(|| CONSOLE_PAGE.to_string());
-    let page = routes::page(&query)?;
-    // One more than the page says whether another follows.
+    let mut page = routes::page(&query)?;
+    // One more than the page says whether another follows (so a page stays under the cap).
+    page.limit = page.limit.min(shardkeep::retry::MAX_INSPECT_LIMIT - 1);
     let probe = page.limit + 1;
     let (name, mut items): (&'static str, Vec<Row>) = match kind {
         Kind::Retry => {

@@ -89,6 +89,22 @@ fn client_address(parts: &Parts, settings: &ApiSettings) -> Result<String, ApiEr
     }
 }
 
+/// What a client's attempts are counted under: its IPv4 address, or its IPv6 /64 (one host
+/// commonly holds a whole /64, so counting single IPv6 addresses would give it millions of
+/// tries).
+fn throttle_subject(address: &str) -> String {
+    match address.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(v6)) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => {
+                let s = v6.segments();
+                format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+            }
+        },
+        _ => address.to_owned(),
+    }
+}
+
 /// Whether the browser reached us over TLS: the public URL says so, or a trusted proxy does.
 fn over_tls(parts: &Parts, settings: &ApiSettings) -> bool {
     let public = settings.public_url.as_deref().is_some_and(|url| {
@@ -143,7 +159,7 @@ pub async fn login(State(state): State<AppState>, request: Request) -> Result<Re
         .map_err(|_| ApiError::bad_request("expected {\"password\": …}"))?;
     let client = format!(
         "console:client:{}",
-        client_address(&parts, &state.settings)?
+        throttle_subject(&client_address(&parts, &state.settings)?)
     );
     let per_client = ThrottlePolicy {
         max_attempts: state.settings.console_login_client_limit,
@@ -301,6 +317,22 @@ mod tests {
             address(&[("x-forwarded-for", "1.1.1.1, attacker")], &proxied),
             Err("bad_request")
         );
+    }
+
+    #[test]
+    fn ipv6_clients_are_counted_by_their_64() {
+        assert_eq!(
+            throttle_subject("2001:db8:1:2:aaaa::1"),
+            throttle_subject("2001:db8:1:2:bbbb::9")
+        );
+        assert_eq!(throttle_subject("2001:db8:1:2::1"), "2001:db8:1:2::/64");
+        assert_ne!(
+            throttle_subject("2001:db8:1:2::1"),
+            throttle_subject("2001:db8:1:3::1")
+        );
+        assert_eq!(throttle_subject("::ffff:10.0.0.1"), "10.0.0.1");
+        assert_eq!(throttle_subject("10.0.0.1"), "10.0.0.1");
+        assert_eq!(throttle_subject("unknown"), "unknown");
     }
 
     #[test]

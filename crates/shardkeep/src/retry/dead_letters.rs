@@ -75,6 +75,16 @@ macro_rules! summary_columns {
     };
 }
 
+/// Retry jobs waiting or leased, and active dead letters.
+pub(crate) async fn counts(pg: &PostgresBackend) -> Result<(i64, i64), sqlx::Error> {
+    sqlx::query_as(
+        "SELECT (SELECT count(*) FROM persistence_retry_jobs),
+                (SELECT count(*) FROM persistence_job_dead_letters WHERE requeued_at IS NULL)",
+    )
+    .fetch_one(pg.pool())
+    .await
+}
+
 /// Pending jobs, active dead letters and a page of the active ones, newest first: `limit`
 /// (clamped to 1..=500) after skipping `offset`, only `character`'s when given.
 pub(crate) async fn inspect(
@@ -84,12 +94,7 @@ pub(crate) async fn inspect(
     character: Option<&CharacterFilter>,
 ) -> Result<DeadLetterInspection, sqlx::Error> {
     let limit = limit.clamp(1, MAX_INSPECT_LIMIT);
-    let (pending_retry_jobs, active_dead_letters): (i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM persistence_retry_jobs),
-                (SELECT count(*) FROM persistence_job_dead_letters WHERE requeued_at IS NULL)",
-    )
-    .fetch_one(pg.pool())
-    .await?;
+    let (pending_retry_jobs, active_dead_letters) = counts(pg).await?;
     let (id, name) = match character {
         Some(CharacterFilter::Id(id)) => (Some(*id), None),
         Some(CharacterFilter::Name(name)) => (None, Some(name.as_str())),

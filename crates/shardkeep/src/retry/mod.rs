@@ -150,6 +150,11 @@ impl RetryQueue {
         Ok(dead_letters::inspect(&self.pg, 0, limit, None).await?)
     }
 
+    /// Retry jobs waiting or leased, and active dead letters (no rows read).
+    pub async fn depths(&self) -> Result<(i64, i64), RetryError> {
+        Ok(dead_letters::counts(&self.pg).await?)
+    }
+
     /// Like [`RetryQueue::dead_letters_inspect`], a page of `limit` after skipping `offset`,
     /// only `character`'s when given.
     pub async fn dead_letters_page(
