@@ -3,7 +3,8 @@
 //! `docs/openapi.json`.
 
 use axum::Json;
-use utoipa::OpenApi;
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, SecurityScheme};
+use utoipa::{Modify, OpenApi};
 
 use crate::contract;
 use crate::routes;
@@ -31,6 +32,8 @@ use crate::routes;
         routes::audit::character,
         routes::audit::staff,
     ),
+    modifiers(&SignedRequests),
+    security(("signed_request" = [])),
     components(schemas(
         contract::ErrorBody,
         contract::ErrorDetail,
@@ -55,6 +58,24 @@ use crate::routes;
     ))
 )]
 pub struct ApiDoc;
+
+/// Declares the signed-request scheme (the four headers; see `docs/signing/README.md`).
+struct SignedRequests;
+
+impl Modify for SignedRequests {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let scheme = SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
+            "x-shardkeep-signature",
+            "Lowercase hex HMAC-SHA256, under the secret of `x-shardkeep-key-id`, of \
+             METHOD\\nPATH_AND_QUERY\\nTIMESTAMP\\nNONCE\\nhex(SHA256(body)); sent with \
+             `x-shardkeep-key-id`, `x-shardkeep-timestamp` and `x-shardkeep-nonce`.",
+        )));
+        openapi
+            .components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme("signed_request", scheme);
+    }
+}
 
 /// The document as pretty JSON (what `docs/openapi.json` holds).
 pub fn document() -> String {

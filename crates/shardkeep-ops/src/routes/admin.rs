@@ -13,7 +13,9 @@ use crate::state::AppState;
 
 /// `GET /v1/internal/admin/cleanup-targets`
 #[utoipa::path(get, operation_id = "admin_targets", path = "/v1/internal/admin/cleanup-targets", tag = "admin",
-    responses((status = 200, description = "OK", body = CleanupTargetList)))]
+    responses((status = 401, description = "the signature was refused", body = ErrorBody),
+              (status = 503, description = "replay protection is unavailable", body = ErrorBody),
+              (status = 200, description = "OK", body = CleanupTargetList)))]
 pub async fn targets(State(state): State<AppState>) -> Json<CleanupTargetList> {
     let targets = state
         .coord
@@ -38,7 +40,10 @@ pub async fn targets(State(state): State<AppState>) -> Json<CleanupTargetList> {
 /// `POST /v1/internal/admin/cleanup` with `{"target", "mode": "dry_run" | "delete", "limit"?}`
 #[utoipa::path(post, operation_id = "admin_cleanup", path = "/v1/internal/admin/cleanup", tag = "admin",
     request_body = CleanupRequest,
-    responses((status = 200, description = "OK", body = CleanupReport), (status = 400, description = "malformed input", body = ErrorBody)))]
+    responses((status = 401, description = "the signature was refused", body = ErrorBody),
+              (status = 413, description = "the body is over 64 KiB", body = ErrorBody),
+              (status = 503, description = "replay protection is unavailable", body = ErrorBody),
+              (status = 200, description = "OK", body = CleanupReport), (status = 400, description = "malformed input", body = ErrorBody)))]
 pub async fn cleanup(
     State(state): State<AppState>,
     body: Bytes,

@@ -49,7 +49,9 @@ fn cursor(query: &HashMap<String, String>) -> Result<Option<AuditCursor>, ApiErr
         ("before_at" = Option<String>, Query, description = "cursor: RFC 3339 time"),
         ("before_seq" = Option<i64>, Query, description = "cursor: sequence"),
     ),
-    responses((status = 200, description = "OK", body = AuditPage), (status = 400, description = "malformed input", body = ErrorBody),
+    responses((status = 401, description = "the signature was refused", body = ErrorBody),
+              (status = 503, description = "replay protection is unavailable", body = ErrorBody),
+              (status = 200, description = "OK", body = AuditPage), (status = 400, description = "malformed input", body = ErrorBody),
               (status = 404, description = "no such item", body = ErrorBody)))]
 pub async fn character(
     State(state): State<AppState>,
@@ -83,7 +85,9 @@ pub async fn character(
         ("before_at" = Option<String>, Query, description = "cursor: RFC 3339 time"),
         ("before_seq" = Option<i64>, Query, description = "cursor: sequence"),
     ),
-    responses((status = 200, description = "OK", body = AuditPage), (status = 400, description = "malformed input", body = ErrorBody),
+    responses((status = 401, description = "the signature was refused", body = ErrorBody),
+              (status = 503, description = "replay protection is unavailable", body = ErrorBody),
+              (status = 200, description = "OK", body = AuditPage), (status = 400, description = "malformed input", body = ErrorBody),
               (status = 403, description = "not allowed for this viewer", body = ErrorBody), (status = 429, description = "rate limited", body = ErrorBody)))]
 pub async fn staff(
     State(state): State<AppState>,

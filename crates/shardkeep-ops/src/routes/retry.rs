@@ -20,7 +20,9 @@ use crate::state::AppState;
         ("offset" = Option<i64>, Query, description = "dead letters to skip (0)"),
         ("character" = Option<String>, Query, description = "a character id or name"),
     ),
-    responses((status = 200, description = "OK", body = RetryDeadLetterList), (status = 400, description = "malformed input", body = ErrorBody)))]
+    responses((status = 401, description = "the signature was refused", body = ErrorBody),
+              (status = 503, description = "replay protection is unavailable", body = ErrorBody),
+              (status = 200, description = "OK", body = RetryDeadLetterList), (status = 400, description = "malformed input", body = ErrorBody)))]
 pub async fn list(
     State(state): State<AppState>,
     Query(query): Query<HashMap<String, String>>,
@@ -44,7 +46,9 @@ pub async fn list(
 /// `GET /v1/internal/persistence-retry/dead-letters/{id}`
 #[utoipa::path(get, operation_id = "retry_detail", path = "/v1/internal/persistence-retry/dead-letters/{id}", tag = "retry",
     params(("id" = String, Path, description = "dead letter id")),
-    responses((status = 200, description = "OK", body = RetryDeadLetterDetail), (status = 400, description = "malformed input", body = ErrorBody),
+    responses((status = 401, description = "the signature was refused", body = ErrorBody),
+              (status = 503, description = "replay protection is unavailable", body = ErrorBody),
+              (status = 200, description = "OK", body = RetryDeadLetterDetail), (status = 400, description = "malformed input", body = ErrorBody),
               (status = 404, description = "no such item", body = ErrorBody)))]
 pub async fn detail(
     State(state): State<AppState>,
@@ -85,7 +89,10 @@ pub async fn detail_of(
 /// `POST /v1/internal/persistence-retry/dead-letters/requeue`
 #[utoipa::path(post, operation_id = "retry_requeue", path = "/v1/internal/persistence-retry/dead-letters/requeue", tag = "retry",
     request_body = RequeueRequest,
-    responses((status = 200, description = "OK", body = RetryRequeueResponse), (status = 400, description = "malformed input", body = ErrorBody),
+    responses((status = 401, description = "the signature was refused", body = ErrorBody),
+              (status = 413, description = "the body is over 64 KiB", body = ErrorBody),
+              (status = 503, description = "replay protection is unavailable", body = ErrorBody),
+              (status = 200, description = "OK", body = RetryRequeueResponse), (status = 400, description = "malformed input", body = ErrorBody),
               (status = 409, description = "wrong rpc_version", body = ErrorBody), (status = 422, description = "the stored work cannot be decoded", body = ErrorBody)))]
 pub async fn requeue(
     State(state): State<AppState>,
