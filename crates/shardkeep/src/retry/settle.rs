@@ -149,6 +149,9 @@ pub(crate) async fn claim_and_settle(
         .map(|row| Claimed::new(row, u32::MAX))
         .collect();
     if claimed.is_empty() {
+        // Ended here, not on drop: a dropped transaction rolls back later, and until then its
+        // row locks would hide the jobs with a lapsed lease from the claim that follows.
+        tx.rollback().await?;
         return Ok(OneTransaction {
             claimed,
             outcomes: Vec::new(),

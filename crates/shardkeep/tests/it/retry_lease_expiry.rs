@@ -105,3 +105,89 @@ async fn a_starting_worker_claims_due_jobs_under_a_lease(pool: PgPool) {
     running.abort();
     lock.rollback().await.unwrap();
 }
+
+/// Jobs whose shared lease ran out (one of them crashed the worker holding them all) are
+/// claimed again one per lease, so a second crash is counted against that job alone.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn jobs_from_a_lapsed_batch_are_claimed_again_one_per_lease(pool: PgPool) {
+    let (blocked, other) = (
+        character(&pool, "Blocked").await,
+        character(&pool, "Other").await,
+    );
+    let (queue, signals) = RetryQueue::new(pg(&pool), 16, Arc::new(SystemClock));
+    queue
+        .enqueue(&reward(blocked, "batch-1", 0, 5))
+        .await
+        .unwrap();
+    queue
+        .enqueue(&reward(other, "batch-2", 0, 5))
+        .await
+        .unwrap();
+    let mut settings = config("w");
+    settings.lease = Duration::from_millis(50);
+    let mut worker = RetryWorker::new(pg(&pool), signals, settings, Arc::new(SystemClock));
+    // One worker takes both under one lease and dies.
+    assert_eq!(worker.claim(None).await.unwrap().len(), 2);
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let old_token: uuid::Uuid =
+        sqlx::query_scalar("SELECT lease_token FROM persistence_retry_jobs LIMIT 1")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    // The first job's settle waits on its character: the worker is "in" that job.
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM characters WHERE id = $1 FOR UPDATE")
+        .bind(blocked)
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let running = tokio::spawn(async move { worker.poll_once().await });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let tokens: Vec<Option<uuid::Uuid>> = loop {
+        let tokens: Vec<Option<uuid::Uuid>> = sqlx::query_scalar(
+            "SELECT lease_token FROM persistence_retry_jobs ORDER BY created_at",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        if tokens.first() != Some(&Some(old_token)) {
+            break tokens;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never re-leased");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(tokens.len(), 2);
+    assert_ne!(
+        tokens[0], tokens[1],
+        "the blocked job holds a lease of its own, not one shared with the other"
+    );
+    lock.rollback().await.unwrap();
+    running.await.unwrap().unwrap();
+    assert_eq!(experience(&pool, blocked).await, 5);
+    assert_eq!(experience(&pool, other).await, 5);
+}
+
+/// The count is of lease expiries in a row: an attempt that ends (here, failing on a missing
+/// character) starts it again, so expiries spread over a long life never add up to a limit.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_settled_attempt_resets_the_lease_expiry_count(pool: PgPool) {
+    let (queue, signals) = RetryQueue::new(pg(&pool), 16, Arc::new(SystemClock));
+    queue
+        .enqueue(&reward(uuid::Uuid::now_v7(), "gone-1", 0, 5))
+        .await
+        .unwrap();
+    let mut settings = config("w");
+    settings.lease = Duration::from_millis(50);
+    let mut worker = RetryWorker::new(pg(&pool), signals, settings, Arc::new(SystemClock));
+    for _ in 0..2 {
+        drop(worker.claim(None).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(80)).await;
+    }
+    worker.poll_once().await.unwrap();
+    let (attempts, expiries): (i32, i32) =
+        sqlx::query_as("SELECT attempt_count, lease_expiries FROM persistence_retry_jobs")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((attempts, expiries), (1, 0));
+}
