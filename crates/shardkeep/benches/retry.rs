@@ -120,12 +120,15 @@ async fn experience_total(pool: &PgPool) -> i64 {
 /// A one-experience reward grant for `character`, issued by its (epoch 0) copy as `seq`.
 fn reward_job(character: Uuid, key: String, seq: u64) -> PersistenceRetryJob {
     PersistenceRetryJob::new(
-        PersistenceRetryPayload::CombatRewards {
-            character_id: character,
-            experience: 1,
-            currency: 0,
-            items: vec![],
-        },
+        PersistenceRetryPayload::effect(
+            character,
+            &shardkeep::game::ReferenceEffect::CombatRewards {
+                experience: 1,
+                currency: 0,
+                items: vec![],
+            },
+        )
+        .unwrap(),
         IdempotencyEnvelope {
             idempotency_key: key,
             owner_epoch: 0,
@@ -380,6 +383,7 @@ async fn bench_worker(pool: &PgPool, signals: RetrySignals, clock: Arc<dyn Clock
     }
     RetryWorker::new(
         shardkeep::PostgresBackend::from_pool(worker_pool),
+        shardkeep::game::ReferenceModel::handle(),
         signals,
         config,
         clock,

@@ -38,6 +38,7 @@ pub mod faults;
 pub mod game;
 pub mod journal;
 pub mod keyspace;
+pub mod model;
 pub mod operator;
 pub mod placement;
 pub mod queue;

@@ -58,7 +58,13 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     retry_config.backoff = Backoff::from_base_millis(args.retry_backoff_millis);
     retry_config.retry_limit = args.retry_limit;
     retry_config.lease_expiry_limit = args.lease_expiry_limit;
-    let retry_worker = RetryWorker::new(pg.clone(), signals, retry_config, clock);
+    let retry_worker = RetryWorker::new(
+        pg.clone(),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        retry_config,
+        clock,
+    );
     let retry_task = tokio::spawn(retry_worker.run(cancel.clone()));
     let journal_worker = JournalWorker::new(
         journal.clone(),

@@ -157,12 +157,15 @@ impl Raw {
 /// Dead-letters one retry job (a character that does not exist, with one attempt allowed).
 pub(crate) async fn retry_dead_letter(app: &mut TestApp) -> Uuid {
     let job = PersistenceRetryJob::new(
-        PersistenceRetryPayload::CharacterLocation {
-            character_id: Uuid::now_v7(),
-            zone: "zone-0".into(),
-            room: "r0".into(),
-            position: None,
-        },
+        PersistenceRetryPayload::effect(
+            Uuid::now_v7(),
+            &shardkeep::game::ReferenceEffect::CharacterLocation {
+                zone: "zone-0".into(),
+                room: "r0".into(),
+                position: None,
+            },
+        )
+        .unwrap(),
         IdempotencyEnvelope {
             idempotency_key: Uuid::now_v7().to_string(),
             owner_epoch: 0,
@@ -181,7 +184,13 @@ pub(crate) async fn retry_dead_letter(app: &mut TestApp) -> Uuid {
         .signals
         .take()
         .unwrap_or_else(|| RetryQueue::new(app.state.pg.clone(), 1, Arc::new(SystemClock)).1);
-    let mut worker = RetryWorker::new(app.state.pg.clone(), signals, config, Arc::new(SystemClock));
+    let mut worker = RetryWorker::new(
+        app.state.pg.clone(),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        config,
+        Arc::new(SystemClock),
+    );
     worker.run_until_idle().await.unwrap();
     let letters = app
         .state

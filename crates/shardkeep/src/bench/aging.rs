@@ -15,6 +15,7 @@ use crate::character::{
     NewCharacter, SaveOutcome,
 };
 use crate::clock::{Clock, SystemClock};
+use crate::game::ReferenceEffect;
 use crate::game::items::Item;
 use crate::game::{ApplyOptions, Catalog, LiveCharacter, apply_snapshot, dump_character};
 use crate::retry::{
@@ -111,6 +112,7 @@ pub async fn age_character(
     let loader = CharacterLoader::new(
         store.clone(),
         Some(checkpoints.clone()),
+        crate::game::ReferenceModel::handle(),
         Duration::from_secs(10),
     );
     let catalog = Catalog::reference();
@@ -131,6 +133,7 @@ pub async fn age_character(
     let (queue, signals) = RetryQueue::new(env.pg.clone(), 1024, Arc::clone(&clock));
     let mut worker = RetryWorker::new(
         env.pg.clone(),
+        crate::game::ReferenceModel::handle(),
         signals,
         RetryWorkerConfig::new("aging"),
         clock,
@@ -206,13 +209,17 @@ fn reward_job(
     seq: u64,
     (experience, currency): (i64, i64),
 ) -> Result<PersistenceRetryJob, LadderBenchError> {
-    PersistenceRetryJob::new(
-        PersistenceRetryPayload::CombatRewards {
-            character_id: character.character_id,
+    let payload = PersistenceRetryPayload::effect(
+        character.character_id,
+        &ReferenceEffect::CombatRewards {
             experience,
             currency,
             items: Vec::new(),
         },
+    )
+    .map_err(LadderBenchError::Other)?;
+    PersistenceRetryJob::new(
+        payload,
         IdempotencyEnvelope {
             idempotency_key: format!(
                 "aging:{}:{}:{seq}",

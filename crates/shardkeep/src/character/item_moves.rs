@@ -5,6 +5,7 @@ use uuid::Uuid;
 
 use super::snapshot::{CharacterSnapshot, SaveOutcome};
 use super::store::{CharacterStore, Releaser, StoreError, TransferCommit};
+use crate::model::ModelHandle;
 
 impl CharacterStore {
     /// Commits a cross-character item move: the releaser's side, the acquirer's snapshot (which
@@ -15,6 +16,7 @@ impl CharacterStore {
     /// answer [`TransferCommit::AlreadyCommitted`].
     pub async fn commit_transfer(
         &self,
+        model: &ModelHandle,
         releaser: Releaser<'_>,
         acquirer: &CharacterSnapshot,
         audit: &crate::audit::AuditEvent,
@@ -49,7 +51,8 @@ impl CharacterStore {
                 released_epoch,
             } => {
                 if let Some(item_id) = item_id
-                    && held_copy_supersedes(&mut tx, snapshot, item_id, released_epoch).await?
+                    && held_copy_supersedes(&mut tx, model, snapshot, item_id, released_epoch)
+                        .await?
                 {
                     return Ok(TransferCommit::ReleaserSuperseded {
                         current_epoch: snapshot.owner_epoch,
@@ -73,7 +76,9 @@ impl CharacterStore {
                 character_id,
                 item_id,
                 released_epoch,
-            } => match Self::take_item_in(&mut tx, character_id, item_id, released_epoch).await? {
+            } => match Self::take_item_in(&mut tx, model, character_id, item_id, released_epoch)
+                .await?
+            {
                 Ok(version) => version,
                 Err(current_epoch) => {
                     return Ok(TransferCommit::ReleaserSuperseded { current_epoch });
@@ -104,6 +109,7 @@ impl CharacterStore {
     /// the copy at `released_epoch` (that copy may have been a zombie releasing a phantom).
     async fn take_item_in(
         conn: &mut sqlx::PgConnection,
+        model: &ModelHandle,
         character_id: Uuid,
         item_id: Uuid,
         released_epoch: i64,
@@ -114,13 +120,13 @@ impl CharacterStore {
         .bind(character_id)
         .fetch_optional(&mut *conn)
         .await?;
-        let Some((state, epoch, lineage)) = row else {
+        let Some((mut state, epoch, lineage)) = row else {
             return Ok(Ok(None));
         };
-        let Ok(mut doc) = serde_json::from_value::<crate::game::StateDocument>(state) else {
+        let Ok(taken) = model.take_item(&mut state, item_id) else {
             return Ok(Ok(None));
         };
-        if !crate::game::items::remove_stored_item(&mut doc, item_id) {
+        if !taken {
             // Gone from the row: released for good, unless a copy loaded since started out
             // holding it (and moved it on), which makes this released one a phantom.
             if loaded_after(conn, character_id, item_id, released_epoch).await? {
@@ -140,8 +146,6 @@ impl CharacterStore {
         if released_epoch < lineage || released_epoch > epoch {
             return Ok(Err(epoch));
         }
-        let state =
-            serde_json::to_value(&doc).map_err(|e| StoreError::InvalidInput(e.to_string()))?;
         let version: i64 = sqlx::query_scalar(
             "UPDATE characters SET state = $2, state_version = state_version + 1, updated_at = now() WHERE id = $1 RETURNING state_version",
         )
@@ -187,13 +191,15 @@ impl CharacterStore {
 /// phantom: it holds the item itself, or a copy loaded after the release started out holding it.
 async fn held_copy_supersedes(
     conn: &mut sqlx::PgConnection,
+    model: &ModelHandle,
     snapshot: &CharacterSnapshot,
     item_id: Uuid,
     released_epoch: i64,
 ) -> Result<bool, StoreError> {
-    let mut doc = <crate::game::StateDocument as serde::Deserialize>::deserialize(&snapshot.state)
+    model
+        .check_state(&snapshot.state)
         .map_err(|e| StoreError::InvalidInput(format!("releaser state: {e}")))?;
-    Ok(crate::game::items::remove_stored_item(&mut doc, item_id)
+    Ok(model.holds_item(&snapshot.state, item_id)
         || loaded_after(conn, snapshot.character_id, item_id, released_epoch).await?)
 }
 

@@ -12,6 +12,7 @@ use super::checkpoint::CheckpointStore;
 use super::handoff::HandoffPayload;
 use super::snapshot::{CharacterSnapshot, Freshest, freshest};
 use super::store::{CharacterStore, ClaimedRow, StoreError};
+use crate::model::ModelHandle;
 use crate::retry::apply::{RecordedEffect, RowState, apply_payload, lists_legacy_reward_key};
 
 /// Why a character could not be loaded for a session.
@@ -121,19 +122,23 @@ impl HandoffLoad {
 pub struct CharacterLoader {
     store: CharacterStore,
     checkpoints: Option<CheckpointStore>,
+    model: ModelHandle,
     io_timeout: Duration,
 }
 
 impl CharacterLoader {
-    /// A loader over the store and, when configured, the checkpoint tier.
+    /// A loader over the store and, when configured, the checkpoint tier, replaying the game's
+    /// effects through `model`.
     pub fn new(
         store: CharacterStore,
         checkpoints: Option<CheckpointStore>,
+        model: ModelHandle,
         io_timeout: Duration,
     ) -> Self {
         Self {
             store,
             checkpoints,
+            model,
             io_timeout,
         }
     }
@@ -152,7 +157,7 @@ impl CharacterLoader {
                 source,
             })?;
         let checkpoint = self.read_checkpoint(character_id).await;
-        let loaded = choose(claimed, checkpoint);
+        let loaded = choose(&self.model, claimed, checkpoint);
         self.record_item_loads(&loaded).await;
         Ok(loaded)
     }
@@ -165,7 +170,7 @@ impl CharacterLoader {
     async fn record_item_loads(&self, loaded: &LoadedCharacter) {
         let character_id = loaded.snapshot.character_id;
         let epoch = loaded.snapshot.owner_epoch;
-        let items = crate::game::items::stored_item_ids(&loaded.snapshot.state);
+        let items = self.model.held_items(&loaded.snapshot.state);
         if items.is_empty() {
             return;
         }
@@ -228,7 +233,7 @@ impl CharacterLoader {
                 "a superseded copy's handoff was refused; loading the freshest durable copy");
             metrics::counter!(crate::telemetry::HANDOFF_SUPERSEDED_TOTAL).increment(1);
             let checkpoint = self.read_checkpoint(character_id).await;
-            let loaded = choose(claimed, checkpoint);
+            let loaded = choose(&self.model, claimed, checkpoint);
             self.record_item_loads(&loaded).await;
             return Ok(HandoffLoad::Superseded {
                 dumped_under_epoch: carried.dumped_under_epoch,
@@ -320,7 +325,11 @@ impl CharacterLoader {
 /// its dump (past its issue mark), unsequenced ones applied since the row's last live write — so
 /// neither the checkpoint's newer content nor a durable job's effect is lost, and nothing older
 /// overwrites it.
-pub fn choose(claimed: ClaimedRow, checkpoint: Option<CharacterSnapshot>) -> LoadedCharacter {
+pub fn choose(
+    model: &ModelHandle,
+    claimed: ClaimedRow,
+    checkpoint: Option<CharacterSnapshot>,
+) -> LoadedCharacter {
     let ClaimedRow {
         new_epoch,
         live_version,
@@ -374,7 +383,9 @@ pub fn choose(claimed: ClaimedRow, checkpoint: Option<CharacterSnapshot>) -> Loa
                     })
                     .collect();
                 for effect in newer {
-                    if apply_payload(&mut merged, &effect.payload).is_ok() && effect.issue_seq > 0 {
+                    if apply_payload(model, &mut merged, &effect.payload).is_ok()
+                        && effect.issue_seq > 0
+                    {
                         origin
                             .beyond_mark
                             .push((effect.owner_epoch, effect.issue_seq));
@@ -449,6 +460,7 @@ mod tests {
     #[test]
     fn checkpoint_content_at_a_tie_with_the_rows_token_and_new_epoch() {
         let loaded = choose(
+            &crate::model::test_model::handle(),
             claimed(snap(3, 7, Some("a"), "row"), 7, 4),
             Some(snap(3, 7, Some("b"), "ckpt")),
         );
@@ -464,6 +476,7 @@ mod tests {
     #[test]
     fn a_stale_owners_checkpoint_never_outranks_the_row() {
         let loaded = choose(
+            &crate::model::test_model::handle(),
             claimed(snap(5, 2, Some("a"), "row"), 2, 6),
             Some(snap(4, 40, Some("b"), "zombie")),
         );
@@ -478,6 +491,7 @@ mod tests {
     #[test]
     fn an_instance_checkpoint_keeps_the_rows_anchor() {
         let loaded = choose(
+            &crate::model::test_model::handle(),
             claimed(snap(3, 7, Some("a"), "row"), 7, 4),
             Some(snap(3, 7, None, "ckpt")),
         );
@@ -487,7 +501,11 @@ mod tests {
 
     #[test]
     fn no_checkpoint_means_the_row() {
-        let loaded = choose(claimed(snap(1, 1, None, "row"), 1, 2), None);
+        let loaded = choose(
+            &crate::model::test_model::handle(),
+            claimed(snap(1, 1, None, "row"), 1, 2),
+            None,
+        );
         assert_eq!(loaded.source, LoadSource::Row);
         assert!(loaded.brand_new);
     }
@@ -531,7 +549,11 @@ mod tests {
         checkpoint.state = serde_json::json!({
             "experience": 35, "inventory": [{ "proto": "gem" }], "appearance": { "hair": "grey" },
         });
-        let loaded = choose(claim.clone(), Some(checkpoint.clone()));
+        let loaded = choose(
+            &crate::model::test_model::handle(),
+            claim.clone(),
+            Some(checkpoint.clone()),
+        );
         assert_eq!(loaded.source, LoadSource::Checkpoint);
         assert_eq!(loaded.snapshot.state["experience"], 35, "the reward once");
         assert_eq!(loaded.snapshot.state["appearance"]["hair"], "red");
@@ -552,13 +574,21 @@ mod tests {
         // A checkpoint dumped after the hair change (mark 4) holds its own, newer hair.
         checkpoint.issue_mark = 4;
         checkpoint.state["appearance"]["hair"] = "blue".into();
-        let loaded = choose(claim.clone(), Some(checkpoint));
+        let loaded = choose(
+            &crate::model::test_model::handle(),
+            claim.clone(),
+            Some(checkpoint),
+        );
         assert_eq!(loaded.snapshot.state["appearance"]["hair"], "blue");
         assert_eq!(loaded.snapshot.state["experience"], 35);
         // A live write after the checkpoint's dump wins outright, with its jobs applied.
         let mut newer = claim;
         newer.live_version = 8;
-        let loaded = choose(newer, Some(snap(3, 7, Some("a"), "ckpt")));
+        let loaded = choose(
+            &crate::model::test_model::handle(),
+            newer,
+            Some(snap(3, 7, Some("a"), "ckpt")),
+        );
         assert_eq!(loaded.source, LoadSource::Row);
         assert_eq!(
             loaded.origin,
@@ -585,15 +615,23 @@ mod tests {
         claim.effects = vec![reward(8)];
         let mut checkpoint = snap(3, 7, Some("a"), "ckpt");
         checkpoint.state = serde_json::json!({ "experience": 10 });
-        let loaded = choose(claim.clone(), Some(checkpoint.clone()));
+        let loaded = choose(
+            &crate::model::test_model::handle(),
+            claim.clone(),
+            Some(checkpoint.clone()),
+        );
         assert_eq!(loaded.snapshot.state["experience"], 15);
         claim.effects = vec![reward(7)];
-        let loaded = choose(claim.clone(), Some(checkpoint.clone()));
+        let loaded = choose(
+            &crate::model::test_model::handle(),
+            claim.clone(),
+            Some(checkpoint.clone()),
+        );
         assert_eq!(loaded.snapshot.state["experience"], 10);
         // A checkpoint from before the upgrade lists the rewards it holds: not granted twice.
         claim.effects = vec![reward(8)];
         checkpoint.state = serde_json::json!({ "experience": 15, "reward_keys": ["k-0-8"] });
-        let loaded = choose(claim, Some(checkpoint));
+        let loaded = choose(&crate::model::test_model::handle(), claim, Some(checkpoint));
         assert_eq!(loaded.snapshot.state["experience"], 15);
     }
 }

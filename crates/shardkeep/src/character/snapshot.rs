@@ -22,7 +22,7 @@ pub struct CharacterSnapshot {
     pub zone_ref: Option<String>,
     /// Room inside `zone_ref`; ignored when `zone_ref` is `None`.
     pub room_ref: Option<String>,
-    /// The game's state document (the reference model's is [`crate::game::StateDocument`]).
+    /// The game's state document, encoded (see [`crate::model::GameModel::State`]).
     pub state: serde_json::Value,
     /// Pending content-driven chargen input; `None` once applied.
     pub chargen: Option<serde_json::Value>,
@@ -39,8 +39,8 @@ pub struct CharacterSnapshot {
 
 /// Where a content stands in the issue sequence of the copy that dumped it: that copy (at
 /// `epoch`) had issued every reward and retry job up to `seq` when it dumped the content, so all
-/// of them are in it. Rewards and jobs are issued in memory first (see
-/// [`crate::game::LiveCharacter::issue`]), so a later dump always holds an earlier issue.
+/// of them are in it. Rewards and jobs are applied in memory before they are stored, so a later
+/// dump always holds an earlier issue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct IssueMark {
     /// The owner epoch of the copy that dumped the content.

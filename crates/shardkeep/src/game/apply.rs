@@ -224,24 +224,7 @@ pub fn dump_character(
     })
 }
 
-/// Encoded JSON size of `value`, counted without building the text.
-pub(crate) fn encoded_len<T: serde::Serialize>(value: &T) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0 += buf.len();
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    match serde_json::to_writer(&mut count, value) {
-        Ok(()) => count.0,
-        Err(_) => usize::MAX,
-    }
-}
+pub(crate) use crate::model::encoded_len;
 
 #[cfg(test)]
 mod tests;

@@ -411,15 +411,19 @@ pub fn remove_stored_item(doc: &mut crate::game::state::StateDocument, id: Uuid)
 /// Every item id in a stored state document's carry tree (worn, carried, and inside
 /// containers), depth first. A document that does not decode holds none.
 pub fn stored_item_ids(state: &serde_json::Value) -> Vec<Uuid> {
+    crate::game::state::StateDocument::deserialize(state)
+        .map(|doc| stored_items(&doc))
+        .unwrap_or_default()
+}
+
+/// Every item id in a state document's carry tree (worn, carried, and inside containers).
+pub fn stored_items(doc: &crate::game::state::StateDocument) -> Vec<Uuid> {
     fn walk(item: &ItemJson, out: &mut Vec<Uuid>) {
         out.extend(item.id);
         for inner in &item.contents {
             walk(inner, out);
         }
     }
-    let Ok(doc) = crate::game::state::StateDocument::deserialize(state) else {
-        return Vec::new();
-    };
     let mut out = Vec::new();
     for item in doc.equipment.values().chain(&doc.inventory) {
         walk(item, &mut out);

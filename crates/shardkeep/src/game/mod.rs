@@ -4,14 +4,17 @@
 //! - [`items`] — flyweight items, prototypes, carry-tree bounds.
 //! - [`state`] — the stored state document and the live character.
 //! - [`apply`] — the applier (in the documented order) and the dump.
+//! - [`effects`] — the retry effects the game issues, and its [`crate::model::GameModel`].
 //! - [`world`] — zones, rooms, exits, resets and the room resolver.
 
 pub mod apply;
+pub mod effects;
 pub mod items;
 pub mod state;
 pub mod world;
 
 pub use apply::{Applied, ApplyOptions, DumpError, apply_snapshot, dump_character};
+pub use effects::{ReferenceEffect, ReferenceModel};
 pub use items::{CarryLimits, CarryTreeError, Catalog, Item, ItemJson, Prototype, Slot};
 pub use state::{LiveCharacter, StateDocument};
 pub use world::{ZoneDef, reference_world};

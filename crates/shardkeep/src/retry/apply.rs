@@ -1,10 +1,8 @@
-//! How each payload changes a character row (pure). The reference state document is the target;
-//! a game with its own model supplies its own version of this step.
+//! How each payload changes a character row (pure): the core's kinds here, the game's through
+//! its model.
 
-use serde::Deserialize;
-
-use super::job::PersistenceRetryPayload;
-use crate::game::state::StateDocument;
+use super::payload::{CoreWrite, PersistenceRetryPayload};
+use crate::model::{Anchor, Applied, ModelHandle};
 
 /// The mutable part of a character row a job may change.
 #[derive(Debug, Clone, PartialEq)]
@@ -12,16 +10,6 @@ pub(crate) struct RowState {
     pub(crate) state: serde_json::Value,
     pub(crate) zone_ref: Option<String>,
     pub(crate) room_ref: Option<String>,
-}
-
-fn document(state: &serde_json::Value) -> Result<StateDocument, String> {
-    StateDocument::deserialize(state)
-        .map_err(|e| format!("stored state is not a state document: {e}"))
-}
-
-fn store(row: &mut RowState, doc: &StateDocument) -> Result<(), String> {
-    row.state = serde_json::to_value(doc).map_err(|e| e.to_string())?;
-    Ok(())
 }
 
 /// A job effect as recorded beside its row (`character_job_effects`).
@@ -49,26 +37,25 @@ pub(crate) fn lists_legacy_reward_key(state: &serde_json::Value, key: &str) -> b
 }
 
 /// True for a payload that sets a value outright (the newest one wins), false for one that adds
-/// to what is there.
-pub(crate) fn is_absolute(payload: &PersistenceRetryPayload) -> bool {
-    matches!(
-        payload,
-        PersistenceRetryPayload::CharacterLocation { .. }
-            | PersistenceRetryPayload::CharacterAppearance { .. }
-            | PersistenceRetryPayload::CharacterEquipment { .. }
-            | PersistenceRetryPayload::GameplayState { .. }
-    )
+/// to what is there. A game effect that does not decode counts as additive (it cannot apply).
+pub(crate) fn is_absolute(model: &ModelHandle, payload: &PersistenceRetryPayload) -> bool {
+    match payload.core() {
+        Some(CoreWrite::GameplayState { .. }) => true,
+        Some(CoreWrite::TransferActivation { .. }) => false,
+        None => model.sets_value(&payload.game_fields()).unwrap_or(false),
+    }
 }
 
 /// Replays `effects` on `row` (a newer snapshot's content), in the order given. An effect that
 /// does not apply is skipped (the snapshot's own content stands); returns how many applied.
 pub(crate) fn replay<'a>(
+    model: &ModelHandle,
     row: &mut RowState,
     effects: impl IntoIterator<Item = &'a RecordedEffect>,
 ) -> usize {
     effects
         .into_iter()
-        .filter(|effect| apply_payload(row, &effect.payload).is_ok())
+        .filter(|effect| apply_payload(model, row, &effect.payload).is_ok())
         .count()
 }
 
@@ -77,53 +64,18 @@ pub(crate) fn replay<'a>(
 /// bookkeeping, never from the document. A payload that would leave the row as it is changes
 /// nothing (the stored document is not rewritten).
 pub(crate) fn apply_payload(
+    model: &ModelHandle,
     row: &mut RowState,
     payload: &PersistenceRetryPayload,
 ) -> Result<bool, String> {
-    match payload {
-        PersistenceRetryPayload::CharacterLocation {
-            zone,
-            room,
-            position,
-            ..
-        } => {
-            let mut doc = document(&row.state)?;
-            let moved = position.is_some() && doc.position != *position;
-            if moved {
-                doc.position = *position;
-                store(row, &doc)?;
-            }
-            let anchored =
-                row.zone_ref.as_ref() != Some(zone) || row.room_ref.as_ref() != Some(room);
-            row.zone_ref = Some(zone.clone());
-            row.room_ref = Some(room.clone());
-            Ok(moved || anchored)
-        }
-        PersistenceRetryPayload::CharacterAppearance { appearance, .. } => {
-            let mut doc = document(&row.state)?;
-            if doc.appearance == *appearance {
-                return Ok(false);
-            }
-            doc.appearance = appearance.clone();
-            store(row, &doc)?;
-            Ok(true)
-        }
-        PersistenceRetryPayload::CharacterEquipment { equipment, .. } => {
-            let mut doc = document(&row.state)?;
-            if doc.equipment == *equipment {
-                return Ok(false);
-            }
-            doc.equipment = equipment.clone();
-            store(row, &doc)?;
-            Ok(true)
-        }
-        PersistenceRetryPayload::GameplayState {
+    match payload.core() {
+        Some(CoreWrite::GameplayState {
             state,
             zone_ref,
             room_ref,
             ..
-        } => {
-            document(state)?;
+        }) => {
+            model.check_state(state)?;
             let mut changed = row.state != *state;
             if changed {
                 row.state = state.clone();
@@ -135,23 +87,25 @@ pub(crate) fn apply_payload(
             }
             Ok(changed)
         }
-        PersistenceRetryPayload::CombatRewards {
-            experience,
-            currency,
-            items,
-            ..
-        } => {
-            let mut doc = document(&row.state)?;
-            if *experience == 0 && *currency == 0 && items.is_empty() {
-                return Ok(false);
+        Some(CoreWrite::TransferActivation { .. }) => Ok(false),
+        None => {
+            // Applied to copies: an effect that fails leaves the row as it was.
+            let mut anchor = Anchor {
+                zone_ref: row.zone_ref.clone(),
+                room_ref: row.room_ref.clone(),
+            };
+            let applied = model.apply_effect(&row.state, &mut anchor, &payload.game_fields())?;
+            let moved = anchor.zone_ref != row.zone_ref || anchor.room_ref != row.room_ref;
+            row.zone_ref = anchor.zone_ref;
+            row.room_ref = anchor.room_ref;
+            match applied {
+                Applied::Changed(state) => {
+                    row.state = state;
+                    Ok(true)
+                }
+                Applied::Unchanged => Ok(moved),
             }
-            doc.experience = doc.experience.saturating_add(*experience);
-            doc.currency = doc.currency.saturating_add(*currency);
-            doc.inventory.extend(items.iter().cloned());
-            store(row, &doc)?;
-            Ok(true)
         }
-        PersistenceRetryPayload::TransferActivation { .. } => Ok(false),
     }
 }
 
@@ -161,88 +115,44 @@ mod tests {
     use uuid::Uuid;
 
     use super::*;
-    use crate::game::items::ItemJson;
+    use crate::model::test_model::{Effect, handle};
 
     fn row() -> RowState {
         RowState {
-            state: json!({ "experience": 10, "currency": 5, "inventory": [{ "proto": "gem" }] }),
+            state: json!({ "experience": 10, "currency": 5 }),
             zone_ref: Some("zone-0".into()),
             room_ref: Some("r0".into()),
         }
     }
 
-    #[test]
-    fn rewards_add_to_what_is_there() {
-        let mut row = row();
-        let payload = PersistenceRetryPayload::CombatRewards {
-            character_id: Uuid::nil(),
-            experience: 90,
-            currency: 1,
-            items: vec![ItemJson {
-                proto: "ore".into(),
-                delta: Default::default(),
-                contents: vec![],
-                id: None,
-            }],
+    fn looks(hair: &str) -> RecordedEffect {
+        let effect = Effect::CharacterAppearance {
+            appearance: json!({ "hair": hair }),
         };
-        apply_payload(&mut row, &payload).unwrap();
-        assert_eq!(row.state["experience"], 100);
-        assert_eq!(row.state["currency"], 6);
-        assert_eq!(row.state["inventory"].as_array().unwrap().len(), 2);
-    }
-
-    #[test]
-    fn a_payload_that_leaves_the_row_as_it_is_changes_nothing() {
-        let mut row = row();
-        let before = row.clone();
-        let nothing = PersistenceRetryPayload::CombatRewards {
-            character_id: Uuid::nil(),
-            experience: 0,
-            currency: 0,
-            items: vec![],
-        };
-        assert_eq!(apply_payload(&mut row, &nothing), Ok(false));
-        let same_place = PersistenceRetryPayload::CharacterLocation {
-            character_id: Uuid::nil(),
-            zone: "zone-0".into(),
-            room: "r0".into(),
-            position: None,
-        };
-        assert_eq!(apply_payload(&mut row, &same_place), Ok(false));
-        assert_eq!(row, before, "the document was not rewritten");
-        let one_more = PersistenceRetryPayload::CombatRewards {
-            character_id: Uuid::nil(),
-            experience: 1,
-            currency: 0,
-            items: vec![],
-        };
-        assert_eq!(apply_payload(&mut row, &one_more), Ok(true));
-    }
-
-    #[test]
-    fn replay_runs_effects_in_the_order_given_and_skips_what_does_not_apply() {
-        let mut row = row();
-        let looks = |hair: &str| RecordedEffect {
+        RecordedEffect {
             key: format!("looks-{hair}"),
             owner_epoch: 1,
             issue_seq: 1,
             row_version: 1,
-            payload: PersistenceRetryPayload::CharacterAppearance {
-                character_id: Uuid::nil(),
-                appearance: serde_json::from_value(json!({ "hair": hair })).unwrap(),
-            },
-        };
+            payload: PersistenceRetryPayload::effect(Uuid::nil(), &effect).unwrap(),
+        }
+    }
+
+    #[test]
+    fn replay_runs_effects_in_the_order_given_and_skips_what_does_not_apply() {
+        let model = handle();
+        let mut row = row();
         let broken = RecordedEffect {
-            payload: PersistenceRetryPayload::GameplayState {
-                character_id: Uuid::nil(),
-                state: json!({ "experience": "lots" }),
-                zone_ref: None,
-                room_ref: None,
-            },
+            payload: PersistenceRetryPayload::gameplay_state(
+                Uuid::nil(),
+                json!("not an object"),
+                None,
+                None,
+            ),
             ..looks("x")
         };
         assert_eq!(
-            replay(&mut row, [&looks("red"), &broken, &looks("blue")]),
+            replay(&model, &mut row, [&looks("red"), &broken, &looks("blue")]),
             2
         );
         assert_eq!(row.state["appearance"]["hair"], "blue");
@@ -250,46 +160,51 @@ mod tests {
             row.state["experience"], 10,
             "the broken state did not apply"
         );
-        assert!(is_absolute(&looks("x").payload));
+        assert!(is_absolute(&model, &looks("x").payload));
     }
 
     #[test]
-    fn location_moves_the_anchor_and_position() {
+    fn a_whole_state_replaces_the_document_and_moves_the_anchor_only_when_it_names_one() {
+        let model = handle();
         let mut row = row();
-        let payload = PersistenceRetryPayload::CharacterLocation {
-            character_id: Uuid::nil(),
-            zone: "zone-2".into(),
-            room: "r3".into(),
-            position: Some([1, 2]),
-        };
-        apply_payload(&mut row, &payload).unwrap();
-        assert_eq!(
-            (row.zone_ref.as_deref(), row.room_ref.as_deref()),
-            (Some("zone-2"), Some("r3"))
+        let here = PersistenceRetryPayload::gameplay_state(
+            Uuid::nil(),
+            json!({ "experience": 20 }),
+            None,
+            None,
         );
-        assert_eq!(row.state["position"], json!([1, 2]));
+        assert_eq!(apply_payload(&model, &mut row, &here), Ok(true));
+        assert_eq!(row.zone_ref.as_deref(), Some("zone-0"));
+        assert_eq!(apply_payload(&model, &mut row, &here), Ok(false));
+        let moved = PersistenceRetryPayload::gameplay_state(
+            Uuid::nil(),
+            json!({ "experience": 20 }),
+            Some("zone-9".into()),
+            Some("r1".into()),
+        );
+        assert_eq!(apply_payload(&model, &mut row, &moved), Ok(true));
+        assert_eq!(row.zone_ref.as_deref(), Some("zone-9"));
     }
 
     #[test]
-    fn a_state_that_is_not_a_document_is_an_error() {
+    fn a_game_effect_that_fails_leaves_the_row_as_it_was() {
+        let model = handle();
         let mut row = RowState {
-            state: json!("garbage"),
-            zone_ref: None,
-            room_ref: None,
-        };
-        let payload = PersistenceRetryPayload::CombatRewards {
-            character_id: Uuid::nil(),
-            experience: 1,
-            currency: 0,
-            items: vec![],
-        };
-        assert!(apply_payload(&mut row, &payload).is_err());
-        let bad_state = PersistenceRetryPayload::GameplayState {
-            character_id: Uuid::nil(),
             state: json!({ "experience": "lots" }),
             zone_ref: None,
             room_ref: None,
         };
-        assert!(apply_payload(&mut row, &bad_state).is_err());
+        let before = row.clone();
+        let grant = Effect::CombatRewards {
+            experience: 1,
+            currency: 0,
+            items: vec![],
+        };
+        let payload = PersistenceRetryPayload::effect(Uuid::nil(), &grant).unwrap();
+        assert!(apply_payload(&model, &mut row, &payload).is_err());
+        assert_eq!(row, before);
+        let activation = PersistenceRetryPayload::transfer_activation(Uuid::nil(), "t", "s", "z");
+        assert_eq!(apply_payload(&model, &mut row, &activation), Ok(false));
+        assert!(!is_absolute(&model, &activation));
     }
 }

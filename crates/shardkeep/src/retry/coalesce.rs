@@ -58,7 +58,7 @@ impl Coalescer {
         let envelope = job.envelope();
         let bytes = [
             192,
-            crate::game::apply::encoded_len(job.payload()),
+            crate::model::encoded_len(job.payload().encoded()),
             envelope.idempotency_key.len(),
             job.source().len(),
             job.session_token().map_or(0, str::len),

@@ -84,7 +84,7 @@ pub(crate) async fn sequenced(
 /// One recorded row as an effect, when its payload decodes.
 pub(crate) fn decode(row: EffectRow) -> Option<(Uuid, RecordedEffect)> {
     let (character_id, key, owner_epoch, issue_seq, row_version, payload) = row;
-    let payload = serde_json::from_value::<PersistenceRetryPayload>(payload).ok()?;
+    let payload = PersistenceRetryPayload::decode(payload, None).ok()?;
     Some((
         character_id,
         RecordedEffect {
@@ -132,18 +132,7 @@ pub(crate) async fn insert(
 }
 
 fn payload_len(payload: &PersistenceRetryPayload) -> usize {
-    match payload {
-        PersistenceRetryPayload::GameplayState { state, .. } => {
-            crate::game::apply::encoded_len(state) + 64
-        }
-        PersistenceRetryPayload::CombatRewards { items, .. } => {
-            96 + crate::game::apply::encoded_len(items)
-        }
-        PersistenceRetryPayload::CharacterEquipment { equipment, .. } => {
-            64 + crate::game::apply::encoded_len(equipment)
-        }
-        _ => 160,
-    }
+    crate::model::encoded_len(payload.encoded())
 }
 
 async fn insert_chunk(

@@ -1,19 +1,14 @@
 //! The retry job and its payloads: concrete writes that apply to the character store.
 
-use std::collections::BTreeMap;
-
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+pub use super::payload::PersistenceRetryPayload;
 use super::policy::{Origin, SessionImpact, session_impact};
-use crate::game::items::{ItemJson, Slot};
-use crate::game::state::Appearance;
 
 /// Longest idempotency key, source label or token accepted.
 pub const MAX_LABEL_BYTES: usize = 256;
-/// Most items one reward or equipment payload carries.
-pub const MAX_PAYLOAD_ITEMS: usize = 512;
 
 /// Who issued a write, and the key that makes applying it twice harmless.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,163 +32,8 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
-/// The write a job performs, serialized by kind name.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum PersistenceRetryPayload {
-    /// Where the character stands.
-    CharacterLocation {
-        /// The character.
-        character_id: Uuid,
-        /// Zone.
-        zone: String,
-        /// Room in the zone.
-        room: String,
-        /// Position inside the room.
-        position: Option<[i32; 2]>,
-    },
-    /// How the character looks.
-    CharacterAppearance {
-        /// The character.
-        character_id: Uuid,
-        /// The new looks.
-        appearance: Appearance,
-    },
-    /// What the character wears.
-    CharacterEquipment {
-        /// The character.
-        character_id: Uuid,
-        /// The complete set of worn items.
-        equipment: BTreeMap<Slot, ItemJson>,
-    },
-    /// The whole state document (a flush that could not land).
-    GameplayState {
-        /// The character.
-        character_id: Uuid,
-        /// The state document.
-        state: serde_json::Value,
-        /// Zone anchor (`None` keeps the stored one).
-        zone_ref: Option<String>,
-        /// Room in the zone.
-        room_ref: Option<String>,
-    },
-    /// Rewards granted for a fight: deltas, applied once per idempotency key.
-    CombatRewards {
-        /// The character.
-        character_id: Uuid,
-        /// Experience gained.
-        experience: i64,
-        /// Coins gained.
-        currency: i64,
-        /// Loot added to the inventory.
-        items: Vec<ItemJson>,
-    },
-    /// A cross-shard transfer activation, recorded durably.
-    TransferActivation {
-        /// The character.
-        character_id: Uuid,
-        /// The transfer token.
-        transfer_token: String,
-        /// The shard that activated it.
-        target_shard: String,
-        /// The zone it activated into.
-        target_zone: String,
-    },
-}
-
-impl PersistenceRetryPayload {
-    /// The kind name (the serde tag and the `job_kind` column).
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::CharacterLocation { .. } => "character_location",
-            Self::CharacterAppearance { .. } => "character_appearance",
-            Self::CharacterEquipment { .. } => "character_equipment",
-            Self::GameplayState { .. } => "gameplay_state",
-            Self::CombatRewards { .. } => "combat_rewards",
-            Self::TransferActivation { .. } => "transfer_activation",
-        }
-    }
-
-    /// The character it applies to.
-    pub fn character_id(&self) -> Uuid {
-        match self {
-            Self::CharacterLocation { character_id, .. }
-            | Self::CharacterAppearance { character_id, .. }
-            | Self::CharacterEquipment { character_id, .. }
-            | Self::GameplayState { character_id, .. }
-            | Self::CombatRewards { character_id, .. }
-            | Self::TransferActivation { character_id, .. } => *character_id,
-        }
-    }
-
-    /// The zone it concerns, when it names one.
-    pub fn zone_id(&self) -> Option<&str> {
-        match self {
-            Self::CharacterLocation { zone, .. } => Some(zone),
-            Self::GameplayState { zone_ref, .. } => zone_ref.as_deref(),
-            Self::TransferActivation { target_zone, .. } => Some(target_zone),
-            _ => None,
-        }
-    }
-
-    fn validate(&self) -> Result<(), String> {
-        let text = |what: &str, value: &str| {
-            if value.trim().is_empty() {
-                Err(format!("{what} must not be empty"))
-            } else if value.len() > MAX_LABEL_BYTES {
-                Err(format!("{what} is longer than {MAX_LABEL_BYTES} bytes"))
-            } else {
-                Ok(())
-            }
-        };
-        match self {
-            Self::CharacterLocation { zone, room, .. } => {
-                text("zone", zone)?;
-                text("room", room)
-            }
-            Self::CharacterAppearance { .. } => Ok(()),
-            Self::CharacterEquipment { equipment, .. } if equipment.len() > MAX_PAYLOAD_ITEMS => {
-                Err(format!("more than {MAX_PAYLOAD_ITEMS} items"))
-            }
-            Self::CharacterEquipment { .. } => Ok(()),
-            Self::GameplayState {
-                state, zone_ref, ..
-            } => {
-                if !state.is_object() {
-                    return Err("state must be a JSON object".into());
-                }
-                zone_ref.as_deref().map_or(Ok(()), |z| text("zone_ref", z))
-            }
-            Self::CombatRewards {
-                experience,
-                currency,
-                items,
-                ..
-            } => {
-                if *experience < 0 || *currency < 0 {
-                    Err("rewards are grants: experience and currency must not be negative".into())
-                } else if items.len() > MAX_PAYLOAD_ITEMS {
-                    Err(format!("more than {MAX_PAYLOAD_ITEMS} items"))
-                } else {
-                    Ok(())
-                }
-            }
-            Self::TransferActivation {
-                transfer_token,
-                target_shard,
-                target_zone,
-                ..
-            } => {
-                text("transfer token", transfer_token)?;
-                text("target shard", target_shard)?;
-                text("target zone", target_zone)
-            }
-        }
-    }
-}
-
 /// A durable retry job.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PersistenceRetryJob {
     retry_job_id: Uuid,
     payload: PersistenceRetryPayload,
@@ -218,7 +58,7 @@ impl PersistenceRetryJob {
         source: &str,
         session_token: Option<String>,
     ) -> Result<Self, InvalidJob> {
-        payload.validate().map_err(InvalidJob)?;
+        payload.check_core().map_err(InvalidJob)?;
         for (what, value) in [
             ("idempotency key", envelope.idempotency_key.as_str()),
             ("source", source),
@@ -267,7 +107,7 @@ impl PersistenceRetryJob {
 
     /// Rebuilds a stored job.
     pub(crate) fn restore(stored: StoredJob) -> Result<Self, String> {
-        let payload: PersistenceRetryPayload = serde_json::from_value(stored.payload)
+        let payload = PersistenceRetryPayload::decode(stored.payload, stored.zone_id)
             .map_err(|e| format!("payload does not decode: {e}"))?;
         if payload.kind() != stored.job_kind {
             return Err(format!(
@@ -344,6 +184,7 @@ pub(crate) struct StoredJob {
     pub(crate) job_kind: String,
     pub(crate) character_id: Uuid,
     pub(crate) realm_id: Option<String>,
+    pub(crate) zone_id: Option<String>,
     pub(crate) payload: serde_json::Value,
     pub(crate) session_token: Option<String>,
     pub(crate) session_impact: String,
@@ -371,44 +212,17 @@ mod tests {
         }
     }
 
-    #[test]
-    fn payloads_serialize_by_kind_name() {
-        let payload = PersistenceRetryPayload::CombatRewards {
-            character_id: Uuid::nil(),
-            experience: 10,
-            currency: 2,
-            items: vec![],
-        };
-        let value = serde_json::to_value(&payload).unwrap();
-        assert_eq!(value["kind"], "combat_rewards");
-        assert_eq!(
-            serde_json::from_value::<PersistenceRetryPayload>(value).unwrap(),
-            payload
-        );
-        let unknown = json!({ "kind": "teleport", "character_id": Uuid::nil() });
-        assert!(serde_json::from_value::<PersistenceRetryPayload>(unknown).is_err());
-        let extra = json!({ "kind": "character_appearance", "character_id": Uuid::nil(), "appearance": {}, "x": 1 });
-        assert!(serde_json::from_value::<PersistenceRetryPayload>(extra).is_err());
+    fn state() -> PersistenceRetryPayload {
+        PersistenceRetryPayload::gameplay_state(Uuid::nil(), json!({}), None, None)
     }
 
     #[test]
     fn impact_comes_from_the_origin() {
-        let payload = PersistenceRetryPayload::CharacterLocation {
-            character_id: Uuid::nil(),
-            zone: "z".into(),
-            room: "r".into(),
-            position: None,
-        };
-        let job = PersistenceRetryJob::new(
-            payload.clone(),
-            envelope(Origin::SessionCleanup),
-            "journal",
-            None,
-        )
-        .unwrap();
+        let job =
+            PersistenceRetryJob::new(state(), envelope(Origin::SessionCleanup), "j", None).unwrap();
         assert_eq!(job.session_impact(), SessionImpact::None);
         let job =
-            PersistenceRetryJob::new(payload, envelope(Origin::CombatRewards), "combat", None)
+            PersistenceRetryJob::new(state(), envelope(Origin::CombatRewards), "combat", None)
                 .unwrap();
         assert_eq!(job.session_impact(), SessionImpact::SessionDegraded);
         assert_eq!(job.retry_job_id().get_version_num(), 7);
@@ -416,44 +230,30 @@ mod tests {
 
     #[test]
     fn invalid_jobs_are_refused() {
-        let bad_location = PersistenceRetryPayload::CharacterLocation {
-            character_id: Uuid::nil(),
-            zone: " ".into(),
-            room: "r".into(),
-            position: None,
-        };
+        let bad_activation =
+            PersistenceRetryPayload::transfer_activation(Uuid::nil(), " ", "s", "z");
         assert!(
             PersistenceRetryJob::new(
-                bad_location,
-                envelope(Origin::BackgroundLocation),
+                bad_activation,
+                envelope(Origin::TransferActivation),
                 "x",
                 None
             )
             .is_err()
         );
-        let negative = PersistenceRetryPayload::CombatRewards {
-            character_id: Uuid::nil(),
-            experience: -5,
-            currency: 0,
-            items: vec![],
-        };
-        assert!(
-            PersistenceRetryJob::new(negative, envelope(Origin::CombatRewards), "x", None).is_err()
-        );
-        let fine = PersistenceRetryPayload::CharacterAppearance {
-            character_id: Uuid::nil(),
-            appearance: Appearance::default(),
-        };
         let mut empty_key = envelope(Origin::ClientAppearance);
         empty_key.idempotency_key = String::new();
-        assert!(PersistenceRetryJob::new(fine.clone(), empty_key, "x", None).is_err());
+        assert!(PersistenceRetryJob::new(state(), empty_key, "x", None).is_err());
         assert!(
-            PersistenceRetryJob::new(fine.clone(), envelope(Origin::ClientAppearance), "", None)
+            PersistenceRetryJob::new(state(), envelope(Origin::ClientAppearance), "", None)
                 .is_err()
         );
+        let mut negative = envelope(Origin::GameplayState);
+        negative.owner_epoch = -1;
+        assert!(PersistenceRetryJob::new(state(), negative, "x", None).is_err());
         assert!(
             PersistenceRetryJob::new(
-                fine,
+                state(),
                 envelope(Origin::ClientAppearance),
                 "x",
                 Some(String::new())

@@ -7,7 +7,8 @@
 //! locks are the lease; a batch that fails is claimed again under a 30 s lease and settled job
 //! by job), and dead-letters jobs that exhaust their attempts or cannot be decoded.
 //!
-//! - [`job`] — the job, its payloads and the idempotency envelope.
+//! - [`job`] — the job and the idempotency envelope.
+//! - [`payload`] — what a job writes: the core's kinds, or a game effect.
 //! - [`policy`] — origin → session impact, the only place that decides it.
 //! - [`backoff`] — the retry delay.
 //! - `apply` — how each payload changes a character row (pure).
@@ -22,6 +23,7 @@ mod coalesce;
 mod dead_letters;
 pub(crate) mod effects;
 pub mod job;
+pub mod payload;
 pub mod policy;
 mod settle;
 mod settle_writes;
@@ -41,7 +43,8 @@ pub use backoff::Backoff;
 pub use dead_letters::{
     DeadLetterDetail, DeadLetterInspection, DeadLetterSummary, MAX_INSPECT_LIMIT,
 };
-pub use job::{IdempotencyEnvelope, InvalidJob, PersistenceRetryJob, PersistenceRetryPayload};
+pub use job::{IdempotencyEnvelope, InvalidJob, PersistenceRetryJob};
+pub use payload::{CoreWrite, PersistenceRetryPayload};
 pub use policy::{Origin, SessionImpact, session_impact};
 pub use settle::JobOutcome;
 pub use store::{RequeueError, RequeueOutcome};
@@ -115,7 +118,7 @@ impl RetryQueue {
     /// once its own job is committed.
     pub async fn enqueue(&self, job: &PersistenceRetryJob) -> Result<EnqueueOutcome, RetryError> {
         self.waiting.insert(&self.pg, job, self.clock.now()).await?;
-        metrics::counter!(telemetry::RETRY_ENQUEUED_TOTAL, "kind" => job.payload().kind())
+        metrics::counter!(telemetry::RETRY_ENQUEUED_TOTAL, "kind" => job.payload().kind().to_owned())
             .increment(1);
         Ok(self.signal(job.retry_job_id()))
     }

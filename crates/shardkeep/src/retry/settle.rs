@@ -14,10 +14,12 @@ use super::apply::{
     RecordedEffect, RowState, apply_payload, is_absolute, lists_legacy_reward_key, replay,
 };
 use super::effects;
-use super::job::{PersistenceRetryJob, PersistenceRetryPayload};
+use super::job::PersistenceRetryJob;
+use super::payload::CoreWrite;
 use super::settle_writes::{write_activations, write_characters, write_job_outcomes};
 use super::store::ClaimedRow;
 use crate::backend::PostgresBackend;
+use crate::model::ModelHandle;
 
 /// What became of one job.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,6 +100,7 @@ type CharacterRow = (
 /// input order. Jobs whose lease was reclaimed meanwhile are `Stale`.
 pub(crate) async fn settle(
     pg: &PostgresBackend,
+    model: &ModelHandle,
     token: Uuid,
     now: DateTime<Utc>,
     claimed: &[Claimed],
@@ -118,7 +121,16 @@ pub(crate) async fn settle(
     .await?
     .into_iter()
     .collect();
-    let outcomes = settle_owned(&mut tx, now, claimed, &owned, retry_limit, reschedule).await?;
+    let outcomes = settle_owned(
+        &mut tx,
+        model,
+        now,
+        claimed,
+        &owned,
+        retry_limit,
+        reschedule,
+    )
+    .await?;
     tx.commit().await?;
     Ok(outcomes)
 }
@@ -131,6 +143,7 @@ pub(crate) async fn settle(
 /// order, without those left alone.
 pub(crate) async fn claim_and_settle(
     pg: &PostgresBackend,
+    model: &ModelHandle,
     ids: Option<&[Uuid]>,
     limit: i64,
     now: DateTime<Utc>,
@@ -159,7 +172,16 @@ pub(crate) async fn claim_and_settle(
         });
     }
     let owned: HashSet<Uuid> = claimed.iter().map(|c| c.row.stored.retry_job_id).collect();
-    let outcomes = settle_owned(&mut tx, now, &claimed, &owned, retry_limit, reschedule).await?;
+    let outcomes = settle_owned(
+        &mut tx,
+        model,
+        now,
+        &claimed,
+        &owned,
+        retry_limit,
+        reschedule,
+    )
+    .await?;
     tx.commit().await?;
     Ok(OneTransaction {
         claimed,
@@ -182,6 +204,7 @@ pub(crate) struct OneTransaction {
 /// `claimed` are `Stale`).
 async fn settle_owned(
     tx: &mut sqlx::PgConnection,
+    model: &ModelHandle,
     now: DateTime<Utc>,
     claimed: &[Claimed],
     owned: &HashSet<Uuid>,
@@ -193,7 +216,7 @@ async fn settle_owned(
         .filter(|c| owned.contains(&c.row.stored.retry_job_id))
         .filter_map(|c| c.job.as_ref().ok())
         .collect();
-    let mut characters = lock_characters(tx, &jobs).await?;
+    let mut characters = lock_characters(tx, model, &jobs).await?;
     let pairs: Vec<(Uuid, String)> = jobs
         .iter()
         .map(|j| {
@@ -233,13 +256,13 @@ async fn settle_owned(
             continue;
         }
         let pair = (payload.character_id(), envelope.idempotency_key.clone());
-        if recorded.contains(&pair) || seen.contains(&pair) || already_held(locked, job) {
+        if recorded.contains(&pair) || seen.contains(&pair) || already_held(model, locked, job) {
             outcomes.push(JobOutcome::AlreadyApplied);
             continue;
         }
-        match apply_payload(&mut locked.row, payload) {
+        match apply_payload(model, &mut locked.row, payload) {
             Ok(changed) => {
-                if let PersistenceRetryPayload::GameplayState { .. } = payload {
+                if payload.is_state() {
                     // A dump: a live write of that copy's content up to its mark (a checkpoint
                     // dumped before it no longer outranks the row), then the effects it issued
                     // later, replayed on it.
@@ -255,17 +278,17 @@ async fn settle_owned(
                     let later = locked.sequenced.iter().filter(|e| {
                         e.owner_epoch == envelope.owner_epoch && e.issue_seq > envelope.issue_seq
                     });
-                    replay(&mut locked.row, later);
+                    replay(model, &mut locked.row, later);
                 }
                 if changed {
                     dirty.insert(payload.character_id());
                 }
-                if let PersistenceRetryPayload::TransferActivation {
+                if let Some(CoreWrite::TransferActivation {
                     character_id,
                     transfer_token,
                     target_shard,
                     target_zone,
-                } = payload
+                }) = payload.core()
                 {
                     activations.push((
                         transfer_token.clone(),
@@ -310,6 +333,7 @@ async fn settle_owned(
 /// have a sequenced job whose order matters (a value set outright).
 async fn lock_characters(
     tx: &mut sqlx::PgConnection,
+    model: &ModelHandle,
     jobs: &[&PersistenceRetryJob],
 ) -> Result<HashMap<Uuid, Locked>, sqlx::Error> {
     let ids: Vec<Uuid> = jobs
@@ -348,7 +372,7 @@ async fn lock_characters(
         .collect();
     let ordered: Vec<(Uuid, i64)> = jobs
         .iter()
-        .filter(|j| j.envelope().issue_seq > 0 && is_absolute(j.payload()))
+        .filter(|j| j.envelope().issue_seq > 0 && is_absolute(model, j.payload()))
         .filter_map(|j| {
             let id = j.payload().character_id();
             characters.get(&id).map(|c| (id, c.owner_epoch))
@@ -367,31 +391,31 @@ async fn lock_characters(
 /// True when the row already holds what a sequenced job would write: a dump of its copy at or
 /// after the job's issue landed (the row's mark reaches it; a state job's own dump only when a
 /// later one landed), or, for a value set outright, a later write of the same kind applied.
-fn already_held(locked: &Locked, job: &PersistenceRetryJob) -> bool {
+fn already_held(model: &ModelHandle, locked: &Locked, job: &PersistenceRetryJob) -> bool {
     let envelope = job.envelope();
     let seq = envelope.issue_seq;
     if matches!(
-        job.payload(),
-        PersistenceRetryPayload::TransferActivation { .. }
+        job.payload().core(),
+        Some(CoreWrite::TransferActivation { .. })
     ) {
         return false;
     }
     if seq == 0 {
-        // A document written by the old code still lists the rewards it holds.
-        return matches!(job.payload(), PersistenceRetryPayload::CombatRewards { .. })
+        // A document written before migration 8 still lists the grants it holds.
+        return job.payload().core().is_none()
+            && !is_absolute(model, job.payload())
             && lists_legacy_reward_key(&locked.row.state, &envelope.idempotency_key);
     }
     let (mark_epoch, mark) = locked.mark;
-    let is_state = matches!(job.payload(), PersistenceRetryPayload::GameplayState { .. });
+    let is_state = job.payload().is_state();
     if mark_epoch == envelope.owner_epoch && (mark > seq || (mark == seq && !is_state)) {
         return true;
     }
-    is_absolute(job.payload())
+    is_absolute(model, job.payload())
         && locked.sequenced.iter().any(|e| {
             e.owner_epoch == envelope.owner_epoch
                 && e.issue_seq > seq
-                && (e.payload.kind() == job.payload().kind()
-                    || matches!(e.payload, PersistenceRetryPayload::GameplayState { .. }))
+                && (e.payload.kind() == job.payload().kind() || e.payload.is_state())
         })
 }
 

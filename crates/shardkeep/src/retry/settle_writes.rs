@@ -26,7 +26,7 @@ pub(super) async fn write_characters(
     sorted.sort();
     for (n, id) in sorted.iter().enumerate() {
         if let Some(locked) = characters.get(id) {
-            bytes += crate::game::apply::encoded_len(&locked.row.state);
+            bytes += crate::model::encoded_len(&locked.row.state);
             chunk.push(**id, locked);
         }
         let last = n + 1 == sorted.len();

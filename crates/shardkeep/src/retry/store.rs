@@ -22,7 +22,7 @@ pub(crate) struct ClaimedRow {
     pub(crate) lease_expired: bool,
 }
 
-const JOB_COLUMNS: &str = "retry_job_id, job_kind, character_id, realm_id, payload, session_token, \
+const JOB_COLUMNS: &str = "retry_job_id, job_kind, character_id, realm_id, zone_id, payload, session_token, \
     session_impact, source, idempotency_key, owner_epoch, origin, issued_at, issue_seq";
 
 const INSERT_MANY: &str = "
@@ -83,7 +83,7 @@ macro_rules! lease {
                     lease_expiries = j.lease_expiries + due.lease_expired::int
                FROM due
               WHERE j.retry_job_id = due.retry_job_id
-             RETURNING j.retry_job_id, j.job_kind, j.character_id, j.realm_id, j.payload,
+             RETURNING j.retry_job_id, j.job_kind, j.character_id, j.realm_id, j.zone_id, j.payload,
                        j.session_token, j.session_impact, j.source, j.idempotency_key,
                        j.owner_epoch, j.origin, j.issued_at, j.issue_seq, j.attempt_count,
                        j.next_attempt_at, j.created_at, j.lease_expiries, due.lease_expired"
@@ -101,13 +101,13 @@ const LEASE_DUE: &str = lease!(any_due_rows!(
 ));
 /// Locks signaled rows for the caller's transaction.
 const LOCK_SIGNALED: &str = signaled_rows!(
-    "retry_job_id, job_kind, character_id, realm_id, payload, session_token, session_impact,
+    "retry_job_id, job_kind, character_id, realm_id, zone_id, payload, session_token, session_impact,
      source, idempotency_key, owner_epoch, origin, issued_at, issue_seq, attempt_count,
      next_attempt_at, created_at, lease_expiries, lease_token IS NOT NULL AS lease_expired"
 );
 /// Locks due rows for the caller's transaction.
 const LOCK_DUE: &str = any_due_rows!(
-    "retry_job_id, job_kind, character_id, realm_id, payload, session_token, session_impact,
+    "retry_job_id, job_kind, character_id, realm_id, zone_id, payload, session_token, session_impact,
      source, idempotency_key, owner_epoch, origin, issued_at, issue_seq, attempt_count,
      next_attempt_at, created_at, lease_expiries, lease_token IS NOT NULL AS lease_expired"
 );

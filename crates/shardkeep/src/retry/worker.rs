@@ -16,6 +16,7 @@ use super::{RetrySignals, store};
 use crate::backend::PostgresBackend;
 use crate::backend::postgres::connection_lost;
 use crate::clock::Clock;
+use crate::model::ModelHandle;
 use crate::telemetry;
 
 /// Tunables.
@@ -201,6 +202,7 @@ impl Settler {
         let now = self.clock.now();
         let one_transaction = claim_and_settle(
             &self.pg,
+            &self.model,
             ids,
             self.claim_limit,
             now,
@@ -286,7 +288,17 @@ impl Settler {
         let mut jitter = Jitter(self.backoff);
         let now = self.clock.now();
         let limit = self.retry_limit;
-        let outcomes = match settle(&self.pg, token, now, claimed, limit, &mut jitter).await {
+        let outcomes = match settle(
+            &self.pg,
+            &self.model,
+            token,
+            now,
+            claimed,
+            limit,
+            &mut jitter,
+        )
+        .await
+        {
             Ok(outcomes) => outcomes,
             Err(batch_err) => {
                 self.stats.fallbacks.fetch_add(1, Ordering::Relaxed);
@@ -294,8 +306,16 @@ impl Settler {
                 let mut outcomes = Vec::with_capacity(claimed.len());
                 for one in claimed {
                     let single = std::slice::from_ref(one);
-                    let outcome = match settle(&self.pg, token, now, single, limit, &mut jitter)
-                        .await
+                    let outcome = match settle(
+                        &self.pg,
+                        &self.model,
+                        token,
+                        now,
+                        single,
+                        limit,
+                        &mut jitter,
+                    )
+                    .await
                     {
                         Ok(mut settled) => settled.pop(),
                         // A lost connection is no failure of the job's: it keeps its attempts
@@ -382,6 +402,7 @@ fn log_and_record(stats: &RetryStats, outcome: &JobOutcome) {
 #[derive(Debug, Clone)]
 struct Settler {
     pg: PostgresBackend,
+    model: ModelHandle,
     clock: Arc<dyn Clock>,
     stats: Arc<RetryStats>,
     backoff: Backoff,
@@ -393,15 +414,17 @@ struct Settler {
 }
 
 impl RetryWorker {
-    /// A worker over `pg`, fed by `signals`.
+    /// A worker over `pg`, applying the game's effects through `model`, fed by `signals`.
     pub fn new(
         pg: PostgresBackend,
+        model: ModelHandle,
         signals: RetrySignals,
         config: RetryWorkerConfig,
         clock: Arc<dyn Clock>,
     ) -> Self {
         let settler = Settler {
             pg,
+            model,
             clock,
             stats: Arc::new(RetryStats::default()),
             backoff: config.backoff,

@@ -136,12 +136,12 @@ impl FinalRetries {
         let snapshot = &request.snapshot;
         let character_id = snapshot.character_id;
         let job = PersistenceRetryJob::new(
-            PersistenceRetryPayload::GameplayState {
+            PersistenceRetryPayload::gameplay_state(
                 character_id,
-                state: snapshot.state.clone(),
-                zone_ref: snapshot.zone_ref.clone(),
-                room_ref: snapshot.zone_ref.as_ref().and(snapshot.room_ref.clone()),
-            },
+                snapshot.state.clone(),
+                snapshot.zone_ref.clone(),
+                snapshot.zone_ref.as_ref().and(snapshot.room_ref.clone()),
+            ),
             IdempotencyEnvelope {
                 idempotency_key: format!(
                     "final:{character_id}:{}:{}",

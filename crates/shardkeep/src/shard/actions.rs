@@ -459,6 +459,7 @@ impl Shard {
         let timeout = self.config.saver.io_timeout;
         let budget = self.config.transfer_budget;
         let cancel = self.cancel.child_token();
+        let model = crate::game::ReferenceModel::handle();
         tokio::spawn(async move {
             let side = match (&releaser_snapshot, item_id) {
                 (Some(snapshot), _) => Releaser::Held {
@@ -484,7 +485,7 @@ impl Shard {
             let result = loop {
                 let attempt = tokio::time::timeout(
                     timeout,
-                    store.commit_transfer(side, &acquirer_snapshot, &event),
+                    store.commit_transfer(&model, side, &acquirer_snapshot, &event),
                 )
                 .await;
                 let error = match attempt {

@@ -160,6 +160,7 @@ impl SimEnv {
         CharacterLoader::new(
             CharacterStore::new(self.pg.clone()),
             Some(CheckpointStore::new(self.redis.clone())),
+            crate::game::ReferenceModel::handle(),
             Duration::from_secs(2),
         )
     }

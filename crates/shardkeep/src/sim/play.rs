@@ -10,6 +10,7 @@ use super::agent::{Action, SessionEnd};
 use super::host::{Body, Host, Phase};
 use super::travel;
 use super::world::bump;
+use crate::game::ReferenceEffect;
 use crate::game::items::{CarryLimits, Item, dump_one};
 use crate::journal::SessionLifecycleEffectPlan;
 use crate::retry::{Origin, PersistenceRetryPayload};
@@ -244,12 +245,14 @@ impl Host {
         self.world
             .with_ledger(|ledger| ledger.rewards.issued(id, epoch, seq, (xp, gold)));
         bump(&self.world.counters.fights);
-        let payload = PersistenceRetryPayload::CombatRewards {
-            character_id: id,
-            experience: xp,
-            currency: gold,
-            items,
-        };
+        let payload = PersistenceRetryPayload::effect(
+            id,
+            &ReferenceEffect::CombatRewards {
+                experience: xp,
+                currency: gold,
+                items,
+            },
+        );
         if let Some(job) = travel::job(
             payload,
             key,
@@ -378,10 +381,12 @@ impl Host {
         entry.character.appearance.outfit = outfit.to_owned();
         let epoch = entry.character.owner_epoch;
         let issued = entry.character.issue();
-        let payload = PersistenceRetryPayload::CharacterAppearance {
-            character_id: id,
-            appearance: entry.character.appearance.clone(),
-        };
+        let payload = PersistenceRetryPayload::effect(
+            id,
+            &ReferenceEffect::CharacterAppearance {
+                appearance: entry.character.appearance.clone(),
+            },
+        );
         bump(&self.world.counters.appearance_changes);
         let key = format!("appearance:{id}:{epoch}:{seq}");
         if let Some(job) = travel::job(

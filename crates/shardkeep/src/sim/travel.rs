@@ -288,7 +288,7 @@ pub(super) fn enqueue_job(world: &Arc<World>, job: PersistenceRetryJob) {
 
 /// A retry job from the simulator, issued by the copy at `epoch` as `issue_seq`.
 pub(super) fn job(
-    payload: PersistenceRetryPayload,
+    payload: Result<PersistenceRetryPayload, String>,
     key: String,
     (epoch, issue_seq): (i64, u64),
     origin: Origin,
@@ -302,7 +302,7 @@ pub(super) fn job(
         issued_at: Utc::now(),
         issue_seq,
     };
-    PersistenceRetryJob::new(payload, envelope, shard, Some(session.to_owned())).ok()
+    PersistenceRetryJob::new(payload.ok()?, envelope, shard, Some(session.to_owned())).ok()
 }
 
 /// A character left `source` through an exit into `target`: store the handoff payload (retrying
@@ -548,12 +548,12 @@ pub(super) fn confirm_transfer(
             }
         }
     });
-    let payload = PersistenceRetryPayload::TransferActivation {
+    let payload = Ok(PersistenceRetryPayload::transfer_activation(
         character_id,
-        transfer_token: token.to_owned(),
-        target_shard: shard.to_owned(),
-        target_zone: zone.to_owned(),
-    };
+        token,
+        shard,
+        zone,
+    ));
     let key = format!("transfer:{token}");
     // An activation changes no row: it needs no place in the copy's issue sequence.
     if let Some(job) = job(

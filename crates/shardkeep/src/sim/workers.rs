@@ -27,8 +27,13 @@ pub(super) fn start_workers(world: &Arc<World>) -> (Arc<RetryStats>, Arc<Journal
     let signals = world.signals.lock().ok().and_then(|mut s| s.take());
     let mut retry_stats = Arc::new(RetryStats::default());
     if let Some(signals) = signals {
-        let mut worker =
-            RetryWorker::new(env.pg.clone(), signals, retry_config, Arc::new(SystemClock));
+        let mut worker = RetryWorker::new(
+            env.pg.clone(),
+            crate::game::ReferenceModel::handle(),
+            signals,
+            retry_config,
+            Arc::new(SystemClock),
+        );
         retry_stats = worker.stats();
         let world = Arc::clone(world);
         // The loop `RetryWorker::run` runs, stepped here so the queue-full fault can hold it.

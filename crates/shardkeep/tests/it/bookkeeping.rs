@@ -33,10 +33,13 @@ fn appearance_job(
     issue_seq: u64,
 ) -> PersistenceRetryJob {
     PersistenceRetryJob::new(
-        PersistenceRetryPayload::CharacterAppearance {
-            character_id: snapshot.character_id,
-            appearance: serde_json::from_value(json!({ "hair": hair })).unwrap(),
-        },
+        PersistenceRetryPayload::effect(
+            snapshot.character_id,
+            &shardkeep::game::ReferenceEffect::CharacterAppearance {
+                appearance: serde_json::from_value(json!({ "hair": hair })).unwrap(),
+            },
+        )
+        .unwrap(),
         IdempotencyEnvelope {
             idempotency_key: key.into(),
             owner_epoch: snapshot.owner_epoch,
@@ -79,10 +82,21 @@ async fn an_effect_issued_before_a_newer_checkpoint_is_not_replayed_over_it(pool
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let (queue, signals) = RetryQueue::new(pg(&pool), 8, Arc::clone(&clock));
     queue.enqueue(&red).await.unwrap();
-    let mut worker = RetryWorker::new(pg(&pool), signals, RetryWorkerConfig::new("w"), clock);
+    let mut worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        RetryWorkerConfig::new("w"),
+        clock,
+    );
     assert_eq!(worker.run_until_idle().await.unwrap(), 1);
 
-    let loader = CharacterLoader::new(store, Some(checkpoints), Duration::from_secs(5));
+    let loader = CharacterLoader::new(
+        store,
+        Some(checkpoints),
+        shardkeep::game::ReferenceModel::handle(),
+        Duration::from_secs(5),
+    );
     let loaded = loader.claim_and_load(row.character_id, 0).await.unwrap();
     assert_eq!(loaded.source, LoadSource::Checkpoint);
     assert_eq!(
@@ -100,7 +114,13 @@ impl Retry {
     fn new(pool: &PgPool) -> Self {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let (queue, signals) = RetryQueue::new(pg(pool), 64, Arc::clone(&clock));
-        let worker = RetryWorker::new(pg(pool), signals, RetryWorkerConfig::new("w"), clock);
+        let worker = RetryWorker::new(
+            pg(pool),
+            shardkeep::game::ReferenceModel::handle(),
+            signals,
+            RetryWorkerConfig::new("w"),
+            clock,
+        );
         Self { queue, worker }
     }
 
@@ -127,9 +147,10 @@ fn job(
     key: &str,
     issue_seq: u64,
 ) -> PersistenceRetryJob {
-    let origin = match payload {
-        PersistenceRetryPayload::GameplayState { .. } => Origin::GameplayState,
-        _ => Origin::CombatRewards,
+    let origin = if payload.is_state() {
+        Origin::GameplayState
+    } else {
+        Origin::CombatRewards
     };
     PersistenceRetryJob::new(
         payload,
@@ -147,12 +168,15 @@ fn job(
 }
 
 fn reward(snapshot: &CharacterSnapshot, seq: u64, experience: i64) -> PersistenceRetryJob {
-    let payload = PersistenceRetryPayload::CombatRewards {
-        character_id: snapshot.character_id,
-        experience,
-        currency: 0,
-        items: vec![],
-    };
+    let payload = PersistenceRetryPayload::effect(
+        snapshot.character_id,
+        &shardkeep::game::ReferenceEffect::CombatRewards {
+            experience,
+            currency: 0,
+            items: vec![],
+        },
+    )
+    .unwrap();
     job(snapshot, payload, &format!("reward-{seq}"), seq)
 }
 
@@ -212,12 +236,12 @@ async fn state_and_value_jobs_keep_issue_order_whatever_order_they_apply_in(pool
     // Issued 3: a reward; applied first.
     assert_eq!(retry.run(&[reward(&live, 3, 7)]).await, (1, 0));
     // Issued 2 (before the reward): the final dump, holding 20 experience.
-    let final_dump = PersistenceRetryPayload::GameplayState {
-        character_id: id,
-        state: json!({ "experience": 20, "appearance": { "hair": "grey" } }),
-        zone_ref: None,
-        room_ref: None,
-    };
+    let final_dump = PersistenceRetryPayload::gameplay_state(
+        id,
+        json!({ "experience": 20, "appearance": { "hair": "grey" } }),
+        None,
+        None,
+    );
     assert_eq!(
         retry.run(&[job(&live, final_dump, "final-2", 2)]).await,
         (1, 0)
@@ -228,10 +252,13 @@ async fn state_and_value_jobs_keep_issue_order_whatever_order_they_apply_in(pool
         "the reward issued after the dump survives it"
     );
     let looks = |hair: &str, seq: u64| {
-        let payload = PersistenceRetryPayload::CharacterAppearance {
-            character_id: id,
-            appearance: serde_json::from_value(json!({ "hair": hair })).unwrap(),
-        };
+        let payload = PersistenceRetryPayload::effect(
+            id,
+            &shardkeep::game::ReferenceEffect::CharacterAppearance {
+                appearance: serde_json::from_value(json!({ "hair": hair })).unwrap(),
+            },
+        )
+        .unwrap();
         job(&live, payload, &format!("looks-{seq}"), seq)
     };
     assert_eq!(retry.run(&[looks("blue", 5)]).await, (1, 0));
@@ -258,7 +285,12 @@ async fn a_load_records_its_items_and_an_earlier_release_is_a_phantom(pool: PgPo
         .execute(&pool)
         .await
         .unwrap();
-    let loader = CharacterLoader::new(store.clone(), None, Duration::from_secs(5));
+    let loader = CharacterLoader::new(
+        store.clone(),
+        None,
+        shardkeep::game::ReferenceModel::handle(),
+        Duration::from_secs(5),
+    );
     let first = loader.claim_and_load(row.character_id, 0).await.unwrap();
     let second = loader.claim_and_load(row.character_id, 0).await.unwrap();
     let loads: Vec<(uuid::Uuid, i64)> =
@@ -299,7 +331,12 @@ async fn a_load_records_its_items_and_an_earlier_release_is_a_phantom(pool: PgPo
         released_epoch: first.snapshot.owner_epoch,
     };
     let outcome = store
-        .commit_transfer(phantom, &acquirer, &event)
+        .commit_transfer(
+            &shardkeep::game::ReferenceModel::handle(),
+            phantom,
+            &acquirer,
+            &event,
+        )
         .await
         .unwrap();
     assert!(
@@ -314,7 +351,12 @@ async fn a_load_records_its_items_and_an_earlier_release_is_a_phantom(pool: PgPo
         released_epoch: second.snapshot.owner_epoch,
     };
     let outcome = store
-        .commit_transfer(released, &acquirer, &event)
+        .commit_transfer(
+            &shardkeep::game::ReferenceModel::handle(),
+            released,
+            &acquirer,
+            &event,
+        )
         .await
         .unwrap();
     assert!(
@@ -343,7 +385,12 @@ async fn bookkeeping_stays_bounded_under_a_steady_workload(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
-    let loader = CharacterLoader::new(store.clone(), None, Duration::from_secs(5));
+    let loader = CharacterLoader::new(
+        store.clone(),
+        None,
+        shardkeep::game::ReferenceModel::handle(),
+        Duration::from_secs(5),
+    );
     let mut retry = Retry::new(&pool);
     let mut doc_bytes = Vec::new();
     for session in 0..20 {
@@ -429,12 +476,7 @@ async fn a_state_job_outranks_a_checkpoint_dumped_before_it(pool: PgPool) {
     checkpoints.write(&live).await.unwrap();
     // Rewards 5 and 6 granted (+30), then the final dump, whose save became a job.
     let id = live.character_id;
-    let dump = PersistenceRetryPayload::GameplayState {
-        character_id: id,
-        state: json!({ "experience": 40 }),
-        zone_ref: None,
-        room_ref: None,
-    };
+    let dump = PersistenceRetryPayload::gameplay_state(id, json!({ "experience": 40 }), None, None);
     let mut retry = Retry::new(&pool);
     assert_eq!(retry.run(&[job(&live, dump, "final-6", 6)]).await, (1, 0));
     let (version, live_version): (i64, i64) =
@@ -448,7 +490,12 @@ async fn a_state_job_outranks_a_checkpoint_dumped_before_it(pool: PgPool) {
         (2, 2),
         "the state job is a live write"
     );
-    let loader = CharacterLoader::new(store, Some(checkpoints), Duration::from_secs(5));
+    let loader = CharacterLoader::new(
+        store,
+        Some(checkpoints),
+        shardkeep::game::ReferenceModel::handle(),
+        Duration::from_secs(5),
+    );
     let loaded = loader.claim_and_load(id, 0).await.unwrap();
     assert_eq!(
         loaded.snapshot.state["experience"], 40,
@@ -473,7 +520,12 @@ async fn a_load_whose_item_ledger_write_fails_still_loads_the_freshest_copy(pool
         .execute(&pool)
         .await
         .unwrap();
-    let loader = CharacterLoader::new(store, Some(checkpoints), Duration::from_secs(5));
+    let loader = CharacterLoader::new(
+        store,
+        Some(checkpoints),
+        shardkeep::game::ReferenceModel::handle(),
+        Duration::from_secs(5),
+    );
     let loaded = loader.claim_and_load(live.character_id, 0).await.unwrap();
     assert_eq!(loaded.source, LoadSource::Checkpoint);
     assert_eq!(loaded.snapshot.state["experience"], 99);
@@ -494,12 +546,12 @@ async fn unsequenced_writes_never_reopen_a_granted_reward(pool: PgPool) {
         SaveOutcome::Saved(_)
     ));
     let mut retry = Retry::new(&pool);
-    let outside = PersistenceRetryPayload::GameplayState {
-        character_id: id,
-        state: json!({ "experience": 30, "appearance": { "hair": "red" } }),
-        zone_ref: None,
-        room_ref: None,
-    };
+    let outside = PersistenceRetryPayload::gameplay_state(
+        id,
+        json!({ "experience": 30, "appearance": { "hair": "red" } }),
+        None,
+        None,
+    );
     assert_eq!(
         retry.run(&[job(&live, outside, "outside", 0)]).await,
         (1, 0)
@@ -515,12 +567,15 @@ async fn unsequenced_writes_never_reopen_a_granted_reward(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
-    let old = PersistenceRetryPayload::CombatRewards {
-        character_id: id,
-        experience: 10,
-        currency: 0,
-        items: vec![],
-    };
+    let old = PersistenceRetryPayload::effect(
+        id,
+        &shardkeep::game::ReferenceEffect::CombatRewards {
+            experience: 10,
+            currency: 0,
+            items: vec![],
+        },
+    )
+    .unwrap();
     assert_eq!(retry.run(&[job(&live, old, "old-grant", 0)]).await, (0, 1));
     assert_eq!(state_of(&store, id).await["experience"], 40);
 }
@@ -565,7 +620,12 @@ async fn a_claim_that_waited_for_a_settle_replays_its_effects(pool: PgPool) {
     .execute(&mut *settle)
     .await
     .unwrap();
-    let loader = CharacterLoader::new(store, Some(checkpoints), Duration::from_secs(5));
+    let loader = CharacterLoader::new(
+        store,
+        Some(checkpoints),
+        shardkeep::game::ReferenceModel::handle(),
+        Duration::from_secs(5),
+    );
     let login = tokio::spawn(async move { loader.claim_and_load(id, 0).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     settle.commit().await.unwrap();

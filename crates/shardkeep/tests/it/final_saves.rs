@@ -27,7 +27,13 @@ async fn run_retry_worker(pool: &PgPool) -> (usize, u64) {
     let pg = shardkeep::PostgresBackend::from_pool(pool.clone());
     let clock = std::sync::Arc::new(shardkeep::clock::SystemClock);
     let (_, signals) = RetryQueue::new(pg.clone(), 4, clock.clone());
-    let mut worker = RetryWorker::new(pg, signals, RetryWorkerConfig::new("w"), clock);
+    let mut worker = RetryWorker::new(
+        pg,
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        RetryWorkerConfig::new("w"),
+        clock,
+    );
     let stats = worker.stats();
     let settled = worker.run_until_idle().await.unwrap();
     (settled, RetryStats::get(&stats.superseded))

@@ -621,6 +621,7 @@ async fn a_transfer_commit_retried_after_a_lost_reply_is_not_applied_twice(pool:
     let first = stores
         .characters
         .commit_transfer(
+            &shardkeep::game::ReferenceModel::handle(),
             Releaser::Held {
                 snapshot: &releaser,
                 item_id: Some(item),
@@ -639,6 +640,7 @@ async fn a_transfer_commit_retried_after_a_lost_reply_is_not_applied_twice(pool:
     let again = stores
         .characters
         .commit_transfer(
+            &shardkeep::game::ReferenceModel::handle(),
             Releaser::Held {
                 snapshot: &releaser,
                 item_id: Some(item),
@@ -858,7 +860,12 @@ async fn a_held_releaser_still_holding_the_item_gives_nothing(pool: PgPool) {
     };
     let outcome = stores
         .characters
-        .commit_transfer(side, &acquirer, &event)
+        .commit_transfer(
+            &shardkeep::game::ReferenceModel::handle(),
+            side,
+            &acquirer,
+            &event,
+        )
         .await
         .unwrap();
     assert!(
@@ -880,7 +887,12 @@ async fn a_held_releaser_still_holding_the_item_gives_nothing(pool: PgPool) {
     };
     let outcome = stores
         .characters
-        .commit_transfer(side, &acquirer, &event)
+        .commit_transfer(
+            &shardkeep::game::ReferenceModel::handle(),
+            side,
+            &acquirer,
+            &event,
+        )
         .await
         .unwrap();
     assert!(
@@ -898,7 +910,12 @@ async fn a_held_releaser_still_holding_the_item_gives_nothing(pool: PgPool) {
     };
     let err = stores
         .characters
-        .commit_transfer(side, &acquirer, &event)
+        .commit_transfer(
+            &shardkeep::game::ReferenceModel::handle(),
+            side,
+            &acquirer,
+            &event,
+        )
         .await
         .unwrap_err();
     assert!(err.to_string().contains("releaser state"), "{err}");
@@ -966,7 +983,12 @@ async fn a_save_dumped_before_the_release_cannot_land_after_the_pickup(pool: PgP
     };
     let outcome = stores
         .characters
-        .commit_transfer(side, &acquirer, &event)
+        .commit_transfer(
+            &shardkeep::game::ReferenceModel::handle(),
+            side,
+            &acquirer,
+            &event,
+        )
         .await
         .unwrap();
     assert!(

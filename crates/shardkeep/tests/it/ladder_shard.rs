@@ -725,6 +725,7 @@ async fn login_fails_closed_when_postgres_is_unreachable(pool: PgPool) {
     let loader = CharacterLoader::new(
         CharacterStore::new(PostgresBackend::from_pool(cut_pool)),
         Some(stores.checkpoints.clone()),
+        shardkeep::game::ReferenceModel::handle(),
         Duration::from_secs(2),
     );
     let err = loader.claim_and_load(id, 0).await.unwrap_err();
@@ -759,6 +760,7 @@ async fn login_loads_the_row_when_redis_is_down(pool: PgPool) {
     let loader = CharacterLoader::new(
         stores.characters.clone(),
         Some(CheckpointStore::new(proxied)),
+        shardkeep::game::ReferenceModel::handle(),
         Duration::from_secs(2),
     );
     let loaded = loader.claim_and_load(id, 0).await.unwrap();

@@ -325,7 +325,12 @@ async fn a_corrupt_checkpoint_falls_back_to_the_row(pool: PgPool) {
         .await
         .unwrap();
     assert!(checkpoints.read(row.character_id).await.is_err());
-    let loader = CharacterLoader::new(store, Some(checkpoints), std::time::Duration::from_secs(5));
+    let loader = CharacterLoader::new(
+        store,
+        Some(checkpoints),
+        shardkeep::game::ReferenceModel::handle(),
+        std::time::Duration::from_secs(5),
+    );
     let loaded = loader.claim_and_load(row.character_id, 0).await.unwrap();
     assert_eq!(loaded.source, LoadSource::Row);
     assert_eq!(loaded.snapshot.state, row.state);

@@ -161,15 +161,24 @@ async fn old_documents_carry_their_bookkeeping_forward(pool: PgPool) {
     // An old pending reward whose key the old document held is refused; a new one applies.
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let (queue, signals) = RetryQueue::new(pg.clone(), 8, Arc::clone(&clock));
-    let mut worker = RetryWorker::new(pg.clone(), signals, RetryWorkerConfig::new("w"), clock);
+    let mut worker = RetryWorker::new(
+        pg.clone(),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        RetryWorkerConfig::new("w"),
+        clock,
+    );
     let reward = |key: &str| {
         PersistenceRetryJob::new(
-            PersistenceRetryPayload::CombatRewards {
-                character_id: id,
-                experience: 5,
-                currency: 0,
-                items: vec![],
-            },
+            PersistenceRetryPayload::effect(
+                id,
+                &shardkeep::game::ReferenceEffect::CombatRewards {
+                    experience: 5,
+                    currency: 0,
+                    items: vec![],
+                },
+            )
+            .unwrap(),
             IdempotencyEnvelope {
                 idempotency_key: key.into(),
                 owner_epoch: 3,

@@ -40,6 +40,7 @@ async fn broken_connections_cost_a_job_none_of_its_attempts(pool: PgPool) {
         .unwrap();
     let mut worker = RetryWorker::new(
         PostgresBackend::from_pool(proxied.clone()),
+        shardkeep::game::ReferenceModel::handle(),
         signals,
         cfg,
         clock,

@@ -36,7 +36,13 @@ async fn enqueues_at_once_are_each_stored_once(pool: PgPool) {
         done.unwrap().unwrap();
     }
     assert_eq!(stored(&pool).await, 100);
-    let mut worker = RetryWorker::new(pg(&pool), signals, config("w"), Arc::new(SystemClock));
+    let mut worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        config("w"),
+        Arc::new(SystemClock),
+    );
     worker.run_until_idle().await.unwrap();
     assert_eq!(experience(&pool, id).await, 100);
 }

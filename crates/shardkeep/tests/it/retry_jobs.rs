@@ -42,12 +42,15 @@ pub(crate) fn reward(
     experience: i64,
 ) -> PersistenceRetryJob {
     PersistenceRetryJob::new(
-        PersistenceRetryPayload::CombatRewards {
+        PersistenceRetryPayload::effect(
             character_id,
-            experience,
-            currency: 1,
-            items: vec![],
-        },
+            &shardkeep::game::ReferenceEffect::CombatRewards {
+                experience,
+                currency: 1,
+                items: vec![],
+            },
+        )
+        .unwrap(),
         IdempotencyEnvelope {
             idempotency_key: key.into(),
             owner_epoch: epoch,
@@ -105,8 +108,20 @@ async fn two_workers_apply_thousands_of_jobs_exactly_once(pool: PgPool) {
         let job = reward(characters[i % 3], &format!("grant-{i}"), 0, 1);
         queue.enqueue(&job).await.unwrap();
     }
-    let mut a = RetryWorker::new(pg(&pool), signals, config("worker-a"), Arc::clone(&clock));
-    let mut b = RetryWorker::new(pg(&pool), other_signals, config("worker-b"), clock);
+    let mut a = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        config("worker-a"),
+        Arc::clone(&clock),
+    );
+    let mut b = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        other_signals,
+        config("worker-b"),
+        clock,
+    );
     let (stats_a, stats_b) = (a.stats(), b.stats());
     let (ra, rb) = tokio::join!(a.run_until_idle(), b.run_until_idle());
     ra.unwrap();
@@ -145,8 +160,20 @@ async fn a_dead_workers_job_is_reclaimed_after_its_lease_and_the_late_worker_is_
     let (_, spare) = RetryQueue::new(pg(&pool), 16, Arc::clone(&clock));
     let id = character(&pool, "A").await;
     queue.enqueue(&reward(id, "grant-1", 0, 10)).await.unwrap();
-    let mut dying = RetryWorker::new(pg(&pool), signals, config("dying"), Arc::clone(&clock));
-    let mut rescuer = RetryWorker::new(pg(&pool), spare, config("rescuer"), clock);
+    let mut dying = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        config("dying"),
+        Arc::clone(&clock),
+    );
+    let mut rescuer = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        spare,
+        config("rescuer"),
+        clock,
+    );
     let batch = dying.claim(None).await.unwrap();
     assert_eq!(batch.len(), 1);
     // While the lease holds, nobody else can claim the job.
@@ -185,7 +212,13 @@ async fn a_full_or_closed_signal_channel_leaves_the_job_to_polling(pool: PgPool)
         queue.enqueue(&reward(id, "k2", 0, 1)).await.unwrap(),
         EnqueueOutcome::DurableOnly(DurableOnlyReason::QueueFull)
     );
-    let mut worker = RetryWorker::new(pg(&pool), signals, config("w"), Arc::clone(&clock));
+    let mut worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        config("w"),
+        Arc::clone(&clock),
+    );
     assert_eq!(
         worker.poll_once().await.unwrap(),
         2,
@@ -197,7 +230,13 @@ async fn a_full_or_closed_signal_channel_leaves_the_job_to_polling(pool: PgPool)
         EnqueueOutcome::DurableOnly(DurableOnlyReason::QueueClosed)
     );
     let (_, fresh) = RetryQueue::new(pg(&pool), 1, Arc::clone(&clock));
-    let mut restarted = RetryWorker::new(pg(&pool), fresh, config("w2"), clock);
+    let mut restarted = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        fresh,
+        config("w2"),
+        clock,
+    );
     assert_eq!(restarted.poll_once().await.unwrap(), 1);
     assert_eq!(experience(&pool, id).await, 3);
 }
@@ -225,7 +264,13 @@ async fn failures_back_off_then_dead_letter_with_every_field(pool: PgPool) {
     let missing = Uuid::now_v7();
     let job = reward(missing, "grant-x", 4, 5).with_realm("realm-eu");
     queue.enqueue(&job).await.unwrap();
-    let mut worker = RetryWorker::new(pg(&pool), signals, config("w"), clock);
+    let mut worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        config("w"),
+        clock,
+    );
     let mut schedule = Vec::new();
     for attempt in 1..=8u32 {
         let claimed = worker.run_until_idle().await.unwrap();
@@ -298,7 +343,13 @@ async fn requeue_restores_one_fresh_job_even_when_raced(pool: PgPool) {
     let (queue, signals) = RetryQueue::new(pg(&pool), 16, Arc::clone(&clock));
     let mut config = config("w");
     config.retry_limit = 1;
-    let mut worker = RetryWorker::new(pg(&pool), signals, config, clock);
+    let mut worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        config,
+        clock,
+    );
     let missing = Uuid::now_v7();
     queue.enqueue(&reward(missing, "g", 0, 1)).await.unwrap();
     worker.run_until_idle().await.unwrap();
@@ -369,7 +420,13 @@ async fn a_poison_payload_is_dead_lettered_at_once_and_cannot_be_requeued(pool: 
     .execute(&pool)
     .await
     .unwrap();
-    let mut worker = RetryWorker::new(pg(&pool), signals, config("w"), clock);
+    let mut worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        config("w"),
+        clock,
+    );
     worker.poll_once().await.unwrap();
     assert_eq!(
         experience(&pool, good).await,
@@ -415,7 +472,13 @@ async fn a_job_from_a_superseded_owner_is_never_applied(pool: PgPool) {
         .enqueue(&reward(id, "from-zombie", old_epoch, 1000))
         .await
         .unwrap();
-    let mut worker = RetryWorker::new(pg(&pool), signals, config("w"), clock);
+    let mut worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        config("w"),
+        clock,
+    );
     let stats = worker.stats();
     worker.run_until_idle().await.unwrap();
     assert_eq!(RetryStats::get(&stats.superseded), 1);
@@ -436,7 +499,13 @@ async fn a_reward_executed_twice_grants_once(pool: PgPool) {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let (queue, signals) = RetryQueue::new(pg(&pool), 16, Arc::clone(&clock));
     let id = character(&pool, "A").await;
-    let mut worker = RetryWorker::new(pg(&pool), signals, config("w"), clock);
+    let mut worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        config("w"),
+        clock,
+    );
     let stats = worker.stats();
     // The same grant enqueued twice (a retried enqueue), in one batch and in a later one.
     queue.enqueue(&reward(id, "kill-42", 0, 50)).await.unwrap();
@@ -464,49 +533,53 @@ async fn each_payload_kind_applies_to_the_character_store(pool: PgPool) {
     };
     let jobs = vec![
         PersistenceRetryJob::new(
-            PersistenceRetryPayload::CharacterLocation {
-                character_id: id,
-                zone: "zone-3".into(),
-                room: "r2".into(),
-                position: Some([5, 6]),
-            },
+            PersistenceRetryPayload::effect(
+                id,
+                &shardkeep::game::ReferenceEffect::CharacterLocation {
+                    zone: "zone-3".into(),
+                    room: "r2".into(),
+                    position: Some([5, 6]),
+                },
+            )
+            .unwrap(),
             envelope("loc", Origin::SessionCleanup),
             "journal",
             None,
         ),
         PersistenceRetryJob::new(
-            PersistenceRetryPayload::CharacterAppearance {
-                character_id: id,
-                appearance: Appearance {
-                    hair: "silver".into(),
-                    skin: "dark".into(),
-                    outfit: "cloak".into(),
+            PersistenceRetryPayload::effect(
+                id,
+                &shardkeep::game::ReferenceEffect::CharacterAppearance {
+                    appearance: Appearance {
+                        hair: "silver".into(),
+                        skin: "dark".into(),
+                        outfit: "cloak".into(),
+                    },
                 },
-            },
+            )
+            .unwrap(),
             envelope("look", Origin::ClientAppearance),
             "client",
             None,
         ),
         PersistenceRetryJob::new(
-            PersistenceRetryPayload::CharacterEquipment {
-                character_id: id,
-                equipment: [(
-                    shardkeep::game::Slot::Head,
-                    serde_json::from_value(json!({ "proto": "helm" })).unwrap(),
-                )]
-                .into(),
-            },
+            PersistenceRetryPayload::effect(
+                id,
+                &shardkeep::game::ReferenceEffect::CharacterEquipment {
+                    equipment: [(
+                        shardkeep::game::Slot::Head,
+                        serde_json::from_value(json!({ "proto": "helm" })).unwrap(),
+                    )]
+                    .into(),
+                },
+            )
+            .unwrap(),
             envelope("gear", Origin::ClientEquipment),
             "client",
             None,
         ),
         PersistenceRetryJob::new(
-            PersistenceRetryPayload::TransferActivation {
-                character_id: id,
-                transfer_token: "xfer-1".into(),
-                target_shard: "shard-2".into(),
-                target_zone: "zone-5".into(),
-            },
+            PersistenceRetryPayload::transfer_activation(id, "xfer-1", "shard-2", "zone-5"),
             envelope("xfer", Origin::TransferActivation),
             "transfer",
             None,
@@ -515,7 +588,13 @@ async fn each_payload_kind_applies_to_the_character_store(pool: PgPool) {
     for job in jobs {
         queue.enqueue(&job.unwrap()).await.unwrap();
     }
-    let mut worker = RetryWorker::new(pg(&pool), signals, config("w"), clock);
+    let mut worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        config("w"),
+        clock,
+    );
     worker.run_until_idle().await.unwrap();
     let row = CharacterStore::new(pg(&pool))
         .load(id)
@@ -539,12 +618,7 @@ async fn each_payload_kind_applies_to_the_character_store(pool: PgPool) {
 
     let state = json!({ "experience": 999, "currency": 3 });
     let job = PersistenceRetryJob::new(
-        PersistenceRetryPayload::GameplayState {
-            character_id: id,
-            state: state.clone(),
-            zone_ref: None,
-            room_ref: None,
-        },
+        PersistenceRetryPayload::gameplay_state(id, state.clone(), None, None),
         envelope("flush", Origin::GameplayState),
         "saver",
         None,
@@ -572,7 +646,13 @@ async fn a_running_worker_picks_up_signals_and_polls(pool: PgPool) {
     let id = character(&pool, "A").await;
     let mut cfg = config("w");
     cfg.poll_interval = Duration::from_millis(200);
-    let worker = RetryWorker::new(pg(&pool), signals, cfg, clock);
+    let worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        cfg,
+        clock,
+    );
     let cancel = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(worker.run(cancel.clone()));
     queue.enqueue(&reward(id, "live", 0, 3)).await.unwrap();
@@ -611,12 +691,12 @@ async fn a_state_job_stored_again_after_it_ran_is_not_applied_twice(pool: PgPool
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let (queue, signals) = RetryQueue::new(pg(&pool), 8, Arc::clone(&clock));
     let state_job = PersistenceRetryJob::new(
-        PersistenceRetryPayload::GameplayState {
-            character_id: id,
-            state: json!({ "experience": 10, "currency": 0 }),
-            zone_ref: None,
-            room_ref: None,
-        },
+        PersistenceRetryPayload::gameplay_state(
+            id,
+            json!({ "experience": 10, "currency": 0 }),
+            None,
+            None,
+        ),
         IdempotencyEnvelope {
             idempotency_key: "final:once".into(),
             owner_epoch: 0,
@@ -628,7 +708,13 @@ async fn a_state_job_stored_again_after_it_ran_is_not_applied_twice(pool: PgPool
         None,
     )
     .unwrap();
-    let mut worker = RetryWorker::new(pg(&pool), signals, config("w"), Arc::clone(&clock));
+    let mut worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        config("w"),
+        Arc::clone(&clock),
+    );
     queue.enqueue(&state_job).await.unwrap();
     assert_eq!(worker.run_until_idle().await.unwrap(), 1);
     // A reward lands after it; then the state job's second copy arrives.
@@ -651,7 +737,13 @@ async fn a_reward_whose_apply_failed_is_granted_on_the_next_attempt(pool: PgPool
     set_state(&pool, id, json!({ "experience": "lots" })).await;
     let clock = Arc::new(ManualClock::starting_at(Utc::now()));
     let (queue, signals) = RetryQueue::new(pg(&pool), 8, clock.clone());
-    let mut worker = RetryWorker::new(pg(&pool), signals, config("w"), clock.clone());
+    let mut worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        config("w"),
+        clock.clone(),
+    );
     let stats = worker.stats();
     queue
         .enqueue(&reward(id, "r-fails-once", 0, 5))
@@ -681,7 +773,13 @@ async fn a_requeued_reward_dead_letter_is_granted(pool: PgPool) {
     let (queue, signals) = RetryQueue::new(pg(&pool), 8, Arc::clone(&clock));
     let mut once = config("w");
     once.retry_limit = 1;
-    let mut worker = RetryWorker::new(pg(&pool), signals, once, clock);
+    let mut worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        once,
+        clock,
+    );
     let stats = worker.stats();
     queue.enqueue(&reward(id, "r-dead", 0, 7)).await.unwrap();
     worker.run_until_idle().await.unwrap();

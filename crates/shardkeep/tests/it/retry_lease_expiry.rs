@@ -19,7 +19,13 @@ async fn a_job_whose_lease_keeps_running_out_is_dead_lettered(pool: PgPool) {
     let mut settings = config("w");
     settings.lease = Duration::from_millis(50);
     settings.lease_expiry_limit = 2;
-    let mut worker = RetryWorker::new(pg(&pool), signals, settings, Arc::new(SystemClock));
+    let mut worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        settings,
+        Arc::new(SystemClock),
+    );
     // Three workers in turn take the job and die holding it (the batch is never settled).
     for _ in 0..3 {
         let held = worker.claim(None).await.unwrap();
@@ -52,7 +58,13 @@ async fn each_lease_that_runs_out_is_counted(pool: PgPool) {
     queue.enqueue(&reward(id, "hang-1", 0, 5)).await.unwrap();
     let mut settings = config("w");
     settings.lease = Duration::from_millis(50);
-    let mut worker = RetryWorker::new(pg(&pool), signals, settings, Arc::new(SystemClock));
+    let mut worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        settings,
+        Arc::new(SystemClock),
+    );
     drop(worker.claim(None).await.unwrap());
     tokio::time::sleep(Duration::from_millis(80)).await;
     drop(worker.claim(None).await.unwrap());
@@ -83,7 +95,13 @@ async fn a_starting_worker_claims_due_jobs_under_a_lease(pool: PgPool) {
         .await
         .unwrap();
     let (_, signals) = RetryQueue::new(pg(&pool), 16, Arc::new(SystemClock));
-    let worker = RetryWorker::new(pg(&pool), signals, config("w"), Arc::new(SystemClock));
+    let worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        config("w"),
+        Arc::new(SystemClock),
+    );
     let cancel = CancellationToken::new();
     let running = tokio::spawn(worker.run(cancel.clone()));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -125,7 +143,13 @@ async fn jobs_from_a_lapsed_batch_are_claimed_again_one_per_lease(pool: PgPool) 
         .unwrap();
     let mut settings = config("w");
     settings.lease = Duration::from_millis(50);
-    let mut worker = RetryWorker::new(pg(&pool), signals, settings, Arc::new(SystemClock));
+    let mut worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        settings,
+        Arc::new(SystemClock),
+    );
     // One worker takes both under one lease and dies.
     assert_eq!(worker.claim(None).await.unwrap().len(), 2);
     tokio::time::sleep(Duration::from_millis(80)).await;
@@ -178,7 +202,13 @@ async fn a_settled_attempt_resets_the_lease_expiry_count(pool: PgPool) {
         .unwrap();
     let mut settings = config("w");
     settings.lease = Duration::from_millis(50);
-    let mut worker = RetryWorker::new(pg(&pool), signals, settings, Arc::new(SystemClock));
+    let mut worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        settings,
+        Arc::new(SystemClock),
+    );
     for _ in 0..2 {
         drop(worker.claim(None).await.unwrap());
         tokio::time::sleep(Duration::from_millis(80)).await;

@@ -70,7 +70,13 @@ async fn a_poll_waiting_on_a_locked_row_does_not_hold_up_signaled_jobs(pool: PgP
         .unwrap();
     let mut cfg = config("w");
     cfg.poll_interval = Duration::from_millis(50);
-    let worker = RetryWorker::new(pg(&pool), signals, cfg, clock);
+    let worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        cfg,
+        clock,
+    );
     let cancel = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(worker.run(cancel.clone()));
     wait_until_blocked(&pool).await;
@@ -100,7 +106,13 @@ async fn a_slow_batch_does_not_hold_up_the_next_signaled_jobs(pool: PgPool) {
         .unwrap();
     let mut cfg = config("w");
     cfg.poll_interval = Duration::from_secs(60);
-    let worker = RetryWorker::new(pg(&pool), signals, cfg, clock);
+    let worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        cfg,
+        clock,
+    );
     let cancel = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(worker.run(cancel.clone()));
     // The first poll (at start) is over once it has applied a job only it could find; after
@@ -129,7 +141,13 @@ async fn a_quiet_worker_keeps_polling(pool: PgPool) {
     let id = character(&pool, "A").await;
     let mut cfg = config("w");
     cfg.poll_interval = Duration::from_millis(100);
-    let worker = RetryWorker::new(pg(&pool), signals, cfg, clock);
+    let worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep::game::ReferenceModel::handle(),
+        signals,
+        cfg,
+        clock,
+    );
     let cancel = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(worker.run(cancel.clone()));
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -51,6 +51,7 @@ impl Stores {
         CharacterLoader::new(
             self.characters.clone(),
             Some(self.checkpoints.clone()),
+            shardkeep::game::ReferenceModel::handle(),
             Duration::from_secs(5),
         )
     }
