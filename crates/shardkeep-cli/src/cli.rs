@@ -82,7 +82,7 @@ pub(crate) struct SimulateArgs {
     /// Faults to inject: `all`, `none`, or a comma list of kill-shard, zombie, redis-outage,
     /// postgres-outage, queue-full, poison.
     #[arg(long, default_value = "all")]
-    pub(crate) faults: shardkeep::sim::FaultSet,
+    pub(crate) faults: shardkeep_sim::FaultSet,
 
     /// Also write the report as JSON to this file.
     #[arg(long)]

@@ -6,7 +6,16 @@
 //! (default `redis://127.0.0.1:6379`), and deletes every key of that namespace when dropped, so
 //! tests run in parallel and leave nothing behind.
 
+//!
+//! - [`faults`] — a TCP proxy that stalls or cuts a store connection (tests and the simulator).
+//! - [`fixtures`] — characters for tests.
+//! - [`model`] — a small game model for tests of the core that need one.
+
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+pub mod faults;
+pub mod fixtures;
+pub mod model;
 
 use shardkeep::backend::redis::RedisTimeouts;
 use shardkeep::{Coordination, CoordinationConfig, Keyspace, RedisBackend};
@@ -138,4 +147,30 @@ impl Drop for TestRedis {
             }
         }
     }
+}
+
+/// Where `DATABASE_URL`'s Postgres listens (for a [`faults::FaultProxy`] in front of it).
+pub fn pg_addr() -> std::net::SocketAddr {
+    let url = std::env::var("DATABASE_URL").expect("tests run with DATABASE_URL set");
+    let options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
+    let host = if options.get_host().starts_with('/') {
+        "127.0.0.1"
+    } else {
+        options.get_host()
+    };
+    format!("{host}:{}", options.get_port()).parse().unwrap()
+}
+
+/// A small pool of `pool`'s database reached through `proxy`.
+pub async fn proxied_pool(pool: &sqlx::PgPool, proxy: &faults::FaultProxy) -> sqlx::PgPool {
+    let options = (*pool.connect_options())
+        .clone()
+        .host("127.0.0.1")
+        .port(proxy.addr().port());
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(std::time::Duration::from_millis(500))
+        .connect_with(options)
+        .await
+        .unwrap()
 }

@@ -7,21 +7,16 @@
 //! # Layout
 //!
 //! - [`drain`] — bounded batch-drained queues with a shutdown barrier (saver, placement writer).
-//! - [`faults`] — a TCP proxy that stalls or cuts a store connection, for tests and the simulator.
-//! - [`game`] — the reference game-state model: items, state, applier, zones and resets.
 //! - [`journal`] — the session lifecycle journal: cleanup after a stream closes, on the queue.
 //! - [`keyspace`] — every Redis key name, its owner, TTL rule and cleanup descriptor (pure).
 //! - [`placement`] — fenced placement records and their background writer.
 //! - [`queue`] — the generic durable work queue on Redis, with per-consumer recovery.
 //! - [`retry`] — durable persistence retry jobs on Postgres: enqueue, worker, dead letters.
 //! - [`saver`] — the background saver: checkpoints, CAS flushes, conflicts, the final rebase.
-//! - [`shard`] — the reference shard runtime: zones, players, cadences, sessions, landing.
-//! - [`sim`] — the simulator: whole shards of synthetic players under faults, with invariants.
 //! - [`telemetry`] — names of every metric shardkeep records.
 //! - [`ttl`] — the validated, strictly positive TTL type (pure).
 //! - [`audit`] — the append-only audit trail: auditor, account operations, read views.
 //! - [`backend`] — the Postgres pool and Redis connection, and the embedded migrations.
-//! - [`bench`] — benchmarks against raw engine rates and peers, run by `shardkeep bench`.
 //! - [`character`] — the durability ladder's tiers: Postgres store, Redis checkpoints, load.
 //! - [`clock`] — injectable time.
 //! - [`coord`] — coordination primitives on Redis: handoffs, transfer markers, presence,
@@ -29,13 +24,10 @@
 
 pub mod audit;
 pub mod backend;
-pub mod bench;
 pub mod character;
 pub mod clock;
 pub mod coord;
 pub mod drain;
-pub mod faults;
-pub mod game;
 pub mod journal;
 pub mod keyspace;
 pub mod model;
@@ -44,8 +36,6 @@ pub mod placement;
 pub mod queue;
 pub mod retry;
 pub mod saver;
-pub mod shard;
-pub mod sim;
 pub mod telemetry;
 pub mod ttl;
 

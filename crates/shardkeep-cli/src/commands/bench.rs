@@ -5,9 +5,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::anyhow;
-use shardkeep::bench::BenchEnv;
-use shardkeep::bench::aging::{self, AgingPlan};
-use shardkeep::bench::ladder::{self, LadderBenchConfig};
+use shardkeep_sim::bench::BenchEnv;
+use shardkeep_sim::bench::aging::{self, AgingPlan};
+use shardkeep_sim::bench::ladder::{self, LadderBenchConfig};
 
 use crate::cli::{AuditBenchArgs, BenchArgs, BenchCommand, LadderBenchArgs};
 
@@ -201,7 +201,7 @@ async fn run_audit(
     database_url: &str,
     args: &AuditBenchArgs,
 ) -> anyhow::Result<ExitCode> {
-    let config = shardkeep::bench::audit::AuditBenchConfig {
+    let config = shardkeep_sim::bench::audit::AuditBenchConfig {
         events: args.events as usize,
         burst: args.burst as usize,
         slowdown: Duration::from_millis(args.slowdown_ms),
@@ -210,7 +210,7 @@ async fn run_audit(
         "bench audit: {} deaths per throughput step; a burst of {} deaths in 1 s against a store slowed by {} ms each way",
         config.events, config.burst, args.slowdown_ms
     );
-    let r = shardkeep::bench::audit::run(env, database_url, config)
+    let r = shardkeep_sim::bench::audit::run(env, database_url, config)
         .await
         .map_err(|e| anyhow!(e))?;
     println!(

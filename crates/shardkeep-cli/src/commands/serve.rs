@@ -60,7 +60,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     retry_config.lease_expiry_limit = args.lease_expiry_limit;
     let retry_worker = RetryWorker::new(
         pg.clone(),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_reference::game::ReferenceModel::handle(),
         signals,
         retry_config,
         clock,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
-use shardkeep::sim::{self, SimConfig, SimProgress};
+use shardkeep_sim::{self as sim, SimConfig, SimProgress};
 
 use crate::cli::SimulateArgs;
 

@@ -487,7 +487,7 @@ async fn the_operator_signals_count_what_happened(pool: PgPool) {
 
     // A stream-close cleanup that cannot reach the journal is counted (and the session stays).
     use shardkeep::backend::redis::RedisTimeouts;
-    use shardkeep::faults::{FaultProxy, ProxyMode};
+    use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
     let upstream = shardkeep_testkit::redis_url()
         .trim_start_matches("redis://")
         .parse()

@@ -126,7 +126,7 @@ async fn many_clients_together_meet_a_global_ceiling(pool: PgPool) {
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_login_fails_closed_when_redis_is_down(pool: PgPool) {
     use shardkeep::backend::redis::RedisTimeouts;
-    use shardkeep::faults::{FaultProxy, ProxyMode};
+    use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
     let app = spawn_app_with(pool, settings()).await;
     let upstream = shardkeep_testkit::redis_url()
         .trim_start_matches("redis://")

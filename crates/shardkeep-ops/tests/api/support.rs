@@ -159,7 +159,7 @@ pub(crate) async fn retry_dead_letter(app: &mut TestApp) -> Uuid {
     let job = PersistenceRetryJob::new(
         PersistenceRetryPayload::effect(
             Uuid::now_v7(),
-            &shardkeep::game::ReferenceEffect::CharacterLocation {
+            &shardkeep_testkit::model::LedgerEffect::CharacterLocation {
                 zone: "zone-0".into(),
                 room: "r0".into(),
                 position: None,
@@ -186,7 +186,7 @@ pub(crate) async fn retry_dead_letter(app: &mut TestApp) -> Uuid {
         .unwrap_or_else(|| RetryQueue::new(app.state.pg.clone(), 1, Arc::new(SystemClock)).1);
     let mut worker = RetryWorker::new(
         app.state.pg.clone(),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         config,
         Arc::new(SystemClock),

@@ -49,7 +49,7 @@ async fn names_equal_only_to_rust_lowercasing_keep_separate_checkpoints(pool: Pg
     let loader = CharacterLoader::new(
         store.clone(),
         Some(checkpoints.clone()),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         std::time::Duration::from_secs(5),
     );
     // Lookups by name resolve the name as Postgres does, then read that row's checkpoint.

@@ -485,7 +485,7 @@ async fn a_maintenance_pass_registers_reconciles_and_prunes() {
 async fn a_maintenance_pass_with_redis_cut_off_reports_every_step_failed() {
     use shardkeep::backend::redis::RedisTimeouts;
     use shardkeep::coord::maintain_once;
-    use shardkeep::faults::{FaultProxy, ProxyMode};
+    use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
     let redis = TestRedis::new().await;
     let addr = redis.url().trim_start_matches("redis://").parse().unwrap();
     let proxy = FaultProxy::start(addr).await.unwrap();

@@ -6,7 +6,6 @@ use serde_json::json;
 use shardkeep::backend::redis::RedisTimeouts;
 use shardkeep::character::{CharacterStore, NewCharacter};
 use shardkeep::coord::ResumeLedgerRecord;
-use shardkeep::faults::{FaultProxy, ProxyMode};
 use shardkeep::journal::{
     ActiveSession, ActiveSessions, JournalWorker, JournalWorkerConfig, PlayerSnapshot, Processed,
     RealtimeRuntimeProfile, RealtimeStreamCleanup, SessionJournal, SessionLifecycleEffectPlan,
@@ -15,6 +14,7 @@ use shardkeep::journal::{
 use shardkeep::queue::WorkQueueConfig;
 use shardkeep::{Coordination, CoordinationConfig, PostgresBackend, RedisBackend, Ttl};
 use shardkeep_testkit::TestRedis;
+use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
 use sqlx::PgPool;
 use uuid::Uuid;
 

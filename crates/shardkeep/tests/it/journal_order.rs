@@ -275,11 +275,13 @@ async fn a_failing_entry_does_not_stall_the_entries_behind_it(pool: PgPool) {
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_store_outage_charges_only_the_entry_at_the_head(pool: PgPool) {
     use shardkeep::character::CharacterStore;
-    use shardkeep::faults::{FaultProxy, ProxyMode};
     use shardkeep::journal::{JournalWorker, JournalWorkerConfig};
+    use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
     let env = Env::new(&pool).await;
-    let proxy = FaultProxy::start(crate::support::pg_addr()).await.unwrap();
-    let cut = crate::support::proxied_pool(&pool, &proxy).await;
+    let proxy = FaultProxy::start(shardkeep_testkit::pg_addr())
+        .await
+        .unwrap();
+    let cut = shardkeep_testkit::proxied_pool(&pool, &proxy).await;
     for n in 0..3 {
         let player = env.character().await;
         env.journal

@@ -5,29 +5,13 @@ use serde_json::json;
 use shardkeep::PostgresBackend;
 use shardkeep::character::{
     CharacterLoader, CharacterSnapshot, CharacterStore, CheckpointStore, CheckpointWrite,
-    LoadSource, NewCharacter, SaveOutcome, StoreError,
+    LoadSource, SaveOutcome, StoreError,
 };
 use shardkeep_testkit::TestRedis;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-pub(crate) fn new_character(name: &str) -> NewCharacter {
-    NewCharacter {
-        character_id: Uuid::now_v7(),
-        account_id: Uuid::now_v7(),
-        name: name.into(),
-        zone_ref: Some("midgaard".into()),
-        room_ref: Some("market".into()),
-        state: json!({ "gold": 1 }),
-        chargen: Some(json!({ "class": "ranger" })),
-    }
-}
-
-pub(crate) async fn created(store: &CharacterStore, name: &str) -> CharacterSnapshot {
-    let new = new_character(name);
-    store.create(&new).await.unwrap();
-    store.load(new.character_id).await.unwrap().unwrap()
-}
+pub(crate) use shardkeep_testkit::fixtures::{created, new_character};
 
 fn store_of(pool: &PgPool) -> CharacterStore {
     CharacterStore::new(PostgresBackend::from_pool(pool.clone()))
@@ -328,7 +312,7 @@ async fn a_corrupt_checkpoint_falls_back_to_the_row(pool: PgPool) {
     let loader = CharacterLoader::new(
         store,
         Some(checkpoints),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         std::time::Duration::from_secs(5),
     );
     let loaded = loader.claim_and_load(row.character_id, 0).await.unwrap();

@@ -95,7 +95,7 @@ async fn transfer(
     );
     let commit = store
         .commit_transfer(
-            &shardkeep::game::ReferenceModel::handle(),
+            &shardkeep_testkit::model::LedgerModel::handle(),
             Releaser::Held {
                 snapshot: releaser,
                 item_id: None,

@@ -3,21 +3,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-mod audit;
-mod bench_smoke;
-mod bookkeeping;
 mod checkpoint_keys;
 mod coord_cleanup;
 mod coord_handoff;
 mod coord_records;
-mod crash_window;
-mod final_saves;
-mod handoff_fencing;
-mod instance_anchor;
-mod item_transfers;
 mod journal;
 mod journal_order;
-mod ladder_shard;
 mod ladder_store;
 mod lock_order;
 mod migrate;
@@ -30,7 +21,4 @@ mod retry_jobs;
 mod retry_lease_expiry;
 mod retry_plans;
 mod retry_worker_loop;
-mod saver_backlog;
-mod simulate;
-mod support;
 mod transfer_markers;

@@ -163,7 +163,7 @@ async fn old_documents_carry_their_bookkeeping_forward(pool: PgPool) {
     let (queue, signals) = RetryQueue::new(pg.clone(), 8, Arc::clone(&clock));
     let mut worker = RetryWorker::new(
         pg.clone(),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         RetryWorkerConfig::new("w"),
         clock,
@@ -172,7 +172,7 @@ async fn old_documents_carry_their_bookkeeping_forward(pool: PgPool) {
         PersistenceRetryJob::new(
             PersistenceRetryPayload::effect(
                 id,
-                &shardkeep::game::ReferenceEffect::CombatRewards {
+                &shardkeep_testkit::model::LedgerEffect::CombatRewards {
                     experience: 5,
                     currency: 0,
                     items: vec![],

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use shardkeep::PostgresBackend;
 use shardkeep::clock::{Clock, SystemClock};
-use shardkeep::faults::{FaultProxy, ProxyMode};
 use shardkeep::retry::{JobOutcome, RetryQueue, RetryWorker};
+use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
 use sqlx::PgPool;
 
 use super::retry_jobs::{character, config, pg, reward};
@@ -40,7 +40,7 @@ async fn broken_connections_cost_a_job_none_of_its_attempts(pool: PgPool) {
         .unwrap();
     let mut worker = RetryWorker::new(
         PostgresBackend::from_pool(proxied.clone()),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         cfg,
         clock,

@@ -38,7 +38,7 @@ async fn enqueues_at_once_are_each_stored_once(pool: PgPool) {
     assert_eq!(stored(&pool).await, 100);
     let mut worker = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         config("w"),
         Arc::new(SystemClock),
@@ -111,7 +111,7 @@ async fn a_caller_that_stops_waiting_cuts_no_one_off(pool: PgPool) {
 /// timeout each).
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn an_outage_fails_a_batch_at_once(pool: PgPool) {
-    use shardkeep::faults::{FaultProxy, ProxyMode};
+    use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
     use std::time::{Duration, Instant};
     let id = character(&pool, "Aria").await;
     let options: sqlx::postgres::PgConnectOptions = (*pool.connect_options()).clone();

@@ -44,7 +44,7 @@ pub(crate) fn reward(
     PersistenceRetryJob::new(
         PersistenceRetryPayload::effect(
             character_id,
-            &shardkeep::game::ReferenceEffect::CombatRewards {
+            &shardkeep_testkit::model::LedgerEffect::CombatRewards {
                 experience,
                 currency: 1,
                 items: vec![],
@@ -110,14 +110,14 @@ async fn two_workers_apply_thousands_of_jobs_exactly_once(pool: PgPool) {
     }
     let mut a = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         config("worker-a"),
         Arc::clone(&clock),
     );
     let mut b = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         other_signals,
         config("worker-b"),
         clock,
@@ -162,14 +162,14 @@ async fn a_dead_workers_job_is_reclaimed_after_its_lease_and_the_late_worker_is_
     queue.enqueue(&reward(id, "grant-1", 0, 10)).await.unwrap();
     let mut dying = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         config("dying"),
         Arc::clone(&clock),
     );
     let mut rescuer = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         spare,
         config("rescuer"),
         clock,
@@ -214,7 +214,7 @@ async fn a_full_or_closed_signal_channel_leaves_the_job_to_polling(pool: PgPool)
     );
     let mut worker = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         config("w"),
         Arc::clone(&clock),
@@ -232,7 +232,7 @@ async fn a_full_or_closed_signal_channel_leaves_the_job_to_polling(pool: PgPool)
     let (_, fresh) = RetryQueue::new(pg(&pool), 1, Arc::clone(&clock));
     let mut restarted = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         fresh,
         config("w2"),
         clock,
@@ -266,7 +266,7 @@ async fn failures_back_off_then_dead_letter_with_every_field(pool: PgPool) {
     queue.enqueue(&job).await.unwrap();
     let mut worker = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         config("w"),
         clock,
@@ -345,7 +345,7 @@ async fn requeue_restores_one_fresh_job_even_when_raced(pool: PgPool) {
     config.retry_limit = 1;
     let mut worker = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         config,
         clock,
@@ -422,7 +422,7 @@ async fn a_poison_payload_is_dead_lettered_at_once_and_cannot_be_requeued(pool: 
     .unwrap();
     let mut worker = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         config("w"),
         clock,
@@ -474,7 +474,7 @@ async fn a_job_from_a_superseded_owner_is_never_applied(pool: PgPool) {
         .unwrap();
     let mut worker = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         config("w"),
         clock,
@@ -501,7 +501,7 @@ async fn a_reward_executed_twice_grants_once(pool: PgPool) {
     let id = character(&pool, "A").await;
     let mut worker = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         config("w"),
         clock,
@@ -519,127 +519,6 @@ async fn a_reward_executed_twice_grants_once(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
-async fn each_payload_kind_applies_to_the_character_store(pool: PgPool) {
-    use shardkeep::game::state::Appearance;
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let (queue, signals) = RetryQueue::new(pg(&pool), 64, Arc::clone(&clock));
-    let id = character(&pool, "A").await;
-    let envelope = |key: &str, origin| IdempotencyEnvelope {
-        idempotency_key: key.into(),
-        owner_epoch: 0,
-        origin,
-        issued_at: Utc::now(),
-        issue_seq: 0,
-    };
-    let jobs = vec![
-        PersistenceRetryJob::new(
-            PersistenceRetryPayload::effect(
-                id,
-                &shardkeep::game::ReferenceEffect::CharacterLocation {
-                    zone: "zone-3".into(),
-                    room: "r2".into(),
-                    position: Some([5, 6]),
-                },
-            )
-            .unwrap(),
-            envelope("loc", Origin::SessionCleanup),
-            "journal",
-            None,
-        ),
-        PersistenceRetryJob::new(
-            PersistenceRetryPayload::effect(
-                id,
-                &shardkeep::game::ReferenceEffect::CharacterAppearance {
-                    appearance: Appearance {
-                        hair: "silver".into(),
-                        skin: "dark".into(),
-                        outfit: "cloak".into(),
-                    },
-                },
-            )
-            .unwrap(),
-            envelope("look", Origin::ClientAppearance),
-            "client",
-            None,
-        ),
-        PersistenceRetryJob::new(
-            PersistenceRetryPayload::effect(
-                id,
-                &shardkeep::game::ReferenceEffect::CharacterEquipment {
-                    equipment: [(
-                        shardkeep::game::Slot::Head,
-                        serde_json::from_value(json!({ "proto": "helm" })).unwrap(),
-                    )]
-                    .into(),
-                },
-            )
-            .unwrap(),
-            envelope("gear", Origin::ClientEquipment),
-            "client",
-            None,
-        ),
-        PersistenceRetryJob::new(
-            PersistenceRetryPayload::transfer_activation(id, "xfer-1", "shard-2", "zone-5"),
-            envelope("xfer", Origin::TransferActivation),
-            "transfer",
-            None,
-        ),
-    ];
-    for job in jobs {
-        queue.enqueue(&job.unwrap()).await.unwrap();
-    }
-    let mut worker = RetryWorker::new(
-        pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
-        signals,
-        config("w"),
-        clock,
-    );
-    worker.run_until_idle().await.unwrap();
-    let row = CharacterStore::new(pg(&pool))
-        .load(id)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        (row.zone_ref.as_deref(), row.room_ref.as_deref()),
-        (Some("zone-3"), Some("r2"))
-    );
-    assert_eq!(row.state["position"], json!([5, 6]));
-    assert_eq!(row.state["appearance"]["hair"], "silver");
-    assert_eq!(row.state["equipment"]["head"]["proto"], "helm");
-    assert!(row.state_version >= 1);
-    let (shard, zone): (String, String) =
-        sqlx::query_as("SELECT target_shard, target_zone FROM transfer_activations WHERE transfer_token = 'xfer-1'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!((shard.as_str(), zone.as_str()), ("shard-2", "zone-5"));
-
-    let state = json!({ "experience": 999, "currency": 3 });
-    let job = PersistenceRetryJob::new(
-        PersistenceRetryPayload::gameplay_state(id, state.clone(), None, None),
-        envelope("flush", Origin::GameplayState),
-        "saver",
-        None,
-    )
-    .unwrap();
-    queue.enqueue(&job).await.unwrap();
-    worker.run_until_idle().await.unwrap();
-    let row = CharacterStore::new(pg(&pool))
-        .load(id)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(row.state["experience"], 999);
-    assert_eq!(
-        row.zone_ref.as_deref(),
-        Some("zone-3"),
-        "no zone in the payload keeps the anchor"
-    );
-}
-
-#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_running_worker_picks_up_signals_and_polls(pool: PgPool) {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let (queue, signals) = RetryQueue::new(pg(&pool), 16, Arc::clone(&clock));
@@ -648,7 +527,7 @@ async fn a_running_worker_picks_up_signals_and_polls(pool: PgPool) {
     cfg.poll_interval = Duration::from_millis(200);
     let worker = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         cfg,
         clock,
@@ -710,7 +589,7 @@ async fn a_state_job_stored_again_after_it_ran_is_not_applied_twice(pool: PgPool
     .unwrap();
     let mut worker = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         config("w"),
         Arc::clone(&clock),
@@ -739,7 +618,7 @@ async fn a_reward_whose_apply_failed_is_granted_on_the_next_attempt(pool: PgPool
     let (queue, signals) = RetryQueue::new(pg(&pool), 8, clock.clone());
     let mut worker = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         config("w"),
         clock.clone(),
@@ -775,7 +654,7 @@ async fn a_requeued_reward_dead_letter_is_granted(pool: PgPool) {
     once.retry_limit = 1;
     let mut worker = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         once,
         clock,

@@ -21,7 +21,7 @@ async fn a_job_whose_lease_keeps_running_out_is_dead_lettered(pool: PgPool) {
     settings.lease_expiry_limit = 2;
     let mut worker = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         settings,
         Arc::new(SystemClock),
@@ -60,7 +60,7 @@ async fn each_lease_that_runs_out_is_counted(pool: PgPool) {
     settings.lease = Duration::from_millis(50);
     let mut worker = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         settings,
         Arc::new(SystemClock),
@@ -97,7 +97,7 @@ async fn a_starting_worker_claims_due_jobs_under_a_lease(pool: PgPool) {
     let (_, signals) = RetryQueue::new(pg(&pool), 16, Arc::new(SystemClock));
     let worker = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         config("w"),
         Arc::new(SystemClock),
@@ -145,7 +145,7 @@ async fn jobs_from_a_lapsed_batch_are_claimed_again_one_per_lease(pool: PgPool) 
     settings.lease = Duration::from_millis(50);
     let mut worker = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         settings,
         Arc::new(SystemClock),
@@ -204,7 +204,7 @@ async fn a_settled_attempt_resets_the_lease_expiry_count(pool: PgPool) {
     settings.lease = Duration::from_millis(50);
     let mut worker = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         settings,
         Arc::new(SystemClock),

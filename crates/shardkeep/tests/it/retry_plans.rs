@@ -128,7 +128,7 @@ async fn a_full_batch_never_scans_every_recorded_effect(pool: PgPool) {
     let (_queue, signals) = RetryQueue::new(pg(&pool), 1, Arc::clone(&clock));
     let mut worker = RetryWorker::new(
         PostgresBackend::from_pool(worker_pool.clone()),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         config("w"),
         clock,
@@ -165,7 +165,7 @@ async fn signaled_claims_never_scan_the_whole_queue(pool: PgPool) {
     let (queue, signals) = RetryQueue::new(pg(&pool), 64, Arc::clone(&clock));
     let mut worker = RetryWorker::new(
         PostgresBackend::from_pool(worker_pool.clone()),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         config("w"),
         clock,

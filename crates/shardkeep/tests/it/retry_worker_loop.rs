@@ -72,7 +72,7 @@ async fn a_poll_waiting_on_a_locked_row_does_not_hold_up_signaled_jobs(pool: PgP
     cfg.poll_interval = Duration::from_millis(50);
     let worker = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         cfg,
         clock,
@@ -108,7 +108,7 @@ async fn a_slow_batch_does_not_hold_up_the_next_signaled_jobs(pool: PgPool) {
     cfg.poll_interval = Duration::from_secs(60);
     let worker = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         cfg,
         clock,
@@ -143,7 +143,7 @@ async fn a_quiet_worker_keeps_polling(pool: PgPool) {
     cfg.poll_interval = Duration::from_millis(100);
     let worker = RetryWorker::new(
         pg(&pool),
-        shardkeep::game::ReferenceModel::handle(),
+        shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         cfg,
         clock,

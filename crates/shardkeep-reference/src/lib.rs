@@ -1,0 +1,12 @@
+//! The reference game built on shardkeep: the worked example of embedding the core.
+//!
+//! It implements the core's traits through the public API only, as any game would.
+//!
+//! # Layout
+//!
+//! - [`game`] — the character model: items, the state document, the applier and the dump, the
+//!   retry effects and the [`game::ReferenceModel`] the core's workers and loader run.
+//! - [`shard`] — the shard runtime: zones, players, cadences, sessions, landing, item transfers.
+
+pub mod game;
+pub mod shard;

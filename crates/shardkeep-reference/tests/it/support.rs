@@ -1,0 +1,191 @@
+//! Shared set-up for shard-level tests: stores over a test database and namespace, shard boot,
+//! login through the real gate, and a pump that runs pulses until a condition holds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use shardkeep::character::{CharacterLoader, CharacterStore, CheckpointStore, NewCharacter};
+use shardkeep::placement::PlacementStore;
+use shardkeep::{PostgresBackend, RedisBackend};
+use shardkeep_reference::game::world::instance_entrance;
+use shardkeep_reference::game::{Catalog, ZoneDef, reference_world};
+use shardkeep_reference::shard::gate::route_login;
+use shardkeep_reference::shard::{
+    Admitted, Arrival, Shard, ShardConfig, ShardStores, ZoneDirectory,
+};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+#[derive(Clone)]
+pub(crate) struct Stores {
+    pub(crate) characters: CharacterStore,
+    pub(crate) checkpoints: CheckpointStore,
+    pub(crate) placement: PlacementStore,
+    pub(crate) audit: shardkeep::audit::AuditStore,
+    pub(crate) directory: ZoneDirectory,
+}
+
+impl Stores {
+    pub(crate) fn new(pool: &PgPool, redis: RedisBackend) -> Self {
+        Self {
+            characters: CharacterStore::new(PostgresBackend::from_pool(pool.clone())),
+            checkpoints: CheckpointStore::new(redis.clone()),
+            placement: PlacementStore::new(redis),
+            audit: shardkeep::audit::AuditStore::new(PostgresBackend::from_pool(pool.clone())),
+            directory: ZoneDirectory::new(),
+        }
+    }
+
+    pub(crate) fn shard_stores(&self) -> ShardStores {
+        ShardStores {
+            characters: Some(self.characters.clone()),
+            checkpoints: Some(self.checkpoints.clone()),
+            placement: Some(self.placement.clone()),
+            audit: Some(self.audit.clone()),
+            retry: None,
+        }
+    }
+
+    pub(crate) fn loader(&self) -> CharacterLoader {
+        CharacterLoader::new(
+            self.characters.clone(),
+            Some(self.checkpoints.clone()),
+            shardkeep_reference::game::ReferenceModel::handle(),
+            Duration::from_secs(5),
+        )
+    }
+
+    /// A brand-new character (never placed) with a starting kit from chargen.
+    pub(crate) async fn new_character(&self, name: &str) -> Uuid {
+        let id = Uuid::now_v7();
+        self.characters
+            .create(&NewCharacter {
+                character_id: id,
+                account_id: Uuid::now_v7(),
+                name: name.into(),
+                zone_ref: None,
+                room_ref: None,
+                state: json!({}),
+                chargen: Some(json!({ "items": ["bag"] })),
+            })
+            .await
+            .unwrap();
+        id
+    }
+}
+
+/// Zones `ids` of a reference world of `total` zones, with the instances entered from them.
+pub(crate) fn zones(ids: &[usize], total: usize) -> Vec<ZoneDef> {
+    let world = reference_world(total);
+    let hosted: Vec<String> = ids.iter().map(|i| format!("zone-{i}")).collect();
+    world
+        .into_iter()
+        .enumerate()
+        .filter(|(i, z)| {
+            ids.contains(i)
+                || instance_entrance(z).is_some_and(|entrance| hosted.iter().any(|h| h == entrance))
+        })
+        .map(|(_, z)| z)
+        .collect()
+}
+
+pub(crate) fn boot(stores: &Stores, shard_id: &str, zone_ids: &[usize], total: usize) -> Shard {
+    boot_with(
+        stores.shard_stores(),
+        stores,
+        ShardConfig::new(shard_id, &format!("zone-{}", zone_ids[0])),
+        zone_ids,
+        total,
+    )
+}
+
+pub(crate) fn boot_with(
+    shard_stores: ShardStores,
+    stores: &Stores,
+    config: ShardConfig,
+    zone_ids: &[usize],
+    total: usize,
+) -> Shard {
+    Shard::boot(
+        config,
+        zones(zone_ids, total),
+        Arc::new(Catalog::reference()),
+        shard_stores,
+        stores.directory.clone(),
+    )
+}
+
+/// A login through the gate: resume a held copy, else claim, load and admit.
+pub(crate) async fn login(stores: &Stores, shard: &mut Shard, id: Uuid, session: &str) -> Admitted {
+    if let Some(resumed) = shard.resume(id, session) {
+        return resumed;
+    }
+    let route = route_login(
+        Some(&stores.placement),
+        &stores.characters,
+        &stores.directory,
+        id,
+    )
+    .await
+    .unwrap();
+    let loaded = stores
+        .loader()
+        .claim_and_load(id, route.floor)
+        .await
+        .unwrap();
+    shard
+        .admit(
+            loaded,
+            Arrival::Login {
+                session_token: session.into(),
+            },
+        )
+        .unwrap()
+}
+
+/// Runs pulses (yielding to the saver) until `done` holds, failing after `limit`.
+pub(crate) async fn pump_until(
+    shard: &mut Shard,
+    limit: Duration,
+    mut done: impl FnMut(&mut Shard) -> bool,
+) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !done(shard) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not reached within {limit:?}"
+        );
+        shard.tick();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+pub(crate) use shardkeep_testkit::{pg_addr, proxied_pool};
+
+/// Shard stores with rows only (over `pool`, e.g. one behind a fault proxy): no checkpoints,
+/// placements or audit.
+pub(crate) fn rows_only(pool: PgPool) -> ShardStores {
+    ShardStores {
+        characters: Some(CharacterStore::new(PostgresBackend::from_pool(pool))),
+        checkpoints: None,
+        placement: None,
+        audit: None,
+        retry: None,
+    }
+}
+
+/// Rows, checkpoints and retry jobs: rows and jobs over `pool` (e.g. one behind a fault proxy),
+/// checkpoints in `redis`. No worker takes the retry signals; jobs wait in their table.
+pub(crate) fn rows_checkpoints_and_jobs(pool: PgPool, redis: RedisBackend) -> ShardStores {
+    let pg = PostgresBackend::from_pool(pool);
+    let (retry, _signals) =
+        shardkeep::retry::RetryQueue::new(pg.clone(), 16, Arc::new(shardkeep::clock::SystemClock));
+    ShardStores {
+        characters: Some(CharacterStore::new(pg)),
+        checkpoints: Some(CheckpointStore::new(redis)),
+        placement: None,
+        audit: None,
+        retry: Some(retry),
+    }
+}

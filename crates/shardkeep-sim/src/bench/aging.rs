@@ -1,0 +1,258 @@
+//! An aged character, produced through the library: logins through the loader (claim, item-load
+//! ledger), rewards granted in memory and issued (some also as durable retry jobs run by the
+//! worker), item moves inside the carry tree, a checkpoint and a CAS flush per session, then the
+//! maintenance pass. What is left in the row is what a veteran's document weighs now.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+
+use super::BenchEnv;
+use super::ladder::{LadderBenchError, template_state};
+use shardkeep::character::{
+    Bookkeeping, BookkeepingRetention, CharacterLoader, CharacterStore, CheckpointStore,
+    NewCharacter, SaveOutcome,
+};
+use shardkeep::clock::{Clock, SystemClock};
+use shardkeep::retry::{
+    IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
+    RetryWorker, RetryWorkerConfig,
+};
+use shardkeep_reference::game::ReferenceEffect;
+use shardkeep_reference::game::items::Item;
+use shardkeep_reference::game::{
+    ApplyOptions, Catalog, LiveCharacter, apply_snapshot, dump_character,
+};
+
+/// How much life to put behind the character.
+#[derive(Debug, Clone, Copy)]
+pub struct AgingPlan {
+    /// Rewards granted (spread evenly over the sessions).
+    pub rewards: usize,
+    /// Item moves inside the carry tree.
+    pub item_moves: usize,
+    /// Sessions (each a login through the loader and a flush).
+    pub logins: usize,
+    /// One reward in this many also goes through a durable retry job.
+    pub job_every: usize,
+}
+
+impl Default for AgingPlan {
+    fn default() -> Self {
+        Self {
+            rewards: 100_000,
+            item_moves: 10_000,
+            logins: 1_000,
+            job_every: 100,
+        }
+    }
+}
+
+/// The aged character.
+#[derive(Debug, Clone)]
+pub struct AgedCharacter {
+    /// Its stored state document after the aging.
+    pub state: serde_json::Value,
+    /// A fresh character's document holding the same items.
+    pub fresh_state: serde_json::Value,
+    /// Retry jobs the aging ran through the worker.
+    pub jobs: usize,
+    /// Bookkeeping rows left beside the row after the maintenance pass.
+    pub bookkeeping_rows: i64,
+    /// How long the aging took.
+    pub took: Duration,
+}
+
+/// The ladder template with an identity on every item (as items carry in play).
+pub fn template_with_ids() -> serde_json::Value {
+    fn walk(item: &mut serde_json::Value) {
+        item["id"] = serde_json::json!(Uuid::now_v7());
+        if let Some(contents) = item.get_mut("contents").and_then(|c| c.as_array_mut()) {
+            contents.iter_mut().for_each(walk);
+        }
+    }
+    let mut state = template_state();
+    if let Some(inventory) = state["inventory"].as_array_mut() {
+        inventory.iter_mut().for_each(walk);
+    }
+    if let Some(equipment) = state["equipment"].as_object_mut() {
+        equipment.values_mut().for_each(walk);
+    }
+    state
+}
+
+/// Moves one item between the inventory and the first container: out of it when it holds
+/// something, into it otherwise.
+fn move_item(character: &mut LiveCharacter) {
+    let Some(bag) = character.inventory.iter().position(|i| i.proto.container) else {
+        return;
+    };
+    if let Some(item) = character.inventory[bag].contents.pop() {
+        character.inventory.push(item);
+        return;
+    }
+    let loose = character
+        .inventory
+        .iter()
+        .position(|i: &Item| !i.proto.container);
+    if let Some(loose) = loose {
+        let item = character.inventory.remove(loose);
+        let bag = if loose < bag { bag - 1 } else { bag };
+        character.inventory[bag].contents.push(item);
+    }
+}
+
+/// Ages one new character by `plan` and returns its document.
+pub async fn age_character(
+    env: &BenchEnv,
+    plan: AgingPlan,
+) -> Result<AgedCharacter, LadderBenchError> {
+    let started = Instant::now();
+    let store = CharacterStore::new(env.pg.clone());
+    let checkpoints = CheckpointStore::new(env.redis.clone());
+    let loader = CharacterLoader::new(
+        store.clone(),
+        Some(checkpoints.clone()),
+        shardkeep_reference::game::ReferenceModel::handle(),
+        Duration::from_secs(10),
+    );
+    let catalog = Catalog::reference();
+    let fresh_state = template_with_ids();
+    let id = Uuid::now_v7();
+    store
+        .create(&NewCharacter {
+            character_id: id,
+            account_id: Uuid::now_v7(),
+            name: format!("veteran-{}", id.simple()),
+            zone_ref: Some("zone-0".into()),
+            room_ref: Some("r0".into()),
+            state: fresh_state.clone(),
+            chargen: None,
+        })
+        .await?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (queue, signals) = RetryQueue::new(env.pg.clone(), 1024, Arc::clone(&clock));
+    let mut worker = RetryWorker::new(
+        env.pg.clone(),
+        shardkeep_reference::game::ReferenceModel::handle(),
+        signals,
+        RetryWorkerConfig::new("aging"),
+        clock,
+    );
+    let logins = plan.logins.max(1);
+    let mut jobs = 0;
+    let mut granted = 0;
+    let mut moved = 0;
+    for session in 0..logins {
+        let loaded = loader
+            .claim_and_load(id, 0)
+            .await
+            .map_err(|e| LadderBenchError::Other(e.to_string()))?;
+        let options = ApplyOptions {
+            fresh_login: true,
+            ..ApplyOptions::default()
+        };
+        let mut character = apply_snapshot(&loaded.snapshot, &catalog, options).character;
+        let rewards_now = plan.rewards * (session + 1) / logins - granted;
+        for n in 0..rewards_now {
+            let (xp, gold) = (17 + (n % 23) as i64, (n % 3) as i64);
+            character.experience += xp;
+            character.currency += gold;
+            let seq = character.issue();
+            granted += 1;
+            if plan.job_every > 0 && granted % plan.job_every == 0 {
+                let job = reward_job(&character, seq, (xp, gold))?;
+                queue
+                    .enqueue(&job)
+                    .await
+                    .map_err(|e| LadderBenchError::Other(e.to_string()))?;
+                jobs += 1;
+            }
+        }
+        let moves_now = plan.item_moves * (session + 1) / logins - moved;
+        for _ in 0..moves_now {
+            move_item(&mut character);
+            moved += 1;
+        }
+        worker.run_until_idle().await?;
+        flush(&store, &checkpoints, &character).await?;
+    }
+    worker.run_until_idle().await?;
+    Bookkeeping::new(env.pg.clone())
+        .prune_once(BookkeepingRetention::default())
+        .await?;
+    let state = store
+        .load(id)
+        .await?
+        .ok_or_else(|| LadderBenchError::Other("the aged character is gone".into()))?
+        .state;
+    let bookkeeping_rows: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM character_job_effects WHERE character_id = $1)
+              + (SELECT count(*) FROM item_loads WHERE character_id = $1)",
+    )
+    .bind(id)
+    .fetch_one(&env.pool)
+    .await?;
+    let mut fresh_same_items = fresh_state;
+    fresh_same_items["inventory"] = state["inventory"].clone();
+    fresh_same_items["equipment"] = state["equipment"].clone();
+    Ok(AgedCharacter {
+        state,
+        fresh_state: fresh_same_items,
+        jobs,
+        bookkeeping_rows,
+        took: started.elapsed(),
+    })
+}
+
+fn reward_job(
+    character: &LiveCharacter,
+    seq: u64,
+    (experience, currency): (i64, i64),
+) -> Result<PersistenceRetryJob, LadderBenchError> {
+    let payload = PersistenceRetryPayload::effect(
+        character.character_id,
+        &ReferenceEffect::CombatRewards {
+            experience,
+            currency,
+            items: Vec::new(),
+        },
+    )
+    .map_err(LadderBenchError::Other)?;
+    PersistenceRetryJob::new(
+        payload,
+        IdempotencyEnvelope {
+            idempotency_key: format!(
+                "aging:{}:{}:{seq}",
+                character.character_id, character.owner_epoch
+            ),
+            owner_epoch: character.owner_epoch,
+            origin: Origin::CombatRewards,
+            issued_at: chrono::Utc::now(),
+            issue_seq: seq,
+        },
+        "bench-aging",
+        None,
+    )
+    .map_err(|e| LadderBenchError::Other(e.to_string()))
+}
+
+/// A checkpoint, then a CAS flush that adopts the row's version when jobs moved it.
+async fn flush(
+    store: &CharacterStore,
+    checkpoints: &CheckpointStore,
+    character: &LiveCharacter,
+) -> Result<(), LadderBenchError> {
+    let mut snapshot = dump_character(character, Some("zone-0"), Some("r0"), Default::default())
+        .map_err(|e| LadderBenchError::Other(e.to_string()))?;
+    checkpoints.write(&snapshot).await?;
+    for _ in 0..3 {
+        match store.save(&snapshot).await? {
+            SaveOutcome::Saved(_) => return Ok(()),
+            SaveOutcome::VersionConflict(current) => snapshot.state_version = current,
+            other => return Err(LadderBenchError::Other(format!("flush: {other:?}"))),
+        }
+    }
+    Err(LadderBenchError::Other("the flush kept conflicting".into()))
+}

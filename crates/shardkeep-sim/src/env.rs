@@ -1,0 +1,204 @@
+//! The simulator's environment: a scratch database and namespace, fault proxies in front of
+//! Postgres and Redis, the stores the shards and workers use through those proxies, and direct
+//! connections the checker uses.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::migrate::MigrateDatabase;
+
+use super::SimError;
+use shardkeep::audit::AuditStore;
+use shardkeep::backend::redis::RedisTimeouts;
+use shardkeep::backend::{PostgresBackend, RedisBackend};
+use shardkeep::character::{CharacterLoader, CharacterStore, CheckpointStore};
+use shardkeep::clock::SystemClock;
+use shardkeep::coord::{Coordination, CoordinationConfig};
+use shardkeep::journal::SessionJournal;
+use shardkeep::keyspace::Keyspace;
+use shardkeep::placement::PlacementStore;
+use shardkeep::queue::WorkQueueConfig;
+use shardkeep::retry::{RetryQueue, RetrySignals};
+use shardkeep_reference::shard::ShardStores;
+use shardkeep_testkit::faults::FaultProxy;
+
+/// Everything the simulation runs against.
+pub(super) struct SimEnv {
+    pub(super) db_url: String,
+    pub(super) keys: Keyspace,
+    /// Direct connections (the checker, set-up), never faulted: the simulator's own pool and
+    /// Redis connection for what it reads raw, and the same pool as a backend for the stores.
+    pub(super) pool_direct: sqlx::PgPool,
+    pub(super) redis_conn: redis::aio::ConnectionManager,
+    pub(super) pg_direct: PostgresBackend,
+    pub(super) redis_direct: RedisBackend,
+    /// Connections through the fault proxies (the system under test).
+    pub(super) pg: PostgresBackend,
+    pub(super) redis: RedisBackend,
+    pub(super) pg_proxy: FaultProxy,
+    pub(super) redis_proxy: FaultProxy,
+    pub(super) coord: Coordination,
+    pub(super) retry: RetryQueue,
+    pub(super) retry_signals: Option<RetrySignals>,
+    pub(super) journal: SessionJournal,
+}
+
+fn addr_of(host: &str, port: u16) -> Result<SocketAddr, SimError> {
+    let host = if host.starts_with('/') || host == "localhost" {
+        "127.0.0.1"
+    } else {
+        host
+    };
+    format!("{host}:{port}")
+        .parse()
+        .map_err(|e| SimError::Setup(format!("cannot proxy {host}:{port}: {e}")))
+}
+
+impl SimEnv {
+    pub(super) async fn setup(
+        database_url: &str,
+        redis_url: &str,
+        run: &str,
+        signal_depth: usize,
+    ) -> Result<Self, SimError> {
+        let setup = |e: &dyn std::fmt::Display| SimError::Setup(e.to_string());
+        let (server, _) = database_url.rsplit_once('/').unwrap_or((database_url, ""));
+        let db_url = format!("{server}/shardkeep_sim_{run}");
+        sqlx::Postgres::create_database(&db_url)
+            .await
+            .map_err(|e| setup(&e))?;
+        let pool_direct = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(&db_url)
+            .await
+            .map_err(|e| setup(&e))?;
+        let pg_direct = PostgresBackend::from_pool(pool_direct.clone());
+        pg_direct.migrate().await.map_err(|e| setup(&e))?;
+        let keys = Keyspace::new(&format!("sim-{run}")).map_err(|e| setup(&e))?;
+        let redis_direct = RedisBackend::connect(
+            "REDIS_URL",
+            redis_url,
+            keys.clone(),
+            RedisTimeouts::default(),
+        )
+        .await
+        .map_err(|e| setup(&e))?;
+
+        let options: sqlx::postgres::PgConnectOptions =
+            db_url.parse().map_err(|e: sqlx::Error| setup(&e))?;
+        let pg_proxy = FaultProxy::start(addr_of(options.get_host(), options.get_port())?)
+            .await
+            .map_err(|e| setup(&e))?;
+        let proxied = options.host("127.0.0.1").port(pg_proxy.addr().port());
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(24)
+            .acquire_timeout(Duration::from_secs(2))
+            .connect_with(proxied)
+            .await
+            .map_err(|e| setup(&e))?;
+        let pg = PostgresBackend::from_pool(pool);
+
+        let redis_client = redis::Client::open(redis_url).map_err(|e| setup(&e))?;
+        let redis_conn = redis_client
+            .get_connection_manager()
+            .await
+            .map_err(|e| setup(&e))?;
+        let redis_info = redis_client.get_connection_info().clone();
+        let (host, port) = match redis_info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => (host.clone(), *port),
+            other => {
+                return Err(SimError::Setup(format!(
+                    "the simulator needs a TCP Redis, got {other:?}"
+                )));
+            }
+        };
+        let redis_proxy = FaultProxy::start(addr_of(&host, port)?)
+            .await
+            .map_err(|e| setup(&e))?;
+        let mut proxied_url = url_with_addr(redis_url, redis_proxy.addr());
+        if proxied_url.is_empty() {
+            proxied_url = format!("redis://{}", redis_proxy.addr());
+        }
+        let timeouts = RedisTimeouts {
+            connect: Duration::from_millis(500),
+            response: Duration::from_millis(1500),
+        };
+        let redis = RedisBackend::connect("REDIS_URL", &proxied_url, keys.clone(), timeouts)
+            .await
+            .map_err(|e| setup(&e))?;
+        let coord = Coordination::new(redis.clone(), CoordinationConfig::default());
+        let (retry, retry_signals) =
+            RetryQueue::new(pg.clone(), signal_depth, Arc::new(SystemClock));
+        // Time is compressed: a crashed journal consumer's heartbeat lapses in 3 s.
+        let journal_config = WorkQueueConfig {
+            heartbeat_ttl: shardkeep::ttl::Ttl::from_static_secs(3),
+            ..WorkQueueConfig::default()
+        };
+        let journal = SessionJournal::new(redis.clone(), journal_config).map_err(|e| setup(&e))?;
+        Ok(Self {
+            db_url,
+            keys,
+            pool_direct,
+            redis_conn,
+            pg_direct,
+            redis_direct,
+            pg,
+            redis,
+            pg_proxy,
+            redis_proxy,
+            coord,
+            retry,
+            retry_signals: Some(retry_signals),
+            journal,
+        })
+    }
+
+    /// The stores a shard writes through (the proxies).
+    pub(super) fn shard_stores(&self) -> ShardStores {
+        ShardStores {
+            characters: Some(CharacterStore::new(self.pg.clone())),
+            checkpoints: Some(CheckpointStore::new(self.redis.clone())),
+            placement: Some(PlacementStore::new(self.redis.clone())),
+            audit: Some(AuditStore::new(self.pg.clone())),
+            retry: Some(self.retry.clone()),
+        }
+    }
+
+    pub(super) fn loader(&self) -> CharacterLoader {
+        CharacterLoader::new(
+            CharacterStore::new(self.pg.clone()),
+            Some(CheckpointStore::new(self.redis.clone())),
+            shardkeep_reference::game::ReferenceModel::handle(),
+            Duration::from_secs(2),
+        )
+    }
+
+    /// Drops the scratch database and the namespace's keys (unless kept).
+    pub(super) async fn teardown(&self, keep: bool) {
+        if keep {
+            return;
+        }
+        self.pg.close().await;
+        self.pg_direct.close().await;
+        let _ = sqlx::Postgres::force_drop_database(&self.db_url).await;
+        self.redis_direct.purge_namespace().await;
+    }
+}
+
+/// `url` with its host and port replaced by `addr` (credentials and database kept).
+fn url_with_addr(url: &str, addr: SocketAddr) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return String::new();
+    };
+    let (authority, tail) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let credentials = authority
+        .rsplit_once('@')
+        .map(|(c, _)| format!("{c}@"))
+        .unwrap_or_default();
+    format!("{scheme}://{credentials}{addr}{tail}")
+}

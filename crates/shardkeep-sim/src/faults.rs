@@ -1,0 +1,268 @@
+//! The fault plan (pure: a function of the seed, the duration and the faults chosen) and its
+//! injection. Outages cut the simulator's own proxies, never a shared server; every fault ends
+//! before the run settles.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use rand::rngs::Xoshiro256PlusPlus as SimRng;
+use rand::{RngExt, SeedableRng};
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::host::Inbound;
+use super::world::{World, bump};
+use super::{Fault, FaultSet};
+use shardkeep_testkit::faults::ProxyMode;
+
+/// One planned fault.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(super) struct PlannedFault {
+    /// Offset from the start of play.
+    #[serde(serialize_with = "as_secs")]
+    pub(super) at: Duration,
+    /// Which fault.
+    #[serde(serialize_with = "as_name")]
+    pub(super) fault: Fault,
+    /// How long it lasts (outages and queue-full).
+    #[serde(serialize_with = "as_secs")]
+    pub(super) length: Duration,
+    /// The shard it hits (kill-shard, zombie).
+    pub(super) shard: Option<usize>,
+}
+
+fn as_secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64((d.as_secs_f64() * 10.0).round() / 10.0)
+}
+
+fn as_name<S: serde::Serializer>(f: &Fault, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(f.as_str())
+}
+
+/// Zombie copies one zombie fault makes.
+pub(super) const ZOMBIES_PER_FAULT: usize = 3;
+/// Undecodable retry rows and journal entries one poison fault plants.
+pub(super) const POISON_PER_FAULT: usize = 3;
+
+/// The faults of a run, in time order. They fall between 15 % and 75 % of the play time, so the
+/// run settles with every fault over.
+pub(super) fn plan(
+    seed: u64,
+    duration: Duration,
+    faults: &FaultSet,
+    shards: usize,
+) -> Vec<PlannedFault> {
+    let mut rng = SimRng::seed_from_u64(seed ^ 0xFA17_5EED);
+    let secs = duration.as_secs_f64();
+    let (start, end) = (secs * 0.15, secs * 0.75);
+    let mut planned = Vec::new();
+    for fault in faults.iter() {
+        let per_minute = match fault {
+            Fault::KillShard | Fault::RedisOutage | Fault::PostgresOutage | Fault::QueueFull => 2.0,
+            Fault::Zombie => 4.0,
+            Fault::Poison | Fault::WorkerCrash => 2.0,
+        };
+        if fault == Fault::Zombie && shards < 2 {
+            continue;
+        }
+        let count = ((secs / 60.0) * per_minute).round().max(1.0) as usize;
+        for n in 0..count {
+            // Spread evenly, jittered inside each slot.
+            let slot = (end - start) / count as f64;
+            let at = start + slot * n as f64 + rng.random_range(0.0..slot.max(0.001));
+            let length = match fault {
+                Fault::RedisOutage | Fault::PostgresOutage => {
+                    rng.random_range(2.0..4.0f64).min(slot.max(0.5))
+                }
+                Fault::QueueFull => rng.random_range(3.0..5.0f64).min(slot.max(0.5)),
+                _ => 0.0,
+            }
+            .min((secs * 0.9 - at).max(0.0));
+            let shard = matches!(fault, Fault::KillShard | Fault::Zombie)
+                .then(|| rng.random_range(0..shards.max(1)));
+            planned.push(PlannedFault {
+                at: Duration::from_secs_f64(at),
+                fault,
+                length: Duration::from_secs_f64(length),
+                shard,
+            });
+        }
+    }
+    planned.sort_by_key(|p| p.at);
+    planned
+}
+
+/// Injects `planned` relative to `start`.
+pub(super) async fn inject(
+    world: Arc<World>,
+    planned: Vec<PlannedFault>,
+    start: tokio::time::Instant,
+) {
+    let mut tasks = Vec::new();
+    for fault in planned {
+        let world = Arc::clone(&world);
+        tasks.push(tokio::spawn(async move {
+            tokio::select! {
+                () = world.halt.cancelled() => return,
+                () = tokio::time::sleep_until(start + fault.at) => {}
+            }
+            if world.is_settling() {
+                return;
+            }
+            bump(&world.counters.faults_injected);
+            tracing::info!(event = "sim_fault", fault = %fault.fault, at = ?fault.at, length = ?fault.length);
+            apply(&world, &fault).await;
+        }));
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+}
+
+async fn apply(world: &Arc<World>, fault: &PlannedFault) {
+    let shard = World::shard_id(fault.shard.unwrap_or(0));
+    match fault.fault {
+        Fault::RedisOutage => outage(world, &world.env.redis_proxy, fault.length).await,
+        Fault::PostgresOutage => outage(world, &world.env.pg_proxy, fault.length).await,
+        Fault::QueueFull => {
+            world.retry_held.store(true, Ordering::Relaxed);
+            hold(world, fault.length).await;
+            world.retry_held.store(false, Ordering::Relaxed);
+        }
+        Fault::KillShard => {
+            let _ = world.send(&shard, Inbound::Kill);
+        }
+        Fault::Zombie => {
+            let hosts = world.host_ids();
+            let Some(position) = hosts.iter().position(|h| *h == shard) else {
+                return;
+            };
+            let target = hosts[(position + 1) % hosts.len()].clone();
+            for _ in 0..ZOMBIES_PER_FAULT {
+                let _ = world.send(
+                    &shard,
+                    Inbound::Zombify {
+                        target: target.clone(),
+                    },
+                );
+            }
+        }
+        Fault::Poison => plant_poison(world).await,
+        Fault::WorkerCrash => crash_a_journal_worker(world).await,
+    }
+}
+
+/// Entries a crashing journal worker holds when it dies.
+pub(super) const CRASH_HELD: usize = 64;
+
+/// A second journal consumer competes with the run's worker for two seconds, leasing entries
+/// as they arrive and finishing none, then dies holding them (no clean shutdown); the run's
+/// worker goes on with later entries and recovers these once the dead consumer's heartbeat
+/// lapses.
+async fn crash_a_journal_worker(world: &World) {
+    let queue = world.env.journal.queue();
+    let Ok(mut doomed) = queue.consumer().await else {
+        return;
+    };
+    let until = tokio::time::Instant::now() + Duration::from_secs(2);
+    let mut held = 0;
+    while held < CRASH_HELD && tokio::time::Instant::now() < until && !world.halt.is_cancelled() {
+        match doomed.lease_blocking(Duration::from_millis(200)).await {
+            Ok(Some(_)) => held += 1,
+            Ok(None) => {}
+            Err(_) => break,
+        }
+    }
+    world
+        .counters
+        .journal_held_by_crash
+        .fetch_add(held as u64, Ordering::Relaxed);
+    doomed.abandon();
+}
+
+async fn hold(world: &World, length: Duration) {
+    tokio::select! {
+        () = world.halt.cancelled() => {}
+        () = tokio::time::sleep(length) => {}
+    }
+}
+
+async fn outage(world: &World, proxy: &shardkeep_testkit::faults::FaultProxy, length: Duration) {
+    proxy.set_mode(ProxyMode::Cut);
+    hold(world, length).await;
+    proxy.set_mode(ProxyMode::Pass);
+}
+
+/// Plants retry rows whose payload does not decode and journal entries that are not entries,
+/// straight into the stores (the way a bad deploy or a corrupted write would).
+async fn plant_poison(world: &World) {
+    let character: Option<Uuid> = sqlx::query_scalar("SELECT id FROM characters LIMIT 1")
+        .fetch_optional(&world.env.pool_direct)
+        .await
+        .ok()
+        .flatten();
+    if let Some(character) = character {
+        for n in 0..POISON_PER_FAULT {
+            let planted = sqlx::query(
+                "INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, payload,
+                     next_attempt_at, session_impact, source, idempotency_key, owner_epoch, origin, issued_at)
+                 VALUES ($1, 'combat_rewards', $2, $3, now(), 'none', 'sim-poison', $4, 0,
+                     'combat_rewards', now())",
+            )
+            .bind(Uuid::now_v7())
+            .bind(character)
+            .bind(serde_json::json!({ "kind": "combat_rewards", "experience": "a lot" }))
+            .bind(format!("poison:{}:{n}", Uuid::now_v7()))
+            .execute(&world.env.pool_direct)
+            .await;
+            if planted.is_ok() {
+                bump(&world.counters.poison_planted);
+            }
+        }
+    }
+    let Ok(keys) = world.env.keys.queue(shardkeep::journal::JOURNAL_QUEUE) else {
+        return;
+    };
+    let mut conn = world.env.redis_conn.clone();
+    for n in 0..POISON_PER_FAULT {
+        let planted: redis::RedisResult<i64> = redis::cmd("LPUSH")
+            .arg(&keys.pending)
+            .arg(format!("{{\"not\": \"an entry {n}\""))
+            .query_async(&mut conn)
+            .await;
+        if planted.is_ok() {
+            bump(&world.counters.poison_planted);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_is_a_function_of_the_seed_and_ends_before_settling() {
+        let duration = Duration::from_secs(60);
+        let all = FaultSet::all();
+        let a = plan(9, duration, &all, 3);
+        assert_eq!(a, plan(9, duration, &all, 3));
+        assert_ne!(a, plan(10, duration, &all, 3));
+        for fault in Fault::ALL {
+            assert!(a.iter().any(|p| p.fault == fault), "{fault} planned");
+        }
+        for p in &a {
+            assert!(p.at >= Duration::from_secs(9), "{p:?}");
+            assert!(p.at + p.length <= Duration::from_secs(54), "{p:?}");
+            assert!(p.shard.is_none_or(|s| s < 3));
+        }
+        assert!(a.windows(2).all(|w| w[0].at <= w[1].at));
+    }
+
+    #[test]
+    fn no_faults_plan_nothing_and_one_shard_makes_no_zombies() {
+        assert!(plan(1, Duration::from_secs(60), &FaultSet::default(), 3).is_empty());
+        let zombie: FaultSet = "zombie".parse().unwrap();
+        assert!(plan(1, Duration::from_secs(60), &zombie, 1).is_empty());
+    }
+}

@@ -1,0 +1,161 @@
+//! Faults that hit a host: a zombie copy left playing while its player logs in elsewhere, and a
+//! crash that replaces the shard without flushing anything.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use rand::RngExt;
+use uuid::Uuid;
+
+use super::host::{Host, Inbound, Phase};
+use super::travel;
+use super::world::{World, add_saver_stats, bump};
+use shardkeep_reference::shard::{Shard, ShardConfig};
+
+impl Host {
+    pub(super) fn zombify(&mut self, target: &str) {
+        let candidates: Vec<Uuid> = self
+            .bodies
+            .iter()
+            .filter(|(id, b)| {
+                b.phase == (Phase::Attached { dead_until: None })
+                    && b.agent.is_some()
+                    && !self.shard.has_pending_transfer(**id)
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        if candidates.is_empty() {
+            return;
+        }
+        let id = candidates[self.rng.random_range(0..candidates.len())];
+        let Some(body) = self.bodies.get_mut(&id) else {
+            return;
+        };
+        let Some(real) = body.agent.take() else {
+            return;
+        };
+        body.agent = Some(real.zombie_copy());
+        body.phase = Phase::Ghost;
+        tracing::debug!(event = "sim_zombie", shard = %self.id, character = %id, %target);
+        bump(&self.world.counters.zombies_made);
+        self.world.in_transit.fetch_add(1, Ordering::Relaxed);
+        travel::deliver(
+            &self.world,
+            target,
+            Inbound::Login {
+                agent: real,
+                floor: 0,
+                held: false,
+            },
+        );
+    }
+
+    /// Every item id on this shard's floors, containers' contents included.
+    /// Every item on this shard's floors, with who released it and at which epoch.
+    pub(super) fn floor_releases(&self) -> Vec<(Uuid, Option<(Uuid, i64)>)> {
+        let mut found = Vec::new();
+        for zone in self.shard.zones() {
+            for floor in &zone.entities.floor {
+                floor.item.walk(&mut |i| {
+                    if let Some(id) = i.id {
+                        found.push((id, i.released.as_ref().map(|r| (r.by, r.epoch))));
+                    }
+                });
+            }
+        }
+        found
+    }
+
+    pub(super) fn floor_items(&self) -> Vec<Uuid> {
+        let mut ids = Vec::new();
+        for zone in self.shard.zones() {
+            for floor in &zone.entities.floor {
+                floor.item.walk(&mut |i| ids.extend(i.id));
+            }
+        }
+        ids
+    }
+
+    pub(super) fn kill(&mut self) {
+        // Everything on this shard dies with it: floors, items between rows, and what its
+        // players hold (what is durable elsewhere lives on there).
+        let mut destroyed = self.floor_items();
+        for zone in self.shard.zones() {
+            for entry in zone.players() {
+                destroyed.extend(entry.character.items().iter().filter_map(|i| i.id));
+            }
+        }
+        destroyed.extend(self.shard.pending_transfer_items());
+        destroyed.extend(self.shard.take_voided_items());
+        let stats = self.shard.saver().stats();
+        let transfers = self.shard.transfer_counts();
+        self.world.with_ledger(|ledger| {
+            ledger.destroyed.extend(destroyed);
+            add_saver_stats(&mut ledger.saver_gone, &stats);
+            ledger.transfers_gone.0 += transfers.0;
+            ledger.transfers_gone.1 += transfers.1;
+        });
+        let bodies = std::mem::take(&mut self.bodies);
+        for (_, body) in bodies {
+            if body.phase == Phase::Ghost {
+                continue;
+            }
+            if let Some(agent) = body.agent {
+                let after = 300 + self.rng.random_range(0..1200);
+                self.release(agent, after);
+            }
+        }
+        let leaving = std::mem::take(&mut self.leaving);
+        for (_, leaving) in leaving {
+            if let Some(agent) = leaving.agent {
+                self.release(agent, 500);
+            }
+        }
+        let dead = std::mem::replace(&mut self.shard, boot(&self.world, self.index));
+        dead.kill();
+        if let Ok(mut live) = self.world.saver_live.lock() {
+            live[self.index] = Default::default();
+        }
+        bump(&self.world.counters.shards_killed);
+        tracing::info!(event = "sim_shard_killed", shard = %self.id);
+    }
+}
+
+fn shard_config(world: &World, index: usize) -> ShardConfig {
+    let zones = &world.shard_zones[index];
+    let home = zones.first().map(|z| z.id.clone()).unwrap_or_default();
+    let mut config = ShardConfig::new(&World::shard_id(index), &home);
+    config.checkpoint_pulses = world.config.checkpoint_pulses;
+    config.flush_pulses = world.config.flush_pulses;
+    // Time is compressed: a logout save that a Postgres outage holds up for 2 s becomes a
+    // durable retry job, as one held up for 60 s does in production.
+    config.saver.final_outage_budget = FINAL_OUTAGE_BUDGET;
+    config
+}
+
+/// How long a simulated logout save retries directly before it becomes a retry job.
+const FINAL_OUTAGE_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Boots shard `index` with its zones, writing through the proxied stores.
+pub(super) fn boot(world: &World, index: usize) -> Shard {
+    Shard::boot(
+        shard_config(world, index),
+        world.shard_zones[index].clone(),
+        Arc::clone(&world.catalog),
+        world.env.shard_stores(),
+        world.directory.clone(),
+    )
+}
+
+/// A storeless placeholder that stands in after a shutdown (it hosts no zones).
+pub(super) fn boot_idle(world: &World, index: usize) -> Shard {
+    let mut config = shard_config(world, index);
+    config.shard_id = format!("{}-stopped", config.shard_id);
+    Shard::boot(
+        config,
+        Vec::new(),
+        Arc::clone(&world.catalog),
+        Default::default(),
+        shardkeep_reference::shard::ZoneDirectory::new(),
+    )
+}

@@ -1,0 +1,130 @@
+//! The end of a run on a host: reconcile (zombies meet their fence), re-assert and check
+//! placements, and shut down (transfers settled, floors recorded, everyone logged out).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use super::host::{Host, Phase, SettleStep};
+use super::host_faults::boot_idle;
+use super::travel;
+use super::world::add_saver_stats;
+use shardkeep::journal::SessionLifecycleEffectPlan;
+use shardkeep::placement::PlacementStore;
+use shardkeep::saver::SaveReason;
+use shardkeep_reference::shard::Link;
+
+impl Host {
+    pub(super) async fn settle(&mut self, step: SettleStep) {
+        match step {
+            SettleStep::Reconcile(reply) => {
+                self.shard.save_all(SaveReason::Flush);
+                let _ = reply.send(());
+            }
+            SettleStep::RefreshPlacements(reply) => {
+                self.shard.refresh_placements();
+                self.shard.placement_barrier(Duration::from_secs(5)).await;
+                let _ = reply.send(());
+            }
+            SettleStep::CheckPlacements(reply) => {
+                let _ = reply.send(self.check_placements().await);
+            }
+            SettleStep::Shutdown(reply) => {
+                self.shutdown().await;
+                let _ = reply.send(());
+            }
+        }
+    }
+
+    /// Live sessions (attached or link-dead) whose placement record is missing or names another
+    /// copy, and zombie copies still playing.
+    async fn check_placements(&self) -> (u64, Vec<String>) {
+        let placement = PlacementStore::new(self.world.env.redis_direct.clone());
+        let mut problems = Vec::new();
+        let mut checked = 0;
+        for (id, body) in &self.bodies {
+            let Some(entry) = self.shard.player(*id) else {
+                continue;
+            };
+            if matches!(entry.link, Link::Pending { .. }) {
+                continue;
+            }
+            if body.phase == Phase::Ghost {
+                problems.push(format!(
+                    "{id}: a zombie copy at epoch {} still plays on {}",
+                    entry.character.owner_epoch, self.id
+                ));
+                continue;
+            }
+            let Some((zone, _)) = self.shard.durable_location(*id) else {
+                continue;
+            };
+            checked += 1;
+            match placement.read(*id).await {
+                Ok(Some(record))
+                    if record.shard_id.as_deref() == Some(self.id.as_str())
+                        && record.zone_id.as_deref() == Some(zone.as_str())
+                        && record.owner_epoch == entry.character.owner_epoch => {}
+                Ok(other) => problems.push(format!(
+                    "{id}: live on {}/{zone} at epoch {}, placement says {other:?}",
+                    self.id, entry.character.owner_epoch
+                )),
+                Err(err) => problems.push(format!("{id}: placement unreadable: {err}")),
+            }
+        }
+        (checked, problems)
+    }
+
+    pub(super) async fn shutdown(&mut self) {
+        self.shard.settle_transfers(Duration::from_secs(10)).await;
+        self.shard.tick();
+        self.record_outcomes();
+        let floors = self.floor_releases();
+        let bodies = std::mem::take(&mut self.bodies);
+        for (id, body) in bodies {
+            if body.phase != Phase::Ghost
+                && let Some(player) = self.player_snapshot(id)
+            {
+                travel::close_stream(
+                    &self.world,
+                    body.session,
+                    player,
+                    SessionLifecycleEffectPlan::PermanentRemoval,
+                );
+            }
+            if body.phase != Phase::Ghost
+                && let Some(agent) = body.agent
+            {
+                self.world.park(agent);
+            }
+        }
+        let leaving: Vec<Uuid> = self.leaving.keys().copied().collect();
+        for id in leaving {
+            self.finish_logout(id);
+        }
+        let saver = self.shard.saver().clone();
+        let transfers = self.shard.transfer_counts();
+        let shard = std::mem::replace(&mut self.shard, boot_idle(&self.world, self.index));
+        let report = shard.shutdown(Duration::from_secs(20)).await;
+        tracing::info!(event = "sim_shard_shutdown", shard = %self.id, finalized = report.finalized,
+            saver = ?report.saver, unsaved_finals = report.unsaved_finals.total(),
+            placement = ?report.placement, auditor = ?report.auditor);
+        self.world
+            .counters
+            .finals_unsaved_at_shutdown
+            .fetch_add(report.unsaved_finals.total() as u64, Ordering::Relaxed);
+        let stats = saver.stats();
+        self.world.with_ledger(|ledger| {
+            ledger.destroyed.extend(floors.iter().map(|(id, _)| *id));
+            ledger.end_floors.extend(floors);
+            add_saver_stats(&mut ledger.saver_gone, &stats);
+            ledger.transfers_gone.0 += transfers.0;
+            ledger.transfers_gone.1 += transfers.1;
+        });
+        if let Ok(mut live) = self.world.saver_live.lock() {
+            live[self.index] = Default::default();
+        }
+        self.world.online[self.index].store(0, Ordering::Relaxed);
+    }
+}

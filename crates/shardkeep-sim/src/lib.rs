@@ -1,0 +1,323 @@
+//! shardkeep's simulator and benchmarks, built on the public APIs of the core and the reference
+//! game.
+//!
+//! # Layout
+//!
+//! - [`bench`] — benchmarks against raw engine rates and peers, run by `shardkeep bench`.
+//!
+//! # The simulator
+//!
+//! Whole shards of synthetic players, driven through the real library against
+//! Postgres and Redis, with faults injected through proxies of its own, and an invariant report
+//! checked against the durable stores at the end.
+//!
+//! - `env` — the scratch database and namespace, the fault proxies, the proxied stores.
+//! - `world` — what every task shares: stores, routing to shard hosts, counters, the ledger.
+//! - `agent` — a synthetic player: its choices come from a seeded generator.
+//! - `host` — one shard's task: the pulse loop, messages, sessions; `play` — the players'
+//!   actions; `host_faults` — zombies and kills; `host_settle` — the end of a run.
+//! - `travel` — the I/O of logins, cross-shard handoffs and stream cleanup.
+//! - `faults` — the fault plan (pure) and its injection.
+//! - `checks` — the durable-state scanner and the end-of-run invariants.
+//! - `summary` — gathering the report's numbers; [`report`] — the report and its table.
+//!
+//! Time is compressed: a pulse is 100 ms and checkpoints and flushes come every 2 s and 6 s, so
+//! a one-minute run goes through many save cycles.
+
+mod agent;
+pub mod bench;
+mod checks;
+mod claims;
+mod env;
+mod faults;
+mod host;
+mod host_faults;
+mod host_settle;
+mod order_checks;
+mod play;
+pub mod report;
+mod rewards;
+mod run;
+mod summary;
+mod travel;
+mod workers;
+mod world;
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+pub use report::{Invariant, SimReport};
+pub use run::run;
+
+/// A fault the simulator can inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Fault {
+    /// A shard dies without flushing; its players rehydrate from checkpoint or row.
+    KillShard,
+    /// A shard keeps playing a character after it was claimed elsewhere.
+    Zombie,
+    /// The Redis connection is cut for a stretch.
+    RedisOutage,
+    /// The Postgres connection is cut for a stretch.
+    PostgresOutage,
+    /// The retry worker stops draining, so its signal channel saturates.
+    QueueFull,
+    /// Undecodable retry rows and journal entries are planted.
+    Poison,
+    /// A second journal worker leases a batch of entries and dies holding them, while the first
+    /// goes on with later ones: recovery returns older entries after newer ones were applied.
+    WorkerCrash,
+}
+
+impl Fault {
+    /// Every fault, in display order.
+    pub const ALL: [Fault; 7] = [
+        Fault::KillShard,
+        Fault::Zombie,
+        Fault::RedisOutage,
+        Fault::PostgresOutage,
+        Fault::QueueFull,
+        Fault::Poison,
+        Fault::WorkerCrash,
+    ];
+
+    /// The flag spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Fault::KillShard => "kill-shard",
+            Fault::Zombie => "zombie",
+            Fault::RedisOutage => "redis-outage",
+            Fault::PostgresOutage => "postgres-outage",
+            Fault::QueueFull => "queue-full",
+            Fault::Poison => "poison",
+            Fault::WorkerCrash => "worker-crash",
+        }
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A `--faults` value that names no fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown fault {0:?}; expected all, none, or a comma list of: kill-shard, zombie, redis-outage, postgres-outage, queue-full, poison, worker-crash"
+)]
+pub struct UnknownFault(pub String);
+
+/// The faults a run injects.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FaultSet(BTreeSet<Fault>);
+
+impl FaultSet {
+    /// Every fault.
+    pub fn all() -> Self {
+        Self(Fault::ALL.into_iter().collect())
+    }
+
+    /// True when `fault` is on.
+    pub fn contains(&self, fault: Fault) -> bool {
+        self.0.contains(&fault)
+    }
+
+    /// The faults that are on.
+    pub fn iter(&self) -> impl Iterator<Item = Fault> + '_ {
+        self.0.iter().copied()
+    }
+
+    /// True when no fault is on.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl FromStr for FaultSet {
+    type Err = UnknownFault;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "all" => return Ok(Self::all()),
+            "none" | "" => return Ok(Self::default()),
+            _ => {}
+        }
+        let mut set = BTreeSet::new();
+        for part in s.split(',') {
+            let part = part.trim();
+            let fault = Fault::ALL
+                .into_iter()
+                .find(|f| f.as_str() == part)
+                .ok_or_else(|| UnknownFault(part.to_owned()))?;
+            set.insert(fault);
+        }
+        Ok(Self(set))
+    }
+}
+
+impl fmt::Display for FaultSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            return f.write_str("none");
+        }
+        let names: Vec<&str> = self.0.iter().map(|f| f.as_str()).collect();
+        f.write_str(&names.join(","))
+    }
+}
+
+/// What a run does.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// How long players play (settling and checks come after).
+    pub duration: Duration,
+    /// Shards in the process.
+    pub shards: usize,
+    /// Synthetic players.
+    pub players: usize,
+    /// Seed of every choice the run makes.
+    pub seed: u64,
+    /// Faults to inject.
+    pub faults: FaultSet,
+    /// Zones each shard hosts.
+    pub zones_per_shard: usize,
+    /// Pulse length.
+    pub pulse: Duration,
+    /// Pulses between checkpoints.
+    pub checkpoint_pulses: u64,
+    /// Pulses between flushes.
+    pub flush_pulses: u64,
+    /// Keep the scratch database and keys after the run.
+    pub keep: bool,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            duration: Duration::from_secs(60),
+            shards: 3,
+            players: 1000,
+            seed: 1,
+            faults: FaultSet::all(),
+            zones_per_shard: 3,
+            pulse: Duration::from_millis(100),
+            checkpoint_pulses: 20,
+            flush_pulses: 60,
+            keep: false,
+        }
+    }
+}
+
+/// Largest run sizes accepted.
+pub const MAX_SHARDS: usize = 16;
+/// Most players a run accepts.
+pub const MAX_PLAYERS: usize = 100_000;
+
+impl SimConfig {
+    /// Checks the sizes; the message names the bad one.
+    pub fn validate(&self) -> Result<(), SimError> {
+        let bad = |m: String| Err(SimError::Invalid(m));
+        if self.shards == 0 || self.shards > MAX_SHARDS {
+            return bad(format!(
+                "shards must be 1 to {MAX_SHARDS}, got {}",
+                self.shards
+            ));
+        }
+        if self.players == 0 || self.players > MAX_PLAYERS {
+            return bad(format!(
+                "players must be 1 to {MAX_PLAYERS}, got {}",
+                self.players
+            ));
+        }
+        if self.duration < Duration::from_secs(1) || self.duration > Duration::from_secs(24 * 3600)
+        {
+            return bad("duration must be 1 s to 24 h".into());
+        }
+        if self.zones_per_shard == 0 || self.zones_per_shard > 16 {
+            return bad("zones per shard must be 1 to 16".into());
+        }
+        if self.pulse.is_zero() || self.checkpoint_pulses == 0 || self.flush_pulses == 0 {
+            return bad("pulse and cadences must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// What the simulator is doing now, for a live display.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SimProgress {
+    /// Phase: `setup`, `play`, `settle`, `check`.
+    pub phase: &'static str,
+    /// Time spent playing.
+    pub elapsed: Duration,
+    /// The play time planned.
+    pub duration: Duration,
+    /// Players attached or link-dead on a shard.
+    pub online: usize,
+    /// Saves landed (checkpoints and rows) per second, over the last second.
+    pub saves_per_sec: u64,
+    /// Retry jobs waiting (not dead-lettered).
+    pub retry_depth: u64,
+    /// Journal entries pending or in processing.
+    pub journal_depth: u64,
+    /// Faults injected so far.
+    pub faults_injected: u64,
+}
+
+/// Why a run could not happen (invariant failures are in the report, not here).
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// A bad size or flag.
+    #[error("invalid simulation: {0}")]
+    Invalid(String),
+    /// The stores could not be prepared.
+    #[error("simulation setup failed: {0}")]
+    Setup(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fault_lists_parse_and_bad_names_are_refused() {
+        assert_eq!("all".parse::<FaultSet>().unwrap(), FaultSet::all());
+        assert!("none".parse::<FaultSet>().unwrap().is_empty());
+        let some: FaultSet = "zombie, poison".parse().unwrap();
+        assert!(some.contains(Fault::Zombie) && some.contains(Fault::Poison));
+        assert!(!some.contains(Fault::KillShard));
+        assert_eq!(some.to_string(), "zombie,poison");
+        assert_eq!(
+            "zombie,meteor".parse::<FaultSet>(),
+            Err(UnknownFault("meteor".into()))
+        );
+        assert!("zombie,,poison".parse::<FaultSet>().is_err());
+    }
+
+    #[test]
+    fn sizes_are_validated() {
+        assert!(SimConfig::default().validate().is_ok());
+        for bad in [
+            SimConfig {
+                shards: 0,
+                ..SimConfig::default()
+            },
+            SimConfig {
+                players: 0,
+                ..SimConfig::default()
+            },
+            SimConfig {
+                duration: Duration::ZERO,
+                ..SimConfig::default()
+            },
+            SimConfig {
+                shards: MAX_SHARDS + 1,
+                ..SimConfig::default()
+            },
+        ] {
+            assert!(matches!(bad.validate(), Err(SimError::Invalid(_))));
+        }
+    }
+}

@@ -1,0 +1,454 @@
+//! A run from start to end: set up the scratch stores, create the characters, start the workers,
+//! the shard hosts, the players, the scanner and the faults; play; settle; check; report.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::agent::Agent;
+use super::checks::{self, Dangling, EndState, Observed};
+use super::env::SimEnv;
+use super::faults;
+use super::host::{Host, Inbound, SettleStep};
+use super::order_checks::{self, OrderObserved};
+use super::report::SimReport;
+use super::summary::{audit_counts, build_report, transfer_audit};
+use super::world::{World, get};
+use super::{SimConfig, SimError, SimProgress};
+use shardkeep::character::{CharacterStore, NewCharacter};
+use shardkeep::coord::{Coordination, CoordinationConfig};
+use shardkeep::journal::SessionJournal;
+use shardkeep::queue::WorkQueueConfig;
+use shardkeep_reference::game::Catalog;
+use shardkeep_reference::game::items::ItemJson;
+use shardkeep_reference::game::state::StateDocument;
+use shardkeep_reference::game::world::{instance_entrance, reference_world};
+use shardkeep_reference::shard::ZoneDirectory;
+use shardkeep_testkit::faults::ProxyMode;
+
+/// Signal channel depth of the retry queue (small, so the queue-full fault saturates it).
+const SIGNAL_DEPTH: usize = 64;
+/// Time between scans of the rows.
+const SCAN_INTERVAL: Duration = Duration::from_secs(2);
+/// Bound on each wait of the settle phase.
+const SETTLE_BOUND: Duration = Duration::from_secs(60);
+
+/// Runs a simulation against `database_url` and `redis_url` (a scratch database and namespace
+/// are created and removed), reporting progress to `progress` twice a second.
+pub async fn run(
+    config: SimConfig,
+    database_url: &str,
+    redis_url: &str,
+    progress: impl Fn(&SimProgress) + Send + Sync + 'static,
+) -> Result<SimReport, SimError> {
+    config.validate()?;
+    progress(&SimProgress {
+        phase: "setup",
+        duration: config.duration,
+        ..SimProgress::default()
+    });
+    let run_id = Uuid::now_v7().simple().to_string()[20..].to_owned();
+    let env = SimEnv::setup(database_url, redis_url, &run_id, SIGNAL_DEPTH).await?;
+    let keep = config.keep;
+    let world = match prepare(config, env).await {
+        Ok(world) => world,
+        Err((err, env)) => {
+            env.teardown(keep).await;
+            return Err(err);
+        }
+    };
+    let report = play(Arc::clone(&world), Arc::new(progress)).await;
+    world.halt.cancel();
+    // Let the workers see the halt and stop writing before the keys go.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    world.env.teardown(keep).await;
+    Ok(report)
+}
+
+/// The starting state of a character: a few identified items, nothing earned yet.
+fn starting_state(catalog: &Catalog) -> serde_json::Value {
+    let item = |proto: &str| ItemJson {
+        proto: proto.to_owned(),
+        delta: Default::default(),
+        contents: Vec::new(),
+        id: Some(Uuid::now_v7()),
+    };
+    let mut doc = StateDocument::default();
+    for proto in ["sword", "helm", "mail", "herb", "gem"] {
+        if catalog.get(proto).is_some() {
+            doc.inventory.push(item(proto));
+        }
+    }
+    serde_json::to_value(doc).unwrap_or_else(|_| json!({}))
+}
+
+async fn prepare(config: SimConfig, env: SimEnv) -> Result<Arc<World>, (SimError, SimEnv)> {
+    let catalog = Arc::new(Catalog::reference());
+    let zones = reference_world(config.shards * config.zones_per_shard);
+    let (instances, ring): (Vec<_>, Vec<_>) = zones.into_iter().partition(|z| z.instance);
+    let mut shard_zones = vec![Vec::new(); config.shards];
+    for (n, zone) in ring.into_iter().enumerate() {
+        // Neighbouring zones belong to different shards, so zone crossings are handoffs.
+        shard_zones[n % config.shards].push(zone);
+    }
+    for instance in instances {
+        // An instance is shard-local: it lives beside the zone it is entered from.
+        let host = instance_entrance(&instance).and_then(|entrance| {
+            shard_zones
+                .iter()
+                .position(|zones| zones.iter().any(|z| z.id == entrance))
+        });
+        if let Some(host) = host {
+            shard_zones[host].push(instance);
+        }
+    }
+    let store = CharacterStore::new(env.pg_direct.clone());
+    for index in 0..config.players {
+        let agent = Agent::new(index, config.seed, config.shards);
+        let created = store
+            .create(&NewCharacter {
+                character_id: agent.character_id,
+                account_id: agent.account_id,
+                name: agent.name.clone(),
+                zone_ref: None,
+                room_ref: None,
+                state: starting_state(&catalog),
+                chargen: None,
+            })
+            .await;
+        if let Err(err) = created {
+            return Err((SimError::Setup(format!("creating characters: {err}")), env));
+        }
+    }
+    Ok(Arc::new(World::new(
+        config,
+        env,
+        ZoneDirectory::new(),
+        catalog,
+        shard_zones,
+    )))
+}
+
+type Progress = Arc<dyn Fn(&SimProgress) + Send + Sync>;
+
+async fn play(world: Arc<World>, progress: Progress) -> SimReport {
+    let (retry_stats, journal_stats) = super::workers::start_workers(&world);
+    let config = world.config.clone();
+    for index in 0..config.shards {
+        let host = Host::start(&world, index);
+        tokio::spawn(host.run());
+    }
+    world.in_transit.store(config.players, Ordering::Relaxed);
+    let ramp = 3000 / config.players.max(1) as u64;
+    for index in 0..config.players {
+        let agent = Agent::new(index, config.seed, config.shards);
+        super::travel::go_offline(&world, agent, ramp * index as u64);
+    }
+    let observed = Arc::new(Mutex::new(Observed::default()));
+    let order_observed = Arc::new(Mutex::new(OrderObserved::default()));
+    let scanner = spawn_scanner(&world, &observed, &order_observed);
+    let plan = faults::plan(config.seed, config.duration, &config.faults, config.shards);
+    let start = Instant::now();
+    let injector = tokio::spawn(faults::inject(Arc::clone(&world), plan.clone(), start));
+    let direct_journal =
+        SessionJournal::new(world.env.redis_direct.clone(), WorkQueueConfig::default()).ok();
+    let mut last_saves = 0;
+    let mut last_tick = Instant::now();
+    while start.elapsed() < config.duration {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let saves = {
+            let s = world.saver_totals();
+            s.checkpoint_landed + s.row_landed
+        };
+        let secs = last_tick.elapsed().as_secs_f64().max(0.001);
+        let rate = ((saves.saturating_sub(last_saves)) as f64 / secs) as u64;
+        last_saves = saves;
+        last_tick = Instant::now();
+        progress(&SimProgress {
+            phase: "play",
+            elapsed: start.elapsed().min(config.duration),
+            duration: config.duration,
+            online: world.online_total(),
+            saves_per_sec: rate,
+            retry_depth: retry_depth(&world).await,
+            journal_depth: journal_depth(direct_journal.as_ref()).await,
+            faults_injected: get(&world.counters.faults_injected),
+        });
+    }
+    let report_progress = |phase: &'static str| {
+        progress(&SimProgress {
+            phase,
+            elapsed: config.duration,
+            duration: config.duration,
+            online: world.online_total(),
+            faults_injected: get(&world.counters.faults_injected),
+            ..SimProgress::default()
+        })
+    };
+    report_progress("settle");
+    let settled = settle(&world, direct_journal.as_ref()).await;
+    injector.abort();
+    scanner.abort();
+    report_progress("check");
+    let rows = checks::read_rows(&world.env.pool_direct)
+        .await
+        .unwrap_or_default();
+    let observed = {
+        let mut observed = observed
+            .lock()
+            .map(|mut o| std::mem::take(&mut *o))
+            .unwrap_or_default();
+        observed.record(&rows);
+        observed
+    };
+    let direct = Coordination::new(
+        world.env.redis_direct.clone(),
+        CoordinationConfig::default(),
+    );
+    order_checks::scan(
+        &world.env.pool_direct,
+        &direct,
+        &world.env.redis_conn,
+        &order_observed,
+    )
+    .await;
+    let order_observed = order_observed
+        .lock()
+        .map(|mut o| std::mem::take(&mut *o))
+        .unwrap_or_default();
+    let audit = audit_counts(&world).await;
+    let transfer_audit = transfer_audit(&world).await;
+    let (acked, destroyed, end_floors, placement_problems, claims, session_events) = world
+        .with_ledger(|l| {
+            (
+                l.acked.clone(),
+                l.destroyed.clone(),
+                l.end_floors.clone(),
+                l.placement_violations.clone(),
+                l.claims.clone(),
+                l.session_events.clone(),
+            )
+        })
+        .unwrap_or_default();
+    let rewards = world
+        .with_ledger(|l| std::mem::take(&mut l.rewards))
+        .unwrap_or_default();
+    let item_loads = checks::read_item_loads(&world.env.pool_direct)
+        .await
+        .unwrap_or_default();
+    let end = EndState {
+        rows: &rows,
+        observed: &observed,
+        acked: &acked,
+        end_floors: &end_floors,
+        destroyed: &destroyed,
+        transfer_audit: &transfer_audit,
+        placement_problems: &placement_problems,
+        dangling: &settled.dangling,
+        rewards: &rewards,
+        item_loads: &item_loads,
+    };
+    let invariants = vec![
+        checks::no_rollback(&end),
+        checks::no_reward_twice(&end),
+        checks::item_conservation(&end),
+        checks::sessions_placed(&end, settled.sessions_checked),
+        checks::nothing_dangling(&end),
+        super::claims::no_superseded_handoff_adopted(&claims),
+        order_checks::journal_order_kept(
+            &direct,
+            &world.env.redis_conn,
+            &session_events,
+            &order_observed,
+        )
+        .await,
+    ];
+    let passed = invariants.iter().all(|i| i.holds) && rows.len() == config.players;
+    let mut report = build_report(
+        &world,
+        &plan,
+        &retry_stats,
+        &journal_stats,
+        audit,
+        invariants,
+        passed,
+        observed.scans,
+    );
+    report.journal.dead_lettered = report
+        .journal
+        .dead_lettered
+        .max(settled.dangling.journal.dead);
+    report
+}
+
+fn spawn_scanner(
+    world: &Arc<World>,
+    observed: &Arc<Mutex<Observed>>,
+    order_observed: &Arc<Mutex<OrderObserved>>,
+) -> tokio::task::JoinHandle<()> {
+    let world = Arc::clone(world);
+    let observed = Arc::clone(observed);
+    let order_observed = Arc::clone(order_observed);
+    let coord = Coordination::new(
+        world.env.redis_direct.clone(),
+        CoordinationConfig::default(),
+    );
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = world.halt.cancelled() => return,
+                () = tokio::time::sleep(SCAN_INTERVAL) => {}
+            }
+            if let Ok(rows) = checks::read_rows(&world.env.pool_direct).await
+                && let Ok(mut observed) = observed.lock()
+            {
+                observed.record(&rows);
+            }
+            order_checks::scan(
+                &world.env.pool_direct,
+                &coord,
+                &world.env.redis_conn,
+                &order_observed,
+            )
+            .await;
+        }
+    })
+}
+
+async fn retry_depth(world: &World) -> u64 {
+    sqlx::query_scalar::<_, i64>("SELECT count(*) FROM persistence_retry_jobs")
+        .fetch_one(&world.env.pool_direct)
+        .await
+        .map_or(0, |n| n.max(0) as u64)
+}
+
+async fn journal_depth(journal: Option<&SessionJournal>) -> u64 {
+    match journal {
+        Some(journal) => journal
+            .queue()
+            .depths()
+            .await
+            .map_or(0, |d| d.pending + d.processing),
+        None => 0,
+    }
+}
+
+/// What settling found.
+struct Settled {
+    dangling: Dangling,
+    sessions_checked: u64,
+}
+
+/// Asks every host for one settle step and waits for the answers.
+async fn each_host<T>(world: &World, step: impl Fn(oneshot::Sender<T>) -> SettleStep) -> Vec<T> {
+    let mut replies = Vec::new();
+    for host in world.host_ids() {
+        let (tx, rx) = oneshot::channel();
+        if world.send(&host, Inbound::Settle(step(tx))).is_ok() {
+            replies.push(rx);
+        }
+    }
+    let mut answers = Vec::new();
+    for reply in replies {
+        if let Ok(Ok(answer)) = tokio::time::timeout(SETTLE_BOUND, reply).await {
+            answers.push(answer);
+        }
+    }
+    answers
+}
+
+async fn wait_until(bound: Duration, mut done: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = Instant::now() + bound;
+    while Instant::now() < deadline {
+        if done().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}
+
+/// Ends the run: faults healed, travellers landed, zombies fenced, placements re-asserted and
+/// checked, shards shut down, workers drained, consumed markers reconciled.
+async fn settle(world: &Arc<World>, journal: Option<&SessionJournal>) -> Settled {
+    world.settling.store(true, Ordering::Relaxed);
+    world.env.pg_proxy.set_mode(ProxyMode::Pass);
+    world.env.redis_proxy.set_mode(ProxyMode::Pass);
+    world.retry_held.store(false, Ordering::Relaxed);
+    wait_until(SETTLE_BOUND, async || {
+        world.in_transit.load(Ordering::Relaxed) == 0
+    })
+    .await;
+    for _ in 0..2 {
+        each_host(world, SettleStep::Reconcile).await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    each_host(world, SettleStep::RefreshPlacements).await;
+    let checked = each_host(world, SettleStep::CheckPlacements).await;
+    let sessions_checked = checked.iter().map(|(n, _)| *n).sum();
+    let problems: Vec<String> = checked.into_iter().flat_map(|(_, p)| p).collect();
+    world.with_ledger(|l| l.placement_violations = problems);
+    each_host(world, SettleStep::Shutdown).await;
+    wait_until(SETTLE_BOUND, async || {
+        world.in_transit.load(Ordering::Relaxed) == 0
+    })
+    .await;
+    let pool = world.env.pool_direct.clone();
+    wait_until(SETTLE_BOUND, async || {
+        let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM persistence_retry_jobs")
+            .fetch_one(&pool)
+            .await
+            .unwrap_or(1);
+        pending == 0 && journal_depth(journal).await == 0
+    })
+    .await;
+    let coord = Coordination::new(
+        world.env.redis_direct.clone(),
+        CoordinationConfig::default(),
+    );
+    wait_until(SETTLE_BOUND, async || {
+        world.counters.transfers_awaiting.load(Ordering::Relaxed) == 0
+    })
+    .await;
+    if let Err(err) = coord.transfer_markers_reconcile_pending(100_000).await {
+        tracing::warn!(event = "sim_marker_reconcile_failed", error = %err);
+    }
+    let (pending_transfers, stale_markers) =
+        checks::transfer_leftovers(&coord, &world.env.redis_conn)
+            .await
+            .unwrap_or((usize::MAX, usize::MAX));
+    let count = |sql: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap_or(-1)
+        }
+    };
+    let dangling = Dangling {
+        retry_leased: count(
+            "SELECT count(*) FROM persistence_retry_jobs WHERE lease_token IS NOT NULL",
+        )
+        .await,
+        retry_pending: count("SELECT count(*) FROM persistence_retry_jobs").await,
+        journal: match journal {
+            Some(j) => j.queue().depths().await.unwrap_or_default(),
+            None => Default::default(),
+        },
+        untaken_handoffs: checks::untaken_handoffs(&coord, &world.env.redis_conn)
+            .await
+            .unwrap_or(usize::MAX),
+        pending_transfers,
+        stale_markers,
+    };
+    Settled {
+        dangling,
+        sessions_checked,
+    }
+}

@@ -1,0 +1,167 @@
+//! The report's numbers: the counters of the run, the saver and worker stats, and the audit
+//! rows, gathered into a [`SimReport`].
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::Ordering;
+
+use serde_json::json;
+use uuid::Uuid;
+
+use super::faults::PlannedFault;
+use super::report::{JournalCounts, RetryCounts, SimReport, TierCounts, TransferCounts};
+use super::world::{Counters, World, get};
+use shardkeep::journal::JournalStats;
+use shardkeep::retry::RetryStats;
+
+pub(super) async fn audit_counts(world: &World) -> BTreeMap<String, u64> {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT event_kind, count(*) FROM character_audit GROUP BY event_kind")
+            .fetch_all(&world.env.pool_direct)
+            .await
+            .unwrap_or_default();
+    rows.into_iter()
+        .map(|(k, n)| (k, n.max(0) as u64))
+        .collect()
+}
+
+pub(super) async fn transfer_audit(world: &World) -> HashSet<(Uuid, Uuid)> {
+    let rows: Vec<(Uuid, Option<String>)> = sqlx::query_as(
+        "SELECT subject_id, payload->>'item_id' FROM character_audit WHERE event_kind = 'item_transferred'",
+    )
+    .fetch_all(&world.env.pool_direct)
+    .await
+    .unwrap_or_default();
+    rows.into_iter()
+        .filter_map(|(subject, item)| Some((subject, item?.parse().ok()?)))
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn build_report(
+    world: &World,
+    plan: &[PlannedFault],
+    retry: &RetryStats,
+    journal: &JournalStats,
+    audit_events: BTreeMap<String, u64>,
+    invariants: Vec<super::report::Invariant>,
+    passed: bool,
+    scans: u64,
+) -> SimReport {
+    let c: &Counters = &world.counters;
+    let saver = world.saver_totals();
+    let (transfers_gone, evicted, voided) = world
+        .with_ledger(|l| (l.transfers_gone, l.evicted, l.voided))
+        .unwrap_or_default();
+    let config = &world.config;
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    let activity = [
+        ("logins", get(&c.logins)),
+        ("login retries", get(&c.login_retries)),
+        ("resumes", get(&c.resumes)),
+        ("logouts", get(&c.logouts)),
+        ("disconnects", get(&c.disconnects)),
+        ("link-dead timeouts", get(&c.linkdead_timeouts)),
+        ("walks", get(&c.walks)),
+        ("instance entries", get(&c.instance_entries)),
+        ("handoffs", get(&c.handoffs)),
+        ("handoff retries", get(&c.handoff_retries)),
+        ("handoffs lost", get(&c.handoffs_lost)),
+        ("zombie handoffs refused", get(&c.handoffs_superseded)),
+        ("transfers completed", get(&c.transfers_completed)),
+        ("handoff takes recovered", get(&c.handoff_takes_recovered)),
+        ("fights", get(&c.fights)),
+        ("deaths", get(&c.deaths)),
+        ("item moves", get(&c.item_moves)),
+        ("appearance changes", get(&c.appearance_changes)),
+        ("equipment changes", get(&c.equipment_changes)),
+        ("session marker failures", get(&c.session_marker_failures)),
+        (
+            "session starts older than a seen event",
+            get(&c.session_starts_stale),
+        ),
+        ("keyspace upkeep passes", get(&c.upkeep_passes)),
+        ("bookkeeping rows pruned", get(&c.bookkeeping_pruned)),
+        ("upkeep steps failed", get(&c.upkeep_failed_steps)),
+        ("upkeep markers removed", get(&c.upkeep_markers_removed)),
+        ("upkeep registrations", get(&c.upkeep_registrations)),
+        ("logout saves made retry jobs", saver.final_queued_as_job),
+        (
+            "logout saves unsaved at shutdown",
+            get(&c.finals_unsaved_at_shutdown),
+        ),
+        ("players parked at the end", world.parked_count() as u64),
+        ("row scans", scans),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    SimReport {
+        run: json!({
+            "scratch_database": world.env.db_url.rsplit('/').next().unwrap_or_default(),
+            "redis_namespace": world.env.keys.namespace(),
+            "duration_secs": config.duration.as_secs_f64(),
+            "shards": config.shards,
+            "players": config.players,
+            "seed": config.seed,
+            "faults": config.faults.to_string(),
+            "pulse_ms": config.pulse.as_millis() as u64,
+            "checkpoint_every_pulses": config.checkpoint_pulses,
+            "flush_every_pulses": config.flush_pulses,
+        }),
+        tiers: vec![
+            TierCounts {
+                tier: "checkpoint (Redis)".into(),
+                attempted: saver.checkpoint_attempted,
+                landed: saver.checkpoint_landed,
+                dropped: saver.dropped_checkpoint,
+                failed: saver.checkpoint_failed,
+            },
+            TierCounts {
+                tier: "row (Postgres CAS)".into(),
+                attempted: saver.row_attempted,
+                landed: saver.row_landed,
+                dropped: saver.dropped_row + saver.final_dropped,
+                failed: saver.row_failed,
+            },
+        ],
+        conflicts: saver.row_conflicts,
+        ownership_fences: saver.row_ownership_lost + saver.checkpoint_refused + evicted,
+        retry: RetryCounts {
+            queued: get(&c.retry_enqueued),
+            queued_durable_only: get(&c.retry_durable_only),
+            enqueue_failed: get(&c.retry_enqueue_failed),
+            applied: load(&retry.applied),
+            already_applied: load(&retry.already_applied),
+            superseded: load(&retry.superseded),
+            retried: load(&retry.retried),
+            dead_lettered: load(&retry.dead_lettered),
+        },
+        journal: JournalCounts {
+            appended: get(&c.journal_appended),
+            append_retries: get(&c.journal_append_retries),
+            processed: load(&journal.processed),
+            skipped_reconnected: load(&journal.skipped_reconnected),
+            skipped_stale: load(&journal.skipped_stale),
+            dead_lettered: load(&journal.dead_lettered),
+        },
+        transfers: TransferCounts {
+            detected: transfers_gone.0 + transfers_gone.1,
+            committed: transfers_gone.0,
+            refused: transfers_gone.1,
+            voided,
+        },
+        audit_events,
+        activity,
+        faults: json!({
+            "planned": plan,
+            "injected": get(&c.faults_injected),
+            "shards_killed": get(&c.shards_killed),
+            "zombies_made": get(&c.zombies_made),
+            "zombie_evictions": get(&c.evictions),
+            "poison_planted": get(&c.poison_planted),
+            "journal_entries_held_by_crashed_workers": get(&c.journal_held_by_crash),
+        }),
+        invariants,
+        passed,
+    }
+}
