@@ -6,7 +6,7 @@
 //! system, keeping each backlog under 8,000 entries. The polling variant leases in batches of 64
 //! (one script) and acks each batch in one script; apalis fetches in batches of 100.
 //!
-//! `cargo bench -p shardkeep --bench queue` (needs REDIS_URL; `ENTRIES` overrides the size).
+//! `cargo bench -p shardkeep-sim --bench queue` (needs REDIS_URL; `ENTRIES` overrides the size).
 
 #![allow(missing_docs, clippy::unwrap_used, clippy::expect_used)]
 

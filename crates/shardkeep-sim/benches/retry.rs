@@ -6,7 +6,7 @@
 //! cost must not grow). Then shardkeep runs at a steady half of its measured maximum for the
 //! signal-to-start latency. Prints jobs per second, latencies and the ratio lines.
 //!
-//! `cargo bench -p shardkeep --bench retry` (needs DATABASE_URL and REDIS_URL; `JOBS` and
+//! `cargo bench -p shardkeep-sim --bench retry` (needs DATABASE_URL and REDIS_URL; `JOBS` and
 //! `PRODUCERS` override the sizes). For investigations: `SHARDKEEP_ONLY=1` skips the peers,
 //! `ENQUEUE_ONLY=1` measures the producers alone, `STEADY_ONLY=RATE` runs the paced run alone
 //! with its latency percentiles, and `SETTLES` / `SIGNAL_WAIT_MS` override the worker's

@@ -126,9 +126,9 @@ async fn apply(world: &Arc<World>, fault: &PlannedFault) {
         Fault::RedisOutage => outage(world, &world.env.redis_proxy, fault.length).await,
         Fault::PostgresOutage => outage(world, &world.env.pg_proxy, fault.length).await,
         Fault::QueueFull => {
-            world.retry_held.store(true, Ordering::Relaxed);
+            world.hold_retry_worker(true);
             hold(world, fault.length).await;
-            world.retry_held.store(false, Ordering::Relaxed);
+            world.hold_retry_worker(false);
         }
         Fault::KillShard => {
             let _ = world.send(&shard, Inbound::Kill);

@@ -379,7 +379,7 @@ async fn settle(world: &Arc<World>, journal: Option<&SessionJournal>) -> Settled
     world.settling.store(true, Ordering::Relaxed);
     world.env.pg_proxy.set_mode(ProxyMode::Pass);
     world.env.redis_proxy.set_mode(ProxyMode::Pass);
-    world.retry_held.store(false, Ordering::Relaxed);
+    world.hold_retry_worker(false);
     wait_until(SETTLE_BOUND, async || {
         world.in_transit.load(Ordering::Relaxed) == 0
     })

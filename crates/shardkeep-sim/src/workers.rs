@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::world::{World, bump};
@@ -27,7 +26,7 @@ pub(super) fn start_workers(world: &Arc<World>) -> (Arc<RetryStats>, Arc<Journal
     let signals = world.signals.lock().ok().and_then(|mut s| s.take());
     let mut retry_stats = Arc::new(RetryStats::default());
     if let Some(signals) = signals {
-        let mut worker = RetryWorker::new(
+        let worker = RetryWorker::new(
             env.pg.clone(),
             shardkeep_reference::game::ReferenceModel::handle(),
             signals,
@@ -35,29 +34,9 @@ pub(super) fn start_workers(world: &Arc<World>) -> (Arc<RetryStats>, Arc<Journal
             Arc::new(SystemClock),
         );
         retry_stats = worker.stats();
-        let world = Arc::clone(world);
-        // The loop `RetryWorker::run` runs, stepped here so the queue-full fault can hold it.
-        tokio::spawn(async move {
-            let mut last_poll = Instant::now();
-            loop {
-                tokio::select! {
-                    () = world.halt.cancelled() => return,
-                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
-                }
-                if world.retry_held.load(Ordering::Relaxed) {
-                    continue;
-                }
-                let _ = worker.drain_signals().await;
-                if last_poll.elapsed() >= Duration::from_secs(1) {
-                    while let Ok(n) = worker.poll_once().await {
-                        if n < 128 {
-                            break;
-                        }
-                    }
-                    last_poll = Instant::now();
-                }
-            }
-        });
+        // The loop `serve` runs; the queue-full fault holds it through its pause handle.
+        let _ = world.retry_pause.set(worker.pause_handle());
+        tokio::spawn(worker.run(world.halt.child_token()));
     }
     let journal_worker = JournalWorker::new(
         env.journal.clone(),

@@ -146,8 +146,8 @@ pub(super) struct World {
     parked: Mutex<Vec<Agent>>,
     /// No more logins or player actions: the run is settling.
     pub(super) settling: AtomicBool,
-    /// The retry worker is held (the queue-full fault).
-    pub(super) retry_held: AtomicBool,
+    /// Holds the retry worker (the queue-full fault); set once the worker starts.
+    pub(super) retry_pause: std::sync::OnceLock<shardkeep::retry::RetryPause>,
     /// Everything stops: retry loops give up.
     pub(super) halt: CancellationToken,
     /// Online players per host, by shard index.
@@ -159,6 +159,13 @@ pub(super) struct World {
 }
 
 impl World {
+    /// Holds or releases the retry worker (nothing happens before it starts).
+    pub(super) fn hold_retry_worker(&self, held: bool) {
+        if let Some(pause) = self.retry_pause.get() {
+            pause.set(held);
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         config: SimConfig,
@@ -186,7 +193,7 @@ impl World {
             in_transit: AtomicUsize::new(0),
             parked: Mutex::new(Vec::new()),
             settling: AtomicBool::new(false),
-            retry_held: AtomicBool::new(false),
+            retry_pause: std::sync::OnceLock::new(),
             halt: CancellationToken::new(),
             online: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
             saver_live: Mutex::new(vec![SaverStatsSnapshot::default(); shards]),

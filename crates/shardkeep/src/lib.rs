@@ -36,10 +36,12 @@ pub mod placement;
 pub mod queue;
 pub mod retry;
 pub mod saver;
+pub mod services;
 pub mod telemetry;
 pub mod ttl;
 
 pub use backend::{ConnectError, PostgresBackend, RedisBackend};
 pub use coord::{CoordError, Coordination, CoordinationConfig};
 pub use keyspace::{HandoffScope, KeyError, Keyspace};
+pub use services::{Services, ServicesConfig, ServicesError, Workers};
 pub use ttl::{Ttl, TtlError};

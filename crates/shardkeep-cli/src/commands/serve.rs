@@ -8,18 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow};
-use shardkeep::audit::{AuditReader, AuditStore, StaffReadLimit};
-use shardkeep::character::{
-    Bookkeeping, BookkeepingRetention, CharacterStore, run_bookkeeping_prune,
-};
-use shardkeep::clock::SystemClock;
-use shardkeep::coord::{InstanceRecord, run_maintenance};
-use shardkeep::journal::{JournalWorker, JournalWorkerConfig, SessionJournal};
-use shardkeep::queue::{DeadLetterRetention, WorkQueueConfig};
-use shardkeep::retry::{Backoff, RetryQueue, RetryWorker, RetryWorkerConfig};
-use shardkeep::{Coordination, CoordinationConfig};
+use shardkeep::audit::{AuditReader, StaffReadLimit};
+use shardkeep::queue::DeadLetterRetention;
+use shardkeep::retry::Backoff;
+use shardkeep::{Services, ServicesConfig};
 use shardkeep_ops::signing::InternalKeys;
 use shardkeep_ops::{ApiSettings, AppState};
+use shardkeep_reference::game::ReferenceModel;
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::ServeArgs;
@@ -41,86 +36,36 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let redis = super::connect_redis(&args.redis).await?;
     let metrics =
         shardkeep_ops::telemetry::install().map_err(|e| anyhow!("metrics exporter: {e}"))?;
-    let coord = Coordination::new(redis.clone(), CoordinationConfig::default());
-    let clock = Arc::new(SystemClock);
-    let (retry, signals) = RetryQueue::new(pg.clone(), 1024, clock.clone());
-    let journal = SessionJournal::new(
-        redis.clone(),
-        WorkQueueConfig {
-            max_attempts: args.retry_limit,
-            ..WorkQueueConfig::default()
-        },
-    )?;
     let instance_id = format!("serve-{}", uuid::Uuid::now_v7());
-    let cancel = CancellationToken::new();
-
-    let mut retry_config = RetryWorkerConfig::new(&instance_id);
-    retry_config.backoff = Backoff::from_base_millis(args.retry_backoff_millis);
-    retry_config.retry_limit = args.retry_limit;
-    retry_config.lease_expiry_limit = args.lease_expiry_limit;
-    let retry_worker = RetryWorker::new(
-        pg.clone(),
-        shardkeep_reference::game::ReferenceModel::handle(),
-        signals,
-        retry_config,
-        clock,
-    );
-    let retry_task = tokio::spawn(retry_worker.run(cancel.clone()));
-    let journal_worker = JournalWorker::new(
-        journal.clone(),
-        coord.clone(),
-        CharacterStore::new(pg.clone()),
-        JournalWorkerConfig {
-            consumer_id: args.consumer_id.clone(),
-            ..JournalWorkerConfig::default()
-        },
-    );
-    // Claimed before serving anything: an id held by a live process stops the start-up here.
-    let consumer = journal_worker
-        .consumer()
-        .await
-        .context("journal consumer")?;
-    let journal_task = tokio::spawn(journal_worker.run_with(consumer, cancel.clone()));
-    let record = InstanceRecord {
-        instance_id: instance_id.clone(),
-        service: "serve".into(),
-        address: args.listen.to_string(),
-        shard_id: None,
-        registered_at: chrono::Utc::now(),
-    };
-    let reconcile_task = tokio::spawn(run_maintenance(
-        coord.clone(),
-        record,
-        Duration::from_secs(args.reconcile_seconds),
-        cancel.clone(),
-        |_| {},
-    ));
-    // Bookkeeping beside the character rows, pruned on the same cadence (every instance may
-    // run it: each pass deletes a bounded batch, and two passes at once only share the work).
-    let prune_task = tokio::spawn(run_bookkeeping_prune(
-        Bookkeeping::new(pg.clone()),
-        BookkeepingRetention::default(),
-        Duration::from_secs(args.reconcile_seconds),
-        cancel.clone(),
-        |_| {},
-    ));
-    let retention = DeadLetterRetention {
+    let mut config = ServicesConfig::new(&instance_id, "serve");
+    config.address = args.listen.to_string();
+    config.retry.backoff = Backoff::from_base_millis(args.retry_backoff_millis);
+    config.retry.retry_limit = args.retry_limit;
+    config.retry.lease_expiry_limit = args.lease_expiry_limit;
+    config.journal_queue.max_attempts = args.retry_limit;
+    config.journal_worker.consumer_id = args.consumer_id.clone();
+    config.maintenance_every = Duration::from_secs(args.reconcile_seconds);
+    config.dead_letter_retention = DeadLetterRetention {
         max_age: Duration::from_secs(u64::from(args.dead_letter_max_age_days) * 86_400),
         max_count: args.dead_letter_max_count as usize,
     };
-    let retention_task = tokio::spawn(run_dead_letter_retention(
-        retry.clone(),
-        journal.clone(),
-        retention,
-        Duration::from_secs(args.reconcile_seconds),
-        cancel.clone(),
-    ));
+    // serve applies the reference game's effects; a game with its own model runs these
+    // workers in its own process through `Services`.
+    let mut services = Services::build(pg.clone(), redis, ReferenceModel::handle(), config)?;
+    let cancel = CancellationToken::new();
+    // The journal consumer is claimed before anything is served: an id held by a live process
+    // stops the start-up here.
+    let workers = services
+        .spawn_workers(cancel.clone())
+        .await
+        .context("starting the workers")?;
+    let coord = services.coord.clone();
 
     let state = AppState {
-        retry,
-        journal,
+        retry: services.retry.clone(),
+        journal: services.journal.clone(),
         coord: coord.clone(),
-        audit: AuditReader::new(AuditStore::new(pg.clone()), StaffReadLimit::default()),
+        audit: AuditReader::new(services.audit.clone(), StaffReadLimit::default()),
         pg: pg.clone(),
         keys: Arc::new(keys),
         settings: Arc::new(ApiSettings {
@@ -171,19 +116,12 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .context("http server")?;
     // The workers stop after the work in hand: the retry worker between batches, the journal
     // consumer returning anything it still holds.
-    let drain = async {
-        let _ = retry_task.await;
-        let _ = journal_task.await;
-        let _ = reconcile_task.await;
-        let _ = prune_task.await;
-        let _ = retention_task.await;
-        let _ = ready_task.await;
-    };
-    if tokio::time::timeout(Duration::from_secs(30), drain)
+    let late = workers.shutdown(Duration::from_secs(30)).await;
+    let ready_late = tokio::time::timeout(Duration::from_secs(1), ready_task)
         .await
-        .is_err()
-    {
-        tracing::warn!(event = "shutdown_drain_timeout");
+        .is_err();
+    if !late.is_empty() || ready_late {
+        tracing::warn!(event = "shutdown_drain_timeout", workers = ?late);
     }
     if let Err(err) = coord.registry_deregister(&instance_id).await {
         tracing::warn!(event = "deregister_failed", error = %err);
@@ -191,30 +129,6 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     pg.close().await;
     println!("serve: stopped");
     Ok(ExitCode::SUCCESS)
-}
-
-/// Prunes both kinds of dead letters every `every` until `cancel` (each pass is bounded; a
-/// backlog takes several passes).
-async fn run_dead_letter_retention(
-    retry: RetryQueue,
-    journal: SessionJournal,
-    retention: DeadLetterRetention,
-    every: Duration,
-    cancel: CancellationToken,
-) {
-    let mut interval = tokio::time::interval(every);
-    loop {
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            _ = interval.tick() => {}
-        }
-        if let Err(err) = retry.dead_letters_prune(retention).await {
-            tracing::warn!(event = "dead_letter_retention_failed", kind = "retry", error = %err);
-        }
-        if let Err(err) = journal.dead_letters_prune(retention).await {
-            tracing::warn!(event = "dead_letter_retention_failed", kind = "journal", error = %err);
-        }
-    }
 }
 
 async fn wait_for_signal() {

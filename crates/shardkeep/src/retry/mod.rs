@@ -48,7 +48,7 @@ pub use payload::{CoreWrite, PersistenceRetryPayload};
 pub use policy::{Origin, SessionImpact, session_impact};
 pub use settle::JobOutcome;
 pub use store::{RequeueError, RequeueOutcome};
-pub use worker::{ClaimedBatch, RetryStats, RetryWorker, RetryWorkerConfig};
+pub use worker::{ClaimedBatch, RetryPause, RetryStats, RetryWorker, RetryWorkerConfig};
 
 /// Why a job was left to polling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

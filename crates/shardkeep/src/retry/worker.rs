@@ -146,11 +146,30 @@ impl ClaimedBatch {
     }
 }
 
+/// Holds a running [`RetryWorker`]: while held it claims nothing new (batches already running
+/// finish). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct RetryPause(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl RetryPause {
+    /// Holds the worker, or releases it.
+    pub fn set(&self, held: bool) {
+        self.0.send_replace(held);
+    }
+
+    /// True while held.
+    pub fn is_held(&self) -> bool {
+        *self.0.borrow()
+    }
+}
+
 /// The worker. Run it with [`RetryWorker::run`], or step it in tests.
 #[derive(Debug)]
 pub struct RetryWorker {
     signals: RetrySignals,
     signals_open: bool,
+    paused: tokio::sync::watch::Receiver<bool>,
+    pause: RetryPause,
     config: RetryWorkerConfig,
     settler: Settler,
 }
@@ -434,12 +453,21 @@ impl RetryWorker {
             owner: config.owner.clone(),
             lease: config.lease,
         };
+        let (pause, paused) = tokio::sync::watch::channel(false);
         Self {
             signals,
             signals_open: true,
+            paused,
+            pause: RetryPause(Arc::new(pause)),
             config,
             settler,
         }
+    }
+
+    /// A handle that holds and releases [`RetryWorker::run`] (operators' drains, and the
+    /// simulator's queue-full fault).
+    pub fn pause_handle(&self) -> RetryPause {
+        self.pause.clone()
     }
 
     /// Its counters.
@@ -469,6 +497,15 @@ impl RetryWorker {
         let mut polling = tokio::task::JoinSet::new();
         let mut first_poll = true;
         loop {
+            if *self.paused.borrow() {
+                // Held: nothing new is claimed, and signals stay in the channel (which fills,
+                // so producers fall back to durable-only, as with a stuck worker).
+                tokio::select! {
+                    () = cancel.cancelled() => break,
+                    _ = self.paused.wait_for(|held| !*held) => {}
+                }
+                continue;
+            }
             let waited = oldest_waiting.elapsed() >= self.config.max_signal_wait;
             if starts_batch(waiting.len(), settling.len(), limit, most_in_flight, waited)
                 && !cancel.is_cancelled()

@@ -21,4 +21,5 @@ mod retry_jobs;
 mod retry_lease_expiry;
 mod retry_plans;
 mod retry_worker_loop;
+mod services;
 mod transfer_markers;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shardkeep::clock::{Clock, SystemClock};
-use shardkeep::retry::{RetryQueue, RetryWorker};
+use shardkeep::retry::{EnqueueOutcome, RetryQueue, RetryWorker};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -45,7 +45,7 @@ async fn wait_until_blocked(pool: &PgPool) {
     }
 }
 
-async fn wait_for_experience(pool: &PgPool, id: Uuid, want: i64, what: &str) {
+pub(crate) async fn wait_for_experience(pool: &PgPool, id: Uuid, want: i64, what: &str) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while experience(pool, id).await != want {
         assert!(tokio::time::Instant::now() < deadline, "{what}");
@@ -153,6 +153,54 @@ async fn a_quiet_worker_keeps_polling(pool: PgPool) {
     tokio::time::sleep(Duration::from_millis(500)).await;
     unsignaled.enqueue(&reward(id, "late", 0, 4)).await.unwrap();
     wait_for_experience(&pool, id, 4, "the worker stopped polling").await;
+    cancel.cancel();
+    task.await.unwrap();
+}
+
+/// A held worker claims nothing: its signal channel fills and producers fall back to
+/// durable-only; released, the same loop applies everything, signaled and polled alike.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_held_worker_claims_nothing_until_released(pool: PgPool) {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (queue, signals) = RetryQueue::new(pg(&pool), 2, Arc::clone(&clock));
+    let id = character(&pool, "A").await;
+    let mut cfg = config("w");
+    cfg.poll_interval = Duration::from_millis(50);
+    let worker = RetryWorker::new(
+        pg(&pool),
+        shardkeep_testkit::model::LedgerModel::handle(),
+        signals,
+        cfg,
+        clock,
+    );
+    let pause = worker.pause_handle();
+    pause.set(true);
+    assert!(pause.is_held());
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(worker.run(cancel.clone()));
+    let mut outcomes = Vec::new();
+    for n in 0..5 {
+        outcomes.push(
+            queue
+                .enqueue(&reward(id, &format!("held-{n}"), 0, 1))
+                .await
+                .unwrap(),
+        );
+    }
+    assert!(
+        outcomes
+            .iter()
+            .any(|o| matches!(o, EnqueueOutcome::DurableOnly(_))),
+        "the channel filled: {outcomes:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        experience(&pool, id).await,
+        0,
+        "nothing was claimed while held"
+    );
+    pause.set(false);
+    wait_for_experience(&pool, id, 5, "released, the worker applied every job").await;
     cancel.cancel();
     task.await.unwrap();
 }

@@ -1,0 +1,320 @@
+//! The composition root: every handle shardkeep offers, built once from a Postgres backend, a
+//! Redis backend and the game's model, and the background workers spawned under one
+//! cancellation token.
+//!
+//! A game server builds [`Services`] at start, hands the handles to its shards, and (unless a
+//! separate `shardkeep serve` runs them) spawns the workers. `serve`, the simulator and the
+//! tests build it the same way, so nothing wires the parts by hand.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::audit::AuditStore;
+use crate::backend::{PostgresBackend, RedisBackend};
+use crate::character::{
+    Bookkeeping, BookkeepingRetention, CharacterLoader, CharacterStore, CheckpointStore,
+    run_bookkeeping_prune,
+};
+use crate::clock::{Clock, SystemClock};
+use crate::coord::{Coordination, CoordinationConfig, InstanceRecord, run_maintenance};
+use crate::journal::{JournalStats, JournalWorker, JournalWorkerConfig, SessionJournal};
+use crate::model::ModelHandle;
+use crate::placement::PlacementStore;
+use crate::queue::{DeadLetterRetention, QueueError, WorkQueueConfig};
+use crate::retry::{
+    RetryPause, RetryQueue, RetrySignals, RetryStats, RetryWorker, RetryWorkerConfig,
+};
+
+/// How the services are built and what the workers do.
+#[derive(Debug, Clone)]
+pub struct ServicesConfig {
+    /// This process's id: the retry worker's lease owner and the registry entry.
+    pub instance_id: String,
+    /// What kind of process registers (`serve`, `game_server`…).
+    pub service: String,
+    /// Where operators reach this process (recorded in the registry).
+    pub address: String,
+    /// The shard it runs, for a game server.
+    pub shard_id: Option<String>,
+    /// Depth of the retry signal channel; a full one leaves jobs to the poll.
+    pub retry_signal_depth: usize,
+    /// Bound on the loader's claim and reads.
+    pub io_timeout: Duration,
+    /// The retry worker.
+    pub retry: RetryWorkerConfig,
+    /// The journal's queue.
+    pub journal_queue: WorkQueueConfig,
+    /// The journal worker.
+    pub journal_worker: JournalWorkerConfig,
+    /// Coordination records.
+    pub coordination: CoordinationConfig,
+    /// Period of keyspace maintenance, bookkeeping pruning and dead-letter retention.
+    pub maintenance_every: Duration,
+    /// How long dead letters are kept.
+    pub dead_letter_retention: DeadLetterRetention,
+    /// How long bookkeeping rows are kept.
+    pub bookkeeping_retention: BookkeepingRetention,
+}
+
+impl ServicesConfig {
+    /// Defaults for a process named `instance_id` registering as `service`.
+    pub fn new(instance_id: &str, service: &str) -> Self {
+        Self {
+            instance_id: instance_id.to_owned(),
+            service: service.to_owned(),
+            address: String::new(),
+            shard_id: None,
+            retry_signal_depth: 1024,
+            io_timeout: Duration::from_secs(5),
+            retry: RetryWorkerConfig::new(instance_id),
+            journal_queue: WorkQueueConfig::default(),
+            journal_worker: JournalWorkerConfig::default(),
+            coordination: CoordinationConfig::default(),
+            maintenance_every: Duration::from_secs(30),
+            dead_letter_retention: DeadLetterRetention::default(),
+            bookkeeping_retention: BookkeepingRetention::default(),
+        }
+    }
+}
+
+/// Every handle, built once. Cheap to clone (the retry signal receiver stays with the
+/// original, for [`Services::spawn_workers`]).
+#[derive(Debug)]
+pub struct Services {
+    /// Postgres.
+    pub pg: PostgresBackend,
+    /// Redis.
+    pub redis: RedisBackend,
+    /// The game's model.
+    pub model: ModelHandle,
+    /// Character rows: claim, CAS save, load, transfers.
+    pub characters: CharacterStore,
+    /// The checkpoint tier.
+    pub checkpoints: CheckpointStore,
+    /// Login-time loads: claim, then the freshest copy.
+    pub loader: CharacterLoader,
+    /// Coordination records on Redis.
+    pub coord: Coordination,
+    /// Durable retry jobs (producer side).
+    pub retry: RetryQueue,
+    /// The session lifecycle journal (producer side).
+    pub journal: SessionJournal,
+    /// The audit trail.
+    pub audit: AuditStore,
+    /// Placement records.
+    pub placement: PlacementStore,
+    /// The clock every part reads.
+    pub clock: Arc<dyn Clock>,
+    config: ServicesConfig,
+    retry_signals: Option<RetrySignals>,
+}
+
+/// The services could not be built or the workers not started.
+#[derive(Debug, thiserror::Error)]
+pub enum ServicesError {
+    /// A queue configuration was refused, or the journal consumer could not be claimed (an id
+    /// held by a live process).
+    #[error("journal: {0}")]
+    Journal(#[from] QueueError),
+    /// The workers were already spawned from these services.
+    #[error("the workers of these services are already running")]
+    WorkersRunning,
+}
+
+impl Services {
+    /// Builds every handle over `pg` and `redis`, applying the game's effects through `model`.
+    pub fn build(
+        pg: PostgresBackend,
+        redis: RedisBackend,
+        model: ModelHandle,
+        config: ServicesConfig,
+    ) -> Result<Self, ServicesError> {
+        Self::build_with_clock(pg, redis, model, config, Arc::new(SystemClock))
+    }
+
+    /// As [`Services::build`], reading time from `clock`.
+    pub fn build_with_clock(
+        pg: PostgresBackend,
+        redis: RedisBackend,
+        model: ModelHandle,
+        config: ServicesConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, ServicesError> {
+        let characters = CharacterStore::new(pg.clone());
+        let checkpoints = CheckpointStore::new(redis.clone());
+        let loader = CharacterLoader::new(
+            characters.clone(),
+            Some(checkpoints.clone()),
+            model.clone(),
+            config.io_timeout,
+        );
+        let (retry, signals) =
+            RetryQueue::new(pg.clone(), config.retry_signal_depth, Arc::clone(&clock));
+        let journal = SessionJournal::new(redis.clone(), config.journal_queue)?;
+        Ok(Self {
+            coord: Coordination::new(redis.clone(), config.coordination),
+            audit: AuditStore::new(pg.clone()),
+            placement: PlacementStore::new(redis.clone()),
+            characters,
+            checkpoints,
+            loader,
+            retry,
+            journal,
+            pg,
+            redis,
+            model,
+            clock,
+            config,
+            retry_signals: Some(signals),
+        })
+    }
+
+    /// The configuration it was built with.
+    pub fn config(&self) -> &ServicesConfig {
+        &self.config
+    }
+
+    /// Spawns the background workers under `cancel`: the retry worker, the journal worker (its
+    /// consumer claimed first, so a consumer id held by a live process fails here), keyspace
+    /// maintenance with this process's registry entry, bookkeeping pruning and dead-letter
+    /// retention. Once only.
+    pub async fn spawn_workers(
+        &mut self,
+        cancel: CancellationToken,
+    ) -> Result<Workers, ServicesError> {
+        let signals = self
+            .retry_signals
+            .take()
+            .ok_or(ServicesError::WorkersRunning)?;
+        let config = &self.config;
+        let retry_worker = RetryWorker::new(
+            self.pg.clone(),
+            self.model.clone(),
+            signals,
+            config.retry.clone(),
+            Arc::clone(&self.clock),
+        );
+        let retry_stats = retry_worker.stats();
+        let retry_pause = retry_worker.pause_handle();
+        let journal_worker = JournalWorker::new(
+            self.journal.clone(),
+            self.coord.clone(),
+            self.characters.clone(),
+            config.journal_worker.clone(),
+        );
+        let journal_stats = journal_worker.stats();
+        let consumer = journal_worker.consumer().await?;
+        let mut tasks = vec![
+            ("retry", tokio::spawn(retry_worker.run(cancel.clone()))),
+            (
+                "journal",
+                tokio::spawn(journal_worker.run_with(consumer, cancel.clone())),
+            ),
+        ];
+        let record = InstanceRecord {
+            instance_id: config.instance_id.clone(),
+            service: config.service.clone(),
+            address: config.address.clone(),
+            shard_id: config.shard_id.clone(),
+            registered_at: chrono::Utc::now(),
+        };
+        let every = config.maintenance_every;
+        tasks.push((
+            "maintenance",
+            tokio::spawn(run_maintenance(
+                self.coord.clone(),
+                record,
+                every,
+                cancel.clone(),
+                |_| {},
+            )),
+        ));
+        // Every instance may prune: each pass deletes a bounded batch, and two passes at once
+        // only share the work.
+        tasks.push((
+            "bookkeeping",
+            tokio::spawn(run_bookkeeping_prune(
+                Bookkeeping::new(self.pg.clone()),
+                config.bookkeeping_retention,
+                every,
+                cancel.clone(),
+                |_| {},
+            )),
+        ));
+        tasks.push((
+            "dead_letter_retention",
+            tokio::spawn(run_dead_letter_retention(
+                self.retry.clone(),
+                self.journal.clone(),
+                config.dead_letter_retention,
+                every,
+                cancel.clone(),
+            )),
+        ));
+        Ok(Workers {
+            tasks,
+            retry_stats,
+            retry_pause,
+            journal_stats,
+            cancel,
+        })
+    }
+}
+
+/// The spawned workers.
+#[derive(Debug)]
+pub struct Workers {
+    tasks: Vec<(&'static str, JoinHandle<()>)>,
+    /// The retry worker's counters.
+    pub retry_stats: Arc<RetryStats>,
+    /// Holds and releases the retry worker.
+    pub retry_pause: RetryPause,
+    /// The journal worker's counters.
+    pub journal_stats: Arc<JournalStats>,
+    cancel: CancellationToken,
+}
+
+impl Workers {
+    /// Cancels the workers and waits up to `bound` for them to finish the work in hand (the
+    /// retry worker between batches, the journal consumer handing back what it holds). Returns
+    /// the names of those that did not finish in time.
+    pub async fn shutdown(self, bound: Duration) -> Vec<&'static str> {
+        self.cancel.cancel();
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut late = Vec::new();
+        for (name, task) in self.tasks {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if tokio::time::timeout(left, task).await.is_err() {
+                late.push(name);
+            }
+        }
+        late
+    }
+}
+
+/// Prunes both kinds of dead letters every `every` until `cancel` (each pass is bounded; a
+/// backlog takes several passes).
+async fn run_dead_letter_retention(
+    retry: RetryQueue,
+    journal: SessionJournal,
+    retention: DeadLetterRetention,
+    every: Duration,
+    cancel: CancellationToken,
+) {
+    let mut interval = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = interval.tick() => {}
+        }
+        if let Err(err) = retry.dead_letters_prune(retention).await {
+            tracing::warn!(event = "dead_letter_retention_failed", kind = "retry", error = %err);
+        }
+        if let Err(err) = journal.dead_letters_prune(retention).await {
+            tracing::warn!(event = "dead_letter_retention_failed", kind = "journal", error = %err);
+        }
+    }
+}
