@@ -46,6 +46,7 @@ async fn main() {
             state_version: 0,
             owner_epoch: 1,
             issue_mark: 0,
+            schema_version: 1,
         };
         let loaded = LoadedCharacter {
             snapshot,

@@ -119,6 +119,7 @@ async fn prepare(config: SimConfig, env: SimEnv) -> Result<Arc<World>, (SimError
                 room_ref: None,
                 state: starting_state(&catalog),
                 chargen: None,
+                schema_version: 1,
             })
             .await;
         if let Err(err) = created {

@@ -15,6 +15,7 @@ pub fn new_character(name: &str) -> NewCharacter {
         room_ref: Some("market".into()),
         state: json!({ "gold": 1 }),
         chargen: Some(json!({ "class": "ranger" })),
+        schema_version: 1,
     }
 }
 

@@ -56,6 +56,16 @@ pub trait GameModel: Send + Sync + 'static {
     /// The effects the game's retry jobs carry.
     type Effect: GameEffect;
 
+    /// The schema version of [`GameModel::State`] this model reads and writes, from 1 up. Raise
+    /// it when a release changes the document, and teach [`GameModel::upcast`] the step.
+    const SCHEMA_VERSION: u32 = 1;
+
+    /// Upgrades an encoded state of schema version `from` to `from + 1` (the loader runs the
+    /// steps up to [`GameModel::SCHEMA_VERSION`]; the next save persists the result).
+    fn upcast(&self, from: u32, _state: serde_json::Value) -> Result<serde_json::Value, String> {
+        Err(format!("no upcaster from schema version {from}"))
+    }
+
     /// What `effect` does to a character's state and anchor; `Ok(true)` when anything changed.
     /// An effect that would leave both as they are answers `Ok(false)` (nothing is rewritten).
     /// Whether it runs at all (a duplicate, a write the row already holds) is decided by the
@@ -91,6 +101,8 @@ pub enum Applied {
 /// The model behind a type-erased handle: every method works on encoded documents.
 trait ErasedModel: Send + Sync {
     fn name(&self) -> &'static str;
+    fn schema_version(&self) -> u32;
+    fn upcast(&self, from: u32, state: serde_json::Value) -> Result<serde_json::Value, String>;
     fn check_state(&self, state: &serde_json::Value) -> Result<(), String>;
     fn apply(
         &self,
@@ -118,6 +130,14 @@ use serde::Deserialize as _;
 impl<M: GameModel> ErasedModel for Erased<M> {
     fn name(&self) -> &'static str {
         std::any::type_name::<M>()
+    }
+
+    fn schema_version(&self) -> u32 {
+        M::SCHEMA_VERSION
+    }
+
+    fn upcast(&self, from: u32, state: serde_json::Value) -> Result<serde_json::Value, String> {
+        self.0.upcast(from, state)
     }
 
     fn check_state(&self, state: &serde_json::Value) -> Result<(), String> {
@@ -160,6 +180,29 @@ impl<M: GameModel> ErasedModel for Erased<M> {
     }
 }
 
+/// A state could not be brought to the model's schema version.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpgradeError {
+    /// The state is newer than the model.
+    #[error(
+        "stored at schema version {stored}, newer than this process's model (version {supported})"
+    )]
+    Newer {
+        /// The stored version.
+        stored: u32,
+        /// The model's version.
+        supported: u32,
+    },
+    /// An upcast failed.
+    #[error("upgrading from schema version {from}: {reason}")]
+    Failed {
+        /// The version the failing step started from.
+        from: u32,
+        /// Why.
+        reason: String,
+    },
+}
+
 /// A game's model behind a cheap-to-clone handle, for the workers and the loader.
 #[derive(Clone)]
 pub struct ModelHandle(Arc<dyn ErasedModel>);
@@ -174,6 +217,35 @@ impl ModelHandle {
     /// Wraps `model`.
     pub fn new<M: GameModel>(model: M) -> Self {
         Self(Arc::new(Erased(model)))
+    }
+
+    /// The schema version the model reads and writes.
+    pub fn schema_version(&self) -> u32 {
+        self.0.schema_version()
+    }
+
+    /// Brings an encoded state of schema version `from` to the model's version, one upcast at a
+    /// time. A state newer than the model is refused ([`UpgradeError::Newer`]): an older
+    /// process must never read it and write it back without the fields it does not know.
+    pub fn upgrade(
+        &self,
+        from: u32,
+        mut state: serde_json::Value,
+    ) -> Result<serde_json::Value, UpgradeError> {
+        let current = self.0.schema_version();
+        if from > current {
+            return Err(UpgradeError::Newer {
+                stored: from,
+                supported: current,
+            });
+        }
+        for step in from.max(1)..current {
+            state = self
+                .0
+                .upcast(step, state)
+                .map_err(|reason| UpgradeError::Failed { from: step, reason })?;
+        }
+        Ok(state)
     }
 
     /// Refuses a document that is not the model's state.

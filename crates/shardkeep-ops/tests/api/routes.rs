@@ -302,6 +302,7 @@ async fn audit_views_over_http(pool: PgPool) {
                 room_ref: None,
                 state: json!({}),
                 chargen: None,
+                schema_version: 1,
             },
             None,
         )

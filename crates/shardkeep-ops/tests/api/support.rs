@@ -275,6 +275,7 @@ pub(crate) async fn saver_and_auditor_workload(app: &TestApp) {
             room_ref: None,
             state: serde_json::json!({}),
             chargen: None,
+            schema_version: 1,
         })
         .await
         .unwrap();

@@ -221,6 +221,7 @@ pub fn dump_character(
         state_version: character.state_version,
         owner_epoch: character.owner_epoch,
         issue_mark: character.issued,
+        schema_version: 1,
     })
 }
 

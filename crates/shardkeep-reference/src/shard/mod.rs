@@ -116,6 +116,11 @@ pub enum EvictionCause {
         /// The checkpoint's epoch.
         stored_epoch: i64,
     },
+    /// A process with a newer model wrote the character: this copy must not write over it.
+    SchemaOutdated {
+        /// The schema version stored.
+        stored_schema: u32,
+    },
 }
 
 /// A zombie copy the shard removed.
@@ -489,6 +494,14 @@ impl Shard {
                 character_id,
                 stored_epoch,
                 EvictionCause::DoubleOwn { stored_epoch },
+            ),
+            SaverEvent::SchemaOutdated {
+                character_id,
+                stored_schema,
+            } => self.evict(
+                character_id,
+                i64::MAX,
+                EvictionCause::SchemaOutdated { stored_schema },
             ),
             SaverEvent::FinalDropped { .. }
             | SaverEvent::FinalQueuedAsJob { .. }

@@ -189,6 +189,7 @@ async fn account_with_character(accounts: &AccountStore, name: &str) -> (Uuid, U
                 room_ref: None,
                 state: json!({}),
                 chargen: None,
+                schema_version: 1,
             },
             None,
         )
@@ -245,6 +246,7 @@ async fn account_changes_are_recorded_in_the_same_transaction(pool: PgPool) {
                 room_ref: None,
                 state: json!({}),
                 chargen: None,
+                schema_version: 1,
             },
             None,
         )

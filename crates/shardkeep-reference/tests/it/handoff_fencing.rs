@@ -139,6 +139,7 @@ fn a_payload_whose_stated_epoch_is_not_its_snapshots_is_refused() {
         state_version: 0,
         owner_epoch: 4,
         issue_mark: 0,
+        schema_version: 1,
     };
     let mut payload = HandoffPayload::new(snapshot);
     payload.dumped_under_epoch = 5;

@@ -259,6 +259,7 @@ async fn a_storeless_shard_records_nothing_and_still_works(pool: PgPool) {
             state_version: 0,
             owner_epoch: 0,
             issue_mark: 0,
+            schema_version: 1,
         };
         shard
             .admit(

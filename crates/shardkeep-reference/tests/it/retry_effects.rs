@@ -33,6 +33,7 @@ async fn character(pool: &PgPool, name: &str) -> Uuid {
             room_ref: Some("r0".into()),
             state: json!({ "experience": 0, "currency": 0 }),
             chargen: None,
+            schema_version: 1,
         })
         .await
         .unwrap();

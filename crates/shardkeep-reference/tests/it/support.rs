@@ -68,6 +68,7 @@ impl Stores {
                 room_ref: None,
                 state: json!({}),
                 chargen: Some(json!({ "items": ["bag"] })),
+                schema_version: 1,
             })
             .await
             .unwrap();

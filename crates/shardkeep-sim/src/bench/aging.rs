@@ -129,6 +129,7 @@ pub async fn age_character(
             room_ref: Some("r0".into()),
             state: fresh_state.clone(),
             chargen: None,
+            schema_version: 1,
         })
         .await?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);

@@ -162,6 +162,7 @@ fn snapshot(id: Uuid, name: &str, state: &serde_json::Value) -> CharacterSnapsho
         state_version: 0,
         issue_mark: 0,
         owner_epoch: 1,
+        schema_version: 1,
     }
 }
 

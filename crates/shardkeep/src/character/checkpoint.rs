@@ -50,6 +50,12 @@ pub enum CheckpointWrite {
         /// The epoch stored in the checkpoint.
         stored_epoch: i64,
     },
+    /// Refused: the stored checkpoint is of a newer schema than this snapshot's (a process
+    /// running an older model).
+    SchemaNewer {
+        /// The schema version stored.
+        stored_schema: u32,
+    },
 }
 
 /// Handle on the checkpoint tier. Cheap to clone.
@@ -99,7 +105,8 @@ impl CheckpointStore {
             call.key(self.redis.keys().checkpoint(snapshot.character_id))
                 .arg(snapshot.owner_epoch)
                 .arg(body)
-                .arg(self.ttl.as_millis());
+                .arg(self.ttl.as_millis())
+                .arg(snapshot.schema_version);
             invocations.push(call);
         }
         // Loading first makes the pipelined EVALSHAs immune to a flushed script cache.
@@ -177,6 +184,11 @@ fn decode_write(reply: &[Value]) -> Result<CheckpointWrite, CheckpointError> {
             .and_then(|s| s.parse().ok())
             .map(|stored_epoch| CheckpointWrite::NotOwner { stored_epoch })
             .ok_or_else(|| CheckpointError::Protocol("not_owner epoch".into())),
+        [tag, Value::BulkString(schema)] if is(tag, "schema_newer") => std::str::from_utf8(schema)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .map(|stored_schema| CheckpointWrite::SchemaNewer { stored_schema })
+            .ok_or_else(|| CheckpointError::Protocol("schema_newer schema".into())),
         other => Err(CheckpointError::Protocol(format!("{other:?}"))),
     }
 }

@@ -95,6 +95,7 @@ mod tests {
             state_version: 4,
             owner_epoch: epoch,
             issue_mark: 0,
+            schema_version: 1,
         }
     }
 

@@ -37,6 +37,15 @@ pub enum LoadError {
         /// What failed.
         reason: String,
     },
+    /// The content is of a newer schema than this process's model, or could not be upgraded
+    /// to it; the login must be refused.
+    #[error("character {character_id}: {source}")]
+    Schema {
+        /// The character.
+        character_id: Uuid,
+        /// What was wrong.
+        source: crate::model::UpgradeError,
+    },
     /// A checkpoint asked for by name could not be read.
     #[error("reading the checkpoint of character {character_id}: {source}")]
     Checkpoint {
@@ -136,7 +145,7 @@ impl CharacterLoader {
         io_timeout: Duration,
     ) -> Self {
         Self {
-            store,
+            store: store.with_schema_ceiling(model.schema_version()),
             checkpoints,
             model,
             io_timeout,
@@ -157,8 +166,27 @@ impl CharacterLoader {
                 source,
             })?;
         let checkpoint = self.read_checkpoint(character_id).await;
-        let loaded = choose(&self.model, claimed, checkpoint);
+        let loaded = self.upgraded(choose(&self.model, claimed, checkpoint))?;
         self.record_item_loads(&loaded).await;
+        Ok(loaded)
+    }
+
+    /// Brings the loaded content to the model's schema version; refuses content newer than the
+    /// model (this process must not play it and save it back without what it does not know).
+    fn upgraded(&self, mut loaded: LoadedCharacter) -> Result<LoadedCharacter, LoadError> {
+        let snapshot = &mut loaded.snapshot;
+        let current = self.model.schema_version();
+        if snapshot.schema_version != current {
+            let state = std::mem::take(&mut snapshot.state);
+            snapshot.state =
+                self.model
+                    .upgrade(snapshot.schema_version, state)
+                    .map_err(|source| LoadError::Schema {
+                        character_id: snapshot.character_id,
+                        source,
+                    })?;
+            snapshot.schema_version = current;
+        }
         Ok(loaded)
     }
 
@@ -233,7 +261,7 @@ impl CharacterLoader {
                 "a superseded copy's handoff was refused; loading the freshest durable copy");
             metrics::counter!(crate::telemetry::HANDOFF_SUPERSEDED_TOTAL).increment(1);
             let checkpoint = self.read_checkpoint(character_id).await;
-            let loaded = choose(&self.model, claimed, checkpoint);
+            let loaded = self.upgraded(choose(&self.model, claimed, checkpoint))?;
             self.record_item_loads(&loaded).await;
             return Ok(HandoffLoad::Superseded {
                 dumped_under_epoch: carried.dumped_under_epoch,
@@ -254,12 +282,12 @@ impl CharacterLoader {
             issue_mark: 0,
             ..carried.snapshot
         };
-        let loaded = LoadedCharacter {
+        let loaded = self.upgraded(LoadedCharacter {
             snapshot,
             source: LoadSource::Handoff,
             brand_new: false,
             origin,
-        };
+        })?;
         self.record_item_loads(&loaded).await;
         Ok(HandoffLoad::Adopted(loaded))
     }
@@ -367,6 +395,7 @@ pub fn choose(
                     state: s.state,
                     zone_ref: s.zone_ref,
                     room_ref: s.room_ref,
+                    schema_version: s.schema_version,
                 };
                 // A checkpoint dumped before shardkeep's bookkeeping left the document still lists
                 // the rewards it holds: an unsequenced grant it names is not granted again.
@@ -394,6 +423,7 @@ pub fn choose(
                 s.state = merged.state;
                 s.zone_ref = merged.zone_ref;
                 s.room_ref = merged.room_ref;
+                s.schema_version = merged.schema_version;
             }
             s.account_id = row.account_id;
             s.name = row.name.clone();
@@ -441,6 +471,7 @@ mod tests {
             state_version: version,
             owner_epoch: epoch,
             issue_mark: 0,
+            schema_version: 1,
         }
     }
 

@@ -35,6 +35,14 @@ pub struct CharacterSnapshot {
     /// its new epoch. (Absent in snapshots from before marks existed: 0.)
     #[serde(default)]
     pub issue_mark: u64,
+    /// The game's schema version of `state` ([`crate::model::GameModel::SCHEMA_VERSION`]).
+    /// (Absent in snapshots from before versions existed: 1.)
+    #[serde(default = "first_schema")]
+    pub schema_version: u32,
+}
+
+fn first_schema() -> u32 {
+    1
 }
 
 /// Where a content stands in the issue sequence of the copy that dumped it: that copy (at
@@ -67,6 +75,9 @@ pub enum SaveOutcome {
     VersionConflict(i64),
     /// A newer owner claimed the character; the row's epoch is this. Terminal.
     OwnershipLost(i64),
+    /// The row holds a document of a newer schema (this one) than the writer's: a process
+    /// running an older model must not strip what it does not know. Terminal for the writer.
+    SchemaOutdated(u32),
     /// No row with this id.
     NotFound,
 }
@@ -105,19 +116,23 @@ pub fn freshest(row: (i64, i64), row_live_version: i64, checkpoint: (i64, i64)) 
 
 /// Decides a save's outcome from the row as locked by the save statement.
 ///
-/// `row` is `None` when no row exists; `saved` is the new version when the update applied.
-/// An ownership loss outranks a version conflict: a stale owner must learn it is stale rather
-/// than rebase and try again.
+/// `row` is the locked row's `(version, epoch, schema)`, `None` when no row exists; `saved` is
+/// the new version when the update applied; `writer` is the snapshot's `(epoch, schema)`. An
+/// ownership loss outranks everything (a stale owner must learn it is stale rather than rebase),
+/// then a newer schema (a rebase cannot cure an older model), then a version conflict.
 pub fn classify_save(
-    row: Option<(i64, i64)>,
+    row: Option<(i64, i64, i32)>,
     saved: Option<i64>,
-    writer_epoch: i64,
+    (writer_epoch, writer_schema): (i64, i32),
 ) -> SaveOutcome {
     match (row, saved) {
         (_, Some(version)) => SaveOutcome::Saved(version),
         (None, None) => SaveOutcome::NotFound,
-        (Some((_, epoch)), None) if epoch > writer_epoch => SaveOutcome::OwnershipLost(epoch),
-        (Some((version, _)), None) => SaveOutcome::VersionConflict(version),
+        (Some((_, epoch, _)), None) if epoch > writer_epoch => SaveOutcome::OwnershipLost(epoch),
+        (Some((_, _, schema)), None) if schema > writer_schema => {
+            SaveOutcome::SchemaOutdated(u32::try_from(schema).unwrap_or(u32::MAX))
+        }
+        (Some((version, _, _)), None) => SaveOutcome::VersionConflict(version),
     }
 }
 
@@ -157,22 +172,26 @@ mod tests {
     }
 
     #[test]
-    fn save_outcomes_are_classified_ownership_first() {
+    fn save_outcomes_are_classified_ownership_then_schema_then_version() {
         assert_eq!(
-            classify_save(Some((5, 2)), Some(6), 2),
+            classify_save(Some((5, 2, 1)), Some(6), (2, 1)),
             SaveOutcome::Saved(6)
         );
-        assert_eq!(classify_save(None, None, 2), SaveOutcome::NotFound);
+        assert_eq!(classify_save(None, None, (2, 1)), SaveOutcome::NotFound);
         assert_eq!(
-            classify_save(Some((5, 3)), None, 2),
+            classify_save(Some((5, 3, 2)), None, (2, 1)),
             SaveOutcome::OwnershipLost(3)
         );
         assert_eq!(
-            classify_save(Some((5, 2)), None, 2),
+            classify_save(Some((5, 2, 2)), None, (2, 1)),
+            SaveOutcome::SchemaOutdated(2)
+        );
+        assert_eq!(
+            classify_save(Some((5, 2, 1)), None, (2, 2)),
             SaveOutcome::VersionConflict(5)
         );
         assert_eq!(
-            classify_save(Some((5, 1)), None, 2),
+            classify_save(Some((5, 1, 1)), None, (2, 1)),
             SaveOutcome::VersionConflict(5)
         );
     }

@@ -25,6 +25,20 @@ pub enum StoreError {
     /// The call's input was invalid; nothing was written.
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// The stored document is of a newer schema than this process's model: it is not loaded
+    /// for play (and nothing was claimed).
+    #[error(
+        "character {character_id} is stored at schema version {stored}, newer than this \
+         process's model (version {supported}): deploy the newer game before loading it"
+    )]
+    SchemaNewer {
+        /// The character.
+        character_id: Uuid,
+        /// The version stored.
+        stored: u32,
+        /// The newest version this process's model reads.
+        supported: u32,
+    },
 }
 
 /// A character to create.
@@ -44,6 +58,8 @@ pub struct NewCharacter {
     pub state: serde_json::Value,
     /// Content-driven chargen input, applied on first spawn.
     pub chargen: Option<serde_json::Value>,
+    /// The game's schema version of `state`.
+    pub schema_version: u32,
 }
 
 /// The releasing side of an item transfer.
@@ -191,6 +207,8 @@ pub struct HandoffClaim {
 #[derive(Debug, Clone)]
 pub struct CharacterStore {
     pub(super) pg: PostgresBackend,
+    /// The newest schema a claim accepts (the model's version); no limit by default.
+    schema_ceiling: u32,
 }
 
 type RowTuple = (
@@ -204,10 +222,20 @@ type RowTuple = (
     i64,
     i64,
     i64,
+    i32,
 );
 
-/// One row of the batched save's answer: id, locked version and epoch, new version if saved.
-type BatchRow = (Uuid, Option<i64>, Option<i64>, Option<i64>);
+/// One row of the batched save's answer: id, locked version, epoch and schema, new version if
+/// saved.
+type BatchRow = (Uuid, Option<i64>, Option<i64>, Option<i32>, Option<i64>);
+
+/// The single save's answer: new version if saved, else the locked version, epoch and schema.
+type SaveRow = (Option<i64>, Option<i64>, Option<i64>, Option<i32>);
+
+/// A snapshot's schema version as stored.
+fn schema_of(snapshot: &CharacterSnapshot) -> i32 {
+    i32::try_from(snapshot.schema_version).unwrap_or(i32::MAX)
+}
 
 /// A snapshot's issue mark as stored (a mark past `i64::MAX` is clamped; none is that large).
 fn mark_of(snapshot: &CharacterSnapshot) -> i64 {
@@ -226,6 +254,7 @@ fn snapshot_of(row: RowTuple) -> CharacterSnapshot {
         state_version,
         owner_epoch,
         issue_mark,
+        schema_version,
     ) = row;
     CharacterSnapshot {
         character_id,
@@ -238,6 +267,7 @@ fn snapshot_of(row: RowTuple) -> CharacterSnapshot {
         state_version,
         owner_epoch,
         issue_mark: u64::try_from(issue_mark).unwrap_or(0),
+        schema_version: u32::try_from(schema_version).unwrap_or(1),
     }
 }
 
@@ -255,15 +285,17 @@ WITH upd AS (
            live_version = c.state_version + 1,
            live_issue_epoch = $3,
            live_issue_mark = $8,
+           schema_version = $9,
            updated_at = now()
-     WHERE c.id = $1 AND c.state_version = $2 AND c.owner_epoch <= $3
+     WHERE c.id = $1 AND c.state_version = $2 AND c.owner_epoch <= $3 AND c.schema_version <= $9
  RETURNING c.state_version
 ), missed AS (
-    SELECT state_version, owner_epoch FROM characters
+    SELECT state_version, owner_epoch, schema_version FROM characters
      WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM upd)
        FOR UPDATE
 )
-SELECT (SELECT state_version FROM upd), (SELECT state_version FROM missed), (SELECT owner_epoch FROM missed)";
+SELECT (SELECT state_version FROM upd), (SELECT state_version FROM missed),
+       (SELECT owner_epoch FROM missed), (SELECT schema_version FROM missed)";
 
 // Rows are locked first, in id order (the one global lock order of every statement that locks
 // several characters), whatever order the batch lists them in: the update's one-time filter
@@ -274,8 +306,8 @@ SELECT (SELECT state_version FROM upd), (SELECT state_version FROM missed), (SEL
 const SAVE_MANY: &str = "
 WITH input AS (
     SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::int8[], $4::jsonb[], $5::jsonb[], $6::text[], $7::text[],
-                         $8::int8[])
-        AS t(id, expected, epoch, state, chargen, zone_ref, room_ref, issue_mark)
+                         $8::int8[], $9::int4[])
+        AS t(id, expected, epoch, state, chargen, zone_ref, room_ref, issue_mark, schema_version)
 ), locked AS (
     SELECT c.id FROM characters c WHERE c.id = ANY($1) ORDER BY c.id FOR UPDATE
 ), upd AS (
@@ -288,19 +320,21 @@ WITH input AS (
            live_version = c.state_version + 1,
            live_issue_epoch = i.epoch,
            live_issue_mark = i.issue_mark,
+           schema_version = i.schema_version,
            updated_at = now()
       FROM input i
      WHERE c.id = i.id AND c.state_version = i.expected AND c.owner_epoch <= i.epoch
+       AND c.schema_version <= i.schema_version
        AND (SELECT count(*) FROM locked) >= 0
  RETURNING c.id, c.state_version
 ), missed AS (
-    SELECT c.id, c.state_version, c.owner_epoch
+    SELECT c.id, c.state_version, c.owner_epoch, c.schema_version
       FROM characters c JOIN input i ON i.id = c.id
      WHERE NOT EXISTS (SELECT 1 FROM upd WHERE upd.id = i.id)
      ORDER BY c.id
        FOR UPDATE OF c
 )
-SELECT i.id, m.state_version, m.owner_epoch, upd.state_version
+SELECT i.id, m.state_version, m.owner_epoch, m.schema_version, upd.state_version
   FROM input i
   LEFT JOIN upd ON upd.id = i.id
   LEFT JOIN missed m ON m.id = i.id";
@@ -324,10 +358,10 @@ UPDATE characters c
        handoff_claim = CASE WHEN d.adopt THEN $4::text END,
        updated_at = now()
   FROM decided d
- WHERE c.id = d.id
+ WHERE c.id = d.id AND c.schema_version <= $5
 RETURNING c.owner_epoch, c.id, c.account_id, c.name, c.zone_ref, c.room_ref, c.state, c.chargen,
           c.state_version, d.owner_epoch, c.live_version, d.adopt, c.live_issue_epoch,
-          c.live_issue_mark";
+          c.live_issue_mark, c.schema_version";
 
 // The job effects applied since the row's content was dumped, read after the claim took the row
 // lock (its own statement: a claim that waited for a settle's lock reads the settled row, and
@@ -349,16 +383,27 @@ SELECT COALESCE(jsonb_agg(jsonb_build_array(e.idempotency_key, e.owner_epoch, e.
 
 const SELECT_BY_ID: &str = "SELECT id, account_id, name, zone_ref, room_ref, state, chargen, \
     state_version, owner_epoch, CASE WHEN live_issue_epoch = owner_epoch THEN live_issue_mark \
-    ELSE 0 END FROM characters WHERE id = $1";
+    ELSE 0 END, schema_version FROM characters WHERE id = $1";
 
 const SELECT_BY_NAME: &str = "SELECT id, account_id, name, zone_ref, room_ref, state, chargen, \
     state_version, owner_epoch, CASE WHEN live_issue_epoch = owner_epoch THEN live_issue_mark \
-    ELSE 0 END FROM characters WHERE lower(name) = lower(btrim($1))";
+    ELSE 0 END, schema_version FROM characters WHERE lower(name) = lower(btrim($1))";
 
 impl CharacterStore {
     /// A store over `pg`.
     pub fn new(pg: PostgresBackend) -> Self {
-        Self { pg }
+        Self {
+            pg,
+            schema_ceiling: u32::MAX,
+        }
+    }
+
+    /// The same store, refusing to claim a character stored at a schema newer than
+    /// `schema_version` ([`StoreError::SchemaNewer`], decided in the claim's statement, nothing
+    /// minted). The loader sets it from the game's model.
+    pub fn with_schema_ceiling(mut self, schema_version: u32) -> Self {
+        self.schema_ceiling = schema_version;
+        self
     }
 
     /// Creates a character; its state starts at version 0 and epoch 0.
@@ -380,8 +425,9 @@ impl CharacterStore {
         }
         let zone_ref = new.zone_ref.as_deref().filter(|z| !z.is_empty());
         sqlx::query(
-            "INSERT INTO characters (id, account_id, name, zone_ref, room_ref, state, chargen)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            "INSERT INTO characters (id, account_id, name, zone_ref, room_ref, state, chargen,
+                                     schema_version)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         )
         .bind(new.character_id)
         .bind(new.account_id)
@@ -390,6 +436,7 @@ impl CharacterStore {
         .bind(zone_ref.and(new.room_ref.as_deref()))
         .bind(&new.state)
         .bind(&new.chargen)
+        .bind(i32::try_from(new.schema_version.max(1)).unwrap_or(i32::MAX))
         .execute(conn)
         .await
         .map_err(|e| match &e {
@@ -459,6 +506,7 @@ impl CharacterStore {
             bool,
             i64,
             i64,
+            i32,
         );
         let mut tx = self.pg.pool().begin().await?;
         let row: Option<ClaimTuple> = sqlx::query_as(CLAIM)
@@ -466,8 +514,26 @@ impl CharacterStore {
             .bind(floor)
             .bind(handoff.map(|(epoch, _)| epoch))
             .bind(handoff.map(|(_, token)| token))
+            .bind(i32::try_from(self.schema_ceiling).unwrap_or(i32::MAX))
             .fetch_optional(&mut *tx)
             .await?;
+        if row.is_none() {
+            // Missing, or refused for its schema (the row is locked by the claim's first step).
+            let stored: Option<i32> =
+                sqlx::query_scalar("SELECT schema_version FROM characters WHERE id = $1")
+                    .bind(character_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            tx.rollback().await?;
+            return Err(match stored {
+                Some(stored) => StoreError::SchemaNewer {
+                    character_id,
+                    stored: u32::try_from(stored).unwrap_or(u32::MAX),
+                    supported: self.schema_ceiling,
+                },
+                None => StoreError::NotFound(character_id),
+            });
+        }
         let effects: serde_json::Value = if row.is_some() {
             sqlx::query_scalar(EFFECTS_SINCE_DUMP)
                 .bind(character_id)
@@ -492,6 +558,7 @@ impl CharacterStore {
             adopted,
             mark_epoch,
             mark,
+            schema,
         ) = row.ok_or(StoreError::NotFound(character_id))?;
         let content_mark = IssueMark {
             epoch: mark_epoch,
@@ -515,6 +582,7 @@ impl CharacterStore {
                     version,
                     previous,
                     previous_mark,
+                    schema,
                 )),
             },
             adopted,
@@ -551,22 +619,22 @@ impl CharacterStore {
         snapshot: &CharacterSnapshot,
     ) -> Result<SaveOutcome, StoreError> {
         let zone_ref = snapshot.zone_ref.as_deref().filter(|z| !z.is_empty());
-        let (saved, version, epoch): (Option<i64>, Option<i64>, Option<i64>) =
-            sqlx::query_as(SAVE_ONE)
-                .bind(snapshot.character_id)
-                .bind(snapshot.state_version)
-                .bind(snapshot.owner_epoch)
-                .bind(&snapshot.state)
-                .bind(&snapshot.chargen)
-                .bind(zone_ref)
-                .bind(zone_ref.and(snapshot.room_ref.as_deref()))
-                .bind(mark_of(snapshot))
-                .fetch_one(conn)
-                .await?;
+        let (saved, version, epoch, schema): SaveRow = sqlx::query_as(SAVE_ONE)
+            .bind(snapshot.character_id)
+            .bind(snapshot.state_version)
+            .bind(snapshot.owner_epoch)
+            .bind(&snapshot.state)
+            .bind(&snapshot.chargen)
+            .bind(zone_ref)
+            .bind(zone_ref.and(snapshot.room_ref.as_deref()))
+            .bind(mark_of(snapshot))
+            .bind(schema_of(snapshot))
+            .fetch_one(conn)
+            .await?;
         Ok(classify_save(
-            version.zip(epoch),
+            version.zip(epoch).zip(schema).map(|((v, e), s)| (v, e, s)),
             saved,
-            snapshot.owner_epoch,
+            (snapshot.owner_epoch, schema_of(snapshot)),
         ))
     }
 
@@ -611,6 +679,7 @@ impl CharacterStore {
             .map(|(s, z)| z.and(s.room_ref.as_deref()))
             .collect();
         let marks: Vec<i64> = snapshots.iter().map(|s| mark_of(s)).collect();
+        let schemas: Vec<i32> = snapshots.iter().map(|s| schema_of(s)).collect();
         let rows: Vec<BatchRow> = sqlx::query_as(SAVE_MANY)
             .bind(&ids)
             .bind(&expected)
@@ -620,16 +689,17 @@ impl CharacterStore {
             .bind(&zones)
             .bind(&rooms)
             .bind(&marks)
+            .bind(&schemas)
             .fetch_all(self.pg.pool())
             .await?;
         let by_id: std::collections::HashMap<Uuid, SaveOutcome> = rows
             .into_iter()
-            .map(|(id, version, epoch, saved)| {
-                let current = version.zip(epoch);
+            .map(|(id, version, epoch, schema, saved)| {
+                let current = version.zip(epoch).zip(schema).map(|((v, e), s)| (v, e, s));
                 let writer = snapshots
                     .iter()
                     .find(|s| s.character_id == id)
-                    .map_or(i64::MAX, |s| s.owner_epoch);
+                    .map_or((i64::MAX, i32::MAX), |s| (s.owner_epoch, schema_of(s)));
                 (id, classify_save(current, saved, writer))
             })
             .collect();

@@ -10,6 +10,28 @@ pub(crate) struct RowState {
     pub(crate) state: serde_json::Value,
     pub(crate) zone_ref: Option<String>,
     pub(crate) room_ref: Option<String>,
+    /// The schema version of `state`.
+    pub(crate) schema_version: u32,
+}
+
+/// Brings the row's document to the model's schema version (an error when it is newer: this
+/// process must not rewrite it).
+fn upgrade_row(model: &ModelHandle, row: &mut RowState) -> Result<(), String> {
+    let current = model.schema_version();
+    if row.schema_version != current {
+        let state = std::mem::take(&mut row.state);
+        match model.upgrade(row.schema_version, state.clone()) {
+            Ok(upgraded) => {
+                row.state = upgraded;
+                row.schema_version = current;
+            }
+            Err(err) => {
+                row.state = state;
+                return Err(err.to_string());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A job effect as recorded beside its row (`character_job_effects`).
@@ -73,12 +95,24 @@ pub(crate) fn apply_payload(
             state,
             zone_ref,
             room_ref,
+            schema_version,
             ..
         }) => {
-            model.check_state(state)?;
-            let mut changed = row.state != *state;
+            let current = model.schema_version();
+            if row.schema_version > current {
+                return Err(format!(
+                    "the row is at schema version {}, newer than this process's model ({current})",
+                    row.schema_version
+                ));
+            }
+            let state = model
+                .upgrade(*schema_version, state.clone())
+                .map_err(|e| e.to_string())?;
+            model.check_state(&state)?;
+            let mut changed = row.state != state || row.schema_version != current;
             if changed {
-                row.state = state.clone();
+                row.state = state;
+                row.schema_version = current;
             }
             if let Some(zone) = zone_ref.as_ref().filter(|z| !z.is_empty()) {
                 changed |= row.zone_ref.as_ref() != Some(zone) || row.room_ref != *room_ref;
@@ -89,12 +123,25 @@ pub(crate) fn apply_payload(
         }
         Some(CoreWrite::TransferActivation { .. }) => Ok(false),
         None => {
+            let before = row.clone();
+            if let Err(err) = upgrade_row(model, row) {
+                *row = before;
+                return Err(err);
+            }
+            let upgraded = row.schema_version != before.schema_version;
             // Applied to copies: an effect that fails leaves the row as it was.
             let mut anchor = Anchor {
                 zone_ref: row.zone_ref.clone(),
                 room_ref: row.room_ref.clone(),
             };
-            let applied = model.apply_effect(&row.state, &mut anchor, &payload.game_fields())?;
+            let applied = match model.apply_effect(&row.state, &mut anchor, &payload.game_fields())
+            {
+                Ok(applied) => applied,
+                Err(err) => {
+                    *row = before;
+                    return Err(err);
+                }
+            };
             let moved = anchor.zone_ref != row.zone_ref || anchor.room_ref != row.room_ref;
             row.zone_ref = anchor.zone_ref;
             row.room_ref = anchor.room_ref;
@@ -103,7 +150,7 @@ pub(crate) fn apply_payload(
                     row.state = state;
                     Ok(true)
                 }
-                Applied::Unchanged => Ok(moved),
+                Applied::Unchanged => Ok(moved || upgraded),
             }
         }
     }
@@ -122,6 +169,7 @@ mod tests {
             state: json!({ "experience": 10, "currency": 5 }),
             zone_ref: Some("zone-0".into()),
             room_ref: Some("r0".into()),
+            schema_version: 1,
         }
     }
 
@@ -193,6 +241,7 @@ mod tests {
             state: json!({ "experience": "lots" }),
             zone_ref: None,
             room_ref: None,
+            schema_version: 1,
         };
         let before = row.clone();
         let grant = Effect::CombatRewards {

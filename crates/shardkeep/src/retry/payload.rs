@@ -34,6 +34,9 @@ pub enum CoreWrite {
         zone_ref: Option<String>,
         /// Room in the zone.
         room_ref: Option<String>,
+        /// The game's schema version of `state` (absent in jobs from before versions: 1).
+        #[serde(default = "first_schema")]
+        schema_version: u32,
     },
     /// A cross-shard transfer activation, recorded durably.
     TransferActivation {
@@ -48,6 +51,10 @@ pub enum CoreWrite {
     },
 }
 
+fn first_schema() -> u32 {
+    1
+}
+
 /// The write a job performs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PersistenceRetryPayload {
@@ -60,10 +67,21 @@ pub struct PersistenceRetryPayload {
 }
 
 impl PersistenceRetryPayload {
-    /// A whole state document to write (a flush that could not land).
+    /// A whole state document of schema version 1 to write.
     pub fn gameplay_state(
         character_id: Uuid,
         state: serde_json::Value,
+        zone_ref: Option<String>,
+        room_ref: Option<String>,
+    ) -> Self {
+        Self::gameplay_state_at(character_id, state, 1, zone_ref, room_ref)
+    }
+
+    /// A whole state document of `schema_version` to write (a flush that could not land).
+    pub fn gameplay_state_at(
+        character_id: Uuid,
+        state: serde_json::Value,
+        schema_version: u32,
         zone_ref: Option<String>,
         room_ref: Option<String>,
     ) -> Self {
@@ -72,6 +90,7 @@ impl PersistenceRetryPayload {
             state,
             zone_ref,
             room_ref,
+            schema_version,
         })
     }
 

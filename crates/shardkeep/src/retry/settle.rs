@@ -94,6 +94,7 @@ type CharacterRow = (
     Option<String>,
     i64,
     i64,
+    i32,
 );
 
 /// Settles `claimed` (leased under `token`) in one transaction, returning an outcome per job in
@@ -344,7 +345,7 @@ async fn lock_characters(
         .collect();
     let rows: Vec<CharacterRow> = sqlx::query_as(
         "SELECT id, owner_epoch, state_version, state, zone_ref, room_ref, live_issue_epoch,
-                live_issue_mark
+                live_issue_mark, schema_version
            FROM characters WHERE id = ANY($1) ORDER BY id FOR UPDATE",
     )
     .bind(&ids)
@@ -353,7 +354,17 @@ async fn lock_characters(
     let mut characters: HashMap<Uuid, Locked> = rows
         .into_iter()
         .map(
-            |(id, owner_epoch, state_version, state, zone_ref, room_ref, mark_epoch, mark)| {
+            |(
+                id,
+                owner_epoch,
+                state_version,
+                state,
+                zone_ref,
+                room_ref,
+                mark_epoch,
+                mark,
+                schema,
+            )| {
                 let locked = Locked {
                     owner_epoch,
                     state_version,
@@ -362,6 +373,7 @@ async fn lock_characters(
                         state,
                         zone_ref,
                         room_ref,
+                        schema_version: u32::try_from(schema).unwrap_or(1),
                     },
                     sequenced: Vec::new(),
                     live_write: false,

@@ -54,6 +54,7 @@ struct RowChunk<'a> {
     mark_epochs: Vec<i64>,
     marks: Vec<i64>,
     live: Vec<bool>,
+    schemas: Vec<i32>,
 }
 
 impl<'a> RowChunk<'a> {
@@ -66,6 +67,8 @@ impl<'a> RowChunk<'a> {
         self.marks
             .push(i64::try_from(locked.mark.1).unwrap_or(i64::MAX));
         self.live.push(locked.live_write);
+        self.schemas
+            .push(i32::try_from(locked.row.schema_version).unwrap_or(i32::MAX));
     }
 }
 
@@ -81,10 +84,11 @@ async fn update_characters(
                 room_ref = CASE WHEN NULLIF(v.zone_ref, '') IS NULL THEN c.room_ref ELSE v.room_ref END,
                 live_issue_epoch = v.mark_epoch, live_issue_mark = v.mark,
                 live_version = CASE WHEN v.live THEN c.state_version + 1 ELSE c.live_version END,
-                state_version = c.state_version + 1, updated_at = now()
+                state_version = c.state_version + 1, schema_version = v.schema,
+                updated_at = now()
            FROM UNNEST($1::uuid[], $2::jsonb[], $3::text[], $4::text[], $5::int8[], $6::int8[],
-                       $7::bool[])
-                AS v(id, state, zone_ref, room_ref, mark_epoch, mark, live)
+                       $7::bool[], $8::int4[])
+                AS v(id, state, zone_ref, room_ref, mark_epoch, mark, live, schema)
           WHERE c.id = v.id",
     )
     .bind(&chunk.ids)
@@ -94,6 +98,7 @@ async fn update_characters(
     .bind(&chunk.mark_epochs)
     .bind(&chunk.marks)
     .bind(&chunk.live)
+    .bind(&chunk.schemas)
     .execute(&mut *tx)
     .await?;
     Ok(())

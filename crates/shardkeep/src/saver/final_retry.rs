@@ -107,6 +107,13 @@ impl FinalRetries {
                     snapshot.state_version = current;
                     pause = Duration::ZERO;
                 }
+                Ok(Ok(SaveOutcome::SchemaOutdated(stored_schema))) => {
+                    self.feedback.deliver(SaverEvent::SchemaOutdated {
+                        character_id,
+                        stored_schema,
+                    });
+                    return false;
+                }
                 Ok(Ok(SaveOutcome::OwnershipLost(current_epoch))) => {
                     self.stats.row_ownership_lost(1);
                     self.feedback.deliver(SaverEvent::OwnershipLost {
@@ -136,9 +143,10 @@ impl FinalRetries {
         let snapshot = &request.snapshot;
         let character_id = snapshot.character_id;
         let job = PersistenceRetryJob::new(
-            PersistenceRetryPayload::gameplay_state(
+            PersistenceRetryPayload::gameplay_state_at(
                 character_id,
                 snapshot.state.clone(),
+                snapshot.schema_version,
                 snapshot.zone_ref.clone(),
                 snapshot.zone_ref.as_ref().and(snapshot.room_ref.clone()),
             ),

@@ -87,6 +87,14 @@ pub enum SaverEvent {
         /// The row's epoch.
         current_epoch: i64,
     },
+    /// The row or the checkpoint holds a document of a newer schema than this copy's: a
+    /// process with a newer model wrote it. Terminal for this copy, like an ownership loss.
+    SchemaOutdated {
+        /// The character.
+        character_id: Uuid,
+        /// The schema version stored.
+        stored_schema: u32,
+    },
     /// The checkpoint tier refused this copy: another owner with a higher epoch is writing it.
     DoubleOwn {
         /// The character.

@@ -172,6 +172,11 @@ impl SaverWorker {
                     self.stats.checkpoint_landed(1);
                     landed.insert(snapshot.character_id);
                 }
+                CheckpointWrite::SchemaNewer { stored_schema } => {
+                    self.stats.checkpoint_refused(1);
+                    metrics::counter!(telemetry::CHECKPOINT_REFUSED_TOTAL).increment(1);
+                    self.schema_outdated(snapshot, stored_schema);
+                }
                 CheckpointWrite::NotOwner { stored_epoch } => {
                     self.stats.checkpoint_refused(1);
                     metrics::counter!(telemetry::CHECKPOINT_REFUSED_TOTAL).increment(1);
@@ -261,6 +266,9 @@ impl SaverWorker {
             SaveOutcome::OwnershipLost(current_epoch) => {
                 self.ownership_lost(snapshot, current_epoch)
             }
+            SaveOutcome::SchemaOutdated(stored_schema) => {
+                self.schema_outdated(snapshot, stored_schema)
+            }
             SaveOutcome::NotFound => {
                 tracing::error!(event = "save_not_found", character = %character_id);
                 self.feedback.deliver(SaverEvent::NotFound { character_id });
@@ -283,6 +291,17 @@ impl SaverWorker {
             }
         }
         None
+    }
+
+    /// A process with a newer model wrote this character: this copy stops saving.
+    fn schema_outdated(&self, snapshot: &CharacterSnapshot, stored_schema: u32) {
+        tracing::error!(event = "schema_outdated", character = %snapshot.character_id,
+            writer_schema = snapshot.schema_version, stored_schema,
+            "a newer model wrote this character; this copy's writes are refused");
+        self.feedback.deliver(SaverEvent::SchemaOutdated {
+            character_id: snapshot.character_id,
+            stored_schema,
+        });
     }
 
     fn saved(&self, request: &SaveRequest, dumped_version: i64, new_version: i64) {
@@ -339,6 +358,10 @@ impl SaverWorker {
                     self.ownership_lost(&snapshot, epoch);
                     return None;
                 }
+                Ok(Ok(SaveOutcome::SchemaOutdated(stored_schema))) => {
+                    self.schema_outdated(&snapshot, stored_schema);
+                    return None;
+                }
                 Ok(Ok(SaveOutcome::NotFound)) => {
                     self.feedback.deliver(SaverEvent::NotFound {
                         character_id: snapshot.character_id,
@@ -382,6 +405,7 @@ mod tests {
                 state_version: 1,
                 owner_epoch: epoch,
                 issue_mark: 0,
+                schema_version: 1,
             },
         }
     }

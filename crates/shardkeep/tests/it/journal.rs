@@ -58,6 +58,7 @@ impl Env {
                 room_ref: Some("r0".into()),
                 state: json!({}),
                 chargen: None,
+                schema_version: 1,
             })
             .await
             .unwrap();

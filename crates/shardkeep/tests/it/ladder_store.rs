@@ -209,6 +209,7 @@ fn full_snapshot(row: &CharacterSnapshot, epoch: i64) -> CharacterSnapshot {
         state_version: row.state_version,
         owner_epoch: epoch,
         issue_mark: 7,
+        schema_version: 3,
     }
 }
 
@@ -227,7 +228,7 @@ async fn drift_guard_every_field_survives_both_tiers(pool: PgPool) {
     let as_json = serde_json::to_value(&snap).unwrap();
     assert_eq!(
         as_json.as_object().unwrap().len(),
-        10,
+        11,
         "a new field needs this test extended"
     );
 
@@ -266,6 +267,7 @@ async fn a_stale_owner_cannot_overwrite_a_newer_checkpoint() {
         state_version: 3,
         owner_epoch: 5,
         issue_mark: 0,
+        schema_version: 1,
     };
     assert_eq!(
         checkpoints.write(&base).await.unwrap(),

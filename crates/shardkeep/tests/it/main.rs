@@ -21,5 +21,6 @@ mod retry_jobs;
 mod retry_lease_expiry;
 mod retry_plans;
 mod retry_worker_loop;
+mod schema_versions;
 mod services;
 mod transfer_markers;

@@ -29,6 +29,7 @@ pub(crate) async fn character(pool: &PgPool, name: &str) -> Uuid {
             room_ref: Some("r0".into()),
             state: json!({ "experience": 0, "currency": 0 }),
             chargen: None,
+            schema_version: 1,
         })
         .await
         .unwrap();

@@ -17,6 +17,7 @@ fn snapshot(state: serde_json::Value) -> CharacterSnapshot {
         state_version: 4,
         owner_epoch: 2,
         issue_mark: 9,
+        schema_version: 1,
     }
 }
 

@@ -1,0 +1,321 @@
+//! Versioned state across deploys: a newer model upgrades older documents on load and the next
+//! save persists the new version; an older model neither claims a newer document nor writes
+//! over one (row, batch, checkpoint or retry job).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use shardkeep::PostgresBackend;
+use shardkeep::character::{
+    CharacterLoader, CharacterStore, CheckpointStore, CheckpointWrite, LoadError, SaveOutcome,
+    StoreError,
+};
+use shardkeep::clock::{Clock, SystemClock};
+use shardkeep::model::{Anchor, GameModel, ModelHandle, UpgradeError};
+use shardkeep::retry::{
+    IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
+    RetryWorker, RetryWorkerConfig,
+};
+use shardkeep_testkit::TestRedis;
+use shardkeep_testkit::fixtures::new_character;
+use shardkeep_testkit::model::{LedgerEffect, LedgerModel};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// The ledger model's second release: `gold` became `coins`.
+struct LedgerV2;
+
+impl GameModel for LedgerV2 {
+    type State = serde_json::Map<String, serde_json::Value>;
+    type Effect = LedgerEffect;
+    const SCHEMA_VERSION: u32 = 2;
+
+    fn upcast(&self, from: u32, mut state: serde_json::Value) -> Result<serde_json::Value, String> {
+        if from != 1 {
+            return Err(format!("no step from {from}"));
+        }
+        let object = state.as_object_mut().ok_or("not an object")?;
+        let gold = object.remove("gold").unwrap_or(json!(0));
+        object.insert("coins".into(), gold);
+        Ok(state)
+    }
+
+    fn apply_effect(
+        &self,
+        state: &mut Self::State,
+        anchor: &mut Anchor,
+        effect: &LedgerEffect,
+    ) -> Result<bool, String> {
+        LedgerModel.apply_effect(state, anchor, effect)
+    }
+}
+
+fn v1() -> ModelHandle {
+    LedgerModel::handle()
+}
+
+fn v2() -> ModelHandle {
+    ModelHandle::new(LedgerV2)
+}
+
+fn pg(pool: &PgPool) -> PostgresBackend {
+    PostgresBackend::from_pool(pool.clone())
+}
+
+fn loader(pool: &PgPool, redis: &TestRedis, model: ModelHandle) -> CharacterLoader {
+    CharacterLoader::new(
+        CharacterStore::new(pg(pool)),
+        Some(CheckpointStore::new(redis.backend())),
+        model,
+        Duration::from_secs(5),
+    )
+}
+
+async fn stored(pool: &PgPool, id: Uuid) -> (i32, i64, serde_json::Value) {
+    sqlx::query_as("SELECT schema_version, owner_epoch, state FROM characters WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// A character created by the first release (`gold`, schema 1).
+async fn v1_character(pool: &PgPool) -> Uuid {
+    let new = new_character("Aria");
+    CharacterStore::new(pg(pool)).create(&new).await.unwrap();
+    new.character_id
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_newer_model_upgrades_on_load_and_the_next_save_persists_the_version(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let id = v1_character(&pool).await;
+    let loaded = loader(&pool, &redis, v2())
+        .claim_and_load(id, 0)
+        .await
+        .unwrap();
+    assert_eq!(loaded.snapshot.schema_version, 2);
+    assert_eq!(
+        loaded.snapshot.state["coins"], 1,
+        "upgraded: {}",
+        loaded.snapshot.state
+    );
+    assert_eq!(stored(&pool, id).await.0, 1, "loading alone writes nothing");
+    let outcome = CharacterStore::new(pg(&pool))
+        .save(&loaded.snapshot)
+        .await
+        .unwrap();
+    assert!(matches!(outcome, SaveOutcome::Saved(_)), "{outcome:?}");
+    let (schema, _, state) = stored(&pool, id).await;
+    assert_eq!((schema, &state["coins"]), (2, &json!(1)));
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn an_older_model_refuses_a_newer_character_without_claiming_it(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let id = v1_character(&pool).await;
+    let loaded = loader(&pool, &redis, v2())
+        .claim_and_load(id, 0)
+        .await
+        .unwrap();
+    CharacterStore::new(pg(&pool))
+        .save(&loaded.snapshot)
+        .await
+        .unwrap();
+    let epoch_before = stored(&pool, id).await.1;
+    let refused = loader(&pool, &redis, v1()).claim_and_load(id, 0).await;
+    match refused {
+        Err(LoadError::Store {
+            source:
+                StoreError::SchemaNewer {
+                    stored: 2,
+                    supported: 1,
+                    ..
+                },
+            ..
+        }) => {}
+        other => panic!("expected a schema refusal, got {other:?}"),
+    }
+    assert_eq!(
+        stored(&pool, id).await.1,
+        epoch_before,
+        "no epoch was minted"
+    );
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn an_older_models_save_over_a_newer_row_is_fenced(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let store = CharacterStore::new(pg(&pool));
+    let id = v1_character(&pool).await;
+    // A v1 copy loaded first (a zombie of the old release), then the new release took over
+    // and saved at v2 under the same epoch lineage rules.
+    let old = loader(&pool, &redis, v1())
+        .claim_and_load(id, 0)
+        .await
+        .unwrap();
+    let new = loader(&pool, &redis, v2())
+        .claim_and_load(id, 0)
+        .await
+        .unwrap();
+    store.save(&new.snapshot).await.unwrap();
+    let mut stale = old.snapshot.clone();
+    stale.owner_epoch = new.snapshot.owner_epoch;
+    stale.state_version = stored_version(&pool, id).await;
+    assert_eq!(
+        store.save(&stale).await.unwrap(),
+        SaveOutcome::SchemaOutdated(2)
+    );
+    let batch = store.save_many(&[&stale]).await.unwrap();
+    assert_eq!(batch[0].1, SaveOutcome::SchemaOutdated(2));
+    let (schema, _, state) = stored(&pool, id).await;
+    assert_eq!(
+        (schema, state.get("gold")),
+        (2, None),
+        "never applied: {state}"
+    );
+}
+
+async fn stored_version(pool: &PgPool, id: Uuid) -> i64 {
+    sqlx::query_scalar("SELECT state_version FROM characters WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn an_older_checkpoint_never_replaces_a_newer_one_and_an_older_model_refuses_it(
+    pool: PgPool,
+) {
+    let redis = TestRedis::new().await;
+    let checkpoints = CheckpointStore::new(redis.backend());
+    let id = v1_character(&pool).await;
+    let new = loader(&pool, &redis, v2())
+        .claim_and_load(id, 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        checkpoints.write(&new.snapshot).await.unwrap(),
+        CheckpointWrite::Written
+    );
+    let mut older = new.snapshot.clone();
+    older.schema_version = 1;
+    older.state = json!({ "gold": 1 });
+    assert_eq!(
+        checkpoints.write(&older).await.unwrap(),
+        CheckpointWrite::SchemaNewer { stored_schema: 2 }
+    );
+    // The row is still v1, the checkpoint v2: a v1 process claims the row but the freshest copy
+    // is newer than its model, and the login is refused.
+    match loader(&pool, &redis, v1()).claim_and_load(id, 0).await {
+        Err(LoadError::Schema {
+            source:
+                UpgradeError::Newer {
+                    stored: 2,
+                    supported: 1,
+                },
+            ..
+        }) => {}
+        other => panic!("expected a schema refusal, got {other:?}"),
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn retry_jobs_apply_only_under_a_model_that_reads_the_row(pool: PgPool) {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let id = v1_character(&pool).await;
+    let envelope = |key: &str| IdempotencyEnvelope {
+        idempotency_key: key.into(),
+        owner_epoch: 0,
+        origin: Origin::CombatRewards,
+        issued_at: chrono::Utc::now(),
+        issue_seq: 0,
+    };
+    let grant = PersistenceRetryJob::new(
+        PersistenceRetryPayload::effect(
+            id,
+            &LedgerEffect::CombatRewards {
+                experience: 3,
+                currency: 0,
+                items: vec![],
+            },
+        )
+        .unwrap(),
+        envelope("grant"),
+        "test",
+        None,
+    )
+    .unwrap();
+    // A v2 worker upgrades the v1 row as it applies the grant.
+    let (queue, signals) = RetryQueue::new(pg(&pool), 8, Arc::clone(&clock));
+    let mut worker = RetryWorker::new(
+        pg(&pool),
+        v2(),
+        signals,
+        RetryWorkerConfig::new("v2"),
+        Arc::clone(&clock),
+    );
+    queue.enqueue(&grant).await.unwrap();
+    worker.run_until_idle().await.unwrap();
+    let (schema, _, state) = stored(&pool, id).await;
+    assert_eq!(
+        (schema, &state["coins"], &state["experience"]),
+        (2, &json!(1), &json!(3))
+    );
+    // A v1 worker must not rewrite the v2 row: the job fails and waits for a newer worker.
+    let again = PersistenceRetryJob::new(
+        PersistenceRetryPayload::effect(
+            id,
+            &LedgerEffect::CombatRewards {
+                experience: 4,
+                currency: 0,
+                items: vec![],
+            },
+        )
+        .unwrap(),
+        envelope("grant-2"),
+        "test",
+        None,
+    )
+    .unwrap();
+    let (old_queue, old_signals) = RetryQueue::new(pg(&pool), 8, Arc::clone(&clock));
+    let mut old_worker = RetryWorker::new(
+        pg(&pool),
+        v1(),
+        old_signals,
+        RetryWorkerConfig::new("v1"),
+        clock,
+    );
+    old_queue.enqueue(&again).await.unwrap();
+    old_worker.run_until_idle().await.unwrap();
+    let (schema, _, state) = stored(&pool, id).await;
+    assert_eq!(
+        (schema, &state["experience"]),
+        (2, &json!(3)),
+        "not applied by v1"
+    );
+    let error: String = sqlx::query_scalar(
+        "SELECT last_error FROM persistence_retry_jobs WHERE idempotency_key = 'grant-2'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(error.contains("newer"), "{error}");
+    // A v1 whole-state job over the v2 row is upgraded by a v2 worker, never stored as v1.
+    let dump = PersistenceRetryJob::new(
+        PersistenceRetryPayload::gameplay_state_at(id, json!({ "gold": 9 }), 1, None, None),
+        IdempotencyEnvelope {
+            origin: Origin::GameplayState,
+            ..envelope("dump")
+        },
+        "test",
+        None,
+    )
+    .unwrap();
+    queue.enqueue(&dump).await.unwrap();
+    worker.run_until_idle().await.unwrap();
+    let (schema, _, state) = stored(&pool, id).await;
+    assert_eq!((schema, &state["coins"]), (2, &json!(9)), "{state}");
+}
