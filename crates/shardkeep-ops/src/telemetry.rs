@@ -22,7 +22,7 @@ pub fn install() -> Result<PrometheusHandle, String> {
         .install_recorder()
         .map_err(|e| e.to_string())?;
     shardkeep::telemetry::describe();
-    shardkeep::telemetry::register_all();
+    shardkeep::telemetry::register_all(&[shardkeep::journal::JOURNAL_QUEUE]);
     metrics::describe_counter!(AUTH_FAILURES_TOTAL, "Internal-auth failures by code.");
     metrics::describe_gauge!(READY, "1 when the last readiness check passed, else 0.");
     metrics::describe_counter!(HTTP_REQUESTS_TOTAL, "HTTP requests by matched route.");

@@ -29,7 +29,7 @@ pub(super) struct RowView {
     pub(super) origin: ContentOrigin,
 }
 
-use shardkeep_reference::game::items::stored_item_ids;
+use shardkeep_reference::game::state::stored_item_ids;
 
 type RowTuple = (Uuid, i64, Value, i64, i64, Vec<i64>, Vec<i64>);
 

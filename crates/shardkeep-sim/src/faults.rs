@@ -11,7 +11,7 @@ use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 use uuid::Uuid;
 
-use super::host::Inbound;
+use super::inbound::Inbound;
 use super::world::{World, bump};
 use super::{Fault, FaultSet};
 use shardkeep_testkit::faults::ProxyMode;

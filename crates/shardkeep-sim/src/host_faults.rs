@@ -7,7 +7,8 @@ use std::sync::atomic::Ordering;
 use rand::RngExt;
 use uuid::Uuid;
 
-use super::host::{Host, Inbound, Phase};
+use super::host::{Host, Phase};
+use super::inbound::Inbound;
 use super::travel;
 use super::world::{World, add_saver_stats, bump};
 use shardkeep_reference::shard::{Shard, ShardConfig};

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::host::{Host, Phase, SettleStep};
+use super::host::{Host, Phase};
 use super::host_faults::boot_idle;
+use super::inbound::SettleStep;
 use super::travel;
 use super::world::add_saver_stats;
 use shardkeep::journal::SessionLifecycleEffectPlan;

@@ -3,7 +3,7 @@
 //!
 //! # Layout
 //!
-//! - [`bench`] — benchmarks against raw engine rates and peers, run by `shardkeep bench`.
+//! - [`bench`](mod@bench) — benchmarks against raw engine rates and peers, run by `shardkeep bench`.
 //!
 //! # The simulator
 //!
@@ -33,6 +33,7 @@ mod faults;
 mod host;
 mod host_faults;
 mod host_settle;
+mod inbound;
 mod order_checks;
 mod play;
 pub mod report;

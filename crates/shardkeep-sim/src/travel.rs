@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::agent::Agent;
 use super::claims::{ClaimRecord, HandoffClaimRecord};
-use super::host::Inbound;
+use super::inbound::Inbound;
 use super::order_checks::SessionEvent;
 use super::world::{World, bump};
 use shardkeep::character::{CharacterSnapshot, HandoffLoad, HandoffPayload};

@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::SimConfig;
 use super::agent::Agent;
 use super::env::SimEnv;
-use super::host::Inbound;
+use super::inbound::Inbound;
 use shardkeep::character::{CharacterLoader, CharacterStore};
 use shardkeep::journal::ActiveSessions;
 use shardkeep::placement::PlacementStore;

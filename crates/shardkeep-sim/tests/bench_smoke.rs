@@ -113,7 +113,7 @@ async fn an_aged_character_weighs_what_a_fresh_one_with_its_items_does() {
     let per_session: i64 = (0..100).map(|n: i64| 17 + n % 23).sum();
     assert_eq!(aged.state["experience"], 48_211 + 30 * per_session);
     // Only the item-load ledger's rows for its items are left beside it.
-    let items = shardkeep_reference::game::items::stored_item_ids(&aged.state).len() as i64;
+    let items = shardkeep_reference::game::state::stored_item_ids(&aged.state).len() as i64;
     assert_eq!(aged.bookkeeping_rows, items);
     env.teardown().await;
 }

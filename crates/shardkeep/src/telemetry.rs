@@ -155,8 +155,10 @@ pub fn describe() {
 }
 
 /// Touches every metric once (counters at zero, gauges unset to zero) with its usual labels, so
-/// an exporter shows each family from the start rather than after its first event.
-pub fn register_all() {
+/// an exporter shows each family from the start rather than after its first event. `queues`
+/// names the work queues whose series to show (the journal's is
+/// [`crate::journal::JOURNAL_QUEUE`]).
+pub fn register_all(queues: &[&'static str]) {
     use metrics::{counter, gauge};
     for name in [
         PRESENCE_PRUNED_TOTAL,
@@ -218,17 +220,18 @@ pub fn register_all() {
     for state in ["pending", "leased"] {
         gauge!(RETRY_ROWS, "state" => state).set(0.0);
     }
-    let journal = crate::journal::JOURNAL_QUEUE;
-    for state in ["pending", "processing", "dead"] {
-        gauge!(QUEUE_DEPTH, "queue" => journal, "state" => state).set(0.0);
-    }
-    counter!(QUEUE_RECOVERED_TOTAL, "queue" => journal).increment(0);
-    counter!(QUEUE_CONSUMERS_REREGISTERED_TOTAL, "queue" => journal).increment(0);
-    counter!(QUEUE_BACKSTOP_RECOVERED_TOTAL, "queue" => journal).increment(0);
-    counter!(QUEUE_FULL_TOTAL, "queue" => journal).increment(0);
-    counter!(QUEUE_REQUEUED_TOTAL, "queue" => journal).increment(0);
-    for cause in ["attempts", "undecodable", "poison"] {
-        counter!(QUEUE_DEAD_LETTERS_TOTAL, "queue" => journal, "cause" => cause).increment(0);
+    for &queue in queues {
+        for state in ["pending", "processing", "dead"] {
+            gauge!(QUEUE_DEPTH, "queue" => queue, "state" => state).set(0.0);
+        }
+        counter!(QUEUE_RECOVERED_TOTAL, "queue" => queue).increment(0);
+        counter!(QUEUE_CONSUMERS_REREGISTERED_TOTAL, "queue" => queue).increment(0);
+        counter!(QUEUE_BACKSTOP_RECOVERED_TOTAL, "queue" => queue).increment(0);
+        counter!(QUEUE_FULL_TOTAL, "queue" => queue).increment(0);
+        counter!(QUEUE_REQUEUED_TOTAL, "queue" => queue).increment(0);
+        for cause in ["attempts", "undecodable", "poison"] {
+            counter!(QUEUE_DEAD_LETTERS_TOTAL, "queue" => queue, "cause" => cause).increment(0);
+        }
     }
     gauge!(SAVER_QUEUE_DEPTH).set(0.0);
     gauge!(AUDIT_QUEUE_DEPTH).set(0.0);

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::items::{ItemJson, Slot, remove_stored_item, stored_items};
+use super::items::{ItemJson, Slot};
 use super::state::{Appearance, StateDocument};
+use super::state::{remove_stored_item, stored_items};
 use shardkeep::model::{Anchor, GameEffect, GameModel};
 
 /// Most items one reward or equipment effect carries.

@@ -239,3 +239,52 @@ impl LiveCharacter {
         }
     }
 }
+/// Removes the item with `id` from a stored carry tree (worn, carried or inside a container);
+/// true when it was there.
+pub fn remove_stored_item(doc: &mut StateDocument, id: Uuid) -> bool {
+    fn from_list(items: &mut Vec<ItemJson>, id: Uuid) -> bool {
+        if let Some(i) = items.iter().position(|item| item.id == Some(id)) {
+            items.remove(i);
+            return true;
+        }
+        items
+            .iter_mut()
+            .any(|item| from_list(&mut item.contents, id))
+    }
+    let worn = doc
+        .equipment
+        .iter()
+        .find(|(_, item)| item.id == Some(id))
+        .map(|(slot, _)| *slot);
+    if let Some(slot) = worn {
+        doc.equipment.remove(&slot);
+        return true;
+    }
+    doc.equipment
+        .values_mut()
+        .any(|item| from_list(&mut item.contents, id))
+        || from_list(&mut doc.inventory, id)
+}
+
+/// Every item id in a stored state document's carry tree (worn, carried, and inside
+/// containers), depth first. A document that does not decode holds none.
+pub fn stored_item_ids(state: &serde_json::Value) -> Vec<Uuid> {
+    StateDocument::deserialize(state)
+        .map(|doc| stored_items(&doc))
+        .unwrap_or_default()
+}
+
+/// Every item id in a state document's carry tree (worn, carried, and inside containers).
+pub fn stored_items(doc: &StateDocument) -> Vec<Uuid> {
+    fn walk(item: &ItemJson, out: &mut Vec<Uuid>) {
+        out.extend(item.id);
+        for inner in &item.contents {
+            walk(inner, out);
+        }
+    }
+    let mut out = Vec::new();
+    for item in doc.equipment.values().chain(&doc.inventory) {
+        walk(item, &mut out);
+    }
+    out
+}

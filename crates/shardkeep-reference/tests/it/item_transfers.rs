@@ -734,7 +734,7 @@ async fn rows_holding(stores: &Stores, ids: &[Uuid], item: Uuid) -> Vec<Uuid> {
         let doc: shardkeep_reference::game::StateDocument =
             serde_json::from_value(row.state).unwrap();
         let mut doc = doc;
-        if shardkeep_reference::game::items::remove_stored_item(&mut doc, item) {
+        if shardkeep_reference::game::state::remove_stored_item(&mut doc, item) {
             holding.push(*id);
         }
     }

@@ -254,7 +254,7 @@ fn a_document_from_before_the_bookkeeping_moved_out_loads_and_dumps_without_it()
     }
     assert_eq!(dumped.state["experience"], 40);
     assert_eq!(
-        crate::game::items::stored_item_ids(&dumped.state),
+        crate::game::state::stored_item_ids(&dumped.state),
         vec![Uuid::parse_str(gem).unwrap_or_else(|e| panic!("{e}"))]
     );
 }
@@ -282,8 +282,8 @@ fn stored_item_ids_walk_worn_carried_and_nested_items() {
                       { "proto": "gem" }]
     });
     assert_eq!(
-        crate::game::items::stored_item_ids(&state),
+        crate::game::state::stored_item_ids(&state),
         vec![id(1), id(2), id(3)]
     );
-    assert!(crate::game::items::stored_item_ids(&json!("not a document")).is_empty());
+    assert!(crate::game::state::stored_item_ids(&json!("not a document")).is_empty());
 }
