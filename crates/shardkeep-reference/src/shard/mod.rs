@@ -18,6 +18,7 @@ pub mod gate;
 pub mod landing;
 pub mod residency;
 mod sessions;
+mod transfer;
 pub mod zone;
 
 use std::collections::BTreeMap;
@@ -184,10 +185,10 @@ pub struct Shard {
     auditor: Auditor,
     persisted: bool,
     store: Option<CharacterStore>,
-    pending_transfers: std::collections::HashMap<Uuid, actions::PendingTransfer>,
+    pending_transfers: std::collections::HashMap<Uuid, transfer::PendingTransfer>,
     transfer_results: (
-        mpsc::Sender<actions::TransferResult>,
-        mpsc::Receiver<actions::TransferResult>,
+        mpsc::Sender<transfer::TransferResult>,
+        mpsc::Receiver<transfer::TransferResult>,
     ),
     transfers_committed: u64,
     transfers_rejected: u64,

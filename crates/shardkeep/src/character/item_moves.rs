@@ -76,14 +76,17 @@ impl CharacterStore {
                 character_id,
                 item_id,
                 released_epoch,
-            } => match Self::take_item_in(&mut tx, model, character_id, item_id, released_epoch)
-                .await?
-            {
-                Ok(version) => version,
-                Err(current_epoch) => {
-                    return Ok(TransferCommit::ReleaserSuperseded { current_epoch });
+            } => {
+                match Self::release_from_row(&mut tx, model, character_id, item_id, released_epoch)
+                    .await?
+                {
+                    DepartedWrite::Nothing => None,
+                    DepartedWrite::Written { version } => Some(version),
+                    DepartedWrite::Superseded { current_epoch } => {
+                        return Ok(TransferCommit::ReleaserSuperseded { current_epoch });
+                    }
                 }
-            },
+            }
         };
         let acquirer_version = match Self::save_in(&mut tx, acquirer).await? {
             SaveOutcome::Saved(version) => version,
@@ -103,57 +106,67 @@ impl CharacterStore {
         })
     }
 
-    /// Removes `item_id` from a departed releaser's stored row if it is still there. A row
-    /// without it answers `Ok(Err)` too when a copy loaded after the release held the item. `Ok(Err)`
-    /// carries the row's epoch when the row holds the item but its owner does not descend from
-    /// the copy at `released_epoch` (that copy may have been a zombie releasing a phantom).
-    async fn take_item_in(
+    /// The departed releaser's side of a transfer commit, under the row lock: reads what the
+    /// stored row says about the item, lets [`judge_departed`] decide, and writes that. Returns
+    /// the row's version after the write (`None`: nothing written), or the row's epoch when the
+    /// releasing copy is superseded.
+    async fn release_from_row(
         conn: &mut sqlx::PgConnection,
         model: &ModelHandle,
         character_id: Uuid,
         item_id: Uuid,
         released_epoch: i64,
-    ) -> Result<Result<Option<i64>, i64>, StoreError> {
+    ) -> Result<DepartedWrite, StoreError> {
         let row: Option<(serde_json::Value, i64, i64)> = sqlx::query_as(
             "SELECT state, owner_epoch, lineage_epoch FROM characters WHERE id = $1 FOR UPDATE",
         )
         .bind(character_id)
         .fetch_optional(&mut *conn)
         .await?;
-        let Some((mut state, epoch, lineage)) = row else {
-            return Ok(Ok(None));
-        };
-        let Ok(taken) = model.take_item(&mut state, item_id) else {
-            return Ok(Ok(None));
-        };
-        if !taken {
-            // Gone from the row: released for good, unless a copy loaded since started out
-            // holding it (and moved it on), which makes this released one a phantom.
-            if loaded_after(conn, character_id, item_id, released_epoch).await? {
-                return Ok(Err(epoch));
+        let (facts, state) = match row {
+            None => (DepartedRow::Unreadable, None),
+            Some((mut state, owner_epoch, lineage_epoch)) => {
+                match model.take_item(&mut state, item_id) {
+                    Err(_) => (DepartedRow::Unreadable, None),
+                    Ok(true) => (
+                        DepartedRow::Holds {
+                            owner_epoch,
+                            lineage_epoch,
+                        },
+                        Some(state),
+                    ),
+                    Ok(false) => (
+                        DepartedRow::Lacks {
+                            owner_epoch,
+                            loaded_after: loaded_after(conn, character_id, item_id, released_epoch)
+                                .await?,
+                        },
+                        None,
+                    ),
+                }
             }
-            // A save the releaser dumped before the release may still be on its way with the
-            // item in it: moving the version makes it conflict instead of landing a second copy.
-            let version: i64 = sqlx::query_scalar(
-                "UPDATE characters SET state_version = state_version + 1, updated_at = now() WHERE id = $1 RETURNING state_version",
+        };
+        let bump = "UPDATE characters SET state_version = state_version + 1, updated_at = now() \
+                    WHERE id = $1 RETURNING state_version";
+        let version: i64 = match (judge_departed(facts, released_epoch), state) {
+            (DepartedSide::Untouched, _) => return Ok(DepartedWrite::Nothing),
+            (DepartedSide::Superseded { current_epoch }, _) => {
+                return Ok(DepartedWrite::Superseded { current_epoch });
+            }
+            (DepartedSide::TakeItem, Some(state)) => sqlx::query_scalar(
+                "UPDATE characters SET state = $2, state_version = state_version + 1, updated_at = now() \
+                 WHERE id = $1 RETURNING state_version",
             )
             .bind(character_id)
+            .bind(state)
             .fetch_one(&mut *conn)
-            .await?;
-            return Ok(Ok(Some(version)));
-        }
-        // The releasing copy is an ancestor of the current owner only within its lineage.
-        if released_epoch < lineage || released_epoch > epoch {
-            return Ok(Err(epoch));
-        }
-        let version: i64 = sqlx::query_scalar(
-            "UPDATE characters SET state = $2, state_version = state_version + 1, updated_at = now() WHERE id = $1 RETURNING state_version",
-        )
-        .bind(character_id)
-        .bind(state)
-        .fetch_one(&mut *conn)
-        .await?;
-        Ok(Ok(Some(version)))
+            .await?,
+            (DepartedSide::TakeItem | DepartedSide::BumpVersion, _) => sqlx::query_scalar(bump)
+                .bind(character_id)
+                .fetch_one(&mut *conn)
+                .await?,
+        };
+        Ok(DepartedWrite::Written { version })
     }
 
     /// Records in the item-load ledger that the copy at `owner_epoch` started out holding
@@ -220,4 +233,134 @@ async fn loaded_after(
     .bind(released_epoch)
     .fetch_one(conn)
     .await?)
+}
+
+/// What a departed releaser's stored row says about an item it released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DepartedRow {
+    /// No row, or a document the model cannot read: there is nothing to take or fence.
+    Unreadable,
+    /// The row still holds the item.
+    Holds {
+        /// The row's owner epoch.
+        owner_epoch: i64,
+        /// The first epoch of the row's current lineage.
+        lineage_epoch: i64,
+    },
+    /// The row no longer holds the item.
+    Lacks {
+        /// The row's owner epoch.
+        owner_epoch: i64,
+        /// A copy loaded after the release started out holding the item.
+        loaded_after: bool,
+    },
+}
+
+/// What a transfer commit does on the departed releaser's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DepartedSide {
+    /// Nothing to write.
+    Untouched,
+    /// Write the row without the item.
+    TakeItem,
+    /// The item left the row for good: move the version on, so a save the releaser dumped
+    /// before the release (still holding the item) conflicts instead of landing a second copy.
+    BumpVersion,
+    /// The releasing copy is not an ancestor of the row's owner, or a later copy held the item:
+    /// the released item may be a zombie's phantom.
+    Superseded {
+        /// The row's epoch.
+        current_epoch: i64,
+    },
+}
+
+/// What the commit did on the departed releaser's side.
+enum DepartedWrite {
+    Nothing,
+    Written { version: i64 },
+    Superseded { current_epoch: i64 },
+}
+
+/// The departed releaser's side of a commit for an item released by the copy at
+/// `released_epoch` (pure).
+fn judge_departed(row: DepartedRow, released_epoch: i64) -> DepartedSide {
+    match row {
+        DepartedRow::Unreadable => DepartedSide::Untouched,
+        DepartedRow::Lacks {
+            owner_epoch,
+            loaded_after: true,
+        } => DepartedSide::Superseded {
+            current_epoch: owner_epoch,
+        },
+        DepartedRow::Lacks { .. } => DepartedSide::BumpVersion,
+        // The releasing copy is an ancestor of the current owner only within its lineage.
+        DepartedRow::Holds {
+            owner_epoch,
+            lineage_epoch,
+        } if released_epoch < lineage_epoch || released_epoch > owner_epoch => {
+            DepartedSide::Superseded {
+                current_epoch: owner_epoch,
+            }
+        }
+        DepartedRow::Holds { .. } => DepartedSide::TakeItem,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_that_cannot_be_read_is_left_alone() {
+        assert_eq!(
+            judge_departed(DepartedRow::Unreadable, 3),
+            DepartedSide::Untouched
+        );
+    }
+
+    #[test]
+    fn a_row_of_the_releasers_lineage_gives_the_item_up() {
+        let row = DepartedRow::Holds {
+            owner_epoch: 5,
+            lineage_epoch: 2,
+        };
+        assert_eq!(judge_departed(row, 2), DepartedSide::TakeItem);
+        assert_eq!(judge_departed(row, 5), DepartedSide::TakeItem);
+    }
+
+    #[test]
+    fn a_releaser_outside_the_rows_lineage_is_superseded() {
+        let row = DepartedRow::Holds {
+            owner_epoch: 5,
+            lineage_epoch: 4,
+        };
+        let superseded = DepartedSide::Superseded { current_epoch: 5 };
+        assert_eq!(judge_departed(row, 3), superseded, "before the lineage");
+        assert_eq!(
+            judge_departed(row, 6),
+            superseded,
+            "a claim the row never saw"
+        );
+    }
+
+    #[test]
+    fn an_item_gone_from_the_row_moves_the_version_on() {
+        let row = DepartedRow::Lacks {
+            owner_epoch: 5,
+            loaded_after: false,
+        };
+        assert_eq!(judge_departed(row, 5), DepartedSide::BumpVersion);
+    }
+
+    #[test]
+    fn an_item_a_later_copy_started_with_makes_the_release_a_phantom() {
+        let row = DepartedRow::Lacks {
+            owner_epoch: 7,
+            loaded_after: true,
+        };
+        assert_eq!(
+            judge_departed(row, 5),
+            DepartedSide::Superseded { current_epoch: 7 }
+        );
+    }
 }
