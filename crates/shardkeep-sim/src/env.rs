@@ -3,7 +3,6 @@
 //! connections the checker uses.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::migrate::MigrateDatabase;
@@ -13,13 +12,16 @@ use shardkeep::audit::AuditStore;
 use shardkeep::backend::redis::RedisTimeouts;
 use shardkeep::backend::{PostgresBackend, RedisBackend};
 use shardkeep::character::{CharacterLoader, CharacterStore, CheckpointStore};
-use shardkeep::clock::SystemClock;
-use shardkeep::coord::{Coordination, CoordinationConfig};
-use shardkeep::journal::SessionJournal;
+use shardkeep::coord::Coordination;
+use shardkeep::journal::{JournalWorkerConfig, SessionJournal};
 use shardkeep::keyspace::Keyspace;
 use shardkeep::placement::PlacementStore;
 use shardkeep::queue::WorkQueueConfig;
-use shardkeep::retry::{RetryQueue, RetrySignals};
+use shardkeep::retry::RetryQueue;
+use shardkeep::{Services, ServicesConfig};
+use shardkeep_reference::game::ReferenceModel;
+
+use super::workers::UPKEEP_PERIOD;
 use shardkeep_reference::shard::ShardStores;
 use shardkeep_testkit::faults::FaultProxy;
 
@@ -40,8 +42,11 @@ pub(super) struct SimEnv {
     pub(super) redis_proxy: FaultProxy,
     pub(super) coord: Coordination,
     pub(super) retry: RetryQueue,
-    pub(super) retry_signals: Option<RetrySignals>,
     pub(super) journal: SessionJournal,
+    pub(super) loader: CharacterLoader,
+    /// The handles above and the workers `serve` runs, built once over the proxies; taken when
+    /// the workers start.
+    pub(super) services: Option<Services>,
 }
 
 fn addr_of(host: &str, port: u16) -> Result<SocketAddr, SimError> {
@@ -128,15 +133,25 @@ impl SimEnv {
         let redis = RedisBackend::connect("REDIS_URL", &proxied_url, keys.clone(), timeouts)
             .await
             .map_err(|e| setup(&e))?;
-        let coord = Coordination::new(redis.clone(), CoordinationConfig::default());
-        let (retry, retry_signals) =
-            RetryQueue::new(pg.clone(), signal_depth, Arc::new(SystemClock));
-        // Time is compressed: a crashed journal consumer's heartbeat lapses in 3 s.
-        let journal_config = WorkQueueConfig {
+        let mut config = ServicesConfig::new("sim-retry-worker", "serve");
+        config.address = "sim://serve".into();
+        config.retry_signal_depth = signal_depth;
+        config.io_timeout = Duration::from_secs(2);
+        config.retry.poll_interval = Duration::from_secs(1);
+        config.retry.lease = Duration::from_secs(10);
+        // Time is compressed: a crashed journal consumer's heartbeat lapses in 3 s, and dead
+        // consumers are looked for every 2 s.
+        config.journal_queue = WorkQueueConfig {
             heartbeat_ttl: shardkeep::ttl::Ttl::from_static_secs(3),
             ..WorkQueueConfig::default()
         };
-        let journal = SessionJournal::new(redis.clone(), journal_config).map_err(|e| setup(&e))?;
+        config.journal_worker = JournalWorkerConfig {
+            recovery_interval: Duration::from_secs(2),
+            ..JournalWorkerConfig::default()
+        };
+        config.maintenance_every = UPKEEP_PERIOD;
+        let services = Services::build(pg.clone(), redis.clone(), ReferenceModel::handle(), config)
+            .map_err(|e| setup(&e))?;
         Ok(Self {
             db_url,
             keys,
@@ -148,10 +163,11 @@ impl SimEnv {
             redis,
             pg_proxy,
             redis_proxy,
-            coord,
-            retry,
-            retry_signals: Some(retry_signals),
-            journal,
+            coord: services.coord.clone(),
+            retry: services.retry.clone(),
+            journal: services.journal.clone(),
+            loader: services.loader.clone(),
+            services: Some(services),
         })
     }
 
@@ -167,12 +183,7 @@ impl SimEnv {
     }
 
     pub(super) fn loader(&self) -> CharacterLoader {
-        CharacterLoader::new(
-            CharacterStore::new(self.pg.clone()),
-            Some(CheckpointStore::new(self.redis.clone())),
-            shardkeep_reference::game::ReferenceModel::handle(),
-            Duration::from_secs(2),
-        )
+        self.loader.clone()
     }
 
     /// Drops the scratch database and the namespace's keys (unless kept).

@@ -23,8 +23,9 @@ use super::world::{World, get};
 use super::{SimConfig, SimError, SimProgress};
 use shardkeep::character::{CharacterStore, NewCharacter};
 use shardkeep::coord::{Coordination, CoordinationConfig};
-use shardkeep::journal::SessionJournal;
+use shardkeep::journal::{JournalStats, SessionJournal};
 use shardkeep::queue::WorkQueueConfig;
+use shardkeep::retry::RetryStats;
 use shardkeep_reference::game::Catalog;
 use shardkeep_reference::game::items::ItemJson;
 use shardkeep_reference::game::state::StateDocument;
@@ -63,7 +64,15 @@ pub async fn run(
             return Err(err);
         }
     };
-    let report = play(Arc::clone(&world), Arc::new(progress)).await;
+    let workers = match super::workers::start_workers(&world).await {
+        Ok(stats) => stats,
+        Err(err) => {
+            world.halt.cancel();
+            world.env.teardown(keep).await;
+            return Err(SimError::Setup(format!("starting the workers: {err}")));
+        }
+    };
+    let report = play(Arc::clone(&world), workers, Arc::new(progress)).await;
     world.halt.cancel();
     // Let the workers see the halt and stop writing before the keys go.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -138,8 +147,11 @@ async fn prepare(config: SimConfig, env: SimEnv) -> Result<Arc<World>, (SimError
 
 type Progress = Arc<dyn Fn(&SimProgress) + Send + Sync>;
 
-async fn play(world: Arc<World>, progress: Progress) -> SimReport {
-    let (retry_stats, journal_stats) = super::workers::start_workers(&world);
+async fn play(
+    world: Arc<World>,
+    (retry_stats, journal_stats): (Arc<RetryStats>, Arc<JournalStats>),
+    progress: Progress,
+) -> SimReport {
     let config = world.config.clone();
     for index in 0..config.shards {
         let host = Host::start(&world, index);

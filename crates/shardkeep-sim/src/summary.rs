@@ -80,7 +80,10 @@ pub(super) fn build_report(
             get(&c.session_starts_stale),
         ),
         ("keyspace upkeep passes", get(&c.upkeep_passes)),
-        ("bookkeeping rows pruned", get(&c.bookkeeping_pruned)),
+        (
+            "bookkeeping rows pruned",
+            world.bookkeeping_pruned.get().map_or(0, |n| get(n)),
+        ),
         ("upkeep steps failed", get(&c.upkeep_failed_steps)),
         ("upkeep markers removed", get(&c.upkeep_markers_removed)),
         ("upkeep registrations", get(&c.upkeep_registrations)),

@@ -1,5 +1,5 @@
-//! The workers `serve` runs, started in process for a run and connected through the fault
-//! proxies: the retry worker, the journal worker and each shard's keyspace upkeep.
+//! The workers `serve` runs, started in process for a run from the run's services (connected
+//! through the fault proxies), and each shard's keyspace upkeep.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -8,72 +8,37 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::world::{World, bump};
-use shardkeep::character::CharacterStore;
-use shardkeep::clock::SystemClock;
 use shardkeep::coord::{InstanceRecord, run_maintenance};
-use shardkeep::journal::{JournalStats, JournalWorker, JournalWorkerConfig};
-use shardkeep::retry::{RetryStats, RetryWorker, RetryWorkerConfig};
+use shardkeep::journal::JournalStats;
+use shardkeep::retry::RetryStats;
 
-/// How often each shard runs its keyspace upkeep.
-const UPKEEP_PERIOD: Duration = Duration::from_secs(5);
+/// How often each shard runs its keyspace upkeep (and `serve` its maintenance).
+pub(super) const UPKEEP_PERIOD: Duration = Duration::from_secs(5);
 
-/// The workers `serve` runs, in process and through the proxies.
-pub(super) fn start_workers(world: &Arc<World>) -> (Arc<RetryStats>, Arc<JournalStats>) {
-    let env = &world.env;
-    let mut retry_config = RetryWorkerConfig::new("sim-retry-worker");
-    retry_config.poll_interval = Duration::from_secs(1);
-    retry_config.lease = Duration::from_secs(10);
-    let signals = world.signals.lock().ok().and_then(|mut s| s.take());
-    let mut retry_stats = Arc::new(RetryStats::default());
-    if let Some(signals) = signals {
-        let worker = RetryWorker::new(
-            env.pg.clone(),
-            shardkeep_reference::game::ReferenceModel::handle(),
-            signals,
-            retry_config,
-            Arc::new(SystemClock),
-        );
-        retry_stats = worker.stats();
-        // The loop `serve` runs; the queue-full fault holds it through its pause handle.
-        let _ = world.retry_pause.set(worker.pause_handle());
-        tokio::spawn(worker.run(world.halt.child_token()));
-    }
-    let journal_worker = JournalWorker::new(
-        env.journal.clone(),
-        env.coord.clone(),
-        CharacterStore::new(env.pg.clone()),
-        JournalWorkerConfig {
-            recovery_interval: Duration::from_secs(2),
-            ..JournalWorkerConfig::default()
-        },
+/// The workers `serve` runs, spawned from the run's [`shardkeep::Services`] (built over the
+/// proxies): the retry worker (the queue-full fault holds it through its pause handle), the
+/// journal worker, maintenance, bookkeeping pruning and dead-letter retention; and each
+/// shard's own keyspace upkeep.
+pub(super) async fn start_workers(
+    world: &Arc<World>,
+) -> Result<(Arc<RetryStats>, Arc<JournalStats>), shardkeep::ServicesError> {
+    let services = world.services.lock().ok().and_then(|mut s| s.take());
+    let Some(mut services) = services else {
+        return Err(shardkeep::ServicesError::WorkersRunning);
+    };
+    let workers = services.spawn_workers(world.halt.child_token()).await?;
+    let _ = world.retry_pause.set(workers.retry_pause.clone());
+    let _ = world
+        .bookkeeping_pruned
+        .set(Arc::clone(&workers.bookkeeping_pruned));
+    let stats = (
+        Arc::clone(&workers.retry_stats),
+        Arc::clone(&workers.journal_stats),
     );
-    let journal_stats = journal_worker.stats();
-    tokio::spawn(journal_worker.run(world.halt.child_token()));
     for index in 0..world.config.shards {
         start_upkeep(world, index);
     }
-    start_bookkeeping_prune(world);
-    (retry_stats, journal_stats)
-}
-
-/// The bookkeeping prune a `serve` instance runs, on the upkeep cadence, through the proxied
-/// Postgres connection (its outages hit it too).
-fn start_bookkeeping_prune(world: &Arc<World>) {
-    let counters = Arc::clone(world);
-    tokio::spawn(shardkeep::character::run_bookkeeping_prune(
-        shardkeep::character::Bookkeeping::new(world.env.pg.clone()),
-        shardkeep::character::BookkeepingRetention::default(),
-        UPKEEP_PERIOD,
-        world.halt.child_token(),
-        move |pass| {
-            if let Ok(report) = pass {
-                counters
-                    .counters
-                    .bookkeeping_pruned
-                    .fetch_add(report.effects + report.item_loads, Ordering::Relaxed);
-            }
-        },
-    ));
+    Ok(stats)
 }
 
 /// Each shard's keyspace upkeep (registry heartbeat, transfer-marker reconciliation, presence

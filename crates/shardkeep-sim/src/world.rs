@@ -60,7 +60,6 @@ pub(super) struct Counters {
     pub(super) journal_held_by_crash: AtomicU64,
     pub(super) upkeep_passes: AtomicU64,
     /// Bookkeeping rows (job effects, item loads) pruned by the maintenance pass.
-    pub(super) bookkeeping_pruned: AtomicU64,
     pub(super) upkeep_failed_steps: AtomicU64,
     pub(super) upkeep_markers_removed: AtomicU64,
     pub(super) upkeep_registrations: AtomicU64,
@@ -155,7 +154,10 @@ pub(super) struct World {
     /// Saver counters of the live shards, by shard index.
     pub(super) saver_live: Mutex<Vec<SaverStatsSnapshot>>,
     /// The retry worker's end of the signal channel, until the worker takes it.
-    pub(super) signals: Mutex<Option<shardkeep::retry::RetrySignals>>,
+    /// The services `serve` runs, until the workers start.
+    pub(super) services: Mutex<Option<shardkeep::Services>>,
+    /// Bookkeeping rows the services' pruning deleted (set when the workers start).
+    pub(super) bookkeeping_pruned: std::sync::OnceLock<Arc<AtomicU64>>,
 }
 
 impl World {
@@ -176,7 +178,8 @@ impl World {
     ) -> Self {
         let shards = config.shards;
         Self {
-            signals: Mutex::new(env.retry_signals.take()),
+            services: Mutex::new(env.services.take()),
+            bookkeeping_pruned: std::sync::OnceLock::new(),
             store: CharacterStore::new(env.pg.clone()),
             placement: PlacementStore::new(env.redis.clone()),
             loader: env.loader(),

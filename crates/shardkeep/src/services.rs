@@ -7,6 +7,7 @@
 //! tests build it the same way, so nothing wires the parts by hand.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -206,6 +207,7 @@ impl Services {
             config.journal_worker.clone(),
         );
         let journal_stats = journal_worker.stats();
+        let bookkeeping_pruned = Arc::new(AtomicU64::new(0));
         let consumer = journal_worker.consumer().await?;
         let mut tasks = vec![
             ("retry", tokio::spawn(retry_worker.run(cancel.clone()))),
@@ -234,6 +236,7 @@ impl Services {
         ));
         // Every instance may prune: each pass deletes a bounded batch, and two passes at once
         // only share the work.
+        let pruned = Arc::clone(&bookkeeping_pruned);
         tasks.push((
             "bookkeeping",
             tokio::spawn(run_bookkeeping_prune(
@@ -241,7 +244,11 @@ impl Services {
                 config.bookkeeping_retention,
                 every,
                 cancel.clone(),
-                |_| {},
+                move |pass| {
+                    if let Ok(report) = pass {
+                        pruned.fetch_add(report.effects + report.item_loads, Ordering::Relaxed);
+                    }
+                },
             )),
         ));
         tasks.push((
@@ -259,6 +266,7 @@ impl Services {
             retry_stats,
             retry_pause,
             journal_stats,
+            bookkeeping_pruned,
             cancel,
         })
     }
@@ -274,6 +282,8 @@ pub struct Workers {
     pub retry_pause: RetryPause,
     /// The journal worker's counters.
     pub journal_stats: Arc<JournalStats>,
+    /// Bookkeeping rows the pruning has deleted.
+    pub bookkeeping_pruned: Arc<AtomicU64>,
     cancel: CancellationToken,
 }
 

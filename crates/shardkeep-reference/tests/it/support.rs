@@ -7,7 +7,8 @@ use std::time::Duration;
 use serde_json::json;
 use shardkeep::character::{CharacterLoader, CharacterStore, CheckpointStore, NewCharacter};
 use shardkeep::placement::PlacementStore;
-use shardkeep::{PostgresBackend, RedisBackend};
+use shardkeep::{PostgresBackend, RedisBackend, Services, ServicesConfig};
+use shardkeep_reference::game::ReferenceModel;
 use shardkeep_reference::game::world::instance_entrance;
 use shardkeep_reference::game::{Catalog, ZoneDef, reference_world};
 use shardkeep_reference::shard::gate::route_login;
@@ -24,16 +25,27 @@ pub(crate) struct Stores {
     pub(crate) placement: PlacementStore,
     pub(crate) audit: shardkeep::audit::AuditStore,
     pub(crate) directory: ZoneDirectory,
+    loader: CharacterLoader,
 }
 
 impl Stores {
+    /// The handles of services built over the test's database and namespace, as a game
+    /// server builds them (the tests drive the workers themselves when they need them).
     pub(crate) fn new(pool: &PgPool, redis: RedisBackend) -> Self {
+        let services = Services::build(
+            PostgresBackend::from_pool(pool.clone()),
+            redis,
+            ReferenceModel::handle(),
+            ServicesConfig::new("it-shard", "game_server"),
+        )
+        .unwrap();
         Self {
-            characters: CharacterStore::new(PostgresBackend::from_pool(pool.clone())),
-            checkpoints: CheckpointStore::new(redis.clone()),
-            placement: PlacementStore::new(redis),
-            audit: shardkeep::audit::AuditStore::new(PostgresBackend::from_pool(pool.clone())),
+            characters: services.characters.clone(),
+            checkpoints: services.checkpoints.clone(),
+            placement: services.placement.clone(),
+            audit: services.audit.clone(),
             directory: ZoneDirectory::new(),
+            loader: services.loader.clone(),
         }
     }
 
@@ -48,12 +60,7 @@ impl Stores {
     }
 
     pub(crate) fn loader(&self) -> CharacterLoader {
-        CharacterLoader::new(
-            self.characters.clone(),
-            Some(self.checkpoints.clone()),
-            shardkeep_reference::game::ReferenceModel::handle(),
-            Duration::from_secs(5),
-        )
+        self.loader.clone()
     }
 
     /// A brand-new character (never placed) with a starting kit from chargen.
