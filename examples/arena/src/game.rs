@@ -51,7 +51,8 @@ impl Online {
     }
 }
 
-/// Who waits for a save's outcome.
+/// Who waits for a logout's final save: only its own `Saved` (a cadence flush landing meanwhile
+/// is not it), or any terminal answer.
 type Waiters = HashMap<Uuid, Vec<oneshot::Sender<SaverEvent>>>;
 
 /// The shard's state, shared by every connection and the cadence task.
@@ -80,11 +81,15 @@ impl SaveFeedback for Feedback {
             SaverEvent::Saved {
                 character_id,
                 new_version,
+                reason,
                 ..
             } => {
                 let mut online = self.online.lock().unwrap_or_else(PoisonError::into_inner);
                 if let Some(o) = online.get_mut(character_id) {
                     o.base.state_version = o.base.state_version.max(*new_version);
+                }
+                if *reason != SaveReason::Final {
+                    return;
                 }
                 *character_id
             }
@@ -363,11 +368,7 @@ impl Game {
         ));
         match self.services.characters.save(&dump).await {
             Ok(SaveOutcome::Saved(version)) => {
-                self.with_online(|online| {
-                    if let Some(o) = online.get_mut(&id) {
-                        o.base.state_version = o.base.state_version.max(version);
-                    }
-                });
+                self.adopt_version(id, version);
                 reply(format!(
                     "saved loot {item} money={}",
                     money_of(&dump, self.release)
@@ -400,16 +401,36 @@ impl Game {
         }
     }
 
+    /// Saves the copy now with a direct CAS save, rebasing over rows that moved (this copy
+    /// holds everything it issued), and answers with what landed.
     async fn save(&self, id: Uuid) -> Reply {
-        let Some(xp) = self.with_online(|online| online.get(&id).map(|o| o.fighter.xp)) else {
-            return evicted();
-        };
-        let waiter = self.wait_for(id);
-        self.save_one(id, SaveReason::Flush);
-        match tokio::time::timeout(SAVE_WAIT, waiter).await {
-            Ok(Ok(SaverEvent::Saved { .. })) => reply(format!("saved xp={xp}")),
-            other => reply(format!("error save did not land: {other:?}")),
+        for _ in 0..3 {
+            let Some((dump, xp)) = self.with_online(|online| {
+                online
+                    .get(&id)
+                    .map(|o| (o.dump(self.release), o.fighter.xp))
+            }) else {
+                return evicted();
+            };
+            match self.services.characters.save(&dump).await {
+                Ok(SaveOutcome::Saved(version)) => {
+                    self.adopt_version(id, version);
+                    return reply(format!("saved xp={xp}"));
+                }
+                Ok(SaveOutcome::VersionConflict(current)) => self.adopt_version(id, current),
+                Ok(other) => return reply(format!("error save refused: {other:?}")),
+                Err(err) => return reply(format!("error {err}")),
+            }
         }
+        reply("error save lost the version race three times")
+    }
+
+    fn adopt_version(&self, id: Uuid, version: i64) {
+        self.with_online(|online| {
+            if let Some(o) = online.get_mut(&id) {
+                o.base.state_version = o.base.state_version.max(version);
+            }
+        });
     }
 
     fn wait_for(&self, id: Uuid) -> oneshot::Receiver<SaverEvent> {
