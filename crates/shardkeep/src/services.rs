@@ -81,8 +81,8 @@ impl ServicesConfig {
     }
 }
 
-/// Every handle, built once. Cheap to clone (the retry signal receiver stays with the
-/// original, for [`Services::spawn_workers`]).
+/// Every handle, built once; clone the handles you need (the retry signal receiver stays
+/// here, for [`Services::spawn_workers`]).
 #[derive(Debug)]
 pub struct Services {
     /// Postgres.

@@ -288,20 +288,15 @@ async fn a_killed_shard_loses_nothing_acknowledged_and_doubles_nothing() {
         ("Bram", "ore", bram_ores),
         ("Cato", "ruby", cato_rubies),
     ];
+    // Exact counts in the rows: a grant lost or applied twice (a job over a dump that holds it)
+    // shows here.
+    assert_eq!(rows.len(), expect.len());
     for ((name, state, schema), (want_name, item, count)) in rows.iter().zip(expect) {
         assert_eq!(name, want_name);
         assert_eq!(*schema, 2);
         assert_eq!(state["bag"][item], count, "{name}: {state}");
         assert_eq!(state["coins"], 5 * i64::from(count), "{name}: {state}");
     }
-    let doubled: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM (SELECT character_id, idempotency_key FROM character_job_effects
-                                GROUP BY 1, 2 HAVING count(*) > 1) d",
-    )
-    .fetch_one(&world.pool)
-    .await
-    .unwrap();
-    assert_eq!(doubled, 0);
     let created: i64 =
         sqlx::query_scalar("SELECT count(*) FROM character_audit WHERE event_kind = 'created'")
             .fetch_one(&world.pool)

@@ -550,7 +550,8 @@ impl RetryWorker {
                 Some(joined) = polling.join_next(), if !polling.is_empty() => {
                     first_poll |= panicked(joined);
                 }
-                _ = interval.tick(), if polling.is_empty() => {
+                _ = self.paused.changed() => {}
+                _ = interval.tick(), if polling.is_empty() && !*self.paused.borrow() => {
                     polling.spawn(self.settler.clone().poll_due(cancel.clone(), first_poll));
                     first_poll = false;
                 }
