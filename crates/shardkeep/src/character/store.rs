@@ -25,11 +25,11 @@ pub enum StoreError {
     /// The call's input was invalid; nothing was written.
     #[error("invalid input: {0}")]
     InvalidInput(String),
-    /// The stored document is of a newer schema than this process's model: it is not loaded
-    /// for play (and nothing was claimed).
+    /// The stored document, or the model of the copy that owns the character, is of a newer
+    /// schema than this process's model: it is not loaded for play (and nothing was claimed).
     #[error(
-        "character {character_id} is stored at schema version {stored}, newer than this \
-         process's model (version {supported}): deploy the newer game before loading it"
+        "character {character_id} is stored or owned at schema version {stored}, newer than \
+         this process's model (version {supported}): deploy the newer game before loading it"
     )]
     SchemaNewer {
         /// The character.
@@ -207,8 +207,9 @@ pub struct HandoffClaim {
 #[derive(Debug, Clone)]
 pub struct CharacterStore {
     pub(super) pg: PostgresBackend,
-    /// The newest schema a claim accepts (the model's version); no limit by default.
-    schema_ceiling: u32,
+    /// The claimant's model version: the newest schema a claim accepts, recorded as the owner's
+    /// schema. `None` (the default): no limit, and the owner's schema is left as it was.
+    schema_ceiling: Option<u32>,
 }
 
 type RowTuple = (
@@ -356,9 +357,11 @@ UPDATE characters c
        lineage_epoch = CASE WHEN d.adopt THEN c.lineage_epoch
                             ELSE GREATEST(d.owner_epoch, $2) + 1 END,
        handoff_claim = CASE WHEN d.adopt THEN $4::text END,
+       owner_schema_version = COALESCE($5::int4, c.owner_schema_version),
        updated_at = now()
   FROM decided d
- WHERE c.id = d.id AND c.schema_version <= $5
+ WHERE c.id = d.id
+   AND ($5::int4 IS NULL OR GREATEST(c.schema_version, c.owner_schema_version) <= $5::int4)
 RETURNING c.owner_epoch, c.id, c.account_id, c.name, c.zone_ref, c.room_ref, c.state, c.chargen,
           c.state_version, d.owner_epoch, c.live_version, d.adopt, c.live_issue_epoch,
           c.live_issue_mark, c.schema_version";
@@ -394,15 +397,16 @@ impl CharacterStore {
     pub fn new(pg: PostgresBackend) -> Self {
         Self {
             pg,
-            schema_ceiling: u32::MAX,
+            schema_ceiling: None,
         }
     }
 
-    /// The same store, refusing to claim a character stored at a schema newer than
-    /// `schema_version` ([`StoreError::SchemaNewer`], decided in the claim's statement, nothing
-    /// minted). The loader sets it from the game's model.
+    /// The same store, claiming for a process whose model is at `schema_version`: a claim is
+    /// refused ([`StoreError::SchemaNewer`], decided in the claim's statement, nothing minted)
+    /// when the row's document or the model of its current owner is newer, and otherwise
+    /// records `schema_version` as the new owner's. The loader sets it from the game's model.
     pub fn with_schema_ceiling(mut self, schema_version: u32) -> Self {
-        self.schema_ceiling = schema_version;
+        self.schema_ceiling = Some(schema_version);
         self
     }
 
@@ -514,22 +518,26 @@ impl CharacterStore {
             .bind(floor)
             .bind(handoff.map(|(epoch, _)| epoch))
             .bind(handoff.map(|(_, token)| token))
-            .bind(i32::try_from(self.schema_ceiling).unwrap_or(i32::MAX))
+            .bind(
+                self.schema_ceiling
+                    .map(|v| i32::try_from(v).unwrap_or(i32::MAX)),
+            )
             .fetch_optional(&mut *tx)
             .await?;
         if row.is_none() {
             // Missing, or refused for its schema (the row is locked by the claim's first step).
-            let stored: Option<i32> =
-                sqlx::query_scalar("SELECT schema_version FROM characters WHERE id = $1")
-                    .bind(character_id)
-                    .fetch_optional(&mut *tx)
-                    .await?;
+            let stored: Option<i32> = sqlx::query_scalar(
+                "SELECT GREATEST(schema_version, owner_schema_version) FROM characters WHERE id = $1",
+            )
+            .bind(character_id)
+            .fetch_optional(&mut *tx)
+            .await?;
             tx.rollback().await?;
             return Err(match stored {
                 Some(stored) => StoreError::SchemaNewer {
                     character_id,
                     stored: u32::try_from(stored).unwrap_or(u32::MAX),
-                    supported: self.schema_ceiling,
+                    supported: self.schema_ceiling.unwrap_or(u32::MAX),
                 },
                 None => StoreError::NotFound(character_id),
             });

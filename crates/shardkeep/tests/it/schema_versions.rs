@@ -8,11 +8,11 @@ use std::time::Duration;
 use serde_json::json;
 use shardkeep::PostgresBackend;
 use shardkeep::character::{
-    CharacterLoader, CharacterStore, CheckpointStore, CheckpointWrite, LoadError, SaveOutcome,
-    StoreError,
+    CharacterLoader, CharacterStore, CheckpointStore, CheckpointWrite, HandoffPayload, LoadError,
+    SaveOutcome, StoreError,
 };
 use shardkeep::clock::{Clock, SystemClock};
-use shardkeep::model::{Anchor, GameModel, ModelHandle, UpgradeError};
+use shardkeep::model::{Anchor, GameModel, ModelHandle};
 use shardkeep::retry::{
     IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
     RetryWorker, RetryWorkerConfig,
@@ -207,19 +207,54 @@ async fn an_older_checkpoint_never_replaces_a_newer_one_and_an_older_model_refus
         checkpoints.write(&older).await.unwrap(),
         CheckpointWrite::SchemaNewer { stored_schema: 2 }
     );
-    // The row is still v1, the checkpoint v2: a v1 process claims the row but the freshest copy
-    // is newer than its model, and the login is refused.
+    // The row is still v1, the checkpoint v2 (the v2 copy has not saved yet). A v1 process must
+    // refuse before it claims: an epoch minted and then not used would leave the v2 checkpoint
+    // older than the row's owner, and the next login would bury it.
+    let mut live = new.snapshot.clone();
+    live.state["coins"] = json!(50);
+    checkpoints.write(&live).await.unwrap();
+    let epoch_before = stored(&pool, id).await.1;
     match loader(&pool, &redis, v1()).claim_and_load(id, 0).await {
-        Err(LoadError::Schema {
+        Err(LoadError::Store {
             source:
-                UpgradeError::Newer {
+                StoreError::SchemaNewer {
                     stored: 2,
                     supported: 1,
+                    ..
                 },
             ..
         }) => {}
         other => panic!("expected a schema refusal, got {other:?}"),
     }
+    assert_eq!(stored(&pool, id).await.1, epoch_before, "no epoch minted");
+    // The same for a handoff of that copy to a v1 shard.
+    let carried = HandoffPayload {
+        dumped_under_epoch: live.owner_epoch,
+        snapshot: live.clone(),
+    };
+    let refused = loader(&pool, &redis, v1())
+        .claim_for_handoff(carried, "handoff-1", 0)
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(LoadError::Store {
+                source: StoreError::SchemaNewer { .. },
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(stored(&pool, id).await.1, epoch_before, "no epoch minted");
+    let back = loader(&pool, &redis, v2())
+        .claim_and_load(id, 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        back.snapshot.state["coins"], 50,
+        "the v2 copy's checkpoint still wins: {}",
+        back.snapshot.state
+    );
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
