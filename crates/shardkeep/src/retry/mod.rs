@@ -46,7 +46,7 @@ pub use dead_letters::{
 pub use job::{IdempotencyEnvelope, InvalidJob, PersistenceRetryJob};
 pub use payload::{CoreWrite, PersistenceRetryPayload};
 pub use policy::{Origin, SessionImpact, session_impact};
-pub use settle::JobOutcome;
+pub use settle::{DEFERRED_FOR, JobOutcome};
 pub use store::{RequeueError, RequeueOutcome};
 pub use worker::{ClaimedBatch, RetryPause, RetryStats, RetryWorker, RetryWorkerConfig};
 

@@ -32,6 +32,10 @@ pub enum JobOutcome {
     Superseded,
     /// Failed; rescheduled with backoff.
     Retrying(String),
+    /// Left for a newer worker: the character's document or its owner's model is of a newer
+    /// schema than this worker's model. Put back without counting an attempt (a rolling deploy
+    /// is not the job's failure) and tried again after [`DEFERRED_FOR`].
+    Deferred(String),
     /// Failed for the last time, or undecodable: moved to the dead letters.
     DeadLettered(String),
     /// Our lease was reclaimed by another worker: nothing written.
@@ -40,6 +44,9 @@ pub enum JobOutcome {
     /// again.
     Unsettled(String),
 }
+
+/// How long a job left for a newer worker waits before it is claimed again.
+pub const DEFERRED_FOR: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A claimed job ready to settle.
 #[derive(Debug, Clone)]
@@ -74,6 +81,8 @@ pub(crate) trait Reschedule {
 #[derive(Debug, Clone)]
 pub(super) struct Locked {
     owner_epoch: i64,
+    /// The schema of the model of the copy that owns the row (set by its claim).
+    owner_schema: u32,
     pub(super) state_version: i64,
     /// The issue mark of the content the row holds (see `docs/bookkeeping.md`).
     pub(super) mark: (i64, u64),
@@ -94,6 +103,7 @@ type CharacterRow = (
     Option<String>,
     i64,
     i64,
+    i32,
     i32,
 );
 
@@ -261,6 +271,10 @@ async fn settle_owned(
             outcomes.push(JobOutcome::AlreadyApplied);
             continue;
         }
+        if let Some(reason) = newer_than_model(model, locked) {
+            outcomes.push(JobOutcome::Deferred(reason));
+            continue;
+        }
         match apply_payload(model, &mut locked.row, payload) {
             Ok(changed) => {
                 if payload.is_state() {
@@ -345,7 +359,7 @@ async fn lock_characters(
         .collect();
     let rows: Vec<CharacterRow> = sqlx::query_as(
         "SELECT id, owner_epoch, state_version, state, zone_ref, room_ref, live_issue_epoch,
-                live_issue_mark, schema_version
+                live_issue_mark, schema_version, owner_schema_version
            FROM characters WHERE id = ANY($1) ORDER BY id FOR UPDATE",
     )
     .bind(&ids)
@@ -364,9 +378,11 @@ async fn lock_characters(
                 mark_epoch,
                 mark,
                 schema,
+                owner_schema,
             )| {
                 let locked = Locked {
                     owner_epoch,
+                    owner_schema: u32::try_from(owner_schema).unwrap_or(1),
                     state_version,
                     mark: (mark_epoch, u64::try_from(mark).unwrap_or(0)),
                     row: RowState {
@@ -429,6 +445,21 @@ fn already_held(model: &ModelHandle, locked: &Locked, job: &PersistenceRetryJob)
                 && e.issue_seq > seq
                 && (e.payload.kind() == job.payload().kind() || e.payload.is_state())
         })
+}
+
+/// Why this worker must leave a job to a newer one, if it must: it cannot read a document of a
+/// newer schema, and a copy of a newer model issues kinds and writes documents this worker may
+/// not know (what it can read, its owner may not have written yet).
+fn newer_than_model(model: &ModelHandle, locked: &Locked) -> Option<String> {
+    let readable = model.schema_version();
+    let newest = locked.owner_schema.max(locked.row.schema_version);
+    (newest > readable).then(|| {
+        format!(
+            "the character is at schema version {newest} (document {}, owner {}), newer than \
+             this worker's model ({readable}): left for a newer worker",
+            locked.row.schema_version, locked.owner_schema
+        )
+    })
 }
 
 fn failure(c: &Claimed, error: String, retry_limit: u32) -> JobOutcome {

@@ -144,6 +144,7 @@ pub(super) async fn write_job_outcomes(
     let mut done = Vec::new();
     let (mut retry_ids, mut retry_errors, mut retry_at) = (Vec::new(), Vec::new(), Vec::new());
     let (mut dead_ids, mut dead_errors, mut dead_letter_ids) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut deferred_ids, mut deferred_errors) = (Vec::new(), Vec::new());
     for (c, outcome) in claimed.iter().zip(outcomes) {
         let id = c.row.stored.retry_job_id;
         match outcome {
@@ -161,8 +162,29 @@ pub(super) async fn write_job_outcomes(
                 dead_errors.push(err.clone());
                 dead_letter_ids.push(Uuid::now_v7());
             }
+            JobOutcome::Deferred(err) => {
+                deferred_ids.push(id);
+                deferred_errors.push(err.clone());
+            }
             JobOutcome::Stale | JobOutcome::Unsettled(_) => {}
         }
+    }
+    if !deferred_ids.is_empty() {
+        let at = now + chrono::Duration::from_std(super::settle::DEFERRED_FOR).unwrap_or_default();
+        sqlx::query(
+            "UPDATE persistence_retry_jobs j
+                SET last_error = v.err, next_attempt_at = $3,
+                    lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, updated_at = $4,
+                    lease_expiries = 0
+               FROM UNNEST($1::uuid[], $2::text[]) AS v(id, err)
+              WHERE j.retry_job_id = v.id",
+        )
+        .bind(&deferred_ids)
+        .bind(&deferred_errors)
+        .bind(at)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
     }
     if !done.is_empty() {
         sqlx::query("DELETE FROM persistence_retry_jobs WHERE retry_job_id = ANY($1)")

@@ -79,6 +79,8 @@ pub struct RetryStats {
     pub superseded: AtomicU64,
     /// Failures rescheduled.
     pub retried: AtomicU64,
+    /// Jobs left uncounted for a worker of a newer model.
+    pub deferred: AtomicU64,
     /// Jobs dead-lettered.
     pub dead_lettered: AtomicU64,
     /// Settlements refused because our lease was reclaimed.
@@ -96,6 +98,7 @@ impl RetryStats {
             JobOutcome::AlreadyApplied => (&self.already_applied, "already_applied"),
             JobOutcome::Superseded => (&self.superseded, "superseded"),
             JobOutcome::Retrying(_) => (&self.retried, "retrying"),
+            JobOutcome::Deferred(_) => (&self.deferred, "deferred"),
             JobOutcome::DeadLettered(_) => (&self.dead_lettered, "dead_lettered"),
             JobOutcome::Stale => (&self.stale, "stale"),
             JobOutcome::Unsettled(_) => (&self.unsettled, "unsettled"),
@@ -407,6 +410,9 @@ fn log_and_record(stats: &RetryStats, outcome: &JobOutcome) {
         ),
         JobOutcome::DeadLettered(err) => {
             tracing::warn!(event = "retry_dead_lettered", error = %err)
+        }
+        JobOutcome::Deferred(reason) => {
+            tracing::warn!(event = "retry_deferred_to_newer_worker", reason = %reason)
         }
         JobOutcome::Stale => tracing::warn!(
             event = "retry_lease_stale",

@@ -15,7 +15,7 @@ use shardkeep::clock::{Clock, SystemClock};
 use shardkeep::model::{Anchor, GameModel, ModelHandle};
 use shardkeep::retry::{
     IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
-    RetryWorker, RetryWorkerConfig,
+    RetryStats, RetryWorker, RetryWorkerConfig,
 };
 use shardkeep_testkit::TestRedis;
 use shardkeep_testkit::fixtures::new_character;
@@ -331,13 +331,20 @@ async fn retry_jobs_apply_only_under_a_model_that_reads_the_row(pool: PgPool) {
         (2, &json!(3)),
         "not applied by v1"
     );
-    let error: String = sqlx::query_scalar(
-        "SELECT last_error FROM persistence_retry_jobs WHERE idempotency_key = 'grant-2'",
+    let (error, attempts): (String, i32) = sqlx::query_as(
+        "SELECT last_error, attempt_count FROM persistence_retry_jobs
+          WHERE idempotency_key = 'grant-2'",
     )
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert!(error.contains("newer"), "{error}");
+    assert!(error.contains("newer worker"), "{error}");
+    assert_eq!(attempts, 0, "a rolling deploy does not use up the job's attempts");
+    assert_eq!(
+        RetryStats::get(&old_worker.stats().deferred),
+        1,
+        "counted as deferred"
+    );
     // A v1 whole-state job over the v2 row is upgraded by a v2 worker, never stored as v1.
     let dump = PersistenceRetryJob::new(
         PersistenceRetryPayload::gameplay_state_at(id, json!({ "gold": 9 }), 1, None, None),
@@ -353,4 +360,78 @@ async fn retry_jobs_apply_only_under_a_model_that_reads_the_row(pool: PgPool) {
     worker.run_until_idle().await.unwrap();
     let (schema, _, state) = stored(&pool, id).await;
     assert_eq!((schema, &state["coins"]), (2, &json!(9)), "{state}");
+}
+
+/// A job of a kind this worker's model does not know, for a character a newer model owns.
+fn unknown_kind_job(id: Uuid, key: &str, epoch: i64) -> PersistenceRetryJob {
+    let payload = PersistenceRetryPayload::decode(
+        json!({ "kind": "honor_points", "character_id": id, "points": 3 }),
+        None,
+    )
+    .unwrap();
+    PersistenceRetryJob::new(
+        payload,
+        IdempotencyEnvelope {
+            idempotency_key: key.into(),
+            owner_epoch: epoch,
+            origin: Origin::CombatRewards,
+            issued_at: chrono::Utc::now(),
+            issue_seq: 0,
+        },
+        "test",
+        None,
+    )
+    .unwrap()
+}
+
+async fn attempts_of(pool: &PgPool, key: &str) -> i32 {
+    sqlx::query_scalar("SELECT attempt_count FROM persistence_retry_jobs WHERE idempotency_key = $1")
+        .bind(key)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn an_older_worker_leaves_a_newer_owners_jobs_uncounted(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (queue, signals) = RetryQueue::new(pg(&pool), 8, Arc::clone(&clock));
+    let mut old_worker = RetryWorker::new(
+        pg(&pool),
+        v1(),
+        signals,
+        RetryWorkerConfig::new("v1"),
+        clock,
+    );
+    // Owned by a v1 copy: a kind the v1 model does not know is a bad job, and counts.
+    let old_owned = v1_character(&pool).await;
+    let epoch = loader(&pool, &redis, v1())
+        .claim_and_load(old_owned, 0)
+        .await
+        .unwrap()
+        .snapshot
+        .owner_epoch;
+    queue
+        .enqueue(&unknown_kind_job(old_owned, "bad", epoch))
+        .await
+        .unwrap();
+    // Owned by a v2 copy that has not saved yet (its row still holds the v1 document): the
+    // job may be of a kind only v2 knows, so the v1 worker leaves it to a v2 one.
+    let new_owned = CharacterStore::new(pg(&pool));
+    let created = new_character("Brin");
+    new_owned.create(&created).await.unwrap();
+    let epoch = loader(&pool, &redis, v2())
+        .claim_and_load(created.character_id, 0)
+        .await
+        .unwrap()
+        .snapshot
+        .owner_epoch;
+    queue
+        .enqueue(&unknown_kind_job(created.character_id, "newer", epoch))
+        .await
+        .unwrap();
+    old_worker.run_until_idle().await.unwrap();
+    assert_eq!(attempts_of(&pool, "bad").await, 1, "a bad job counts");
+    assert_eq!(attempts_of(&pool, "newer").await, 0, "left uncounted");
 }
