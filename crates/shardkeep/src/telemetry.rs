@@ -43,6 +43,11 @@ pub const SAVER_FINAL_DROPPED_TOTAL: &str = "shardkeep_saver_final_dropped_total
 pub const HANDOFF_SUPERSEDED_TOTAL: &str = "shardkeep_handoff_superseded_total";
 /// Logout final saves that outlasted the outage budget and became durable retry jobs.
 pub const SAVER_FINAL_QUEUED_AS_JOB_TOTAL: &str = "shardkeep_saver_final_queued_as_job_total";
+/// Saves a row refused for its schema while the writing copy still owned it (a worker of a newer
+/// model upgraded the row), by reason; a final one goes on as a state job.
+pub const SAVER_ROW_SCHEMA_NEWER_TOTAL: &str = "shardkeep_saver_row_schema_newer_total";
+/// Retry jobs left, uncounted, for a worker of a newer model.
+pub const RETRY_DEFERRED_TOTAL: &str = "shardkeep_retry_deferred_total";
 /// Duration of one batched CAS save.
 pub const SAVER_FLUSH_SECONDS: &str = "shardkeep_saver_flush_seconds";
 /// Placement writes refused because a newer owner wrote the record.
@@ -195,6 +200,10 @@ pub fn register_all(queues: &[&'static str]) {
     }
     for target in ["presence", "handoff", "registry"] {
         counter!(CLEANUP_DELETED_TOTAL, "target" => target).increment(0);
+    }
+    counter!(RETRY_DEFERRED_TOTAL).increment(0);
+    for reason in ["flush", "final"] {
+        counter!(SAVER_ROW_SCHEMA_NEWER_TOTAL, "reason" => reason).increment(0);
     }
     for reason in ["checkpoint", "flush", "final"] {
         counter!(SAVER_DROPPED_TOTAL, "reason" => reason, "cause" => "full").increment(0);

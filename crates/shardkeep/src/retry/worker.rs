@@ -412,6 +412,7 @@ fn log_and_record(stats: &RetryStats, outcome: &JobOutcome) {
             tracing::warn!(event = "retry_dead_lettered", error = %err)
         }
         JobOutcome::Deferred(reason) => {
+            metrics::counter!(telemetry::RETRY_DEFERRED_TOTAL).increment(1);
             tracing::warn!(event = "retry_deferred_to_newer_worker", reason = %reason)
         }
         JobOutcome::Stale => tracing::warn!(

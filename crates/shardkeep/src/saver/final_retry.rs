@@ -108,11 +108,11 @@ impl FinalRetries {
                     pause = Duration::ZERO;
                 }
                 Ok(Ok(SaveOutcome::SchemaOutdated(stored_schema))) => {
-                    self.feedback.deliver(SaverEvent::SchemaOutdated {
-                        character_id,
-                        stored_schema,
-                    });
-                    return false;
+                    // A newer worker upgraded the row (see the saver's `row_schema_newer`): the
+                    // job is the way in, upgraded by a worker of the newer model.
+                    tracing::warn!(event = "row_schema_newer", character = %character_id,
+                        stored_schema, "the logout save goes through a state job");
+                    return true;
                 }
                 Ok(Ok(SaveOutcome::OwnershipLost(current_epoch))) => {
                     self.stats.row_ownership_lost(1);

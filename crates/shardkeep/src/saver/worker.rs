@@ -116,6 +116,23 @@ impl BatchHandler<Vec<SaveRequest>> for SaverWorker {
     }
 }
 
+/// The row refused this copy's save for its schema while this copy still owns the character:
+/// a worker of a newer model applied one of this copy's jobs and upgraded the document (a claim
+/// by a newer model would have fenced the copy by its epoch first). The copy must not write its
+/// older document over it, and it holds every write it issued. A logout's final save becomes a
+/// durable state job, which a worker of the newer model upgrades as it applies it (`Some`: where
+/// its background retry starts); a cadence flush waits for the next one, its checkpoint holding
+/// it. The copy plays on.
+fn row_schema_newer(request: &SaveRequest, stored_schema: u32) -> Option<Unlanded> {
+    let snapshot = &request.snapshot;
+    metrics::counter!(telemetry::SAVER_ROW_SCHEMA_NEWER_TOTAL, "reason" => request.reason.as_str())
+        .increment(1);
+    tracing::warn!(event = "row_schema_newer", character = %snapshot.character_id,
+        writer_schema = snapshot.schema_version, stored_schema, reason = request.reason.as_str(),
+        "a newer worker upgraded this copy's row; its logout save goes through a state job");
+    (request.reason == SaveReason::Final).then(|| (request.clone(), Start::Job))
+}
+
 /// Keeps one request per character: the latest snapshot (unless it is from an older owner) and
 /// the strongest reason.
 pub(super) fn coalesce(batch: Vec<SaveRequest>) -> Vec<SaveRequest> {
@@ -267,7 +284,7 @@ impl SaverWorker {
                 self.ownership_lost(snapshot, current_epoch)
             }
             SaveOutcome::SchemaOutdated(stored_schema) => {
-                self.schema_outdated(snapshot, stored_schema)
+                return row_schema_newer(request, stored_schema);
             }
             SaveOutcome::NotFound => {
                 tracing::error!(event = "save_not_found", character = %character_id);
@@ -293,7 +310,7 @@ impl SaverWorker {
         None
     }
 
-    /// A process with a newer model wrote this character: this copy stops saving.
+    /// A process with a newer model wrote this character's checkpoint: this copy stops saving.
     fn schema_outdated(&self, snapshot: &CharacterSnapshot, stored_schema: u32) {
         tracing::error!(event = "schema_outdated", character = %snapshot.character_id,
             writer_schema = snapshot.schema_version, stored_schema,
@@ -359,8 +376,7 @@ impl SaverWorker {
                     return None;
                 }
                 Ok(Ok(SaveOutcome::SchemaOutdated(stored_schema))) => {
-                    self.schema_outdated(&snapshot, stored_schema);
-                    return None;
+                    return row_schema_newer(request, stored_schema).map(|(_, start)| start);
                 }
                 Ok(Ok(SaveOutcome::NotFound)) => {
                     self.feedback.deliver(SaverEvent::NotFound {

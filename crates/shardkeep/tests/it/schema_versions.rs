@@ -12,6 +12,7 @@ use shardkeep::character::{
     SaveOutcome, StoreError,
 };
 use shardkeep::clock::{Clock, SystemClock};
+use shardkeep::saver::{SaveFeedback, SaveReason, Saver, SaverConfig, SaverEvent, SaverSinks};
 use shardkeep::model::{Anchor, GameModel, ModelHandle};
 use shardkeep::retry::{
     IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
@@ -434,4 +435,96 @@ async fn an_older_worker_leaves_a_newer_owners_jobs_uncounted(pool: PgPool) {
     old_worker.run_until_idle().await.unwrap();
     assert_eq!(attempts_of(&pool, "bad").await, 1, "a bad job counts");
     assert_eq!(attempts_of(&pool, "newer").await, 0, "left uncounted");
+}
+
+/// Collects the saver's events.
+#[derive(Default)]
+struct Events(std::sync::Mutex<Vec<SaverEvent>>);
+
+impl SaveFeedback for Events {
+    fn deliver(&self, event: SaverEvent) {
+        self.0.lock().unwrap().push(event);
+    }
+
+    fn is_present(&self, _: Uuid) -> bool {
+        false
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_live_older_copys_logout_save_lands_through_a_newer_worker(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let id = v1_character(&pool).await;
+    // A v1 copy plays; a reward it issued could not be written and became a job.
+    let mut live = loader(&pool, &redis, v1())
+        .claim_and_load(id, 0)
+        .await
+        .unwrap()
+        .snapshot;
+    let (queue, signals) = RetryQueue::new(pg(&pool), 8, Arc::clone(&clock));
+    let reward = PersistenceRetryJob::new(
+        PersistenceRetryPayload::effect(
+            id,
+            &LedgerEffect::CombatRewards {
+                experience: 3,
+                currency: 0,
+                items: vec![],
+            },
+        )
+        .unwrap(),
+        IdempotencyEnvelope {
+            idempotency_key: "reward".into(),
+            owner_epoch: live.owner_epoch,
+            origin: Origin::CombatRewards,
+            issued_at: chrono::Utc::now(),
+            issue_seq: 1,
+        },
+        "test",
+        None,
+    )
+    .unwrap();
+    queue.enqueue(&reward).await.unwrap();
+    // Mid-deploy, a v2 worker applies it: the row's document is v2 now, its owner still v1.
+    let mut worker = RetryWorker::new(
+        pg(&pool),
+        v2(),
+        signals,
+        RetryWorkerConfig::new("v2"),
+        clock,
+    );
+    worker.run_until_idle().await.unwrap();
+    assert_eq!(stored(&pool, id).await.0, 2);
+    // The player logs out: the v1 copy's final save holds the reward and 40 more experience.
+    live.state["experience"] = json!(43);
+    live.issue_mark = 1;
+    live.state_version = stored_version(&pool, id).await;
+    let events = Arc::new(Events::default());
+    let saver = Saver::spawn(
+        SaverSinks {
+            rows: Some(CharacterStore::new(pg(&pool))),
+            checkpoints: Some(CheckpointStore::new(redis.backend())),
+            retry: Some(queue.clone()),
+        },
+        events.clone(),
+        SaverConfig::default(),
+        tokio_util::sync::CancellationToken::new(),
+    );
+    saver.enqueue(SaveReason::Final, live.clone());
+    let _ = saver.barrier(Duration::from_secs(10)).await;
+    let seen = events.0.lock().unwrap().clone();
+    assert!(
+        seen.iter()
+            .any(|e| matches!(e, SaverEvent::FinalQueuedAsJob { .. })),
+        "the final save became a state job, never an eviction: {seen:?}"
+    );
+    // The v2 worker upgrades the v1 content as it applies it: nothing the copy held is lost,
+    // and nothing older than v2 is stored.
+    worker.run_until_idle().await.unwrap();
+    let (schema, _, state) = stored(&pool, id).await;
+    assert_eq!(
+        (schema, &state["experience"], &state["coins"], state.get("gold")),
+        (2, &json!(43), &json!(1), None),
+        "{state}"
+    );
 }
