@@ -85,6 +85,7 @@ impl CharacterStore {
                     DepartedWrite::Superseded { current_epoch } => {
                         return Ok(TransferCommit::ReleaserSuperseded { current_epoch });
                     }
+                    DepartedWrite::Refused(reason) => return Ok(TransferCommit::Rejected(reason)),
                 }
             }
         };
@@ -117,15 +118,34 @@ impl CharacterStore {
         item_id: Uuid,
         released_epoch: i64,
     ) -> Result<DepartedWrite, StoreError> {
-        let row: Option<(serde_json::Value, i64, i64)> = sqlx::query_as(
-            "SELECT state, owner_epoch, lineage_epoch FROM characters WHERE id = $1 FOR UPDATE",
+        let row: Option<(serde_json::Value, i64, i64, i32, i32)> = sqlx::query_as(
+            "SELECT state, owner_epoch, lineage_epoch, schema_version, owner_schema_version
+               FROM characters WHERE id = $1 FOR UPDATE",
         )
         .bind(character_id)
         .fetch_optional(&mut *conn)
         .await?;
+        let current = model.schema_version();
         let (facts, state) = match row {
             None => (DepartedRow::Unreadable, None),
-            Some((mut state, owner_epoch, lineage_epoch)) => {
+            Some((_, _, _, schema, owner_schema))
+                if u32::try_from(schema.max(owner_schema)).unwrap_or(u32::MAX) > current =>
+            {
+                // A document (or an owner) of a newer schema: this process must not rewrite it.
+                return Ok(DepartedWrite::Refused(format!(
+                    "the releaser is stored or owned at schema version {}, which this process's \
+                     model (version {current}) cannot rewrite",
+                    schema.max(owner_schema)
+                )));
+            }
+            Some((state, owner_epoch, lineage_epoch, schema, _)) => {
+                // An older document is upgraded first, and written back at the model's version.
+                let mut state = match model.upgrade(u32::try_from(schema).unwrap_or(1), state) {
+                    Ok(state) => state,
+                    Err(err) => {
+                        return Ok(DepartedWrite::Refused(format!("the releaser's row: {err}")));
+                    }
+                };
                 match model.take_item(&mut state, item_id) {
                     Err(_) => (DepartedRow::Unreadable, None),
                     Ok(true) => (
@@ -154,11 +174,13 @@ impl CharacterStore {
                 return Ok(DepartedWrite::Superseded { current_epoch });
             }
             (DepartedSide::TakeItem, Some(state)) => sqlx::query_scalar(
-                "UPDATE characters SET state = $2, state_version = state_version + 1, updated_at = now() \
+                "UPDATE characters SET state = $2, schema_version = $3, \
+                        state_version = state_version + 1, updated_at = now() \
                  WHERE id = $1 RETURNING state_version",
             )
             .bind(character_id)
             .bind(state)
+            .bind(i32::try_from(current).unwrap_or(i32::MAX))
             .fetch_one(&mut *conn)
             .await?,
             (DepartedSide::TakeItem | DepartedSide::BumpVersion, _) => sqlx::query_scalar(bump)
@@ -279,6 +301,9 @@ enum DepartedWrite {
     Nothing,
     Written { version: i64 },
     Superseded { current_epoch: i64 },
+    /// Nothing written: the row is of a schema this process must not rewrite, or its document
+    /// could not be upgraded.
+    Refused(String),
 }
 
 /// The departed releaser's side of a commit for an item released by the copy at

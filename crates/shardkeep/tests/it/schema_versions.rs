@@ -9,8 +9,9 @@ use serde_json::json;
 use shardkeep::PostgresBackend;
 use shardkeep::character::{
     CharacterLoader, CharacterStore, CheckpointStore, CheckpointWrite, HandoffPayload, LoadError,
-    SaveOutcome, StoreError,
+    Releaser, SaveOutcome, StoreError, TransferCommit,
 };
+use shardkeep::audit::AuditEvent;
 use shardkeep::clock::{Clock, SystemClock};
 use shardkeep::saver::{SaveFeedback, SaveReason, Saver, SaverConfig, SaverEvent, SaverSinks};
 use shardkeep::model::{Anchor, GameModel, ModelHandle};
@@ -49,6 +50,14 @@ impl GameModel for LedgerV2 {
         effect: &LedgerEffect,
     ) -> Result<bool, String> {
         LedgerModel.apply_effect(state, anchor, effect)
+    }
+
+    fn held_items(&self, state: &Self::State) -> Vec<Uuid> {
+        LedgerModel.held_items(state)
+    }
+
+    fn take_item(&self, state: &mut Self::State, item: Uuid) -> bool {
+        LedgerModel.take_item(state, item)
     }
 }
 
@@ -525,6 +534,96 @@ async fn a_live_older_copys_logout_save_lands_through_a_newer_worker(pool: PgPoo
     assert_eq!(
         (schema, &state["experience"], &state["coins"], state.get("gold")),
         (2, &json!(43), &json!(1), None),
+        "{state}"
+    );
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_transfer_never_rewrites_a_releaser_newer_than_its_model_and_upgrades_an_older_one(
+    pool: PgPool,
+) {
+    let redis = TestRedis::new().await;
+    let store = CharacterStore::new(pg(&pool));
+    let item = Uuid::now_v7();
+    // The releaser holds the item; a v2 copy loaded it, dropped the item and departed (its
+    // last save wrote the v2 document, still holding the item: the drop came after).
+    let mut releaser = new_character("Cato");
+    releaser.state = json!({ "gold": 1, "inventory": [{ "id": item }] });
+    store.create(&releaser).await.unwrap();
+    let dropped_by = loader(&pool, &redis, v2())
+        .claim_and_load(releaser.character_id, 0)
+        .await
+        .unwrap()
+        .snapshot;
+    store.save(&dropped_by).await.unwrap();
+    // A v1 shard's player picks it up.
+    let acquirer = v1_character(&pool).await;
+    let mut picked = loader(&pool, &redis, v1())
+        .claim_and_load(acquirer, 0)
+        .await
+        .unwrap()
+        .snapshot;
+    picked.state["inventory"] = json!([{ "id": item }]);
+    let audit = AuditEvent::item_transferred(
+        acquirer,
+        releaser.character_id,
+        Uuid::now_v7(),
+        json!({ "item": item }),
+    );
+    let departed = Releaser::Departed {
+        character_id: releaser.character_id,
+        item_id: item,
+        released_epoch: dropped_by.owner_epoch,
+    };
+    let outcome = store
+        .commit_transfer(&v1(), departed, &picked, &audit)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome, TransferCommit::Rejected(reason) if reason.contains("schema version 2")),
+        "{outcome:?}"
+    );
+    let (schema, _, state) = stored(&pool, releaser.character_id).await;
+    assert_eq!((schema, &state["inventory"][0]["id"]), (2, &json!(item)));
+    assert_eq!(stored(&pool, acquirer).await.2.get("inventory"), None);
+    // A v2 shard's pickup of an item a v1 copy dropped upgrades the v1 releaser as it takes it.
+    let mut older = new_character("Dara");
+    older.state = json!({ "gold": 4, "inventory": [{ "id": item }] });
+    store.create(&older).await.unwrap();
+    let old_copy = loader(&pool, &redis, v1())
+        .claim_and_load(older.character_id, 0)
+        .await
+        .unwrap()
+        .snapshot;
+    let mut picked = loader(&pool, &redis, v2())
+        .claim_and_load(acquirer, 0)
+        .await
+        .unwrap()
+        .snapshot;
+    picked.state["inventory"] = json!([{ "id": item }]);
+    let audit = AuditEvent::item_transferred(
+        acquirer,
+        older.character_id,
+        Uuid::now_v7(),
+        json!({ "item": item }),
+    );
+    let departed = Releaser::Departed {
+        character_id: older.character_id,
+        item_id: item,
+        released_epoch: old_copy.owner_epoch,
+    };
+    let outcome = store
+        .commit_transfer(&v2(), departed, &picked, &audit)
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, TransferCommit::Committed { .. }),
+        "{outcome:?}"
+    );
+    let (schema, _, state) = stored(&pool, older.character_id).await;
+    assert_eq!(
+        (schema, &state["coins"], &state["inventory"]),
+        (2, &json!(4), &json!([])),
         "{state}"
     );
 }
