@@ -91,7 +91,8 @@ pub struct Services {
     pub redis: RedisBackend,
     /// The game's model.
     pub model: ModelHandle,
-    /// Character rows: claim, CAS save, load, transfers.
+    /// Character rows: claim, CAS save, load, transfers. Its claims are bounded by the model's
+    /// schema version, like the loader's.
     pub characters: CharacterStore,
     /// The checkpoint tier.
     pub checkpoints: CheckpointStore,
@@ -144,7 +145,8 @@ impl Services {
         config: ServicesConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, ServicesError> {
-        let characters = CharacterStore::new(pg.clone());
+        let characters =
+            CharacterStore::new(pg.clone()).with_schema_ceiling(model.schema_version());
         let checkpoints = CheckpointStore::new(redis.clone());
         let loader = CharacterLoader::new(
             characters.clone(),
@@ -186,11 +188,24 @@ impl Services {
         &mut self,
         cancel: CancellationToken,
     ) -> Result<Workers, ServicesError> {
+        if self.retry_signals.is_none() {
+            return Err(ServicesError::WorkersRunning);
+        }
+        let config = &self.config;
+        let journal_worker = JournalWorker::new(
+            self.journal.clone(),
+            self.coord.clone(),
+            self.characters.clone(),
+            config.journal_worker.clone(),
+        );
+        let journal_stats = journal_worker.stats();
+        // The one step that can fail comes before the signal receiver is taken: a start refused
+        // here can be tried again, and the producers' signals still reach the worker.
+        let consumer = journal_worker.consumer().await?;
         let signals = self
             .retry_signals
             .take()
             .ok_or(ServicesError::WorkersRunning)?;
-        let config = &self.config;
         let retry_worker = RetryWorker::new(
             self.pg.clone(),
             self.model.clone(),
@@ -200,15 +215,7 @@ impl Services {
         );
         let retry_stats = retry_worker.stats();
         let retry_pause = retry_worker.pause_handle();
-        let journal_worker = JournalWorker::new(
-            self.journal.clone(),
-            self.coord.clone(),
-            self.characters.clone(),
-            config.journal_worker.clone(),
-        );
-        let journal_stats = journal_worker.stats();
         let bookkeeping_pruned = Arc::new(AtomicU64::new(0));
-        let consumer = journal_worker.consumer().await?;
         let mut tasks = vec![
             ("retry", tokio::spawn(retry_worker.run(cancel.clone()))),
             (

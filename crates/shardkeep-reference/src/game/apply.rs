@@ -221,7 +221,8 @@ pub fn dump_character(
         state_version: character.state_version,
         owner_epoch: character.owner_epoch,
         issue_mark: character.issued,
-        schema_version: 1,
+        schema_version:
+            <super::effects::ReferenceModel as shardkeep::model::GameModel>::SCHEMA_VERSION,
     })
 }
 

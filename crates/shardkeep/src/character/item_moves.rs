@@ -173,20 +173,24 @@ impl CharacterStore {
             (DepartedSide::Superseded { current_epoch }, _) => {
                 return Ok(DepartedWrite::Superseded { current_epoch });
             }
-            (DepartedSide::TakeItem, Some(state)) => sqlx::query_scalar(
-                "UPDATE characters SET state = $2, schema_version = $3, \
+            (DepartedSide::TakeItem, Some(state)) => {
+                sqlx::query_scalar(
+                    "UPDATE characters SET state = $2, schema_version = $3, \
                         state_version = state_version + 1, updated_at = now() \
                  WHERE id = $1 RETURNING state_version",
-            )
-            .bind(character_id)
-            .bind(state)
-            .bind(i32::try_from(current).unwrap_or(i32::MAX))
-            .fetch_one(&mut *conn)
-            .await?,
-            (DepartedSide::TakeItem | DepartedSide::BumpVersion, _) => sqlx::query_scalar(bump)
+                )
                 .bind(character_id)
+                .bind(state)
+                .bind(i32::try_from(current).unwrap_or(i32::MAX))
                 .fetch_one(&mut *conn)
-                .await?,
+                .await?
+            }
+            (DepartedSide::TakeItem | DepartedSide::BumpVersion, _) => {
+                sqlx::query_scalar(bump)
+                    .bind(character_id)
+                    .fetch_one(&mut *conn)
+                    .await?
+            }
         };
         Ok(DepartedWrite::Written { version })
     }
@@ -299,8 +303,12 @@ enum DepartedSide {
 /// What the commit did on the departed releaser's side.
 enum DepartedWrite {
     Nothing,
-    Written { version: i64 },
-    Superseded { current_epoch: i64 },
+    Written {
+        version: i64,
+    },
+    Superseded {
+        current_epoch: i64,
+    },
     /// Nothing written: the row is of a schema this process must not rewrite, or its document
     /// could not be upgraded.
     Refused(String),

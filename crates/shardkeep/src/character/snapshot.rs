@@ -36,13 +36,18 @@ pub struct CharacterSnapshot {
     #[serde(default)]
     pub issue_mark: u64,
     /// The game's schema version of `state` ([`crate::model::GameModel::SCHEMA_VERSION`]).
-    /// (Absent in snapshots from before versions existed: 1.)
-    #[serde(default = "first_schema")]
+    /// (Absent in snapshots from before versions existed: 1. Left out when 1, so a process
+    /// built before versions existed still reads a first-version snapshot mid-deploy.)
+    #[serde(default = "first_schema", skip_serializing_if = "is_first_schema")]
     pub schema_version: u32,
 }
 
 fn first_schema() -> u32 {
     1
+}
+
+fn is_first_schema(version: &u32) -> bool {
+    *version == 1
 }
 
 /// Where a content stands in the issue sequence of the copy that dumped it: that copy (at
@@ -143,6 +148,55 @@ mod tests {
     #[test]
     fn a_tie_goes_to_the_checkpoint() {
         assert_eq!(freshest((3, 7), 7, (3, 7)), Freshest::Checkpoint);
+    }
+
+    /// The snapshot as a build from before schema versions reads it.
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct BeforeVersions {
+        character_id: Uuid,
+        account_id: Uuid,
+        name: String,
+        zone_ref: Option<String>,
+        room_ref: Option<String>,
+        state: serde_json::Value,
+        chargen: Option<serde_json::Value>,
+        state_version: i64,
+        owner_epoch: i64,
+        #[serde(default)]
+        issue_mark: u64,
+    }
+
+    #[test]
+    fn a_first_version_snapshot_stays_readable_by_a_build_from_before_versions() {
+        let mut snapshot = CharacterSnapshot {
+            character_id: Uuid::nil(),
+            account_id: Uuid::nil(),
+            name: "Aria".into(),
+            zone_ref: None,
+            room_ref: None,
+            state: serde_json::json!({ "gold": 1 }),
+            chargen: None,
+            state_version: 3,
+            owner_epoch: 2,
+            issue_mark: 0,
+            schema_version: 1,
+        };
+        let encoded = serde_json::to_string(&snapshot).unwrap();
+        assert!(!encoded.contains("schema_version"), "{encoded}");
+        serde_json::from_str::<BeforeVersions>(&encoded).unwrap();
+        assert_eq!(
+            serde_json::from_str::<CharacterSnapshot>(&encoded).unwrap(),
+            snapshot
+        );
+        snapshot.schema_version = 2;
+        let encoded = serde_json::to_string(&snapshot).unwrap();
+        assert!(serde_json::from_str::<BeforeVersions>(&encoded).is_err());
+        assert_eq!(
+            serde_json::from_str::<CharacterSnapshot>(&encoded).unwrap(),
+            snapshot
+        );
     }
 
     #[test]

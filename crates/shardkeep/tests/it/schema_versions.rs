@@ -7,18 +7,18 @@ use std::time::Duration;
 
 use serde_json::json;
 use shardkeep::PostgresBackend;
+use shardkeep::audit::AuditEvent;
 use shardkeep::character::{
     CharacterLoader, CharacterStore, CheckpointStore, CheckpointWrite, HandoffPayload, LoadError,
     Releaser, SaveOutcome, StoreError, TransferCommit,
 };
-use shardkeep::audit::AuditEvent;
 use shardkeep::clock::{Clock, SystemClock};
-use shardkeep::saver::{SaveFeedback, SaveReason, Saver, SaverConfig, SaverEvent, SaverSinks};
 use shardkeep::model::{Anchor, GameModel, ModelHandle};
 use shardkeep::retry::{
     IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
     RetryStats, RetryWorker, RetryWorkerConfig,
 };
+use shardkeep::saver::{SaveFeedback, SaveReason, Saver, SaverConfig, SaverEvent, SaverSinks};
 use shardkeep_testkit::TestRedis;
 use shardkeep_testkit::fixtures::new_character;
 use shardkeep_testkit::model::{LedgerEffect, LedgerModel};
@@ -349,7 +349,10 @@ async fn retry_jobs_apply_only_under_a_model_that_reads_the_row(pool: PgPool) {
     .await
     .unwrap();
     assert!(error.contains("newer worker"), "{error}");
-    assert_eq!(attempts, 0, "a rolling deploy does not use up the job's attempts");
+    assert_eq!(
+        attempts, 0,
+        "a rolling deploy does not use up the job's attempts"
+    );
     assert_eq!(
         RetryStats::get(&old_worker.stats().deferred),
         1,
@@ -395,11 +398,13 @@ fn unknown_kind_job(id: Uuid, key: &str, epoch: i64) -> PersistenceRetryJob {
 }
 
 async fn attempts_of(pool: &PgPool, key: &str) -> i32 {
-    sqlx::query_scalar("SELECT attempt_count FROM persistence_retry_jobs WHERE idempotency_key = $1")
-        .bind(key)
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar(
+        "SELECT attempt_count FROM persistence_retry_jobs WHERE idempotency_key = $1",
+    )
+    .bind(key)
+    .fetch_one(pool)
+    .await
+    .unwrap()
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
@@ -532,7 +537,12 @@ async fn a_live_older_copys_logout_save_lands_through_a_newer_worker(pool: PgPoo
     worker.run_until_idle().await.unwrap();
     let (schema, _, state) = stored(&pool, id).await;
     assert_eq!(
-        (schema, &state["experience"], &state["coins"], state.get("gold")),
+        (
+            schema,
+            &state["experience"],
+            &state["coins"],
+            state.get("gold")
+        ),
         (2, &json!(43), &json!(1), None),
         "{state}"
     );
