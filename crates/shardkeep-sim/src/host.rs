@@ -276,10 +276,10 @@ impl Host {
                             finals.push(character_id);
                         }
                     }
-                    SaverEvent::FinalDropped { character_id }
+                    SaverEvent::FinalDropped { character_id, .. }
                     | SaverEvent::FinalQueuedAsJob { character_id, .. }
                     | SaverEvent::OwnershipLost { character_id, .. }
-                    | SaverEvent::NotFound { character_id } => finals.push(character_id),
+                    | SaverEvent::NotFound { character_id, .. } => finals.push(character_id),
                     _ => {}
                 }
             }

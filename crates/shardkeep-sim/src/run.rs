@@ -297,6 +297,16 @@ async fn play(
         .journal
         .dead_lettered
         .max(settled.dangling.journal.dead);
+    // A claim settles the jobs still queued for the character it claims, dead-lettering what
+    // cannot apply, outside any worker's counters: the table holds them all.
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM persistence_job_dead_letters")
+        .fetch_one(&world.env.pool_direct)
+        .await
+        .unwrap_or(0);
+    report.retry.dead_lettered = report
+        .retry
+        .dead_lettered
+        .max(u64::try_from(stored).unwrap_or(0));
     report
 }
 

@@ -91,8 +91,8 @@ pub struct Services {
     pub redis: RedisBackend,
     /// The game's model.
     pub model: ModelHandle,
-    /// Character rows: claim, CAS save, load, transfers. Its claims are bounded by the model's
-    /// schema version, like the loader's.
+    /// Character rows: claim, CAS save, load, transfers. Its claims are the loader's: bounded by
+    /// the model's schema version, and settling the character's queued retry jobs first.
     pub characters: CharacterStore,
     /// The checkpoint tier.
     pub checkpoints: CheckpointStore,
@@ -145,8 +145,7 @@ impl Services {
         config: ServicesConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, ServicesError> {
-        let characters =
-            CharacterStore::new(pg.clone()).with_schema_ceiling(model.schema_version());
+        let characters = CharacterStore::new(pg.clone()).for_model(model.clone());
         let checkpoints = CheckpointStore::new(redis.clone());
         let loader = CharacterLoader::new(
             characters.clone(),

@@ -46,6 +46,8 @@ pub const SAVER_FINAL_QUEUED_AS_JOB_TOTAL: &str = "shardkeep_saver_final_queued_
 /// Saves a row refused for its schema while the writing copy still owned it (a worker of a newer
 /// model upgraded the row), by reason; a final one goes on as a state job.
 pub const SAVER_ROW_SCHEMA_NEWER_TOTAL: &str = "shardkeep_saver_row_schema_newer_total";
+/// Retry jobs a claim settled before minting the next owner (its predecessor's queued writes).
+pub const RETRY_SETTLED_AT_CLAIM_TOTAL: &str = "shardkeep_retry_settled_at_claim_total";
 /// Retry jobs left, uncounted, for a worker of a newer model.
 pub const RETRY_DEFERRED_TOTAL: &str = "shardkeep_retry_deferred_total";
 /// Duration of one batched CAS save.
@@ -202,6 +204,7 @@ pub fn register_all(queues: &[&'static str]) {
         counter!(CLEANUP_DELETED_TOTAL, "target" => target).increment(0);
     }
     counter!(RETRY_DEFERRED_TOTAL).increment(0);
+    counter!(RETRY_SETTLED_AT_CLAIM_TOTAL).increment(0);
     for reason in ["flush", "final"] {
         counter!(SAVER_ROW_SCHEMA_NEWER_TOTAL, "reason" => reason).increment(0);
     }

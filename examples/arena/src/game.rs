@@ -51,9 +51,10 @@ impl Online {
     }
 }
 
-/// Who waits for a logout's final save: only its own `Saved` (a cadence flush landing meanwhile
-/// is not it), or any terminal answer.
-type Waiters = HashMap<Uuid, Vec<oneshot::Sender<SaverEvent>>>;
+/// Who waits for a logout's final save, by character and the epoch of the copy that logged out:
+/// only that copy's own final `Saved` (a cadence flush landing meanwhile is not it), or any
+/// terminal answer about that copy.
+type Waiters = HashMap<(Uuid, i64), Vec<oneshot::Sender<SaverEvent>>>;
 
 /// The shard's state, shared by every connection and the cadence task.
 pub(crate) struct Game {
@@ -77,54 +78,57 @@ pub(crate) struct Feedback {
 
 impl SaveFeedback for Feedback {
     fn deliver(&self, event: SaverEvent) {
-        let id = match &event {
+        let id = event.character_id();
+        let epoch = event.owner_epoch();
+        // Only the session whose copy dumped the snapshot hears about it: a late event of an
+        // earlier session of the same character (a disconnect's final save landing after a
+        // fresh login) neither moves nor evicts the new copy, nor answers its logout.
+        let mut online = self.online.lock().unwrap_or_else(PoisonError::into_inner);
+        let this_copy = online.get_mut(&id).filter(|o| o.base.owner_epoch == epoch);
+        let answers_logout = match &event {
             SaverEvent::Saved {
-                character_id,
                 new_version,
                 reason,
                 ..
             } => {
-                let mut online = self.online.lock().unwrap_or_else(PoisonError::into_inner);
-                if let Some(o) = online.get_mut(character_id) {
+                if let Some(o) = this_copy {
                     o.base.state_version = o.base.state_version.max(*new_version);
                 }
-                if *reason != SaveReason::Final {
-                    return;
-                }
-                *character_id
+                *reason == SaveReason::Final
             }
             SaverEvent::FlushConflict {
-                character_id,
-                current_version,
+                current_version, ..
             } => {
                 // The row moved (a loot job landed): this copy holds everything it issued, so it
                 // re-dumps over the row at the row's version.
-                let mut online = self.online.lock().unwrap_or_else(PoisonError::into_inner);
-                if let Some(o) = online.get_mut(character_id) {
+                if let Some(o) = this_copy {
                     o.base.state_version = *current_version;
-                    let _ = self.resave.send(*character_id);
+                    let _ = self.resave.send(id);
                 }
-                return;
+                false
             }
-            SaverEvent::OwnershipLost { character_id, .. }
-            | SaverEvent::DoubleOwn { character_id, .. }
-            | SaverEvent::SchemaOutdated { character_id, .. } => {
-                tracing::warn!(event = "arena_evicted", character = %character_id, ?event);
-                self.online
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(character_id);
-                *character_id
+            SaverEvent::OwnershipLost { .. }
+            | SaverEvent::DoubleOwn { .. }
+            | SaverEvent::SchemaOutdated { .. } => {
+                if this_copy.is_some() {
+                    tracing::warn!(event = "arena_evicted", character = %id, ?event);
+                    online.remove(&id);
+                }
+                true
             }
-            SaverEvent::FinalQueuedAsJob { character_id, .. }
-            | SaverEvent::FinalDropped { character_id }
-            | SaverEvent::NotFound { character_id } => *character_id,
+            SaverEvent::FinalQueuedAsJob { .. }
+            | SaverEvent::FinalDropped { .. }
+            | SaverEvent::NotFound { .. } => true,
         };
+        drop(online);
+        if !answers_logout {
+            return;
+        }
         let waiting = self
             .waiters
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(&id);
+            .remove(&(id, epoch));
         for waiter in waiting.into_iter().flatten() {
             let _ = waiter.send(event.clone());
         }
@@ -433,12 +437,12 @@ impl Game {
         });
     }
 
-    fn wait_for(&self, id: Uuid) -> oneshot::Receiver<SaverEvent> {
+    fn wait_for(&self, id: Uuid, owner_epoch: i64) -> oneshot::Receiver<SaverEvent> {
         let (tx, rx) = oneshot::channel();
         self.waiters
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .entry(id)
+            .entry((id, owner_epoch))
             .or_default()
             .push(tx);
         rx
@@ -512,7 +516,7 @@ impl Game {
             return evicted();
         };
         *current = None;
-        let waiter = self.wait_for(id);
+        let waiter = self.wait_for(id, online.base.owner_epoch);
         self.saver
             .enqueue(SaveReason::Final, online.dump(self.release));
         let saved = tokio::time::timeout(SAVE_WAIT, waiter).await;
@@ -535,9 +539,25 @@ impl Game {
         }
     }
 
-    /// Journals the closed stream (durably, in Redis) for the journal worker's cleanup.
+    /// Journals the closed stream (durably, in Redis) for the journal worker's cleanup, in the
+    /// background.
     fn close_stream(&self, online: &Online, plan: SessionLifecycleEffectPlan) {
-        let cleanup = RealtimeStreamCleanup {
+        let cleanup = self.stream_cleanup(online, plan);
+        let journal = self.services.journal.clone();
+        tokio::spawn(async move {
+            if let Err(err) = journal.append(cleanup).await {
+                tracing::warn!(event = "arena_journal_failed", error = %err);
+            }
+        });
+    }
+
+    /// The journal entry for `online`'s closed stream.
+    fn stream_cleanup(
+        &self,
+        online: &Online,
+        plan: SessionLifecycleEffectPlan,
+    ) -> RealtimeStreamCleanup {
+        RealtimeStreamCleanup {
             session_token: online.session.clone(),
             player: PlayerSnapshot {
                 character_id: online.base.character_id,
@@ -558,25 +578,40 @@ impl Game {
             transfer_confirmed: plan == SessionLifecycleEffectPlan::ConfirmedTransfer,
             plan,
             closed_at: Utc::now(),
-        };
-        let journal = self.services.journal.clone();
-        tokio::spawn(async move {
-            if let Err(err) = journal.append(cleanup).await {
-                tracing::warn!(event = "arena_journal_failed", error = %err);
-            }
-        });
+        }
     }
 
-    /// Shutdown: every fighter's final save, then the saver's and the auditor's barriers.
-    pub(crate) async fn shutdown(&self, bound: Duration) {
+    /// Shutdown: every fighter's final save and the journal entry for its closed stream (a
+    /// reconnect may resume it), then the saver's and the auditor's barriers. Returns how many
+    /// journal entries were written, and how many could not be within `bound` (their cleanup
+    /// then waits for the keyspace's TTLs).
+    pub(crate) async fn shutdown(&self, bound: Duration) -> (usize, usize) {
         let leaving: Vec<Online> =
             self.with_online(|online| online.drain().map(|(_, o)| o).collect());
         for online in &leaving {
             self.saver
                 .enqueue(SaveReason::Final, online.dump(self.release));
         }
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut unjournaled = 0;
+        for online in &leaving {
+            let entry = self.stream_cleanup(online, SessionLifecycleEffectPlan::Reconnectable);
+            let written =
+                tokio::time::timeout_at(deadline, self.services.journal.append(entry)).await;
+            if !matches!(written, Ok(Ok(_))) {
+                unjournaled += 1;
+            }
+        }
+        if unjournaled > 0 {
+            tracing::warn!(
+                event = "arena_journal_failed",
+                count = unjournaled,
+                "at shutdown"
+            );
+        }
         let _ = self.saver.barrier(bound).await;
         let _ = self.auditor.barrier(bound).await;
+        (leaving.len() - unjournaled, unjournaled)
     }
 }
 
@@ -588,5 +623,91 @@ fn evicted() -> Reply {
     Reply {
         line: "error this copy was replaced; log in again".into(),
         close: true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn online(id: Uuid, epoch: i64) -> Online {
+        Online {
+            base: CharacterSnapshot {
+                character_id: id,
+                account_id: Uuid::nil(),
+                name: "Aria".into(),
+                zone_ref: None,
+                room_ref: None,
+                state: serde_json::json!({}),
+                chargen: None,
+                state_version: 4,
+                owner_epoch: epoch,
+                issue_mark: 0,
+                schema_version: 2,
+            },
+            fighter: Fighter::fresh(),
+            issued: 0,
+            session: "s".into(),
+        }
+    }
+
+    #[test]
+    fn a_late_event_of_an_earlier_session_neither_moves_evicts_nor_answers_the_new_one() {
+        let parts = FeedbackParts::new();
+        let (resave, mut resaves) = tokio::sync::mpsc::unbounded_channel();
+        let feedback = parts.feedback(resave);
+        let id = Uuid::now_v7();
+        // The player disconnected from the copy at epoch 3 and logged in again: epoch 4.
+        parts.online.lock().unwrap().insert(id, online(id, 4));
+        let (tx, mut logout) = oneshot::channel();
+        parts.waiters.lock().unwrap().insert((id, 4), vec![tx]);
+        for late in [
+            SaverEvent::Saved {
+                character_id: id,
+                owner_epoch: 3,
+                reason: SaveReason::Final,
+                dumped_version: 4,
+                new_version: 9,
+            },
+            SaverEvent::FlushConflict {
+                character_id: id,
+                owner_epoch: 3,
+                current_version: 9,
+            },
+            SaverEvent::SchemaOutdated {
+                character_id: id,
+                owner_epoch: 3,
+                stored_schema: 3,
+            },
+            SaverEvent::FinalDropped {
+                character_id: id,
+                owner_epoch: 3,
+            },
+        ] {
+            feedback.deliver(late);
+        }
+        let held = parts.online.lock().unwrap().get(&id).cloned();
+        assert_eq!(
+            held.map(|o| o.base.state_version),
+            Some(4),
+            "still online, unmoved"
+        );
+        assert!(resaves.try_recv().is_err(), "no re-save of the new copy");
+        assert!(
+            logout.try_recv().is_err(),
+            "the new session's logout is not answered"
+        );
+        // Its own final save answers it.
+        feedback.deliver(SaverEvent::Saved {
+            character_id: id,
+            owner_epoch: 4,
+            reason: SaveReason::Final,
+            dumped_version: 4,
+            new_version: 5,
+        });
+        assert!(matches!(
+            logout.try_recv(),
+            Ok(SaverEvent::Saved { new_version: 5, .. })
+        ));
     }
 }

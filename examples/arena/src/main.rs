@@ -203,7 +203,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
         () = accept => {}
         () = shutdown_signal() => {}
     }
-    game.shutdown(Duration::from_secs(10)).await;
+    let (journaled, unjournaled) = game.shutdown(Duration::from_secs(10)).await;
+    println!("arena: journaled {journaled} closed streams at shutdown");
+    if unjournaled > 0 {
+        eprintln!("arena: {unjournaled} closed streams could not be journaled");
+    }
     cancel.cancel();
     let _ = cadence.await;
     let late = workers.shutdown(Duration::from_secs(10)).await;

@@ -76,6 +76,8 @@ struct Shard {
     name: &'static str,
     port: u16,
     child: Child,
+    /// What it printed.
+    said: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 async fn start(
@@ -119,8 +121,19 @@ async fn start(
         .unwrap()
         .unwrap_or_default();
     assert!(ready.contains("listening"), "{ready}");
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Shard { name, port, child }
+    let said = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let heard = std::sync::Arc::clone(&said);
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            heard.lock().unwrap().push(line);
+        }
+    });
+    Shard {
+        name,
+        port,
+        child,
+        said,
+    }
 }
 
 /// A player's connection.
@@ -193,6 +206,36 @@ async fn jobs_pending(pool: &PgPool) -> i64 {
         .unwrap()
 }
 
+/// While `on`, every retry job stored gets its first attempt an hour out (as after a failed
+/// attempt backing off): no worker applies it in the meantime.
+async fn hold_new_jobs(pool: &PgPool, on: bool) {
+    if on {
+        sqlx::query(
+            "CREATE FUNCTION arena_test_hold() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN NEW.next_attempt_at := now() + interval '1 hour'; RETURN NEW; END $$",
+        )
+        .execute(pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "CREATE TRIGGER arena_test_hold BEFORE INSERT ON persistence_retry_jobs
+             FOR EACH ROW EXECUTE FUNCTION arena_test_hold()",
+        )
+        .execute(pool)
+        .await
+        .unwrap();
+    } else {
+        sqlx::query("DROP TRIGGER arena_test_hold ON persistence_retry_jobs")
+            .execute(pool)
+            .await
+            .unwrap();
+        sqlx::query("DROP FUNCTION arena_test_hold()")
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_shard_loses_nothing_acknowledged_and_doubles_nothing() {
     let world = World::new().await;
@@ -214,7 +257,10 @@ async fn a_killed_shard_loses_nothing_acknowledged_and_doubles_nothing() {
     let mut bram_ores = loot(&mut bram, "ore", 2).await;
 
     // Another writer moves Bram's row behind the shard's back: his next loot cannot be saved
-    // directly and goes down as a retry job (applied once, whatever dumps land around it).
+    // directly and goes down as a retry job (applied once, whatever dumps land around it). Its
+    // first attempt is held back an hour (as after a failed attempt), so the job is still
+    // queued when the shard dies: the next claim must land it, not supersede it.
+    hold_new_jobs(&world.pool, true).await;
     sqlx::query("UPDATE characters SET state_version = state_version + 1 WHERE name = 'Bram'")
         .execute(&world.pool)
         .await
@@ -222,6 +268,7 @@ async fn a_killed_shard_loses_nothing_acknowledged_and_doubles_nothing() {
     let queued = bram.say("loot ore").await;
     assert!(queued.starts_with("queued loot"), "{queued}");
     bram_ores += 1;
+    hold_new_jobs(&world.pool, false).await;
 
     // Cato travels from a to b and loots there.
     let (mut cato, _) = Player::login(a.port, "Cato").await;
@@ -235,18 +282,10 @@ async fn a_killed_shard_loses_nothing_acknowledged_and_doubles_nothing() {
     assert_eq!(bag_count(&arrived, "ruby"), 1, "{arrived}");
     cato_rubies += loot(&mut cato, "ruby", 2).await;
 
-    // More play on a, then a dies without warning. The loot job must have landed first: a job
-    // still pending when a new owner claims the character is superseded (see the note).
+    // More play on a, then a dies without warning, Bram's loot job still queued.
     aria_gems += loot(&mut aria, "gem", 2).await;
     assert!(aria.say("fight").await.starts_with("ok fight"));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while jobs_pending(&world.pool).await > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the loot job never landed"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert_eq!(jobs_pending(&world.pool).await, 1, "Bram's loot is queued");
     a.child.start_kill().unwrap();
     a.child.wait().await.unwrap();
     drop((aria, bram));
@@ -268,12 +307,19 @@ async fn a_killed_shard_loses_nothing_acknowledged_and_doubles_nothing() {
     let (mut bram, reply) = Player::login(a.port, "Bram").await;
     assert_eq!(bag_count(&reply, "ore"), bram_ores, "{reply}");
     assert_eq!(
+        jobs_pending(&world.pool).await,
+        0,
+        "settled by Bram's claim"
+    );
+    assert_eq!(
         field(&reply, "money"),
         (5 * bram_ores).to_string(),
         "{reply}"
     );
 
-    // Everyone quits; the rows hold exactly what was acknowledged.
+    // Everyone quits (Aria with one more fight, saved by her logout); the rows hold exactly
+    // what was acknowledged.
+    assert!(aria.say("fight").await.starts_with("ok fight"));
     for player in [&mut aria, &mut bram, &mut cato] {
         let bye = player.say("quit").await;
         assert!(bye.starts_with("bye"), "{bye}");
@@ -304,9 +350,24 @@ async fn a_killed_shard_loses_nothing_acknowledged_and_doubles_nothing() {
             .unwrap();
     assert_eq!(created, 3, "one audit row per created fighter");
 
-    for shard in [&mut a] {
-        stop(shard).await;
-    }
+    // A graceful stop with a player online: her logout save lands and her closed stream is
+    // journaled for cleanup, as for a dropped connection.
+    let (mut aria, _) = Player::login(a.port, "Aria").await;
+    let fought = aria.say("fight").await;
+    let xp: i64 = field(&fought, "xp").parse().unwrap();
+    stop(&mut a).await;
+    let said = a.said.lock().unwrap().clone();
+    assert!(
+        said.iter()
+            .any(|l| l == "arena: journaled 1 closed streams at shutdown"),
+        "{said:?}"
+    );
+    let stored: i64 =
+        sqlx::query_scalar("SELECT (state->>'xp')::int8 FROM characters WHERE name = 'Aria'")
+            .fetch_one(&world.pool)
+            .await
+            .unwrap();
+    assert_eq!(stored, xp, "the shutdown's final save landed");
     let mut b = b;
     stop(&mut b).await;
     world.drop_all().await;

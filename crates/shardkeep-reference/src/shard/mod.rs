@@ -468,10 +468,16 @@ impl Shard {
             }
             SaverEvent::FlushConflict {
                 character_id,
+                owner_epoch,
                 current_version,
             } => {
                 let pending = self.has_pending_transfer(character_id);
-                if let Some(entry) = self.player_mut(character_id) {
+                // Only the copy that dumped the snapshot adopts the row's version (a late event
+                // of an earlier copy is not this one's).
+                if let Some(entry) = self
+                    .player_mut(character_id)
+                    .filter(|e| e.character.owner_epoch == owner_epoch)
+                {
                     entry.character.state_version = current_version;
                     // With an item between rows, a re-dump would miss it; the next cadence
                     // flush carries the settled state.
@@ -483,6 +489,7 @@ impl Shard {
             SaverEvent::OwnershipLost {
                 character_id,
                 current_epoch,
+                ..
             } => self.evict(
                 character_id,
                 current_epoch,
@@ -491,6 +498,7 @@ impl Shard {
             SaverEvent::DoubleOwn {
                 character_id,
                 stored_epoch,
+                ..
             } => self.evict(
                 character_id,
                 stored_epoch,
@@ -498,10 +506,11 @@ impl Shard {
             ),
             SaverEvent::SchemaOutdated {
                 character_id,
+                owner_epoch,
                 stored_schema,
             } => self.evict(
                 character_id,
-                i64::MAX,
+                owner_epoch.saturating_add(1),
                 EvictionCause::SchemaOutdated { stored_schema },
             ),
             SaverEvent::FinalDropped { .. }

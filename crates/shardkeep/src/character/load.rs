@@ -145,7 +145,7 @@ impl CharacterLoader {
         io_timeout: Duration,
     ) -> Self {
         Self {
-            store: store.with_schema_ceiling(model.schema_version()),
+            store: store.for_model(model.clone()),
             checkpoints,
             model,
             io_timeout,

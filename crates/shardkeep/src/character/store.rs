@@ -210,6 +210,9 @@ pub struct CharacterStore {
     /// The claimant's model version: the newest schema a claim accepts, recorded as the owner's
     /// schema. `None` (the default): no limit, and the owner's schema is left as it was.
     schema_ceiling: Option<u32>,
+    /// The claimant's model, with which a claim first settles the character's pending retry
+    /// jobs. `None` (the default): a claim leaves them to the workers (and supersedes them).
+    model: Option<crate::model::ModelHandle>,
 }
 
 type RowTuple = (
@@ -398,6 +401,7 @@ impl CharacterStore {
         Self {
             pg,
             schema_ceiling: None,
+            model: None,
         }
     }
 
@@ -408,6 +412,17 @@ impl CharacterStore {
     pub fn with_schema_ceiling(mut self, schema_version: u32) -> Self {
         self.schema_ceiling = Some(schema_version);
         self
+    }
+
+    /// The same store, claiming for a process that plays `model`: claims are bounded by its
+    /// schema version (see [`Self::with_schema_ceiling`]), and each claim first settles, in its
+    /// own transaction, the retry jobs still queued for the character, so the acknowledged writes
+    /// of a copy that died before they applied land instead of being superseded by the claim.
+    /// The loader and [`crate::Services`] build their store this way.
+    pub fn for_model(self, model: crate::model::ModelHandle) -> Self {
+        let mut store = self.with_schema_ceiling(model.schema_version());
+        store.model = Some(model);
+        store
     }
 
     /// Creates a character; its state starts at version 0 and epoch 0.
@@ -513,6 +528,10 @@ impl CharacterStore {
             i32,
         );
         let mut tx = self.pg.pool().begin().await?;
+        if let Some(model) = &self.model {
+            crate::retry::settle_before_claim(&mut tx, model, character_id, chrono::Utc::now())
+                .await?;
+        }
         let row: Option<ClaimTuple> = sqlx::query_as(CLAIM)
             .bind(character_id)
             .bind(floor)

@@ -18,6 +18,7 @@
 //! - [`worker`] — the worker loop.
 
 pub(crate) mod apply;
+mod at_claim;
 pub mod backoff;
 mod coalesce;
 mod dead_letters;
@@ -39,6 +40,7 @@ use crate::backend::PostgresBackend;
 use crate::clock::Clock;
 use crate::telemetry;
 
+pub(crate) use at_claim::settle_before_claim;
 pub use backoff::Backoff;
 pub use dead_letters::{
     DeadLetterDetail, DeadLetterInspection, DeadLetterSummary, MAX_INSPECT_LIMIT,

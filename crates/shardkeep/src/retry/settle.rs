@@ -213,7 +213,7 @@ pub(crate) struct OneTransaction {
 
 /// The settle itself, inside the caller's transaction, for the jobs in `owned` (the rest of
 /// `claimed` are `Stale`).
-async fn settle_owned(
+pub(super) async fn settle_owned(
     tx: &mut sqlx::PgConnection,
     model: &ModelHandle,
     now: DateTime<Utc>,

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::pending::{PendingFinals, PendingTicket};
 use super::{SaveFeedback, SaveReason, SaveRequest, SaverConfig, SaverEvent, SaverStats};
-use crate::character::{CharacterStore, SaveOutcome};
+use crate::character::{CharacterSnapshot, CharacterStore, SaveOutcome};
 use crate::retry::{
     IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
 };
@@ -53,7 +53,7 @@ impl FinalRetries {
         let Some(ticket) = self.pending.begin(character_id, checkpointed) else {
             tracing::warn!(event = "final_retry_refused", character = %character_id,
                 "too many final saves pending; this one is kept by its checkpoint only");
-            return self.dropped(character_id);
+            return self.dropped(&request.snapshot);
         };
         let retries = self.clone();
         tokio::spawn(async move { retries.run(request, start, ticket).await });
@@ -68,7 +68,7 @@ impl FinalRetries {
         }
         match &self.retry {
             Some(retry) => self.queue_as_job(retry, &request).await,
-            None => self.dropped(request.snapshot.character_id),
+            None => self.dropped(&request.snapshot),
         }
         drop(ticket);
     }
@@ -92,6 +92,7 @@ impl FinalRetries {
                     tracing::info!(event = "final_flush_recovered", character = %character_id);
                     self.feedback.deliver(SaverEvent::Saved {
                         character_id,
+                        owner_epoch: snapshot.owner_epoch,
                         reason: SaveReason::Final,
                         dumped_version: request.snapshot.state_version,
                         new_version,
@@ -118,12 +119,16 @@ impl FinalRetries {
                     self.stats.row_ownership_lost(1);
                     self.feedback.deliver(SaverEvent::OwnershipLost {
                         character_id,
+                        owner_epoch: snapshot.owner_epoch,
                         current_epoch,
                     });
                     return false;
                 }
                 Ok(Ok(SaveOutcome::NotFound)) => {
-                    self.feedback.deliver(SaverEvent::NotFound { character_id });
+                    self.feedback.deliver(SaverEvent::NotFound {
+                        character_id,
+                        owner_epoch: snapshot.owner_epoch,
+                    });
                     return false;
                 }
                 Ok(Err(_)) | Err(_) => {
@@ -169,7 +174,7 @@ impl FinalRetries {
             Ok(job) => job,
             Err(err) => {
                 tracing::error!(event = "final_job_invalid", character = %character_id, error = %err);
-                return self.dropped(character_id);
+                return self.dropped(snapshot);
             }
         };
         let mut pause = Duration::from_millis(250);
@@ -183,6 +188,7 @@ impl FinalRetries {
                         "the logout save is a durable retry job now");
                     return self.feedback.deliver(SaverEvent::FinalQueuedAsJob {
                         character_id,
+                        owner_epoch: snapshot.owner_epoch,
                         retry_job_id: job.retry_job_id(),
                     });
                 }
@@ -197,17 +203,25 @@ impl FinalRetries {
         }
     }
 
-    fn dropped(&self, character_id: Uuid) {
-        final_dropped(&self.stats, self.feedback.as_ref(), character_id);
+    fn dropped(&self, snapshot: &CharacterSnapshot) {
+        final_dropped(&self.stats, self.feedback.as_ref(), snapshot);
     }
 }
 
 /// Counts, logs and reports a logout save given up: written to neither its row nor a retry job
 /// (its checkpoint still holds it).
-pub(super) fn final_dropped(stats: &SaverStats, feedback: &dyn SaveFeedback, character_id: Uuid) {
+pub(super) fn final_dropped(
+    stats: &SaverStats,
+    feedback: &dyn SaveFeedback,
+    snapshot: &CharacterSnapshot,
+) {
+    let character_id = snapshot.character_id;
     stats.final_dropped(1);
     metrics::counter!(telemetry::SAVER_FINAL_DROPPED_TOTAL).increment(1);
     tracing::warn!(event = "final_flush_dropped", character = %character_id,
         "logout delta not written to Postgres; its checkpoint still loads");
-    feedback.deliver(SaverEvent::FinalDropped { character_id });
+    feedback.deliver(SaverEvent::FinalDropped {
+        character_id,
+        owner_epoch: snapshot.owner_epoch,
+    });
 }

@@ -59,13 +59,18 @@ impl SaveReason {
     }
 }
 
-/// What the saver tells the zone.
+/// What the saver tells the zone. Every event names the character and the epoch of the copy
+/// it is about: a late event for an earlier session of the same character is not the current
+/// session's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SaverEvent {
     /// The row was written; the character's CAS token moves from `dumped_version` to `new_version`.
     Saved {
         /// The character.
         character_id: Uuid,
+        /// The owner epoch of the copy whose snapshot this is about (a game matches events to
+        /// the session they belong to by it).
+        owner_epoch: i64,
         /// Why it was saved.
         reason: SaveReason,
         /// The version the snapshot was dumped at.
@@ -77,6 +82,9 @@ pub enum SaverEvent {
     FlushConflict {
         /// The character.
         character_id: Uuid,
+        /// The owner epoch of the copy whose snapshot this is about (a game matches events to
+        /// the session they belong to by it).
+        owner_epoch: i64,
         /// The row's version.
         current_version: i64,
     },
@@ -84,6 +92,9 @@ pub enum SaverEvent {
     OwnershipLost {
         /// The character.
         character_id: Uuid,
+        /// The owner epoch of the copy whose snapshot this is about (a game matches events to
+        /// the session they belong to by it).
+        owner_epoch: i64,
         /// The row's epoch.
         current_epoch: i64,
     },
@@ -94,6 +105,9 @@ pub enum SaverEvent {
     SchemaOutdated {
         /// The character.
         character_id: Uuid,
+        /// The owner epoch of the copy whose snapshot this is about (a game matches events to
+        /// the session they belong to by it).
+        owner_epoch: i64,
         /// The schema version stored.
         stored_schema: u32,
     },
@@ -101,6 +115,9 @@ pub enum SaverEvent {
     DoubleOwn {
         /// The character.
         character_id: Uuid,
+        /// The owner epoch of the copy whose snapshot this is about (a game matches events to
+        /// the session they belong to by it).
+        owner_epoch: i64,
         /// The checkpoint's epoch.
         stored_epoch: i64,
     },
@@ -109,12 +126,18 @@ pub enum SaverEvent {
     FinalDropped {
         /// The character.
         character_id: Uuid,
+        /// The owner epoch of the copy whose snapshot this is about (a game matches events to
+        /// the session they belong to by it).
+        owner_epoch: i64,
     },
     /// A logout's final save outlasted the outage budget (or every rebase lost a race) and is a
     /// durable `gameplay_state` retry job now, applied by the retry worker under the epoch fence.
     FinalQueuedAsJob {
         /// The character.
         character_id: Uuid,
+        /// The owner epoch of the copy whose snapshot this is about (a game matches events to
+        /// the session they belong to by it).
+        owner_epoch: i64,
         /// The job.
         retry_job_id: Uuid,
     },
@@ -122,6 +145,9 @@ pub enum SaverEvent {
     NotFound {
         /// The character.
         character_id: Uuid,
+        /// The owner epoch of the copy whose snapshot this is about (a game matches events to
+        /// the session they belong to by it).
+        owner_epoch: i64,
     },
 }
 
@@ -132,6 +158,36 @@ pub trait SaveFeedback: Send + Sync + 'static {
 
     /// True while this shard holds `character_id` in a zone.
     fn is_present(&self, character_id: Uuid) -> bool;
+}
+
+impl SaverEvent {
+    /// The character the event is about.
+    pub fn character_id(&self) -> Uuid {
+        match self {
+            Self::Saved { character_id, .. }
+            | Self::FlushConflict { character_id, .. }
+            | Self::OwnershipLost { character_id, .. }
+            | Self::SchemaOutdated { character_id, .. }
+            | Self::DoubleOwn { character_id, .. }
+            | Self::FinalDropped { character_id, .. }
+            | Self::FinalQueuedAsJob { character_id, .. }
+            | Self::NotFound { character_id, .. } => *character_id,
+        }
+    }
+
+    /// The owner epoch of the copy whose snapshot the event is about.
+    pub fn owner_epoch(&self) -> i64 {
+        match self {
+            Self::Saved { owner_epoch, .. }
+            | Self::FlushConflict { owner_epoch, .. }
+            | Self::OwnershipLost { owner_epoch, .. }
+            | Self::SchemaOutdated { owner_epoch, .. }
+            | Self::DoubleOwn { owner_epoch, .. }
+            | Self::FinalDropped { owner_epoch, .. }
+            | Self::FinalQueuedAsJob { owner_epoch, .. }
+            | Self::NotFound { owner_epoch, .. } => *owner_epoch,
+        }
+    }
 }
 
 /// Tunables.

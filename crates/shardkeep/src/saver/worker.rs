@@ -99,7 +99,7 @@ impl BatchHandler<Vec<SaveRequest>> for SaverWorker {
                 let id = request.snapshot.character_id;
                 match &self.finals {
                     Some(finals) => finals.spawn(request, checkpointed.contains(&id), start),
-                    None => self.final_dropped(id),
+                    None => self.final_dropped(&request.snapshot),
                 }
             }
             // This chunk's finals are off the queue now: in their rows, pending, or dropped.
@@ -201,6 +201,7 @@ impl SaverWorker {
                         writer_epoch = snapshot.owner_epoch, stored_epoch, "double-own detected");
                     self.feedback.deliver(SaverEvent::DoubleOwn {
                         character_id: snapshot.character_id,
+                        owner_epoch: snapshot.owner_epoch,
                         stored_epoch,
                     });
                 }
@@ -288,7 +289,10 @@ impl SaverWorker {
             }
             SaveOutcome::NotFound => {
                 tracing::error!(event = "save_not_found", character = %character_id);
-                self.feedback.deliver(SaverEvent::NotFound { character_id });
+                self.feedback.deliver(SaverEvent::NotFound {
+                    character_id,
+                    owner_epoch: snapshot.owner_epoch,
+                });
             }
             SaveOutcome::VersionConflict(current_version) => {
                 self.stats.row_conflicts(1);
@@ -302,6 +306,7 @@ impl SaverWorker {
                 } else {
                     self.feedback.deliver(SaverEvent::FlushConflict {
                         character_id,
+                        owner_epoch: snapshot.owner_epoch,
                         current_version,
                     });
                 }
@@ -317,6 +322,7 @@ impl SaverWorker {
             "a newer model wrote this character; this copy's writes are refused");
         self.feedback.deliver(SaverEvent::SchemaOutdated {
             character_id: snapshot.character_id,
+            owner_epoch: snapshot.owner_epoch,
             stored_schema,
         });
     }
@@ -329,6 +335,7 @@ impl SaverWorker {
         );
         self.feedback.deliver(SaverEvent::Saved {
             character_id: request.snapshot.character_id,
+            owner_epoch: request.snapshot.owner_epoch,
             reason: request.reason,
             dumped_version,
             new_version,
@@ -342,6 +349,7 @@ impl SaverWorker {
             writer_epoch = snapshot.owner_epoch, current_epoch, "zombie copy fenced; evicting");
         self.feedback.deliver(SaverEvent::OwnershipLost {
             character_id: snapshot.character_id,
+            owner_epoch: snapshot.owner_epoch,
             current_epoch,
         });
     }
@@ -381,6 +389,7 @@ impl SaverWorker {
                 Ok(Ok(SaveOutcome::NotFound)) => {
                     self.feedback.deliver(SaverEvent::NotFound {
                         character_id: snapshot.character_id,
+                        owner_epoch: snapshot.owner_epoch,
                     });
                     return None;
                 }
@@ -395,8 +404,8 @@ impl SaverWorker {
         Some(Start::Job)
     }
 
-    fn final_dropped(&self, character_id: Uuid) {
-        super::final_retry::final_dropped(&self.stats, self.feedback.as_ref(), character_id);
+    fn final_dropped(&self, snapshot: &CharacterSnapshot) {
+        super::final_retry::final_dropped(&self.stats, self.feedback.as_ref(), snapshot);
     }
 }
 

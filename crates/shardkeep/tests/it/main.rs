@@ -12,6 +12,7 @@ mod journal_order;
 mod ladder_store;
 mod lock_order;
 mod migrate;
+mod pending_at_claim;
 mod queue;
 mod queue_identity;
 mod queue_order;

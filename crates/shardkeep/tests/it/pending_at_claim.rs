@@ -1,0 +1,127 @@
+//! A copy that dies with acknowledged writes still queued as retry jobs (their first attempt
+//! failed and waits out its backoff, or no worker got to them yet) loses none of them when the
+//! next copy claims the character: the claim settles its predecessor's pending jobs first, under
+//! the same lock, and the loader replays them on a newer checkpoint that does not hold them.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use serde_json::json;
+use shardkeep::character::{CharacterLoader, CharacterSnapshot, CharacterStore, CheckpointStore};
+use shardkeep::retry::{
+    IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
+};
+use shardkeep_testkit::TestRedis;
+use shardkeep_testkit::model::{LedgerEffect, LedgerModel};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::retry_jobs::{character, experience, pg};
+
+fn loader(pool: &PgPool, redis: &TestRedis) -> CharacterLoader {
+    CharacterLoader::new(
+        CharacterStore::new(pg(pool)),
+        Some(CheckpointStore::new(redis.backend())),
+        LedgerModel::handle(),
+        Duration::from_secs(5),
+    )
+}
+
+/// A reward of `xp` issued by the copy at `epoch` as its `seq`-th write.
+fn reward(id: Uuid, epoch: i64, seq: u64, xp: i64) -> PersistenceRetryJob {
+    PersistenceRetryJob::new(
+        PersistenceRetryPayload::effect(
+            id,
+            &LedgerEffect::CombatRewards {
+                experience: xp,
+                currency: 0,
+                items: vec![],
+            },
+        )
+        .unwrap(),
+        IdempotencyEnvelope {
+            idempotency_key: format!("reward:{id}:{epoch}:{seq}"),
+            owner_epoch: epoch,
+            origin: Origin::CombatRewards,
+            issued_at: Utc::now(),
+            issue_seq: seq,
+        },
+        "test",
+        None,
+    )
+    .unwrap()
+}
+
+/// Queues `job` with its first attempt an hour away (a failed attempt backing off).
+async fn queue_backing_off(pool: &PgPool, job: &PersistenceRetryJob) {
+    let clock: std::sync::Arc<dyn shardkeep::clock::Clock> =
+        std::sync::Arc::new(shardkeep::clock::SystemClock);
+    let (queue, _signals) = RetryQueue::new(pg(pool), 8, clock);
+    queue.enqueue(job).await.unwrap();
+    sqlx::query(
+        "UPDATE persistence_retry_jobs SET next_attempt_at = now() + interval '1 hour',
+                attempt_count = 1 WHERE retry_job_id = $1",
+    )
+    .bind(job.retry_job_id())
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+async fn pending(pool: &PgPool, id: Uuid) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM persistence_retry_jobs WHERE character_id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// The first copy's checkpoint: its content with `xp` experience, dumped at `mark`.
+fn checkpoint_of(first: &CharacterSnapshot, xp: i64, mark: u64) -> CharacterSnapshot {
+    let mut snapshot = first.clone();
+    snapshot.state["experience"] = json!(xp);
+    snapshot.issue_mark = mark;
+    snapshot
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn the_next_claim_settles_a_dead_copys_pending_jobs(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let checkpoints = CheckpointStore::new(redis.backend());
+    let loader = loader(&pool, &redis);
+    // Three characters whose first copy died with a 7-experience reward queued: one with no
+    // checkpoint, one whose checkpoint (3 experience) was dumped before the reward, one whose
+    // checkpoint (10) was dumped after it and holds it.
+    let (plain, before, after) = (
+        character(&pool, "A").await,
+        character(&pool, "B").await,
+        character(&pool, "C").await,
+    );
+    for (id, checkpoint) in [
+        (plain, None),
+        (before, Some((3, 0))),
+        (after, Some((10, 1))),
+    ] {
+        let first = loader.claim_and_load(id, 0).await.unwrap().snapshot;
+        if let Some((xp, mark)) = checkpoint {
+            checkpoints
+                .write(&checkpoint_of(&first, xp, mark))
+                .await
+                .unwrap();
+        }
+        queue_backing_off(&pool, &reward(id, first.owner_epoch, 1, 7)).await;
+    }
+    // The players log in again elsewhere.
+    for (id, want) in [(plain, 7), (before, 10), (after, 10)] {
+        let second = loader.claim_and_load(id, 0).await.unwrap().snapshot;
+        assert_eq!(
+            second.state["experience"], want,
+            "the dead copy's acknowledged reward, exactly once: {}",
+            second.state
+        );
+        assert_eq!(pending(&pool, id).await, 0, "settled by the claim");
+        // The new copy's first save keeps it.
+        CharacterStore::new(pg(&pool)).save(&second).await.unwrap();
+        assert_eq!(experience(&pool, id).await, want);
+    }
+}
