@@ -128,15 +128,16 @@ impl CharacterStore {
         let current = model.schema_version();
         let (facts, state) = match row {
             None => (DepartedRow::Unreadable, None),
-            Some((_, _, _, schema, owner_schema))
-                if u32::try_from(schema.max(owner_schema)).unwrap_or(u32::MAX) > current =>
+            Some((_, owner_epoch, _, schema, owner_schema))
+                if let Err(reason) = crate::model::may_rewrite(
+                    current,
+                    u32::try_from(schema).unwrap_or(u32::MAX),
+                    Some((u32::try_from(owner_schema).unwrap_or(u32::MAX), owner_epoch)),
+                ) =>
             {
-                // A document (or an owner) of a newer schema: this process must not rewrite it.
-                return Ok(DepartedWrite::Refused(format!(
-                    "the releaser is stored or owned at schema version {}, which this process's \
-                     model (version {current}) cannot rewrite",
-                    schema.max(owner_schema)
-                )));
+                // Another release's row: this process must not rewrite it (see `may_rewrite`).
+                // The item stays where it is; nothing is written.
+                return Ok(DepartedWrite::Refused(format!("the releaser: {reason}")));
             }
             Some((state, owner_epoch, lineage_epoch, schema, _)) => {
                 // An older document is upgraded first, and written back at the model's version.

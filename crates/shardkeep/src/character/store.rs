@@ -470,6 +470,11 @@ impl CharacterStore {
     /// Mints the next owner epoch for `character_id` — `max(row, floor) + 1`, in one statement —
     /// and returns it with the row as it stood before the claim. The new copy's content starts
     /// over from stored state (a login), so a new lineage begins.
+    ///
+    /// A claim that starts a playing copy goes through a store built with [`Self::for_model`]
+    /// (as the loader's and [`crate::Services`]' are): only such a claim records the owner's
+    /// schema and first settles the character's queued retry jobs. On a plain store, jobs the
+    /// previous owner left queued are superseded by the claim.
     pub async fn claim(&self, character_id: Uuid, floor: i64) -> Result<ClaimedRow, StoreError> {
         Ok(self.claim_with(character_id, floor, None).await?.claimed)
     }
@@ -497,6 +502,31 @@ impl CharacterStore {
             Some((dumped_under_epoch, handoff_token)),
         )
         .await
+    }
+
+    /// `SchemaNewer` when the row's document or owner is newer than the claimant's model,
+    /// `NotFound` when there is no row; read without a lock.
+    async fn refuse_newer(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        character_id: Uuid,
+    ) -> Result<(), StoreError> {
+        let stored: Option<i32> = sqlx::query_scalar(
+            "SELECT GREATEST(schema_version, owner_schema_version) FROM characters WHERE id = $1",
+        )
+        .bind(character_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+        let stored = stored.ok_or(StoreError::NotFound(character_id))?;
+        let stored = u32::try_from(stored).unwrap_or(u32::MAX);
+        match self.schema_ceiling {
+            Some(supported) if stored > supported => Err(StoreError::SchemaNewer {
+                character_id,
+                stored,
+                supported,
+            }),
+            _ => Ok(()),
+        }
     }
 
     async fn claim_with(
@@ -528,9 +558,14 @@ impl CharacterStore {
             i32,
         );
         let mut tx = self.pg.pool().begin().await?;
+        let mut settled = crate::retry::SettledAtClaim::default();
         if let Some(model) = &self.model {
-            crate::retry::settle_before_claim(&mut tx, model, character_id, chrono::Utc::now())
-                .await?;
+            // A claim the schema refuses settles nothing: checked first with a plain read (the
+            // claim statement checks again under the lock).
+            self.refuse_newer(&mut tx, character_id).await?;
+            settled =
+                crate::retry::settle_before_claim(&mut tx, model, character_id, chrono::Utc::now())
+                    .await?;
         }
         let row: Option<ClaimTuple> = sqlx::query_as(CLAIM)
             .bind(character_id)
@@ -570,6 +605,7 @@ impl CharacterStore {
             serde_json::Value::Null
         };
         tx.commit().await?;
+        settled.report(character_id);
         let (
             new_epoch,
             id,

@@ -40,7 +40,7 @@ use crate::backend::PostgresBackend;
 use crate::clock::Clock;
 use crate::telemetry;
 
-pub(crate) use at_claim::settle_before_claim;
+pub(crate) use at_claim::{SettledAtClaim, settle_before_claim};
 pub use backoff::Backoff;
 pub use dead_letters::{
     DeadLetterDetail, DeadLetterInspection, DeadLetterSummary, MAX_INSPECT_LIMIT,

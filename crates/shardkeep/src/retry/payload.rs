@@ -34,8 +34,9 @@ pub enum CoreWrite {
         zone_ref: Option<String>,
         /// Room in the zone.
         room_ref: Option<String>,
-        /// The game's schema version of `state` (absent in jobs from before versions: 1).
-        #[serde(default = "first_schema")]
+        /// The game's schema version of `state` (absent in jobs from before versions: 1; left
+        /// out when 1, so a worker built before versions still reads a first-version job).
+        #[serde(default = "first_schema", skip_serializing_if = "is_first_schema")]
         schema_version: u32,
     },
     /// A cross-shard transfer activation, recorded durably.
@@ -53,6 +54,10 @@ pub enum CoreWrite {
 
 fn first_schema() -> u32 {
     1
+}
+
+fn is_first_schema(version: &u32) -> bool {
+    *version == 1
 }
 
 /// The write a job performs.
@@ -364,6 +369,32 @@ mod tests {
                 _ => Ok(()),
             }
         }
+    }
+
+    #[test]
+    fn a_first_version_state_job_reads_as_it_did_before_versions() {
+        let id = Uuid::nil();
+        let first =
+            PersistenceRetryPayload::gameplay_state_at(id, json!({ "gold": 1 }), 1, None, None);
+        let stored = serde_json::to_value(&first).unwrap();
+        assert_eq!(
+            stored,
+            json!({ "kind": "gameplay_state", "character_id": id, "state": { "gold": 1 },
+                    "zone_ref": null, "room_ref": null }),
+            "the shape a worker built before versions decodes"
+        );
+        assert_eq!(
+            PersistenceRetryPayload::decode(stored, None).unwrap(),
+            first
+        );
+        let second =
+            PersistenceRetryPayload::gameplay_state_at(id, json!({ "coins": 1 }), 2, None, None);
+        let stored = serde_json::to_value(&second).unwrap();
+        assert_eq!(stored["schema_version"], 2);
+        assert_eq!(
+            PersistenceRetryPayload::decode(stored, None).unwrap(),
+            second
+        );
     }
 
     #[test]

@@ -32,9 +32,11 @@ pub enum JobOutcome {
     Superseded,
     /// Failed; rescheduled with backoff.
     Retrying(String),
-    /// Left for a newer worker: the character's document or its owner's model is of a newer
-    /// schema than this worker's model. Put back without counting an attempt (a rolling deploy
-    /// is not the job's failure) and tried again after [`DEFERRED_FOR`].
+    /// Left for another release: the character's document or its owner's model is newer than
+    /// this worker's model (it cannot read what the owner writes), or the owner runs an older
+    /// release (whose saves an upgraded row would refuse). Put back without counting an attempt
+    /// (a rolling deploy is not the job's failure) and tried again after [`DEFERRED_FOR`]; the
+    /// owner's own release, or the claim that replaces the owner, settles it.
     Deferred(String),
     /// Failed for the last time, or undecodable: moved to the dead letters.
     DeadLettered(String),
@@ -138,7 +140,7 @@ pub(crate) async fn settle(
         now,
         claimed,
         &owned,
-        retry_limit,
+        Policy::worker(retry_limit),
         reschedule,
     )
     .await?;
@@ -189,7 +191,7 @@ pub(crate) async fn claim_and_settle(
         now,
         &claimed,
         &owned,
-        retry_limit,
+        Policy::worker(retry_limit),
         reschedule,
     )
     .await?;
@@ -219,9 +221,10 @@ pub(super) async fn settle_owned(
     now: DateTime<Utc>,
     claimed: &[Claimed],
     owned: &HashSet<Uuid>,
-    retry_limit: u32,
+    policy: Policy,
     reschedule: &mut impl Reschedule,
 ) -> Result<Vec<JobOutcome>, sqlx::Error> {
+    let retry_limit = policy.retry_limit;
     let jobs: Vec<&PersistenceRetryJob> = claimed
         .iter()
         .filter(|c| owned.contains(&c.row.stored.retry_job_id))
@@ -271,7 +274,7 @@ pub(super) async fn settle_owned(
             outcomes.push(JobOutcome::AlreadyApplied);
             continue;
         }
-        if let Some(reason) = newer_than_model(model, locked) {
+        if let Some(reason) = rewrite_refused(model, locked, policy.claimant) {
             outcomes.push(JobOutcome::Deferred(reason));
             continue;
         }
@@ -447,19 +450,34 @@ fn already_held(model: &ModelHandle, locked: &Locked, job: &PersistenceRetryJob)
         })
 }
 
-/// Why this worker must leave a job to a newer one, if it must: it cannot read a document of a
-/// newer schema, and a copy of a newer model issues kinds and writes documents this worker may
-/// not know (what it can read, its owner may not have written yet).
-fn newer_than_model(model: &ModelHandle, locked: &Locked) -> Option<String> {
-    let readable = model.schema_version();
-    let newest = locked.owner_schema.max(locked.row.schema_version);
-    (newest > readable).then(|| {
-        format!(
-            "the character is at schema version {newest} (document {}, owner {}), newer than \
-             this worker's model ({readable}): left for a newer worker",
-            locked.row.schema_version, locked.owner_schema
-        )
-    })
+/// Why this settle must leave a job alone, if it must (see [`crate::model::may_rewrite`]). A
+/// claimant replaces the row's owner, so an older owner does not hold it back.
+fn rewrite_refused(model: &ModelHandle, locked: &Locked, claimant: bool) -> Option<String> {
+    let owner = if claimant {
+        None
+    } else {
+        Some((locked.owner_schema, locked.owner_epoch))
+    };
+    crate::model::may_rewrite(model.schema_version(), locked.row.schema_version, owner).err()
+}
+
+/// How a settle decides failures, and for whom it writes.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Policy {
+    /// Attempts before a failing job is dead-lettered.
+    pub(super) retry_limit: u32,
+    /// True when the settle runs inside the claim that replaces the row's owner.
+    pub(super) claimant: bool,
+}
+
+impl Policy {
+    /// A retry worker's settle.
+    pub(super) fn worker(retry_limit: u32) -> Self {
+        Self {
+            retry_limit,
+            claimant: false,
+        }
+    }
 }
 
 fn failure(c: &Claimed, error: String, retry_limit: u32) -> JobOutcome {

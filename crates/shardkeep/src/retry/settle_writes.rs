@@ -169,13 +169,14 @@ pub(super) async fn write_job_outcomes(
             JobOutcome::Stale | JobOutcome::Unsettled(_) => {}
         }
     }
+    // A deferral keeps the count of leases that ran out: a job that crashes the workers of one
+    // release is not forgiven by passing through another's.
     if !deferred_ids.is_empty() {
         let at = now + chrono::Duration::from_std(super::settle::DEFERRED_FOR).unwrap_or_default();
         sqlx::query(
             "UPDATE persistence_retry_jobs j
                 SET last_error = v.err, next_attempt_at = $3,
-                    lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, updated_at = $4,
-                    lease_expiries = 0
+                    lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, updated_at = $4
                FROM UNNEST($1::uuid[], $2::text[]) AS v(id, err)
               WHERE j.retry_job_id = v.id",
         )

@@ -56,13 +56,16 @@ impl RetryWorkerConfig {
             claim_limit: 128,
             lease: Duration::from_secs(30),
             retry_limit: 8,
-            lease_expiry_limit: 3,
+            lease_expiry_limit: LEASE_EXPIRY_LIMIT,
             backoff: Backoff::default(),
             settles_in_flight: 3,
             max_signal_wait: Duration::from_millis(10),
         }
     }
 }
+
+/// Default for how many times a job's lease may run out before it is dead-lettered unapplied.
+pub const LEASE_EXPIRY_LIMIT: u32 = 3;
 
 /// Counters since start.
 #[derive(Debug, Default)]

@@ -117,12 +117,13 @@ impl BatchHandler<Vec<SaveRequest>> for SaverWorker {
 }
 
 /// The row refused this copy's save for its schema while this copy still owns the character:
-/// a worker of a newer model applied one of this copy's jobs and upgraded the document (a claim
-/// by a newer model would have fenced the copy by its epoch first). The copy must not write its
-/// older document over it, and it holds every write it issued. A logout's final save becomes a
-/// durable state job, which a worker of the newer model upgrades as it applies it (`Some`: where
-/// its background retry starts); a cadence flush waits for the next one, its checkpoint holding
-/// it. The copy plays on.
+/// its document was upgraded under the copy (shardkeep's own writers leave a live older owner's
+/// row alone, so this is an operator's migration, or a newer release carrying on with a row
+/// already upgraded so; a claim by a newer model would have fenced the copy by its epoch first).
+/// The copy must not write its older document over it, and it holds every write it issued. A
+/// logout's final save becomes a durable state job, which a worker of the newer model upgrades
+/// as it applies it (`Some`: where its background retry starts); a cadence flush waits for the
+/// next one, its checkpoint holding it. The copy plays on.
 fn row_schema_newer(request: &SaveRequest, stored_schema: u32) -> Option<Unlanded> {
     let snapshot = &request.snapshot;
     metrics::counter!(telemetry::SAVER_ROW_SCHEMA_NEWER_TOTAL, "reason" => request.reason.as_str())

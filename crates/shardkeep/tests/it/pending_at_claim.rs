@@ -125,3 +125,72 @@ async fn the_next_claim_settles_a_dead_copys_pending_jobs(pool: PgPool) {
         assert_eq!(experience(&pool, id).await, want);
     }
 }
+
+async fn dead_letters(pool: &PgPool, id: Uuid) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT idempotency_key FROM persistence_job_dead_letters WHERE character_id = $1
+          ORDER BY idempotency_key",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_job_the_claim_cannot_settle_never_blocks_the_login(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let loader = loader(&pool, &redis);
+    let id = character(&pool, "A").await;
+    let epoch = loader
+        .claim_and_load(id, 0)
+        .await
+        .unwrap()
+        .snapshot
+        .owner_epoch;
+    // Three queued rewards: one the database refuses to record, one that crashed the workers
+    // that took it (its lease ran out too often), and a good one.
+    let refused = reward(id, epoch, 1, 100);
+    let crashing = reward(id, epoch, 2, 1000);
+    let good = reward(id, epoch, 3, 7);
+    for job in [&refused, &crashing, &good] {
+        queue_backing_off(&pool, job).await;
+    }
+    sqlx::query("UPDATE persistence_retry_jobs SET lease_expiries = 9 WHERE retry_job_id = $1")
+        .bind(crashing.retry_job_id())
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE FUNCTION refuse_one() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           IF NEW.idempotency_key LIKE '%:1' THEN RAISE EXCEPTION 'refused for the test'; END IF;
+           RETURN NEW;
+         END $$",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER refuse_one BEFORE INSERT ON character_job_effects
+         FOR EACH ROW EXECUTE FUNCTION refuse_one()",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let second = loader.claim_and_load(id, 0).await.unwrap().snapshot;
+    assert_eq!(
+        second.state["experience"], 7,
+        "only the good one: {}",
+        second.state
+    );
+    assert_eq!(pending(&pool, id).await, 0);
+    let mut dead = dead_letters(&pool, id).await;
+    dead.sort();
+    let mut want = vec![
+        refused.envelope().idempotency_key.clone(),
+        crashing.envelope().idempotency_key.clone(),
+    ];
+    want.sort();
+    assert_eq!(dead, want, "both are in the dead letters for an operator");
+}

@@ -7,10 +7,9 @@ use std::time::Duration;
 
 use serde_json::json;
 use shardkeep::PostgresBackend;
-use shardkeep::audit::AuditEvent;
 use shardkeep::character::{
     CharacterLoader, CharacterStore, CheckpointStore, CheckpointWrite, HandoffPayload, LoadError,
-    Releaser, SaveOutcome, StoreError, TransferCommit,
+    SaveOutcome, StoreError,
 };
 use shardkeep::clock::{Clock, SystemClock};
 use shardkeep::model::{Anchor, GameModel, ModelHandle};
@@ -18,7 +17,6 @@ use shardkeep::retry::{
     IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
     RetryStats, RetryWorker, RetryWorkerConfig,
 };
-use shardkeep::saver::{SaveFeedback, SaveReason, Saver, SaverConfig, SaverEvent, SaverSinks};
 use shardkeep_testkit::TestRedis;
 use shardkeep_testkit::fixtures::new_character;
 use shardkeep_testkit::model::{LedgerEffect, LedgerModel};
@@ -61,19 +59,19 @@ impl GameModel for LedgerV2 {
     }
 }
 
-fn v1() -> ModelHandle {
+pub(crate) fn v1() -> ModelHandle {
     LedgerModel::handle()
 }
 
-fn v2() -> ModelHandle {
+pub(crate) fn v2() -> ModelHandle {
     ModelHandle::new(LedgerV2)
 }
 
-fn pg(pool: &PgPool) -> PostgresBackend {
+pub(crate) fn pg(pool: &PgPool) -> PostgresBackend {
     PostgresBackend::from_pool(pool.clone())
 }
 
-fn loader(pool: &PgPool, redis: &TestRedis, model: ModelHandle) -> CharacterLoader {
+pub(crate) fn loader(pool: &PgPool, redis: &TestRedis, model: ModelHandle) -> CharacterLoader {
     CharacterLoader::new(
         CharacterStore::new(pg(pool)),
         Some(CheckpointStore::new(redis.backend())),
@@ -82,7 +80,7 @@ fn loader(pool: &PgPool, redis: &TestRedis, model: ModelHandle) -> CharacterLoad
     )
 }
 
-async fn stored(pool: &PgPool, id: Uuid) -> (i32, i64, serde_json::Value) {
+pub(crate) async fn stored(pool: &PgPool, id: Uuid) -> (i32, i64, serde_json::Value) {
     sqlx::query_as("SELECT schema_version, owner_epoch, state FROM characters WHERE id = $1")
         .bind(id)
         .fetch_one(pool)
@@ -91,7 +89,7 @@ async fn stored(pool: &PgPool, id: Uuid) -> (i32, i64, serde_json::Value) {
 }
 
 /// A character created by the first release (`gold`, schema 1).
-async fn v1_character(pool: &PgPool) -> Uuid {
+pub(crate) async fn v1_character(pool: &PgPool) -> Uuid {
     let new = new_character("Aria");
     CharacterStore::new(pg(pool)).create(&new).await.unwrap();
     new.character_id
@@ -187,7 +185,7 @@ async fn an_older_models_save_over_a_newer_row_is_fenced(pool: PgPool) {
     );
 }
 
-async fn stored_version(pool: &PgPool, id: Uuid) -> i64 {
+pub(crate) async fn stored_version(pool: &PgPool, id: Uuid) -> i64 {
     sqlx::query_scalar("SELECT state_version FROM characters WHERE id = $1")
         .bind(id)
         .fetch_one(pool)
@@ -348,7 +346,7 @@ async fn retry_jobs_apply_only_under_a_model_that_reads_the_row(pool: PgPool) {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert!(error.contains("newer worker"), "{error}");
+    assert!(error.contains("newer release"), "{error}");
     assert_eq!(
         attempts, 0,
         "a rolling deploy does not use up the job's attempts"
@@ -373,267 +371,4 @@ async fn retry_jobs_apply_only_under_a_model_that_reads_the_row(pool: PgPool) {
     worker.run_until_idle().await.unwrap();
     let (schema, _, state) = stored(&pool, id).await;
     assert_eq!((schema, &state["coins"]), (2, &json!(9)), "{state}");
-}
-
-/// A job of a kind this worker's model does not know, for a character a newer model owns.
-fn unknown_kind_job(id: Uuid, key: &str, epoch: i64) -> PersistenceRetryJob {
-    let payload = PersistenceRetryPayload::decode(
-        json!({ "kind": "honor_points", "character_id": id, "points": 3 }),
-        None,
-    )
-    .unwrap();
-    PersistenceRetryJob::new(
-        payload,
-        IdempotencyEnvelope {
-            idempotency_key: key.into(),
-            owner_epoch: epoch,
-            origin: Origin::CombatRewards,
-            issued_at: chrono::Utc::now(),
-            issue_seq: 0,
-        },
-        "test",
-        None,
-    )
-    .unwrap()
-}
-
-async fn attempts_of(pool: &PgPool, key: &str) -> i32 {
-    sqlx::query_scalar(
-        "SELECT attempt_count FROM persistence_retry_jobs WHERE idempotency_key = $1",
-    )
-    .bind(key)
-    .fetch_one(pool)
-    .await
-    .unwrap()
-}
-
-#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
-async fn an_older_worker_leaves_a_newer_owners_jobs_uncounted(pool: PgPool) {
-    let redis = TestRedis::new().await;
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let (queue, signals) = RetryQueue::new(pg(&pool), 8, Arc::clone(&clock));
-    let mut old_worker = RetryWorker::new(
-        pg(&pool),
-        v1(),
-        signals,
-        RetryWorkerConfig::new("v1"),
-        clock,
-    );
-    // Owned by a v1 copy: a kind the v1 model does not know is a bad job, and counts.
-    let old_owned = v1_character(&pool).await;
-    let epoch = loader(&pool, &redis, v1())
-        .claim_and_load(old_owned, 0)
-        .await
-        .unwrap()
-        .snapshot
-        .owner_epoch;
-    queue
-        .enqueue(&unknown_kind_job(old_owned, "bad", epoch))
-        .await
-        .unwrap();
-    // Owned by a v2 copy that has not saved yet (its row still holds the v1 document): the
-    // job may be of a kind only v2 knows, so the v1 worker leaves it to a v2 one.
-    let new_owned = CharacterStore::new(pg(&pool));
-    let created = new_character("Brin");
-    new_owned.create(&created).await.unwrap();
-    let epoch = loader(&pool, &redis, v2())
-        .claim_and_load(created.character_id, 0)
-        .await
-        .unwrap()
-        .snapshot
-        .owner_epoch;
-    queue
-        .enqueue(&unknown_kind_job(created.character_id, "newer", epoch))
-        .await
-        .unwrap();
-    old_worker.run_until_idle().await.unwrap();
-    assert_eq!(attempts_of(&pool, "bad").await, 1, "a bad job counts");
-    assert_eq!(attempts_of(&pool, "newer").await, 0, "left uncounted");
-}
-
-/// Collects the saver's events.
-#[derive(Default)]
-struct Events(std::sync::Mutex<Vec<SaverEvent>>);
-
-impl SaveFeedback for Events {
-    fn deliver(&self, event: SaverEvent) {
-        self.0.lock().unwrap().push(event);
-    }
-
-    fn is_present(&self, _: Uuid) -> bool {
-        false
-    }
-}
-
-#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
-async fn a_live_older_copys_logout_save_lands_through_a_newer_worker(pool: PgPool) {
-    let redis = TestRedis::new().await;
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let id = v1_character(&pool).await;
-    // A v1 copy plays; a reward it issued could not be written and became a job.
-    let mut live = loader(&pool, &redis, v1())
-        .claim_and_load(id, 0)
-        .await
-        .unwrap()
-        .snapshot;
-    let (queue, signals) = RetryQueue::new(pg(&pool), 8, Arc::clone(&clock));
-    let reward = PersistenceRetryJob::new(
-        PersistenceRetryPayload::effect(
-            id,
-            &LedgerEffect::CombatRewards {
-                experience: 3,
-                currency: 0,
-                items: vec![],
-            },
-        )
-        .unwrap(),
-        IdempotencyEnvelope {
-            idempotency_key: "reward".into(),
-            owner_epoch: live.owner_epoch,
-            origin: Origin::CombatRewards,
-            issued_at: chrono::Utc::now(),
-            issue_seq: 1,
-        },
-        "test",
-        None,
-    )
-    .unwrap();
-    queue.enqueue(&reward).await.unwrap();
-    // Mid-deploy, a v2 worker applies it: the row's document is v2 now, its owner still v1.
-    let mut worker = RetryWorker::new(
-        pg(&pool),
-        v2(),
-        signals,
-        RetryWorkerConfig::new("v2"),
-        clock,
-    );
-    worker.run_until_idle().await.unwrap();
-    assert_eq!(stored(&pool, id).await.0, 2);
-    // The player logs out: the v1 copy's final save holds the reward and 40 more experience.
-    live.state["experience"] = json!(43);
-    live.issue_mark = 1;
-    live.state_version = stored_version(&pool, id).await;
-    let events = Arc::new(Events::default());
-    let saver = Saver::spawn(
-        SaverSinks {
-            rows: Some(CharacterStore::new(pg(&pool))),
-            checkpoints: Some(CheckpointStore::new(redis.backend())),
-            retry: Some(queue.clone()),
-        },
-        events.clone(),
-        SaverConfig::default(),
-        tokio_util::sync::CancellationToken::new(),
-    );
-    saver.enqueue(SaveReason::Final, live.clone());
-    let _ = saver.barrier(Duration::from_secs(10)).await;
-    let seen = events.0.lock().unwrap().clone();
-    assert!(
-        seen.iter()
-            .any(|e| matches!(e, SaverEvent::FinalQueuedAsJob { .. })),
-        "the final save became a state job, never an eviction: {seen:?}"
-    );
-    // The v2 worker upgrades the v1 content as it applies it: nothing the copy held is lost,
-    // and nothing older than v2 is stored.
-    worker.run_until_idle().await.unwrap();
-    let (schema, _, state) = stored(&pool, id).await;
-    assert_eq!(
-        (
-            schema,
-            &state["experience"],
-            &state["coins"],
-            state.get("gold")
-        ),
-        (2, &json!(43), &json!(1), None),
-        "{state}"
-    );
-}
-
-#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
-async fn a_transfer_never_rewrites_a_releaser_newer_than_its_model_and_upgrades_an_older_one(
-    pool: PgPool,
-) {
-    let redis = TestRedis::new().await;
-    let store = CharacterStore::new(pg(&pool));
-    let item = Uuid::now_v7();
-    // The releaser holds the item; a v2 copy loaded it, dropped the item and departed (its
-    // last save wrote the v2 document, still holding the item: the drop came after).
-    let mut releaser = new_character("Cato");
-    releaser.state = json!({ "gold": 1, "inventory": [{ "id": item }] });
-    store.create(&releaser).await.unwrap();
-    let dropped_by = loader(&pool, &redis, v2())
-        .claim_and_load(releaser.character_id, 0)
-        .await
-        .unwrap()
-        .snapshot;
-    store.save(&dropped_by).await.unwrap();
-    // A v1 shard's player picks it up.
-    let acquirer = v1_character(&pool).await;
-    let mut picked = loader(&pool, &redis, v1())
-        .claim_and_load(acquirer, 0)
-        .await
-        .unwrap()
-        .snapshot;
-    picked.state["inventory"] = json!([{ "id": item }]);
-    let audit = AuditEvent::item_transferred(
-        acquirer,
-        releaser.character_id,
-        Uuid::now_v7(),
-        json!({ "item": item }),
-    );
-    let departed = Releaser::Departed {
-        character_id: releaser.character_id,
-        item_id: item,
-        released_epoch: dropped_by.owner_epoch,
-    };
-    let outcome = store
-        .commit_transfer(&v1(), departed, &picked, &audit)
-        .await
-        .unwrap();
-    assert!(
-        matches!(&outcome, TransferCommit::Rejected(reason) if reason.contains("schema version 2")),
-        "{outcome:?}"
-    );
-    let (schema, _, state) = stored(&pool, releaser.character_id).await;
-    assert_eq!((schema, &state["inventory"][0]["id"]), (2, &json!(item)));
-    assert_eq!(stored(&pool, acquirer).await.2.get("inventory"), None);
-    // A v2 shard's pickup of an item a v1 copy dropped upgrades the v1 releaser as it takes it.
-    let mut older = new_character("Dara");
-    older.state = json!({ "gold": 4, "inventory": [{ "id": item }] });
-    store.create(&older).await.unwrap();
-    let old_copy = loader(&pool, &redis, v1())
-        .claim_and_load(older.character_id, 0)
-        .await
-        .unwrap()
-        .snapshot;
-    let mut picked = loader(&pool, &redis, v2())
-        .claim_and_load(acquirer, 0)
-        .await
-        .unwrap()
-        .snapshot;
-    picked.state["inventory"] = json!([{ "id": item }]);
-    let audit = AuditEvent::item_transferred(
-        acquirer,
-        older.character_id,
-        Uuid::now_v7(),
-        json!({ "item": item }),
-    );
-    let departed = Releaser::Departed {
-        character_id: older.character_id,
-        item_id: item,
-        released_epoch: old_copy.owner_epoch,
-    };
-    let outcome = store
-        .commit_transfer(&v2(), departed, &picked, &audit)
-        .await
-        .unwrap();
-    assert!(
-        matches!(outcome, TransferCommit::Committed { .. }),
-        "{outcome:?}"
-    );
-    let (schema, _, state) = stored(&pool, older.character_id).await;
-    assert_eq!(
-        (schema, &state["coins"], &state["inventory"]),
-        (2, &json!(4), &json!([])),
-        "{state}"
-    );
 }
