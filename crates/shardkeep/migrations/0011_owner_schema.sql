@@ -1,5 +1,5 @@
 -- The schema version of the model of the copy that holds the row's current epoch, set by every
--- claim made for a model (the loader's). A copy writes checkpoints and hands its character off in its own model's schema, so a
+-- claim. A copy writes checkpoints and hands its character off in its own model's schema, so a
 -- process whose model is older than the owner's refuses the claim in the same statement: it
 -- could not read what that owner may have written anywhere, and minting an epoch it cannot use
 -- would bury that owner's newest checkpoint. Rows claimed before this column: their document's

@@ -286,20 +286,14 @@ impl ModelHandle {
 
 /// Whether a process whose model is at `model` may rewrite a stored document of schema
 /// `document` on its owner's behalf (a retry job, an item taken from a departed releaser)
-/// (pure). `owner` is the row's `(owner schema, owner epoch)`, or `None` when the writer is the
-/// claim that replaces the owner. Refused, with the reason, when the document or the owner's
-/// model is newer than `model` (the writer cannot read what the owner writes), or when the
-/// owner is a live copy of an older release (epoch above 0) whose row is still at its release:
-/// upgrading the row under it would make the row refuse that copy's own saves. Its own
-/// release's workers, or the claim that replaces it, write instead. (A row already upgraded
-/// under such a copy is written on: that copy's saves reach it as whole-document jobs, which
-/// only a newer release can apply.)
-pub(crate) fn may_rewrite(
-    model: u32,
-    document: u32,
-    owner: Option<(u32, i64)>,
-) -> Result<(), String> {
-    let owner_schema = owner.map_or(0, |(schema, _)| schema);
+/// (pure). `owner` is the schema of the model of the copy that owns the row, or `None` when the
+/// writer is the claim that replaces the owner. Refused, with the reason, when the document or
+/// the owner's model is newer than `model`: the writer cannot read what that owner writes (a
+/// kind it does not know, a field it would drop). An older document is upgraded as it is
+/// written; a live owner of an older release then sends its own saves through whole-document
+/// jobs, which a newer release applies (see the saver).
+pub(crate) fn may_rewrite(model: u32, document: u32, owner: Option<u32>) -> Result<(), String> {
+    let owner_schema = owner.unwrap_or(0);
     let newest = document.max(owner_schema);
     if newest > model {
         return Err(format!(
@@ -307,13 +301,7 @@ pub(crate) fn may_rewrite(
              {owner_schema}), newer than this process's model ({model}): left for a newer release"
         ));
     }
-    match owner {
-        Some((schema, epoch)) if schema < model && epoch > 0 && document <= schema => Err(format!(
-            "the character's owner runs an older release (schema version {schema}) than this \
-             process's model ({model}): left for that release, or the claim that replaces it"
-        )),
-        _ => Ok(()),
-    }
+    Ok(())
 }
 
 /// Encoded JSON size of `value`, counted without building the text (`usize::MAX` when it does
@@ -418,32 +406,15 @@ mod rewrite_tests {
     use super::may_rewrite;
 
     #[test]
-    fn a_writer_rewrites_only_what_its_release_owns() {
-        // Its own release's owner, any older document: upgraded and written.
-        assert!(may_rewrite(2, 1, Some((2, 5))).is_ok());
-        assert!(may_rewrite(2, 2, Some((2, 5))).is_ok());
-        // Never claimed: no copy to protect.
-        assert!(may_rewrite(2, 1, Some((1, 0))).is_ok());
+    fn a_writer_rewrites_only_what_it_can_read() {
+        assert!(may_rewrite(2, 1, Some(2)).is_ok());
+        assert!(may_rewrite(2, 2, Some(2)).is_ok());
+        // An older owner's row is upgraded (its saves then come as whole-document jobs).
+        assert!(may_rewrite(2, 1, Some(1)).is_ok());
         // A newer document or owner: unreadable here.
-        assert!(
-            may_rewrite(1, 2, Some((1, 5)))
-                .unwrap_err()
-                .contains("newer")
-        );
-        assert!(
-            may_rewrite(1, 1, Some((2, 5)))
-                .unwrap_err()
-                .contains("newer")
-        );
-        // A live copy of an older release owns it: its saves must keep landing.
-        assert!(
-            may_rewrite(2, 1, Some((1, 5)))
-                .unwrap_err()
-                .contains("older release")
-        );
-        // Already upgraded under that copy (its saves come as jobs): written on.
-        assert!(may_rewrite(2, 2, Some((1, 5))).is_ok());
-        // The claim that replaces the owner may upgrade; it still cannot read a newer document.
+        assert!(may_rewrite(1, 2, Some(1)).unwrap_err().contains("newer"));
+        assert!(may_rewrite(1, 1, Some(2)).unwrap_err().contains("newer"));
+        // The claim that replaces the owner still cannot read a newer document.
         assert!(may_rewrite(2, 1, None).is_ok());
         assert!(may_rewrite(1, 2, None).is_err());
     }

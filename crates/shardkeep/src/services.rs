@@ -145,7 +145,9 @@ impl Services {
         config: ServicesConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, ServicesError> {
-        let characters = CharacterStore::new(pg.clone()).for_model(model.clone());
+        let characters = CharacterStore::new(pg.clone())
+            .with_lease_expiry_limit(config.retry.lease_expiry_limit)
+            .for_model(model.clone());
         let checkpoints = CheckpointStore::new(redis.clone());
         let loader = CharacterLoader::new(
             characters.clone(),

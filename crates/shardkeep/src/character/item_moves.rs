@@ -128,14 +128,14 @@ impl CharacterStore {
         let current = model.schema_version();
         let (facts, state) = match row {
             None => (DepartedRow::Unreadable, None),
-            Some((_, owner_epoch, _, schema, owner_schema))
+            Some((_, _, _, schema, owner_schema))
                 if let Err(reason) = crate::model::may_rewrite(
                     current,
                     u32::try_from(schema).unwrap_or(u32::MAX),
-                    Some((u32::try_from(owner_schema).unwrap_or(u32::MAX), owner_epoch)),
+                    Some(u32::try_from(owner_schema).unwrap_or(u32::MAX)),
                 ) =>
             {
-                // Another release's row: this process must not rewrite it (see `may_rewrite`).
+                // A newer release's row: this process must not rewrite it (see `may_rewrite`).
                 // The item stays where it is; nothing is written.
                 return Ok(DepartedWrite::Refused(format!("the releaser: {reason}")));
             }

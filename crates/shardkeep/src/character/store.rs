@@ -213,6 +213,9 @@ pub struct CharacterStore {
     /// The claimant's model, with which a claim first settles the character's pending retry
     /// jobs. `None` (the default): a claim leaves them to the workers (and supersedes them).
     model: Option<crate::model::ModelHandle>,
+    /// How many times a job's lease may have run out for the claim still to apply it (the
+    /// workers' limit).
+    lease_expiry_limit: u32,
 }
 
 type RowTuple = (
@@ -402,6 +405,7 @@ impl CharacterStore {
             pg,
             schema_ceiling: None,
             model: None,
+            lease_expiry_limit: crate::retry::worker::LEASE_EXPIRY_LIMIT,
         }
     }
 
@@ -411,6 +415,14 @@ impl CharacterStore {
     /// records `schema_version` as the new owner's. The loader sets it from the game's model.
     pub fn with_schema_ceiling(mut self, schema_version: u32) -> Self {
         self.schema_ceiling = Some(schema_version);
+        self
+    }
+
+    /// The same store, with the workers' limit on how many times a job's lease may have run
+    /// out for a claim still to apply it (a job past it crashed or hung the workers that took
+    /// it, and is dead-lettered unapplied).
+    pub fn with_lease_expiry_limit(mut self, limit: u32) -> Self {
+        self.lease_expiry_limit = limit;
         self
     }
 
@@ -563,9 +575,14 @@ impl CharacterStore {
             // A claim the schema refuses settles nothing: checked first with a plain read (the
             // claim statement checks again under the lock).
             self.refuse_newer(&mut tx, character_id).await?;
-            settled =
-                crate::retry::settle_before_claim(&mut tx, model, character_id, chrono::Utc::now())
-                    .await?;
+            settled = crate::retry::settle_before_claim(
+                &mut tx,
+                model,
+                character_id,
+                self.lease_expiry_limit,
+                chrono::Utc::now(),
+            )
+            .await?;
         }
         let row: Option<ClaimTuple> = sqlx::query_as(CLAIM)
             .bind(character_id)

@@ -27,7 +27,6 @@ use uuid::Uuid;
 use super::settle::{Claimed, JobOutcome, Policy, Reschedule, settle_owned};
 use super::settle_writes::write_job_outcomes;
 use super::store::ClaimedRow;
-use super::worker::LEASE_EXPIRY_LIMIT;
 use crate::model::ModelHandle;
 
 /// Every job still queued for one character, locked in id order, whatever its due time or
@@ -55,19 +54,25 @@ const CLAIMANT: Policy = Policy {
     claimant: true,
 };
 
-/// What a claim's settle did, for the log line written once the claim commits.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What a claim's settle did, reported once the claim commits (a claim rolled back did
+/// nothing).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct SettledAtClaim {
     /// Jobs settled (applied, already held, superseded or dead-lettered).
     pub(crate) settled: usize,
     /// Of those, applied.
     pub(crate) applied: usize,
+    /// Dead-lettered, with why.
+    pub(crate) dead_lettered: Vec<(Uuid, String)>,
+    /// Left queued because not even their dead letter could be written (the claim supersedes
+    /// them).
+    pub(crate) left: Vec<Uuid>,
 }
 
 impl SettledAtClaim {
     /// Logs and counts a claim's settle; call once the claim has committed.
-    pub(crate) fn report(self, character_id: Uuid) {
-        if self.settled == 0 {
+    pub(crate) fn report(&self, character_id: Uuid) {
+        if self.settled == 0 && self.left.is_empty() {
             return;
         }
         tracing::info!(event = "claim_settled_pending_jobs", character = %character_id,
@@ -75,17 +80,45 @@ impl SettledAtClaim {
             "the previous owner's queued writes were settled before the claim");
         metrics::counter!(crate::telemetry::RETRY_SETTLED_AT_CLAIM_TOTAL)
             .increment(self.settled as u64);
+        for (retry_job_id, error) in &self.dead_lettered {
+            tracing::warn!(event = "retry_dead_lettered", character = %character_id,
+                %retry_job_id, error, "at the claim of the character's next owner");
+            metrics::counter!(crate::telemetry::RETRY_OUTCOMES_TOTAL, "outcome" => "dead_lettered")
+                .increment(1);
+        }
+        for retry_job_id in &self.left {
+            tracing::error!(event = "claim_settle_failed", character = %character_id,
+                %retry_job_id, "neither applied nor dead-lettered; the claim superseded it");
+        }
     }
+}
+
+/// True for an error the job itself causes (bad data, a constraint, a trigger's refusal, a
+/// document over a limit): retrying cannot cure it, so the job is isolated and dead-lettered.
+/// Anything else (a timeout, a lost connection, a serialization failure) fails the claim, which
+/// can be retried with the jobs intact.
+fn caused_by_the_job(err: &sqlx::Error) -> bool {
+    let sqlx::Error::Database(db) = err else {
+        return false;
+    };
+    db.code().is_some_and(|code| {
+        code.starts_with("22")
+            || code.starts_with("23")
+            || code.starts_with("54")
+            || code == "P0001"
+    })
 }
 
 /// Settles every job still queued for `character_id` inside the claim's transaction `tx`,
 /// applying the current owner's through the claimant's `model` (older owners' are superseded).
-/// A lease held by a worker that has not reached its settle yet becomes stale: its settle then
+/// A job whose lease ran out more than `lease_expiry_limit` times is dead-lettered unapplied. A
+/// lease held by a worker that has not reached its settle yet becomes stale: its settle then
 /// writes nothing.
 pub(crate) async fn settle_before_claim(
     tx: &mut sqlx::PgConnection,
     model: &ModelHandle,
     character_id: Uuid,
+    lease_expiry_limit: u32,
     now: DateTime<Utc>,
 ) -> Result<SettledAtClaim, sqlx::Error> {
     let rows: Vec<ClaimedRow> = sqlx::query_as(PENDING_FOR_CHARACTER)
@@ -97,64 +130,78 @@ pub(crate) async fn settle_before_claim(
     }
     let mut claimed: Vec<Claimed> = rows
         .into_iter()
-        .map(|row| Claimed::new(row, LEASE_EXPIRY_LIMIT))
+        .map(|row| Claimed::new(row, lease_expiry_limit))
         .collect();
     // Applied in the order their copies issued them.
     claimed.sort_by_key(|c| match &c.job {
         Ok(job) => (0, job.envelope().owner_epoch, job.envelope().issue_seq),
         Err(_) => (1, 0, 0),
     });
-    let outcomes = match settle_under_savepoint(tx, model, now, &claimed).await? {
+    let mut done = SettledAtClaim::default();
+    savepoint(tx).await?;
+    let settled = settle_all(tx, model, now, &claimed).await;
+    end_savepoint(tx, settled.is_ok()).await?;
+    let outcomes = match settled {
         Ok(outcomes) => outcomes,
-        Err(err) => {
-            tracing::warn!(event = "claim_settle_isolating", character = %character_id,
-                error = %err, "settling the queued jobs one at a time");
+        Err(err) if caused_by_the_job(&err) => {
             let mut outcomes = Vec::with_capacity(claimed.len());
             for one in &claimed {
-                outcomes.extend(settle_alone(tx, model, now, one).await?);
+                match settle_alone(tx, model, now, one).await? {
+                    Some(outcome) => outcomes.push(outcome),
+                    None => done.left.push(one.row.stored.retry_job_id),
+                }
             }
             outcomes
         }
+        Err(err) => return Err(err),
     };
-    Ok(SettledAtClaim {
-        settled: outcomes.len(),
-        applied: outcomes
-            .iter()
-            .filter(|o| matches!(o, JobOutcome::Applied))
-            .count(),
-    })
+    for (one, outcome) in claimed.iter().zip(&outcomes) {
+        if let JobOutcome::DeadLettered(error) = outcome {
+            done.dead_lettered
+                .push((one.row.stored.retry_job_id, error.clone()));
+        }
+    }
+    done.settled = outcomes.len();
+    done.applied = outcomes
+        .iter()
+        .filter(|o| matches!(o, JobOutcome::Applied))
+        .count();
+    Ok(done)
 }
 
-/// Settles `claimed` under a savepoint: `Ok(Err(_))` when the database refused the settle (the
-/// savepoint is rolled back, nothing of it stays), the outer error when even that failed.
-async fn settle_under_savepoint(
+async fn settle_all(
     tx: &mut sqlx::PgConnection,
     model: &ModelHandle,
     now: DateTime<Utc>,
     claimed: &[Claimed],
-) -> Result<Result<Vec<JobOutcome>, sqlx::Error>, sqlx::Error> {
-    sqlx::query("SAVEPOINT claim_settle")
-        .execute(&mut *tx)
-        .await?;
+) -> Result<Vec<JobOutcome>, sqlx::Error> {
     let owned: HashSet<Uuid> = claimed.iter().map(|c| c.row.stored.retry_job_id).collect();
-    match settle_owned(tx, model, now, claimed, &owned, CLAIMANT, &mut NoReschedule).await {
-        Ok(outcomes) => {
-            sqlx::query("RELEASE SAVEPOINT claim_settle")
-                .execute(&mut *tx)
-                .await?;
-            Ok(Ok(outcomes))
-        }
-        Err(err) => {
-            sqlx::query("ROLLBACK TO SAVEPOINT claim_settle")
-                .execute(&mut *tx)
-                .await?;
-            Ok(Err(err))
-        }
-    }
+    settle_owned(tx, model, now, claimed, &owned, CLAIMANT, &mut NoReschedule).await
 }
 
-/// Settles one job on its own; one the database refuses is dead-lettered, and one that cannot
-/// even be dead-lettered is left queued (superseded by the claim, logged).
+/// Opens the savepoint a settle step runs under.
+async fn savepoint(tx: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query("SAVEPOINT claim_settle")
+        .execute(&mut *tx)
+        .await
+        .map(drop)
+}
+
+/// Closes the savepoint, first undoing what the step wrote when it failed (`ok` false).
+async fn end_savepoint(tx: &mut sqlx::PgConnection, ok: bool) -> Result<(), sqlx::Error> {
+    if !ok {
+        sqlx::query("ROLLBACK TO SAVEPOINT claim_settle")
+            .execute(&mut *tx)
+            .await?;
+    }
+    sqlx::query("RELEASE SAVEPOINT claim_settle")
+        .execute(&mut *tx)
+        .await
+        .map(drop)
+}
+
+/// Settles one job on its own; one the database refuses (for a reason of its own) is
+/// dead-lettered, and one that cannot even be dead-lettered is left (`None`).
 async fn settle_alone(
     tx: &mut sqlx::PgConnection,
     model: &ModelHandle,
@@ -162,38 +209,26 @@ async fn settle_alone(
     one: &Claimed,
 ) -> Result<Option<JobOutcome>, sqlx::Error> {
     let single = std::slice::from_ref(one);
-    let err = match settle_under_savepoint(tx, model, now, single).await? {
+    savepoint(tx).await?;
+    let settled = settle_all(tx, model, now, single).await;
+    end_savepoint(tx, settled.is_ok()).await?;
+    let err = match settled {
         Ok(mut outcomes) => return Ok(outcomes.pop()),
-        Err(err) => err,
+        Err(err) if caused_by_the_job(&err) => err,
+        Err(err) => return Err(err),
     };
     let dead = JobOutcome::DeadLettered(format!(
         "could not be settled before its owner's successor claimed the character: {err}"
     ));
-    sqlx::query("SAVEPOINT claim_settle")
-        .execute(&mut *tx)
-        .await?;
-    match write_job_outcomes(
+    savepoint(tx).await?;
+    let written = write_job_outcomes(
         tx,
         single,
         std::slice::from_ref(&dead),
         now,
         &mut NoReschedule,
     )
-    .await
-    {
-        Ok(()) => {
-            sqlx::query("RELEASE SAVEPOINT claim_settle")
-                .execute(&mut *tx)
-                .await?;
-            Ok(Some(dead))
-        }
-        Err(again) => {
-            sqlx::query("ROLLBACK TO SAVEPOINT claim_settle")
-                .execute(&mut *tx)
-                .await?;
-            tracing::error!(event = "claim_settle_failed", retry_job_id = %one.row.stored.retry_job_id,
-                error = %again, "left queued; the claim supersedes it");
-            Ok(None)
-        }
-    }
+    .await;
+    end_savepoint(tx, written.is_ok()).await?;
+    Ok(written.ok().map(|()| dead))
 }

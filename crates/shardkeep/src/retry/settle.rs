@@ -32,11 +32,10 @@ pub enum JobOutcome {
     Superseded,
     /// Failed; rescheduled with backoff.
     Retrying(String),
-    /// Left for another release: the character's document or its owner's model is newer than
-    /// this worker's model (it cannot read what the owner writes), or the owner runs an older
-    /// release (whose saves an upgraded row would refuse). Put back without counting an attempt
-    /// (a rolling deploy is not the job's failure) and tried again after [`DEFERRED_FOR`]; the
-    /// owner's own release, or the claim that replaces the owner, settles it.
+    /// Left for a newer release: the character's document or its owner's model is newer than
+    /// this worker's model (it cannot read what the owner writes). Put back without counting an
+    /// attempt (a rolling deploy is not the job's failure) and tried again after
+    /// [`DEFERRED_FOR`].
     Deferred(String),
     /// Failed for the last time, or undecodable: moved to the dead letters.
     DeadLettered(String),
@@ -274,7 +273,7 @@ pub(super) async fn settle_owned(
             outcomes.push(JobOutcome::AlreadyApplied);
             continue;
         }
-        if let Some(reason) = rewrite_refused(model, locked, policy.claimant) {
+        if let Some(reason) = rewrite_refused(model, locked, job, policy.claimant) {
             outcomes.push(JobOutcome::Deferred(reason));
             continue;
         }
@@ -450,14 +449,22 @@ fn already_held(model: &ModelHandle, locked: &Locked, job: &PersistenceRetryJob)
         })
 }
 
-/// Why this settle must leave a job alone, if it must (see [`crate::model::may_rewrite`]). A
-/// claimant replaces the row's owner, so an older owner does not hold it back.
-fn rewrite_refused(model: &ModelHandle, locked: &Locked, claimant: bool) -> Option<String> {
-    let owner = if claimant {
-        None
-    } else {
-        Some((locked.owner_schema, locked.owner_epoch))
-    };
+/// Why this settle must leave a job alone, if it must (see [`crate::model::may_rewrite`]): only
+/// for a job that writes the document. A claimant replaces the row's owner, so only the
+/// document's schema counts for it.
+fn rewrite_refused(
+    model: &ModelHandle,
+    locked: &Locked,
+    job: &PersistenceRetryJob,
+    claimant: bool,
+) -> Option<String> {
+    if matches!(
+        job.payload().core(),
+        Some(CoreWrite::TransferActivation { .. })
+    ) {
+        return None;
+    }
+    let owner = (!claimant).then_some(locked.owner_schema);
     crate::model::may_rewrite(model.schema_version(), locked.row.schema_version, owner).err()
 }
 

@@ -147,30 +147,7 @@ impl FinalRetries {
     async fn queue_as_job(&self, retry: &RetryQueue, request: &SaveRequest) {
         let snapshot = &request.snapshot;
         let character_id = snapshot.character_id;
-        let job = PersistenceRetryJob::new(
-            PersistenceRetryPayload::gameplay_state_at(
-                character_id,
-                snapshot.state.clone(),
-                snapshot.schema_version,
-                snapshot.zone_ref.clone(),
-                snapshot.zone_ref.as_ref().and(snapshot.room_ref.clone()),
-            ),
-            IdempotencyEnvelope {
-                idempotency_key: format!(
-                    "final:{character_id}:{}:{}",
-                    snapshot.owner_epoch,
-                    Uuid::now_v7()
-                ),
-                owner_epoch: snapshot.owner_epoch,
-                origin: Origin::GameplayState,
-                issued_at: Utc::now(),
-                // The dump's mark: the row then holds every write the copy issued up to it.
-                issue_seq: snapshot.issue_mark,
-            },
-            "saver-final",
-            None,
-        );
-        let job = match job {
+        let job = match state_job(request, "final") {
             Ok(job) => job,
             Err(err) => {
                 tracing::error!(event = "final_job_invalid", character = %character_id, error = %err);
@@ -203,9 +180,67 @@ impl FinalRetries {
         }
     }
 
+    /// Stores a cadence flush the row refused for its schema (see the saver's
+    /// `row_schema_newer`) as a durable state job, once, in the background: a newer worker
+    /// upgrades and applies it. If it cannot be stored, the next cadence tries again and the
+    /// checkpoint holds the flush meanwhile.
+    pub(super) fn queue_flush(&self, request: SaveRequest) {
+        let Some(retry) = self.retry.clone() else {
+            return;
+        };
+        let timeout = self.config.io_timeout;
+        tokio::spawn(async move {
+            let character_id = request.snapshot.character_id;
+            let stored = match state_job(&request, "flush") {
+                Ok(job) => tokio::time::timeout(timeout, retry.enqueue(&job))
+                    .await
+                    .map_err(|_| "timed out".to_owned())
+                    .and_then(|r| r.map(|_| ()).map_err(|e| e.to_string())),
+                Err(err) => Err(err.to_string()),
+            };
+            if let Err(error) = stored {
+                tracing::warn!(event = "flush_job_failed", character = %character_id, error,
+                    "retried at the next cadence");
+            }
+        });
+    }
+
     fn dropped(&self, snapshot: &CharacterSnapshot) {
         final_dropped(&self.stats, self.feedback.as_ref(), snapshot);
     }
+}
+
+/// A save as a durable `gameplay_state` retry job of its copy, fenced by its epoch; `label` names
+/// the save in the idempotency key.
+fn state_job(
+    request: &SaveRequest,
+    label: &str,
+) -> Result<PersistenceRetryJob, crate::retry::InvalidJob> {
+    let snapshot = &request.snapshot;
+    let character_id = snapshot.character_id;
+    PersistenceRetryJob::new(
+        PersistenceRetryPayload::gameplay_state_at(
+            character_id,
+            snapshot.state.clone(),
+            snapshot.schema_version,
+            snapshot.zone_ref.clone(),
+            snapshot.zone_ref.as_ref().and(snapshot.room_ref.clone()),
+        ),
+        IdempotencyEnvelope {
+            idempotency_key: format!(
+                "{label}:{character_id}:{}:{}",
+                snapshot.owner_epoch,
+                Uuid::now_v7()
+            ),
+            owner_epoch: snapshot.owner_epoch,
+            origin: Origin::GameplayState,
+            issued_at: Utc::now(),
+            // The dump's mark: the row then holds every write the copy issued up to it.
+            issue_seq: snapshot.issue_mark,
+        },
+        "saver-final",
+        None,
+    )
 }
 
 /// Counts, logs and reports a logout save given up: written to neither its row nor a retry job

@@ -100,8 +100,8 @@ pub enum SaverEvent {
     },
     /// The checkpoint holds a document of a newer schema than this copy's: a process with a
     /// newer model wrote it. Terminal for this copy, like an ownership loss. (A row upgraded
-    /// under a live copy by a newer worker is not this: the copy plays on, and its logout save
-    /// reaches the row through a state job that a newer worker upgrades.)
+    /// under a live copy by a newer release is not this: the copy plays on, and its saves
+    /// reach the row through state jobs that a newer worker upgrades.)
     SchemaOutdated {
         /// The character.
         character_id: Uuid,

@@ -117,20 +117,19 @@ impl BatchHandler<Vec<SaveRequest>> for SaverWorker {
 }
 
 /// The row refused this copy's save for its schema while this copy still owns the character:
-/// its document was upgraded under the copy (shardkeep's own writers leave a live older owner's
-/// row alone, so this is an operator's migration, or a newer release carrying on with a row
-/// already upgraded so; a claim by a newer model would have fenced the copy by its epoch first).
-/// The copy must not write its older document over it, and it holds every write it issued. A
-/// logout's final save becomes a durable state job, which a worker of the newer model upgrades
-/// as it applies it (`Some`: where its background retry starts); a cadence flush waits for the
-/// next one, its checkpoint holding it. The copy plays on.
+/// a worker or a transfer of a newer release upgraded the row under it (a claim by a newer model
+/// would have fenced the copy by its epoch first). The copy must not write its older document
+/// over it, and it holds every write it issued: its saves go on as durable state jobs, which a
+/// newer release's worker upgrades as it applies them. A logout's final save does so with its
+/// background retry (`Some`: where that starts); a cadence flush is stored once by the caller,
+/// its checkpoint holding it until then. The copy plays on.
 fn row_schema_newer(request: &SaveRequest, stored_schema: u32) -> Option<Unlanded> {
     let snapshot = &request.snapshot;
     metrics::counter!(telemetry::SAVER_ROW_SCHEMA_NEWER_TOTAL, "reason" => request.reason.as_str())
         .increment(1);
     tracing::warn!(event = "row_schema_newer", character = %snapshot.character_id,
         writer_schema = snapshot.schema_version, stored_schema, reason = request.reason.as_str(),
-        "a newer worker upgraded this copy's row; its logout save goes through a state job");
+        "a newer release upgraded this copy's row; its save goes on as a state job");
     (request.reason == SaveReason::Final).then(|| (request.clone(), Start::Job))
 }
 
@@ -286,7 +285,13 @@ impl SaverWorker {
                 self.ownership_lost(snapshot, current_epoch)
             }
             SaveOutcome::SchemaOutdated(stored_schema) => {
-                return row_schema_newer(request, stored_schema);
+                let unlanded = row_schema_newer(request, stored_schema);
+                if unlanded.is_none()
+                    && let Some(finals) = &self.finals
+                {
+                    finals.queue_flush(request.clone());
+                }
+                return unlanded;
             }
             SaveOutcome::NotFound => {
                 tracing::error!(event = "save_not_found", character = %character_id);

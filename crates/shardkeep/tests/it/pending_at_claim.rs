@@ -194,3 +194,51 @@ async fn a_job_the_claim_cannot_settle_never_blocks_the_login(pool: PgPool) {
     want.sort();
     assert_eq!(dead, want, "both are in the dead letters for an operator");
 }
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_passing_database_failure_fails_the_claim_and_keeps_the_jobs(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let loader = loader(&pool, &redis);
+    let id = character(&pool, "A").await;
+    let epoch = loader
+        .claim_and_load(id, 0)
+        .await
+        .unwrap()
+        .snapshot
+        .owner_epoch;
+    queue_backing_off(&pool, &reward(id, epoch, 1, 7)).await;
+    // A failure that is not the job's (here a serialization failure): no dead letter, no epoch.
+    sqlx::query(
+        "CREATE FUNCTION flaky() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN RAISE EXCEPTION 'try again' USING ERRCODE = '40001'; END $$",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER flaky BEFORE INSERT ON character_job_effects
+         FOR EACH ROW EXECUTE FUNCTION flaky()",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert!(
+        loader.claim_and_load(id, 0).await.is_err(),
+        "the login fails"
+    );
+    assert_eq!(pending(&pool, id).await, 1, "the job is kept");
+    assert!(dead_letters(&pool, id).await.is_empty());
+    let row = CharacterStore::new(pg(&pool))
+        .load(id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.owner_epoch, epoch, "no epoch minted");
+    // Once the database recovers, the next login lands it.
+    sqlx::query("DROP TRIGGER flaky ON character_job_effects")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let second = loader.claim_and_load(id, 0).await.unwrap().snapshot;
+    assert_eq!(second.state["experience"], 7);
+}
