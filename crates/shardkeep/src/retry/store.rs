@@ -34,10 +34,21 @@ SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::text[],
     $14::timestamptz[], $15::int8[])
 ON CONFLICT (retry_job_id) DO NOTHING";
 
+/// When a job can next be claimed (due, and past any lease on it): the expression of the
+/// `persistence_retry_jobs_claimable` index (migration 13), written exactly as there so the claim
+/// walks that index.
+macro_rules! claimable_at {
+    () => {
+        "(CASE WHEN lease_token IS NULL THEN next_attempt_at \
+               ELSE GREATEST(next_attempt_at, COALESCE(lease_expires_at, 'infinity')) END)"
+    };
+}
+
 /// The rows a claim takes: due, with no live lease, oldest first, skipping rows another worker
 /// is claiming. Two forms, so each gets a plan of its own: the signaled ids (`$2`) found through
 /// the primary key (one statement for both let the planner scan the whole table), or any due
-/// row.
+/// row, found by walking the claimable index from its start (the scan stops at the first row
+/// not yet claimable, however many wait for later).
 macro_rules! due_rows {
     ($columns:literal, $which:literal) => {
         concat!(
@@ -46,9 +57,12 @@ macro_rules! due_rows {
             " FROM persistence_retry_jobs
               WHERE ",
             $which,
-            " next_attempt_at <= $1
-                AND (lease_token IS NULL OR lease_expires_at <= $1)
-              ORDER BY next_attempt_at, created_at
+            " ",
+            claimable_at!(),
+            " <= $1
+              ORDER BY ",
+            claimable_at!(),
+            ", created_at
               LIMIT $3
                 FOR UPDATE SKIP LOCKED"
         )

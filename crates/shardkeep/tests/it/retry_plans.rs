@@ -185,3 +185,55 @@ async fn signaled_claims_never_scan_the_whole_queue(pool: PgPool) {
         "a signaled claim scanned the whole queue"
     );
 }
+
+/// A poll finds its due rows through the partial indexes, however many jobs wait for later: the
+/// claim's `lease_token IS NULL OR lease_expires_at <= $1` matched neither index, so every poll
+/// scanned and sorted the whole queue (here 20,000 rows due in an hour and 200 leased rows whose
+/// lease is still running).
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_poll_never_scans_a_backlog_that_is_not_due(pool: PgPool) {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let ids = characters(&pool, 10).await;
+    sqlx::query(
+        "INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, payload,
+             next_attempt_at, session_impact, source, idempotency_key, owner_epoch, origin,
+             issued_at, lease_token, lease_owner, lease_expires_at)
+         SELECT gen_random_uuid(), 'combat_rewards', $1, '{}', now() + interval '1 hour', 'none',
+                'backlog', 'b-' || g, 0, 'combat_rewards', now(),
+                CASE WHEN g <= 200 THEN gen_random_uuid() END,
+                CASE WHEN g <= 200 THEN 'elsewhere' END,
+                CASE WHEN g <= 200 THEN now() + interval '1 hour' END
+           FROM generate_series(1, 20000) g",
+    )
+    .bind(ids[0])
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE persistence_retry_jobs")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let worker_pool = one_connection(&pool, &[("plan_cache_mode", "force_generic_plan")]).await;
+    let pid = backend_pid(&worker_pool).await;
+    let (queue, _signals) = RetryQueue::new(pg(&pool), 64, Arc::clone(&clock));
+    let (_, other_signals) = RetryQueue::new(pg(&pool), 64, Arc::clone(&clock));
+    let mut worker = RetryWorker::new(
+        PostgresBackend::from_pool(worker_pool.clone()),
+        shardkeep_testkit::model::LedgerModel::handle(),
+        other_signals,
+        config("w"),
+        clock,
+    );
+    let before = scans(&pool, "persistence_retry_jobs").await;
+    for (n, id) in ids.iter().enumerate() {
+        queue
+            .enqueue(&reward(*id, &format!("p{n}"), 0, 1))
+            .await
+            .unwrap();
+        assert_eq!(worker.poll_once().await.unwrap(), 1);
+    }
+    assert_eq!(worker.poll_once().await.unwrap(), 0, "nothing else is due");
+    drop(worker);
+    let after = flushed(&pool, worker_pool, pid, "persistence_retry_jobs", before).await;
+    assert_eq!(after.0, before.0, "a poll scanned the whole queue");
+}
