@@ -516,29 +516,32 @@ impl CharacterStore {
         .await
     }
 
-    /// `SchemaNewer` when the row's document or owner is newer than the claimant's model,
-    /// `NotFound` when there is no row; read without a lock.
-    async fn refuse_newer(
-        &self,
+    /// The newest schema the row's document or owner is at, and whether retry jobs are queued
+    /// for the character, read without a lock; `None` when there is no row.
+    async fn schema_and_backlog(
         conn: &mut sqlx::PgConnection,
         character_id: Uuid,
-    ) -> Result<(), StoreError> {
-        let stored: Option<i32> = sqlx::query_scalar(
-            "SELECT GREATEST(schema_version, owner_schema_version) FROM characters WHERE id = $1",
+    ) -> Result<Option<(u32, bool)>, sqlx::Error> {
+        let found: Option<(i32, bool)> = sqlx::query_as(
+            "SELECT GREATEST(schema_version, owner_schema_version),
+                    EXISTS (SELECT 1 FROM persistence_retry_jobs WHERE character_id = $1)
+               FROM characters WHERE id = $1",
         )
         .bind(character_id)
         .fetch_optional(&mut *conn)
         .await?;
-        let stored = stored.ok_or(StoreError::NotFound(character_id))?;
-        let stored = u32::try_from(stored).unwrap_or(u32::MAX);
-        match self.schema_ceiling {
-            Some(supported) if stored > supported => Err(StoreError::SchemaNewer {
-                character_id,
-                stored,
-                supported,
-            }),
-            _ => Ok(()),
-        }
+        Ok(found.map(|(schema, queued)| (u32::try_from(schema).unwrap_or(u32::MAX), queued)))
+    }
+
+    /// Why a claim of a row stored or owned at `stored` is refused: `None` when not (missing
+    /// rows are told apart by the caller).
+    fn schema_refusal(&self, character_id: Uuid, stored: u32) -> Option<StoreError> {
+        let supported = self.schema_ceiling?;
+        (stored > supported).then_some(StoreError::SchemaNewer {
+            character_id,
+            stored,
+            supported,
+        })
     }
 
     async fn claim_with(
@@ -572,17 +575,25 @@ impl CharacterStore {
         let mut tx = self.pg.pool().begin().await?;
         let mut settled = crate::retry::SettledAtClaim::default();
         if let Some(model) = &self.model {
-            // A claim the schema refuses settles nothing: checked first with a plain read (the
-            // claim statement checks again under the lock).
-            self.refuse_newer(&mut tx, character_id).await?;
-            settled = crate::retry::settle_before_claim(
-                &mut tx,
-                model,
-                character_id,
-                self.lease_expiry_limit,
-                chrono::Utc::now(),
-            )
-            .await?;
+            // A claim the schema refuses settles nothing, and a character with no queued job
+            // needs no settle: both read first, in one plain read (the claim statement checks
+            // the schema again under the lock).
+            let (stored, queued) = Self::schema_and_backlog(&mut tx, character_id)
+                .await?
+                .ok_or(StoreError::NotFound(character_id))?;
+            if let Some(refused) = self.schema_refusal(character_id, stored) {
+                return Err(refused);
+            }
+            if queued {
+                settled = crate::retry::settle_before_claim(
+                    &mut tx,
+                    model,
+                    character_id,
+                    self.lease_expiry_limit,
+                    chrono::Utc::now(),
+                )
+                .await?;
+            }
         }
         let row: Option<ClaimTuple> = sqlx::query_as(CLAIM)
             .bind(character_id)
@@ -597,19 +608,17 @@ impl CharacterStore {
             .await?;
         if row.is_none() {
             // Missing, or refused for its schema (the row is locked by the claim's first step).
-            let stored: Option<i32> = sqlx::query_scalar(
-                "SELECT GREATEST(schema_version, owner_schema_version) FROM characters WHERE id = $1",
-            )
-            .bind(character_id)
-            .fetch_optional(&mut *tx)
-            .await?;
+            let stored = Self::schema_and_backlog(&mut tx, character_id).await?;
             tx.rollback().await?;
             return Err(match stored {
-                Some(stored) => StoreError::SchemaNewer {
-                    character_id,
-                    stored: u32::try_from(stored).unwrap_or(u32::MAX),
-                    supported: self.schema_ceiling.unwrap_or(u32::MAX),
-                },
+                Some((stored, _)) => {
+                    self.schema_refusal(character_id, stored)
+                        .unwrap_or(StoreError::SchemaNewer {
+                            character_id,
+                            stored,
+                            supported: self.schema_ceiling.unwrap_or(u32::MAX),
+                        })
+                }
                 None => StoreError::NotFound(character_id),
             });
         }

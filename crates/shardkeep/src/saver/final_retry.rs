@@ -238,7 +238,7 @@ fn state_job(
             // The dump's mark: the row then holds every write the copy issued up to it.
             issue_seq: snapshot.issue_mark,
         },
-        "saver-final",
+        &format!("saver-{label}"),
         None,
     )
 }

@@ -126,6 +126,26 @@ async fn the_next_claim_settles_a_dead_copys_pending_jobs(pool: PgPool) {
     }
 }
 
+/// Runs the PL/pgSQL `statements` before every job effect is recorded (a database that refuses
+/// some writes); dropped with `DROP TRIGGER test_hook ON character_job_effects`.
+async fn on_effect_recorded(pool: &PgPool, statements: &str) {
+    let function = format!(
+        "CREATE FUNCTION test_hook() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN {statements} RETURN NEW; END $$"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(function))
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER test_hook BEFORE INSERT ON character_job_effects
+         FOR EACH ROW EXECUTE FUNCTION test_hook()",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 async fn dead_letters(pool: &PgPool, id: Uuid) -> Vec<String> {
     sqlx::query_scalar(
         "SELECT idempotency_key FROM persistence_job_dead_letters WHERE character_id = $1
@@ -161,23 +181,11 @@ async fn a_job_the_claim_cannot_settle_never_blocks_the_login(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
-    sqlx::query(
-        "CREATE FUNCTION refuse_one() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-           IF NEW.idempotency_key LIKE '%:1' THEN RAISE EXCEPTION 'refused for the test'; END IF;
-           RETURN NEW;
-         END $$",
+    on_effect_recorded(
+        &pool,
+        "IF NEW.idempotency_key LIKE '%:1' THEN RAISE EXCEPTION 'refused for the test'; END IF;",
     )
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "CREATE TRIGGER refuse_one BEFORE INSERT ON character_job_effects
-         FOR EACH ROW EXECUTE FUNCTION refuse_one()",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    .await;
     let second = loader.claim_and_load(id, 0).await.unwrap().snapshot;
     assert_eq!(
         second.state["experience"], 7,
@@ -185,8 +193,7 @@ async fn a_job_the_claim_cannot_settle_never_blocks_the_login(pool: PgPool) {
         second.state
     );
     assert_eq!(pending(&pool, id).await, 0);
-    let mut dead = dead_letters(&pool, id).await;
-    dead.sort();
+    let dead = dead_letters(&pool, id).await;
     let mut want = vec![
         refused.envelope().idempotency_key.clone(),
         crashing.envelope().idempotency_key.clone(),
@@ -208,20 +215,11 @@ async fn a_passing_database_failure_fails_the_claim_and_keeps_the_jobs(pool: PgP
         .owner_epoch;
     queue_backing_off(&pool, &reward(id, epoch, 1, 7)).await;
     // A failure that is not the job's (here a serialization failure): no dead letter, no epoch.
-    sqlx::query(
-        "CREATE FUNCTION flaky() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN RAISE EXCEPTION 'try again' USING ERRCODE = '40001'; END $$",
+    on_effect_recorded(
+        &pool,
+        "RAISE EXCEPTION 'try again' USING ERRCODE = '40001';",
     )
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "CREATE TRIGGER flaky BEFORE INSERT ON character_job_effects
-         FOR EACH ROW EXECUTE FUNCTION flaky()",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    .await;
     assert!(
         loader.claim_and_load(id, 0).await.is_err(),
         "the login fails"
@@ -235,7 +233,7 @@ async fn a_passing_database_failure_fails_the_claim_and_keeps_the_jobs(pool: PgP
         .unwrap();
     assert_eq!(row.owner_epoch, epoch, "no epoch minted");
     // Once the database recovers, the next login lands it.
-    sqlx::query("DROP TRIGGER flaky ON character_job_effects")
+    sqlx::query("DROP TRIGGER test_hook ON character_job_effects")
         .execute(&pool)
         .await
         .unwrap();
