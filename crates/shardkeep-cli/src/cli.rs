@@ -371,12 +371,55 @@ pub(crate) struct BenchArgs {
 /// The benchmarks.
 #[derive(Debug, Subcommand)]
 pub(crate) enum BenchCommand {
-    /// The durability ladder: batched and single CAS saves against raw UPDATEs, checkpoints
-    /// against raw SETs, and the online characters one saver sustains.
+    /// Every benchmark in one run and one table of every figure against what it is compared
+    /// with in the same run (raw engine operations, peers, cadences), with goals.
+    All(AllBenchArgs),
+    /// Batched and single CAS saves against a plain UPDATE … FROM UNNEST and raw UPDATEs;
+    /// checkpoint writes against the guard script driven raw and raw SETs; with a fresh, an
+    /// aged and a 4 KB document.
     Ladder(LadderBenchArgs),
+    /// Online characters one shard sustains at the default cadences, with no drop and no pulse
+    /// over 250 ms, and the memory it holds per character.
+    Capacity(CapacityBenchArgs),
+    /// A killed shard's players logging in elsewhere at once, against the raw reads of the
+    /// same rows and checkpoints.
+    Login(LoginBenchArgs),
+    /// The durable work queue with 1 and 4 consumers against apalis-redis and raw commands.
+    Queue(QueueBenchArgs),
+    /// What the journal's depth report costs with many consumers.
+    Depth(DepthBenchArgs),
+    /// Retry jobs end to end against apalis-postgres and the raw per-job lifecycle.
+    Retry(RetryBenchArgs),
+    /// Retry jobs end to end with a large backlog queued, against the same on an empty table.
+    Backlog(BacklogBenchArgs),
     /// A death storm through the audit trail: the batched auditor against one INSERT per event,
     /// and what each drops against a store slowed by a proxy.
     Audit(AuditBenchArgs),
+}
+
+/// How large a whole run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum BenchSize {
+    /// The sizes the goals are stated for (several minutes).
+    Full,
+    /// Tiny sizes: every step runs in seconds; the figures mean little.
+    Smoke,
+}
+
+/// Options of `shardkeep bench all`.
+#[derive(Debug, Args)]
+pub(crate) struct AllBenchArgs {
+    /// Also write the table and every benchmark's findings as JSON to this file.
+    #[arg(long)]
+    pub(crate) json: Option<std::path::PathBuf>,
+
+    /// How large the run is.
+    #[arg(long, value_enum, default_value_t = BenchSize::Full)]
+    pub(crate) size: BenchSize,
+
+    /// Exit with status 4 when a goal is not met.
+    #[arg(long)]
+    pub(crate) require_goals: bool,
 }
 
 /// Options of `shardkeep bench audit`.
@@ -403,25 +446,101 @@ pub(crate) struct LadderBenchArgs {
     pub(crate) rows: u32,
 
     /// Seconds per throughput step.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=600))]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=600))]
     pub(crate) seconds: u64,
 
     /// Rows per batched statement and per pipeline.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub(crate) batch: u32,
 
-    /// Online characters in the sustain step (0 skips it).
-    #[arg(long, default_value_t = 250_000, value_parser = clap::value_parser!(u32).range(0..=2_000_000))]
-    pub(crate) online: u32,
+    /// Times the steps run; each figure is the median.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub(crate) rounds: u32,
 
-    /// Seconds the sustain step runs at real pulse speed.
-    #[arg(long, default_value_t = 70, value_parser = clap::value_parser!(u64).range(1..=3600))]
-    pub(crate) sustain_seconds: u64,
-
-    /// Sessions of the aged character every step also runs with (each a login, 100 rewards, 10
-    /// item moves and a flush, through the library); 0 runs the fresh document only.
+    /// Sessions of the aged character the steps also run with (each a login, 100 rewards, 10
+    /// item moves and a flush, through the library); 0 skips the aged document.
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(0..=100_000))]
     pub(crate) aging_logins: u32,
+}
+
+/// Options of `shardkeep bench capacity`.
+#[derive(Debug, Args)]
+pub(crate) struct CapacityBenchArgs {
+    /// Online characters with the fresh template document (0 skips it).
+    #[arg(long, default_value_t = 500_000, value_parser = clap::value_parser!(u32).range(0..=2_000_000))]
+    pub(crate) fresh: u32,
+
+    /// Online characters with the realistic 4 KB document (0 skips it).
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(0..=2_000_000))]
+    pub(crate) realistic: u32,
+
+    /// Seconds each run goes at real pulse speed (a flush period is 60).
+    #[arg(long, default_value_t = 70, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub(crate) seconds: u64,
+}
+
+/// Options of `shardkeep bench login`.
+#[derive(Debug, Args)]
+pub(crate) struct LoginBenchArgs {
+    /// Players logging in at once.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub(crate) players: u32,
+
+    /// Connections of the game server's pool (the raw reads get the same).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub(crate) pool: u32,
+}
+
+/// Options of `shardkeep bench queue`.
+#[derive(Debug, Args)]
+pub(crate) struct QueueBenchArgs {
+    /// Entries per run.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(10..=10_000_000))]
+    pub(crate) entries: u32,
+
+    /// Producer tasks, each appending one entry at a time.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub(crate) producers: u32,
+}
+
+/// Options of `shardkeep bench depth`.
+#[derive(Debug, Args)]
+pub(crate) struct DepthBenchArgs {
+    /// Consumers registered, each holding one entry.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) consumers: u32,
+
+    /// Depth reports timed with each number of consumers.
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub(crate) reports: u32,
+}
+
+/// Options of `shardkeep bench retry`.
+#[derive(Debug, Args)]
+pub(crate) struct RetryBenchArgs {
+    /// Jobs per run.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(100..=10_000_000))]
+    pub(crate) jobs: u32,
+
+    /// Producer lanes enqueueing one job at a time.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub(crate) producers: u32,
+}
+
+/// Options of `shardkeep bench backlog`.
+#[derive(Debug, Args)]
+pub(crate) struct BacklogBenchArgs {
+    /// Jobs queued and left waiting (not due, or leased elsewhere).
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u32).range(1..=100_000_000))]
+    pub(crate) queued: u32,
+
+    /// Jobs run end to end in each measured run.
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(100..=10_000_000))]
+    pub(crate) jobs: u32,
+
+    /// Producer lanes enqueueing one job at a time.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub(crate) producers: u32,
 }
 
 /// Options of `shardkeep migrate`.

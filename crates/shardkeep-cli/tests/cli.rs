@@ -144,15 +144,28 @@ fn malformed_bench_arguments_are_rejected() {
         &["bench", "audit", "--events", "5"],
         &["bench", "audit", "--slowdown-ms", "0"],
         &["bench", "audit", "--burst", "many"],
+        &["bench", "all", "--size", "huge"],
+        &["bench", "all", "--json"],
+        &["bench", "capacity", "--fresh", "-1"],
+        &["bench", "capacity", "--seconds", "0"],
+        &["bench", "login", "--players", "0"],
+        &["bench", "login", "--pool", "1000"],
+        &["bench", "queue", "--entries", "1"],
+        &["bench", "depth", "--consumers", "zero"],
+        &["bench", "retry", "--producers", "0"],
+        &["bench", "backlog", "--queued", "0"],
+        &["bench", "ladder", "--rounds", "0"],
     ] {
         let out = shardkeep(args, &[("DATABASE_URL", "postgres://x@127.0.0.1:1/x")]);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
     }
-    let out = shardkeep(
-        &["bench", "ladder"],
-        &[("DATABASE_URL", "postgres://x@127.0.0.1:1/x")],
-    );
-    assert_one_line_failure(&out, "REDIS_URL is not set");
+    for which in ["ladder", "all"] {
+        let out = shardkeep(
+            &["bench", which],
+            &[("DATABASE_URL", "postgres://x@127.0.0.1:1/x")],
+        );
+        assert_one_line_failure(&out, "REDIS_URL is not set");
+    }
 }
 
 #[test]

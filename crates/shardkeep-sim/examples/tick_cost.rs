@@ -35,7 +35,7 @@ async fn main() {
             zone_ref: Some("zone-0".into()),
             room_ref: Some("r0".into()),
             state: {
-                let mut v = shardkeep_sim::bench::ladder::template_state();
+                let mut v = shardkeep_sim::bench::documents::template_state();
                 if std::env::var("NO_TIMED").is_ok() {
                     v["affects"] = serde_json::json!([]);
                     v["cooldowns"] = serde_json::json!({});

@@ -3,10 +3,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::time::Duration;
+use std::collections::BTreeSet;
 
-use shardkeep_sim::bench::BenchEnv;
-use shardkeep_sim::bench::ladder::{self, LadderBenchConfig};
+use shardkeep_sim::bench::all::{self, AllConfig, Engines};
+use shardkeep_sim::bench::{BenchEnv, Progress};
 
 async fn env() -> BenchEnv {
     let database_url = std::env::var("DATABASE_URL").unwrap();
@@ -15,70 +15,71 @@ async fn env() -> BenchEnv {
         .unwrap()
 }
 
+/// `bench all` on tiny sizes: every benchmark runs, each row carries finite figures, the
+/// correctness checks inside the benchmarks hold, and no scratch database or key is left.
 #[tokio::test]
-async fn the_ladder_bench_runs_every_step_and_cleans_up() {
-    let env = env().await;
-    let namespace = env.redis.keys().namespace().to_owned();
-    let report = ladder::run(
-        &env,
-        LadderBenchConfig {
-            rows: 300,
-            window: Duration::from_millis(200),
-            batch: 100,
-            online: 400,
-            sustain: Duration::from_millis(1500),
-        },
-    )
-    .await
-    .unwrap();
-    for rate in [
-        report.raw_update,
-        report.cas_single,
-        report.cas_batched,
-        report.raw_set,
-        report.checkpoint,
-    ] {
-        assert!(rate > 0.0);
-    }
-    let sustain = report.sustain.unwrap();
-    assert_eq!(
-        (sustain.online, sustain.dropped, sustain.failed),
-        (400, 0, 0)
-    );
-    assert!(sustain.checkpoints_per_second > 0.0);
-    env.teardown().await;
-    let redis = shardkeep_testkit::TestRedis::new().await;
-    let mut raw = redis.raw().await;
-    let (_, left): (u64, Vec<String>) = redis::cmd("SCAN")
-        .arg(0)
-        .arg("MATCH")
-        .arg(format!("{namespace}:*"))
-        .arg("COUNT")
-        .arg(100_000)
-        .query_async(&mut raw)
+async fn bench_all_runs_every_benchmark_and_cleans_up() {
+    let database_url = std::env::var("DATABASE_URL").unwrap();
+    let engines = Engines::new(&database_url, &shardkeep_testkit::redis_url());
+    let report = all::run(&engines, AllConfig::smoke(), &Progress::quiet())
         .await
         .unwrap();
-    assert!(left.is_empty(), "teardown leaves no keys");
-}
+    let benches: BTreeSet<&str> = report.table.rows.iter().map(|r| r.bench.as_str()).collect();
+    for bench in [
+        "aging", "ladder", "queue", "depth", "retry", "backlog", "login", "audit", "capacity",
+    ] {
+        assert!(benches.contains(bench), "no row of {bench}: {benches:?}");
+    }
+    for row in &report.table.rows {
+        assert!(
+            row.shardkeep.is_finite() && row.measured.is_finite() && row.measured > 0.0,
+            "{row:?}"
+        );
+    }
+    for c in &report.capacity {
+        assert_eq!((c.dropped, c.failed), (0, 0), "{c:?}");
+        assert!(c.checkpoints_per_second > 0.0 && c.flush_rows_per_second > 0.0);
+    }
+    for l in &report.login {
+        assert_eq!(l.from_checkpoint, l.players, "{l:?}");
+    }
+    assert_eq!(report.queue.len(), 2);
+    let depth = report.depth.unwrap();
+    assert!(depth.one > 0.0 && depth.many > 0.0);
+    let text = report.table.render();
+    assert!(text.contains("goals met"), "{text}");
 
-#[tokio::test]
-async fn the_audit_bench_runs_every_step() {
-    let env = env().await;
-    let database_url = std::env::var("DATABASE_URL").unwrap();
-    let report = shardkeep_sim::bench::audit::run(
-        &env,
-        &database_url,
-        shardkeep_sim::bench::audit::AuditBenchConfig {
-            events: 300,
-            burst: 100,
-            slowdown: Duration::from_millis(2),
-        },
-    )
-    .await
-    .unwrap();
-    assert!(report.batched > 0.0 && report.single_row > 0.0);
-    assert!(report.batched_dropped <= 100 && report.single_row_dropped <= 100);
-    env.teardown().await;
+    let scratch = engines.scratch();
+    assert!(scratch.len() >= 8, "{scratch:?}");
+    let pool = sqlx::PgPool::connect(&database_url).await.unwrap();
+    let names: Vec<String> = scratch.iter().map(|(db, _)| db.clone()).collect();
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM pg_database WHERE datname = ANY($1)")
+        .bind(&names)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "scratch databases left");
+    let redis = shardkeep_testkit::TestRedis::new().await;
+    let mut raw = redis.raw().await;
+    for (_, namespace) in &scratch {
+        let mut cursor = 0u64;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(format!("*{namespace}*"))
+                .arg("COUNT")
+                .arg(10_000)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            assert!(keys.is_empty(), "keys left in {namespace}: {keys:?}");
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+    }
 }
 
 /// A character aged through the library (logins, rewards with some as retry jobs, item moves,

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::BenchEnv;
-use super::ladder::{LadderBenchError, template_state};
+use super::documents::{template_state, with_item_ids};
+use super::{BenchEnv, BenchError};
 use shardkeep::character::{
     Bookkeeping, BookkeepingRetention, CharacterLoader, CharacterStore, CheckpointStore,
     NewCharacter, SaveOutcome,
@@ -66,20 +66,7 @@ pub struct AgedCharacter {
 
 /// The ladder template with an identity on every item (as items carry in play).
 pub fn template_with_ids() -> serde_json::Value {
-    fn walk(item: &mut serde_json::Value) {
-        item["id"] = serde_json::json!(Uuid::now_v7());
-        if let Some(contents) = item.get_mut("contents").and_then(|c| c.as_array_mut()) {
-            contents.iter_mut().for_each(walk);
-        }
-    }
-    let mut state = template_state();
-    if let Some(inventory) = state["inventory"].as_array_mut() {
-        inventory.iter_mut().for_each(walk);
-    }
-    if let Some(equipment) = state["equipment"].as_object_mut() {
-        equipment.values_mut().for_each(walk);
-    }
-    state
+    with_item_ids(template_state())
 }
 
 /// Moves one item between the inventory and the first container: out of it when it holds
@@ -104,10 +91,7 @@ fn move_item(character: &mut LiveCharacter) {
 }
 
 /// Ages one new character by `plan` and returns its document.
-pub async fn age_character(
-    env: &BenchEnv,
-    plan: AgingPlan,
-) -> Result<AgedCharacter, LadderBenchError> {
+pub async fn age_character(env: &BenchEnv, plan: AgingPlan) -> Result<AgedCharacter, BenchError> {
     let started = Instant::now();
     let store = CharacterStore::new(env.pg.clone());
     let checkpoints = CheckpointStore::new(env.redis.clone());
@@ -149,7 +133,7 @@ pub async fn age_character(
         let loaded = loader
             .claim_and_load(id, 0)
             .await
-            .map_err(|e| LadderBenchError::Other(e.to_string()))?;
+            .map_err(|e| BenchError::Other(e.to_string()))?;
         let options = ApplyOptions {
             fresh_login: true,
             ..ApplyOptions::default()
@@ -167,7 +151,7 @@ pub async fn age_character(
                 queue
                     .enqueue(&job)
                     .await
-                    .map_err(|e| LadderBenchError::Other(e.to_string()))?;
+                    .map_err(|e| BenchError::Other(e.to_string()))?;
                 jobs += 1;
             }
         }
@@ -186,7 +170,7 @@ pub async fn age_character(
     let state = store
         .load(id)
         .await?
-        .ok_or_else(|| LadderBenchError::Other("the aged character is gone".into()))?
+        .ok_or_else(|| BenchError::Other("the aged character is gone".into()))?
         .state;
     let bookkeeping_rows: i64 = sqlx::query_scalar(
         "SELECT (SELECT count(*) FROM character_job_effects WHERE character_id = $1)
@@ -211,7 +195,7 @@ fn reward_job(
     character: &LiveCharacter,
     seq: u64,
     (experience, currency): (i64, i64),
-) -> Result<PersistenceRetryJob, LadderBenchError> {
+) -> Result<PersistenceRetryJob, BenchError> {
     let payload = PersistenceRetryPayload::effect(
         character.character_id,
         &ReferenceEffect::CombatRewards {
@@ -220,7 +204,7 @@ fn reward_job(
             items: Vec::new(),
         },
     )
-    .map_err(LadderBenchError::Other)?;
+    .map_err(BenchError::Other)?;
     PersistenceRetryJob::new(
         payload,
         IdempotencyEnvelope {
@@ -236,7 +220,7 @@ fn reward_job(
         "bench-aging",
         None,
     )
-    .map_err(|e| LadderBenchError::Other(e.to_string()))
+    .map_err(|e| BenchError::Other(e.to_string()))
 }
 
 /// A checkpoint, then a CAS flush that adopts the row's version when jobs moved it.
@@ -244,16 +228,16 @@ async fn flush(
     store: &CharacterStore,
     checkpoints: &CheckpointStore,
     character: &LiveCharacter,
-) -> Result<(), LadderBenchError> {
+) -> Result<(), BenchError> {
     let mut snapshot = dump_character(character, Some("zone-0"), Some("r0"), Default::default())
-        .map_err(|e| LadderBenchError::Other(e.to_string()))?;
+        .map_err(|e| BenchError::Other(e.to_string()))?;
     checkpoints.write(&snapshot).await?;
     for _ in 0..3 {
         match store.save(&snapshot).await? {
             SaveOutcome::Saved(_) => return Ok(()),
             SaveOutcome::VersionConflict(current) => snapshot.state_version = current,
-            other => return Err(LadderBenchError::Other(format!("flush: {other:?}"))),
+            other => return Err(BenchError::Other(format!("flush: {other:?}"))),
         }
     }
-    Err(LadderBenchError::Other("the flush kept conflicting".into()))
+    Err(BenchError::Other("the flush kept conflicting".into()))
 }

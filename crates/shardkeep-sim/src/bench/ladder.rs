@@ -1,41 +1,20 @@
-//! The ladder benchmark: batched CAS saves, single-row CAS saves and raw one-at-a-time UPDATEs
-//! of the same rows; checkpoint writes against raw SETs; and how many online characters one
-//! shard's saver sustains at the default cadences without dropping.
+//! The ladder's writes against the engines' limits, on the same rows in one run: batched CAS
+//! saves against a plain `UPDATE … FROM UNNEST` of the same rows and columns with no fence (and
+//! against raw one-at-a-time UPDATEs); checkpoint writes against the same guard script issued
+//! raw and pipelined, with the body encoded beforehand (and against raw SETs).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use redis::Script;
 use uuid::Uuid;
 
-use super::{BenchEnv, measure, rate};
-use shardkeep::character::{
-    CharacterSnapshot, CharacterStore, CheckpointStore, LoadSource, LoadedCharacter, SaveOutcome,
-};
-use shardkeep_reference::game::{
-    ApplyOptions, Catalog, apply_snapshot, dump_character, reference_world,
-};
-use shardkeep_reference::shard::{Arrival, Shard, ShardConfig, ShardStores, ZoneDirectory};
+use super::documents::DocumentKind;
+use super::{BenchEnv, BenchError, Goal, Progress, Row, Unit, measure, rate};
+use shardkeep::character::checkpoint::WRITE_SCRIPT;
+use shardkeep::character::{CharacterSnapshot, CharacterStore, CheckpointStore, SaveOutcome};
+use shardkeep::keyspace::CHECKPOINT_TTL;
 
-/// A benchmark step failed.
-#[derive(Debug, thiserror::Error)]
-pub enum LadderBenchError {
-    /// Postgres failed.
-    #[error("postgres: {0}")]
-    Postgres(#[from] sqlx::Error),
-    /// The character store failed.
-    #[error(transparent)]
-    Store(#[from] shardkeep::character::StoreError),
-    /// Redis failed.
-    #[error("redis: {0}")]
-    Redis(#[from] redis::RedisError),
-    /// The checkpoint tier failed.
-    #[error(transparent)]
-    Checkpoint(#[from] shardkeep::character::CheckpointError),
-    /// Something else went wrong.
-    #[error("{0}")]
-    Other(String),
-}
+const BENCH: &str = "ladder";
 
 /// What to measure.
 #[derive(Debug, Clone, Copy)]
@@ -46,102 +25,57 @@ pub struct LadderBenchConfig {
     pub window: Duration,
     /// Rows per batched CAS statement and per Redis pipeline.
     pub batch: usize,
-    /// Online characters in the sustain step (0 skips it).
-    pub online: usize,
-    /// Length of the sustain step.
-    pub sustain: Duration,
+    /// Times the whole sequence of steps runs; each figure is its median.
+    pub rounds: usize,
 }
 
-/// The sustain step's findings.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct SustainReport {
-    /// Characters online in one shard.
-    pub online: usize,
-    /// Seconds run at real pulse speed.
-    pub seconds: f64,
-    /// Checkpoint writes per second reached.
-    pub checkpoints_per_second: f64,
-    /// Flushed rows per second reached.
-    pub flush_rows_per_second: f64,
-    /// Saves dropped at enqueue.
-    pub dropped: u64,
-    /// Failed writes.
-    pub failed: u64,
-    /// Slowest pulse, in milliseconds (the budget is 250).
-    pub max_pulse_ms: f64,
-    /// Pulses that overran the 250 ms budget.
-    pub overruns: u64,
-    /// Largest saver queue depth seen (entries; one entry is one pulse's slice).
-    pub max_queue_depth: usize,
-    /// Checkpoint rate the cadence asks for (online / 10 s).
-    pub checkpoints_needed: f64,
-    /// Flush rate the cadence asks for (online / 60 s).
-    pub flushes_needed: f64,
-    /// True when nothing was dropped or failed, both rates reached 95 % of what the cadence
-    /// asks, and the queue never held more than two seconds of pulses (so the crash window stays
-    /// the ~10 s checkpoint cadence).
-    pub sustained: bool,
-}
-
-/// Every rate measured, in operations per second.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
+/// Every rate measured, in operations per second (medians over the rounds).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct LadderBenchReport {
     /// Raw single-statement UPDATEs, one at a time.
     pub raw_update: f64,
     /// Single-row CAS saves.
     pub cas_single: f64,
+    /// A plain `UPDATE … FROM UNNEST` of the batch's rows and columns, no fence (rows/s).
+    pub raw_unnest: f64,
     /// Batched CAS saves (rows per second).
     pub cas_batched: f64,
     /// Raw SETs of the checkpoint payload, one at a time.
     pub raw_set: f64,
     /// Raw SETs, pipelined in batches.
     pub raw_set_pipelined: f64,
-    /// Checkpoint writes (Lua-guarded), pipelined in batches.
+    /// The checkpoint guard script, EVALSHA pipelined in batches with pre-encoded bodies.
+    pub raw_guard_pipelined: f64,
+    /// Checkpoint writes through the library, pipelined in batches.
     pub checkpoint: f64,
     /// Size of one state document, in bytes.
     pub state_bytes: usize,
-    /// The sustain step, when run.
-    pub sustain: Option<SustainReport>,
 }
 
-/// A representative state document: a kitted-out adventurer with a bag of loot.
-pub fn template_state() -> serde_json::Value {
-    json!({
-        "attributes": { "str": 14, "dex": 12, "con": 13 },
-        "resources": { "hp": 80, "mana": 30, "stamina": 40 },
-        "affects": [{ "name": "blessed", "remaining_pulses": 400, "attribute_mods": { "wis": 1 } }],
-        "cooldowns": { "bash": 12, "kick": 3 },
-        "equipment": {
-            "wield": { "proto": "sword", "delta": { "quality": 2 } },
-            "body": { "proto": "mail" },
-            "head": { "proto": "helm" }
-        },
-        "inventory": [
-            { "proto": "bag", "contents": [{ "proto": "gem" }, { "proto": "gem" }, { "proto": "herb", "delta": { "stack": 7 } }] },
-            { "proto": "ore", "delta": { "stack": 23 } }
-        ],
-        "experience": 48211, "level": 12, "currency": 1907,
-        "appearance": { "hair": "braided", "skin": "tan", "outfit": "ranger" },
-        "position": [4, 9], "applied_seq": 0, "tracks": { "smithing": 3 }
-    })
-}
-
-async fn insert_rows(
+/// Inserts `count` characters holding `state`; returns their ids and names in id order.
+pub async fn insert_rows(
     pool: &sqlx::PgPool,
     count: usize,
     prefix: &str,
     state: &serde_json::Value,
-) -> Result<Vec<(Uuid, String)>, LadderBenchError> {
-    sqlx::query(
-        "INSERT INTO characters (id, account_id, name, zone_ref, room_ref, state, state_version, owner_epoch)
-         SELECT gen_random_uuid(), gen_random_uuid(), $1 || g, 'zone-0', 'r0', $2, 0, 1
-           FROM generate_series(1, $3) AS g",
-    )
-    .bind(prefix)
-    .bind(state)
-    .bind(i64::try_from(count).unwrap_or(i64::MAX))
-    .execute(pool)
-    .await?;
+) -> Result<Vec<(Uuid, String)>, BenchError> {
+    // In slices, so a large population neither holds one huge transaction nor goes silent.
+    let mut left = count;
+    while left > 0 {
+        let n = left.min(50_000);
+        sqlx::query(
+            "INSERT INTO characters (id, account_id, name, zone_ref, room_ref, state, state_version, owner_epoch)
+             SELECT gen_random_uuid(), gen_random_uuid(), $1 || ($4 + g), 'zone-0', 'r0', $2, 0, 1
+               FROM generate_series(1, $3) AS g",
+        )
+        .bind(prefix)
+        .bind(state)
+        .bind(i64::try_from(n).unwrap_or(i64::MAX))
+        .bind(i64::try_from(count - left).unwrap_or(i64::MAX))
+        .execute(pool)
+        .await?;
+        left -= n;
+    }
     Ok(
         sqlx::query_as("SELECT id, name FROM characters WHERE name LIKE $1 || '%' ORDER BY id")
             .bind(prefix)
@@ -150,7 +84,8 @@ async fn insert_rows(
     )
 }
 
-fn snapshot(id: Uuid, name: &str, state: &serde_json::Value) -> CharacterSnapshot {
+/// A snapshot of a row [`insert_rows`] made, at version 0 under epoch 1.
+pub fn snapshot(id: Uuid, name: &str, state: &serde_json::Value) -> CharacterSnapshot {
     CharacterSnapshot {
         character_id: id,
         account_id: Uuid::nil(),
@@ -166,280 +101,394 @@ fn snapshot(id: Uuid, name: &str, state: &serde_json::Value) -> CharacterSnapsho
     }
 }
 
-/// Runs every step with the template document.
-pub async fn run(
-    env: &BenchEnv,
-    config: LadderBenchConfig,
-) -> Result<LadderBenchReport, LadderBenchError> {
-    run_with_state(env, config, &template_state()).await
-}
-
-/// Runs every step with every character holding `state` (a fresh or an aged document).
+/// Runs every step `config.rounds` times with every character holding `state`.
 pub async fn run_with_state(
     env: &BenchEnv,
     config: LadderBenchConfig,
     state: &serde_json::Value,
-) -> Result<LadderBenchReport, LadderBenchError> {
-    let store = CharacterStore::new(env.pg.clone());
-    let checkpoints = CheckpointStore::new(env.redis.clone());
+    progress: &Progress,
+) -> Result<LadderBenchReport, BenchError> {
     let prefix = format!("tp{}-", Uuid::now_v7().simple());
     let rows = insert_rows(&env.pool, config.rows, &prefix, state).await?;
-    let mut snapshots: Vec<CharacterSnapshot> = rows
-        .iter()
-        .map(|(id, name)| snapshot(*id, name, state))
-        .collect();
-    let state = state.clone();
-    let state_bytes = serde_json::to_vec(&state).map(|v| v.len()).unwrap_or(0);
-    let batch = config
-        .batch
-        .clamp(1, shardkeep::character::store::MAX_SAVE_BATCH);
+    let mut steps = Steps {
+        env,
+        config,
+        store: CharacterStore::new(env.pg.clone()),
+        checkpoints: CheckpointStore::new(env.redis.clone()),
+        snapshots: rows
+            .iter()
+            .map(|(id, name)| snapshot(*id, name, state))
+            .collect(),
+        batch: config
+            .batch
+            .clamp(1, shardkeep::character::store::MAX_SAVE_BATCH),
+        progress,
+    };
+    let mut rounds = Vec::new();
+    for round in 0..config.rounds.max(1) {
+        progress.step(
+            BENCH,
+            format!(
+                "round {} of {}: eight steps of {:.1} s each",
+                round + 1,
+                config.rounds.max(1),
+                config.window.as_secs_f64()
+            ),
+        );
+        rounds.push(steps.round().await?);
+    }
+    let median = |pick: fn(&LadderBenchReport) -> f64| {
+        let mut v: Vec<f64> = rounds.iter().map(pick).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    Ok(LadderBenchReport {
+        raw_update: median(|r| r.raw_update),
+        cas_single: median(|r| r.cas_single),
+        raw_unnest: median(|r| r.raw_unnest),
+        cas_batched: median(|r| r.cas_batched),
+        raw_set: median(|r| r.raw_set),
+        raw_set_pipelined: median(|r| r.raw_set_pipelined),
+        raw_guard_pipelined: median(|r| r.raw_guard_pipelined),
+        checkpoint: median(|r| r.checkpoint),
+        state_bytes: serde_json::to_vec(state).map(|v| v.len()).unwrap_or(0),
+    })
+}
 
-    let pool = env.pool.clone();
-    let mut next = 0usize;
-    let (n, t) = measure(config.window, || {
-        let (id, _) = rows[next % rows.len()];
-        next += 1;
-        let pool = pool.clone();
-        let state = &state;
-        async move {
-            sqlx::query("UPDATE characters SET state = $2, state_version = state_version + 1, updated_at = now() WHERE id = $1")
-                .bind(id)
-                .bind(state)
+/// The report's rows for one document.
+pub fn rows(kind: DocumentKind, r: &LadderBenchReport) -> Vec<Row> {
+    let doc = format!("{} doc, {} B", kind.label(), r.state_bytes);
+    vec![
+        Row::higher_is_better(
+            BENCH,
+            format!("batched CAS saves, rows ({doc})"),
+            r.cas_batched,
+            "UPDATE … FROM UNNEST, same rows, no fence",
+            r.raw_unnest,
+            Unit::PerSecond,
+            Goal::AtLeast(0.5),
+        ),
+        Row::higher_is_better(
+            BENCH,
+            format!("batched CAS saves, rows ({doc})"),
+            r.cas_batched,
+            "raw UPDATE, one at a time",
+            r.raw_update,
+            Unit::PerSecond,
+            Goal::AtLeast(10.0),
+        ),
+        Row::higher_is_better(
+            BENCH,
+            format!("single-row CAS saves ({doc})"),
+            r.cas_single,
+            "raw UPDATE, one at a time",
+            r.raw_update,
+            Unit::PerSecond,
+            Goal::None,
+        ),
+        Row::higher_is_better(
+            BENCH,
+            format!("checkpoint writes, pipelined ({doc})"),
+            r.checkpoint,
+            "guard script raw, pipelined, body pre-encoded",
+            r.raw_guard_pipelined,
+            Unit::PerSecond,
+            Goal::AtLeast(0.7),
+        ),
+        Row::higher_is_better(
+            BENCH,
+            format!("checkpoint writes, pipelined ({doc})"),
+            r.checkpoint,
+            "raw SET, pipelined (no guard)",
+            r.raw_set_pipelined,
+            Unit::PerSecond,
+            Goal::None,
+        ),
+    ]
+}
+
+/// Aged against fresh, step by step: a veteran's writes cost what a new character's do.
+pub fn aged_rows(aged: &LadderBenchReport, fresh: &LadderBenchReport) -> Vec<Row> {
+    type Step = fn(&LadderBenchReport) -> f64;
+    let steps: [(&str, Step); 3] = [
+        ("single-row CAS saves", |r| r.cas_single),
+        ("batched CAS saves, rows", |r| r.cas_batched),
+        ("checkpoint writes, pipelined", |r| r.checkpoint),
+    ];
+    steps
+        .into_iter()
+        .map(|(step, pick)| {
+            Row::higher_is_better(
+                BENCH,
+                format!("{step} (aged doc)"),
+                pick(aged),
+                "the same, fresh doc",
+                pick(fresh),
+                Unit::PerSecond,
+                Goal::AtLeast(0.9),
+            )
+        })
+        .collect()
+}
+
+struct Steps<'a> {
+    env: &'a BenchEnv,
+    config: LadderBenchConfig,
+    store: CharacterStore,
+    checkpoints: CheckpointStore,
+    snapshots: Vec<CharacterSnapshot>,
+    batch: usize,
+    progress: &'a Progress,
+}
+
+impl Steps<'_> {
+    async fn round(&mut self) -> Result<LadderBenchReport, BenchError> {
+        let raw_update = self.raw_update().await?;
+        let cas_single = self.cas_single().await?;
+        let raw_unnest = self.raw_unnest().await?;
+        let cas_batched = self.cas_batched().await?;
+        let (raw_set, raw_set_pipelined, raw_guard_pipelined) = self.raw_redis().await?;
+        let checkpoint = self.checkpoint().await?;
+        Ok(LadderBenchReport {
+            raw_update,
+            cas_single,
+            raw_unnest,
+            cas_batched,
+            raw_set,
+            raw_set_pipelined,
+            raw_guard_pipelined,
+            checkpoint,
+            state_bytes: 0,
+        })
+    }
+
+    fn chunk(&self, cursor: usize) -> std::ops::Range<usize> {
+        let start = (cursor * self.batch) % self.snapshots.len();
+        start..(start + self.batch).min(self.snapshots.len())
+    }
+
+    async fn raw_update(&mut self) -> Result<f64, BenchError> {
+        self.progress.step(BENCH, "raw UPDATE, one at a time");
+        let pool = self.env.pool.clone();
+        let mut next = 0usize;
+        let snapshots = &self.snapshots;
+        let (n, t) = measure(self.config.window, || {
+            let s = &snapshots[next % snapshots.len()];
+            next += 1;
+            let pool = pool.clone();
+            async move {
+                sqlx::query(
+                    "UPDATE characters SET state = $2, state_version = state_version + 1, updated_at = now() WHERE id = $1",
+                )
+                .bind(s.character_id)
+                .bind(&s.state)
                 .execute(&pool)
                 .await
                 .map(|_| 1)
-        }
-    })
-    .await?;
-    let raw_update = rate(n, t);
-    resync_versions(&store, &mut snapshots).await?;
-
-    let mut cursor = 0usize;
-    let mut done = 0u64;
-    let started = Instant::now();
-    while started.elapsed() < config.window {
-        let i = cursor % snapshots.len();
-        cursor += 1;
-        if let SaveOutcome::Saved(v) = store.save(&snapshots[i]).await? {
-            snapshots[i].state_version = v;
-            done += 1;
-        }
+            }
+        })
+        .await?;
+        self.resync_versions().await?;
+        Ok(rate(n, t))
     }
-    let cas_single = rate(done, started.elapsed());
 
-    let mut cursor = 0usize;
-    let mut done = 0u64;
-    let started = Instant::now();
-    while started.elapsed() < config.window {
-        let start = (cursor * batch) % snapshots.len();
-        cursor += 1;
-        let end = (start + batch).min(snapshots.len());
-        let refs: Vec<&CharacterSnapshot> = snapshots[start..end].iter().collect();
-        let outcomes = store.save_many(&refs).await?;
-        for (offset, (_, outcome)) in outcomes.into_iter().enumerate() {
-            if let SaveOutcome::Saved(v) = outcome {
-                snapshots[start + offset].state_version = v;
+    async fn cas_single(&mut self) -> Result<f64, BenchError> {
+        self.progress
+            .step(BENCH, "CAS saves, one row per statement");
+        let (mut cursor, mut done) = (0usize, 0u64);
+        let started = Instant::now();
+        while started.elapsed() < self.config.window {
+            let i = cursor % self.snapshots.len();
+            cursor += 1;
+            if let SaveOutcome::Saved(v) = self.store.save(&self.snapshots[i]).await? {
+                self.snapshots[i].state_version = v;
                 done += 1;
             }
         }
+        Ok(rate(done, started.elapsed()))
     }
-    let cas_batched = rate(done, started.elapsed());
 
-    let payload =
-        serde_json::to_vec(&snapshots[0]).map_err(|e| LadderBenchError::Other(e.to_string()))?;
-    let keys: Vec<String> = snapshots
-        .iter()
-        .map(|s| {
-            env.redis
-                .keys()
-                .net_counter(&format!("bench-set-{}", s.character_id))
-        })
-        .collect::<Result<_, _>>()
-        .map_err(|e| LadderBenchError::Other(e.to_string()))?;
-    let mut conn = env.redis_conn.clone();
-    let mut next = 0usize;
-    let started = Instant::now();
-    let mut done = 0u64;
-    while started.elapsed() < config.window {
-        let key = &keys[next % keys.len()];
-        next += 1;
-        let () = redis::cmd("SET")
-            .arg(key)
-            .arg(&payload)
-            .query_async(&mut conn)
-            .await?;
-        done += 1;
-    }
-    let raw_set = rate(done, started.elapsed());
-
-    let started = Instant::now();
-    let mut done = 0u64;
-    let mut cursor = 0usize;
-    while started.elapsed() < config.window {
-        let start = (cursor * batch) % keys.len();
-        cursor += 1;
-        let mut pipe = redis::pipe();
-        for key in &keys[start..(start + batch).min(keys.len())] {
-            pipe.set(key, &payload).ignore();
-        }
-        let () = pipe.query_async(&mut conn).await?;
-        done += (batch.min(keys.len() - start)) as u64;
-    }
-    let raw_set_pipelined = rate(done, started.elapsed());
-
-    let started = Instant::now();
-    let mut done = 0u64;
-    let mut cursor = 0usize;
-    while started.elapsed() < config.window {
-        let start = (cursor * batch) % snapshots.len();
-        cursor += 1;
-        let refs: Vec<&CharacterSnapshot> = snapshots[start..(start + batch).min(snapshots.len())]
-            .iter()
-            .collect();
-        done += checkpoints.write_many(&refs).await?.len() as u64;
-    }
-    let checkpoint = rate(done, started.elapsed());
-
-    let sustain = if config.online > 0 {
-        Some(sustain(env, config, &state).await?)
-    } else {
-        None
-    };
-    Ok(LadderBenchReport {
-        raw_update,
-        cas_single,
-        cas_batched,
-        raw_set,
-        raw_set_pipelined,
-        checkpoint,
-        state_bytes,
-        sustain,
-    })
-}
-
-async fn resync_versions(
-    store: &CharacterStore,
-    snapshots: &mut [CharacterSnapshot],
-) -> Result<(), LadderBenchError> {
-    for s in snapshots.iter_mut() {
-        if let Some((version, _)) = store.version_of(s.character_id).await? {
-            s.state_version = version;
-        }
-    }
-    Ok(())
-}
-
-/// Boots one shard with `online` characters at the default cadences and runs it at real pulse
-/// speed, watching for drops, failures and overrunning pulses.
-async fn sustain(
-    env: &BenchEnv,
-    config: LadderBenchConfig,
-    state: &serde_json::Value,
-) -> Result<SustainReport, LadderBenchError> {
-    let prefix = format!("on{}-", Uuid::now_v7().simple());
-    let rows = insert_rows(&env.pool, config.online, &prefix, state).await?;
-    let catalog = Arc::new(Catalog::reference());
-    let stores = ShardStores {
-        characters: Some(CharacterStore::new(env.pg.clone())),
-        checkpoints: Some(CheckpointStore::new(env.redis.clone())),
-        placement: None,
-        audit: None,
-        retry: None,
-    };
-    let shard_config = ShardConfig::new("bench", "zone-0");
-    let pulse = shardkeep_reference::shard::PULSE;
-    let mut shard = Shard::boot(
-        shard_config,
-        reference_world(1),
-        Arc::clone(&catalog),
-        stores,
-        ZoneDirectory::new(),
-    );
-    // Check the template applies cleanly once, then admit everyone from it.
-    let probe = apply_snapshot(
-        &snapshot(Uuid::nil(), "probe", state),
-        &catalog,
-        ApplyOptions::default(),
-    );
-    if !probe.warnings.is_empty() {
-        return Err(LadderBenchError::Other(format!(
-            "template does not apply: {:?}",
-            probe.warnings
-        )));
-    }
-    dump_character(
-        &probe.character,
-        Some("zone-0"),
-        Some("r0"),
-        Default::default(),
-    )
-    .map_err(|e| LadderBenchError::Other(e.to_string()))?;
-    for (id, name) in &rows {
-        let loaded = LoadedCharacter {
-            snapshot: snapshot(*id, name, state),
-            source: LoadSource::Row,
-            brand_new: false,
-            origin: Default::default(),
-        };
-        shard
-            .admit(
-                loaded,
-                Arrival::Login {
-                    session_token: id.to_string(),
-                },
+    /// The same rows and columns as the batched CAS save, in one plain UPDATE: no version
+    /// check, no epoch or schema fence, no lock ordering, no per-row outcome.
+    async fn raw_unnest(&mut self) -> Result<f64, BenchError> {
+        self.progress
+            .step(BENCH, "UPDATE … FROM UNNEST, batched, no fence");
+        let (mut cursor, mut done) = (0usize, 0u64);
+        let started = Instant::now();
+        while started.elapsed() < self.config.window {
+            let range = self.chunk(cursor);
+            cursor += 1;
+            let batch = &self.snapshots[range];
+            let ids: Vec<Uuid> = batch.iter().map(|s| s.character_id).collect();
+            let epochs: Vec<i64> = batch.iter().map(|s| s.owner_epoch).collect();
+            let states: Vec<&serde_json::Value> = batch.iter().map(|s| &s.state).collect();
+            let chargens: Vec<Option<&serde_json::Value>> =
+                batch.iter().map(|s| s.chargen.as_ref()).collect();
+            let zones: Vec<Option<&str>> = batch.iter().map(|s| s.zone_ref.as_deref()).collect();
+            let rooms: Vec<Option<&str>> = batch.iter().map(|s| s.room_ref.as_deref()).collect();
+            let marks: Vec<i64> = batch.iter().map(|s| s.issue_mark as i64).collect();
+            let schemas: Vec<i32> = batch.iter().map(|s| s.schema_version as i32).collect();
+            let updated = sqlx::query(
+                "UPDATE characters c
+                    SET state = t.state, chargen = t.chargen, zone_ref = t.zone_ref,
+                        room_ref = t.room_ref, state_version = c.state_version + 1,
+                        live_version = c.state_version + 1, live_issue_epoch = t.epoch,
+                        live_issue_mark = t.issue_mark, schema_version = t.schema_version,
+                        updated_at = now()
+                   FROM UNNEST($1::uuid[], $2::int8[], $3::jsonb[], $4::jsonb[], $5::text[],
+                               $6::text[], $7::int8[], $8::int4[])
+                        AS t(id, epoch, state, chargen, zone_ref, room_ref, issue_mark, schema_version)
+                  WHERE c.id = t.id",
             )
-            .map_err(|e| LadderBenchError::Other(e.to_string()))?;
-    }
-    let before = shard.saver().stats();
-    let started = Instant::now();
-    let mut ticker = tokio::time::interval(pulse);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut max_pulse = Duration::ZERO;
-    let mut overruns = 0;
-    let mut max_depth = 0;
-    while started.elapsed() < config.sustain {
-        ticker.tick().await;
-        let tick_started = Instant::now();
-        shard.tick();
-        let took = tick_started.elapsed();
-        max_pulse = max_pulse.max(took);
-        if took > pulse {
-            overruns += 1;
+            .bind(&ids)
+            .bind(&epochs)
+            .bind(&states)
+            .bind(&chargens)
+            .bind(&zones)
+            .bind(&rooms)
+            .bind(&marks)
+            .bind(&schemas)
+            .execute(&self.env.pool)
+            .await?;
+            done += updated.rows_affected();
         }
-        max_depth = max_depth.max(shard.saver().depth());
+        let rate = rate(done, started.elapsed());
+        self.resync_versions().await?;
+        Ok(rate)
     }
-    let seconds = started.elapsed().as_secs_f64();
-    let barrier = shard.saver().barrier(Duration::from_secs(30)).await;
-    let after = shard.saver().stats();
-    shard.kill();
-    let dropped = (after.dropped_checkpoint + after.dropped_row)
-        - (before.dropped_checkpoint + before.dropped_row);
-    let failed = (after.checkpoint_failed + after.row_failed)
-        - (before.checkpoint_failed + before.row_failed);
-    let checkpoints_per_second =
-        (after.checkpoint_attempted - before.checkpoint_attempted) as f64 / seconds;
-    let flush_rows_per_second = (after.row_attempted - before.row_attempted) as f64 / seconds;
-    let pulse_s = pulse.as_secs_f64();
-    let checkpoints_needed = config.online as f64 / (40.0 * pulse_s);
-    let flushes_needed = config.online as f64 / (240.0 * pulse_s);
-    let sustained = dropped == 0
-        && failed == 0
-        && barrier == shardkeep::drain::BarrierOutcome::Drained
-        && checkpoints_per_second >= 0.95 * checkpoints_needed
-        && flush_rows_per_second >= 0.95 * flushes_needed
-        && max_depth <= 8;
-    Ok(SustainReport {
-        online: config.online,
-        seconds,
-        checkpoints_per_second,
-        flush_rows_per_second,
-        dropped,
-        failed,
-        max_pulse_ms: max_pulse.as_secs_f64() * 1000.0,
-        overruns,
-        max_queue_depth: max_depth,
-        checkpoints_needed,
-        flushes_needed,
-        sustained,
-    })
+
+    async fn cas_batched(&mut self) -> Result<f64, BenchError> {
+        self.progress.step(BENCH, "CAS saves, batched");
+        let (mut cursor, mut done) = (0usize, 0u64);
+        let started = Instant::now();
+        while started.elapsed() < self.config.window {
+            let range = self.chunk(cursor);
+            cursor += 1;
+            let start = range.start;
+            let refs: Vec<&CharacterSnapshot> = self.snapshots[range].iter().collect();
+            let outcomes = self.store.save_many(&refs).await?;
+            for (offset, (_, outcome)) in outcomes.into_iter().enumerate() {
+                if let SaveOutcome::Saved(v) = outcome {
+                    self.snapshots[start + offset].state_version = v;
+                    done += 1;
+                }
+            }
+        }
+        Ok(rate(done, started.elapsed()))
+    }
+
+    /// Raw SET one at a time, raw SET pipelined, and the guard script pipelined, each with the
+    /// checkpoint body encoded before the clock starts.
+    async fn raw_redis(&mut self) -> Result<(f64, f64, f64), BenchError> {
+        let keys = self.env.redis.keys();
+        let bodies: Vec<(String, Vec<u8>)> = self
+            .snapshots
+            .iter()
+            .map(|s| {
+                let body = serde_json::to_vec(s).map_err(BenchError::other)?;
+                Ok((keys.checkpoint(s.character_id), body))
+            })
+            .collect::<Result<_, BenchError>>()?;
+        let set_keys: Vec<String> = self
+            .snapshots
+            .iter()
+            .map(|s| keys.net_counter(&format!("bench-set-{}", s.character_id)))
+            .collect::<Result<_, _>>()
+            .map_err(BenchError::other)?;
+        let mut conn = self.env.redis_conn.clone();
+        let window = self.config.window;
+
+        self.progress.step(BENCH, "raw SET, one at a time");
+        let (mut next, mut done) = (0usize, 0u64);
+        let started = Instant::now();
+        while started.elapsed() < window {
+            let i = next % bodies.len();
+            next += 1;
+            let () = redis::cmd("SET")
+                .arg(&set_keys[i])
+                .arg(&bodies[i].1)
+                .query_async(&mut conn)
+                .await?;
+            done += 1;
+        }
+        let raw_set = rate(done, started.elapsed());
+
+        self.progress.step(BENCH, "raw SET, pipelined");
+        let (mut cursor, mut done) = (0usize, 0u64);
+        let started = Instant::now();
+        while started.elapsed() < window {
+            let range = self.chunk(cursor);
+            cursor += 1;
+            let mut pipe = redis::pipe();
+            for i in range.clone() {
+                pipe.set(&set_keys[i], &bodies[i].1).ignore();
+            }
+            let () = pipe.query_async(&mut conn).await?;
+            done += range.len() as u64;
+        }
+        let raw_set_pipelined = rate(done, started.elapsed());
+
+        self.progress
+            .step(BENCH, "checkpoint guard script raw, pipelined");
+        let script = Script::new(WRITE_SCRIPT);
+        let () = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(WRITE_SCRIPT)
+            .query_async::<String>(&mut conn)
+            .await
+            .map(|_| ())?;
+        let ttl = CHECKPOINT_TTL.as_millis();
+        let (mut cursor, mut done) = (0usize, 0u64);
+        let started = Instant::now();
+        while started.elapsed() < window {
+            let range = self.chunk(cursor);
+            cursor += 1;
+            let mut pipe = redis::pipe();
+            for i in range.clone() {
+                let s = &self.snapshots[i];
+                pipe.cmd("EVALSHA")
+                    .arg(script.get_hash())
+                    .arg(1)
+                    .arg(&bodies[i].0)
+                    .arg(s.owner_epoch)
+                    .arg(&bodies[i].1)
+                    .arg(ttl)
+                    .arg(s.schema_version);
+            }
+            let replies: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
+            done += replies.len() as u64;
+        }
+        let raw_guard_pipelined = rate(done, started.elapsed());
+        Ok((raw_set, raw_set_pipelined, raw_guard_pipelined))
+    }
+
+    async fn checkpoint(&mut self) -> Result<f64, BenchError> {
+        self.progress
+            .step(BENCH, "checkpoint writes through the library, pipelined");
+        let (mut cursor, mut done) = (0usize, 0u64);
+        let started = Instant::now();
+        while started.elapsed() < self.config.window {
+            let range = self.chunk(cursor);
+            cursor += 1;
+            let refs: Vec<&CharacterSnapshot> = self.snapshots[range].iter().collect();
+            done += self.checkpoints.write_many(&refs).await?.len() as u64;
+        }
+        Ok(rate(done, started.elapsed()))
+    }
+
+    async fn resync_versions(&mut self) -> Result<(), BenchError> {
+        let ids: Vec<Uuid> = self.snapshots.iter().map(|s| s.character_id).collect();
+        let versions: Vec<(Uuid, i64)> =
+            sqlx::query_as("SELECT id, state_version FROM characters WHERE id = ANY($1)")
+                .bind(&ids)
+                .fetch_all(&self.env.pool)
+                .await?;
+        let by_id: std::collections::HashMap<Uuid, i64> = versions.into_iter().collect();
+        for s in &mut self.snapshots {
+            if let Some(v) = by_id.get(&s.character_id) {
+                s.state_version = *v;
+            }
+        }
+        Ok(())
+    }
 }

@@ -12,8 +12,11 @@ use crate::coord::handoff::is;
 use crate::keyspace::{CHECKPOINT_TTL, KeyError};
 use crate::ttl::Ttl;
 
-static WRITE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/checkpoint_write.lua")));
+/// The checkpoint guard script's source (KEYS and ARGV in its header), for benchmarks that drive
+/// the engine's limit for a guarded write with it directly.
+pub const WRITE_SCRIPT: &str = include_str!("lua/checkpoint_write.lua");
+
+static WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(WRITE_SCRIPT));
 
 /// A checkpoint call failed.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,403 @@
+//! `shardkeep bench all`: every benchmark in one process against the same Postgres and Redis,
+//! each in a scratch database and namespace of its own, and one table of every figure against
+//! what it is compared with in the same run.
+
+use std::time::Duration;
+
+use super::aging::{self, AgingPlan};
+use super::audit::{self, AuditBenchConfig, AuditBenchReport};
+use super::backlog::{self, BacklogConfig, BacklogReport};
+use super::capacity::{self, CapacityConfig, CapacityReport};
+use super::depth::{self, DepthConfig, DepthReport};
+use super::documents::{self, DocumentKind};
+use super::ladder::{self, LadderBenchConfig, LadderBenchReport};
+use super::login::{self, LoginConfig, LoginReport};
+use super::queue::{self, QueueBenchConfig, QueueRates};
+use super::retry::{self, RetryBenchConfig, RetryReport};
+use super::{BenchEnv, BenchError, Goal, Progress, Row, Table, Unit};
+
+/// Sizes of every benchmark.
+#[derive(Debug, Clone, Copy)]
+pub struct AllConfig {
+    /// The ladder's throughput steps.
+    pub ladder: LadderBenchConfig,
+    /// Sessions of the aged character (each a login, 100 rewards, 10 item moves, a flush).
+    pub aging_logins: usize,
+    /// Online characters with the fresh template document.
+    pub capacity_fresh: usize,
+    /// Online characters with the realistic 4 KB document.
+    pub capacity_realistic: usize,
+    /// How long each capacity run goes at real pulse speed.
+    pub sustain: Duration,
+    /// The work queue.
+    pub queue: QueueBenchConfig,
+    /// Retry jobs end to end.
+    pub retry: RetryBenchConfig,
+    /// Retry jobs with a backlog.
+    pub backlog: BacklogConfig,
+    /// The login storm.
+    pub login: LoginConfig,
+    /// The journal depth report.
+    pub depth: DepthConfig,
+    /// The death storm.
+    pub audit: AuditBenchConfig,
+}
+
+impl AllConfig {
+    /// The sizes the issue's goals are stated for.
+    pub fn full() -> Self {
+        Self {
+            ladder: LadderBenchConfig {
+                rows: 10_000,
+                window: Duration::from_secs(2),
+                batch: 1024,
+                rounds: 3,
+            },
+            aging_logins: 1_000,
+            capacity_fresh: 500_000,
+            capacity_realistic: 100_000,
+            sustain: Duration::from_secs(70),
+            queue: QueueBenchConfig {
+                entries: 20_000,
+                producers: 8,
+            },
+            retry: RetryBenchConfig {
+                jobs: 20_000,
+                producers: 8,
+            },
+            backlog: BacklogConfig {
+                queued: 1_000_000,
+                jobs: 20_000,
+                producers: 8,
+            },
+            login: LoginConfig {
+                players: 10_000,
+                pool: 16,
+            },
+            depth: DepthConfig {
+                consumers: 10_000,
+                reports: 2_000,
+            },
+            audit: AuditBenchConfig {
+                events: 20_000,
+                burst: 2_000,
+                slowdown: Duration::from_millis(20),
+            },
+        }
+    }
+
+    /// Tiny sizes: every step runs, in seconds (the test suite's smoke run).
+    pub fn smoke() -> Self {
+        Self {
+            ladder: LadderBenchConfig {
+                rows: 200,
+                window: Duration::from_millis(150),
+                batch: 64,
+                rounds: 1,
+            },
+            aging_logins: 5,
+            capacity_fresh: 300,
+            capacity_realistic: 100,
+            sustain: Duration::from_millis(1_500),
+            queue: QueueBenchConfig {
+                entries: 300,
+                producers: 2,
+            },
+            retry: RetryBenchConfig {
+                jobs: 400,
+                producers: 2,
+            },
+            backlog: BacklogConfig {
+                queued: 2_000,
+                jobs: 200,
+                producers: 2,
+            },
+            login: LoginConfig {
+                players: 100,
+                pool: 4,
+            },
+            depth: DepthConfig {
+                consumers: 20,
+                reports: 20,
+            },
+            audit: AuditBenchConfig {
+                events: 200,
+                burst: 50,
+                slowdown: Duration::from_millis(2),
+            },
+        }
+    }
+}
+
+/// Every benchmark's own findings, beside the table (the `--json` file holds both).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct AllReport {
+    /// The table.
+    pub table: Table,
+    /// Ladder throughput, by document.
+    pub ladder: Vec<(DocumentKind, LadderBenchReport)>,
+    /// Aged document bytes against a fresh one holding the same items.
+    pub aged_bytes: Option<(usize, usize)>,
+    /// Capacity runs.
+    pub capacity: Vec<CapacityReport>,
+    /// Work queue, by consumers.
+    pub queue: Vec<QueueRates>,
+    /// Journal depth reports.
+    pub depth: Option<DepthReport>,
+    /// Retry jobs.
+    pub retry: Option<RetryReport>,
+    /// Retry jobs with a backlog.
+    pub backlog: Option<BacklogReport>,
+    /// Login storms, by document.
+    pub login: Vec<LoginReport>,
+    /// The death storm.
+    pub audit: Option<AuditBenchReport>,
+}
+
+/// Where the engines are, and the scratch databases and namespaces used on them so far.
+#[derive(Debug, Default)]
+pub struct Engines {
+    /// Postgres (the scratch databases are created beside its database).
+    pub database_url: String,
+    /// Redis.
+    pub redis_url: String,
+    used: std::sync::Mutex<Vec<(String, String)>>,
+}
+
+impl Engines {
+    /// The engines at these URLs.
+    pub fn new(database_url: &str, redis_url: &str) -> Self {
+        Self {
+            database_url: database_url.to_owned(),
+            redis_url: redis_url.to_owned(),
+            used: Default::default(),
+        }
+    }
+
+    /// A fresh scratch database and namespace.
+    pub async fn env(&self) -> Result<BenchEnv, BenchError> {
+        let env = BenchEnv::setup(&self.database_url, &self.redis_url).await?;
+        if let Ok(mut used) = self.used.lock() {
+            used.push((
+                env.database().to_owned(),
+                env.redis.keys().namespace().to_owned(),
+            ));
+        }
+        Ok(env)
+    }
+
+    /// Every scratch database and namespace created so far (each removed after its run).
+    pub fn scratch(&self) -> Vec<(String, String)> {
+        self.used.lock().map(|u| u.clone()).unwrap_or_default()
+    }
+
+    /// Runs `bench` in a scratch environment of its own, tearing it down whatever happens.
+    async fn scoped<T, F>(&self, bench: F) -> Result<T, BenchError>
+    where
+        F: AsyncFnOnce(&BenchEnv) -> Result<T, BenchError>,
+    {
+        let env = self.env().await?;
+        let result = bench(&env).await;
+        env.teardown().await;
+        result
+    }
+}
+
+/// Runs every benchmark; the table holds every row.
+pub async fn run(
+    engines: &Engines,
+    config: AllConfig,
+    progress: &Progress,
+) -> Result<AllReport, BenchError> {
+    let mut report = AllReport::default();
+    ladder_all(engines, config, progress, &mut report).await?;
+
+    progress.step("queue", "standalone Redis, 1 and 4 consumers");
+    let rates = queue::run(&engines.redis_url, config.queue, progress).await?;
+    report.table.rows.extend(queue::rows(&rates, ""));
+    report.queue = rates;
+
+    let d = engines
+        .scoped(async |env| depth::run(env, config.depth, progress).await)
+        .await?;
+    report.table.rows.extend(depth::rows(&d));
+    report.depth = Some(d);
+
+    let r = engines
+        .scoped(async |env| retry::run(env, config.retry, progress).await)
+        .await?;
+    report.table.rows.extend(retry::rows(&r));
+    report.retry = Some(r);
+
+    let b = engines
+        .scoped(async |env| backlog::run(env, config.backlog, progress).await)
+        .await?;
+    report.table.rows.extend(backlog::rows(&b));
+    report.backlog = Some(b);
+
+    login_all(engines, config, progress, &mut report).await?;
+
+    progress.step("audit", "a death storm through the batched auditor");
+    let a = engines
+        .scoped(async |env| {
+            audit::run(env, &engines.database_url, config.audit)
+                .await
+                .map_err(BenchError::Other)
+        })
+        .await?;
+    report.table.rows.extend(audit_rows(&a));
+    report.audit = Some(a);
+
+    for (kind, online) in [
+        (DocumentKind::Fresh, config.capacity_fresh),
+        (DocumentKind::Realistic, config.capacity_realistic),
+    ] {
+        let state = match kind {
+            DocumentKind::Realistic => documents::realistic_state(),
+            _ => documents::template_state(),
+        };
+        let run = CapacityConfig {
+            online,
+            sustain: config.sustain,
+        };
+        let c = engines
+            .scoped(async |env| capacity::run(env, run, kind, &state, progress).await)
+            .await?;
+        report.table.rows.extend(capacity::rows(&c));
+        report.capacity.push(c);
+    }
+    Ok(report)
+}
+
+/// The death storm's rows.
+pub fn audit_rows(a: &AuditBenchReport) -> Vec<Row> {
+    vec![
+        Row::higher_is_better(
+            "audit",
+            "death storm, batched auditor (64 per round trip)",
+            a.batched,
+            "one INSERT per event",
+            a.single_row,
+            Unit::PerSecond,
+            Goal::AtLeast(10.0),
+        ),
+        Row::higher_is_better(
+            "audit",
+            "deaths the batched auditor dropped, slowed store",
+            a.batched_dropped as f64,
+            "deaths in the burst",
+            a.burst as f64,
+            Unit::Count,
+            Goal::AtMost(0.0),
+        ),
+    ]
+}
+
+/// The ladder with the fresh, the aged and the realistic document.
+async fn ladder_all(
+    engines: &Engines,
+    config: AllConfig,
+    progress: &Progress,
+    report: &mut AllReport,
+) -> Result<(), BenchError> {
+    engines
+        .scoped(async |env| {
+            let logins = config.aging_logins.max(1);
+            progress.step(
+                "aging",
+                format!("aging a character through {logins} sessions of the library"),
+            );
+            let plan = AgingPlan {
+                rewards: logins * 100,
+                item_moves: logins * 10,
+                logins,
+                ..AgingPlan::default()
+            };
+            let aged = aging::age_character(env, plan).await?;
+            report.table.note(format!(
+                "aged character: {} rewards ({} also as retry jobs), {} item moves, {} logins, \
+                 aged in {:.1} s; {} bookkeeping rows left beside it",
+                plan.rewards,
+                aged.jobs,
+                plan.item_moves,
+                plan.logins,
+                aged.took.as_secs_f64(),
+                aged.bookkeeping_rows
+            ));
+            let (aged_bytes, fresh_bytes) = (
+                aged.state.to_string().len(),
+                aged.fresh_state.to_string().len(),
+            );
+            report.table.push(Row::lower_is_better(
+                "aging",
+                "aged state document",
+                aged_bytes as f64,
+                "a fresh document holding the same items",
+                fresh_bytes as f64,
+                Unit::Bytes,
+                Goal::AtLeast(1.0 / 1.1),
+            ));
+            report.aged_bytes = Some((aged_bytes, fresh_bytes));
+            let mut fresh = None;
+            for (kind, state) in [
+                (DocumentKind::Fresh, aged.fresh_state.clone()),
+                (DocumentKind::Aged, aged.state.clone()),
+                (DocumentKind::Realistic, documents::realistic_state()),
+            ] {
+                progress.step(
+                    "ladder",
+                    format!("{} document, {} rows", kind.label(), config.ladder.rows),
+                );
+                let r = ladder::run_with_state(env, config.ladder, &state, progress).await?;
+                report.table.rows.extend(ladder::rows(kind, &r));
+                match kind {
+                    DocumentKind::Fresh => fresh = Some(r),
+                    DocumentKind::Aged => {
+                        if let Some(f) = &fresh {
+                            report.table.rows.extend(ladder::aged_rows(&r, f));
+                        }
+                    }
+                    DocumentKind::Realistic => {}
+                }
+                report.ladder.push((kind, r));
+            }
+            Ok(())
+        })
+        .await
+}
+
+/// Login storms with the fresh and with the aged document.
+async fn login_all(
+    engines: &Engines,
+    config: AllConfig,
+    progress: &Progress,
+    report: &mut AllReport,
+) -> Result<(), BenchError> {
+    let aged_state = engines
+        .scoped(async |env| {
+            let logins = config.aging_logins.clamp(1, 100);
+            let plan = AgingPlan {
+                rewards: logins * 100,
+                item_moves: logins * 10,
+                logins,
+                ..AgingPlan::default()
+            };
+            progress.step(
+                "aging",
+                format!("a veteran for the login storm ({logins} sessions)"),
+            );
+            Ok(aging::age_character(env, plan).await?.state)
+        })
+        .await?;
+    for (kind, state) in [
+        (DocumentKind::Fresh, documents::template_state()),
+        (DocumentKind::Aged, aged_state),
+    ] {
+        let l = engines
+            .scoped(async |env| login::run(env, config.login, kind, &state, progress).await)
+            .await?;
+        report.table.rows.extend(login::rows(&l));
+        report.login.push(l);
+    }
+    Ok(())
+}

@@ -1,0 +1,270 @@
+//! How many online characters one shard process sustains at the default cadences (a checkpoint
+//! every 40 pulses, a flush every 240, pulses of 250 ms), with Postgres and Redis on the same
+//! machine: the reference shard runs at real pulse speed, and the run counts drops, failures,
+//! pulses over budget and the rates reached against what the cadences ask for. It also reports
+//! the memory the process holds per online character.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+
+use super::documents::DocumentKind;
+use super::ladder::{insert_rows, snapshot};
+use super::{BenchEnv, BenchError, Goal, Progress, Row, Unit};
+use shardkeep::character::{CharacterStore, CheckpointStore, LoadSource, LoadedCharacter};
+use shardkeep_reference::game::{ApplyOptions, Catalog, apply_snapshot, reference_world};
+use shardkeep_reference::shard::{Arrival, Shard, ShardConfig, ShardStores, ZoneDirectory};
+
+const BENCH: &str = "capacity";
+
+/// What to run.
+#[derive(Debug, Clone, Copy)]
+pub struct CapacityConfig {
+    /// Characters online in the shard.
+    pub online: usize,
+    /// Time run at real pulse speed (a flush period is 60 s).
+    pub sustain: Duration,
+}
+
+/// The run's findings.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct CapacityReport {
+    /// The document every character holds.
+    pub document: DocumentKind,
+    /// Its size in bytes.
+    pub state_bytes: usize,
+    /// Characters online.
+    pub online: usize,
+    /// Seconds run at real pulse speed.
+    pub seconds: f64,
+    /// Checkpoint writes per second reached.
+    pub checkpoints_per_second: f64,
+    /// Flushed rows per second reached.
+    pub flush_rows_per_second: f64,
+    /// Checkpoint rate the cadence asks for (online / 10 s).
+    pub checkpoints_needed: f64,
+    /// Flush rate the cadence asks for (online / 60 s).
+    pub flushes_needed: f64,
+    /// Saves attempted (checkpoints and rows).
+    pub attempted: u64,
+    /// Saves dropped at enqueue.
+    pub dropped: u64,
+    /// Failed writes.
+    pub failed: u64,
+    /// Slowest pulse, in milliseconds (the budget is 250).
+    pub max_pulse_ms: f64,
+    /// Pulses that overran the budget.
+    pub overruns: u64,
+    /// Largest saver queue depth seen (entries; one entry is one pulse's slice).
+    pub max_queue_depth: usize,
+    /// Resident memory the process gained from booting the shard to the end of the run, per
+    /// online character (`None` where the platform does not say).
+    pub bytes_per_character: Option<f64>,
+}
+
+/// Resident memory of this process, in bytes (Linux).
+pub fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// Boots one shard with `config.online` characters holding `state` and runs it at real pulse
+/// speed.
+pub async fn run(
+    env: &BenchEnv,
+    config: CapacityConfig,
+    document: DocumentKind,
+    state: &serde_json::Value,
+    progress: &Progress,
+) -> Result<CapacityReport, BenchError> {
+    progress.step(
+        BENCH,
+        format!(
+            "inserting {} characters ({} document)",
+            config.online,
+            document.label()
+        ),
+    );
+    let prefix = format!("on{}-", Uuid::now_v7().simple());
+    let rows = insert_rows(&env.pool, config.online, &prefix, state).await?;
+    let catalog = Arc::new(Catalog::reference());
+    let probe = apply_snapshot(
+        &snapshot(Uuid::nil(), "probe", state),
+        &catalog,
+        ApplyOptions::default(),
+    );
+    if !probe.warnings.is_empty() {
+        return Err(BenchError::Other(format!(
+            "the document does not apply: {:?}",
+            probe.warnings
+        )));
+    }
+    let stores = ShardStores {
+        characters: Some(CharacterStore::new(env.pg.clone())),
+        checkpoints: Some(CheckpointStore::new(env.redis.clone())),
+        placement: None,
+        audit: None,
+        retry: None,
+    };
+    let pulse = shardkeep_reference::shard::PULSE;
+    let resident_before = resident_bytes();
+    let mut shard = Shard::boot(
+        ShardConfig::new("bench", "zone-0"),
+        reference_world(1),
+        Arc::clone(&catalog),
+        stores,
+        ZoneDirectory::new(),
+    );
+    progress.step(BENCH, format!("admitting {} characters", rows.len()));
+    for (id, name) in &rows {
+        let loaded = LoadedCharacter {
+            snapshot: snapshot(*id, name, state),
+            source: LoadSource::Row,
+            brand_new: false,
+            origin: Default::default(),
+        };
+        shard
+            .admit(
+                loaded,
+                Arrival::Login {
+                    session_token: id.to_string(),
+                },
+            )
+            .map_err(BenchError::other)?;
+    }
+    drop(rows);
+    progress.step(
+        BENCH,
+        format!(
+            "{} online: running at real pulse speed for {:.0} s",
+            config.online,
+            config.sustain.as_secs_f64()
+        ),
+    );
+    let before = shard.saver().stats();
+    let started = Instant::now();
+    let mut ticker = tokio::time::interval(pulse);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let (mut max_pulse, mut overruns, mut max_depth) = (Duration::ZERO, 0, 0);
+    while started.elapsed() < config.sustain {
+        ticker.tick().await;
+        let tick_started = Instant::now();
+        shard.tick();
+        // Events are the game's to read; the benchmark only keeps them from piling up.
+        let _ = shard.take_saver_events();
+        let took = tick_started.elapsed();
+        max_pulse = max_pulse.max(took);
+        if took > pulse {
+            overruns += 1;
+        }
+        max_depth = max_depth.max(shard.saver().depth());
+        progress.tick(BENCH, || {
+            let now = shard.saver().stats();
+            let secs = started.elapsed().as_secs_f64();
+            format!(
+                "{secs:.0} s of {:.0}: {:.0} checkpoints/s, {:.0} flush rows/s, slowest pulse {:.0} ms, overruns {overruns}, queue depth {}",
+                config.sustain.as_secs_f64(),
+                (now.checkpoint_attempted - before.checkpoint_attempted) as f64 / secs,
+                (now.row_attempted - before.row_attempted) as f64 / secs,
+                max_pulse.as_secs_f64() * 1000.0,
+                shard.saver().depth()
+            )
+        });
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let barrier = shard.saver().barrier(Duration::from_secs(30)).await;
+    let after = shard.saver().stats();
+    let resident_after = resident_bytes();
+    shard.kill();
+    let dropped = (after.dropped_checkpoint + after.dropped_row)
+        - (before.dropped_checkpoint + before.dropped_row);
+    let mut failed = (after.checkpoint_failed + after.row_failed)
+        - (before.checkpoint_failed + before.row_failed);
+    if barrier != shardkeep::drain::BarrierOutcome::Drained {
+        failed += 1;
+    }
+    let checkpoints = after.checkpoint_attempted - before.checkpoint_attempted;
+    let flushes = after.row_attempted - before.row_attempted;
+    let pulse_s = pulse.as_secs_f64();
+    Ok(CapacityReport {
+        document,
+        state_bytes: serde_json::to_vec(state).map(|v| v.len()).unwrap_or(0),
+        online: config.online,
+        seconds,
+        checkpoints_per_second: checkpoints as f64 / seconds,
+        flush_rows_per_second: flushes as f64 / seconds,
+        checkpoints_needed: config.online as f64 / (40.0 * pulse_s),
+        flushes_needed: config.online as f64 / (240.0 * pulse_s),
+        attempted: checkpoints + flushes,
+        dropped,
+        failed,
+        max_pulse_ms: max_pulse.as_secs_f64() * 1000.0,
+        overruns,
+        max_queue_depth: max_depth,
+        bytes_per_character: resident_before
+            .zip(resident_after)
+            .map(|(b, a)| a.saturating_sub(b) as f64 / config.online.max(1) as f64),
+    })
+}
+
+/// The report's rows for one run.
+pub fn rows(r: &CapacityReport) -> Vec<Row> {
+    let who = format!(
+        "{} online, {} doc ({} B)",
+        super::table::thousands(r.online as f64),
+        r.document.label(),
+        r.state_bytes
+    );
+    let mut rows = vec![
+        Row::higher_is_better(
+            BENCH,
+            format!("{who}: checkpoints written"),
+            r.checkpoints_per_second,
+            "what the 10 s cadence asks",
+            r.checkpoints_needed,
+            Unit::PerSecond,
+            Goal::AtLeast(0.95),
+        ),
+        Row::higher_is_better(
+            BENCH,
+            format!("{who}: rows flushed"),
+            r.flush_rows_per_second,
+            "what the 60 s cadence asks",
+            r.flushes_needed,
+            Unit::PerSecond,
+            Goal::AtLeast(0.95),
+        ),
+        Row::lower_is_better(
+            BENCH,
+            format!("{who}: slowest pulse"),
+            r.max_pulse_ms,
+            "the pulse (250 ms)",
+            250.0,
+            Unit::Millis,
+            Goal::AtLeast(1.0),
+        ),
+        Row::higher_is_better(
+            BENCH,
+            format!("{who}: saves dropped or failed"),
+            (r.dropped + r.failed) as f64,
+            "saves attempted",
+            r.attempted as f64,
+            Unit::Count,
+            Goal::AtMost(0.0),
+        ),
+    ];
+    if let Some(bytes) = r.bytes_per_character {
+        rows.push(Row::higher_is_better(
+            BENCH,
+            format!("{who}: memory held per character"),
+            bytes,
+            "its state document",
+            r.state_bytes as f64,
+            Unit::Bytes,
+            Goal::None,
+        ));
+    }
+    rows
+}

@@ -1,0 +1,411 @@
+//! Durable work queue throughput: entries per second through append → lease → ack with 1 and 4
+//! consumers, in one run against the same Redis, for shardkeep's `WorkQueue` (batch leases with
+//! an in-process wake, and BLMOVE on a dedicated connection), apalis-redis 1.0 (a worker per
+//! consumer, each with a unique name) and the raw command sequence (LPUSH, LMOVE, LREM one at a
+//! time). The same producer tasks append one entry at a time for every system, keeping each
+//! backlog under 7,000 entries.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use apalis::prelude::*;
+use apalis_redis::{Config as ApalisConfig, RedisStorage};
+use redis::AsyncCommands;
+use shardkeep::backend::redis::RedisTimeouts;
+use shardkeep::queue::{WorkQueue, WorkQueueConfig};
+use shardkeep::{Keyspace, RedisBackend};
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::{BenchError, Goal, Progress, Row, Unit, rate};
+
+const BENCH: &str = "queue";
+const BACKLOG: usize = 7_000;
+
+/// What to run.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueBenchConfig {
+    /// Entries per run.
+    pub entries: usize,
+    /// Producer tasks, each appending one entry at a time (the same for every system).
+    pub producers: usize,
+}
+
+/// Entries per second of every system, by consumer count.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct QueueRates {
+    /// Consumers.
+    pub consumers: usize,
+    /// Raw LPUSH / LMOVE / LREM, one at a time.
+    pub raw: f64,
+    /// apalis-redis 1.0.
+    pub apalis: f64,
+    /// shardkeep, batch lease with an in-process wake.
+    pub batch_lease: f64,
+    /// shardkeep, BLMOVE on a dedicated connection.
+    pub blocking: f64,
+}
+
+impl QueueRates {
+    /// shardkeep's better lease variant.
+    pub fn best(&self) -> f64 {
+        self.batch_lease.max(self.blocking)
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Work {
+    n: usize,
+    payload: String,
+}
+
+fn work(n: usize) -> Work {
+    Work {
+        n,
+        payload: "x".repeat(64),
+    }
+}
+
+async fn wait_for_room(done: &AtomicUsize, pushed: usize) {
+    while pushed.saturating_sub(done.load(Ordering::Relaxed)) >= BACKLOG {
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+}
+
+async fn wait_all(done: &AtomicUsize, total: usize, progress: &Progress, what: &str) {
+    while done.load(Ordering::Relaxed) < total {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        progress.tick(BENCH, || {
+            format!("{what}: {} of {total}", done.load(Ordering::Relaxed))
+        });
+    }
+}
+
+/// Waits for every task; the first error (or panic) wins.
+async fn join_all(mut tasks: JoinSet<Result<(), BenchError>>) -> Result<(), BenchError> {
+    while let Some(joined) = tasks.join_next().await {
+        joined.map_err(BenchError::other)??;
+    }
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+enum Lease {
+    Batch,
+    Blocking,
+}
+
+async fn shardkeep_run(
+    redis_url: &str,
+    config: QueueBenchConfig,
+    consumers: usize,
+    lease: Lease,
+    progress: &Progress,
+) -> Result<f64, BenchError> {
+    let keys = Keyspace::new(&format!("bq-{}", uuid::Uuid::new_v4().simple()))
+        .map_err(BenchError::other)?;
+    let backend =
+        RedisBackend::connect("REDIS_URL", redis_url, keys, RedisTimeouts::default()).await?;
+    let queue: WorkQueue<Work> =
+        WorkQueue::new(backend.clone(), "bench", WorkQueueConfig::default())
+            .map_err(BenchError::other)?;
+    let done = Arc::new(AtomicUsize::new(0));
+    let wake = Arc::new(Notify::new());
+    let stop = CancellationToken::new();
+    let mut tasks = JoinSet::new();
+    for _ in 0..consumers {
+        let mut consumer = queue.consumer().await.map_err(BenchError::other)?;
+        let (done, wake, stop) = (Arc::clone(&done), Arc::clone(&wake), stop.clone());
+        tasks.spawn(async move {
+            while !stop.is_cancelled() {
+                match lease {
+                    Lease::Batch => {
+                        let batch = consumer.lease_batch(64).await.map_err(BenchError::other)?;
+                        if batch.is_empty() {
+                            tokio::select! {
+                                () = wake.notified() => {}
+                                () = tokio::time::sleep(Duration::from_millis(10)) => {}
+                            }
+                            continue;
+                        }
+                        let acked = consumer
+                            .ack_batch(&batch)
+                            .await
+                            .map_err(BenchError::other)?;
+                        done.fetch_add(acked.len(), Ordering::Relaxed);
+                    }
+                    Lease::Blocking => {
+                        if let Some(leased) = consumer
+                            .lease_blocking(Duration::from_millis(100))
+                            .await
+                            .map_err(BenchError::other)?
+                        {
+                            consumer.ack(&leased).await.map_err(BenchError::other)?;
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+            consumer.shutdown().await.map_err(BenchError::other)
+        });
+    }
+    let started = Instant::now();
+    let pushed = Arc::new(AtomicUsize::new(0));
+    let mut producers = JoinSet::new();
+    for _ in 0..config.producers {
+        let (queue, done, wake, pushed) = (
+            queue.clone(),
+            Arc::clone(&done),
+            Arc::clone(&wake),
+            Arc::clone(&pushed),
+        );
+        let entries = config.entries;
+        producers.spawn(async move {
+            loop {
+                let n = pushed.fetch_add(1, Ordering::Relaxed);
+                if n >= entries {
+                    return Ok(());
+                }
+                wait_for_room(&done, n).await;
+                queue.append(work(n)).await.map_err(BenchError::other)?;
+                wake.notify_one();
+            }
+        });
+    }
+    join_all(producers).await?;
+    wait_all(&done, config.entries, progress, "shardkeep").await;
+    let rate = rate(config.entries as u64, started.elapsed());
+    stop.cancel();
+    join_all(tasks).await?;
+    backend.purge_namespace().await;
+    Ok(rate)
+}
+
+async fn raw_run(
+    redis_url: &str,
+    config: QueueBenchConfig,
+    consumers: usize,
+    progress: &Progress,
+) -> Result<f64, BenchError> {
+    let client = redis::Client::open(redis_url)?;
+    let conn = client.get_connection_manager().await?;
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let pending = format!("{{braw-{tag}}}:pending");
+    let done = Arc::new(AtomicUsize::new(0));
+    let stop = CancellationToken::new();
+    let mut tasks = JoinSet::new();
+    for c in 0..consumers {
+        let mut conn = conn.clone();
+        let processing = format!("{{braw-{tag}}}:processing:{c}");
+        let pending = pending.clone();
+        let (done, stop) = (Arc::clone(&done), stop.clone());
+        tasks.spawn(async move {
+            while !stop.is_cancelled() {
+                let item: Option<Vec<u8>> = redis::cmd("LMOVE")
+                    .arg(&pending)
+                    .arg(&processing)
+                    .arg("RIGHT")
+                    .arg("LEFT")
+                    .query_async(&mut conn)
+                    .await?;
+                match item {
+                    Some(item) => {
+                        let _: i64 = conn.lrem(&processing, 1, item).await?;
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    None => tokio::time::sleep(Duration::from_micros(500)).await,
+                }
+            }
+            Ok(())
+        });
+    }
+    let started = Instant::now();
+    let pushed = Arc::new(AtomicUsize::new(0));
+    let mut producers = JoinSet::new();
+    for _ in 0..config.producers {
+        let (mut producer, pending, done, pushed) = (
+            conn.clone(),
+            pending.clone(),
+            Arc::clone(&done),
+            Arc::clone(&pushed),
+        );
+        let entries = config.entries;
+        producers.spawn(async move {
+            loop {
+                let n = pushed.fetch_add(1, Ordering::Relaxed);
+                if n >= entries {
+                    return Ok(());
+                }
+                wait_for_room(&done, n).await;
+                let body = serde_json::to_vec(&work(n)).map_err(BenchError::other)?;
+                let _: i64 = producer.lpush(&pending, body).await?;
+            }
+        });
+    }
+    join_all(producers).await?;
+    wait_all(&done, config.entries, progress, "raw").await;
+    let rate = rate(config.entries as u64, started.elapsed());
+    stop.cancel();
+    join_all(tasks).await?;
+    Ok(rate)
+}
+
+async fn apalis_run(
+    redis_url: &str,
+    config: QueueBenchConfig,
+    consumers: usize,
+    progress: &Progress,
+) -> Result<f64, BenchError> {
+    let conn = apalis_redis::connect(redis_url)
+        .await
+        .map_err(BenchError::other)?;
+    let queue_name = format!("bench-apalis-{}", uuid::Uuid::new_v4().simple());
+    let apalis_config = ApalisConfig::default().queue(&queue_name).batch_size(100);
+    let storage: RedisStorage<Work> = RedisStorage::new(conn).with_config(apalis_config);
+    let done = Arc::new(AtomicUsize::new(0));
+    async fn handle(_item: Work, done: Data<Arc<AtomicUsize>>) -> Result<(), BoxDynError> {
+        done.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    let mut runners = Vec::new();
+    for c in 0..consumers {
+        let worker = WorkerBuilder::new(format!("{queue_name}-worker-{c}"))
+            .backend(storage.clone())
+            .data(Arc::clone(&done))
+            .build(handle);
+        runners.push(tokio::spawn(worker.run()));
+    }
+    let started = Instant::now();
+    let pushed = Arc::new(AtomicUsize::new(0));
+    let mut producers = JoinSet::new();
+    for _ in 0..config.producers {
+        let (mut sink, done, pushed) = (storage.clone(), Arc::clone(&done), Arc::clone(&pushed));
+        let entries = config.entries;
+        producers.spawn(async move {
+            loop {
+                let n = pushed.fetch_add(1, Ordering::Relaxed);
+                if n >= entries {
+                    return Ok(());
+                }
+                wait_for_room(&done, n).await;
+                sink.push(work(n)).await.map_err(BenchError::other)?;
+            }
+        });
+    }
+    join_all(producers).await?;
+    wait_all(&done, config.entries, progress, "apalis-redis").await;
+    let rate = rate(config.entries as u64, started.elapsed());
+    for runner in runners {
+        runner.abort();
+    }
+    sweep(redis_url, &format!("*{queue_name}*")).await?;
+    Ok(rate)
+}
+
+/// Unlinks every key matching `pattern` (a peer's keys after its run).
+async fn sweep(redis_url: &str, pattern: &str) -> Result<(), BenchError> {
+    let mut conn = redis::Client::open(redis_url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await?;
+        if !keys.is_empty() {
+            let _: i64 = redis::cmd("UNLINK")
+                .arg(&keys)
+                .query_async(&mut conn)
+                .await?;
+        }
+        cursor = next;
+        if cursor == 0 {
+            return Ok(());
+        }
+    }
+}
+
+/// Runs every system with 1 and with 4 consumers.
+pub async fn run(
+    redis_url: &str,
+    config: QueueBenchConfig,
+    progress: &Progress,
+) -> Result<Vec<QueueRates>, BenchError> {
+    let mut all = Vec::new();
+    for consumers in [1, 4] {
+        let mut rates = QueueRates {
+            consumers,
+            ..QueueRates::default()
+        };
+        progress.step(
+            BENCH,
+            format!("{consumers} consumer(s): raw LPUSH/LMOVE/LREM"),
+        );
+        rates.raw = raw_run(redis_url, config, consumers, progress).await?;
+        progress.step(BENCH, format!("{consumers} consumer(s): apalis-redis 1.0"));
+        rates.apalis = apalis_run(redis_url, config, consumers, progress).await?;
+        progress.step(
+            BENCH,
+            format!("{consumers} consumer(s): shardkeep, batch lease"),
+        );
+        rates.batch_lease =
+            shardkeep_run(redis_url, config, consumers, Lease::Batch, progress).await?;
+        progress.step(BENCH, format!("{consumers} consumer(s): shardkeep, BLMOVE"));
+        rates.blocking =
+            shardkeep_run(redis_url, config, consumers, Lease::Blocking, progress).await?;
+        all.push(rates);
+    }
+    Ok(all)
+}
+
+/// The report's rows.
+pub fn rows(rates: &[QueueRates], label: &str) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for r in rates {
+        let who = format!("{}{} consumer(s)", label, r.consumers);
+        rows.push(Row::higher_is_better(
+            BENCH,
+            format!("{who}: append → lease → ack"),
+            r.best(),
+            "apalis-redis 1.0",
+            r.apalis,
+            Unit::PerSecond,
+            if r.consumers == 4 {
+                Goal::AtLeast(2.5)
+            } else {
+                Goal::None
+            },
+        ));
+        rows.push(Row::higher_is_better(
+            BENCH,
+            format!("{who}: append → lease → ack"),
+            r.best(),
+            "raw LPUSH / LMOVE / LREM",
+            r.raw,
+            Unit::PerSecond,
+            Goal::None,
+        ));
+    }
+    if let (Some(one), Some(four)) = (
+        rates.iter().find(|r| r.consumers == 1),
+        rates.iter().find(|r| r.consumers == 4),
+    ) {
+        rows.push(Row::higher_is_better(
+            BENCH,
+            format!("{label}4 consumers"),
+            four.best(),
+            "1 consumer",
+            one.best(),
+            Unit::PerSecond,
+            Goal::AtLeast(1.0),
+        ));
+    }
+    rows
+}
