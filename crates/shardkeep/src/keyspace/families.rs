@@ -269,6 +269,22 @@ pub const FAMILIES: &[KeyFamily] = &[
         "entries leased by one consumer incarnation"
     ),
     family!(
+        "queue_processing_held",
+        "{<ns>:q:<queue>}:processing-held",
+        GameServer,
+        TtlRule::None,
+        None,
+        "entries each consumer's processing list holds (hash: consumer id → count), set from the list's length by every script that moves its entries"
+    ),
+    family!(
+        "queue_processing_total",
+        "{<ns>:q:<queue>}:processing-total",
+        GameServer,
+        TtlRule::None,
+        None,
+        "the sum of the held counts, kept by the same scripts: the depth report reads it in O(1)"
+    ),
+    family!(
         "queue_dead",
         "{<ns>:q:<queue>}:dead",
         GameServer,

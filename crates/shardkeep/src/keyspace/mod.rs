@@ -105,6 +105,11 @@ pub struct QueueKeys {
     pub dead_index: String,
     /// Set of registered consumer ids.
     pub consumers: String,
+    /// Entries each consumer's processing list holds (hash: consumer id → count); every script
+    /// that moves a list's entries sets its field from the list's length.
+    pub processing_held: String,
+    /// The sum of `processing_held`, kept by the same scripts (the depth report reads it).
+    pub processing_total: String,
     /// Lock held while recovering dead consumers' processing lists.
     pub recovery_lock: String,
 }
@@ -120,8 +125,7 @@ impl QueueKeys {
     }
 
     /// The prefix of every processing list: a processing key is this prefix followed by the
-    /// escaped consumer id. The depth script uses it to reach every consumer's list in one round
-    /// trip.
+    /// escaped consumer id.
     pub fn processing_prefix(&self) -> String {
         format!("{}:processing:", self.tag)
     }
@@ -352,6 +356,8 @@ impl Keyspace {
             dead: format!("{tag}:dead"),
             dead_index: format!("{tag}:dead:index"),
             consumers: format!("{tag}:consumers"),
+            processing_held: format!("{tag}:processing-held"),
+            processing_total: format!("{tag}:processing-total"),
             recovery_lock: format!("{tag}:recovery-lock"),
             tag,
         })

@@ -83,6 +83,8 @@ fn all_keys(k: &Keyspace, a: &str, b: &str) -> Vec<(String, Result<String, KeyEr
         ("q_dead_index".into(), q.clone().map(|q| q.dead_index)),
         ("q_consumers".into(), q.clone().map(|q| q.consumers)),
         ("q_lock".into(), q.clone().map(|q| q.recovery_lock)),
+        ("q_held".into(), q.clone().map(|q| q.processing_held)),
+        ("q_total".into(), q.clone().map(|q| q.processing_total)),
         (
             "q_processing".into(),
             q.clone().and_then(|q| q.processing(b)),
@@ -139,6 +141,11 @@ proptest! {
         prop_assert!(glob_match(q.processing_pattern().as_bytes(), list.as_bytes()));
         prop_assert_eq!(q.consumer_of_processing(&list), Some(a.clone()));
         prop_assert_eq!(q.consumer_of_processing(&q.pending), None);
+        // The held counts are no processing list: recovery's backstop never takes them for one.
+        for counter in [&q.processing_held, &q.processing_total] {
+            prop_assert!(!glob_match(q.processing_pattern().as_bytes(), counter.as_bytes()));
+            prop_assert_eq!(q.consumer_of_processing(counter), None);
+        }
         for (_, key) in all_keys(&other, &a, &b) {
             let key = key.map_err(|e| TestCaseError::fail(e.to_string()))?;
             for pattern in k.namespace_patterns() {
@@ -198,6 +205,8 @@ fn every_script_group_shares_one_slot() {
         Ok(q.dead.clone()),
         Ok(q.consumers.clone()),
         Ok(q.recovery_lock.clone()),
+        Ok(q.processing_held.clone()),
+        Ok(q.processing_total.clone()),
         q.processing("c-1"),
         q.processing("c-2"),
         q.consumer_heartbeat("c-1"),
@@ -230,6 +239,8 @@ fn queue_keys_have_the_documented_names() {
     assert_eq!(q.pending, "{sk:q:journal}:pending");
     assert_eq!(q.dead, "{sk:q:journal}:dead");
     assert_eq!(q.consumers, "{sk:q:journal}:consumers");
+    assert_eq!(q.processing_held, "{sk:q:journal}:processing-held");
+    assert_eq!(q.processing_total, "{sk:q:journal}:processing-total");
     assert_eq!(
         q.processing("c1").as_deref(),
         Ok("{sk:q:journal}:processing:c1")

@@ -6,24 +6,23 @@ use std::sync::LazyLock;
 use std::time::Duration;
 
 use chrono::Utc;
-use redis::{AsyncCommands, Script};
+use redis::Script;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+use super::counting_script;
 use super::identity::Incarnation;
 use super::{DurableDeadLetterEntry, DurableWorkQueueEntry, QueueError, WorkQueue};
 use crate::telemetry;
 
-static SETTLE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/settle.lua")));
-static LEASE_BATCH: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/lease_batch.lua")));
-static ACK_BATCH: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/ack_batch.lua")));
-static REQUEUE_HELD: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/requeue_held.lua")));
-static LEAVE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/leave.lua")));
+static SETTLE: LazyLock<Script> = counting_script!("lua/settle.lua");
+static LEASE_BATCH: LazyLock<Script> = counting_script!("lua/lease_batch.lua");
+static ACK_BATCH: LazyLock<Script> = counting_script!("lua/ack_batch.lua");
+static REQUEUE_HELD: LazyLock<Script> = counting_script!("lua/requeue_held.lua");
+static LEAVE: LazyLock<Script> = counting_script!("lua/leave.lua");
+static RECOUNT_ONE: LazyLock<Script> = counting_script!("lua/recount_one.lua");
 
 /// Most entries one [`Consumer::requeue_held`] or [`Consumer::shutdown`] call moves.
 const MAX_REQUEUE_HELD: usize = 10_000;
@@ -178,6 +177,11 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
                 .arg(timeout.as_secs_f64())
                 .query_async(conn)
                 .await?;
+            if raw.is_some() {
+                // No script can wrap a blocking move: count it in one of its own. Should this
+                // process die first, the next script to touch the list counts it.
+                self.recount().await?;
+            }
             match self.decode(raw).await? {
                 Decoded::Entry(leased) => return Ok(Some(leased)),
                 Decoded::Empty => return Ok(None),
@@ -210,6 +214,8 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
             .key(&self.processing)
             .key(&self.incarnation.heartbeat)
             .key(&keys.consumers)
+            .key(&keys.processing_held)
+            .key(&keys.processing_total)
             .arg(max)
             .arg(&self.incarnation.id)
             .arg(&self.incarnation.token)
@@ -231,8 +237,12 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
         if leased.is_empty() {
             return Ok(Vec::new());
         }
+        let keys = self.queue.keys();
         let mut call = ACK_BATCH.prepare_invoke();
-        call.key(&self.processing);
+        call.key(&self.processing)
+            .key(&keys.processing_held)
+            .key(&keys.processing_total)
+            .arg(&self.incarnation.id);
         for entry in leased {
             call.arg(&entry.raw);
         }
@@ -318,32 +328,40 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
         place: Place,
         dead_letter_id: Option<Uuid>,
     ) -> Result<bool, QueueError> {
+        let keys = self.queue.keys();
         let moved: i64 = SETTLE
             .key(&self.processing)
             .key(destination)
-            .key(&self.queue.keys().dead_index)
+            .key(&keys.dead_index)
+            .key(&keys.processing_held)
+            .key(&keys.processing_total)
             .arg(raw)
             .arg(body)
             .arg(place.as_arg())
             .arg(dead_letter_id.map(|id| id.to_string()).unwrap_or_default())
+            .arg(&self.incarnation.id)
             .invoke_async(&mut self.queue.redis().conn())
             .await?;
         Ok(moved == 1)
     }
 
+    /// Sets this consumer's held count from its processing list's length.
+    async fn recount(&self) -> Result<(), QueueError> {
+        let keys = self.queue.keys();
+        let _: i64 = RECOUNT_ONE
+            .key(&self.processing)
+            .key(&keys.processing_held)
+            .key(&keys.processing_total)
+            .arg(&self.incarnation.id)
+            .invoke_async(&mut self.queue.redis().conn())
+            .await?;
+        Ok(())
+    }
+
     /// Done with `leased`: removes it from this consumer's processing list.
     pub async fn ack(&self, leased: &Leased<T>) -> Result<AckOutcome, QueueError> {
-        let removed: i64 = self
-            .queue
-            .redis()
-            .conn()
-            .lrem(&self.processing, 1, &leased.raw)
-            .await?;
-        Ok(if removed == 1 {
-            AckOutcome::Acked
-        } else {
-            AckOutcome::Stale
-        })
+        let mut outcomes = self.ack_batch(std::slice::from_ref(leased)).await?;
+        Ok(outcomes.pop().unwrap_or(AckOutcome::Stale))
     }
 
     /// `leased` failed with `error`: back to the front of pending with one more attempt (it is
@@ -437,12 +455,16 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
     /// left its entry here, and no recovery would find it while this consumer lives. Work may
     /// run twice, so handlers must be idempotent (the queue is at-least-once anyway).
     pub async fn requeue_held(&self) -> Result<usize, QueueError> {
+        let keys = self.queue.keys();
         let moved: i64 = REQUEUE_HELD
             .key(&self.processing)
-            .key(&self.queue.keys().pending)
+            .key(&keys.pending)
             .key(&self.incarnation.heartbeat)
+            .key(&keys.processing_held)
+            .key(&keys.processing_total)
             .arg(MAX_REQUEUE_HELD)
             .arg(&self.incarnation.token)
+            .arg(&self.incarnation.id)
             .invoke_async(&mut self.queue.redis().conn())
             .await?;
         if moved < 0 {
@@ -473,6 +495,8 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
             .key(&keys.pending)
             .key(&self.incarnation.heartbeat)
             .key(&keys.consumers)
+            .key(&keys.processing_held)
+            .key(&keys.processing_total)
             .arg(&self.incarnation.id)
             .arg(&self.incarnation.token)
             .arg(MAX_REQUEUE_HELD)

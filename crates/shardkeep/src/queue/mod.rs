@@ -42,6 +42,20 @@ pub use dead::{DeadLetterRetention, DeadLetterView, MAX_DEAD_LETTER_LIST};
 pub use identity::MAX_CONSUMER_ID;
 pub use recovery::RecoveryReport;
 
+/// A script that moves entries into or out of a processing list: the `recount` prelude (which
+/// keeps the held counts and their total), then the script's body.
+macro_rules! counting_script {
+    ($file:literal) => {
+        std::sync::LazyLock::new(|| {
+            redis::Script::new(concat!(
+                include_str!("lua/recount.lua"),
+                include_str!($file)
+            ))
+        })
+    };
+}
+pub(crate) use counting_script;
+
 static APPEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/append.lua")));
 static DEPTHS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/depths.lua")));
 
@@ -232,15 +246,14 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         Ok(entry.entry_id)
     }
 
-    /// Pending, processing (all consumers) and dead depths, in one round trip; also exported as
-    /// gauges.
+    /// Pending, processing (all consumers) and dead depths, in one round trip of O(1) work
+    /// whatever the number of consumers (processing is the total the moving scripts keep); also
+    /// exported as gauges.
     pub async fn depths(&self) -> Result<QueueDepths, QueueError> {
-        let (pending, processing, dead, _visited): (u64, u64, u64, u64) = DEPTHS
+        let (pending, processing, dead): (u64, u64, u64) = DEPTHS
             .key(&self.keys.pending)
             .key(&self.keys.dead)
-            .key(&self.keys.consumers)
-            .arg(self.keys.processing_prefix())
-            .arg(10_000)
+            .key(&self.keys.processing_total)
             .invoke_async(&mut self.redis.conn())
             .await?;
         let depths = QueueDepths {

@@ -20,7 +20,7 @@ use super::{DurableDeadLetterEntry, DurableWorkQueueEntry, QueueError, WorkQueue
 use crate::keyspace::QUEUE_RECOVERY_LOCK_TTL;
 use crate::telemetry;
 
-static RECOVER: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/recover.lua")));
+static RECOVER: LazyLock<Script> = super::counting_script!("lua/recover.lua");
 static UNLOCK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/unlock.lua")));
 
 /// Consumers examined per recovery pass.
@@ -122,7 +122,12 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         let unregistered = self.unregistered_lists(&registered).await?;
         report.unregistered = unregistered.len();
         let found_by_backstop: HashSet<String> = unregistered.iter().cloned().collect();
-        for consumer in consumers.into_iter().chain(unregistered) {
+        // A held count of a consumer that is neither registered nor owns a list found above (its
+        // list deleted by hand, say) is recounted too, so the depth total cannot stay wrong.
+        let counted = self
+            .counted_elsewhere(&registered, &found_by_backstop)
+            .await?;
+        for consumer in consumers.into_iter().chain(unregistered).chain(counted) {
             let heartbeat = keys.consumer_heartbeat(&consumer)?;
             if conn.exists(&heartbeat).await? {
                 continue;
@@ -138,6 +143,37 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
             }
         }
         Ok(report)
+    }
+
+    /// Consumer ids with a held count that are neither in `registered` nor in `found` (at most
+    /// [`MAX_CONSUMERS_PER_PASS`]).
+    async fn counted_elsewhere(
+        &self,
+        registered: &HashSet<String>,
+        found: &HashSet<String>,
+    ) -> Result<Vec<String>, QueueError> {
+        let mut conn = self.redis().conn();
+        let mut ids = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, page): (u64, Vec<String>) = redis::cmd("HSCAN")
+                .arg(&self.keys().processing_held)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(256)
+                .query_async(&mut conn)
+                .await?;
+            // Field, value, field, value…
+            ids.extend(
+                page.into_iter()
+                    .step_by(2)
+                    .filter(|id| !registered.contains(id) && !found.contains(id)),
+            );
+            cursor = next;
+            if cursor == 0 || ids.len() >= MAX_CONSUMERS_PER_PASS {
+                return Ok(ids);
+            }
+        }
     }
 
     /// Consumer ids of processing lists that are not in `registered`, found by the next slice
@@ -200,6 +236,8 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
                 .key(&keys.dead)
                 .key(&keys.consumers)
                 .key(&keys.dead_index)
+                .key(&keys.processing_held)
+                .key(&keys.processing_total)
                 .arg(consumer)
                 .arg(holder.unwrap_or(""));
             for raw in &entries {

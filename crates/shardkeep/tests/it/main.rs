@@ -14,6 +14,7 @@ mod lock_order;
 mod migrate;
 mod pending_at_claim;
 mod queue;
+mod queue_depths;
 mod queue_identity;
 mod queue_order;
 mod retry_connections;

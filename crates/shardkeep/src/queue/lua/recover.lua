@@ -3,7 +3,7 @@
 -- token, for a stable id claiming its predecessor's entries), and only entries still in its
 -- processing list. Quads come newest first, so the oldest ends up leased first.
 -- KEYS[1] processing list, KEYS[2] heartbeat, KEYS[3] pending, KEYS[4] dead, KEYS[5] consumers,
--- KEYS[6] dead-letter index
+-- KEYS[6] dead-letter index, KEYS[7] held counts, KEYS[8] held total
 -- ARGV[1] consumer id, ARGV[2] expected heartbeat holder ('' for none); then quads: entry,
 -- successor, 'p' (pending) or 'd' (dead), dead letter id ('' for pending)
 -- Reply: {returned, dead_lettered} or {-1} when the heartbeat is not as expected
@@ -28,7 +28,7 @@ for i = 3, #ARGV, 4 do
     end
   end
 end
-if ARGV[2] == '' and redis.call('LLEN', KEYS[1]) == 0 then
+if recount(KEYS[1], KEYS[7], KEYS[8], ARGV[1]) == 0 and ARGV[2] == '' then
   redis.call('SREM', KEYS[5], ARGV[1])
 end
 return {returned, dead}
