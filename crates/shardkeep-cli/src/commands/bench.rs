@@ -5,7 +5,6 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use shardkeep_sim::bench::aging::{self, AgingPlan};
 use shardkeep_sim::bench::all::{self, AllConfig, Engines};
 use shardkeep_sim::bench::documents::{self, DocumentKind};
 use shardkeep_sim::bench::{
@@ -151,41 +150,15 @@ async fn run_ladder(
         batch: args.batch as usize,
         rounds: args.rounds as usize,
     };
-    let env = engines.env().await?;
-    let result = async {
-        let mut documents = vec![(DocumentKind::Fresh, aging::template_with_ids())];
-        if args.aging_logins > 0 {
-            let logins = args.aging_logins as usize;
-            let plan = AgingPlan {
-                rewards: logins * 100,
-                item_moves: logins * 10,
-                logins,
-                ..AgingPlan::default()
-            };
-            progress.step(
-                "aging",
-                format!("aging a character through {logins} sessions"),
-            );
-            let aged = aging::age_character(&env, plan).await?;
-            documents = vec![
-                (DocumentKind::Fresh, aged.fresh_state),
-                (DocumentKind::Aged, aged.state),
-            ];
-        }
-        documents.push((DocumentKind::Realistic, documents::realistic_state()));
-        let mut fresh = None;
-        for (kind, state) in documents {
-            let r = ladder::run_with_state(&env, config, &state, progress).await?;
-            table.rows.extend(ladder::rows(kind, &r));
-            match (kind, &fresh) {
-                (DocumentKind::Fresh, _) => fresh = Some(r),
-                (DocumentKind::Aged, Some(f)) => table.rows.extend(ladder::aged_rows(&r, f)),
-                _ => {}
-            }
-        }
-        Ok::<(), shardkeep_sim::bench::BenchError>(())
-    }
-    .await;
-    env.teardown().await;
-    Ok(result?)
+    let mut report = all::AllReport::default();
+    all::ladder_all(
+        engines,
+        config,
+        args.aging_logins as usize,
+        progress,
+        &mut report,
+    )
+    .await?;
+    table.extend(report.table);
+    Ok(())
 }

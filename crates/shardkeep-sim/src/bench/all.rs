@@ -210,7 +210,14 @@ pub async fn run(
     progress: &Progress,
 ) -> Result<AllReport, BenchError> {
     let mut report = AllReport::default();
-    ladder_all(engines, config, progress, &mut report).await?;
+    ladder_all(
+        engines,
+        config.ladder,
+        config.aging_logins,
+        progress,
+        &mut report,
+    )
+    .await?;
 
     progress.step("queue", "standalone Redis, 1 and 4 consumers");
     let rates = queue::run(&engines.redis_url, config.queue, progress).await?;
@@ -293,77 +300,82 @@ pub fn audit_rows(a: &AuditBenchReport) -> Vec<Row> {
     ]
 }
 
-/// The ladder with the fresh, the aged and the realistic document.
-async fn ladder_all(
+/// The ladder with the fresh, the aged (after `aging_logins` sessions; 0 skips it) and the
+/// realistic document, each in a scratch database of its own so no run inherits another's
+/// table.
+pub async fn ladder_all(
     engines: &Engines,
-    config: AllConfig,
+    config: LadderBenchConfig,
+    aging_logins: usize,
     progress: &Progress,
     report: &mut AllReport,
 ) -> Result<(), BenchError> {
-    engines
-        .scoped(async |env| {
-            let logins = config.aging_logins.max(1);
-            progress.step(
-                "aging",
-                format!("aging a character through {logins} sessions of the library"),
-            );
-            let plan = AgingPlan {
-                rewards: logins * 100,
-                item_moves: logins * 10,
-                logins,
-                ..AgingPlan::default()
-            };
-            let aged = aging::age_character(env, plan).await?;
-            report.table.note(format!(
-                "aged character: {} rewards ({} also as retry jobs), {} item moves, {} logins, \
-                 aged in {:.1} s; {} bookkeeping rows left beside it",
-                plan.rewards,
-                aged.jobs,
-                plan.item_moves,
-                plan.logins,
-                aged.took.as_secs_f64(),
-                aged.bookkeeping_rows
-            ));
-            let (aged_bytes, fresh_bytes) = (
-                aged.state.to_string().len(),
-                aged.fresh_state.to_string().len(),
-            );
-            report.table.push(Row::lower_is_better(
-                "aging",
-                "aged state document",
-                aged_bytes as f64,
-                "a fresh document holding the same items",
-                fresh_bytes as f64,
-                Unit::Bytes,
-                Goal::AtLeast(1.0 / 1.1),
-            ));
-            report.aged_bytes = Some((aged_bytes, fresh_bytes));
-            let mut fresh = None;
-            for (kind, state) in [
-                (DocumentKind::Fresh, aged.fresh_state.clone()),
-                (DocumentKind::Aged, aged.state.clone()),
-                (DocumentKind::Realistic, documents::realistic_state()),
-            ] {
+    let mut documents = vec![(DocumentKind::Fresh, aging::template_with_ids())];
+    if aging_logins > 0 {
+        let aged = engines
+            .scoped(async |env| {
                 progress.step(
-                    "ladder",
-                    format!("{} document, {} rows", kind.label(), config.ladder.rows),
+                    "aging",
+                    format!("aging a character through {aging_logins} sessions of the library"),
                 );
-                let r = ladder::run_with_state(env, config.ladder, &state, progress).await?;
-                report.table.rows.extend(ladder::rows(kind, &r));
-                match kind {
-                    DocumentKind::Fresh => fresh = Some(r),
-                    DocumentKind::Aged => {
-                        if let Some(f) = &fresh {
-                            report.table.rows.extend(ladder::aged_rows(&r, f));
-                        }
-                    }
-                    DocumentKind::Realistic => {}
-                }
-                report.ladder.push((kind, r));
-            }
-            Ok(())
-        })
-        .await
+                let plan = AgingPlan {
+                    rewards: aging_logins * 100,
+                    item_moves: aging_logins * 10,
+                    logins: aging_logins,
+                    ..AgingPlan::default()
+                };
+                let aged = aging::age_character(env, plan).await?;
+                report.table.note(format!(
+                    "aged character: {} rewards ({} also as retry jobs), {} item moves, {} logins, \
+                     aged in {:.1} s; {} bookkeeping rows left beside it",
+                    plan.rewards,
+                    aged.jobs,
+                    plan.item_moves,
+                    plan.logins,
+                    aged.took.as_secs_f64(),
+                    aged.bookkeeping_rows
+                ));
+                Ok(aged)
+            })
+            .await?;
+        let (aged_bytes, fresh_bytes) = (
+            aged.state.to_string().len(),
+            aged.fresh_state.to_string().len(),
+        );
+        report.table.push(Row::lower_is_better(
+            "aging",
+            "aged state document",
+            aged_bytes as f64,
+            "a fresh document holding the same items",
+            fresh_bytes as f64,
+            Unit::Bytes,
+            Goal::AtLeast(1.0 / 1.1),
+        ));
+        report.aged_bytes = Some((aged_bytes, fresh_bytes));
+        documents = vec![
+            (DocumentKind::Fresh, aged.fresh_state),
+            (DocumentKind::Aged, aged.state),
+        ];
+    }
+    documents.push((DocumentKind::Realistic, documents::realistic_state()));
+    let mut fresh = None;
+    for (kind, state) in documents {
+        progress.step(
+            "ladder",
+            format!("{} document, {} rows", kind.label(), config.rows),
+        );
+        let r = engines
+            .scoped(async |env| ladder::run_with_state(env, config, &state, progress).await)
+            .await?;
+        report.table.rows.extend(ladder::rows(kind, &r));
+        match (kind, &fresh) {
+            (DocumentKind::Fresh, _) => fresh = Some(r),
+            (DocumentKind::Aged, Some(f)) => report.table.rows.extend(ladder::aged_rows(&r, f)),
+            _ => {}
+        }
+        report.ladder.push((kind, r));
+    }
+    Ok(())
 }
 
 /// Login storms with the fresh and with the aged document.

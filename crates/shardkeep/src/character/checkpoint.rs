@@ -18,6 +18,11 @@ pub const WRITE_SCRIPT: &str = include_str!("lua/checkpoint_write.lua");
 
 static WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(WRITE_SCRIPT));
 
+/// Snapshots per pipeline of a large write.
+const PIPELINE_SNAPSHOTS: usize = 128;
+/// Pipelines of one write in flight at once.
+const PIPELINES_IN_FLIGHT: usize = 4;
+
 /// A checkpoint call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -93,14 +98,31 @@ impl CheckpointStore {
             .ok_or_else(|| CheckpointError::Protocol("empty reply".into()))
     }
 
-    /// Writes many snapshots in one pipelined round trip, one result per snapshot in order.
+    /// Writes many snapshots, pipelined, one result per snapshot in order. A large call goes
+    /// out as several pipelines kept in flight together, so encoding the next one overlaps
+    /// Redis running the last; a failure of any fails the call (some may have landed).
     pub async fn write_many(
         &self,
         snapshots: &[&CharacterSnapshot],
     ) -> Result<Vec<CheckpointWrite>, CheckpointError> {
-        if snapshots.is_empty() {
-            return Ok(Vec::new());
-        }
+        use futures::{StreamExt, TryStreamExt};
+        // Made up front (each encodes only when first polled), so the stream holds no closure.
+        let pipelines: Vec<_> = snapshots
+            .chunks(PIPELINE_SNAPSHOTS)
+            .map(|chunk| self.write_pipeline(chunk))
+            .collect();
+        let per_pipeline: Vec<Vec<CheckpointWrite>> = futures::stream::iter(pipelines)
+            .buffered(PIPELINES_IN_FLIGHT)
+            .try_collect()
+            .await?;
+        Ok(per_pipeline.into_iter().flatten().collect())
+    }
+
+    /// One pipeline of guarded writes.
+    async fn write_pipeline(
+        &self,
+        snapshots: &[&CharacterSnapshot],
+    ) -> Result<Vec<CheckpointWrite>, CheckpointError> {
         let mut invocations = Vec::with_capacity(snapshots.len());
         for snapshot in snapshots {
             let body = serde_json::to_vec(snapshot).map_err(CheckpointError::Encode)?;
