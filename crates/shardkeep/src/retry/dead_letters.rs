@@ -75,14 +75,16 @@ macro_rules! summary_columns {
     };
 }
 
-/// Retry jobs waiting or leased, and active dead letters.
+/// Retry jobs waiting or leased (exact up to 10,000, then Postgres's live-row estimate), and
+/// active dead letters.
 pub(crate) async fn counts(pg: &PostgresBackend) -> Result<(i64, i64), sqlx::Error> {
-    sqlx::query_as(
-        "SELECT (SELECT count(*) FROM persistence_retry_jobs),
-                (SELECT count(*) FROM persistence_job_dead_letters WHERE requeued_at IS NULL)",
+    let jobs = super::counts::job_counts(pg).await?;
+    let dead: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM persistence_job_dead_letters WHERE requeued_at IS NULL",
     )
     .fetch_one(pg.pool())
-    .await
+    .await?;
+    Ok((jobs.pending + jobs.leased, dead))
 }
 
 /// Pending jobs, active dead letters and a page of the active ones, newest first: `limit`

@@ -21,6 +21,7 @@ pub(crate) mod apply;
 mod at_claim;
 pub mod backoff;
 mod coalesce;
+mod counts;
 mod dead_letters;
 pub(crate) mod effects;
 pub mod job;

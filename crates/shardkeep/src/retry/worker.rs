@@ -207,13 +207,9 @@ impl Settler {
     }
 
     async fn report_depths(&self) {
-        let depths: Result<(i64, i64), _> = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE lease_token IS NULL), count(*) FILTER (WHERE lease_token IS NOT NULL)
-               FROM persistence_retry_jobs",
-        )
-        .fetch_one(self.pg.pool())
-        .await;
-        if let Ok((pending, leased)) = depths {
+        if let Ok(super::counts::JobCounts { pending, leased }) =
+            super::counts::job_counts(&self.pg).await
+        {
             metrics::gauge!(telemetry::RETRY_ROWS, "state" => "pending").set(pending as f64);
             metrics::gauge!(telemetry::RETRY_ROWS, "state" => "leased").set(leased as f64);
         }

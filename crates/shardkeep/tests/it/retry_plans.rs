@@ -237,3 +237,78 @@ async fn a_poll_never_scans_a_backlog_that_is_not_due(pool: PgPool) {
     let after = flushed(&pool, worker_pool, pid, "persistence_retry_jobs", before).await;
     assert_eq!(after.0, before.0, "a poll scanned the whole queue");
 }
+
+/// `(rows read by sequential scans, rows fetched through indexes)` of `table`.
+async fn rows_read(pool: &PgPool, table: &str) -> (i64, i64) {
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_stat_clear_snapshot()")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query_as(
+        "SELECT COALESCE(seq_tup_read, 0), COALESCE(idx_tup_fetch, 0)
+           FROM pg_stat_user_tables WHERE relname = $1",
+    )
+    .bind(table)
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
+
+/// The depth counts read a bounded number of rows however many jobs wait (they counted every
+/// row of the queue on every poll and every console refresh), and the leased ones exactly.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn depth_counts_read_a_bounded_part_of_a_large_queue(pool: PgPool) {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let ids = characters(&pool, 1).await;
+    sqlx::query(
+        "INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, payload,
+             next_attempt_at, session_impact, source, idempotency_key, owner_epoch, origin,
+             issued_at, lease_token, lease_owner, lease_expires_at)
+         SELECT gen_random_uuid(), 'combat_rewards', $1, '{}', now() + interval '1 hour', 'none',
+                'backlog', 'b-' || g, 0, 'combat_rewards', now(),
+                CASE WHEN g <= 200 THEN gen_random_uuid() END,
+                CASE WHEN g <= 200 THEN 'elsewhere' END,
+                CASE WHEN g <= 200 THEN now() + interval '1 hour' END
+           FROM generate_series(1, 30000) g",
+    )
+    .bind(ids[0])
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE persistence_retry_jobs")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let counting_pool = one_connection(&pool, &[]).await;
+    let pid = backend_pid(&counting_pool).await;
+    let (queue, _signals) =
+        RetryQueue::new(PostgresBackend::from_pool(counting_pool.clone()), 1, clock);
+    let before = rows_read(&pool, "persistence_retry_jobs").await;
+    let (jobs, _dead) = queue.depths().await.unwrap();
+    counting_pool.close().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let after = loop {
+        let alive: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)")
+                .bind(pid)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        let now = rows_read(&pool, "persistence_retry_jobs").await;
+        if !alive && now != before {
+            break now;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "counters never moved"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let read = (after.0 - before.0) + (after.1 - before.1);
+    assert!(
+        read <= 10_001 + 200,
+        "the counts read {read} rows of 30,000"
+    );
+    assert!((10_001..=30_000).contains(&jobs), "{jobs} jobs counted");
+}
