@@ -495,12 +495,17 @@ pub(crate) struct LoginBenchArgs {
 #[derive(Debug, Args)]
 pub(crate) struct QueueBenchArgs {
     /// Entries per run.
-    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(10..=10_000_000))]
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(10..=10_000_000))]
     pub(crate) entries: u32,
 
-    /// Producer tasks, each appending one entry at a time.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=256))]
+    /// Producer tasks, each appending one entry at a time (the same for every system; with few,
+    /// every system is bound by its producers' round trips).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub(crate) producers: u32,
+
+    /// Times each system runs; each rate is the median.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=20))]
+    pub(crate) rounds: u32,
 }
 
 /// Options of `shardkeep bench depth`.

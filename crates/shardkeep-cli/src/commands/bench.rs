@@ -86,6 +86,7 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
             let config = queue::QueueBenchConfig {
                 entries: a.entries as usize,
                 producers: a.producers as usize,
+                rounds: a.rounds as usize,
             };
             let rates = queue::run(redis_url, config, &progress).await?;
             table.rows.extend(queue::rows(&rates, ""));

@@ -58,8 +58,9 @@ impl AllConfig {
             capacity_realistic: 100_000,
             sustain: Duration::from_secs(70),
             queue: QueueBenchConfig {
-                entries: 20_000,
-                producers: 8,
+                entries: 100_000,
+                producers: 32,
+                rounds: 3,
             },
             retry: RetryBenchConfig {
                 jobs: 20_000,
@@ -102,6 +103,7 @@ impl AllConfig {
             queue: QueueBenchConfig {
                 entries: 300,
                 producers: 2,
+                rounds: 1,
             },
             retry: RetryBenchConfig {
                 jobs: 400,

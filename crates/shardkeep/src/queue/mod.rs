@@ -18,6 +18,7 @@
 //! front, in its original order, so work runs first in, first out except where a handler fails.
 //! - `dead` — listing and requeueing dead letters.
 
+mod appender;
 mod consumer;
 mod dead;
 mod identity;
@@ -169,6 +170,8 @@ pub struct WorkQueue<T> {
     /// Where recovery's backstop SCAN goes on from (it walks the keyspace a bounded slice per
     /// pass); shared by clones.
     backstop_cursor: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Appends that arrive together, sent together; shared by clones.
+    appender: std::sync::Arc<appender::Appender>,
     _item: PhantomData<fn() -> T>,
 }
 
@@ -180,6 +183,7 @@ impl<T> Clone for WorkQueue<T> {
             keys: self.keys.clone(),
             config: self.config,
             backstop_cursor: std::sync::Arc::clone(&self.backstop_cursor),
+            appender: std::sync::Arc::clone(&self.appender),
             _item: PhantomData,
         }
     }
@@ -193,12 +197,19 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         config: WorkQueueConfig,
     ) -> Result<Self, QueueError> {
         let keys = redis.keys().queue(name)?;
+        let appender = appender::Appender::new(
+            redis.clone(),
+            keys.pending.clone(),
+            config.max_pending,
+            &APPEND,
+        );
         Ok(Self {
             redis,
             name: name.to_owned(),
             keys,
             config,
             backstop_cursor: std::sync::Arc::default(),
+            appender,
             _item: PhantomData,
         })
     }
@@ -213,7 +224,8 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         &self.config
     }
 
-    /// Appends `item` as a new entry; returns its id.
+    /// Appends `item` as a new entry; returns its id once it is in the pending list. Appends
+    /// made at the same time go to Redis in one command.
     pub async fn append(&self, item: T) -> Result<Uuid, QueueError> {
         let entry = DurableWorkQueueEntry {
             entry_id: Uuid::now_v7(),
@@ -223,27 +235,17 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
             item,
         };
         let body = serde_json::to_vec(&entry).map_err(QueueError::Encode)?;
-        let Some(cap) = self.config.max_pending else {
-            // Uncapped: a bare LPUSH, no script needed.
-            let _: i64 = redis::cmd("LPUSH")
-                .arg(&self.keys.pending)
-                .arg(body)
-                .query_async(&mut self.redis.conn())
-                .await?;
-            return Ok(entry.entry_id);
-        };
-        let len: i64 = APPEND
-            .key(&self.keys.pending)
-            .arg(body)
-            .arg(cap)
-            .invoke_async(&mut self.redis.conn())
-            .await?;
-        if len < 0 {
-            metrics::counter!(telemetry::QUEUE_FULL_TOTAL, "queue" => self.name.clone())
-                .increment(1);
-            return Err(QueueError::Full(self.name.clone()));
+        match self.appender.append(body).await {
+            appender::Appended::Stored => Ok(entry.entry_id),
+            appender::Appended::Full => {
+                metrics::counter!(telemetry::QUEUE_FULL_TOTAL, "queue" => self.name.clone())
+                    .increment(1);
+                Err(QueueError::Full(self.name.clone()))
+            }
+            appender::Appended::Failed { kind, detail } => Err(QueueError::Redis(
+                redis::RedisError::from((kind, "append failed", detail)),
+            )),
         }
-        Ok(entry.entry_id)
     }
 
     /// Pending, processing (all consumers) and dead depths, in one round trip of O(1) work

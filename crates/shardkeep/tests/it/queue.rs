@@ -384,3 +384,92 @@ async fn batch_leases_take_the_oldest_and_batch_acks_report_each() {
     assert_eq!(rest.len(), 6);
     assert!(consumer.lease_batch(100).await.unwrap().is_empty());
 }
+
+/// Appends made at once go to Redis together: every entry is stored once, and each producer's
+/// entries keep the order it appended them in.
+#[tokio::test]
+async fn concurrent_appends_are_each_stored_once_in_each_producers_order() {
+    let redis = TestRedis::new().await;
+    let queue = queue(&redis);
+    let mut producers = tokio::task::JoinSet::new();
+    for p in 0..8u32 {
+        let queue = queue.clone();
+        producers.spawn(async move {
+            for n in 0..200 {
+                queue.append(job(p * 1000 + n)).await.unwrap();
+            }
+        });
+    }
+    while let Some(done) = producers.join_next().await {
+        done.unwrap();
+    }
+    assert_eq!(queue.depths().await.unwrap().pending, 1600);
+    let mut consumer = queue.consumer().await.unwrap();
+    let mut seen: Vec<u32> = Vec::new();
+    loop {
+        let batch = consumer.lease_batch(512).await.unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        seen.extend(batch.iter().map(|l| l.entry.item.n));
+        consumer.ack_batch(&batch).await.unwrap();
+    }
+    assert_eq!(seen.len(), 1600);
+    for p in 0..8u32 {
+        let mine: Vec<u32> = seen.iter().copied().filter(|n| n / 1000 == p).collect();
+        let expected: Vec<u32> = (0..200).map(|n| p * 1000 + n).collect();
+        assert_eq!(mine, expected, "producer {p}'s entries in its order");
+    }
+}
+
+/// A capped queue takes what fits of appends that arrive together and refuses the rest, each
+/// told which.
+#[tokio::test]
+async fn a_capped_queue_takes_what_fits_of_a_burst_and_refuses_the_rest() {
+    let redis = TestRedis::new().await;
+    let capped: WorkQueue<Job> = WorkQueue::new(
+        redis.backend(),
+        "burst",
+        WorkQueueConfig {
+            max_pending: Some(10),
+            ..config()
+        },
+    )
+    .unwrap();
+    let appends = (0..30).map(|n| {
+        let capped = capped.clone();
+        async move { capped.append(job(n)).await }
+    });
+    let outcomes = futures::future::join_all(appends).await;
+    let stored = outcomes.iter().filter(|o| o.is_ok()).count();
+    let full = outcomes
+        .iter()
+        .filter(|o| matches!(o, Err(QueueError::Full(_))))
+        .count();
+    assert_eq!((stored, full), (10, 20));
+    assert_eq!(capped.depths().await.unwrap().pending, 10);
+}
+
+/// One call acks a finished batch and leases the next: the acked entries leave the processing
+/// list, the new ones enter it, and acking an entry twice is stale.
+#[tokio::test]
+async fn ack_and_lease_acks_a_batch_and_leases_the_next_in_one_step() {
+    let redis = TestRedis::new().await;
+    let queue = queue(&redis);
+    for n in 0..5 {
+        queue.append(job(n)).await.unwrap();
+    }
+    let mut consumer = queue.consumer().await.unwrap();
+    let first = consumer.lease_batch(3).await.unwrap();
+    let (acked, next) = consumer.ack_and_lease(&first, 10).await.unwrap();
+    assert_eq!(acked, vec![AckOutcome::Acked; 3]);
+    let ns: Vec<u32> = next.iter().map(|l| l.entry.item.n).collect();
+    assert_eq!(ns, vec![3, 4], "the oldest pending, in order");
+    let depths = queue.depths().await.unwrap();
+    assert_eq!((depths.pending, depths.processing), (0, 2));
+    let (again, none) = consumer.ack_and_lease(&first[..1], 10).await.unwrap();
+    assert_eq!((again, none.len()), (vec![AckOutcome::Stale], 0));
+    let (acked, _) = consumer.ack_and_lease(&next, 10).await.unwrap();
+    assert_eq!(acked, vec![AckOutcome::Acked; 2]);
+    assert_eq!(queue.depths().await.unwrap(), QueueDepths::default());
+}

@@ -1,8 +1,10 @@
--- Append one entry to pending, refusing when a cap is set and reached.
--- KEYS[1] pending; ARGV[1] encoded entry, ARGV[2] cap (0: none)
--- Reply: new pending length, or -1 when full
-local cap = tonumber(ARGV[2])
-if cap > 0 and redis.call('LLEN', KEYS[1]) >= cap then
-  return -1
+-- Append entries to pending in the order given, refusing those past the cap.
+-- KEYS[1] pending; ARGV[1] cap (entries), ARGV[2..] encoded entries
+-- Reply: how many of the entries (from the first) were appended; the rest were refused
+local cap = tonumber(ARGV[1])
+local room = cap - redis.call('LLEN', KEYS[1])
+local take = math.min(math.max(room, 0), #ARGV - 1)
+for i = 2, take + 1 do
+  redis.call('LPUSH', KEYS[1], ARGV[i])
 end
-return redis.call('LPUSH', KEYS[1], ARGV[1])
+return take

@@ -13,10 +13,11 @@ end
 redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[4])
 redis.call('SADD', KEYS[4], ARGV[2])
 local items = redis.call('RPOP', KEYS[1], ARGV[1])
-if items then
-  for i = 1, #items do
-    redis.call('LPUSH', KEYS[2], items[i])
-  end
+if not items then
+  return {}
+end
+for i = 1, #items do
+  redis.call('LPUSH', KEYS[2], items[i])
 end
 recount(KEYS[2], KEYS[5], KEYS[6], ARGV[2])
-return items or {}
+return items
