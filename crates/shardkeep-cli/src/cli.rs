@@ -489,6 +489,11 @@ pub(crate) struct LoginBenchArgs {
     /// Connections of the game server's pool (the raw reads get the same).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub(crate) pool: u32,
+
+    /// Sessions of the veteran whose document the second storm logs in (up to 100 are used);
+    /// 0 runs the fresh document only.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub(crate) aging_logins: u32,
 }
 
 /// Options of `shardkeep bench queue`.

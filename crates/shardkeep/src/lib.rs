@@ -122,6 +122,7 @@
 
 pub mod audit;
 pub mod backend;
+mod batching;
 pub mod character;
 pub mod clock;
 pub mod coord;

@@ -70,17 +70,16 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
                 players: a.players as usize,
                 pool: a.pool,
             };
-            let env = engines.env().await?;
-            let r = login::run(
-                &env,
+            let mut report = all::AllReport::default();
+            all::login_all(
+                &engines,
                 config,
-                DocumentKind::Fresh,
-                &documents::template_state(),
+                a.aging_logins as usize,
                 &progress,
+                &mut report,
             )
-            .await;
-            env.teardown().await;
-            table.rows.extend(login::rows(&r?));
+            .await?;
+            table.extend(report.table);
         }
         BenchCommand::Queue(a) => {
             let config = queue::QueueBenchConfig {

@@ -244,7 +244,14 @@ pub async fn run(
     report.table.rows.extend(backlog::rows(&b));
     report.backlog = Some(b);
 
-    login_all(engines, config, progress, &mut report).await?;
+    login_all(
+        engines,
+        config.login,
+        config.aging_logins,
+        progress,
+        &mut report,
+    )
+    .await?;
 
     progress.step("audit", "a death storm through the batched auditor");
     let a = engines
@@ -380,35 +387,38 @@ pub async fn ladder_all(
     Ok(())
 }
 
-/// Login storms with the fresh and with the aged document.
-async fn login_all(
+/// Login storms with the fresh and with the aged document (after up to 100 of `aging_logins`
+/// sessions; 0 skips it), each in a scratch database of its own.
+pub async fn login_all(
     engines: &Engines,
-    config: AllConfig,
+    config: LoginConfig,
+    aging_logins: usize,
     progress: &Progress,
     report: &mut AllReport,
 ) -> Result<(), BenchError> {
-    let aged_state = engines
-        .scoped(async |env| {
-            let logins = config.aging_logins.clamp(1, 100);
-            let plan = AgingPlan {
-                rewards: logins * 100,
-                item_moves: logins * 10,
-                logins,
-                ..AgingPlan::default()
-            };
-            progress.step(
-                "aging",
-                format!("a veteran for the login storm ({logins} sessions)"),
-            );
-            Ok(aging::age_character(env, plan).await?.state)
-        })
-        .await?;
-    for (kind, state) in [
-        (DocumentKind::Fresh, documents::template_state()),
-        (DocumentKind::Aged, aged_state),
-    ] {
+    let mut documents = vec![(DocumentKind::Fresh, documents::template_state())];
+    if aging_logins > 0 {
+        let logins = aging_logins.min(100);
+        let aged = engines
+            .scoped(async |env| {
+                let plan = AgingPlan {
+                    rewards: logins * 100,
+                    item_moves: logins * 10,
+                    logins,
+                    ..AgingPlan::default()
+                };
+                progress.step(
+                    "aging",
+                    format!("a veteran for the login storm ({logins} sessions)"),
+                );
+                Ok(aging::age_character(env, plan).await?.state)
+            })
+            .await?;
+        documents.push((DocumentKind::Aged, aged));
+    }
+    for (kind, state) in documents {
         let l = engines
-            .scoped(async |env| login::run(env, config.login, kind, &state, progress).await)
+            .scoped(async |env| login::run(env, config, kind, &state, progress).await)
             .await?;
         report.table.rows.extend(login::rows(&l));
         report.login.push(l);

@@ -211,19 +211,11 @@ impl CharacterStore {
         if unique.is_empty() {
             return Ok(());
         }
-        sqlx::query(
-            "INSERT INTO item_loads (item_id, character_id, loaded_epoch)
-             SELECT item, $2, $3 FROM UNNEST($1::uuid[]) AS item
-             ON CONFLICT (item_id, character_id) DO UPDATE
-                SET loaded_epoch = GREATEST(item_loads.loaded_epoch, EXCLUDED.loaded_epoch),
-                    loaded_at = now()",
-        )
-        .bind(&unique)
-        .bind(character_id)
-        .bind(owner_epoch)
-        .execute(self.pg.pool())
-        .await?;
-        Ok(())
+        // Written with the records of other loads arriving at the same time.
+        Ok(self
+            .item_loads
+            .submit((character_id, owner_epoch, unique))
+            .await?)
     }
 }
 

@@ -2,7 +2,9 @@
 //!
 //! - [`snapshot`] — the one snapshot type, save outcomes and the freshness rule (pure).
 //! - [`store`] — Postgres: create, claim (epoch mint), load, CAS save single and batched;
-//!   `item_moves` — the transfer commit and the item-load ledger.
+//!   `item_moves` — the transfer commit and the item-load ledger; `item_loads` — ledger
+//!   records arriving together written in one statement.
+//! - `claim_batch` — claims arriving together made in one statement.
 //! - [`checkpoint`] — Redis: id-keyed snapshots behind a Lua ownership guard.
 //! - [`handoff`] — what a cross-shard handoff carries, and the epoch it was dumped under.
 //! - [`load`] — login-time load: claim, read both tiers, pick the freshest; fails closed.
@@ -10,7 +12,9 @@
 
 pub mod bookkeeping;
 pub mod checkpoint;
+mod claim_batch;
 pub mod handoff;
+mod item_loads;
 mod item_moves;
 pub mod load;
 pub mod snapshot;

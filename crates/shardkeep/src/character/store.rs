@@ -3,6 +3,7 @@
 
 use uuid::Uuid;
 
+use super::claim_batch::{ClaimBatcher, ClaimTuple, claim_batcher, effects_since_dump};
 use super::snapshot::{CharacterSnapshot, IssueMark, SaveOutcome, classify_save};
 use crate::backend::PostgresBackend;
 use crate::retry::apply::RecordedEffect;
@@ -216,6 +217,10 @@ pub struct CharacterStore {
     /// How many times a job's lease may have run out for the claim still to apply it (the
     /// workers' limit).
     lease_expiry_limit: u32,
+    /// Claims that need no settle, made together with those arriving at the same time.
+    claims: std::sync::Arc<ClaimBatcher>,
+    /// Item-load records, written together with those arriving at the same time.
+    pub(super) item_loads: std::sync::Arc<super::item_loads::ItemLoadBatcher>,
 }
 
 type RowTuple = (
@@ -350,6 +355,7 @@ SELECT i.id, m.state_version, m.owner_epoch, m.schema_version, upd.state_version
 // $4: its token), decides under the row lock whether the carried content is adopted: only when
 // the copy that dumped it still owns the row, or this very handoff's earlier claim (whose reply
 // was lost) does. An adopted handoff continues the lineage; anything else starts a new one.
+// (Claims that need no settle go through `claim_batch`'s statement of many characters instead.)
 const CLAIM: &str = "
 WITH prev AS (
     SELECT id, owner_epoch, handoff_claim FROM characters WHERE id = $1 FOR UPDATE
@@ -372,23 +378,53 @@ RETURNING c.owner_epoch, c.id, c.account_id, c.name, c.zone_ref, c.room_ref, c.s
           c.state_version, d.owner_epoch, c.live_version, d.adopt, c.live_issue_epoch,
           c.live_issue_mark, c.schema_version";
 
-// The job effects applied since the row's content was dumped, read after the claim took the row
-// lock (its own statement: a claim that waited for a settle's lock reads the settled row, and
-// only a statement started after that commit sees the settle's effect records too). A loader
-// replays the previous owner's on a newer checkpoint: sequenced ones past the content's mark or
-// of a later owner, unsequenced ones since the last live write; the newest 4,096, in order.
-const EFFECTS_SINCE_DUMP: &str = "
-SELECT COALESCE(jsonb_agg(jsonb_build_array(e.idempotency_key, e.owner_epoch, e.issue_seq,
-                                            e.row_version, e.payload)
-                          ORDER BY e.owner_epoch, e.issue_seq, e.applied_order), '[]'::jsonb)
-  FROM (SELECT e.* FROM character_job_effects e JOIN characters c ON c.id = e.character_id
-         WHERE e.character_id = $1 AND e.payload IS NOT NULL
-           AND CASE WHEN e.issue_seq = 0 THEN e.row_version > c.live_version
-                    ELSE e.owner_epoch > c.live_issue_epoch
-                         OR (e.owner_epoch = c.live_issue_epoch
-                             AND e.issue_seq > c.live_issue_mark) END
-         ORDER BY e.owner_epoch DESC, e.issue_seq DESC, e.applied_order DESC
-         LIMIT 4096) e";
+/// The claim's answer from the claim statement's row and the effects read after it.
+fn claimed_from(character_id: Uuid, row: ClaimTuple, effects: serde_json::Value) -> HandoffClaim {
+    let (
+        new_epoch,
+        id,
+        account,
+        name,
+        zone,
+        room,
+        state,
+        chargen,
+        version,
+        previous,
+        live,
+        adopted,
+        mark_epoch,
+        mark,
+        schema,
+    ) = row;
+    let content_mark = IssueMark {
+        epoch: mark_epoch,
+        seq: u64::try_from(mark).unwrap_or(0),
+    };
+    let previous_mark = if mark_epoch == previous { mark } else { 0 };
+    HandoffClaim {
+        claimed: ClaimedRow {
+            new_epoch,
+            live_version: live,
+            content_mark,
+            effects: decode_effects(character_id, effects),
+            row: snapshot_of((
+                id,
+                account,
+                name,
+                zone,
+                room,
+                state,
+                chargen,
+                version,
+                previous,
+                previous_mark,
+                schema,
+            )),
+        },
+        adopted,
+    }
+}
 
 const SELECT_BY_ID: &str = "SELECT id, account_id, name, zone_ref, room_ref, state, chargen, \
     state_version, owner_epoch, CASE WHEN live_issue_epoch = owner_epoch THEN live_issue_mark \
@@ -402,6 +438,8 @@ impl CharacterStore {
     /// A store over `pg`.
     pub fn new(pg: PostgresBackend) -> Self {
         Self {
+            claims: claim_batcher(pg.clone(), None, false),
+            item_loads: super::item_loads::item_load_batcher(pg.clone()),
             pg,
             schema_ceiling: None,
             model: None,
@@ -415,6 +453,7 @@ impl CharacterStore {
     /// records `schema_version` as the new owner's. The loader sets it from the game's model.
     pub fn with_schema_ceiling(mut self, schema_version: u32) -> Self {
         self.schema_ceiling = Some(schema_version);
+        self.claims = claim_batcher(self.pg.clone(), self.schema_ceiling, self.model.is_some());
         self
     }
 
@@ -434,6 +473,7 @@ impl CharacterStore {
     pub fn for_model(self, model: crate::model::ModelHandle) -> Self {
         let mut store = self.with_schema_ceiling(model.schema_version());
         store.model = Some(model);
+        store.claims = claim_batcher(store.pg.clone(), store.schema_ceiling, true);
         store
     }
 
@@ -555,23 +595,18 @@ impl CharacterStore {
                 "epoch floor {floor} is negative"
             )));
         }
-        type ClaimTuple = (
-            i64,
-            Uuid,
-            Uuid,
-            String,
-            Option<String>,
-            Option<String>,
-            serde_json::Value,
-            Option<serde_json::Value>,
-            i64,
-            i64,
-            i64,
-            bool,
-            i64,
-            i64,
-            i32,
-        );
+        // Most claims find no job queued: they are made together with the claims arriving at the
+        // same time, one statement of many characters committing on its own, and the effects
+        // since each content's dump are read after it. No effect of an earlier owner can be
+        // recorded after that commit (a job of an earlier epoch is fenced from then on), so the
+        // read sees what a read inside the claim would. A claim that finds a job queued (the
+        // statement's snapshot sees it, so a job a worker is settling right now counts), a
+        // refusal or no row at all goes the careful way, alone.
+        if let Some((row, effects)) =
+            super::claim_batch::claim(&self.claims, character_id, floor, handoff).await?
+        {
+            return Ok(claimed_from(character_id, row, effects));
+        }
         let mut tx = self.pg.pool().begin().await?;
         let mut settled = crate::retry::SettledAtClaim::default();
         if let Some(model) = &self.model {
@@ -595,18 +630,13 @@ impl CharacterStore {
                 .await?;
             }
         }
-        let row: Option<ClaimTuple> = sqlx::query_as(CLAIM)
-            .bind(character_id)
-            .bind(floor)
-            .bind(handoff.map(|(epoch, _)| epoch))
-            .bind(handoff.map(|(_, token)| token))
-            .bind(
-                self.schema_ceiling
-                    .map(|v| i32::try_from(v).unwrap_or(i32::MAX)),
-            )
-            .fetch_optional(&mut *tx)
-            .await?;
-        if row.is_none() {
+        let row = Self::claim_statement(
+            &mut *tx,
+            (character_id, floor, handoff),
+            self.schema_ceiling,
+        )
+        .await?;
+        let Some(row) = row else {
             // Missing, or refused for its schema (the row is locked by the claim's first step).
             let stored = Self::schema_and_backlog(&mut tx, character_id).await?;
             tx.rollback().await?;
@@ -621,61 +651,34 @@ impl CharacterStore {
                 }
                 None => StoreError::NotFound(character_id),
             });
-        }
-        let effects: serde_json::Value = if row.is_some() {
-            sqlx::query_scalar(EFFECTS_SINCE_DUMP)
-                .bind(character_id)
-                .fetch_one(&mut *tx)
-                .await?
-        } else {
-            serde_json::Value::Null
         };
+        let effects = effects_since_dump(&mut *tx, &[character_id])
+            .await?
+            .remove(&character_id)
+            .unwrap_or_else(|| serde_json::Value::Array(Vec::new()));
         tx.commit().await?;
         settled.report(character_id);
-        let (
-            new_epoch,
-            id,
-            account,
-            name,
-            zone,
-            room,
-            state,
-            chargen,
-            version,
-            previous,
-            live,
-            adopted,
-            mark_epoch,
-            mark,
-            schema,
-        ) = row.ok_or(StoreError::NotFound(character_id))?;
-        let content_mark = IssueMark {
-            epoch: mark_epoch,
-            seq: u64::try_from(mark).unwrap_or(0),
-        };
-        let previous_mark = if mark_epoch == previous { mark } else { 0 };
-        Ok(HandoffClaim {
-            claimed: ClaimedRow {
-                new_epoch,
-                live_version: live,
-                content_mark,
-                effects: decode_effects(character_id, effects),
-                row: snapshot_of((
-                    id,
-                    account,
-                    name,
-                    zone,
-                    room,
-                    state,
-                    chargen,
-                    version,
-                    previous,
-                    previous_mark,
-                    schema,
-                )),
-            },
-            adopted,
-        })
+        Ok(claimed_from(character_id, row, effects))
+    }
+
+    /// The one-character claim statement on `conn`. `None` when nothing was claimed (no row, or
+    /// refused for its schema).
+    async fn claim_statement<'c, E>(
+        conn: E,
+        (character_id, floor, handoff): (Uuid, i64, Option<(i64, &str)>),
+        schema_ceiling: Option<u32>,
+    ) -> Result<Option<ClaimTuple>, sqlx::Error>
+    where
+        E: sqlx::PgExecutor<'c>,
+    {
+        sqlx::query_as(CLAIM)
+            .bind(character_id)
+            .bind(floor)
+            .bind(handoff.map(|(epoch, _)| epoch))
+            .bind(handoff.map(|(_, token)| token))
+            .bind(schema_ceiling.map(|v| i32::try_from(v).unwrap_or(i32::MAX)))
+            .fetch_optional(conn)
+            .await
     }
 
     /// The row of `character_id`, if it exists.

@@ -197,7 +197,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         config: WorkQueueConfig,
     ) -> Result<Self, QueueError> {
         let keys = redis.keys().queue(name)?;
-        let appender = appender::Appender::new(
+        let appender = appender::appender(
             redis.clone(),
             keys.pending.clone(),
             config.max_pending,
@@ -235,7 +235,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
             item,
         };
         let body = serde_json::to_vec(&entry).map_err(QueueError::Encode)?;
-        match self.appender.append(body).await {
+        match self.appender.submit(body).await {
             appender::Appended::Stored => Ok(entry.entry_id),
             appender::Appended::Full => {
                 metrics::counter!(telemetry::QUEUE_FULL_TOTAL, "queue" => self.name.clone())

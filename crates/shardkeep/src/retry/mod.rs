@@ -103,7 +103,7 @@ impl RetryQueue {
         clock: Arc<dyn Clock>,
     ) -> (Self, RetrySignals) {
         let (signal, receiver) = mpsc::channel(signal_depth.max(1));
-        let waiting = Arc::default();
+        let waiting = coalesce::coalescer(pg.clone());
         (
             Self {
                 pg,
@@ -120,7 +120,7 @@ impl RetryQueue {
     /// at the same time are stored in one statement and commit (see `coalesce`); each returns
     /// once its own job is committed.
     pub async fn enqueue(&self, job: &PersistenceRetryJob) -> Result<EnqueueOutcome, RetryError> {
-        self.waiting.insert(&self.pg, job, self.clock.now()).await?;
+        coalesce::insert_job(&self.waiting, job, self.clock.now()).await?;
         metrics::counter!(telemetry::RETRY_ENQUEUED_TOTAL, "kind" => job.payload().kind().to_owned())
             .increment(1);
         Ok(self.signal(job.retry_job_id()))

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod checkpoint_keys;
+mod claims_together;
 mod coord_cleanup;
 mod coord_handoff;
 mod coord_records;

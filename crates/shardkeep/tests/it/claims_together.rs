@@ -1,0 +1,123 @@
+//! Claims that arrive together are made together (one statement of many characters) and each
+//! still decides exactly what a claim made alone decides: one new epoch per claim, a second
+//! claim of the same character in the same burst after the first, a character with a queued
+//! job settled first, a refused or missing character answered as such.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use shardkeep::character::{CharacterLoader, CharacterStore, CheckpointStore, StoreError};
+use shardkeep::retry::{
+    IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
+};
+use shardkeep_testkit::TestRedis;
+use shardkeep_testkit::model::{LedgerEffect, LedgerModel};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::retry_jobs::{character, experience, pg};
+
+fn reward(id: Uuid, epoch: i64, xp: i64) -> PersistenceRetryJob {
+    PersistenceRetryJob::new(
+        PersistenceRetryPayload::effect(
+            id,
+            &LedgerEffect::CombatRewards {
+                experience: xp,
+                currency: 0,
+                items: vec![],
+            },
+        )
+        .unwrap(),
+        IdempotencyEnvelope {
+            idempotency_key: format!("burst:{id}:{epoch}"),
+            owner_epoch: epoch,
+            origin: Origin::CombatRewards,
+            issued_at: Utc::now(),
+            issue_seq: 1,
+        },
+        "test",
+        None,
+    )
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_burst_of_claims_mints_one_epoch_per_claim(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let loader = CharacterLoader::new(
+        CharacterStore::new(pg(&pool)),
+        Some(CheckpointStore::new(redis.backend())),
+        LedgerModel::handle(),
+        Duration::from_secs(10),
+    );
+    let mut ids = Vec::new();
+    for n in 0..150 {
+        ids.push(character(&pool, &format!("burst{n}")).await);
+    }
+    // One of them left a reward queued under its first epoch, which no worker has run.
+    let queued = ids[7];
+    let first = loader.claim_and_load(queued, 0).await.unwrap().snapshot;
+    let clock: std::sync::Arc<dyn shardkeep::clock::Clock> =
+        std::sync::Arc::new(shardkeep::clock::SystemClock);
+    let (queue, _signals) = RetryQueue::new(pg(&pool), 8, clock);
+    queue
+        .enqueue(&reward(queued, first.owner_epoch, 5))
+        .await
+        .unwrap();
+    let missing = Uuid::now_v7();
+    // Every character is claimed twice in the same burst, and one that does not exist once.
+    let claims = ids
+        .iter()
+        .chain(ids.iter())
+        .chain(std::iter::once(&missing))
+        .map(|id| {
+            let loader = loader.clone();
+            let id = *id;
+            async move { (id, loader.claim_and_load(id, 0).await) }
+        });
+    let results = futures::future::join_all(claims).await;
+    let mut epochs: std::collections::HashMap<Uuid, Vec<i64>> = Default::default();
+    for (id, result) in results {
+        match result {
+            Ok(loaded) => epochs
+                .entry(id)
+                .or_default()
+                .push(loaded.snapshot.owner_epoch),
+            Err(err) => {
+                assert_eq!(id, missing, "{err}");
+                assert!(
+                    matches!(
+                        err,
+                        shardkeep::character::LoadError::Store {
+                            source: StoreError::NotFound(_),
+                            ..
+                        }
+                    ),
+                    "{err}"
+                );
+            }
+        }
+    }
+    for id in &ids {
+        let mut minted = epochs.remove(id).unwrap_or_default();
+        minted.sort_unstable();
+        let base = if *id == queued { 1 } else { 0 };
+        assert_eq!(minted, vec![base + 1, base + 2], "two claims, two epochs");
+        let stored: i64 = sqlx::query_scalar("SELECT owner_epoch FROM characters WHERE id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(stored, base + 2);
+    }
+    assert_eq!(
+        experience(&pool, queued).await,
+        5,
+        "settled before the claim"
+    );
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM persistence_retry_jobs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+}
