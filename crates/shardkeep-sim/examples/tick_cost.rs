@@ -40,7 +40,7 @@ async fn main() {
                     v["affects"] = serde_json::json!([]);
                     v["cooldowns"] = serde_json::json!({});
                 }
-                v
+                v.into()
             },
             chargen: None,
             state_version: 0,

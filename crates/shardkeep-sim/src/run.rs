@@ -127,7 +127,7 @@ async fn prepare(config: SimConfig, env: SimEnv) -> Result<Arc<World>, (SimError
                 name: agent.name.clone(),
                 zone_ref: None,
                 room_ref: None,
-                state: starting_state(&catalog),
+                state: starting_state(&catalog).into(),
                 chargen: None,
                 schema_version: 1,
             })

@@ -13,7 +13,7 @@ pub fn new_character(name: &str) -> NewCharacter {
         name: name.into(),
         zone_ref: Some("midgaard".into()),
         room_ref: Some("market".into()),
-        state: json!({ "gold": 1 }),
+        state: json!({ "gold": 1 }).into(),
         chargen: Some(json!({ "class": "ranger" })),
         schema_version: 1,
     }

@@ -112,6 +112,7 @@ trait ErasedModel: Send + Sync {
     ) -> Result<Applied, String>;
     fn sets_value(&self, effect: &serde_json::Value) -> Option<bool>;
     fn held_items(&self, state: &serde_json::Value) -> Vec<Uuid>;
+    fn held_items_text(&self, state: &str) -> Vec<Uuid>;
     fn take_item(&self, state: &mut serde_json::Value, item: Uuid) -> Result<bool, String>;
 }
 
@@ -166,6 +167,12 @@ impl<M: GameModel> ErasedModel for Erased<M> {
 
     fn held_items(&self, state: &serde_json::Value) -> Vec<Uuid> {
         decode_state::<M>(state)
+            .map(|doc| self.0.held_items(&doc))
+            .unwrap_or_default()
+    }
+
+    fn held_items_text(&self, state: &str) -> Vec<Uuid> {
+        serde_json::from_str::<M::State>(state)
             .map(|doc| self.0.held_items(&doc))
             .unwrap_or_default()
     }
@@ -271,6 +278,12 @@ impl ModelHandle {
     /// The item ids an encoded state holds (none when it does not decode).
     pub fn held_items(&self, state: &serde_json::Value) -> Vec<Uuid> {
         self.0.held_items(state)
+    }
+
+    /// The item ids a state document holds, decoded straight from its text (none when it does
+    /// not decode).
+    pub fn held_items_in(&self, state: &crate::character::StateJson) -> Vec<Uuid> {
+        self.0.held_items_text(state.as_str())
     }
 
     /// True when an encoded state holds `item`.

@@ -638,7 +638,7 @@ mod tests {
                 name: "Aria".into(),
                 zone_ref: None,
                 room_ref: None,
-                state: serde_json::json!({}),
+                state: serde_json::json!({}).into(),
                 chargen: None,
                 state_version: 4,
                 owner_epoch: epoch,

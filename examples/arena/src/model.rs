@@ -255,12 +255,13 @@ impl Release {
     }
 
     /// Writes a fighter as this release's document.
-    pub(crate) fn write(self, fighter: &Fighter) -> serde_json::Value {
+    pub(crate) fn write(self, fighter: &Fighter) -> shardkeep::character::StateJson {
+        use shardkeep::character::StateJson;
         match self {
-            Self::V1 => serde_json::to_value(v1_doc(fighter)),
-            Self::V2 => serde_json::to_value(v2_doc(fighter)),
+            Self::V1 => StateJson::encode(&v1_doc(fighter)),
+            Self::V2 => StateJson::encode(&v2_doc(fighter)),
         }
-        .unwrap_or(serde_json::Value::Null)
+        .unwrap_or_default()
     }
 }
 
@@ -275,7 +276,7 @@ mod tests {
             ..Fighter::fresh()
         });
         assert_eq!(v1["gold"], 7);
-        let v2 = Release::V2.model().upgrade(1, v1).unwrap();
+        let v2 = Release::V2.model().upgrade(1, v1.to_value()).unwrap();
         assert_eq!(v2["coins"], 7);
         assert_eq!(v2["title"], "novice");
         assert!(Release::V1.read(&v2).is_err(), "v1 cannot read v2");

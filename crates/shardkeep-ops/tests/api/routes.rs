@@ -300,7 +300,7 @@ async fn audit_views_over_http(pool: PgPool) {
                 name: "Aria".into(),
                 zone_ref: None,
                 room_ref: None,
-                state: json!({}),
+                state: json!({}).into(),
                 chargen: None,
                 schema_version: 1,
             },

@@ -273,7 +273,7 @@ pub(crate) async fn saver_and_auditor_workload(app: &TestApp) {
             name: format!("M{}", &id.simple().to_string()[..6]),
             zone_ref: None,
             room_ref: None,
-            state: serde_json::json!({}),
+            state: serde_json::json!({}).into(),
             chargen: None,
             schema_version: 1,
         })

@@ -6,11 +6,14 @@
 
 use std::collections::BTreeMap;
 
+use serde::Serialize;
+
 use super::items::{
-    CarryLimits, CarryTreeError, Catalog, Item, LoadBudget, dump_items, dump_one, load_item,
+    CarryLimits, CarryTreeError, Catalog, Item, ItemView, LoadBudget, load_item, view_items,
+    view_one,
 };
 use super::state::{ChargenInput, LiveCharacter, Pool, StateDocument};
-use shardkeep::character::CharacterSnapshot;
+use shardkeep::character::{CharacterSnapshot, StateJson};
 
 /// A live character could not be dumped; nothing is saved.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -49,7 +52,7 @@ pub fn apply_snapshot(
     options: ApplyOptions,
 ) -> Applied {
     let mut warnings = Vec::new();
-    let doc: StateDocument = match serde_json::from_value(snapshot.state.clone()) {
+    let doc: StateDocument = match snapshot.state.decode() {
         Ok(doc) => doc,
         Err(err) => {
             warnings.push(format!(
@@ -179,29 +182,10 @@ pub fn dump_character(
     let equipment = character
         .equipment
         .iter()
-        .map(|(slot, item)| Ok((*slot, dump_one(item, limits, &mut nodes)?)))
+        .map(|(slot, item)| Ok((*slot, view_one(item, limits, &mut nodes)?)))
         .collect::<Result<BTreeMap<_, _>, CarryTreeError>>()?;
-    let inventory = dump_items(&character.inventory, limits, &mut nodes)?;
-    let doc = StateDocument {
-        attributes: character.base.clone(),
-        resources: character
-            .pools
-            .iter()
-            .map(|(k, p)| (k.clone(), p.cur))
-            .collect(),
-        affects: character.affects.clone(),
-        cooldowns: character.cooldowns.clone(),
-        equipment,
-        inventory,
-        experience: character.experience,
-        level: character.level,
-        currency: character.currency,
-        appearance: character.appearance.clone(),
-        position: character.position,
-        applied_seq: character.applied_seq,
-        tracks: character.tracks.clone(),
-    };
-    let carry_bytes = encoded_len(&(&doc.equipment, &doc.inventory));
+    let inventory = view_items(&character.inventory, limits, &mut nodes)?;
+    let carry_bytes = encoded_len(&(&equipment, &inventory));
     if carry_bytes > limits.max_bytes {
         return Err(CarryTreeError::TooLarge {
             bytes: carry_bytes,
@@ -209,7 +193,27 @@ pub fn dump_character(
         }
         .into());
     }
-    let state = serde_json::to_value(&doc).map_err(|e| DumpError::Encode(e.to_string()))?;
+    // Encoded straight from the live character: no copy of it, no JSON tree.
+    let doc = StateView {
+        attributes: &character.base,
+        resources: character
+            .pools
+            .iter()
+            .map(|(k, p)| (k.as_str(), p.cur))
+            .collect(),
+        affects: &character.affects,
+        cooldowns: &character.cooldowns,
+        equipment,
+        inventory,
+        experience: character.experience,
+        level: character.level,
+        currency: character.currency,
+        appearance: &character.appearance,
+        position: character.position,
+        applied_seq: character.applied_seq,
+        tracks: &character.tracks,
+    };
+    let state = StateJson::encode(&doc).map_err(|e| DumpError::Encode(e.to_string()))?;
     Ok(CharacterSnapshot {
         character_id: character.character_id,
         account_id: character.account_id,
@@ -224,6 +228,25 @@ pub fn dump_character(
         schema_version:
             <super::effects::ReferenceModel as shardkeep::model::GameModel>::SCHEMA_VERSION,
     })
+}
+
+/// A live character's state document, borrowed: fields and order exactly as
+/// [`StateDocument`]'s, so it encodes to the same document (a test holds them equal).
+#[derive(Serialize)]
+struct StateView<'a> {
+    attributes: &'a BTreeMap<String, i32>,
+    resources: BTreeMap<&'a str, i32>,
+    affects: &'a [super::state::Affect],
+    cooldowns: &'a BTreeMap<String, u32>,
+    equipment: BTreeMap<super::items::Slot, ItemView<'a>>,
+    inventory: Vec<ItemView<'a>>,
+    experience: i64,
+    level: u32,
+    currency: i64,
+    appearance: &'a super::state::Appearance,
+    position: Option<[i32; 2]>,
+    applied_seq: u64,
+    tracks: &'a BTreeMap<String, u32>,
 }
 
 pub(crate) use shardkeep::model::encoded_len;

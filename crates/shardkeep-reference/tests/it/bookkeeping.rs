@@ -64,7 +64,7 @@ async fn an_effect_issued_before_a_newer_checkpoint_is_not_replayed_over_it(pool
     let epoch = store.claim(row.character_id, 0).await.unwrap().new_epoch;
     let mut live = CharacterSnapshot {
         owner_epoch: epoch,
-        state: json!({ "appearance": { "hair": "grey" } }),
+        state: json!({ "appearance": { "hair": "grey" } }).into(),
         ..row.clone()
     };
     assert_eq!(store.save(&live).await.unwrap(), SaveOutcome::Saved(1));
@@ -74,7 +74,7 @@ async fn an_effect_issued_before_a_newer_checkpoint_is_not_replayed_over_it(pool
     // a retry job.
     let red = appearance_job(&live, "red", "looks-1", 1);
     // Then the player changes it again, to blue (a second issue), and the copy checkpoints that.
-    live.state = json!({ "appearance": { "hair": "blue" } });
+    live.state = json!({ "appearance": { "hair": "blue" } }).into();
     live.issue_mark = 2;
     checkpoints.write(&live).await.unwrap();
 
@@ -181,7 +181,7 @@ fn reward(snapshot: &CharacterSnapshot, seq: u64, experience: i64) -> Persistenc
 }
 
 async fn state_of(store: &CharacterStore, id: uuid::Uuid) -> serde_json::Value {
-    store.load(id).await.unwrap().unwrap().state
+    store.load(id).await.unwrap().unwrap().state.to_value()
 }
 
 /// A live copy: claimed, with its first save landed.
@@ -190,7 +190,7 @@ async fn live_copy(store: &CharacterStore, name: &str) -> CharacterSnapshot {
     let epoch = store.claim(row.character_id, 0).await.unwrap().new_epoch;
     let mut live = CharacterSnapshot {
         owner_epoch: epoch,
-        state: json!({ "experience": 0 }),
+        state: json!({ "experience": 0 }).into(),
         ..row
     };
     let SaveOutcome::Saved(version) = store.save(&live).await.unwrap() else {
@@ -207,7 +207,7 @@ async fn a_reward_a_live_write_already_holds_is_not_granted_again(pool: PgPool) 
     let store = CharacterStore::new(pg(&pool));
     let mut live = live_copy(&store, "Aria").await;
     let mut retry = Retry::new(&pool);
-    live.state = json!({ "experience": 30 });
+    live.state = json!({ "experience": 30 }).into();
     live.issue_mark = 1;
     assert!(matches!(
         store.save(&live).await.unwrap(),
@@ -316,7 +316,7 @@ async fn a_load_records_its_items_and_an_earlier_release_is_a_phantom(pool: PgPo
         .unwrap();
     let bran = created(&store, "Bran").await;
     let acquirer = CharacterSnapshot {
-        state: json!({ "inventory": [{ "proto": "gem", "id": gem }] }),
+        state: json!({ "inventory": [{ "proto": "gem", "id": gem }] }).into(),
         ..bran.clone()
     };
     let event = AuditEvent::item_transferred(
@@ -343,7 +343,7 @@ async fn a_load_records_its_items_and_an_earlier_release_is_a_phantom(pool: PgPo
         matches!(outcome, TransferCommit::ReleaserSuperseded { .. }),
         "{outcome:?}"
     );
-    assert_eq!(state_of(&store, bran.character_id).await, bran.state);
+    assert_eq!(bran.state, state_of(&store, bran.character_id).await);
     // Released by the second copy itself (no load after it): the move commits.
     let released = Releaser::Departed {
         character_id: row.character_id,
@@ -402,7 +402,7 @@ async fn bookkeeping_stays_bounded_under_a_steady_workload(pool: PgPool) {
         let mut jobs = Vec::new();
         for seq in 1..=10 {
             let xp = live.state["experience"].as_i64().unwrap() + 1;
-            live.state["experience"] = xp.into();
+            live.state.set_field("experience", xp.into());
             live.issue_mark = seq;
             jobs.push(reward(&live, seq, 1));
         }
@@ -471,7 +471,7 @@ async fn a_state_job_outranks_a_checkpoint_dumped_before_it(pool: PgPool) {
     let store = CharacterStore::new(pg(&pool));
     let checkpoints = CheckpointStore::new(redis.backend());
     let mut live = live_copy(&store, "Aria").await;
-    live.state = json!({ "experience": 10 });
+    live.state = json!({ "experience": 10 }).into();
     live.issue_mark = 4;
     checkpoints.write(&live).await.unwrap();
     // Rewards 5 and 6 granted (+30), then the final dump, whose save became a job.
@@ -514,7 +514,8 @@ async fn a_load_whose_item_ledger_write_fails_still_loads_the_freshest_copy(pool
     let checkpoints = CheckpointStore::new(redis.backend());
     let mut live = live_copy(&store, "Aria").await;
     live.state = json!({ "experience": 99,
-                         "inventory": [{ "proto": "gem", "id": uuid::Uuid::now_v7() }] });
+                         "inventory": [{ "proto": "gem", "id": uuid::Uuid::now_v7() }] })
+    .into();
     checkpoints.write(&live).await.unwrap();
     sqlx::query("DROP TABLE item_loads")
         .execute(&pool)
@@ -539,7 +540,7 @@ async fn unsequenced_writes_never_reopen_a_granted_reward(pool: PgPool) {
     let store = CharacterStore::new(pg(&pool));
     let mut live = live_copy(&store, "Aria").await;
     let id = live.character_id;
-    live.state = json!({ "experience": 30 });
+    live.state = json!({ "experience": 30 }).into();
     live.issue_mark = 50;
     assert!(matches!(
         store.save(&live).await.unwrap(),
@@ -590,7 +591,7 @@ async fn a_claim_that_waited_for_a_settle_replays_its_effects(pool: PgPool) {
     let checkpoints = CheckpointStore::new(redis.backend());
     let mut live = live_copy(&store, "Aria").await;
     let id = live.character_id;
-    live.state = json!({ "experience": 14, "inventory": [{ "proto": "gem" }] });
+    live.state = json!({ "experience": 14, "inventory": [{ "proto": "gem" }] }).into();
     checkpoints.write(&live).await.unwrap();
     // A settle holds the row: it granted reward 1 (issued after the checkpoint's dump).
     let mut settle = pool.begin().await.unwrap();

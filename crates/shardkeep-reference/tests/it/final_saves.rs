@@ -208,7 +208,7 @@ async fn a_final_save_job_from_a_superseded_copy_is_fenced(pool: PgPool) {
     let claimed = stores.characters.claim(id, 0).await.unwrap();
     let mut live = claimed.row.clone();
     live.owner_epoch = claimed.new_epoch;
-    live.state = serde_json::json!({ "currency": 7 });
+    live.state = serde_json::json!({ "currency": 7 }).into();
     stores.characters.save(&live).await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     proxy.set_mode(ProxyMode::Pass);

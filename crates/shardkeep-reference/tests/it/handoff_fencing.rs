@@ -134,7 +134,7 @@ fn a_payload_whose_stated_epoch_is_not_its_snapshots_is_refused() {
         name: "Aria".into(),
         zone_ref: None,
         room_ref: None,
-        state: serde_json::json!({}),
+        state: serde_json::json!({}).into(),
         chargen: None,
         state_version: 0,
         owner_epoch: 4,

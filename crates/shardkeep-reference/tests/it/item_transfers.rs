@@ -254,7 +254,7 @@ async fn a_storeless_shard_records_nothing_and_still_works(pool: PgPool) {
             name: name.into(),
             zone_ref: None,
             room_ref: None,
-            state: json!({}),
+            state: json!({}).into(),
             chargen: None,
             state_version: 0,
             owner_epoch: 0,
@@ -616,8 +616,8 @@ async fn a_transfer_commit_retried_after_a_lost_reply_is_not_applied_twice(pool:
     let mut releaser = stores.characters.load(a).await.unwrap().unwrap();
     let mut acquirer = stores.characters.load(b).await.unwrap().unwrap();
     let item = Uuid::now_v7();
-    releaser.state = json!({});
-    acquirer.state = json!({ "inventory": [{ "proto": "gem", "id": item }] });
+    releaser.state = json!({}).into();
+    acquirer.state = json!({ "inventory": [{ "proto": "gem", "id": item }] }).into();
     let event = AuditEvent::item_transferred(b, a, Uuid::now_v7(), json!({ "item_id": item }));
     let first = stores
         .characters
@@ -731,8 +731,7 @@ async fn rows_holding(stores: &Stores, ids: &[Uuid], item: Uuid) -> Vec<Uuid> {
     let mut holding = Vec::new();
     for id in ids {
         let row = stores.characters.load(*id).await.unwrap().unwrap();
-        let doc: shardkeep_reference::game::StateDocument =
-            serde_json::from_value(row.state).unwrap();
+        let doc: shardkeep_reference::game::StateDocument = row.state.decode().unwrap();
         let mut doc = doc;
         if shardkeep_reference::game::state::remove_stored_item(&mut doc, item) {
             holding.push(*id);
@@ -857,8 +856,8 @@ async fn a_held_releaser_still_holding_the_item_gives_nothing(pool: PgPool) {
     let mut releaser = stores.characters.load(a).await.unwrap().unwrap();
     let mut acquirer = stores.characters.load(b).await.unwrap().unwrap();
     let item = Uuid::now_v7();
-    releaser.state = json!({ "inventory": [{ "proto": "gem", "id": item }] });
-    acquirer.state = json!({ "inventory": [{ "proto": "gem", "id": item }] });
+    releaser.state = json!({ "inventory": [{ "proto": "gem", "id": item }] }).into();
+    acquirer.state = json!({ "inventory": [{ "proto": "gem", "id": item }] }).into();
     let event = AuditEvent::item_transferred(b, a, Uuid::now_v7(), json!({ "item_id": item }));
     let side = Releaser::Held {
         snapshot: &releaser,
@@ -881,7 +880,7 @@ async fn a_held_releaser_still_holding_the_item_gives_nothing(pool: PgPool) {
     );
     // Released at epoch 1 but a copy loaded at 3 held it (the item-load ledger says so): also a
     // phantom, even without it now.
-    releaser.state = json!({});
+    releaser.state = json!({}).into();
     stores
         .characters
         .record_item_loads(a, 3, &[item])
@@ -909,7 +908,7 @@ async fn a_held_releaser_still_holding_the_item_gives_nothing(pool: PgPool) {
     assert!(transfers(&pool).await.is_empty());
     assert_eq!(stores.characters.version_of(b).await.unwrap().unwrap().0, 0);
     // A garbled releaser document is refused with a clear error, and nothing is written.
-    releaser.state = json!({ "inventory": "not a list" });
+    releaser.state = json!({ "inventory": "not a list" }).into();
     let side = Releaser::Held {
         snapshot: &releaser,
         item_id: Some(item),
@@ -979,9 +978,9 @@ async fn a_save_dumped_before_the_release_cannot_land_after_the_pickup(pool: PgP
     let item = Uuid::now_v7();
     // A's flush, dumped while A still carried the gem, is still on its way.
     let mut late_flush = stores.characters.load(a).await.unwrap().unwrap();
-    late_flush.state = json!({ "inventory": [{ "proto": "gem", "id": item }] });
+    late_flush.state = json!({ "inventory": [{ "proto": "gem", "id": item }] }).into();
     let mut acquirer = stores.characters.load(b).await.unwrap().unwrap();
-    acquirer.state = json!({ "inventory": [{ "proto": "gem", "id": item }] });
+    acquirer.state = json!({ "inventory": [{ "proto": "gem", "id": item }] }).into();
     let event = AuditEvent::item_transferred(b, a, Uuid::now_v7(), json!({ "item_id": item }));
     let side = Releaser::Departed {
         character_id: a,

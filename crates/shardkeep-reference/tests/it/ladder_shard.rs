@@ -69,7 +69,7 @@ async fn a_stale_owner_never_lands_a_flush_final_or_checkpoint(pool: PgPool) {
     let mut rebased = stores.characters.load(id).await.unwrap().unwrap();
     rebased.owner_epoch = zombie_epoch;
     rebased.state_version = current_version;
-    rebased.state = json!({ "currency": 9_999 });
+    rebased.state = json!({ "currency": 9_999 }).into();
     assert_eq!(
         stores.characters.save(&rebased).await.unwrap(),
         SaveOutcome::OwnershipLost(live_epoch)
@@ -141,13 +141,13 @@ async fn freshness_tie_goes_to_the_checkpoint_and_a_newer_row_wins(pool: PgPool)
     // The epoch-2 owner flushes new content (row at version 1), then a checkpoint at the old
     // version 0 with older content reappears: the row's higher version wins.
     let mut flushed = loaded.snapshot.clone();
-    flushed.state = json!({ "currency": 77 });
+    flushed.state = json!({ "currency": 77 }).into();
     assert_eq!(
         stores.characters.save(&flushed).await.unwrap(),
         SaveOutcome::Saved(1)
     );
     let mut old = flushed.clone();
-    old.state = json!({ "currency": 1 });
+    old.state = json!({ "currency": 1 }).into();
     assert_eq!(
         stores.checkpoints.write(&old).await.unwrap(),
         CheckpointWrite::Written
@@ -166,7 +166,7 @@ async fn a_stale_owners_checkpoint_never_outranks_the_live_row(pool: PgPool) {
     let live = stores.characters.claim(id, 0).await.unwrap();
     let mut live_snapshot = CharacterSnapshot {
         owner_epoch: live.new_epoch,
-        state: json!({ "who": "live" }),
+        state: json!({ "who": "live" }).into(),
         ..live.row.clone()
     };
     assert_eq!(
@@ -178,7 +178,7 @@ async fn a_stale_owners_checkpoint_never_outranks_the_live_row(pool: PgPool) {
     let zombie = CharacterSnapshot {
         owner_epoch: stale_epoch,
         state_version: 50,
-        state: json!({ "who": "zombie" }),
+        state: json!({ "who": "zombie" }).into(),
         ..live_snapshot.clone()
     };
     assert_eq!(
@@ -783,7 +783,7 @@ async fn a_flush_conflict_makes_the_zone_redump_at_the_current_version(pool: PgP
     login(&stores, &mut shard, id, "s").await;
     // Another legitimate writer of the same epoch (a recovered job) moves the row on.
     let mut external = stores.characters.load(id).await.unwrap().unwrap();
-    external.state = json!({ "by": "job" });
+    external.state = json!({ "by": "job" }).into();
     assert_eq!(
         stores.characters.save(&external).await.unwrap(),
         SaveOutcome::Saved(1)
@@ -810,7 +810,7 @@ async fn a_final_flush_conflict_for_a_departed_player_rebases_and_lands(pool: Pg
     let mut shard = boot(&stores, "shard-a", &[0], 1);
     login(&stores, &mut shard, id, "s").await;
     let mut external = stores.characters.load(id).await.unwrap().unwrap();
-    external.state = json!({ "by": "job" });
+    external.state = json!({ "by": "job" }).into();
     stores.characters.save(&external).await.unwrap();
     shard.player_mut(id).unwrap().character.currency = 66;
     shard.logout(id).unwrap();

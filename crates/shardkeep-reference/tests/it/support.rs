@@ -73,7 +73,7 @@ impl Stores {
                 name: name.into(),
                 zone_ref: None,
                 room_ref: None,
-                state: json!({}),
+                state: json!({}).into(),
                 chargen: Some(json!({ "items": ["bag"] })),
                 schema_version: 1,
             })

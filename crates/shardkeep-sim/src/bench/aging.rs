@@ -111,7 +111,7 @@ pub async fn age_character(env: &BenchEnv, plan: AgingPlan) -> Result<AgedCharac
             name: format!("veteran-{}", id.simple()),
             zone_ref: Some("zone-0".into()),
             room_ref: Some("r0".into()),
-            state: fresh_state.clone(),
+            state: fresh_state.clone().into(),
             chargen: None,
             schema_version: 1,
         })
@@ -183,7 +183,7 @@ pub async fn age_character(env: &BenchEnv, plan: AgingPlan) -> Result<AgedCharac
     fresh_same_items["inventory"] = state["inventory"].clone();
     fresh_same_items["equipment"] = state["equipment"].clone();
     Ok(AgedCharacter {
-        state,
+        state: state.to_value(),
         fresh_state: fresh_same_items,
         jobs,
         bookkeeping_rows,

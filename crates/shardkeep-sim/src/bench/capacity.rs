@@ -12,7 +12,9 @@ use uuid::Uuid;
 use super::documents::DocumentKind;
 use super::ladder::{insert_rows, snapshot};
 use super::{BenchEnv, BenchError, Goal, Progress, Row, Unit};
-use shardkeep::character::{CharacterStore, CheckpointStore, LoadSource, LoadedCharacter};
+use shardkeep::character::{
+    CharacterStore, CheckpointStore, LoadSource, LoadedCharacter, StateJson,
+};
 use shardkeep_reference::game::{ApplyOptions, Catalog, apply_snapshot, reference_world};
 use shardkeep_reference::shard::{Arrival, Shard, ShardConfig, ShardStores, ZoneDirectory};
 
@@ -90,8 +92,9 @@ pub async fn run(
     let prefix = format!("on{}-", Uuid::now_v7().simple());
     let rows = insert_rows(&env.pool, config.online, &prefix, state).await?;
     let catalog = Arc::new(Catalog::reference());
+    let encoded = StateJson::from(state);
     let probe = apply_snapshot(
-        &snapshot(Uuid::nil(), "probe", state),
+        &snapshot(Uuid::nil(), "probe", &encoded),
         &catalog,
         ApplyOptions::default(),
     );
@@ -120,7 +123,7 @@ pub async fn run(
     progress.step(BENCH, format!("admitting {} characters", rows.len()));
     for (id, name) in &rows {
         let loaded = LoadedCharacter {
-            snapshot: snapshot(*id, name, state),
+            snapshot: snapshot(*id, name, &encoded),
             source: LoadSource::Row,
             brand_new: false,
             origin: Default::default(),

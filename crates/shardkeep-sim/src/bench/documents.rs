@@ -184,7 +184,7 @@ mod tests {
                 name: "probe".into(),
                 zone_ref: Some("zone-0".into()),
                 room_ref: Some("r0".into()),
-                state,
+                state: state.into(),
                 chargen: None,
                 state_version: 0,
                 issue_mark: 0,

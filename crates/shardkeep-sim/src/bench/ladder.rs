@@ -11,7 +11,9 @@ use uuid::Uuid;
 use super::documents::DocumentKind;
 use super::{BenchEnv, BenchError, Goal, Progress, Row, Unit, measure, rate};
 use shardkeep::character::checkpoint::WRITE_SCRIPT;
-use shardkeep::character::{CharacterSnapshot, CharacterStore, CheckpointStore, SaveOutcome};
+use shardkeep::character::{
+    CharacterSnapshot, CharacterStore, CheckpointStore, SaveOutcome, StateJson,
+};
 use shardkeep::keyspace::CHECKPOINT_TTL;
 
 const BENCH: &str = "ladder";
@@ -84,8 +86,9 @@ pub async fn insert_rows(
     )
 }
 
-/// A snapshot of a row [`insert_rows`] made, at version 0 under epoch 1.
-pub fn snapshot(id: Uuid, name: &str, state: &serde_json::Value) -> CharacterSnapshot {
+/// A snapshot of a row [`insert_rows`] made, at version 0 under epoch 1, holding `state`
+/// (encoded once, shared by every snapshot made from it).
+pub fn snapshot(id: Uuid, name: &str, state: &StateJson) -> CharacterSnapshot {
     CharacterSnapshot {
         character_id: id,
         account_id: Uuid::nil(),
@@ -110,6 +113,7 @@ pub async fn run_with_state(
 ) -> Result<LadderBenchReport, BenchError> {
     let prefix = format!("tp{}-", Uuid::now_v7().simple());
     let rows = insert_rows(&env.pool, config.rows, &prefix, state).await?;
+    let encoded = StateJson::from(state);
     let mut steps = Steps {
         env,
         config,
@@ -117,7 +121,7 @@ pub async fn run_with_state(
         checkpoints: CheckpointStore::new(env.redis.clone()),
         snapshots: rows
             .iter()
-            .map(|(id, name)| snapshot(*id, name, state))
+            .map(|(id, name)| snapshot(*id, name, &encoded))
             .collect(),
         batch: config
             .batch
@@ -321,7 +325,7 @@ impl Steps<'_> {
             let batch = &self.snapshots[range];
             let ids: Vec<Uuid> = batch.iter().map(|s| s.character_id).collect();
             let epochs: Vec<i64> = batch.iter().map(|s| s.owner_epoch).collect();
-            let states: Vec<&serde_json::Value> = batch.iter().map(|s| &s.state).collect();
+            let states: Vec<&StateJson> = batch.iter().map(|s| &s.state).collect();
             let chargens: Vec<Option<&serde_json::Value>> =
                 batch.iter().map(|s| s.chargen.as_ref()).collect();
             let zones: Vec<Option<&str>> = batch.iter().map(|s| s.zone_ref.as_deref()).collect();

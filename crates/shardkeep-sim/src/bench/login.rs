@@ -79,14 +79,14 @@ pub async fn run(
     let prefix = format!("ls{}-", Uuid::now_v7().simple());
     let rows = insert_rows(&env.pool, config.players, &prefix, state).await?;
     let checkpoints = CheckpointStore::new(env.redis.clone());
-    let mut snapshots: Vec<_> = rows
+    // The shard checkpointed after its last flush: the checkpoint is the fresher copy.
+    let mut fresher = state.clone();
+    fresher["experience"] = serde_json::json!(1_000_001);
+    let fresher = shardkeep::character::StateJson::from(fresher);
+    let snapshots: Vec<_> = rows
         .iter()
-        .map(|(id, name)| snapshot(*id, name, state))
+        .map(|(id, name)| snapshot(*id, name, &fresher))
         .collect();
-    for s in &mut snapshots {
-        // The shard checkpointed after its last flush: the checkpoint is the fresher copy.
-        s.state["experience"] = serde_json::json!(1_000_001);
-    }
     for chunk in snapshots.chunks(512) {
         let refs: Vec<_> = chunk.iter().collect();
         checkpoints.write_many(&refs).await?;

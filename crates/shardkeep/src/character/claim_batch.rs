@@ -26,7 +26,7 @@ pub(super) type ClaimTuple = (
     String,
     Option<String>,
     Option<String>,
-    serde_json::Value,
+    super::StateJson,
     Option<serde_json::Value>,
     i64,
     i64,

@@ -90,7 +90,7 @@ mod tests {
             name: "Aria".into(),
             zone_ref: Some("zone-1".into()),
             room_ref: Some("r0".into()),
-            state: json!({ "currency": 3 }),
+            state: json!({ "currency": 3 }).into(),
             chargen: None,
             state_version: 4,
             owner_epoch: epoch,

@@ -229,9 +229,9 @@ async fn held_copy_supersedes(
     released_epoch: i64,
 ) -> Result<bool, StoreError> {
     model
-        .check_state(&snapshot.state)
+        .check_state(snapshot.state.value())
         .map_err(|e| StoreError::InvalidInput(format!("releaser state: {e}")))?;
-    Ok(model.holds_item(&snapshot.state, item_id)
+    Ok(model.holds_item(snapshot.state.value(), item_id)
         || loaded_after(conn, snapshot.character_id, item_id, released_epoch).await?)
 }
 

@@ -177,14 +177,15 @@ impl CharacterLoader {
         let snapshot = &mut loaded.snapshot;
         let current = self.model.schema_version();
         if snapshot.schema_version != current {
-            let state = std::mem::take(&mut snapshot.state);
-            snapshot.state =
-                self.model
-                    .upgrade(snapshot.schema_version, state)
-                    .map_err(|source| LoadError::Schema {
-                        character_id: snapshot.character_id,
-                        source,
-                    })?;
+            let state = std::mem::take(&mut snapshot.state).to_value();
+            snapshot.state = self
+                .model
+                .upgrade(snapshot.schema_version, state)
+                .map_err(|source| LoadError::Schema {
+                    character_id: snapshot.character_id,
+                    source,
+                })?
+                .into();
             snapshot.schema_version = current;
         }
         Ok(loaded)
@@ -198,7 +199,7 @@ impl CharacterLoader {
     async fn record_item_loads(&self, loaded: &LoadedCharacter) {
         let character_id = loaded.snapshot.character_id;
         let epoch = loaded.snapshot.owner_epoch;
-        let items = self.model.held_items(&loaded.snapshot.state);
+        let items = self.model.held_items_in(&loaded.snapshot.state);
         if items.is_empty() {
             return;
         }
@@ -390,27 +391,29 @@ pub fn choose(
                 mark: s.issue_mark,
                 beyond_mark: Vec::new(),
             };
-            if s.owner_epoch == previous {
+            // A checkpoint dumped before shardkeep's bookkeeping left the document still lists
+            // the rewards it holds: an unsequenced grant it names is not granted again.
+            let newer: Vec<&RecordedEffect> = effects
+                .iter()
+                .filter(|e| {
+                    s.owner_epoch == previous
+                        && e.owner_epoch == previous
+                        && if e.issue_seq == 0 {
+                            e.row_version > live_version
+                                && !lists_legacy_reward_key(s.state.value(), &e.key)
+                        } else {
+                            e.issue_seq > origin.mark
+                        }
+                })
+                .collect();
+            // Only a checkpoint missing effects is decoded and encoded again.
+            if !newer.is_empty() {
                 let mut merged = RowState {
-                    state: s.state,
+                    state: s.state.to_value(),
                     zone_ref: s.zone_ref,
                     room_ref: s.room_ref,
                     schema_version: s.schema_version,
                 };
-                // A checkpoint dumped before shardkeep's bookkeeping left the document still lists
-                // the rewards it holds: an unsequenced grant it names is not granted again.
-                let newer: Vec<&RecordedEffect> = effects
-                    .iter()
-                    .filter(|e| {
-                        e.owner_epoch == previous
-                            && if e.issue_seq == 0 {
-                                e.row_version > live_version
-                                    && !lists_legacy_reward_key(&merged.state, &e.key)
-                            } else {
-                                e.issue_seq > origin.mark
-                            }
-                    })
-                    .collect();
                 for effect in newer {
                     if apply_payload(model, &mut merged, &effect.payload).is_ok()
                         && effect.issue_seq > 0
@@ -420,7 +423,7 @@ pub fn choose(
                             .push((effect.owner_epoch, effect.issue_seq));
                     }
                 }
-                s.state = merged.state;
+                s.state = merged.state.into();
                 s.zone_ref = merged.zone_ref;
                 s.room_ref = merged.room_ref;
                 s.schema_version = merged.schema_version;
@@ -466,7 +469,7 @@ mod tests {
             name: "Aria".into(),
             zone_ref: zone.map(str::to_owned),
             room_ref: zone.map(|_| "r1".to_owned()),
-            state: serde_json::json!({ "marker": marker }),
+            state: serde_json::json!({ "marker": marker }).into(),
             chargen: None,
             state_version: version,
             owner_epoch: epoch,
@@ -558,7 +561,7 @@ mod tests {
         // and a hair change issued as 4. The checkpoint was dumped at 7 with mark 3: it holds the
         // reward (and an item the row lacks); the hair change came after it.
         let mut row = snap(3, 8, Some("a"), "row");
-        row.state = serde_json::json!({ "experience": 35, "appearance": { "hair": "red" } });
+        row.state = serde_json::json!({ "experience": 35, "appearance": { "hair": "red" } }).into();
         let mut claim = claimed(row, 7, 4);
         claim.content_mark.seq = 2;
         claim.effects = vec![
@@ -579,7 +582,8 @@ mod tests {
         checkpoint.issue_mark = 3;
         checkpoint.state = serde_json::json!({
             "experience": 35, "inventory": [{ "proto": "gem" }], "appearance": { "hair": "grey" },
-        });
+        })
+        .into();
         let loaded = choose(
             &crate::model::test_model::handle(),
             claim.clone(),
@@ -604,7 +608,9 @@ mod tests {
         );
         // A checkpoint dumped after the hair change (mark 4) holds its own, newer hair.
         checkpoint.issue_mark = 4;
-        checkpoint.state["appearance"]["hair"] = "blue".into();
+        let mut appearance = checkpoint.state["appearance"].clone();
+        appearance["hair"] = "blue".into();
+        checkpoint.state.set_field("appearance", appearance);
         let loaded = choose(
             &crate::model::test_model::handle(),
             claim.clone(),
@@ -645,7 +651,7 @@ mod tests {
         let mut claim = claimed(snap(3, 9, Some("a"), "row"), 7, 4);
         claim.effects = vec![reward(8)];
         let mut checkpoint = snap(3, 7, Some("a"), "ckpt");
-        checkpoint.state = serde_json::json!({ "experience": 10 });
+        checkpoint.state = serde_json::json!({ "experience": 10 }).into();
         let loaded = choose(
             &crate::model::test_model::handle(),
             claim.clone(),
@@ -661,7 +667,7 @@ mod tests {
         assert_eq!(loaded.snapshot.state["experience"], 10);
         // A checkpoint from before the upgrade lists the rewards it holds: not granted twice.
         claim.effects = vec![reward(8)];
-        checkpoint.state = serde_json::json!({ "experience": 15, "reward_keys": ["k-0-8"] });
+        checkpoint.state = serde_json::json!({ "experience": 15, "reward_keys": ["k-0-8"] }).into();
         let loaded = choose(&crate::model::test_model::handle(), claim, Some(checkpoint));
         assert_eq!(loaded.snapshot.state["experience"], 15);
     }

@@ -1,6 +1,7 @@
 //! The character durability ladder's storage tiers.
 //!
-//! - [`snapshot`] — the one snapshot type, save outcomes and the freshness rule (pure).
+//! - [`snapshot`] — the one snapshot type, save outcomes and the freshness rule (pure);
+//!   [`state_json`] — its state document, encoded once and shared by every write.
 //! - [`store`] — Postgres: create, claim (epoch mint), load, CAS save single and batched;
 //!   `item_moves` — the transfer commit and the item-load ledger; `item_loads` — ledger
 //!   records arriving together written in one statement.
@@ -18,6 +19,7 @@ mod item_loads;
 mod item_moves;
 pub mod load;
 pub mod snapshot;
+pub mod state_json;
 pub mod store;
 
 pub use bookkeeping::{
@@ -29,6 +31,7 @@ pub use load::{
     CharacterLoader, ContentOrigin, HandoffLoad, LoadError, LoadSource, LoadedCharacter,
 };
 pub use snapshot::{CharacterSnapshot, Freshest, IssueMark, SaveOutcome, freshest};
+pub use state_json::StateJson;
 pub use store::{
     CharacterStore, ClaimedRow, HandoffClaim, LocationOrder, LocationWrite, NewCharacter, Releaser,
     StoreError, TransferCommit,

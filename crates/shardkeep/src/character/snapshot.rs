@@ -22,8 +22,8 @@ pub struct CharacterSnapshot {
     pub zone_ref: Option<String>,
     /// Room inside `zone_ref`; ignored when `zone_ref` is `None`.
     pub room_ref: Option<String>,
-    /// The game's state document, encoded (see [`crate::model::GameModel::State`]).
-    pub state: serde_json::Value,
+    /// The game's state document, encoded once (see [`crate::model::GameModel::State`]).
+    pub state: super::StateJson,
     /// Pending content-driven chargen input; `None` once applied.
     pub chargen: Option<serde_json::Value>,
     /// Contention token: the row version this snapshot was dumped at.
@@ -176,7 +176,7 @@ mod tests {
             name: "Aria".into(),
             zone_ref: None,
             room_ref: None,
-            state: serde_json::json!({ "gold": 1 }),
+            state: serde_json::json!({ "gold": 1 }).into(),
             chargen: None,
             state_version: 3,
             owner_epoch: 2,

@@ -56,7 +56,7 @@ pub struct NewCharacter {
     /// Initial room.
     pub room_ref: Option<String>,
     /// Initial state document.
-    pub state: serde_json::Value,
+    pub state: super::StateJson,
     /// Content-driven chargen input, applied on first spawn.
     pub chargen: Option<serde_json::Value>,
     /// The game's schema version of `state`.
@@ -229,7 +229,7 @@ type RowTuple = (
     String,
     Option<String>,
     Option<String>,
-    serde_json::Value,
+    super::StateJson,
     Option<serde_json::Value>,
     i64,
     i64,
@@ -758,7 +758,7 @@ impl CharacterStore {
         }
         let expected: Vec<i64> = snapshots.iter().map(|s| s.state_version).collect();
         let epochs: Vec<i64> = snapshots.iter().map(|s| s.owner_epoch).collect();
-        let states: Vec<&serde_json::Value> = snapshots.iter().map(|s| &s.state).collect();
+        let states: Vec<&super::StateJson> = snapshots.iter().map(|s| &s.state).collect();
         let chargens: Vec<Option<&serde_json::Value>> =
             snapshots.iter().map(|s| s.chargen.as_ref()).collect();
         let zones: Vec<Option<&str>> = snapshots

@@ -221,7 +221,7 @@ fn state_job(
     PersistenceRetryJob::new(
         PersistenceRetryPayload::gameplay_state_at(
             character_id,
-            snapshot.state.clone(),
+            snapshot.state.to_value(),
             snapshot.schema_version,
             snapshot.zone_ref.clone(),
             snapshot.zone_ref.as_ref().and(snapshot.room_ref.clone()),

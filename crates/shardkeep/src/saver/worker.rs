@@ -431,7 +431,7 @@ mod tests {
                 name: "n".into(),
                 zone_ref: None,
                 room_ref: None,
-                state: json!({ "m": marker }),
+                state: json!({ "m": marker }).into(),
                 chargen: None,
                 state_version: 1,
                 owner_epoch: epoch,

@@ -27,7 +27,7 @@ async fn names_equal_only_to_rust_lowercasing_keep_separate_checkpoints(pool: Pg
     let lower_epoch = store.claim(lower.character_id, 0).await.unwrap().new_epoch;
     assert!(lower_epoch > upper_epoch);
     let dump = |row: &CharacterSnapshot, epoch: i64, who: &str| CharacterSnapshot {
-        state: json!({ "who": who }),
+        state: json!({ "who": who }).into(),
         owner_epoch: epoch,
         ..row.clone()
     };

@@ -56,7 +56,7 @@ impl Env {
                 name: format!("P{}", &id.simple().to_string()[20..]),
                 zone_ref: Some("zone-0".into()),
                 room_ref: Some("r0".into()),
-                state: json!({}),
+                state: json!({}).into(),
                 chargen: None,
                 schema_version: 1,
             })

@@ -71,7 +71,7 @@ async fn save_reports_each_outcome_in_one_round_trip(pool: PgPool) {
         owner_epoch: epoch,
         ..row.clone()
     };
-    snap.state = json!({ "gold": 2 });
+    snap.state = json!({ "gold": 2 }).into();
     assert_eq!(store.save(&snap).await.unwrap(), SaveOutcome::Saved(1));
     // Same expected version again: somebody (we) wrote since.
     assert_eq!(
@@ -104,7 +104,7 @@ async fn batched_save_gives_one_outcome_per_row(pool: PgPool) {
         let epoch = store.claim(row.character_id, 0).await.unwrap().new_epoch;
         snaps.push(CharacterSnapshot {
             owner_epoch: epoch,
-            state: json!({ "name": name }),
+            state: json!({ "name": name }).into(),
             ..row
         });
     }
@@ -176,7 +176,7 @@ async fn chargen_is_cleared_by_the_save_that_persists_the_built_state(pool: PgPo
     let built = CharacterSnapshot {
         owner_epoch: epoch,
         chargen: None,
-        state: json!({ "class": "ranger", "built": true }),
+        state: json!({ "class": "ranger", "built": true }).into(),
         ..row.clone()
     };
     assert_eq!(store.save(&built).await.unwrap(), SaveOutcome::Saved(1));
@@ -204,7 +204,7 @@ fn full_snapshot(row: &CharacterSnapshot, epoch: i64) -> CharacterSnapshot {
         name: row.name.clone(),
         zone_ref: Some("darkwood".into()),
         room_ref: Some("clearing".into()),
-        state: json!({ "attributes": { "str": 14 }, "inventory": [{ "proto": "sword" }] }),
+        state: json!({ "attributes": { "str": 14 }, "inventory": [{ "proto": "sword" }] }).into(),
         chargen: Some(json!({ "pending": true })),
         state_version: row.state_version,
         owner_epoch: epoch,
@@ -262,7 +262,7 @@ async fn a_stale_owner_cannot_overwrite_a_newer_checkpoint() {
         name: "Aria".into(),
         zone_ref: Some("midgaard".into()),
         room_ref: None,
-        state: json!({ "who": "live" }),
+        state: json!({ "who": "live" }).into(),
         chargen: None,
         state_version: 3,
         owner_epoch: 5,
@@ -276,7 +276,7 @@ async fn a_stale_owner_cannot_overwrite_a_newer_checkpoint() {
     let zombie = CharacterSnapshot {
         owner_epoch: 4,
         state_version: 9,
-        state: json!({ "who": "zombie" }),
+        state: json!({ "who": "zombie" }).into(),
         ..base.clone()
     };
     assert_eq!(
@@ -334,7 +334,7 @@ async fn racing_saves_of_one_version_land_once_and_the_rest_see_the_winner(pool:
                 owner_epoch: epoch,
                 ..row.clone()
             };
-            snap.state = json!({ "writer": i });
+            snap.state = json!({ "writer": i }).into();
             tokio::spawn(async move {
                 if i % 2 == 0 {
                     store.save(&snap).await.unwrap()

@@ -135,7 +135,7 @@ async fn crossed_transfers_never_deadlock(pool: PgPool) {
         async move {
             releaser = current(&store, &releaser).await;
             acquirer = current(&store, &acquirer).await;
-            acquirer.state = json!({ "round": round, "from": releaser.name });
+            acquirer.state = json!({ "round": round, "from": releaser.name }).into();
             barrier.wait().await;
             transfer(&store, &releaser, &acquirer, round).await
         }
@@ -162,7 +162,7 @@ async fn overlapping_batches_in_opposite_orders_never_deadlock(pool: PgPool) {
             let mut snapshots = Vec::new();
             for row in &listed {
                 let mut snapshot = current(&store, row).await;
-                snapshot.state = json!({ "round": round, "writer": n });
+                snapshot.state = json!({ "round": round, "writer": n }).into();
                 snapshots.push(snapshot);
             }
             barrier.wait().await;

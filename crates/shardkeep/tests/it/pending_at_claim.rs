@@ -79,7 +79,7 @@ async fn pending(pool: &PgPool, id: Uuid) -> i64 {
 /// The first copy's checkpoint: its content with `xp` experience, dumped at `mark`.
 fn checkpoint_of(first: &CharacterSnapshot, xp: i64, mark: u64) -> CharacterSnapshot {
     let mut snapshot = first.clone();
-    snapshot.state["experience"] = json!(xp);
+    snapshot.state.set_field("experience", json!(xp));
     snapshot.issue_mark = mark;
     snapshot
 }

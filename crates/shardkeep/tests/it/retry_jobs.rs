@@ -27,7 +27,7 @@ pub(crate) async fn character(pool: &PgPool, name: &str) -> Uuid {
             name: name.into(),
             zone_ref: Some("zone-0".into()),
             room_ref: Some("r0".into()),
-            state: json!({ "experience": 0, "currency": 0 }),
+            state: json!({ "experience": 0, "currency": 0 }).into(),
             chargen: None,
             schema_version: 1,
         })

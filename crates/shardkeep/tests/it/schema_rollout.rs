@@ -178,7 +178,7 @@ async fn a_live_older_copy_keeps_saving_after_a_newer_worker_upgraded_its_row(po
     );
     // The copy's cadence flush (20 experience) cannot land over the v2 row: it goes on as a
     // state job, which the v2 worker upgrades and applies. The copy is not evicted.
-    live.state["experience"] = json!(20);
+    live.state.set_field("experience", json!(20));
     live.issue_mark = 1;
     saver.enqueue(SaveReason::Flush, live.clone());
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -194,7 +194,7 @@ async fn a_live_older_copy_keeps_saving_after_a_newer_worker_upgraded_its_row(po
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The player logs out with 43: the final save goes the same way.
-    live.state["experience"] = json!(43);
+    live.state.set_field("experience", json!(43));
     live.state_version = stored_version(&pool, id).await;
     saver.enqueue(SaveReason::Final, live.clone());
     let _ = saver.barrier(Duration::from_secs(10)).await;
@@ -235,7 +235,7 @@ async fn releaser(
     model: ModelHandle,
 ) -> (Uuid, shardkeep::character::CharacterSnapshot) {
     let mut new = new_character(name);
-    new.state = json!({ "gold": 4, "inventory": [{ "id": item }] });
+    new.state = json!({ "gold": 4, "inventory": [{ "id": item }] }).into();
     CharacterStore::new(pg(pool)).create(&new).await.unwrap();
     let copy = loader(pool, redis, model)
         .claim_and_load(new.character_id, 0)
@@ -259,7 +259,7 @@ async fn pick_up(
         .await
         .unwrap()
         .snapshot;
-    picked.state["inventory"] = json!([{ "id": item }]);
+    picked.state.set_field("inventory", json!([{ "id": item }]));
     let audit =
         AuditEvent::item_transferred(acquirer, from, Uuid::now_v7(), json!({ "item": item }));
     let departed = Releaser::Departed {

@@ -210,7 +210,7 @@ async fn an_older_checkpoint_never_replaces_a_newer_one_and_an_older_model_refus
     );
     let mut older = new.snapshot.clone();
     older.schema_version = 1;
-    older.state = json!({ "gold": 1 });
+    older.state = json!({ "gold": 1 }).into();
     assert_eq!(
         checkpoints.write(&older).await.unwrap(),
         CheckpointWrite::SchemaNewer { stored_schema: 2 }
@@ -219,7 +219,7 @@ async fn an_older_checkpoint_never_replaces_a_newer_one_and_an_older_model_refus
     // refuse before it claims: an epoch minted and then not used would leave the v2 checkpoint
     // older than the row's owner, and the next login would bury it.
     let mut live = new.snapshot.clone();
-    live.state["coins"] = json!(50);
+    live.state.set_field("coins", json!(50));
     checkpoints.write(&live).await.unwrap();
     let epoch_before = stored(&pool, id).await.1;
     match loader(&pool, &redis, v1()).claim_and_load(id, 0).await {

@@ -12,7 +12,7 @@ fn snapshot(state: serde_json::Value) -> CharacterSnapshot {
         name: "Aria".into(),
         zone_ref: Some("midgaard".into()),
         room_ref: Some("market".into()),
-        state,
+        state: state.into(),
         chargen: None,
         state_version: 4,
         owner_epoch: 2,
