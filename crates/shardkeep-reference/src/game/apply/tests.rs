@@ -287,3 +287,65 @@ fn stored_item_ids_walk_worn_carried_and_nested_items() {
     );
     assert!(crate::game::state::stored_item_ids(&json!("not a document")).is_empty());
 }
+
+/// The dump encodes a live character straight from borrowed views: the document is exactly
+/// the one a `StateDocument` copied out of the character encodes to, field for field.
+#[test]
+fn a_dump_encodes_what_a_state_document_of_the_character_would() {
+    let state = json!({
+        "attributes": { "str": 14, "con": 13 },
+        "resources": { "hp": 80, "mana": 30, "stamina": 40 },
+        "affects": [{ "name": "blessed", "remaining_pulses": 400, "attribute_mods": { "wis": 1 } }],
+        "cooldowns": { "bash": 12 },
+        "equipment": { "wield": { "proto": "sword", "delta": { "quality": 2 } }, "head": { "proto": "helm" } },
+        "inventory": [
+            { "proto": "bag", "contents": [{ "proto": "gem", "id": "0191c5d6-0000-7000-8000-000000000001" },
+                                            { "proto": "herb", "delta": { "stack": 7 } }] },
+            { "proto": "ore", "delta": { "stack": 23 } }
+        ],
+        "experience": 48211, "level": 12, "currency": 1907,
+        "appearance": { "hair": "braided", "skin": "tan", "outfit": "ranger" },
+        "position": [4, 9], "applied_seq": 3, "tracks": { "smithing": 3 }
+    });
+    let character = apply_snapshot(&snapshot(state), &Catalog::reference(), options()).character;
+    let dumped = dump_character(&character, None, None, CarryLimits::default())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut nodes = 0;
+    let limits = CarryLimits::default();
+    let copied = crate::game::state::StateDocument {
+        attributes: character.base.clone(),
+        resources: character
+            .pools
+            .iter()
+            .map(|(k, p)| (k.clone(), p.cur))
+            .collect(),
+        affects: character.affects.clone(),
+        cooldowns: character.cooldowns.clone(),
+        equipment: character
+            .equipment
+            .iter()
+            .map(|(slot, item)| {
+                (
+                    *slot,
+                    crate::game::items::dump_one(item, limits, &mut nodes)
+                        .unwrap_or_else(|e| panic!("{e}")),
+                )
+            })
+            .collect(),
+        inventory: crate::game::items::dump_items(&character.inventory, limits, &mut nodes)
+            .unwrap_or_else(|e| panic!("{e}")),
+        experience: character.experience,
+        level: character.level,
+        currency: character.currency,
+        appearance: character.appearance.clone(),
+        position: character.position,
+        applied_seq: character.applied_seq,
+        tracks: character.tracks.clone(),
+    };
+    let expected = serde_json::to_string(&copied).unwrap_or_default();
+    assert_eq!(
+        dumped.state.as_str(),
+        expected,
+        "the same text, field order included"
+    );
+}
