@@ -178,6 +178,20 @@ pub fn dump_character(
     room_ref: Option<&str>,
     limits: CarryLimits,
 ) -> Result<CharacterSnapshot, DumpError> {
+    dump_character_after(character, 0, zone_ref, room_ref, limits)
+}
+
+/// Dumps a live character as it is `elapsed` pulses after its timers were last advanced: its
+/// affects and cooldowns are written that much shorter (those run out left out), as that many
+/// pulses would leave them. A zone that advances timers lazily dumps this way.
+pub fn dump_character_after(
+    character: &LiveCharacter,
+    elapsed: u64,
+    zone_ref: Option<&str>,
+    room_ref: Option<&str>,
+    limits: CarryLimits,
+) -> Result<CharacterSnapshot, DumpError> {
+    let by = u32::try_from(elapsed).unwrap_or(u32::MAX);
     let mut nodes = 0;
     let equipment = character
         .equipment
@@ -201,8 +215,23 @@ pub fn dump_character(
             .iter()
             .map(|(k, p)| (k.as_str(), p.cur))
             .collect(),
-        affects: &character.affects,
-        cooldowns: &character.cooldowns,
+        affects: character
+            .affects
+            .iter()
+            .filter(|a| a.remaining_pulses > by)
+            .map(|a| AffectView {
+                name: &a.name,
+                remaining_pulses: a.remaining_pulses - by,
+                attribute_mods: &a.attribute_mods,
+                pool_mods: &a.pool_mods,
+            })
+            .collect(),
+        cooldowns: character
+            .cooldowns
+            .iter()
+            .filter(|(_, left)| **left > by)
+            .map(|(name, left)| (name.as_str(), left - by))
+            .collect(),
         equipment,
         inventory,
         experience: character.experience,
@@ -230,14 +259,26 @@ pub fn dump_character(
     })
 }
 
+/// An affect as stored, borrowed, with its remaining pulses as of the dump: encodes as
+/// [`super::state::Affect`] does.
+#[derive(Serialize)]
+struct AffectView<'a> {
+    name: &'a str,
+    remaining_pulses: u32,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    attribute_mods: &'a BTreeMap<String, i32>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pool_mods: &'a BTreeMap<String, i32>,
+}
+
 /// A live character's state document, borrowed: fields and order exactly as
 /// [`StateDocument`]'s, so it encodes to the same document (a test holds them equal).
 #[derive(Serialize)]
 struct StateView<'a> {
     attributes: &'a BTreeMap<String, i32>,
     resources: BTreeMap<&'a str, i32>,
-    affects: &'a [super::state::Affect],
-    cooldowns: &'a BTreeMap<String, u32>,
+    affects: Vec<AffectView<'a>>,
+    cooldowns: BTreeMap<&'a str, u32>,
     equipment: BTreeMap<super::items::Slot, ItemView<'a>>,
     inventory: Vec<ItemView<'a>>,
     experience: i64,

@@ -219,24 +219,38 @@ impl LiveCharacter {
 
     /// Advances affects and cooldowns by one pulse, dropping the expired ones.
     pub fn pulse(&mut self) {
-        if self.affects.is_empty() && self.cooldowns.is_empty() {
+        self.advance(1);
+    }
+
+    /// Advances affects and cooldowns by `pulses` at once, dropping the expired ones: the same
+    /// as that many [`LiveCharacter::pulse`]s when nothing looked in between.
+    pub fn advance(&mut self, pulses: u64) {
+        if pulses == 0 || (self.affects.is_empty() && self.cooldowns.is_empty()) {
             return;
         }
+        let by = u32::try_from(pulses).unwrap_or(u32::MAX);
         if !self.cooldowns.is_empty() {
             self.cooldowns.retain(|_, left| {
-                *left = left.saturating_sub(1);
+                *left = left.saturating_sub(by);
                 *left > 0
             });
         }
         let mut expired = false;
         for affect in &mut self.affects {
-            affect.remaining_pulses = affect.remaining_pulses.saturating_sub(1);
+            affect.remaining_pulses = affect.remaining_pulses.saturating_sub(by);
             expired |= affect.remaining_pulses == 0;
         }
         if expired {
             self.affects.retain(|a| a.remaining_pulses > 0);
             self.recompute();
         }
+    }
+
+    /// Pulses until the next affect or cooldown runs out (`None`: none is running).
+    pub fn next_expiry(&self) -> Option<u64> {
+        let affects = self.affects.iter().map(|a| a.remaining_pulses);
+        let cooldowns = self.cooldowns.values().copied();
+        affects.chain(cooldowns).min().map(u64::from)
     }
 }
 /// Removes the item with `id` from a stored carry tree (worn, carried or inside a container);

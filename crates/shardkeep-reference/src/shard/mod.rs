@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::game::world::{ZoneDef, run_resets};
-use crate::game::{Catalog, CharacterModel, LiveCharacter};
+use crate::game::{Catalog, LiveCharacter};
 use shardkeep::audit::{Auditor, AuditorConfig};
 use shardkeep::character::{CharacterStore, CheckpointStore};
 use shardkeep::placement::{PlacementRecord, PlacementStore, PlacementWriter};
@@ -156,14 +156,16 @@ fn durable_location_of<'a>(
 /// Dumps a player standing in `zone` at its durable location (inside an instance, the entrance).
 fn dump_entry(
     entry: &PlayerEntry,
-    zone: &str,
-    in_instance: bool,
+    zone: &ZoneRuntime,
 ) -> Option<shardkeep::character::CharacterSnapshot> {
-    let location = durable_location_of(entry, zone, in_instance);
-    match entry
-        .character
-        .dump(location.map(|l| l.0), location.map(|l| l.1))
-    {
+    let location = durable_location_of(entry, &zone.def.id, zone.def.instance);
+    match crate::game::apply::dump_character_after(
+        &entry.character,
+        zone.elapsed(entry),
+        location.map(|l| l.0),
+        location.map(|l| l.1),
+        crate::game::items::CarryLimits::default(),
+    ) {
         Ok(snapshot) => Some(snapshot),
         Err(err) => {
             tracing::warn!(event = "dump_refused", character = %entry.character.character_id, error = %err);
@@ -198,6 +200,8 @@ pub struct Shard {
     deferred_finals: std::collections::VecDeque<shardkeep::character::CharacterSnapshot>,
     evictions: Vec<Eviction>,
     acknowledged: Vec<SaverEvent>,
+    /// A crash-window measure is running (off the pulse).
+    exporting: Arc<std::sync::atomic::AtomicBool>,
     pulse: u64,
     cancel: CancellationToken,
 }
@@ -278,6 +282,7 @@ impl Shard {
             deferred_finals: std::collections::VecDeque::new(),
             evictions: Vec::new(),
             acknowledged: Vec::new(),
+            exporting: Arc::default(),
             pulse: 0,
             cancel,
         }
@@ -386,14 +391,13 @@ impl Shard {
             }
             zone.pulse_timed();
             let due = zone.due_saves(self.pulse, checkpoint_period, flush_period);
-            let (zone_id, in_instance) = (zone.def.id.as_str(), zone.def.instance);
             for (ids, target) in [
                 (&due.flush, &mut flushes),
                 (&due.checkpoint, &mut checkpoints),
             ] {
                 for id in ids {
                     if let Some(entry) = zone.player(*id) {
-                        target.extend(dump_entry(entry, zone_id, in_instance));
+                        target.extend(dump_entry(entry, zone));
                     }
                 }
             }
@@ -402,10 +406,30 @@ impl Shard {
         self.saver.enqueue_many(SaveReason::Checkpoint, checkpoints);
         // The crash window, once per checkpoint period.
         if self.pulse.is_multiple_of(checkpoint_period) {
-            let residents = self.residency.ids();
-            self.saver
-                .landed()
-                .export(&self.config.shard_id, &residents);
+            self.export_crash_window();
+        }
+    }
+
+    /// Measures and exports the crash window over every resident, off the pulse (it reads a
+    /// landing time per resident: tens of milliseconds for a full shard), one measure at a time.
+    fn export_crash_window(&self) {
+        if self
+            .exporting
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            return;
+        }
+        let landed = self.saver.landed().clone();
+        let residency = self.residency.clone();
+        let shard = self.config.shard_id.clone();
+        let exporting = Arc::clone(&self.exporting);
+        let export = move || {
+            landed.export(&shard, &residency.ids());
+            exporting.store(false, std::sync::atomic::Ordering::Release);
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(export)),
+            Err(_) => export(),
         }
     }
 
@@ -415,7 +439,7 @@ impl Shard {
         let mut snapshots = Vec::new();
         for zone in self.zones.values() {
             for entry in zone.players().filter(|e| !e.skip_saves()) {
-                snapshots.extend(dump_entry(entry, &zone.def.id, zone.def.instance));
+                snapshots.extend(dump_entry(entry, zone));
             }
         }
         self.saver.enqueue_many(reason, snapshots);
@@ -441,8 +465,7 @@ impl Shard {
         entry: &PlayerEntry,
     ) -> Option<shardkeep::character::CharacterSnapshot> {
         let zone = self.residency.zone_of(entry.character.character_id)?;
-        let in_instance = self.zones.get(&zone).is_some_and(|z| z.def.instance);
-        dump_entry(entry, &zone, in_instance)
+        dump_entry(entry, self.zones.get(&zone)?)
     }
 
     fn handle_saver_events(&mut self) {

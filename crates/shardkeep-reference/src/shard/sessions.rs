@@ -158,6 +158,7 @@ impl Shard {
             link,
             frozen: false,
             anchor: None,
+            timers_at: 0,
         };
         self.zones
             .get_mut(&zone_id)

@@ -19,6 +19,8 @@ use shardkeep_reference::game::{ApplyOptions, Catalog, apply_snapshot, reference
 use shardkeep_reference::shard::{Arrival, Shard, ShardConfig, ShardStores, ZoneDirectory};
 
 const BENCH: &str = "capacity";
+/// Distinct timer offsets among the characters of a run.
+const TIMER_VARIANTS: u32 = 97;
 
 /// What to run.
 #[derive(Debug, Clone, Copy)]
@@ -93,6 +95,11 @@ pub async fn run(
     let rows = insert_rows(&env.pool, config.online, &prefix, state).await?;
     let catalog = Arc::new(Catalog::reference());
     let encoded = StateJson::from(state);
+    // Players' buffs and cooldowns started at different times: the same document with its
+    // timers shifted, a variant per character in turn, so they do not all run out on one pulse.
+    let variants: Vec<StateJson> = (0..TIMER_VARIANTS)
+        .map(|k| StateJson::from(super::documents::with_timers_shifted(state, k)))
+        .collect();
     let probe = apply_snapshot(
         &snapshot(Uuid::nil(), "probe", &encoded),
         &catalog,
@@ -121,9 +128,9 @@ pub async fn run(
         ZoneDirectory::new(),
     );
     progress.step(BENCH, format!("admitting {} characters", rows.len()));
-    for (id, name) in &rows {
+    for (n, (id, name)) in rows.iter().enumerate() {
         let loaded = LoadedCharacter {
-            snapshot: snapshot(*id, name, &encoded),
+            snapshot: snapshot(*id, name, &variants[n % variants.len()]),
             source: LoadSource::Row,
             brand_new: false,
             origin: Default::default(),

@@ -140,6 +140,25 @@ pub fn realistic_state() -> Value {
     with_item_ids(state)
 }
 
+/// `state` with every affect's and cooldown's remaining pulses lengthened by an amount that
+/// depends on `variant` and on the timer (as if cast at another moment).
+pub fn with_timers_shifted(state: &Value, variant: u32) -> Value {
+    let mut state = state.clone();
+    let shift = |n: u32| u64::from((variant * 31 + n * 17) % 97);
+    if let Some(affects) = state["affects"].as_array_mut() {
+        for (n, affect) in affects.iter_mut().enumerate() {
+            let left = affect["remaining_pulses"].as_u64().unwrap_or(0);
+            affect["remaining_pulses"] = json!(left + shift(n as u32));
+        }
+    }
+    if let Some(cooldowns) = state["cooldowns"].as_object_mut() {
+        for (n, left) in cooldowns.values_mut().enumerate() {
+            *left = json!(left.as_u64().unwrap_or(0) + shift(n as u32 + 50));
+        }
+    }
+    state
+}
+
 /// Items in a reference document, containers and worn items included.
 pub fn count_items(state: &Value) -> usize {
     fn walk(item: &Value) -> usize {

@@ -80,28 +80,26 @@ impl LandedWrites {
     /// Ages at `now` over `residents`. A resident with no landed write yet counts from the first
     /// time it was seen here (a landing or a measure): its state was durable when it was loaded,
     /// so right after a login this understates its age by up to one measuring period.
-    /// Characters no longer resident are forgotten.
+    /// Characters no longer resident are forgotten once they make up a fifth of what is kept
+    /// (the map is not rebuilt on every measure).
     pub fn measure(&self, now: Instant, residents: &[Uuid]) -> UnsavedAges {
         let Ok(mut map) = self.by_character.lock() else {
             return UnsavedAges::default();
         };
-        let mut kept = HashMap::with_capacity(residents.len());
+        let mut checkpoints = Vec::with_capacity(residents.len());
+        let mut rows = Vec::with_capacity(residents.len());
         for id in residents {
-            let landed = map.get(id).copied().unwrap_or(Landed {
+            let landed = *map.entry(*id).or_insert(Landed {
                 checkpoint: now,
                 row: now,
             });
-            kept.insert(*id, landed);
+            checkpoints.push(now.saturating_duration_since(landed.checkpoint));
+            rows.push(now.saturating_duration_since(landed.row));
         }
-        *map = kept;
-        let mut checkpoints: Vec<Duration> = map
-            .values()
-            .map(|l| now.saturating_duration_since(l.checkpoint))
-            .collect();
-        let mut rows: Vec<Duration> = map
-            .values()
-            .map(|l| now.saturating_duration_since(l.row))
-            .collect();
+        if map.len() > residents.len() + residents.len() / 4 {
+            let kept: std::collections::HashSet<&Uuid> = residents.iter().collect();
+            map.retain(|id, _| kept.contains(id));
+        }
         drop(map);
         let (checkpoint_worst, checkpoint_p99) = worst_and_p99(&mut checkpoints);
         let (row_worst, row_p99) = worst_and_p99(&mut rows);
