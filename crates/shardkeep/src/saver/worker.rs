@@ -1,7 +1,8 @@
-//! The saver's batch handler. One pass: coalesce requests per character, write every snapshot's
-//! checkpoint in one pipelined round trip, then CAS-save the flush and final snapshots in one
-//! batched statement, and route each outcome. A final save that cannot land goes on in the
-//! background ([`super::final_retry`]).
+//! The saver's batch handler. One pass: coalesce requests per character, then write both tiers
+//! of the whole pass at once — every checkpoint in pipelines kept in flight, the flush and final
+//! snapshots in batched CAS statements kept in flight — neither tier waiting on the other, and
+//! route each outcome. A final save that cannot land goes on in the background
+//! ([`super::final_retry`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -81,40 +82,38 @@ impl BatchHandler<Vec<SaveRequest>> for SaverWorker {
             .filter(|r| r.reason == SaveReason::Final)
             .count();
         let requests = coalesce(requests);
-        let mut uncounted = finals;
-        for chunk in requests.chunks(self.config.write_chunk.clamp(1, MAX_SAVE_BATCH)) {
-            // The two tiers are independent: write them concurrently.
-            let (checkpointed, unlanded) =
-                tokio::join!(self.write_checkpoints(chunk), self.write_rows(chunk));
-            self.landed.record(
-                Tier::Checkpoint,
-                chunk
-                    .iter()
-                    .filter(|r| checkpointed.contains(&r.snapshot.character_id))
-                    .map(|r| (r.snapshot.character_id, r.dumped_at)),
-            );
-            // Registered before this batch counts as handled, so a barrier queued after it
-            // waits for these too.
-            for (request, start) in unlanded {
-                let id = request.snapshot.character_id;
-                match &self.finals {
-                    Some(finals) => finals.spawn(request, checkpointed.contains(&id), start),
-                    None => self.final_dropped(&request.snapshot),
-                }
-            }
-            // This chunk's finals are off the queue now: in their rows, pending, or dropped.
-            let done = chunk
+        // The two tiers are independent: write them concurrently, each as fast as it goes.
+        let (checkpointed, unlanded) = tokio::join!(
+            self.write_checkpoints(&requests),
+            self.write_rows(&requests)
+        );
+        self.landed.record(
+            Tier::Checkpoint,
+            requests
                 .iter()
-                .filter(|r| r.reason == SaveReason::Final)
-                .count()
-                .min(uncounted);
-            uncounted -= done;
-            self.count_dequeued(done);
+                .filter(|r| checkpointed.contains(&r.snapshot.character_id))
+                .map(|r| (r.snapshot.character_id, r.dumped_at)),
+        );
+        // Registered before this batch counts as handled, so a barrier queued after it waits
+        // for these too.
+        for (request, start) in unlanded {
+            let id = request.snapshot.character_id;
+            match &self.finals {
+                Some(finals) => finals.spawn(request, checkpointed.contains(&id), start),
+                None => self.final_dropped(&request.snapshot),
+            }
         }
-        // Finals merged into another request of the same character.
-        self.count_dequeued(uncounted);
+        // The batch's finals (those merged into another request of the same character too) are
+        // off the queue now: in their rows, pending, or dropped.
+        self.count_dequeued(finals);
     }
 }
+
+/// Checkpoints one call writes (pipelines of 128, a few in flight), each call bounded by the
+/// I/O timeout.
+const CHECKPOINTS_PER_CALL: usize = 4096;
+/// Batched CAS statements of one pass in flight at once (their characters are distinct).
+const ROW_STATEMENTS_IN_FLIGHT: usize = 4;
 
 /// The row refused this copy's save for its schema while this copy still owns the character:
 /// a worker or a transfer of a newer release upgraded the row under it (a claim by a newer model
@@ -165,8 +164,19 @@ impl SaverWorker {
     /// Writes the checkpoints of `requests`; returns the characters whose checkpoint landed.
     async fn write_checkpoints(&self, requests: &[SaveRequest]) -> HashSet<Uuid> {
         let mut landed = HashSet::new();
-        let Some(checkpoints) = &self.checkpoints else {
+        if self.checkpoints.is_none() {
             return landed;
+        }
+        for chunk in requests.chunks(CHECKPOINTS_PER_CALL) {
+            self.write_checkpoint_call(chunk, &mut landed).await;
+        }
+        landed
+    }
+
+    /// One bounded call of [`Self::write_checkpoints`].
+    async fn write_checkpoint_call(&self, requests: &[SaveRequest], landed: &mut HashSet<Uuid>) {
+        let Some(checkpoints) = &self.checkpoints else {
+            return;
         };
         let snapshots: Vec<&CharacterSnapshot> = requests.iter().map(|r| &r.snapshot).collect();
         self.stats.checkpoint_attempted(snapshots.len() as u64);
@@ -176,11 +186,11 @@ impl SaverWorker {
             Ok(Ok(writes)) => writes,
             Ok(Err(err)) => {
                 self.checkpoint_failed(snapshots.len(), &err.to_string());
-                return landed;
+                return;
             }
             Err(_) => {
                 self.checkpoint_failed(snapshots.len(), "timed out");
-                return landed;
+                return;
             }
         };
         for (snapshot, write) in snapshots.iter().zip(writes) {
@@ -207,7 +217,6 @@ impl SaverWorker {
                 }
             }
         }
-        landed
     }
 
     fn checkpoint_failed(&self, count: usize, error: &str) {
@@ -222,16 +231,30 @@ impl SaverWorker {
         );
     }
 
-    /// CAS-saves the flush and final snapshots of `requests`; returns the final saves that did
-    /// not land and must go on in the background.
+    /// CAS-saves the flush and final snapshots of `requests`, in statements of up to the write
+    /// chunk kept [`ROW_STATEMENTS_IN_FLIGHT`] at once; returns the final saves that did not land
+    /// and must go on in the background.
     async fn write_rows(&self, requests: &[SaveRequest]) -> Vec<Unlanded> {
+        use futures::StreamExt;
+        if self.store.is_none() {
+            return Vec::new();
+        }
+        let rows: Vec<&SaveRequest> = requests.iter().filter(|r| r.reason.writes_row()).collect();
+        let statements: Vec<_> = rows
+            .chunks(self.config.write_chunk.clamp(1, MAX_SAVE_BATCH))
+            .map(|chunk| self.write_row_statement(chunk))
+            .collect();
+        futures::stream::iter(statements)
+            .buffer_unordered(ROW_STATEMENTS_IN_FLIGHT)
+            .concat()
+            .await
+    }
+
+    /// One batched CAS statement of [`Self::write_rows`], and its outcomes routed.
+    async fn write_row_statement(&self, rows: &[&SaveRequest]) -> Vec<Unlanded> {
         let Some(store) = &self.store else {
             return Vec::new();
         };
-        let rows: Vec<&SaveRequest> = requests.iter().filter(|r| r.reason.writes_row()).collect();
-        if rows.is_empty() {
-            return Vec::new();
-        }
         let snapshots: Vec<&CharacterSnapshot> = rows.iter().map(|r| &r.snapshot).collect();
         self.stats.row_attempted(snapshots.len() as u64);
         let started = Instant::now();
@@ -240,8 +263,8 @@ impl SaverWorker {
         metrics::histogram!(telemetry::SAVER_FLUSH_SECONDS).record(started.elapsed().as_secs_f64());
         let outcomes = match result {
             Ok(Ok(outcomes)) => outcomes,
-            Ok(Err(err)) => return self.rows_failed(&rows, &err.to_string()),
-            Err(_) => return self.rows_failed(&rows, "timed out"),
+            Ok(Err(err)) => return self.rows_failed(rows, &err.to_string()),
+            Err(_) => return self.rows_failed(rows, "timed out"),
         };
         let mut unlanded = Vec::new();
         for (request, (_, outcome)) in rows.iter().zip(outcomes) {
