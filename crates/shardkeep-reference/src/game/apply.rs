@@ -6,12 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
-
-use super::items::{
-    CarryLimits, CarryTreeError, Catalog, Item, ItemView, LoadBudget, load_item, view_items,
-    view_one,
-};
+use super::items::{CarryLimits, CarryTreeError, Catalog, Item, LoadBudget, load_item};
 use super::state::{ChargenInput, LiveCharacter, Pool, StateDocument};
 use shardkeep::character::{CharacterSnapshot, StateJson};
 
@@ -192,57 +187,21 @@ pub fn dump_character_after(
     limits: CarryLimits,
 ) -> Result<CharacterSnapshot, DumpError> {
     let by = u32::try_from(elapsed).unwrap_or(u32::MAX);
-    let mut nodes = 0;
-    let equipment = character
-        .equipment
-        .iter()
-        .map(|(slot, item)| Ok((*slot, view_one(item, limits, &mut nodes)?)))
-        .collect::<Result<BTreeMap<_, _>, CarryTreeError>>()?;
-    let inventory = view_items(&character.inventory, limits, &mut nodes)?;
-    let carry_bytes = encoded_len(&(&equipment, &inventory));
-    if carry_bytes > limits.max_bytes {
-        return Err(CarryTreeError::TooLarge {
-            bytes: carry_bytes,
-            max: limits.max_bytes,
+    super::dump::check_carry(character, limits)?;
+    let state = StateJson::encode(&super::dump::Document { character, by })
+        .map_err(|e| DumpError::Encode(e.to_string()))?;
+    // The carry tree is part of the document: only a document past the limit can hold a tree
+    // past it, and only then is the tree measured on its own.
+    if state.len() > limits.max_bytes {
+        let carry_bytes = encoded_len(&super::dump::CarryTree(character));
+        if carry_bytes > limits.max_bytes {
+            return Err(CarryTreeError::TooLarge {
+                bytes: carry_bytes,
+                max: limits.max_bytes,
+            }
+            .into());
         }
-        .into());
     }
-    // Encoded straight from the live character: no copy of it, no JSON tree.
-    let doc = StateView {
-        attributes: &character.base,
-        resources: character
-            .pools
-            .iter()
-            .map(|(k, p)| (k.as_str(), p.cur))
-            .collect(),
-        affects: character
-            .affects
-            .iter()
-            .filter(|a| a.remaining_pulses > by)
-            .map(|a| AffectView {
-                name: &a.name,
-                remaining_pulses: a.remaining_pulses - by,
-                attribute_mods: &a.attribute_mods,
-                pool_mods: &a.pool_mods,
-            })
-            .collect(),
-        cooldowns: character
-            .cooldowns
-            .iter()
-            .filter(|(_, left)| **left > by)
-            .map(|(name, left)| (name.as_str(), left - by))
-            .collect(),
-        equipment,
-        inventory,
-        experience: character.experience,
-        level: character.level,
-        currency: character.currency,
-        appearance: &character.appearance,
-        position: character.position,
-        applied_seq: character.applied_seq,
-        tracks: &character.tracks,
-    };
-    let state = StateJson::encode(&doc).map_err(|e| DumpError::Encode(e.to_string()))?;
     Ok(CharacterSnapshot {
         character_id: character.character_id,
         account_id: character.account_id,
@@ -257,37 +216,6 @@ pub fn dump_character_after(
         schema_version:
             <super::effects::ReferenceModel as shardkeep::model::GameModel>::SCHEMA_VERSION,
     })
-}
-
-/// An affect as stored, borrowed, with its remaining pulses as of the dump: encodes as
-/// [`super::state::Affect`] does.
-#[derive(Serialize)]
-struct AffectView<'a> {
-    name: &'a str,
-    remaining_pulses: u32,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    attribute_mods: &'a BTreeMap<String, i32>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pool_mods: &'a BTreeMap<String, i32>,
-}
-
-/// A live character's state document, borrowed: fields and order exactly as
-/// [`StateDocument`]'s, so it encodes to the same document (a test holds them equal).
-#[derive(Serialize)]
-struct StateView<'a> {
-    attributes: &'a BTreeMap<String, i32>,
-    resources: BTreeMap<&'a str, i32>,
-    affects: Vec<AffectView<'a>>,
-    cooldowns: BTreeMap<&'a str, u32>,
-    equipment: BTreeMap<super::items::Slot, ItemView<'a>>,
-    inventory: Vec<ItemView<'a>>,
-    experience: i64,
-    level: u32,
-    currency: i64,
-    appearance: &'a super::state::Appearance,
-    position: Option<[i32; 2]>,
-    applied_seq: u64,
-    tracks: &'a BTreeMap<String, u32>,
 }
 
 pub(crate) use shardkeep::model::encoded_len;

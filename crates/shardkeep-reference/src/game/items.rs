@@ -298,61 +298,12 @@ fn dump_item(
     })
 }
 
-/// A live item as it is stored, borrowed: encodes exactly as its [`ItemJson`] would, without
-/// copying the item into one first (a dump encodes these straight to the document's text).
-#[derive(Debug, Serialize)]
-pub struct ItemView<'a> {
-    proto: &'a str,
-    #[serde(skip_serializing_if = "is_default_delta")]
-    delta: ItemDelta,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    contents: Vec<ItemView<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    id: Option<Uuid>,
-}
-
-/// Views of live items in their stored form, refusing a tree over `limits` (as [`dump_items`]).
-pub fn view_items<'a>(
-    items: impl IntoIterator<Item = &'a Item>,
-    limits: CarryLimits,
-    nodes: &mut usize,
-) -> Result<Vec<ItemView<'a>>, CarryTreeError> {
-    items
-        .into_iter()
-        .map(|item| view_item(item, 1, limits, nodes))
-        .collect()
-}
-
-/// A view of one top-level item (and its contents) in its stored form.
-pub fn view_one<'a>(
-    item: &'a Item,
-    limits: CarryLimits,
-    nodes: &mut usize,
-) -> Result<ItemView<'a>, CarryTreeError> {
-    view_item(item, 1, limits, nodes)
-}
-
-fn view_item<'a>(
-    item: &'a Item,
+/// Counts one node of a carry tree at `depth`, refusing one past `limits`.
+pub(super) fn count_node(
     depth: usize,
     limits: CarryLimits,
     nodes: &mut usize,
-) -> Result<ItemView<'a>, CarryTreeError> {
-    count_node(depth, limits, nodes)?;
-    Ok(ItemView {
-        proto: &item.proto.proto_ref,
-        delta: item.delta,
-        contents: item
-            .contents
-            .iter()
-            .map(|inner| view_item(inner, depth + 1, limits, nodes))
-            .collect::<Result<_, _>>()?,
-        id: item.id,
-    })
-}
-
-/// Counts one node of a carry tree at `depth`, refusing one past `limits`.
-fn count_node(depth: usize, limits: CarryLimits, nodes: &mut usize) -> Result<(), CarryTreeError> {
+) -> Result<(), CarryTreeError> {
     if depth > limits.max_depth {
         return Err(CarryTreeError::TooDeep {
             depth,

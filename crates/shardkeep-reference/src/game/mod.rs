@@ -3,11 +3,13 @@
 //!
 //! - [`items`] — flyweight items, prototypes, carry-tree bounds.
 //! - [`state`] — the stored state document and the live character.
-//! - [`apply`] — the applier (in the documented order) and the dump.
+//! - [`apply`] — the applier (in the documented order) and the dump; `dump` — a live
+//!   character encoded straight to its document.
 //! - [`effects`] — the retry effects the game issues, and its [`shardkeep::model::GameModel`].
 //! - [`world`] — zones, rooms, exits, resets and the room resolver.
 
 pub mod apply;
+mod dump;
 pub mod effects;
 pub mod items;
 pub mod state;

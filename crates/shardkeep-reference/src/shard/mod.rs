@@ -391,16 +391,8 @@ impl Shard {
             }
             zone.pulse_timed();
             let due = zone.due_saves(self.pulse, checkpoint_period, flush_period);
-            for (ids, target) in [
-                (&due.flush, &mut flushes),
-                (&due.checkpoint, &mut checkpoints),
-            ] {
-                for id in ids {
-                    if let Some(entry) = zone.player(*id) {
-                        target.extend(dump_entry(entry, zone));
-                    }
-                }
-            }
+            flushes.extend(due.flush.iter().filter_map(|e| dump_entry(e, zone)));
+            checkpoints.extend(due.checkpoint.iter().filter_map(|e| dump_entry(e, zone)));
         }
         self.saver.enqueue_many(SaveReason::Flush, flushes);
         self.saver.enqueue_many(SaveReason::Checkpoint, checkpoints);

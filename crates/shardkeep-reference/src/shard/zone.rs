@@ -92,12 +92,12 @@ pub struct ZoneRuntime {
 }
 
 /// Players due for a save on one pulse.
-#[derive(Debug, Default)]
-pub struct DueSaves {
+#[derive(Debug)]
+pub struct DueSaves<'a> {
     /// Due for a flush (which also writes the checkpoint).
-    pub flush: Vec<Uuid>,
+    pub flush: Vec<&'a PlayerEntry>,
     /// Due for a checkpoint only.
-    pub checkpoint: Vec<Uuid>,
+    pub checkpoint: Vec<&'a PlayerEntry>,
 }
 
 impl ZoneRuntime {
@@ -229,11 +229,14 @@ impl ZoneRuntime {
     }
 
     /// The players due on `pulse`, for the given periods. A player due for both gets the flush.
-    pub fn due_saves(&self, pulse: u64, checkpoint_period: u64, flush_period: u64) -> DueSaves {
+    pub fn due_saves(&self, pulse: u64, checkpoint_period: u64, flush_period: u64) -> DueSaves<'_> {
         let (c, f) = (checkpoint_period.max(1), flush_period.max(1));
         let len = self.wheel.len() as u64;
         let wheel_fits = len == f && f.is_multiple_of(c);
-        let mut due = DueSaves::default();
+        let mut due = DueSaves {
+            flush: Vec::new(),
+            checkpoint: Vec::new(),
+        };
         let mut classify = |id: Uuid| {
             let Some(entry) = self.players.get(&id) else {
                 return;
@@ -242,9 +245,9 @@ impl ZoneRuntime {
                 return;
             }
             if (pulse + phase(id, f)).is_multiple_of(f) {
-                due.flush.push(id);
+                due.flush.push(entry);
             } else if (pulse + phase(id, c)).is_multiple_of(c) {
-                due.checkpoint.push(id);
+                due.checkpoint.push(entry);
             }
         };
         if wheel_fits {
