@@ -2,7 +2,7 @@
 //! player-map mutators here are the only writers of the residency index.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::sync::Arc;
 
 use uuid::Uuid;
@@ -77,7 +77,8 @@ pub fn phase(character_id: Uuid, period: u64) -> u64 {
 pub struct ZoneRuntime {
     /// The definition.
     pub def: Arc<ZoneDef>,
-    players: BTreeMap<Uuid, PlayerEntry>,
+    /// By id (hashed: a full zone's lookups would walk a deep tree; nothing needs an order).
+    players: HashMap<Uuid, PlayerEntry>,
     wheel: Vec<BTreeSet<Uuid>>,
     /// Timer pulses run so far.
     now: u64,
@@ -107,7 +108,7 @@ impl ZoneRuntime {
         let len = usize::try_from(wheel_len.max(1)).unwrap_or(1);
         Self {
             def,
-            players: BTreeMap::new(),
+            players: HashMap::new(),
             wheel: vec![BTreeSet::new(); len],
             now: 0,
             expiries: BinaryHeap::new(),
