@@ -83,7 +83,13 @@ impl<O: BatchOp> Batcher<O> {
             start
         };
         if start {
-            tokio::spawn(Arc::clone(self).run_waiting());
+            // The slot exists before the task does: a task dropped before it first runs still
+            // hands its place back (and another takes over what waits).
+            let slot = Slot {
+                batcher: Arc::clone(self),
+                held: true,
+            };
+            tokio::spawn(run_waiting(slot));
         }
         outcome.await.unwrap_or_else(|_| self.op.lost())
     }
@@ -104,6 +110,11 @@ impl<O: BatchOp> Batcher<O> {
         let (mut requests, mut dones) = (Vec::new(), Vec::new());
         let mut later = VecDeque::new();
         while let Some(next) = state.waiting.pop_front() {
+            // A caller that stopped waiting needs nothing done (its request may or may not be
+            // carried out, as far as it knows): it is dropped here rather than carried out late.
+            if next.done.is_closed() {
+                continue;
+            }
             if !requests.is_empty() && !self.op.fits(&requests, &next.request) {
                 later.push_back(next);
                 if later.len() >= LOOK_PAST {
@@ -122,22 +133,20 @@ impl<O: BatchOp> Batcher<O> {
         }
         (requests, dones)
     }
+}
 
-    async fn run_waiting(self: Arc<Self>) {
-        let mut slot = Slot {
-            batcher: Arc::clone(&self),
-            held: true,
-        };
-        loop {
-            let (requests, dones) = self.take_batch();
-            if requests.is_empty() {
-                slot.held = false;
-                return;
-            }
-            let mut outcomes = self.op.run(&requests).await.into_iter();
-            for done in dones {
-                let _ = done.send(outcomes.next().unwrap_or_else(|| self.op.lost()));
-            }
+/// A batching task: takes batches until nothing waits.
+async fn run_waiting<O: BatchOp>(mut slot: Slot<O>) {
+    let batcher = Arc::clone(&slot.batcher);
+    loop {
+        let (requests, dones) = batcher.take_batch();
+        if requests.is_empty() {
+            slot.held = false;
+            return;
+        }
+        let mut outcomes = batcher.op.run(&requests).await.into_iter();
+        for done in dones {
+            let _ = done.send(outcomes.next().unwrap_or_else(|| batcher.op.lost()));
         }
     }
 }
@@ -177,7 +186,10 @@ impl<O: BatchOp> Drop for Slot<O> {
             Ok(runtime) => {
                 state.running += 1;
                 drop(state);
-                runtime.spawn(Arc::clone(&self.batcher).run_waiting());
+                runtime.spawn(run_waiting(Slot {
+                    batcher: Arc::clone(&self.batcher),
+                    held: true,
+                }));
             }
             // No runtime left: the waiting callers are told (their channels close).
             Err(_) => state.waiting.clear(),
@@ -191,10 +203,14 @@ mod tests {
 
     use super::*;
 
-    /// Records each batch; keys that repeat may not share one; `u32::MAX` panics the run.
+    /// Records each batch; keys that repeat may not share one; `u32::MAX` panics the run;
+    /// [`GATED`] waits for the gate.
+    const GATED: u32 = 1_000;
+
     #[derive(Default)]
     struct Recording {
         batches: StdMutex<Vec<Vec<u32>>>,
+        gate: tokio::sync::Notify,
     }
 
     impl BatchOp for Arc<Recording> {
@@ -207,6 +223,9 @@ mod tests {
 
         async fn run(&self, batch: &[u32]) -> Vec<Option<u32>> {
             tokio::task::yield_now().await;
+            if batch.contains(&GATED) {
+                self.gate.notified().await;
+            }
             assert!(!batch.contains(&u32::MAX), "a failing operation");
             if let Ok(mut batches) = self.batches.lock() {
                 batches.push(batch.to_vec());
@@ -244,6 +263,33 @@ mod tests {
             keys.dedup();
             assert_eq!(keys.len(), batch.len(), "a key twice in {batch:?}");
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_whose_caller_stopped_waiting_is_not_carried_out_late() {
+        let recording = Arc::new(Recording::default());
+        let batcher = Batcher::new(Arc::clone(&recording), 1);
+        let first = {
+            let batcher = Arc::clone(&batcher);
+            tokio::spawn(async move { batcher.submit(GATED).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        // Waits behind the held batch, then its caller gives up.
+        let given_up =
+            tokio::time::timeout(std::time::Duration::from_millis(50), batcher.submit(5)).await;
+        assert!(given_up.is_err());
+        recording.gate.notify_one();
+        assert_eq!(first.await.ok().flatten(), Some(GATED * 10));
+        assert_eq!(batcher.submit(6).await, Some(60));
+        let batches = recording
+            .batches
+            .lock()
+            .map(|b| b.clone())
+            .unwrap_or_default();
+        assert!(
+            batches.iter().all(|b| !b.contains(&5)),
+            "carried out after its caller left: {batches:?}"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

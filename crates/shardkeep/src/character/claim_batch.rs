@@ -1,10 +1,13 @@
 //! Claims that arrive together are made together: a login storm (a killed shard's players
-//! logging in elsewhere at once) becomes a few statements of many characters each instead of a
-//! statement and a commit per player. Through [`crate::batching`], up to [`MOST_CLAIMING`] tasks
-//! each take what waits (one claim per character) into one statement that locks the rows in id
-//! order and mints every epoch that needs no settle, then one read of the effects since each
-//! content's dump, and tell every caller its row — or that its claim must go the careful way (a
-//! job queued, a refusal, no row), which the store then takes alone.
+//! logging in elsewhere at once) becomes a few transactions of many characters each instead of a
+//! transaction per player. Through [`crate::batching`], up to [`MOST_CLAIMING`] tasks each take
+//! what waits (one claim per character, callers still waiting) into one transaction: a statement
+//! that locks the rows in id order, skipping rows another transaction holds, and mints every
+//! epoch that needs no settle, then the read of the effects since each content's dump, then the
+//! commit — so an epoch is minted only together with the answer its caller needs. Every caller is
+//! told its row, or that its claim must go the careful way (a job queued, a row locked, a
+//! refusal, no row), which the store then takes alone (waiting for a lock as a claim always did,
+//! without holding up anyone else's).
 
 use std::collections::HashMap;
 
@@ -42,15 +45,15 @@ pub(super) type Claimed = Option<(ClaimTuple, serde_json::Value)>;
 
 // The claims of many characters (`$1`, with their epoch floors `$2` and, for handoffs, the epoch
 // the carried snapshot was dumped under `$3` and the token `$4`), each decided as the one-row
-// claim decides it, rows locked first in id order (the global lock order); only while no job of
-// the character is queued ($6).
+// claim decides it, rows locked first in id order (the global lock order) and rows another
+// transaction holds skipped; only while no job of the character is queued ($6).
 const CLAIM_MANY: &str = "
 WITH input AS (
     SELECT * FROM UNNEST($1::uuid[], $2::int8[], $3::int8[], $4::text[])
         AS t(id, floor, dumped_epoch, token)
 ), prev AS (
     SELECT c.id, c.owner_epoch, c.handoff_claim FROM characters c
-     WHERE c.id = ANY($1) ORDER BY c.id FOR UPDATE
+     WHERE c.id = ANY($1) ORDER BY c.id FOR UPDATE SKIP LOCKED
 ), decided AS (
     SELECT p.id, p.owner_epoch, i.floor, i.token,
            COALESCE(i.dumped_epoch = p.owner_epoch OR i.token = p.handoff_claim, false) AS adopt
@@ -162,8 +165,7 @@ impl BatchOp for ClaimOp {
     type Outcome = Result<Claimed, sqlx::Error>;
 
     fn fits(&self, batch: &[ClaimRequest], next: &ClaimRequest) -> bool {
-        // One claim per character and statement: a second claim of one character in a burst
-        // is made after the first.
+        // One claim per character and statement.
         batch.len() < MOST_ROWS && batch.iter().all(|r| r.character_id != next.character_id)
     }
 
@@ -173,8 +175,8 @@ impl BatchOp for ClaimOp {
                 .iter()
                 .map(|r| Ok(claimed.remove(&r.character_id)))
                 .collect(),
-            // No connection (an outage, a full pool): every claim fails at once, and nothing
-            // was claimed (the statement committed nothing).
+            // No connection (an outage, a full pool) or a failed statement: every claim fails at
+            // once, and nothing was claimed (the transaction did not commit).
             Err(err) => all_failed(err, batch.len()),
         }
     }
@@ -185,7 +187,7 @@ impl BatchOp for ClaimOp {
 }
 
 impl ClaimOp {
-    /// One statement of claims (committing on its own), then the effects of those claimed.
+    /// One transaction: the claims, then the effects of those claimed, then the commit.
     async fn claim_many(
         &self,
         batch: &[ClaimRequest],
@@ -200,6 +202,7 @@ impl ClaimOp {
             .iter()
             .map(|w| w.handoff.as_ref().map(|(_, t)| t.as_str()))
             .collect();
+        let mut tx = self.pg.pool().begin().await?;
         let rows: Vec<ClaimTuple> = sqlx::query_as(CLAIM_MANY)
             .bind(&ids)
             .bind(&floors)
@@ -210,13 +213,15 @@ impl ClaimOp {
                     .map(|v| i32::try_from(v).unwrap_or(i32::MAX)),
             )
             .bind(self.unqueued_only)
-            .fetch_all(self.pg.pool())
+            .fetch_all(&mut *tx)
             .await?;
         if rows.is_empty() {
+            tx.rollback().await?;
             return Ok(HashMap::new());
         }
         let claimed: Vec<Uuid> = rows.iter().map(|r| r.1).collect();
-        let mut effects = effects_since_dump(self.pg.pool(), &claimed).await?;
+        let mut effects = effects_since_dump(&mut *tx, &claimed).await?;
+        tx.commit().await?;
         Ok(rows
             .into_iter()
             .map(|row| {

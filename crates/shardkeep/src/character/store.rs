@@ -595,13 +595,11 @@ impl CharacterStore {
                 "epoch floor {floor} is negative"
             )));
         }
-        // Most claims find no job queued: they are made together with the claims arriving at the
-        // same time, one statement of many characters committing on its own, and the effects
-        // since each content's dump are read after it. No effect of an earlier owner can be
-        // recorded after that commit (a job of an earlier epoch is fenced from then on), so the
-        // read sees what a read inside the claim would. A claim that finds a job queued (the
-        // statement's snapshot sees it, so a job a worker is settling right now counts), a
-        // refusal or no row at all goes the careful way, alone.
+        // Most claims find no job queued and no lock on the row: they are made together with the
+        // claims arriving at the same time, in one transaction of many characters that also
+        // reads the effects since each content's dump. A claim that finds a job queued (the
+        // statement's snapshot sees it, so a job a worker is settling right now counts), its row
+        // locked, a refusal or no row at all goes the careful way, alone.
         if let Some((row, effects)) =
             super::claim_batch::claim(&self.claims, character_id, floor, handoff).await?
         {

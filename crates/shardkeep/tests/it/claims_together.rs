@@ -121,3 +121,45 @@ async fn a_burst_of_claims_mints_one_epoch_per_claim(pool: PgPool) {
         .unwrap();
     assert_eq!(left, 0);
 }
+
+/// A character whose row another transaction holds does not hold up the claims made with it:
+/// they are made at once, and its own claim waits for the lock, alone, as a claim always did.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_locked_row_holds_up_only_its_own_claim(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let loader = CharacterLoader::new(
+        CharacterStore::new(pg(&pool)),
+        Some(CheckpointStore::new(redis.backend())),
+        LedgerModel::handle(),
+        Duration::from_secs(10),
+    );
+    let mut ids = Vec::new();
+    for n in 0..20 {
+        ids.push(character(&pool, &format!("locked{n}")).await);
+    }
+    let locked = ids[3];
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM characters WHERE id = $1 FOR UPDATE")
+        .bind(locked)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let waiting = {
+        let loader = loader.clone();
+        tokio::spawn(async move { loader.claim_and_load(locked, 0).await })
+    };
+    let others = ids.iter().filter(|id| **id != locked).map(|id| {
+        let loader = loader.clone();
+        let id = *id;
+        async move { loader.claim_and_load(id, 0).await }
+    });
+    let done = tokio::time::timeout(Duration::from_secs(5), futures::future::join_all(others))
+        .await
+        .expect("the other claims wait for no lock");
+    assert!(done.iter().all(Result::is_ok));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "its own claim waits for the lock");
+    holder.rollback().await.unwrap();
+    let loaded = waiting.await.unwrap().unwrap();
+    assert_eq!(loaded.snapshot.owner_epoch, 1);
+}
