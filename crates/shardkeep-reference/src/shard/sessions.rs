@@ -355,17 +355,20 @@ impl Shard {
             });
         }
         // Another shard owns the destination: hand the snapshot over and remove without saving,
-        // so no stale flush from here can race the destination's claim.
-        let entry = self
-            .player(character_id)
+        // so no stale flush from here can race the destination's claim. The dump is taken as of
+        // the zone's pulse (its timers caught up), as every other dump is.
+        let zone = self
+            .zones
+            .get_mut(&zone_id)
+            .ok_or_else(|| AdmitError::NoZone(zone_id.clone()))?;
+        let entry = zone
+            .player_mut(character_id)
             .ok_or(AdmitError::NotHere(character_id))?;
         let snapshot = entry
             .character
             .dump(Some(&exit.zone), Some(&exit.room))
             .map_err(|_| AdmitError::NotHere(character_id))?;
-        if let Some(zone) = self.zones.get_mut(&zone_id) {
-            zone.remove(character_id, &self.residency);
-        }
+        zone.remove(character_id, &self.residency);
         Ok(WalkOutcome::Handoff(Box::new(OutboundHandoff {
             target_shard: self.directory.shard_for_zone(&exit.zone),
             snapshot,
