@@ -177,7 +177,16 @@ impl CharacterLoader {
         let snapshot = &mut loaded.snapshot;
         let current = self.model.schema_version();
         if snapshot.schema_version != current {
-            let state = std::mem::take(&mut snapshot.state).to_value();
+            let state = snapshot
+                .state
+                .try_to_value()
+                .map_err(|err| LoadError::Schema {
+                    character_id: snapshot.character_id,
+                    source: crate::model::UpgradeError::Failed {
+                        from: snapshot.schema_version,
+                        reason: format!("the state document is not a JSON tree: {err}"),
+                    },
+                })?;
             snapshot.state = self
                 .model
                 .upgrade(snapshot.schema_version, state)
@@ -378,6 +387,20 @@ pub fn choose(
             );
             (which, c)
         });
+    // The row holds its last live writer's dump, then every job applied since.
+    let from_row = || {
+        let beyond_mark = effects
+            .iter()
+            .filter(|e| e.issue_seq > 0)
+            .map(|e| (e.owner_epoch, e.issue_seq))
+            .collect();
+        let origin = ContentOrigin {
+            epoch: content_mark.epoch,
+            mark: content_mark.seq,
+            beyond_mark,
+        };
+        (LoadSource::Row, row.clone(), origin)
+    };
     let (source, mut snapshot, origin) = match pick {
         Some((Freshest::Checkpoint, c)) => {
             let mut s = c;
@@ -406,46 +429,49 @@ pub fn choose(
                         }
                 })
                 .collect();
-            // Only a checkpoint missing effects is decoded and encoded again.
-            if !newer.is_empty() {
-                let mut merged = RowState {
-                    state: s.state.to_value(),
-                    zone_ref: s.zone_ref,
-                    room_ref: s.room_ref,
-                    schema_version: s.schema_version,
-                };
-                for effect in newer {
-                    if apply_payload(model, &mut merged, &effect.payload).is_ok()
-                        && effect.issue_seq > 0
-                    {
-                        origin
-                            .beyond_mark
-                            .push((effect.owner_epoch, effect.issue_seq));
-                    }
-                }
-                s.state = merged.state.into();
-                s.zone_ref = merged.zone_ref;
-                s.room_ref = merged.room_ref;
-                s.schema_version = merged.schema_version;
-            }
-            s.account_id = row.account_id;
-            s.name = row.name.clone();
-            (LoadSource::Checkpoint, s, origin)
-        }
-        _ => {
-            // The row holds its last live writer's dump, then every job applied since.
-            let beyond_mark = effects
-                .iter()
-                .filter(|e| e.issue_seq > 0)
-                .map(|e| (e.owner_epoch, e.issue_seq))
-                .collect();
-            let origin = ContentOrigin {
-                epoch: content_mark.epoch,
-                mark: content_mark.seq,
-                beyond_mark,
+            // Only a checkpoint missing effects is decoded and encoded again. One whose
+            // document cannot be read as a tree cannot take them: the row, which holds them,
+            // is played instead (freshness lost, no effect).
+            let tree = if newer.is_empty() {
+                Ok(None)
+            } else {
+                s.state.try_to_value().map(Some)
             };
-            (LoadSource::Row, row.clone(), origin)
+            match tree {
+                Err(err) => {
+                    tracing::warn!(event = "checkpoint_unreadable", character = %row.character_id,
+                        error = %err, "the row is loaded instead");
+                    from_row()
+                }
+                Ok(tree) => {
+                    if let Some(tree) = tree {
+                        let mut merged = RowState {
+                            state: tree,
+                            zone_ref: s.zone_ref,
+                            room_ref: s.room_ref,
+                            schema_version: s.schema_version,
+                        };
+                        for effect in newer {
+                            if apply_payload(model, &mut merged, &effect.payload).is_ok()
+                                && effect.issue_seq > 0
+                            {
+                                origin
+                                    .beyond_mark
+                                    .push((effect.owner_epoch, effect.issue_seq));
+                            }
+                        }
+                        s.state = merged.state.into();
+                        s.zone_ref = merged.zone_ref;
+                        s.room_ref = merged.room_ref;
+                        s.schema_version = merged.schema_version;
+                    }
+                    s.account_id = row.account_id;
+                    s.name = row.name.clone();
+                    (LoadSource::Checkpoint, s, origin)
+                }
+            }
         }
+        _ => from_row(),
     };
     snapshot.state_version = row.state_version;
     snapshot.owner_epoch = new_epoch;
@@ -552,6 +578,49 @@ mod tests {
             row_version,
             payload: serde_json::from_value(payload).unwrap_or_else(|e| panic!("{e}")),
         }
+    }
+
+    /// A text nested past the JSON tree's depth limit (valid JSON all the same).
+    fn too_deep() -> crate::character::StateJson {
+        let depth = 200;
+        let text = format!("{{\"deep\":{}1{}}}", "[".repeat(depth), "]".repeat(depth));
+        crate::character::StateJson::parse(text).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn a_checkpoint_that_cannot_take_its_missing_effects_gives_way_to_the_row() {
+        let nil = Uuid::nil();
+        let mut row = snap(3, 8, Some("a"), "row");
+        row.state = serde_json::json!({ "experience": 35 }).into();
+        let mut claim = claimed(row, 7, 4);
+        claim.effects = vec![effect(
+            3,
+            8,
+            serde_json::json!({ "kind": "combat_rewards", "character_id": nil,
+            "experience": 25, "currency": 0, "items": [] }),
+        )];
+        let mut checkpoint = snap(3, 7, Some("a"), "ckpt");
+        checkpoint.state = too_deep();
+        let loaded = choose(&crate::model::test_model::handle(), claim, Some(checkpoint));
+        assert_eq!(loaded.source, LoadSource::Row);
+        assert_eq!(
+            loaded.snapshot.state["experience"], 35,
+            "the reward, not null"
+        );
+    }
+
+    #[test]
+    fn a_checkpoint_missing_nothing_is_played_as_its_text_however_deep() {
+        let mut checkpoint = snap(3, 7, Some("b"), "ckpt");
+        checkpoint.state = too_deep();
+        let text = checkpoint.state.as_str().to_owned();
+        let loaded = choose(
+            &crate::model::test_model::handle(),
+            claimed(snap(3, 7, Some("a"), "row"), 7, 4),
+            Some(checkpoint),
+        );
+        assert_eq!(loaded.source, LoadSource::Checkpoint);
+        assert_eq!(loaded.snapshot.state.as_str(), text);
     }
 
     #[test]

@@ -58,13 +58,30 @@ impl StateJson {
         serde_json::from_str(self.raw.get())
     }
 
-    /// The document as a JSON tree, parsed the first time it is asked for and kept.
-    pub fn value(&self) -> &Value {
-        self.tree
-            .get_or_init(|| serde_json::from_str(self.raw.get()).unwrap_or(Value::Null))
+    /// The document as a JSON tree, parsed the first time it is asked for and kept. Fails for
+    /// a text the tree cannot hold (nested deeper than `serde_json`'s limit of 128 levels),
+    /// which the text itself may carry.
+    pub fn tree(&self) -> Result<&Value, serde_json::Error> {
+        if let Some(tree) = self.tree.get() {
+            return Ok(tree);
+        }
+        let parsed: Value = serde_json::from_str(self.raw.get())?;
+        Ok(self.tree.get_or_init(|| parsed))
     }
 
-    /// The document as an owned JSON tree.
+    /// The document as a JSON tree, for looking inside: reads as `null` where [`Self::tree`]
+    /// fails. Anything that writes a tree back uses [`Self::try_to_value`].
+    pub fn value(&self) -> &Value {
+        self.tree().unwrap_or(&Value::Null)
+    }
+
+    /// The document as an owned JSON tree, or why it cannot be one.
+    pub fn try_to_value(&self) -> Result<Value, serde_json::Error> {
+        self.tree().cloned()
+    }
+
+    /// The document as an owned JSON tree (`null` where [`Self::tree`] fails): for tools and
+    /// tests; anything that writes it back uses [`Self::try_to_value`].
     pub fn to_value(&self) -> Value {
         self.value().clone()
     }
@@ -72,7 +89,7 @@ impl StateJson {
     /// Sets one top-level field (the document becomes an object if it was not one), encoding
     /// the document again: for tools and tests, not for a hot path.
     pub fn set_field(&mut self, key: &str, value: Value) {
-        let mut tree = self.to_value();
+        let mut tree = self.try_to_value().unwrap_or(Value::Null);
         if !tree.is_object() {
             tree = Value::Object(serde_json::Map::new());
         }
@@ -246,5 +263,18 @@ mod tests {
     fn text_that_is_not_json_is_refused() {
         assert!(StateJson::parse("{\"a\":".to_owned()).is_err());
         assert!(StateJson::parse(String::new()).is_err());
+    }
+
+    #[test]
+    fn a_text_too_deep_for_a_tree_says_so_rather_than_reading_as_null_when_asked() {
+        let depth = 200;
+        let text = format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+        let state = StateJson::parse(text.clone()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(state.tree().is_err());
+        assert!(state.try_to_value().is_err());
+        assert_eq!(state.value(), &Value::Null, "looking inside only");
+        assert_eq!(state.as_str(), text, "the text is carried as it is");
+        let shallow = StateJson::parse("{\"a\":[1]}".to_owned()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(shallow.try_to_value().ok(), Some(json!({ "a": [1] })));
     }
 }

@@ -218,10 +218,15 @@ fn state_job(
 ) -> Result<PersistenceRetryJob, crate::retry::InvalidJob> {
     let snapshot = &request.snapshot;
     let character_id = snapshot.character_id;
+    // A job carries the document as a tree: one the tree cannot hold is refused here, never
+    // queued as `null` in its place.
+    let state = snapshot.state.try_to_value().map_err(|err| {
+        crate::retry::InvalidJob(format!("the state document is not a JSON tree: {err}"))
+    })?;
     PersistenceRetryJob::new(
         PersistenceRetryPayload::gameplay_state_at(
             character_id,
-            snapshot.state.to_value(),
+            state,
             snapshot.schema_version,
             snapshot.zone_ref.clone(),
             snapshot.zone_ref.as_ref().and(snapshot.room_ref.clone()),
@@ -259,4 +264,44 @@ pub(super) fn final_dropped(
         character_id,
         owner_epoch: snapshot.owner_epoch,
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::character::StateJson;
+
+    fn request(state: StateJson) -> SaveRequest {
+        SaveRequest {
+            reason: SaveReason::Final,
+            snapshot: CharacterSnapshot {
+                character_id: Uuid::now_v7(),
+                account_id: Uuid::now_v7(),
+                name: "Aria".into(),
+                zone_ref: Some("zone-0".into()),
+                room_ref: Some("r1".into()),
+                state,
+                chargen: None,
+                state_version: 3,
+                owner_epoch: 2,
+                issue_mark: 0,
+                schema_version: 1,
+            },
+            dumped_at: std::time::Instant::now(),
+        }
+    }
+
+    #[test]
+    fn a_document_the_job_cannot_carry_is_refused_rather_than_queued_as_null() {
+        let depth = 200;
+        let text = format!("{{\"deep\":{}1{}}}", "[".repeat(depth), "]".repeat(depth));
+        let deep = StateJson::parse(text).unwrap_or_else(|e| panic!("{e}"));
+        let refused = state_job(&request(deep), "final");
+        assert!(
+            refused.is_err_and(|e| e.0.contains("not a JSON tree")),
+            "refused with its reason"
+        );
+        let shallow = StateJson::from(serde_json::json!({ "experience": 3 }));
+        assert!(state_job(&request(shallow), "final").is_ok());
+    }
 }
