@@ -1,8 +1,10 @@
 //! Appends that arrive together go to Redis together (through [`crate::batching`]): up to
 //! [`MOST_SENDING`] tasks each take what waits (bounded by entries and bytes) into one `LPUSH`
 //! (one script for a capped queue, which takes what fits and refuses the rest), then tell every
-//! caller its outcome. A caller still returns only once its own entry is in the list; entries
-//! keep the order they arrived in, so one producer's appends keep theirs.
+//! caller its outcome. A caller still returns only once its own entry is in the list, so an
+//! append made after another returned lands after it (one producer awaiting each append keeps
+//! its order). Appends in flight together have no order between them: two batches may be sent
+//! at once and land either way round.
 
 use std::sync::Arc;
 

@@ -179,9 +179,14 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
                 .query_async(conn)
                 .await?;
             if raw.is_some() {
-                // No script can wrap a blocking move: count it in one of its own. Should this
-                // process die first, the next script to touch the list counts it.
-                self.recount().await?;
+                // No script can wrap a blocking move: count it in one of its own. Should that
+                // fail, or this process die first, the next script to touch the list counts it;
+                // the entry, already in this consumer's list, is handed out either way (an
+                // error here would strand it there until the consumer dies).
+                if let Err(err) = self.recount().await {
+                    tracing::warn!(event = "queue_recount_failed", queue = self.queue.name(),
+                        error = %err, "counted by the next script touching the list");
+                }
             }
             match self.decode(raw).await? {
                 Decoded::Entry(leased) => return Ok(Some(leased)),

@@ -22,6 +22,8 @@ use crate::telemetry;
 
 static RECOVER: LazyLock<Script> = super::counting_script!("lua/recover.lua");
 static UNLOCK: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/unlock.lua")));
+static RECONCILE_TOTAL: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lua/reconcile_total.lua")));
 
 /// Consumers examined per recovery pass.
 const MAX_CONSUMERS_PER_PASS: usize = 10_000;
@@ -142,7 +144,31 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
                 report.poisoned += poisoned;
             }
         }
+        self.reconcile_total().await?;
         Ok(report)
+    }
+
+    /// Puts the processing total right from the held counts (one script, bounded by
+    /// [`MAX_CONSUMERS_PER_PASS`] counts), after the counts themselves were put right above.
+    async fn reconcile_total(&self) -> Result<(), QueueError> {
+        let keys = self.keys();
+        let mut conn = self.redis().conn();
+        let (sum, was): (i64, i64) = RECONCILE_TOTAL
+            .key(&keys.processing_held)
+            .key(&keys.processing_total)
+            .arg(MAX_CONSUMERS_PER_PASS)
+            .invoke_async(&mut conn)
+            .await?;
+        if sum >= 0 && sum != was {
+            tracing::warn!(
+                event = "queue_total_reconciled",
+                queue = self.name(),
+                was,
+                now = sum,
+                "the processing total had drifted from the held counts"
+            );
+        }
+        Ok(())
     }
 
     /// Consumer ids with a held count that are neither in `registered` nor in `found` (at most

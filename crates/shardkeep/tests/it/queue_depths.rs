@@ -144,6 +144,16 @@ async fn a_count_gone_wrong_is_put_right_by_the_next_script_or_by_recovery() {
     queue.recover().await.unwrap();
     assert_eq!(queue.depths().await.unwrap().processing, 4);
     assert_processing(&queue, &redis, &[&live_id]).await;
+
+    // The total itself lost (deleted by hand, or moved off the counts): recovery sums the
+    // counts again.
+    let _: () = raw.del(&keys.processing_total).await.unwrap();
+    assert_eq!(queue.depths().await.unwrap().processing, 0, "drifted");
+    queue.recover().await.unwrap();
+    assert_eq!(queue.depths().await.unwrap().processing, 4);
+    let _: () = raw.incr(&keys.processing_total, 5).await.unwrap();
+    queue.recover().await.unwrap();
+    assert_eq!(queue.depths().await.unwrap().processing, 4);
 }
 
 #[tokio::test]
