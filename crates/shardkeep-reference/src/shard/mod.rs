@@ -174,6 +174,15 @@ fn dump_entry(
     }
 }
 
+/// A crash-window measure in progress; dropping it lets the next one start.
+struct ExportingFlag(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for ExportingFlag {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::Release);
+    }
+}
+
 /// One shard.
 pub struct Shard {
     config: ShardConfig,
@@ -414,10 +423,12 @@ impl Shard {
         let landed = self.saver.landed().clone();
         let residency = self.residency.clone();
         let shard = self.config.shard_id.clone();
-        let exporting = Arc::clone(&self.exporting);
+        // Clears the flag when the measure ends, however it ends (a panic, or a runtime that
+        // refused the task), so one failed measure never stops the next.
+        let exporting = ExportingFlag(Arc::clone(&self.exporting));
         let export = move || {
+            let _exporting = exporting;
             landed.export(&shard, &residency.ids());
-            exporting.store(false, std::sync::atomic::Ordering::Release);
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => drop(runtime.spawn_blocking(export)),

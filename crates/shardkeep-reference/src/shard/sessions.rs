@@ -164,6 +164,8 @@ impl Shard {
             .get_mut(&zone_id)
             .ok_or_else(|| AdmitError::NoZone(zone_id.clone()))?
             .insert(entry, &self.residency);
+        // Durable as loaded: the crash window of this stay starts now.
+        self.saver.landed().loaded(id, std::time::Instant::now());
         if attached {
             self.register_placement(id);
         }

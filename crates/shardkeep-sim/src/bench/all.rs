@@ -297,14 +297,19 @@ pub fn audit_rows(a: &AuditBenchReport) -> Vec<Row> {
             Unit::PerSecond,
             Goal::AtLeast(10.0),
         ),
-        Row::higher_is_better(
+        // Context: what a burst against a slowed store costs each (the auditor's bound drops
+        // rather than stalls the shard; none is a durability record).
+        Row::lower_is_better(
             "audit",
-            "deaths the batched auditor dropped, slowed store",
+            format!(
+                "deaths dropped of a burst of {}, slowed store, batched",
+                a.burst
+            ),
             a.batched_dropped as f64,
-            "deaths in the burst",
-            a.burst as f64,
+            "one-row auditor",
+            a.single_row_dropped as f64,
             Unit::Count,
-            Goal::AtMost(0.0),
+            Goal::None,
         ),
     ]
 }

@@ -77,6 +77,21 @@ impl LandedWrites {
         }
     }
 
+    /// Records that `id`'s state is durable as of `at`, as it is when just loaded: its ages
+    /// start over, whatever an earlier stay in this process left (a player who logged out and
+    /// back in before the map was pruned would otherwise count from its old stay's writes).
+    pub fn loaded(&self, id: Uuid, at: Instant) {
+        if let Ok(mut map) = self.by_character.lock() {
+            map.insert(
+                id,
+                Landed {
+                    checkpoint: at,
+                    row: at,
+                },
+            );
+        }
+    }
+
     /// Ages at `now` over `residents`. A resident with no landed write yet counts from the first
     /// time it was seen here (a landing or a measure): its state was durable when it was loaded,
     /// so right after a login this understates its age by up to one measuring period.
@@ -169,5 +184,24 @@ mod tests {
             (Duration::from_secs(3), Duration::from_secs(3))
         );
         assert_eq!(worst_and_p99(&mut []), (Duration::ZERO, Duration::ZERO));
+    }
+
+    #[test]
+    fn a_character_loaded_again_counts_from_its_load_not_its_earlier_stay() {
+        let landed = LandedWrites::default();
+        let start = Instant::now();
+        let id = Uuid::now_v7();
+        landed.record(Tier::Checkpoint, [(id, start)]);
+        landed.record(Tier::Row, [(id, start)]);
+        let later = start + Duration::from_secs(600);
+        assert_eq!(
+            landed.measure(later, &[id]).row_worst,
+            Duration::from_secs(600),
+            "as if it had stayed"
+        );
+        landed.loaded(id, later);
+        let ages = landed.measure(later + Duration::from_secs(1), &[id]);
+        assert_eq!(ages.row_worst, Duration::from_secs(1));
+        assert_eq!(ages.checkpoint_worst, Duration::from_secs(1));
     }
 }
