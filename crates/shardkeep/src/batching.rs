@@ -88,6 +88,7 @@ impl<O: BatchOp> Batcher<O> {
             let slot = Slot {
                 batcher: Arc::clone(self),
                 held: true,
+                started: false,
             };
             tokio::spawn(run_waiting(slot));
         }
@@ -137,6 +138,7 @@ impl<O: BatchOp> Batcher<O> {
 
 /// A batching task: takes batches until nothing waits.
 async fn run_waiting<O: BatchOp>(mut slot: Slot<O>) {
+    slot.started = true;
     let batcher = Arc::clone(&slot.batcher);
     loop {
         let (requests, dones) = batcher.take_batch();
@@ -166,10 +168,13 @@ pub(crate) fn all_failed<T>(err: sqlx::Error, count: usize) -> Vec<Result<T, sql
 const LOOK_PAST: usize = 64;
 
 /// A task's place among the running ones. A task that ends without handing it back (a panic,
-/// an abort) gives it up on drop, and a new task takes over what waits.
+/// an abort) gives it up on drop, and a new task takes over what waits. A task dropped before
+/// it ever ran was refused by a runtime shutting down: nothing takes over then (a new task
+/// would be refused in turn), and the waiting callers are told.
 struct Slot<O: BatchOp> {
     batcher: Arc<Batcher<O>>,
     held: bool,
+    started: bool,
 }
 
 impl<O: BatchOp> Drop for Slot<O> {
@@ -182,6 +187,10 @@ impl<O: BatchOp> Drop for Slot<O> {
         if state.waiting.is_empty() {
             return;
         }
+        if !self.started {
+            state.waiting.clear();
+            return;
+        }
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 state.running += 1;
@@ -189,6 +198,7 @@ impl<O: BatchOp> Drop for Slot<O> {
                 runtime.spawn(run_waiting(Slot {
                     batcher: Arc::clone(&self.batcher),
                     held: true,
+                    started: false,
                 }));
             }
             // No runtime left: the waiting callers are told (their channels close).
@@ -302,5 +312,31 @@ mod tests {
         };
         assert_eq!(doomed.await.ok().flatten(), None, "lost");
         assert_eq!(batcher.submit(7).await, Some(70), "a new task took over");
+    }
+
+    #[test]
+    fn a_runtime_shutting_down_mid_batch_tells_the_waiting_and_keeps_the_batcher_usable() {
+        let recording = Arc::new(Recording::default());
+        let batcher = Batcher::new(Arc::clone(&recording), 1);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        // One batch held in flight, one request waiting behind it, then the runtime goes.
+        let held = Arc::clone(&batcher);
+        drop(runtime.spawn(async move { held.submit(GATED).await }));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let waiting = Arc::clone(&batcher);
+        drop(runtime.spawn(async move { waiting.submit(7).await }));
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        drop(runtime);
+        assert!(batcher.lock().waiting.is_empty(), "no request left behind");
+        assert_eq!(batcher.lock().running, 0, "no place left taken");
+        let again = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(again.block_on(batcher.submit(8)), Some(80));
     }
 }

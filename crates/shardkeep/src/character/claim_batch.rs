@@ -175,8 +175,9 @@ impl BatchOp for ClaimOp {
                 .iter()
                 .map(|r| Ok(claimed.remove(&r.character_id)))
                 .collect(),
-            // No connection (an outage, a full pool) or a failed statement: every claim fails at
-            // once, and nothing was claimed (the transaction did not commit).
+            // No connection (an outage, a full pool), a failed statement or a lost commit reply:
+            // every claim fails at once. Whatever the transaction minted (only if a lost reply
+            // hid its commit) is superseded by the retried claim, which mints the next epoch.
             Err(err) => all_failed(err, batch.len()),
         }
     }
@@ -216,7 +217,9 @@ impl ClaimOp {
             .fetch_all(&mut *tx)
             .await?;
         if rows.is_empty() {
-            tx.rollback().await?;
+            // Nothing was changed: the transaction is rolled back as it is dropped, and a
+            // failure to say so costs no claim its careful path.
+            drop(tx);
             return Ok(HashMap::new());
         }
         let claimed: Vec<Uuid> = rows.iter().map(|r| r.1).collect();

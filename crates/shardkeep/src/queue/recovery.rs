@@ -144,7 +144,11 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
                 report.poisoned += poisoned;
             }
         }
-        self.reconcile_total().await?;
+        // The entries returned above stay reported whatever becomes of this last step.
+        if let Err(err) = self.reconcile_total().await {
+            tracing::warn!(event = "queue_total_reconcile_failed", queue = self.name(),
+                error = %err, "tried again at the next pass");
+        }
         Ok(report)
     }
 

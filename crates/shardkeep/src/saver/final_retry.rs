@@ -210,6 +210,26 @@ impl FinalRetries {
     }
 }
 
+/// Most levels of nesting a state document carried in a job may have: the payload around it
+/// adds a level, and a stored job is read back as a JSON tree of at most 128.
+const MOST_JOB_STATE_NESTING: usize = 120;
+
+/// Levels of arrays and objects in `value` (a scalar is 0), walked without recursion.
+fn nesting(value: &serde_json::Value) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(value, 0usize)];
+    while let Some((value, depth)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &serde_json::Value>> = match value {
+            serde_json::Value::Array(items) => Box::new(items.iter()),
+            serde_json::Value::Object(fields) => Box::new(fields.values()),
+            _ => continue,
+        };
+        deepest = deepest.max(depth + 1);
+        stack.extend(children.map(|child| (child, depth + 1)));
+    }
+    deepest
+}
+
 /// A save as a durable `gameplay_state` retry job of its copy, fenced by its epoch; `label` names
 /// the save in the idempotency key.
 fn state_job(
@@ -223,6 +243,13 @@ fn state_job(
     let state = snapshot.state.try_to_value().map_err(|err| {
         crate::retry::InvalidJob(format!("the state document is not a JSON tree: {err}"))
     })?;
+    // The job's payload nests the document a level deeper, and must read back as a tree.
+    if nesting(&state) > MOST_JOB_STATE_NESTING {
+        return Err(crate::retry::InvalidJob(format!(
+            "the state document nests deeper than {MOST_JOB_STATE_NESTING} levels: its job \
+             could not be read back"
+        )));
+    }
     PersistenceRetryJob::new(
         PersistenceRetryPayload::gameplay_state_at(
             character_id,
@@ -303,5 +330,20 @@ mod tests {
         );
         let shallow = StateJson::from(serde_json::json!({ "experience": 3 }));
         assert!(state_job(&request(shallow), "final").is_ok());
+        // Just inside the tree's limit, yet too deep once the payload wraps it.
+        let text = format!("{}1{}", "[".repeat(127), "]".repeat(127));
+        let edge = StateJson::parse(text).unwrap_or_else(|e| panic!("{e}"));
+        assert!(edge.tree().is_ok());
+        assert!(state_job(&request(edge), "final").is_err());
+    }
+
+    #[test]
+    fn nesting_counts_levels_of_arrays_and_objects() {
+        assert_eq!(nesting(&serde_json::json!(1)), 0);
+        assert_eq!(nesting(&serde_json::json!([])), 1);
+        assert_eq!(
+            nesting(&serde_json::json!({ "a": [1, { "b": [] }], "c": 2 })),
+            4
+        );
     }
 }
