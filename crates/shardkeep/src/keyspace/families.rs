@@ -282,7 +282,7 @@ pub const FAMILIES: &[KeyFamily] = &[
         GameServer,
         TtlRule::None,
         None,
-        "the sum of the held counts, kept by the same scripts: the depth report reads it in O(1)"
+        "the sum of the held counts, kept by the same scripts: the depth report reads it in O(1); each recovery pass sets it again from the held counts (one bounded script)"
     ),
     family!(
         "queue_dead",
