@@ -310,5 +310,8 @@ async fn depth_counts_read_a_bounded_part_of_a_large_queue(pool: PgPool) {
         read <= 10_001 + 200,
         "the counts read {read} rows of 30,000"
     );
-    assert!((10_001..=30_000).contains(&jobs), "{jobs} jobs counted");
+    // Past the bound the total is Postgres's live-row statistic, an estimate: never below what
+    // the bounded scan saw, and here it may count the insert twice (its report and ANALYZE's
+    // race), so it is held to the order of the queue only.
+    assert!((10_001..=60_000).contains(&jobs), "{jobs} jobs counted");
 }
