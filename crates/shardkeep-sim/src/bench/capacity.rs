@@ -184,6 +184,9 @@ pub async fn run(
         });
     }
     let seconds = started.elapsed().as_secs_f64();
+    // Rates count what was written while the shard ran, not what a queue that fell behind
+    // writes after it (the drain below); drops and failures count both.
+    let at_end = shard.saver().stats();
     let barrier = shard.saver().barrier(Duration::from_secs(30)).await;
     let after = shard.saver().stats();
     let resident_after = resident_bytes();
@@ -195,8 +198,8 @@ pub async fn run(
     if barrier != shardkeep::drain::BarrierOutcome::Drained {
         failed += 1;
     }
-    let checkpoints = after.checkpoint_attempted - before.checkpoint_attempted;
-    let flushes = after.row_attempted - before.row_attempted;
+    let checkpoints = at_end.checkpoint_attempted - before.checkpoint_attempted;
+    let flushes = at_end.row_attempted - before.row_attempted;
     let pulse_s = pulse.as_secs_f64();
     Ok(CapacityReport {
         document,
@@ -207,7 +210,8 @@ pub async fn run(
         flush_rows_per_second: flushes as f64 / seconds,
         checkpoints_needed: config.online as f64 / (40.0 * pulse_s),
         flushes_needed: config.online as f64 / (240.0 * pulse_s),
-        attempted: checkpoints + flushes,
+        attempted: (after.checkpoint_attempted - before.checkpoint_attempted)
+            + (after.row_attempted - before.row_attempted),
         dropped,
         failed,
         max_pulse_ms: max_pulse.as_secs_f64() * 1000.0,
