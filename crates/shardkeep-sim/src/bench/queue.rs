@@ -53,6 +53,8 @@ pub struct QueueRates {
     pub batch_lease: f64,
     /// shardkeep, BLMOVE on a dedicated connection.
     pub blocking: f64,
+    /// shardkeep, consumers alone draining a queue filled beforehand (batch lease).
+    pub drain: f64,
 }
 
 impl QueueRates {
@@ -360,6 +362,70 @@ async fn sweep(redis_url: &str, pattern: &str) -> Result<(), BenchError> {
     }
 }
 
+/// Fills a queue with `config.entries`, then times `consumers` draining it (batch lease, the
+/// next batch leased by the call that acks the last): what the consumers alone sustain, where
+/// the end-to-end runs are bound by their producers.
+async fn shardkeep_drain(
+    redis_url: &str,
+    config: QueueBenchConfig,
+    consumers: usize,
+    progress: &Progress,
+) -> Result<f64, BenchError> {
+    let keys = Keyspace::new(&format!("bq-{}", uuid::Uuid::new_v4().simple()))
+        .map_err(BenchError::other)?;
+    let backend =
+        RedisBackend::connect("REDIS_URL", redis_url, keys, RedisTimeouts::default()).await?;
+    let queue: WorkQueue<Work> =
+        WorkQueue::new(backend.clone(), "bench", WorkQueueConfig::default())
+            .map_err(BenchError::other)?;
+    let pushed = Arc::new(AtomicUsize::new(0));
+    let mut producers = JoinSet::new();
+    for _ in 0..config.producers {
+        let (queue, pushed) = (queue.clone(), Arc::clone(&pushed));
+        let entries = config.entries;
+        producers.spawn(async move {
+            loop {
+                let n = pushed.fetch_add(1, Ordering::Relaxed);
+                if n >= entries {
+                    return Ok(());
+                }
+                queue.append(work(n)).await.map_err(BenchError::other)?;
+            }
+        });
+    }
+    join_all(producers).await?;
+    let done = Arc::new(AtomicUsize::new(0));
+    let mut tasks = JoinSet::new();
+    let mut leased_by = Vec::new();
+    for _ in 0..consumers {
+        leased_by.push(queue.consumer().await.map_err(BenchError::other)?);
+    }
+    let started = Instant::now();
+    for mut consumer in leased_by {
+        let done = Arc::clone(&done);
+        tasks.spawn(async move {
+            let mut batch = consumer
+                .lease_batch(LEASE)
+                .await
+                .map_err(BenchError::other)?;
+            while !batch.is_empty() {
+                let (acked, next) = consumer
+                    .ack_and_lease(&batch, LEASE)
+                    .await
+                    .map_err(BenchError::other)?;
+                done.fetch_add(acked.len(), Ordering::Relaxed);
+                batch = next;
+            }
+            consumer.shutdown().await.map_err(BenchError::other)
+        });
+    }
+    join_all(tasks).await?;
+    wait_all(&done, config.entries, progress, "shardkeep drain").await;
+    let rate = rate(config.entries as u64, started.elapsed());
+    backend.purge_namespace().await;
+    Ok(rate)
+}
+
 /// Runs every system with 1 and with 4 consumers.
 pub async fn run(
     redis_url: &str,
@@ -395,6 +461,8 @@ pub async fn run(
             };
             rates.blocking =
                 shardkeep_run(redis_url, tenth, consumers, Lease::Blocking, progress).await?;
+            step("shardkeep, consumers draining a filled queue");
+            rates.drain = shardkeep_drain(redis_url, config, consumers, progress).await?;
             rounds.push(rates);
         }
         let median = |pick: fn(&QueueRates) -> f64| {
@@ -408,6 +476,7 @@ pub async fn run(
             apalis: median(|r| r.apalis),
             batch_lease: median(|r| r.batch_lease),
             blocking: median(|r| r.blocking),
+            drain: median(|r| r.drain),
         });
     }
     Ok(all)
@@ -460,6 +529,15 @@ pub fn rows(rates: &[QueueRates], label: &str) -> Vec<Row> {
             four.best(),
             "1 consumer",
             one.best(),
+            Unit::PerSecond,
+            Goal::AtLeast(1.0),
+        ));
+        rows.push(Row::higher_is_better(
+            BENCH,
+            format!("{label}4 consumers draining a filled queue"),
+            four.drain,
+            "1 consumer",
+            one.drain,
             Unit::PerSecond,
             Goal::AtLeast(1.0),
         ));
