@@ -100,6 +100,18 @@ async fn join_all(mut tasks: JoinSet<Result<(), BenchError>>) -> Result<(), Benc
     Ok(())
 }
 
+/// A work queue in a namespace of its own (purged by the caller).
+async fn scratch_queue(redis_url: &str) -> Result<(RedisBackend, WorkQueue<Work>), BenchError> {
+    let keys = Keyspace::new(&format!("bq-{}", uuid::Uuid::new_v4().simple()))
+        .map_err(BenchError::other)?;
+    let backend =
+        RedisBackend::connect("REDIS_URL", redis_url, keys, RedisTimeouts::default()).await?;
+    let queue: WorkQueue<Work> =
+        WorkQueue::new(backend.clone(), "bench", WorkQueueConfig::default())
+            .map_err(BenchError::other)?;
+    Ok((backend, queue))
+}
+
 #[derive(Clone, Copy)]
 enum Lease {
     Batch,
@@ -113,13 +125,7 @@ async fn shardkeep_run(
     lease: Lease,
     progress: &Progress,
 ) -> Result<f64, BenchError> {
-    let keys = Keyspace::new(&format!("bq-{}", uuid::Uuid::new_v4().simple()))
-        .map_err(BenchError::other)?;
-    let backend =
-        RedisBackend::connect("REDIS_URL", redis_url, keys, RedisTimeouts::default()).await?;
-    let queue: WorkQueue<Work> =
-        WorkQueue::new(backend.clone(), "bench", WorkQueueConfig::default())
-            .map_err(BenchError::other)?;
+    let (backend, queue) = scratch_queue(redis_url).await?;
     let done = Arc::new(AtomicUsize::new(0));
     let wake = Arc::new(Notify::new());
     let stop = CancellationToken::new();
@@ -371,13 +377,7 @@ async fn shardkeep_drain(
     consumers: usize,
     progress: &Progress,
 ) -> Result<f64, BenchError> {
-    let keys = Keyspace::new(&format!("bq-{}", uuid::Uuid::new_v4().simple()))
-        .map_err(BenchError::other)?;
-    let backend =
-        RedisBackend::connect("REDIS_URL", redis_url, keys, RedisTimeouts::default()).await?;
-    let queue: WorkQueue<Work> =
-        WorkQueue::new(backend.clone(), "bench", WorkQueueConfig::default())
-            .map_err(BenchError::other)?;
+    let (backend, queue) = scratch_queue(redis_url).await?;
     let pushed = Arc::new(AtomicUsize::new(0));
     let mut producers = JoinSet::new();
     for _ in 0..config.producers {

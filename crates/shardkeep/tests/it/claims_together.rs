@@ -41,19 +41,30 @@ fn reward(id: Uuid, epoch: i64, xp: i64) -> PersistenceRetryJob {
     .unwrap()
 }
 
-#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
-async fn a_burst_of_claims_mints_one_epoch_per_claim(pool: PgPool) {
-    let redis = TestRedis::new().await;
-    let loader = CharacterLoader::new(
-        CharacterStore::new(pg(&pool)),
+/// A loader over the test's database and Redis namespace.
+fn loader(pool: &PgPool, redis: &TestRedis) -> CharacterLoader {
+    CharacterLoader::new(
+        CharacterStore::new(pg(pool)),
         Some(CheckpointStore::new(redis.backend())),
         LedgerModel::handle(),
         Duration::from_secs(10),
-    );
+    )
+}
+
+/// `count` characters named `prefix` and a number.
+async fn characters(pool: &PgPool, prefix: &str, count: usize) -> Vec<Uuid> {
     let mut ids = Vec::new();
-    for n in 0..150 {
-        ids.push(character(&pool, &format!("burst{n}")).await);
+    for n in 0..count {
+        ids.push(character(pool, &format!("{prefix}{n}")).await);
     }
+    ids
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_burst_of_claims_mints_one_epoch_per_claim(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let loader = loader(&pool, &redis);
+    let ids = characters(&pool, "burst", 150).await;
     // One of them left a reward queued under its first epoch, which no worker has run.
     let queued = ids[7];
     let first = loader.claim_and_load(queued, 0).await.unwrap().snapshot;
@@ -127,16 +138,8 @@ async fn a_burst_of_claims_mints_one_epoch_per_claim(pool: PgPool) {
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_locked_row_holds_up_only_its_own_claim(pool: PgPool) {
     let redis = TestRedis::new().await;
-    let loader = CharacterLoader::new(
-        CharacterStore::new(pg(&pool)),
-        Some(CheckpointStore::new(redis.backend())),
-        LedgerModel::handle(),
-        Duration::from_secs(10),
-    );
-    let mut ids = Vec::new();
-    for n in 0..20 {
-        ids.push(character(&pool, &format!("locked{n}")).await);
-    }
+    let loader = loader(&pool, &redis);
+    let ids = characters(&pool, "locked", 20).await;
     let locked = ids[3];
     let mut holder = pool.begin().await.unwrap();
     sqlx::query("SELECT 1 FROM characters WHERE id = $1 FOR UPDATE")
@@ -162,4 +165,12 @@ async fn a_locked_row_holds_up_only_its_own_claim(pool: PgPool) {
     holder.rollback().await.unwrap();
     let loaded = waiting.await.unwrap().unwrap();
     assert_eq!(loaded.snapshot.owner_epoch, 1);
+    // Every row holds the one epoch its claim minted.
+    let epochs: Vec<i64> =
+        sqlx::query_scalar("SELECT owner_epoch FROM characters WHERE id = ANY($1)")
+            .bind(&ids)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(epochs, vec![1; ids.len()]);
 }
