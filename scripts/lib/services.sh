@@ -12,6 +12,7 @@ SK_PG_SOURCE=""
 SK_PG_DIR=""
 SK_PG_USER=""
 SK_REDIS_PORT=""
+SK_CLUSTER_PORTS=""
 
 sk_log() { printf '[services] %s\n' "$*" >&2; }
 
@@ -141,6 +142,81 @@ sk_start_redis() {
   return 1
 }
 
+# A port p with p and p+10000 (its cluster bus) both free.
+sk_free_cluster_port() {
+  local port
+  for _ in $(seq 1 200); do
+    port=$((20000 + RANDOM % 30000))
+    if ! sk_tcp_open 127.0.0.1 "$port" && ! sk_tcp_open 127.0.0.1 $((port + 10000)); then
+      case " $SK_CLUSTER_PORTS " in *" $port "*) continue ;; esac
+      echo "$port"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# Starts a private Redis Cluster of three masters with one replica each, on free ports in the
+# temporary directory, and exports SK_REDIS_CLUSTER_URL (its six nodes as seeds).
+sk_start_redis_cluster() {
+  local port ports=() seeds=() nodes=()
+  if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+    sk_log "redis-server and redis-cli are needed for the Redis Cluster tests."
+    sk_log "Install them, e.g. 'sudo apt-get install redis-server' (Debian/Ubuntu)."
+    return 1
+  fi
+  sk_tmpdir
+  for _ in 1 2 3 4 5 6; do
+    port=$(sk_free_cluster_port) || { sk_log "no free port for the Redis Cluster"; return 1; }
+    SK_CLUSTER_PORTS="$SK_CLUSTER_PORTS $port"
+    ports+=("$port")
+    mkdir -p "$SK_TMP/cluster-$port"
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --daemonize yes \
+      --cluster-enabled yes --cluster-config-file "$SK_TMP/cluster-$port/nodes.conf" \
+      --cluster-node-timeout 2000 --dir "$SK_TMP/cluster-$port" \
+      --pidfile "$SK_TMP/cluster-$port/redis.pid" --logfile "$SK_TMP/cluster-$port/redis.log" \
+      >/dev/null
+    seeds+=("redis://127.0.0.1:$port")
+    nodes+=("127.0.0.1:$port")
+  done
+  for port in "${ports[@]}"; do
+    for _ in $(seq 1 100); do
+      sk_tcp_open 127.0.0.1 "$port" && break
+      sleep 0.1
+    done
+  done
+  sk_log "starting a private Redis Cluster (3 masters, 3 replicas) on ports${SK_CLUSTER_PORTS}"
+  if ! redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes \
+      >"$SK_TMP/cluster-create.log" 2>&1; then
+    sk_log "redis-cli --cluster create failed:"
+    cat "$SK_TMP/cluster-create.log" >&2
+    return 1
+  fi
+  for _ in $(seq 1 200); do
+    local ok=0
+    for port in "${ports[@]}"; do
+      redis-cli -p "$port" CLUSTER INFO 2>/dev/null | grep -q 'cluster_state:ok' && ok=$((ok + 1))
+    done
+    if [ "$ok" -eq 6 ]; then
+      SK_REDIS_CLUSTER_URL=$(IFS=,; echo "${seeds[*]}")
+      export SK_REDIS_CLUSTER_URL
+      return 0
+    fi
+    sleep 0.1
+  done
+  sk_log "the Redis Cluster did not reach cluster_state:ok"
+  return 1
+}
+
+sk_stop_redis_cluster() {
+  local port
+  for port in $SK_CLUSTER_PORTS; do
+    redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
+  done
+  [ -n "$SK_CLUSTER_PORTS" ] && sk_log "stopped the private Redis Cluster"
+  SK_CLUSTER_PORTS=""
+}
+
 sk_services_up() {
   local candidate
   if [ -n "${DATABASE_URL:-}" ] && sk_pg_reachable "$DATABASE_URL"; then
@@ -173,6 +249,7 @@ sk_services_up() {
 }
 
 sk_services_down() {
+  sk_stop_redis_cluster
   if [ -n "$SK_PG_DIR" ] && [ -d "$SK_PG_DIR/data" ]; then
     sk_as_pg_user "$SK_PG_BINDIR/pg_ctl" -D "$SK_PG_DIR/data" -m fast -w stop >/dev/null 2>&1 || true
     sk_log "stopped the private Postgres"

@@ -360,9 +360,14 @@ pub(crate) struct BenchArgs {
     #[command(flatten)]
     pub(crate) postgres: PostgresArgs,
 
-    /// Redis connection URL.
+    /// Redis connection URL: one server (the peers speak to one server).
     #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     pub(crate) redis_url: Option<String>,
+
+    /// A Redis Cluster's seed nodes (comma-separated `redis://` URLs): the queue benchmark also
+    /// runs on it and prints the ratio of cluster to standalone.
+    #[arg(long, env = "REDIS_CLUSTER_URL", hide_env_values = true)]
+    pub(crate) redis_cluster_url: Option<String>,
 
     #[command(subcommand)]
     pub(crate) which: BenchCommand,

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::report::Invariant;
 use super::rewards::RewardLedger;
-use redis::aio::ConnectionManager;
+use shardkeep::backend::redis::ScanCursor;
 use shardkeep::character::ContentOrigin;
 use shardkeep::coord::Coordination;
 use shardkeep::queue::QueueDepths;
@@ -340,24 +340,20 @@ pub(super) fn nothing_dangling(end: &EndState<'_>) -> Invariant {
 }
 
 /// Handoff payload keys still present (consumed markers excluded).
-pub(super) async fn untaken_handoffs(
-    coord: &Coordination,
-    conn: &ConnectionManager,
-) -> Result<usize, shardkeep::CoordError> {
+pub(super) async fn untaken_handoffs(coord: &Coordination) -> Result<usize, shardkeep::CoordError> {
     let pattern = format!("{{{}:handoff:*", coord.keys().namespace());
-    let keys = scan(conn, &pattern).await?;
+    let keys = scan(coord, &pattern).await?;
     Ok(keys.iter().filter(|k| !k.ends_with(":consumed")).count())
 }
 
 /// Transfers still pending, and activation markers whose transfer no longer is.
 pub(super) async fn transfer_leftovers(
     coord: &Coordination,
-    conn: &ConnectionManager,
 ) -> Result<(usize, usize), shardkeep::CoordError> {
-    let pending = scan(conn, &coord.keys().transfer_pending_pattern())
+    let pending = scan(coord, &coord.keys().transfer_pending_pattern())
         .await?
         .len();
-    let markers = scan(conn, &coord.keys().transfer_activated_pattern()).await?;
+    let markers = scan(coord, &coord.keys().transfer_activated_pattern()).await?;
     let mut stale = 0;
     for key in markers {
         let Some(token) = coord.keys().transfer_token_of(&key) else {
@@ -370,25 +366,17 @@ pub(super) async fn transfer_leftovers(
     Ok((pending, stale))
 }
 
-async fn scan(
-    conn: &ConnectionManager,
-    pattern: &str,
-) -> Result<Vec<String>, shardkeep::CoordError> {
-    let mut conn = conn.clone();
+async fn scan(coord: &Coordination, pattern: &str) -> Result<Vec<String>, shardkeep::CoordError> {
     let mut found = Vec::new();
-    let mut cursor: u64 = 0;
+    let mut cursor = ScanCursor::START;
     loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
+        let (next, keys) = coord
+            .redis_backend()
+            .scan_page(cursor, pattern, 1000)
             .await?;
         found.extend(keys);
         cursor = next;
-        if cursor == 0 {
+        if cursor.is_start() {
             return Ok(found);
         }
     }

@@ -23,7 +23,7 @@ use shardkeep_reference::game::ReferenceModel;
 
 use super::workers::UPKEEP_PERIOD;
 use shardkeep_reference::shard::ShardStores;
-use shardkeep_testkit::faults::FaultProxy;
+use shardkeep_testkit::faults::{FaultProxy, ProxySet};
 
 /// Everything the simulation runs against.
 pub(super) struct SimEnv {
@@ -32,14 +32,14 @@ pub(super) struct SimEnv {
     /// Direct connections (the checker, set-up), never faulted: the simulator's own pool and
     /// Redis connection for what it reads raw, and the same pool as a backend for the stores.
     pub(super) pool_direct: sqlx::PgPool,
-    pub(super) redis_conn: redis::aio::ConnectionManager,
+    pub(super) redis_conn: shardkeep::backend::redis::RedisConn,
     pub(super) pg_direct: PostgresBackend,
     pub(super) redis_direct: RedisBackend,
     /// Connections through the fault proxies (the system under test).
     pub(super) pg: PostgresBackend,
     pub(super) redis: RedisBackend,
     pub(super) pg_proxy: FaultProxy,
-    pub(super) redis_proxy: FaultProxy,
+    pub(super) redis_proxy: ProxySet,
     pub(super) coord: Coordination,
     pub(super) retry: RetryQueue,
     pub(super) journal: SessionJournal,
@@ -105,34 +105,15 @@ impl SimEnv {
             .map_err(|e| setup(&e))?;
         let pg = PostgresBackend::from_pool(pool);
 
-        let redis_client = redis::Client::open(redis_url).map_err(|e| setup(&e))?;
-        let redis_conn = redis_client
-            .get_connection_manager()
-            .await
-            .map_err(|e| setup(&e))?;
-        let redis_info = redis_client.get_connection_info().clone();
-        let (host, port) = match redis_info.addr() {
-            redis::ConnectionAddr::Tcp(host, port) => (host.clone(), *port),
-            other => {
-                return Err(SimError::Setup(format!(
-                    "the simulator needs a TCP Redis, got {other:?}"
-                )));
-            }
-        };
-        let redis_proxy = FaultProxy::start(addr_of(&host, port)?)
-            .await
-            .map_err(|e| setup(&e))?;
-        let mut proxied_url = url_with_addr(redis_url, redis_proxy.addr());
-        if proxied_url.is_empty() {
-            proxied_url = format!("redis://{}", redis_proxy.addr());
-        }
+        let redis_conn = redis_direct.conn();
         let timeouts = RedisTimeouts {
             connect: Duration::from_millis(500),
             response: Duration::from_millis(1500),
         };
-        let redis = RedisBackend::connect("REDIS_URL", &proxied_url, keys.clone(), timeouts)
-            .await
-            .map_err(|e| setup(&e))?;
+        let (redis_proxy, redis) =
+            shardkeep_testkit::faults::proxied_redis(redis_url, keys.clone(), timeouts)
+                .await
+                .map_err(|e| setup(&e))?;
         let mut config = ServicesConfig::new("sim-retry-worker", "serve");
         config.address = "sim://serve".into();
         config.retry_signal_depth = signal_depth;
@@ -196,20 +177,4 @@ impl SimEnv {
         let _ = sqlx::Postgres::force_drop_database(&self.db_url).await;
         self.redis_direct.purge_namespace().await;
     }
-}
-
-/// `url` with its host and port replaced by `addr` (credentials and database kept).
-fn url_with_addr(url: &str, addr: SocketAddr) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return String::new();
-    };
-    let (authority, tail) = match rest.find('/') {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    let credentials = authority
-        .rsplit_once('@')
-        .map(|(c, _)| format!("{c}@"))
-        .unwrap_or_default();
-    format!("{scheme}://{credentials}{addr}{tail}")
 }

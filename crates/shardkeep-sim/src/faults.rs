@@ -14,7 +14,7 @@ use uuid::Uuid;
 use super::inbound::Inbound;
 use super::world::{World, bump};
 use super::{Fault, FaultSet};
-use shardkeep_testkit::faults::ProxyMode;
+use shardkeep_testkit::faults::{ProxyControl, ProxyMode};
 
 /// One planned fault.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -188,7 +188,7 @@ async fn hold(world: &World, length: Duration) {
     }
 }
 
-async fn outage(world: &World, proxy: &shardkeep_testkit::faults::FaultProxy, length: Duration) {
+async fn outage(world: &World, proxy: &impl ProxyControl, length: Duration) {
     proxy.set_mode(ProxyMode::Cut);
     hold(world, length).await;
     proxy.set_mode(ProxyMode::Pass);

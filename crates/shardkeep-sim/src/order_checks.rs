@@ -85,7 +85,7 @@ impl OrderObserved {
 pub(super) async fn scan(
     pool: &sqlx::PgPool,
     coord: &Coordination,
-    conn: &redis::aio::ConnectionManager,
+    conn: &shardkeep::backend::redis::RedisConn,
     observed: &std::sync::Mutex<OrderObserved>,
 ) {
     let rows: Result<Vec<LocationOrderRow>, _> =
@@ -123,7 +123,7 @@ type LocationOrderRow = (Uuid, Option<i64>, Option<DateTime<Utc>>);
 /// The cleanup order mark of each of `ids`, in order (`None`: no mark).
 async fn read_marks(
     coord: &Coordination,
-    conn: &redis::aio::ConnectionManager,
+    conn: &shardkeep::backend::redis::RedisConn,
     ids: &[Uuid],
 ) -> Result<Vec<Option<Place>>, String> {
     let mut conn = conn.clone();
@@ -157,7 +157,7 @@ async fn read_marks(
 /// older than its newest cleanup.
 pub(super) async fn journal_order_kept(
     coord: &Coordination,
-    conn: &redis::aio::ConnectionManager,
+    conn: &shardkeep::backend::redis::RedisConn,
     events: &[SessionEvent],
     observed: &OrderObserved,
 ) -> Invariant {

@@ -31,7 +31,7 @@ use shardkeep_reference::game::items::ItemJson;
 use shardkeep_reference::game::state::StateDocument;
 use shardkeep_reference::game::world::{instance_entrance, reference_world};
 use shardkeep_reference::shard::ZoneDirectory;
-use shardkeep_testkit::faults::ProxyMode;
+use shardkeep_testkit::faults::{ProxyControl, ProxyMode};
 
 /// Signal channel depth of the retry queue (small, so the queue-full fault saturates it).
 const SIGNAL_DEPTH: usize = 64;
@@ -442,10 +442,9 @@ async fn settle(world: &Arc<World>, journal: Option<&SessionJournal>) -> Settled
     if let Err(err) = coord.transfer_markers_reconcile_pending(100_000).await {
         tracing::warn!(event = "sim_marker_reconcile_failed", error = %err);
     }
-    let (pending_transfers, stale_markers) =
-        checks::transfer_leftovers(&coord, &world.env.redis_conn)
-            .await
-            .unwrap_or((usize::MAX, usize::MAX));
+    let (pending_transfers, stale_markers) = checks::transfer_leftovers(&coord)
+        .await
+        .unwrap_or((usize::MAX, usize::MAX));
     let count = |sql: &'static str| {
         let pool = pool.clone();
         async move {
@@ -465,9 +464,7 @@ async fn settle(world: &Arc<World>, journal: Option<&SessionJournal>) -> Settled
             Some(j) => j.queue().depths().await.unwrap_or_default(),
             None => Default::default(),
         },
-        untaken_handoffs: checks::untaken_handoffs(&coord, &world.env.redis_conn)
-            .await
-            .unwrap_or(usize::MAX),
+        untaken_handoffs: checks::untaken_handoffs(&coord).await.unwrap_or(usize::MAX),
         pending_transfers,
         stale_markers,
     };

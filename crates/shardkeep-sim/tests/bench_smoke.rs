@@ -10,7 +10,7 @@ use shardkeep_sim::bench::{BenchEnv, Goal, Progress, Unit};
 
 async fn env() -> BenchEnv {
     let database_url = std::env::var("DATABASE_URL").unwrap();
-    BenchEnv::setup(&database_url, &shardkeep_testkit::redis_url())
+    BenchEnv::setup(&database_url, &shardkeep_testkit::standalone_redis_url())
         .await
         .unwrap()
 }
@@ -20,7 +20,8 @@ async fn env() -> BenchEnv {
 #[tokio::test]
 async fn bench_all_runs_every_benchmark_and_cleans_up() {
     let database_url = std::env::var("DATABASE_URL").unwrap();
-    let engines = Engines::new(&database_url, &shardkeep_testkit::redis_url());
+    let engines = Engines::new(&database_url, &shardkeep_testkit::standalone_redis_url())
+        .with_cluster(shardkeep_testkit::cluster_redis_url().as_deref());
     let report = all::run(&engines, AllConfig::smoke(), &Progress::quiet())
         .await
         .unwrap();
@@ -49,6 +50,19 @@ async fn bench_all_runs_every_benchmark_and_cleans_up() {
         assert_eq!(l.from_checkpoint, l.players, "{l:?}");
     }
     assert_eq!(report.queue.len(), 2);
+    if shardkeep_testkit::redis_is_cluster() {
+        assert_eq!(
+            report.queue_cluster.len(),
+            2,
+            "the queue ran on the cluster too"
+        );
+        assert!(
+            report
+                .queue_cluster
+                .iter()
+                .all(|q| q.batch_lease > 0.0 && q.drain > 0.0)
+        );
+    }
     let depth = report.depth.unwrap();
     assert!(depth.one > 0.0 && depth.many > 0.0);
     let text = report.table.render();

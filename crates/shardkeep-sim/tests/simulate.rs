@@ -58,13 +58,8 @@ async fn a_short_run_with_every_fault_keeps_every_invariant() {
         .unwrap();
     assert_eq!(left, 0, "the scratch database is dropped");
     let namespace = report.run["redis_namespace"].as_str().unwrap();
-    let client = redis::Client::open(shardkeep_testkit::redis_url()).unwrap();
-    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("*{namespace}*"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let backend = shardkeep_testkit::redis_backend("raw").await;
+    let keys = shardkeep_testkit::keys_matching(&backend, &format!("*{namespace}*")).await;
     assert!(keys.is_empty(), "keys left behind: {keys:?}");
 }
 

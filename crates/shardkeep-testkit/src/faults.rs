@@ -5,6 +5,9 @@
 
 use std::net::SocketAddr;
 
+use shardkeep::backend::redis::{RedisOptions, RedisTimeouts};
+use shardkeep::{Keyspace, RedisBackend};
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -56,6 +59,136 @@ impl FaultProxy {
     pub fn mode(&self) -> ProxyMode {
         *self.mode.borrow()
     }
+}
+
+/// Anything whose traffic can be switched between the [`ProxyMode`]s.
+pub trait ProxyControl {
+    /// Switches the mode for every current and future connection.
+    fn set_mode(&self, mode: ProxyMode);
+}
+
+impl ProxyControl for FaultProxy {
+    fn set_mode(&self, mode: ProxyMode) {
+        FaultProxy::set_mode(self, mode);
+    }
+}
+
+/// One proxy per node of a deployment (every node of a Redis Cluster), switched together: an
+/// outage of the whole tier.
+#[derive(Debug, Default)]
+pub struct ProxySet {
+    proxies: Vec<FaultProxy>,
+}
+
+impl ProxySet {
+    /// A set of `proxies`.
+    pub fn new(proxies: Vec<FaultProxy>) -> Self {
+        Self { proxies }
+    }
+
+    /// The proxies, in the order given.
+    pub fn proxies(&self) -> &[FaultProxy] {
+        &self.proxies
+    }
+}
+
+impl ProxyControl for ProxySet {
+    fn set_mode(&self, mode: ProxyMode) {
+        for proxy in &self.proxies {
+            proxy.set_mode(mode);
+        }
+    }
+}
+
+/// A Redis backend on the deployment at `redis_url` whose traffic goes through one fault proxy in front of the server,
+/// or on a cluster one in front of every node (the cluster's reported addresses mapped to them),
+/// so an outage cuts the whole tier. Works on both topologies.
+pub async fn proxied_redis(
+    redis_url: &str,
+    keys: Keyspace,
+    timeouts: RedisTimeouts,
+) -> Result<(ProxySet, RedisBackend), String> {
+    let setup = |e: &dyn std::fmt::Display| e.to_string();
+    let direct = RedisBackend::connect("REDIS_URL", redis_url, keys.clone(), timeouts)
+        .await
+        .map_err(|e| setup(&e))?;
+    let first = shardkeep::backend::redis::redis_seeds(redis_url)
+        .map_err(|e| setup(&e))?
+        .first()
+        .map(|s| (*s).to_owned())
+        .unwrap_or_default();
+    let upstreams: Vec<(String, u16)> = if direct.is_cluster() {
+        direct
+            .node_addresses()
+            .await
+            .map_err(|e| setup(&e))?
+            .iter()
+            .filter_map(|a| a.rsplit_once(':'))
+            .filter_map(|(h, p)| Some((h.to_owned(), p.parse().ok()?)))
+            .collect()
+    } else {
+        let info = redis::IntoConnectionInfo::into_connection_info(first.as_str())
+            .map_err(|e| setup(&e))?;
+        match info.addr() {
+            redis::ConnectionAddr::Tcp(host, port) => vec![(host.clone(), *port)],
+            other => {
+                return Err(format!("a fault proxy needs a TCP Redis, got {other:?}"));
+            }
+        }
+    };
+    let mut proxies = Vec::new();
+    let mut options = RedisOptions {
+        timeouts,
+        ..RedisOptions::default()
+    };
+    let mut urls = Vec::new();
+    for (host, port) in upstreams {
+        let proxy = FaultProxy::start(socket_addr(&host, port)?)
+            .await
+            .map_err(|e| setup(&e))?;
+        let at = proxy.addr();
+        options
+            .node_map
+            .insert((host, port), (at.ip().to_string(), at.port()));
+        let mut url = url_with_addr(&first, at);
+        if url.is_empty() {
+            url = format!("redis://{at}");
+        }
+        urls.push(url);
+        proxies.push(proxy);
+    }
+    let redis = RedisBackend::connect_with("REDIS_URL", &urls.join(","), keys, options)
+        .await
+        .map_err(|e| setup(&e))?;
+    Ok((ProxySet::new(proxies), redis))
+}
+
+fn socket_addr(host: &str, port: u16) -> Result<SocketAddr, String> {
+    let host = if host == "localhost" {
+        "127.0.0.1"
+    } else {
+        host
+    };
+    format!("{host}:{port}")
+        .parse()
+        .map_err(|e| format!("cannot proxy {host}:{port}: {e}"))
+}
+
+/// `url` with its host and port replaced by `addr` (credentials and path kept); empty when
+/// `url` is not a URL.
+fn url_with_addr(url: &str, addr: SocketAddr) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return String::new();
+    };
+    let (authority, tail) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let credentials = authority
+        .rsplit_once('@')
+        .map(|(c, _)| format!("{c}@"))
+        .unwrap_or_default();
+    format!("{scheme}://{credentials}{addr}{tail}")
 }
 
 impl Drop for FaultProxy {

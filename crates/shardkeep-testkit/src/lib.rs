@@ -17,12 +17,23 @@ pub mod faults;
 pub mod fixtures;
 pub mod model;
 
-use shardkeep::backend::redis::RedisTimeouts;
+use shardkeep::backend::redis::{RedisConn, RedisTimeouts, ScanCursor};
 use shardkeep::{Coordination, CoordinationConfig, Keyspace, RedisBackend};
 
 /// Address of the Redis server tests use.
 pub fn redis_url() -> String {
     std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned())
+}
+
+/// The standalone Redis server the benchmarks' peers use: `REDIS_STANDALONE_URL` when the suite
+/// runs on a cluster, else [`redis_url`].
+pub fn standalone_redis_url() -> String {
+    std::env::var("REDIS_STANDALONE_URL").unwrap_or_else(|_| redis_url())
+}
+
+/// The Redis Cluster the suite runs on, when it does.
+pub fn cluster_redis_url() -> Option<String> {
+    redis_is_cluster().then(redis_url)
 }
 
 /// A Redis URL on which nothing listens (a port that was just free).
@@ -77,37 +88,17 @@ impl TestRedis {
         Coordination::new(self.backend(), CoordinationConfig::default())
     }
 
-    /// A raw connection, for assertions on stored keys.
-    pub async fn raw(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.url.as_str())
-            .expect("valid url")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("raw redis connection")
+    /// A raw connection (routed by key on a cluster), for assertions on stored keys.
+    pub async fn raw(&self) -> RedisConn {
+        self.backend.conn()
     }
 
-    /// Every key of this namespace, sorted (SCAN, so it also works under a no-KEYS ACL).
+    /// Every key of this namespace, sorted (SCAN on every master, so it also works under a
+    /// no-KEYS ACL and on a cluster).
     pub async fn all_keys(&self) -> Vec<String> {
-        let mut conn = self.raw().await;
         let mut found = Vec::new();
         for pattern in self.keys.namespace_patterns() {
-            let mut cursor: u64 = 0;
-            loop {
-                let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1000)
-                    .query_async(&mut conn)
-                    .await
-                    .expect("scan");
-                found.extend(page);
-                cursor = next;
-                if cursor == 0 {
-                    break;
-                }
-            }
+            found.extend(keys_matching(&self.backend, &pattern).await);
         }
         found.sort();
         found.dedup();
@@ -115,37 +106,62 @@ impl TestRedis {
     }
 }
 
+/// Every key matching `pattern` on every master of `backend`'s deployment.
+pub async fn keys_matching(backend: &RedisBackend, pattern: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut cursor = ScanCursor::START;
+    loop {
+        let (next, page) = backend
+            .scan_page(cursor, pattern, 1000)
+            .await
+            .expect("scan");
+        found.extend(page);
+        cursor = next;
+        if cursor.is_start() {
+            break;
+        }
+    }
+    found
+}
+
+/// A backend on the test deployment (`REDIS_URL`) bound to `namespace`, for raw reads and
+/// sweeps outside a [`TestRedis`].
+pub async fn redis_backend(namespace: &str) -> RedisBackend {
+    let keys = Keyspace::new(namespace).expect("valid namespace");
+    RedisBackend::connect("REDIS_URL", &redis_url(), keys, RedisTimeouts::default())
+        .await
+        .unwrap_or_else(|e| panic!("tests need Redis (run scripts/test): {e}"))
+}
+
+/// True when the tests run against a Redis Cluster (`REDIS_URL` lists several seed nodes).
+pub fn redis_is_cluster() -> bool {
+    redis_url().contains(',')
+}
+
 impl Drop for TestRedis {
     fn drop(&mut self) {
-        let Ok(client) = redis::Client::open(self.url.as_str()) else {
-            return;
-        };
-        let Ok(mut conn) = client.get_connection() else {
-            return;
-        };
-        for pattern in self.keys.namespace_patterns() {
-            let mut cursor: u64 = 0;
-            loop {
-                let Ok((next, page)): redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1000)
-                    .query(&mut conn)
-                else {
-                    break;
-                };
-                if !page.is_empty() {
-                    let _: redis::RedisResult<i64> =
-                        redis::cmd("UNLINK").arg(&page).query(&mut conn);
+        // The sweep needs the async client (a cluster is walked master by master); it runs on
+        // a runtime of its own so a test's runtime may be shutting down.
+        let backend = self.backend.clone();
+        let url = self.url.clone();
+        let keys = self.keys.clone();
+        let sweep = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(async move {
+                drop(backend);
+                if let Ok(fresh) =
+                    RedisBackend::connect("REDIS_URL", &url, keys, RedisTimeouts::default()).await
+                {
+                    fresh.purge_namespace().await;
                 }
-                cursor = next;
-                if cursor == 0 {
-                    break;
-                }
-            }
-        }
+            });
+        });
+        let _ = sweep.join();
     }
 }
 

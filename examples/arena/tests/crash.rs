@@ -49,21 +49,17 @@ impl World {
     async fn drop_all(self) {
         self.pool.close().await;
         let _ = Postgres::force_drop_database(&self.database_url).await;
-        let redis = redis_url();
-        let client = redis::Client::open(redis).unwrap();
-        let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-        let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("*{}*", self.namespace))
-            .query_async(&mut conn)
-            .await
-            .unwrap_or_default();
-        if !keys.is_empty() {
-            let _: () = redis::cmd("DEL")
-                .arg(keys)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-        }
+        // Every master is swept (the test may run on a cluster).
+        let keys = shardkeep::Keyspace::new(&self.namespace).unwrap();
+        let backend = shardkeep::RedisBackend::connect(
+            "REDIS_URL",
+            &redis_url(),
+            keys,
+            shardkeep::backend::redis::RedisTimeouts::default(),
+        )
+        .await
+        .unwrap();
+        backend.purge_namespace().await;
     }
 }
 

@@ -20,7 +20,17 @@ const GOALS_NOT_MET: u8 = 4;
 pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
     let database_url = super::database_url(&args.postgres)?;
     let redis_url = super::redis_url(args.redis_url.as_deref())?;
-    let engines = Engines::new(database_url, redis_url);
+    if shardkeep::backend::redis::redis_seeds(redis_url).is_ok_and(|s| s.len() > 1) {
+        anyhow::bail!(
+            "REDIS_URL names a cluster; the benchmarks' peers speak to one server: set REDIS_URL \
+             to a standalone server and REDIS_CLUSTER_URL to the cluster"
+        );
+    }
+    let cluster_url = args
+        .redis_cluster_url
+        .as_deref()
+        .filter(|u| !u.trim().is_empty());
+    let engines = Engines::new(database_url, redis_url).with_cluster(cluster_url);
     let progress = Progress::stderr();
     let mut table = Table::default();
     match &args.which {
@@ -89,6 +99,10 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
             };
             let rates = queue::run(redis_url, config, &progress).await?;
             table.rows.extend(queue::rows(&rates, ""));
+            if let Some(cluster) = cluster_url {
+                let on_cluster = queue::cluster_run(cluster, config, &progress).await?;
+                table.rows.extend(queue::cluster_rows(&on_cluster, &rates));
+            }
         }
         BenchCommand::Depth(a) => {
             let config = depth::DepthConfig {

@@ -96,11 +96,7 @@ async fn a_journal_dead_letter_deep_in_the_list_is_found_and_requeued(pool: PgPo
         .keys()
         .queue(shardkeep::journal::JOURNAL_QUEUE)
         .unwrap();
-    let mut raw = redis::Client::open(shardkeep_testkit::redis_url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut raw = shardkeep_testkit::redis_backend("raw").await.conn();
     let filler: Vec<String> = (0..10_500).map(|i| format!("{{\"filler\":{i}}}")).collect();
     let _: () = redis::cmd("LPUSH")
         .arg(&keys.dead)
@@ -165,13 +161,7 @@ async fn retention_bounds_both_kinds_of_dead_letters(pool: PgPool) {
                 .unwrap()
                 .dead_index,
         )
-        .query_async(
-            &mut redis::Client::open(shardkeep_testkit::redis_url())
-                .unwrap()
-                .get_multiplexed_async_connection()
-                .await
-                .unwrap(),
-        )
+        .query_async(&mut shardkeep_testkit::redis_backend("raw").await.conn())
         .await
         .unwrap();
     assert_eq!(index_len, 1, "the index is pruned with the list");
@@ -410,11 +400,7 @@ async fn the_operator_signals_count_what_happened(pool: PgPool) {
     let journal = shardkeep::journal::JOURNAL_QUEUE;
     let queue_label = format!("queue=\"{journal}\"");
     let keys = app.state.coord.keys().queue(journal).unwrap();
-    let mut raw = redis::Client::open(shardkeep_testkit::redis_url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut raw = shardkeep_testkit::redis_backend("raw").await.conn();
 
     // A consumer that dropped out of the registered set is registered again by its heartbeat.
     let before = metric(
@@ -487,15 +473,9 @@ async fn the_operator_signals_count_what_happened(pool: PgPool) {
 
     // A stream-close cleanup that cannot reach the journal is counted (and the session stays).
     use shardkeep::backend::redis::RedisTimeouts;
-    use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
-    let upstream = shardkeep_testkit::redis_url()
-        .trim_start_matches("redis://")
-        .parse()
-        .unwrap();
-    let proxy = FaultProxy::start(upstream).await.unwrap();
-    let cut = shardkeep::RedisBackend::connect(
-        "REDIS_URL",
-        &format!("redis://{}", proxy.addr()),
+    use shardkeep_testkit::faults::{ProxyControl, ProxyMode};
+    let (proxy, cut) = shardkeep_testkit::faults::proxied_redis(
+        &shardkeep_testkit::redis_url(),
         app.state.coord.keys().clone(),
         RedisTimeouts {
             connect: std::time::Duration::from_millis(300),

@@ -126,16 +126,10 @@ async fn many_clients_together_meet_a_global_ceiling(pool: PgPool) {
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_login_fails_closed_when_redis_is_down(pool: PgPool) {
     use shardkeep::backend::redis::RedisTimeouts;
-    use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
+    use shardkeep_testkit::faults::{ProxyControl, ProxyMode};
     let app = spawn_app_with(pool, settings()).await;
-    let upstream = shardkeep_testkit::redis_url()
-        .trim_start_matches("redis://")
-        .parse()
-        .unwrap();
-    let proxy = FaultProxy::start(upstream).await.unwrap();
-    let cut = shardkeep::RedisBackend::connect(
-        "REDIS_URL",
-        &format!("redis://{}", proxy.addr()),
+    let (proxy, cut) = shardkeep_testkit::faults::proxied_redis(
+        &shardkeep_testkit::redis_url(),
         app.state.coord.keys().clone(),
         RedisTimeouts {
             connect: Duration::from_millis(300),

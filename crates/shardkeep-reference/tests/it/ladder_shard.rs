@@ -1,19 +1,19 @@
 use std::time::Duration;
 
 use serde_json::json;
+use shardkeep::PostgresBackend;
 use shardkeep::backend::redis::RedisTimeouts;
 use shardkeep::character::{
     CharacterSnapshot, CheckpointWrite, HandoffLoad, HandoffPayload, LoadSource, SaveOutcome,
 };
 use shardkeep::drain::BarrierOutcome;
 use shardkeep::saver::{SaveReason, SaverConfig, SaverEvent};
-use shardkeep::{PostgresBackend, RedisBackend};
 use shardkeep_reference::shard::gate::route_login;
 use shardkeep_reference::shard::{
     EvictionCause, LandingCase, ShardConfig, ShardStores, WalkOutcome,
 };
 use shardkeep_testkit::TestRedis;
-use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
+use shardkeep_testkit::faults::{FaultProxy, ProxyControl, ProxyMode};
 use sqlx::PgPool;
 
 use crate::support::{
@@ -408,16 +408,6 @@ async fn final_flushes_queued_before_shutdown_are_durable_when_it_returns(pool: 
     }
 }
 
-fn redis_addr(url: &str) -> std::net::SocketAddr {
-    let hostport = url
-        .trim_start_matches("redis://")
-        .split('/')
-        .next()
-        .unwrap();
-    let hostport = hostport.rsplit('@').next().unwrap();
-    hostport.parse().unwrap()
-}
-
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_saturated_saver_drops_without_blocking_and_the_zone_keeps_ticking(pool: PgPool) {
     let redis = TestRedis::new().await;
@@ -567,14 +557,12 @@ async fn a_logout_during_a_postgres_outage_lands_its_final_save_once_it_heals(po
 async fn a_redis_outage_during_a_checkpoint_recovers_at_the_next_cadence(pool: PgPool) {
     let redis = TestRedis::new().await;
     let stores = Stores::new(&pool, redis.backend());
-    let proxy = FaultProxy::start(redis_addr(redis.url())).await.unwrap();
     let timeouts = RedisTimeouts {
         connect: Duration::from_millis(300),
         response: Duration::from_millis(300),
     };
-    let proxied = RedisBackend::connect(
-        "REDIS_URL",
-        &format!("redis://{}", proxy.addr()),
+    let (proxy, proxied) = shardkeep_testkit::faults::proxied_redis(
+        &shardkeep_testkit::redis_url(),
         redis.keys().clone(),
         timeouts,
     )
@@ -745,14 +733,12 @@ async fn login_loads_the_row_when_redis_is_down(pool: PgPool) {
     let redis = TestRedis::new().await;
     let stores = Stores::new(&pool, redis.backend());
     let id = stores.new_character("Aria").await;
-    let proxy = FaultProxy::start(redis_addr(redis.url())).await.unwrap();
     let timeouts = RedisTimeouts {
         connect: Duration::from_millis(300),
         response: Duration::from_millis(300),
     };
-    let proxied = RedisBackend::connect(
-        "REDIS_URL",
-        &format!("redis://{}", proxy.addr()),
+    let (proxy, proxied) = shardkeep_testkit::faults::proxied_redis(
+        &shardkeep_testkit::redis_url(),
         redis.keys().clone(),
         timeouts,
     )

@@ -97,8 +97,10 @@ impl AllConfig {
                 rounds: 1,
             },
             aging_logins: 5,
-            capacity_fresh: 300,
-            capacity_realistic: 100,
+            // Enough characters that the 6 pulses of the run reach flushes (one per 240 pulses
+            // each): 100 gave 2.5 expected and sometimes none.
+            capacity_fresh: 960,
+            capacity_realistic: 720,
             sustain: Duration::from_millis(1_500),
             queue: QueueBenchConfig {
                 entries: 300,
@@ -144,6 +146,8 @@ pub struct AllReport {
     pub capacity: Vec<CapacityReport>,
     /// Work queue, by consumers.
     pub queue: Vec<QueueRates>,
+    /// Work queue on the Redis Cluster, by consumers (empty when none was named).
+    pub queue_cluster: Vec<QueueRates>,
     /// Journal depth reports.
     pub depth: Option<DepthReport>,
     /// Retry jobs.
@@ -161,8 +165,10 @@ pub struct AllReport {
 pub struct Engines {
     /// Postgres (the scratch databases are created beside its database).
     pub database_url: String,
-    /// Redis.
+    /// Redis (one server).
     pub redis_url: String,
+    /// A Redis Cluster the queue benchmark also runs on, when named.
+    pub redis_cluster_url: Option<String>,
     used: std::sync::Mutex<Vec<(String, String)>>,
 }
 
@@ -172,8 +178,15 @@ impl Engines {
         Self {
             database_url: database_url.to_owned(),
             redis_url: redis_url.to_owned(),
+            redis_cluster_url: None,
             used: Default::default(),
         }
+    }
+
+    /// The same engines, the queue benchmark also running on the cluster at `url`.
+    pub fn with_cluster(mut self, url: Option<&str>) -> Self {
+        self.redis_cluster_url = url.map(str::to_owned);
+        self
     }
 
     /// A fresh scratch database and namespace.
@@ -224,6 +237,15 @@ pub async fn run(
     progress.step("queue", "standalone Redis, 1 and 4 consumers");
     let rates = queue::run(&engines.redis_url, config.queue, progress).await?;
     report.table.rows.extend(queue::rows(&rates, ""));
+    if let Some(cluster) = &engines.redis_cluster_url {
+        progress.step("queue", "Redis Cluster, 1 and 4 consumers");
+        let on_cluster = queue::cluster_run(cluster, config.queue, progress).await?;
+        report
+            .table
+            .rows
+            .extend(queue::cluster_rows(&on_cluster, &rates));
+        report.queue_cluster = on_cluster;
+    }
     report.queue = rates;
 
     let d = engines

@@ -83,7 +83,7 @@ pub struct BenchEnv {
     /// raw statements it compares against.
     pub pool: sqlx::PgPool,
     /// The benchmark's own Redis connection, for raw commands.
-    pub redis_conn: redis::aio::ConnectionManager,
+    pub redis_conn: shardkeep::backend::redis::RedisConn,
     db_url: String,
     redis_url: String,
 }
@@ -119,11 +119,7 @@ impl BenchEnv {
         })?;
         let redis =
             RedisBackend::connect("REDIS_URL", redis_url, keys, RedisTimeouts::default()).await?;
-        let redis_conn = redis::Client::open(redis_url)
-            .map_err(|e| failed("REDIS_URL", redis_url, &e))?
-            .get_connection_manager()
-            .await
-            .map_err(|e| failed("REDIS_URL", redis_url, &e))?;
+        let redis_conn = redis.conn();
         Ok(Self {
             pg,
             redis,

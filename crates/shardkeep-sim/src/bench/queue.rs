@@ -225,8 +225,7 @@ async fn raw_run(
     consumers: usize,
     progress: &Progress,
 ) -> Result<f64, BenchError> {
-    let client = redis::Client::open(redis_url)?;
-    let conn = client.get_connection_manager().await?;
+    let conn = scratch_backend(redis_url).await?.conn();
     let tag = uuid::Uuid::new_v4().simple().to_string();
     let pending = format!("{{braw-{tag}}}:pending");
     let done = Arc::new(AtomicUsize::new(0));
@@ -342,30 +341,29 @@ async fn apalis_run(
 
 /// Unlinks every key matching `pattern` (a peer's keys after its run).
 async fn sweep(redis_url: &str, pattern: &str) -> Result<(), BenchError> {
-    let mut conn = redis::Client::open(redis_url)?
-        .get_multiplexed_async_connection()
-        .await?;
-    let mut cursor: u64 = 0;
+    let backend = scratch_backend(redis_url).await?;
+    let mut conn = backend.conn();
+    let mut cursor = shardkeep::backend::redis::ScanCursor::START;
     loop {
-        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await?;
+        let (next, keys) = backend.scan_page(cursor, pattern, 1000).await?;
         if !keys.is_empty() {
-            let _: i64 = redis::cmd("UNLINK")
-                .arg(&keys)
-                .query_async(&mut conn)
-                .await?;
+            let mut pipe = redis::pipe();
+            for key in &keys {
+                pipe.unlink(key).ignore();
+            }
+            let () = pipe.query_async(&mut conn).await?;
         }
         cursor = next;
-        if cursor == 0 {
+        if cursor.is_start() {
             return Ok(());
         }
     }
+}
+
+/// A connection to the deployment at `redis_url` for raw work outside any namespace.
+async fn scratch_backend(redis_url: &str) -> Result<RedisBackend, BenchError> {
+    let keys = Keyspace::new("bench-raw").map_err(BenchError::other)?;
+    Ok(RedisBackend::connect("REDIS_URL", redis_url, keys, RedisTimeouts::default()).await?)
 }
 
 /// Fills a queue with `config.entries`, then times `consumers` draining it (batch lease, the
@@ -480,6 +478,76 @@ pub async fn run(
         });
     }
     Ok(all)
+}
+
+/// shardkeep's queue alone (batch lease end to end, and draining a filled queue) on a Redis
+/// Cluster, 1 and 4 consumers, medians over the rounds. The peers speak to one server only.
+pub async fn cluster_run(
+    cluster_url: &str,
+    config: QueueBenchConfig,
+    progress: &Progress,
+) -> Result<Vec<QueueRates>, BenchError> {
+    let mut all = Vec::new();
+    for consumers in [1, 4] {
+        let mut rounds = Vec::new();
+        for round in 1..=config.rounds.max(1) {
+            progress.step(
+                BENCH,
+                format!("Redis Cluster, {consumers} consumer(s), round {round}"),
+            );
+            let batch_lease =
+                shardkeep_run(cluster_url, config, consumers, Lease::Batch, progress).await?;
+            let drain = shardkeep_drain(cluster_url, config, consumers, progress).await?;
+            rounds.push((batch_lease, drain));
+        }
+        let median = |pick: fn(&(f64, f64)) -> f64| {
+            let mut v: Vec<f64> = rounds.iter().map(pick).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        all.push(QueueRates {
+            consumers,
+            batch_lease: median(|r| r.0),
+            drain: median(|r| r.1),
+            ..QueueRates::default()
+        });
+    }
+    Ok(all)
+}
+
+/// Rows of the cluster runs, each against the same measure on the standalone server.
+pub fn cluster_rows(cluster: &[QueueRates], standalone: &[QueueRates]) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for c in cluster {
+        let Some(s) = standalone.iter().find(|s| s.consumers == c.consumers) else {
+            continue;
+        };
+        rows.push(Row::higher_is_better(
+            BENCH,
+            format!(
+                "Redis Cluster, {} consumer(s): append → lease → ack",
+                c.consumers
+            ),
+            c.batch_lease,
+            "standalone Redis",
+            s.batch_lease,
+            Unit::PerSecond,
+            Goal::None,
+        ));
+        rows.push(Row::higher_is_better(
+            BENCH,
+            format!(
+                "Redis Cluster, {} consumer(s): drain a filled queue",
+                c.consumers
+            ),
+            c.drain,
+            "standalone Redis",
+            s.drain,
+            Unit::PerSecond,
+            Goal::None,
+        ));
+    }
+    rows
 }
 
 /// The report's rows.

@@ -3,6 +3,8 @@
 
 pub mod postgres;
 pub mod redis;
+mod redis_conn;
+mod redis_nodes;
 
 pub use self::postgres::PostgresBackend;
 pub use self::redis::RedisBackend;

@@ -1,23 +1,42 @@
-//! The Redis connection (multiplexed, reconnecting) and the keyspace it writes under.
+//! The Redis connection (standalone or Redis Cluster) and the keyspace it writes under.
+//!
+//! `REDIS_URL` holding one `redis://` URL selects a standalone server; a comma-separated list of
+//! two or more selects Redis Cluster, those URLs being its seed nodes.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::NodeAddress;
+use redis::cluster::{ClusterClient, ClusterConfig};
 
+pub use super::redis_conn::RedisConn;
+pub use super::redis_nodes::{EvictionCheck, ScanCursor};
+use super::redis_nodes::{MasterNodes, check_eviction_policy};
 use super::{ConnectError, one_line, redact_url};
 use crate::keyspace::Keyspace;
 
-/// A cheap-to-clone handle on one Redis server, bound to a namespace.
+/// A cheap-to-clone handle on one Redis deployment, bound to a namespace.
 #[derive(Clone)]
 pub struct RedisBackend {
-    client: redis::Client,
-    conn: ConnectionManager,
+    topology: Topology,
+    conn: RedisConn,
     keys: Keyspace,
+    timeouts: RedisTimeouts,
+    pub(super) masters: Arc<MasterNodes>,
+}
+
+/// How the deployment is reached.
+#[derive(Clone)]
+enum Topology {
+    Standalone(redis::Client),
+    Cluster(Box<ClusterClient>),
 }
 
 impl std::fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisBackend")
+            .field("cluster", &self.is_cluster())
             .field("keys", &self.keys)
             .finish_non_exhaustive()
     }
@@ -41,32 +60,131 @@ impl Default for RedisTimeouts {
     }
 }
 
+/// How a backend connects.
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// Connection and response timeouts.
+    pub timeouts: RedisTimeouts,
+    /// Whether a deployment that may evict keys is refused (the default) or accepted.
+    pub eviction: EvictionCheck,
+    /// Cluster only: `(host, port)` pairs the cluster reports for its nodes, mapped to the
+    /// address to dial instead (a proxy or NAT in between). Empty: dial what is reported.
+    pub node_map: std::collections::HashMap<(String, u16), (String, u16)>,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
+            timeouts: RedisTimeouts::default(),
+            eviction: EvictionCheck::Require,
+            node_map: std::collections::HashMap::new(),
+        }
+    }
+}
+
+/// The seed URLs a `REDIS_URL` value names: one for a standalone server, two or more (comma
+/// separated) for Redis Cluster. Empty entries and a blank value are errors.
+pub fn redis_seeds(url: &str) -> Result<Vec<&str>, String> {
+    let seeds: Vec<&str> = url.split(',').map(str::trim).collect();
+    if seeds.iter().any(|s| s.is_empty()) {
+        return Err("empty entry in the URL list (expected redis://host:port[,redis://…])".into());
+    }
+    Ok(seeds)
+}
+
+/// `url` with every password of its (possibly comma-separated) URLs redacted.
+fn redact_urls(url: &str) -> String {
+    url.split(',')
+        .map(|u| redact_url(u.trim()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 impl RedisBackend {
-    /// Connects to `url` (named by `setting` in errors) and checks it answers `PING`.
+    /// Connects to `url` (named by `setting` in errors), checks it answers `PING` and that every
+    /// master evicts nothing (`maxmemory-policy noeviction`).
     pub async fn connect(
         setting: &'static str,
         url: &str,
         keys: Keyspace,
         timeouts: RedisTimeouts,
     ) -> Result<Self, ConnectError> {
+        let options = RedisOptions {
+            timeouts,
+            ..RedisOptions::default()
+        };
+        Self::connect_with(setting, url, keys, options).await
+    }
+
+    /// [`connect`](Self::connect) with every option.
+    pub async fn connect_with(
+        setting: &'static str,
+        url: &str,
+        keys: Keyspace,
+        options: RedisOptions,
+    ) -> Result<Self, ConnectError> {
+        let RedisOptions {
+            timeouts,
+            eviction,
+            node_map,
+        } = options;
         let fail = |reason: String| ConnectError {
             setting,
-            target: redact_url(url),
+            target: redact_urls(url),
             reason,
         };
-        let client = redis::Client::open(url).map_err(|e| fail(one_line(&e)))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeouts.connect))
-            .set_response_timeout(Some(timeouts.response))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(500));
-        let connect = ConnectionManager::new_with_config(client.clone(), config);
-        let conn = tokio::time::timeout(timeouts.connect + timeouts.response, connect)
+        let seeds = redis_seeds(url).map_err(fail)?;
+        let connect = async {
+            if let [single] = seeds.as_slice() {
+                let client = redis::Client::open(*single)?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(timeouts.connect))
+                    .set_response_timeout(Some(timeouts.response))
+                    .set_number_of_retries(1)
+                    .set_max_delay(Duration::from_millis(500));
+                let conn = ConnectionManager::new_with_config(client.clone(), config).await?;
+                Ok((Topology::Standalone(client), RedisConn::Standalone(conn)))
+            } else {
+                let map = node_map
+                    .iter()
+                    .map(|((h, p), (to_h, to_p))| {
+                        (
+                            NodeAddress::new(h.clone(), *p),
+                            NodeAddress::new(to_h.clone(), *to_p),
+                        )
+                    })
+                    .collect();
+                let client = ClusterClient::builder(seeds.iter().copied())
+                    .node_address_map(map)
+                    .connection_timeout(timeouts.connect)
+                    .response_timeout(timeouts.response)
+                    .retries(3)
+                    .max_retry_wait(500)
+                    .build()?;
+                let conn = client.get_async_connection().await?;
+                Ok::<_, redis::RedisError>((
+                    Topology::Cluster(Box::new(client)),
+                    RedisConn::Cluster(conn),
+                ))
+            }
+        };
+        let (topology, conn) = tokio::time::timeout(timeouts.connect + timeouts.response, connect)
             .await
             .map_err(|_| fail("timed out connecting".into()))?
             .map_err(|e| fail(one_line(&e)))?;
-        let backend = Self { client, conn, keys };
+        let seed_info = redis::IntoConnectionInfo::into_connection_info(seeds[0])
+            .map_err(|e| fail(one_line(&e)))?;
+        let backend = Self {
+            topology,
+            conn,
+            keys,
+            timeouts,
+            masters: Arc::new(MasterNodes::new(seed_info, node_map)),
+        };
         backend.ping().await.map_err(|e| fail(one_line(&e)))?;
+        if eviction == EvictionCheck::Require {
+            check_eviction_policy(&backend).await.map_err(fail)?;
+        }
         Ok(backend)
     }
 
@@ -75,51 +193,131 @@ impl RedisBackend {
         &self.keys
     }
 
-    /// A connection handle for adapters inside this crate (cheap clone of a multiplexed link).
-    pub(crate) fn conn(&self) -> ConnectionManager {
+    /// True when this backend speaks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.topology, Topology::Cluster(_))
+    }
+
+    /// The shared connection (a cheap clone of a multiplexed link). Commands, scripts and
+    /// pipelines issued on it are routed by key on a cluster.
+    pub fn conn(&self) -> RedisConn {
         self.conn.clone()
     }
 
-    /// The client, for adapters that need a dedicated connection (blocking commands).
-    pub(crate) fn client(&self) -> &redis::Client {
-        &self.client
+    /// The timeouts this backend was built with.
+    pub fn timeouts(&self) -> RedisTimeouts {
+        self.timeouts
+    }
+
+    /// A dedicated connection whose answers may take up to `response` (blocking commands), so
+    /// other traffic never waits behind it.
+    pub async fn dedicated_conn(&self, response: Duration) -> redis::RedisResult<RedisConn> {
+        match &self.topology {
+            Topology::Standalone(client) => {
+                let config = redis::AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(self.timeouts.connect))
+                    .set_response_timeout(Some(response));
+                Ok(RedisConn::Node(
+                    client
+                        .get_multiplexed_async_connection_with_config(&config)
+                        .await?,
+                ))
+            }
+            Topology::Cluster(client) => {
+                let config = ClusterConfig::new()
+                    .set_connection_timeout(self.timeouts.connect)
+                    .set_response_timeout(response);
+                Ok(RedisConn::Cluster(
+                    client.get_async_connection_with_config(config).await?,
+                ))
+            }
+        }
+    }
+
+    /// One connection per master node (the shared connection on a standalone server): SCAN and
+    /// configuration reads, which a cluster answers per node, walk these.
+    pub async fn master_conns(&self) -> redis::RedisResult<Vec<RedisConn>> {
+        match &self.topology {
+            Topology::Standalone(_) => Ok(vec![self.conn()]),
+            Topology::Cluster(_) => self.masters.connections(self).await,
+        }
+    }
+
+    /// Every node of a cluster (masters and replicas) that is not failing, as `host:port`;
+    /// empty on a standalone server.
+    pub async fn node_addresses(&self) -> redis::RedisResult<Vec<String>> {
+        super::redis_nodes::node_addresses(self).await
+    }
+
+    /// One page of a SCAN for `pattern` over the whole deployment (every master in turn, in a
+    /// stable order). Returns the cursor of the next page; [`ScanCursor::START`] when the walk is
+    /// complete.
+    pub async fn scan_page(
+        &self,
+        at: ScanCursor,
+        pattern: &str,
+        count: usize,
+    ) -> redis::RedisResult<(ScanCursor, Vec<String>)> {
+        super::redis_nodes::scan_page(self, at, pattern, count).await
     }
 
     /// Deletes every key of this backend's namespace (scratch namespaces of benchmarks and the
-    /// simulator): SCAN pages of 1,000, each unlinked in one call. Best effort: a failing page
-    /// ends the sweep.
+    /// simulator): SCAN pages of 1,000 on every master, each unlinked in one pipeline. Best
+    /// effort: a failing page ends the sweep.
     pub async fn purge_namespace(&self) {
         let mut conn = self.conn();
         for pattern in self.keys.namespace_patterns() {
-            let mut cursor: u64 = 0;
+            let mut cursor = ScanCursor::START;
             loop {
-                let page: redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1000)
-                    .query_async(&mut conn)
-                    .await;
-                let Ok((next, keys)) = page else { break };
+                let Ok((next, keys)) = self.scan_page(cursor, &pattern, 1000).await else {
+                    break;
+                };
                 if !keys.is_empty() {
-                    let _: redis::RedisResult<i64> =
-                        redis::cmd("UNLINK").arg(&keys).query_async(&mut conn).await;
+                    let mut pipe = redis::pipe();
+                    for key in &keys {
+                        pipe.unlink(key).ignore();
+                    }
+                    let _: redis::RedisResult<()> = pipe.query_async(&mut conn).await;
                 }
                 cursor = next;
-                if cursor == 0 {
+                if cursor.is_start() {
                     break;
                 }
             }
         }
     }
 
-    /// Checks that the server answers.
+    /// Checks that the deployment answers.
     pub async fn ping(&self) -> redis::RedisResult<()> {
         let mut conn = self.conn();
         redis::cmd("PING")
             .query_async::<String>(&mut conn)
             .await
             .map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_url_is_standalone_and_a_list_is_a_cluster() {
+        assert_eq!(redis_seeds("redis://a:1"), Ok(vec!["redis://a:1"]));
+        assert_eq!(
+            redis_seeds("redis://a:1, redis://b:2"),
+            Ok(vec!["redis://a:1", "redis://b:2"])
+        );
+        assert!(redis_seeds("redis://a:1,").is_err());
+        assert!(redis_seeds("").is_err());
+        assert!(redis_seeds(",,").is_err());
+    }
+
+    #[test]
+    fn every_url_of_a_list_is_redacted() {
+        assert_eq!(
+            redact_urls("redis://:pw@a:1,redis://:pw2@b:2"),
+            "redis://:***@a:1,redis://:***@b:2"
+        );
     }
 }

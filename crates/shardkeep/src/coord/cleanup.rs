@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use redis::AsyncCommands;
 
 use super::{CoordError, Coordination};
+use crate::backend::redis::ScanCursor;
 use crate::keyspace::families::CleanupTarget;
 
 /// Most keys one delete call removes.
@@ -72,18 +73,15 @@ impl Coordination {
         Ok(report)
     }
 
+    /// One page of the walk over every master.
     async fn scan_page(
         &self,
-        cursor: u64,
+        cursor: ScanCursor,
         pattern: &str,
-    ) -> Result<(u64, Vec<String>), CoordError> {
-        Ok(redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(pattern)
-            .arg("COUNT")
-            .arg(self.config().scan_count)
-            .query_async(&mut self.conn())
+    ) -> Result<(ScanCursor, Vec<String>), CoordError> {
+        Ok(self
+            .redis()
+            .scan_page(cursor, pattern, self.config().scan_count)
             .await?)
     }
 
@@ -100,12 +98,12 @@ impl Coordination {
         }
         let mut seen = HashSet::new();
         for pattern in &target.scan_patterns {
-            let mut cursor = 0;
+            let mut cursor = ScanCursor::START;
             loop {
                 let (next, keys) = self.scan_page(cursor, pattern).await?;
                 seen.extend(keys);
                 cursor = next;
-                if cursor == 0 {
+                if cursor.is_start() {
                     break;
                 }
                 if seen.len() >= MAX_DRY_RUN_EXAMINED {
@@ -126,7 +124,7 @@ impl Coordination {
         report: &mut CleanupReport,
     ) -> Result<(), CoordError> {
         for pattern in &target.scan_patterns {
-            let mut cursor = 0;
+            let mut cursor = ScanCursor::START;
             loop {
                 let (next, keys) = self.scan_page(cursor, pattern).await?;
                 report.matched += keys.len() as u64;
@@ -139,7 +137,7 @@ impl Coordination {
                 if report.deleted_keys.len() >= limit {
                     return Ok(());
                 }
-                if cursor == 0 {
+                if cursor.is_start() {
                     break;
                 }
             }

@@ -111,8 +111,17 @@ impl Coordination {
         Ok(self.redis.ping().await?)
     }
 
-    pub(crate) fn conn(&self) -> redis::aio::ConnectionManager {
+    pub(crate) fn conn(&self) -> crate::backend::redis::RedisConn {
         self.redis.conn()
+    }
+
+    pub(crate) fn redis(&self) -> &RedisBackend {
+        &self.redis
+    }
+
+    /// The backend these primitives run on.
+    pub fn redis_backend(&self) -> &RedisBackend {
+        &self.redis
     }
 }
 

@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use redis::AsyncCommands;
 
 use super::{CoordError, Coordination, decode, encode};
+use crate::backend::redis::ScanCursor;
 use crate::ttl::Ttl;
 
 /// What a marker records.
@@ -119,15 +120,11 @@ impl Coordination {
         let pattern = self.keys().transfer_activated_pattern();
         let mut report = TransferReconcile::default();
         let mut conn = self.conn();
-        let mut cursor: u64 = 0;
+        let mut cursor = ScanCursor::START;
         loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(self.config().scan_count)
-                .query_async(&mut conn)
+            let (next, keys) = self
+                .redis()
+                .scan_page(cursor, &pattern, self.config().scan_count)
                 .await?;
             report.examined += keys.len();
             // A key that is not a marker this keyspace wrote has nothing to keep it.
@@ -147,7 +144,7 @@ impl Coordination {
                 .collect();
             self.unlink_markers(&mut conn, stale, &mut report).await?;
             cursor = next;
-            if cursor == 0 {
+            if cursor.is_start() {
                 report.complete = true;
                 break;
             }
@@ -163,7 +160,7 @@ impl Coordination {
     /// Which of one page's tokens belong to live transfers.
     async fn live_tokens(
         &self,
-        conn: &mut redis::aio::ConnectionManager,
+        conn: &mut crate::backend::redis::RedisConn,
         tokens: &[Option<String>],
         liveness: &Liveness<'_>,
     ) -> Result<HashSet<String>, CoordError> {
@@ -193,7 +190,7 @@ impl Coordination {
 
     async fn unlink_markers(
         &self,
-        conn: &mut redis::aio::ConnectionManager,
+        conn: &mut crate::backend::redis::RedisConn,
         stale: Vec<(String, String)>,
         report: &mut TransferReconcile,
     ) -> Result<(), CoordError> {

@@ -92,7 +92,7 @@ pub struct Consumer<T> {
     queue: WorkQueue<T>,
     incarnation: Incarnation,
     processing: String,
-    blocking: Option<redis::aio::MultiplexedConnection>,
+    blocking: Option<crate::backend::redis::RedisConn>,
     stop: CancellationToken,
     _item: PhantomData<fn() -> T>,
 }
@@ -157,14 +157,8 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
         // by the beat and, failing that, by recovery's backstop.
         self.incarnation.refresh_if_due(self.queue.redis()).await?;
         if self.blocking.is_none() {
-            let client = self.queue.redis().client();
-            let config = redis::AsyncConnectionConfig::new()
-                .set_response_timeout(Some(timeout + Duration::from_secs(5)));
-            self.blocking = Some(
-                client
-                    .get_multiplexed_async_connection_with_config(&config)
-                    .await?,
-            );
+            let response = timeout + Duration::from_secs(5);
+            self.blocking = Some(self.queue.redis().dedicated_conn(response).await?);
         }
         for _ in 0..MAX_POISON_PER_LEASE {
             let Some(conn) = self.blocking.as_mut() else {

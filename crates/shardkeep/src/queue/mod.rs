@@ -169,7 +169,7 @@ pub struct WorkQueue<T> {
     config: WorkQueueConfig,
     /// Where recovery's backstop SCAN goes on from (it walks the keyspace a bounded slice per
     /// pass); shared by clones.
-    backstop_cursor: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    backstop_cursor: std::sync::Arc<std::sync::Mutex<crate::backend::redis::ScanCursor>>,
     /// Appends that arrive together, sent together; shared by clones.
     appender: std::sync::Arc<appender::Appender>,
     _item: PhantomData<fn() -> T>,
@@ -282,7 +282,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         &self.redis
     }
 
-    pub(crate) fn backstop_cursor(&self) -> &std::sync::atomic::AtomicU64 {
+    pub(crate) fn backstop_cursor(&self) -> &std::sync::Mutex<crate::backend::redis::ScanCursor> {
         &self.backstop_cursor
     }
 }

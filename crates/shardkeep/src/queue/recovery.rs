@@ -213,19 +213,13 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         &self,
         registered: &HashSet<String>,
     ) -> Result<Vec<String>, QueueError> {
-        use std::sync::atomic::Ordering;
         let pattern = self.keys().processing_pattern();
-        let mut conn = self.redis().conn();
         let mut found = Vec::new();
-        let mut cursor = self.backstop_cursor().load(Ordering::Relaxed);
+        let mut cursor = self.saved_backstop_cursor();
         for _ in 0..BACKSTOP_CALLS_PER_PASS {
-            let (next, page): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(BACKSTOP_SCAN_COUNT)
-                .query_async(&mut conn)
+            let (next, page) = self
+                .redis()
+                .scan_page(cursor, &pattern, BACKSTOP_SCAN_COUNT)
                 .await?;
             found.extend(
                 page.iter()
@@ -233,14 +227,23 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
                     .filter(|id| !registered.contains(id)),
             );
             cursor = next;
-            if cursor == 0 {
+            if cursor.is_start() {
                 break;
             }
         }
-        self.backstop_cursor().store(cursor, Ordering::Relaxed);
+        if let Ok(mut saved) = self.backstop_cursor().lock() {
+            *saved = cursor;
+        }
         found.sort();
         found.dedup();
         Ok(found)
+    }
+
+    fn saved_backstop_cursor(&self) -> crate::backend::redis::ScanCursor {
+        self.backstop_cursor()
+            .lock()
+            .map(|c| *c)
+            .unwrap_or(crate::backend::redis::ScanCursor::START)
     }
 
     /// Returns the entries of `consumer`'s processing list to the front of pending in their

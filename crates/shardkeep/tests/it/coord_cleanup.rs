@@ -163,14 +163,17 @@ async fn cleanup_runs_as_a_user_denied_keys() {
     let admin = TestRedis::new().await;
     let mut raw = admin.raw().await;
     let user = format!("nokeys-{}", uuid::Uuid::new_v4().simple());
-    let () = redis::cmd("ACL")
-        .arg(&["SETUSER", &user, "on", ">pw", "~*", "&*", "+@all", "-keys"][..])
-        .query_async(&mut raw)
-        .await
-        .unwrap();
+    // The user is made on every master (the test may run on a cluster).
+    for mut node in admin.backend().master_conns().await.unwrap() {
+        let () = redis::cmd("ACL")
+            .arg(&["SETUSER", &user, "on", ">pw", "~*", "&*", "+@all", "-keys"][..])
+            .query_async(&mut node)
+            .await
+            .unwrap();
+    }
     let url = admin
         .url()
-        .replacen("redis://", &format!("redis://{user}:pw@"), 1);
+        .replace("redis://", &format!("redis://{user}:pw@"));
     let restricted = RedisBackend::connect(
         "REDIS_URL",
         &url,
@@ -179,14 +182,10 @@ async fn cleanup_runs_as_a_user_denied_keys() {
     )
     .await
     .unwrap();
+    let mut as_user = restricted.master_conns().await.unwrap().remove(0);
     let coord = Coordination::new(restricted, CoordinationConfig::default());
 
     // The ACL really refuses KEYS for this user.
-    let mut as_user = redis::Client::open(url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
     let denied: redis::RedisResult<Vec<String>> =
         redis::cmd("KEYS").arg("*").query_async(&mut as_user).await;
     assert!(denied.is_err(), "KEYS must be denied for {user}");

@@ -485,17 +485,14 @@ async fn a_maintenance_pass_registers_reconciles_and_prunes() {
 async fn a_maintenance_pass_with_redis_cut_off_reports_every_step_failed() {
     use shardkeep::backend::redis::RedisTimeouts;
     use shardkeep::coord::maintain_once;
-    use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
+    use shardkeep_testkit::faults::{ProxyControl, ProxyMode};
     let redis = TestRedis::new().await;
-    let addr = redis.url().trim_start_matches("redis://").parse().unwrap();
-    let proxy = FaultProxy::start(addr).await.unwrap();
     let timeouts = RedisTimeouts {
         connect: Duration::from_millis(300),
         response: Duration::from_millis(300),
     };
-    let cut = shardkeep::RedisBackend::connect(
-        "REDIS_URL",
-        &format!("redis://{}", proxy.addr()),
+    let (proxy, cut) = shardkeep_testkit::faults::proxied_redis(
+        &shardkeep_testkit::redis_url(),
         redis.keys().clone(),
         timeouts,
     )

@@ -12,9 +12,9 @@ use shardkeep::journal::{
     cleanup_stream,
 };
 use shardkeep::queue::WorkQueueConfig;
-use shardkeep::{Coordination, CoordinationConfig, PostgresBackend, RedisBackend, Ttl};
+use shardkeep::{Coordination, CoordinationConfig, PostgresBackend, Ttl};
 use shardkeep_testkit::TestRedis;
-use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
+use shardkeep_testkit::faults::{FaultProxy, ProxyControl, ProxyMode};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -271,20 +271,12 @@ async fn cleanup_appends_before_removing_the_session(pool: PgPool) {
 async fn an_append_failure_leaves_the_session_active_with_the_error(pool: PgPool) {
     let env = Env::new(&pool).await;
     let player = env.character().await;
-    let addr = env
-        .redis
-        .url()
-        .trim_start_matches("redis://")
-        .parse()
-        .unwrap();
-    let proxy = FaultProxy::start(addr).await.unwrap();
     let timeouts = RedisTimeouts {
         connect: Duration::from_millis(300),
         response: Duration::from_millis(300),
     };
-    let cut = RedisBackend::connect(
-        "REDIS_URL",
-        &format!("redis://{}", proxy.addr()),
+    let (proxy, cut) = shardkeep_testkit::faults::proxied_redis(
+        &shardkeep_testkit::redis_url(),
         env.redis.keys().clone(),
         timeouts,
     )

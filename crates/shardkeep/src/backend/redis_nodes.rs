@@ -1,0 +1,294 @@
+//! Work a Redis Cluster answers per node: SCAN walks and configuration reads go to every master
+//! in turn. On a standalone server the one server is the only "master".
+
+use std::collections::HashMap;
+
+use redis::ConnectionAddr;
+use tokio::sync::Mutex;
+
+use super::redis::{RedisBackend, RedisConn};
+
+/// Whether connecting refuses a server that may evict keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvictionCheck {
+    /// Refuse unless every master runs `maxmemory-policy noeviction` (the default).
+    Require,
+    /// Run whatever the policy (an operator's explicit override).
+    Skip,
+}
+
+/// Where a SCAN walk over every master stands: which master (in address order) and that
+/// master's own cursor.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScanCursor {
+    node: usize,
+    cursor: u64,
+}
+
+impl ScanCursor {
+    /// The start of a walk, and what a completed walk returns.
+    pub const START: Self = Self { node: 0, cursor: 0 };
+
+    /// True at the start of a walk (or once one completed).
+    pub fn is_start(&self) -> bool {
+        *self == Self::START
+    }
+}
+
+/// The cluster's masters, discovered from `CLUSTER NODES` at the start of each walk and
+/// connected to directly, in address order.
+pub(super) struct MasterNodes {
+    seed: redis::ConnectionInfo,
+    node_map: HashMap<(String, u16), (String, u16)>,
+    known: Mutex<Vec<(String, RedisConn)>>,
+}
+
+impl MasterNodes {
+    pub(super) fn new(
+        seed: redis::ConnectionInfo,
+        node_map: HashMap<(String, u16), (String, u16)>,
+    ) -> Self {
+        Self {
+            seed,
+            node_map,
+            known: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Connections to the masters as last discovered (discovering them when none are known).
+    pub(super) async fn connections(
+        &self,
+        backend: &RedisBackend,
+    ) -> redis::RedisResult<Vec<RedisConn>> {
+        let known = self.known.lock().await;
+        if !known.is_empty() {
+            return Ok(known.iter().map(|(_, c)| c.clone()).collect());
+        }
+        drop(known);
+        self.refresh(backend).await
+    }
+
+    /// Reads the current masters; connections to addresses already known are kept.
+    pub(super) async fn refresh(
+        &self,
+        backend: &RedisBackend,
+    ) -> redis::RedisResult<Vec<RedisConn>> {
+        let text: String = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async(&mut backend.conn())
+            .await?;
+        let addresses = masters_of(&text);
+        let mut known = self.known.lock().await;
+        let mut next = Vec::with_capacity(addresses.len());
+        for address in addresses {
+            let reuse = known
+                .iter()
+                .find(|(a, _)| *a == address)
+                .map(|(_, c)| c.clone());
+            let conn = match reuse {
+                Some(conn) => conn,
+                None => self.connect(&address, backend).await?,
+            };
+            next.push((address, conn));
+        }
+        *known = next;
+        Ok(known.iter().map(|(_, c)| c.clone()).collect())
+    }
+
+    async fn forget(&self) {
+        self.known.lock().await.clear();
+    }
+
+    async fn connect(
+        &self,
+        address: &str,
+        backend: &RedisBackend,
+    ) -> redis::RedisResult<RedisConn> {
+        let invalid = || -> redis::RedisError {
+            (
+                redis::ErrorKind::Client,
+                "unusable node address in CLUSTER NODES",
+                address.to_owned(),
+            )
+                .into()
+        };
+        let (host, port) = address.rsplit_once(':').ok_or_else(invalid)?;
+        let port: u16 = port.parse().map_err(|_| invalid())?;
+        let host = host.trim_matches(['[', ']']);
+        let (host, port) = self
+            .node_map
+            .get(&(host.to_owned(), port))
+            .map_or((host, port), |(h, p)| (h.as_str(), *p));
+        let mut addr = self.seed.addr().clone();
+        match &mut addr {
+            ConnectionAddr::Tcp(h, p)
+            | ConnectionAddr::TcpTls {
+                host: h, port: p, ..
+            } => {
+                *h = host.to_owned();
+                *p = port;
+            }
+            _ => return Err(invalid()),
+        }
+        let client = redis::Client::open(self.seed.clone().set_addr(addr))?;
+        let timeouts = backend.timeouts();
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeouts.connect))
+            .set_response_timeout(Some(timeouts.response));
+        Ok(RedisConn::Node(
+            client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?,
+        ))
+    }
+}
+
+/// Every node of the cluster (masters and replicas) that is not failing, as `host:port`,
+/// sorted; empty on a standalone server.
+pub(super) async fn node_addresses(backend: &RedisBackend) -> redis::RedisResult<Vec<String>> {
+    if !backend.is_cluster() {
+        return Ok(Vec::new());
+    }
+    let text: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query_async(&mut backend.conn())
+        .await?;
+    Ok(nodes_of(&text, false))
+}
+
+/// The `host:port` of every reachable master holding slots in a `CLUSTER NODES` reply, sorted.
+fn masters_of(text: &str) -> Vec<String> {
+    nodes_of(text, true)
+}
+
+/// The `host:port` of the nodes of a `CLUSTER NODES` reply that are not failing (only the
+/// masters holding slots when `masters_only`), sorted.
+fn nodes_of(text: &str, masters_only: bool) -> Vec<String> {
+    let mut masters: Vec<String> = text
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let address = fields.get(1)?;
+            let flags = fields.get(2)?;
+            let is_master = flags.split(',').any(|f| f == "master");
+            let failing = flags
+                .split(',')
+                .any(|f| matches!(f, "fail" | "fail?" | "noaddr" | "handshake"));
+            let has_slots = fields.len() > 8;
+            if failing || (masters_only && (!is_master || !has_slots)) {
+                return None;
+            }
+            // `ip:port@cport[,hostname]`
+            let address = address.split(['@', ',']).next()?;
+            Some(address.to_owned())
+        })
+        .collect();
+    masters.sort();
+    masters.dedup();
+    masters
+}
+
+/// One page of a SCAN over every master; see [`RedisBackend::scan_page`]. A walk re-reads the
+/// cluster's masters as it starts, so a failover is followed by the next walk.
+pub(super) async fn scan_page(
+    backend: &RedisBackend,
+    at: ScanCursor,
+    pattern: &str,
+    count: usize,
+) -> redis::RedisResult<(ScanCursor, Vec<String>)> {
+    let nodes = if backend.is_cluster() && at.is_start() {
+        backend.masters.refresh(backend).await?
+    } else {
+        backend.master_conns().await?
+    };
+    let Some(node) = nodes.get(at.node) else {
+        return Ok((ScanCursor::START, Vec::new()));
+    };
+    let page: redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
+        .arg(at.cursor)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(count)
+        .query_async(&mut node.clone())
+        .await;
+    let (next, keys) = match page {
+        Ok(page) => page,
+        Err(err) => {
+            backend.masters.forget().await;
+            return Err(err);
+        }
+    };
+    let next = match (next, at.node + 1 < nodes.len()) {
+        (0, true) => ScanCursor {
+            node: at.node + 1,
+            cursor: 0,
+        },
+        (0, false) => ScanCursor::START,
+        (cursor, _) => ScanCursor {
+            node: at.node,
+            cursor,
+        },
+    };
+    Ok((next, keys))
+}
+
+/// Refuses a deployment whose masters may evict keys: under a `volatile-*` policy Redis drops
+/// keys with a TTL first — every coordination record, checkpoint and nonce shardkeep writes —
+/// and under `allkeys-*` any key, journal entries included.
+pub(super) async fn check_eviction_policy(backend: &RedisBackend) -> Result<(), String> {
+    let nodes = backend
+        .master_conns()
+        .await
+        .map_err(|e| super::one_line(&e))?;
+    for mut node in nodes {
+        let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .query_async(&mut node)
+            .await;
+        let policy = match reply {
+            Ok(pair) => pair.get(1).cloned().unwrap_or_default(),
+            Err(err) => {
+                return Err(format!(
+                    "cannot read maxmemory-policy ({}); shardkeep needs noeviction — \
+                     set SHARDKEEP_ALLOW_EVICTION=1 to run without the check",
+                    super::one_line(&err)
+                ));
+            }
+        };
+        if policy != "noeviction" {
+            return Err(format!(
+                "maxmemory-policy is {policy}: Redis may evict shardkeep's keys (TTL-bearing \
+                 records first); set `maxmemory-policy noeviction` on every master, or \
+                 SHARDKEEP_ALLOW_EVICTION=1 to run anyway"
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NODES: &str = "\
+a1 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460
+b2 127.0.0.1:7002@17002 master - 0 1 2 connected 5461-10922
+c3 127.0.0.1:7003@17003,host-c master - 0 1 3 connected 10923-16383
+d4 127.0.0.1:7004@17004 slave a1 0 1 1 connected
+e5 127.0.0.1:7005@17005 master,fail - 0 1 5 connected
+f6 127.0.0.1:7006@17006 master - 0 1 6 connected
+";
+
+    #[test]
+    fn masters_are_the_healthy_ones_holding_slots() {
+        assert_eq!(
+            masters_of(NODES),
+            vec!["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"]
+        );
+        assert!(masters_of("").is_empty());
+        assert_eq!(nodes_of(NODES, false).len(), 5);
+        assert!(masters_of("garbage\n\n one").is_empty());
+    }
+}
