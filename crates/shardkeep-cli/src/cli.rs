@@ -584,11 +584,17 @@ pub(crate) struct PostgresArgs {
 /// Where Redis is, and the namespace of every key.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct RedisArgs {
-    /// Redis connection URL, e.g. redis://127.0.0.1:6379.
+    /// Redis connection URL, e.g. redis://127.0.0.1:6379; a comma-separated list of two or
+    /// more seed nodes selects Redis Cluster.
     #[arg(long, env = "REDIS_URL", hide_env_values = true)]
     pub(crate) redis_url: Option<String>,
 
     /// Prefix of every Redis key (1 to 64 characters of [A-Za-z0-9_-]).
     #[arg(long, env = "SHARDKEEP_NAMESPACE", default_value = "shardkeep")]
     pub(crate) namespace: String,
+
+    /// Run even when Redis's maxmemory-policy is not noeviction (Redis may then evict
+    /// shardkeep's keys, TTL-bearing records first).
+    #[arg(long, env = "SHARDKEEP_ALLOW_EVICTION")]
+    pub(crate) allow_eviction: bool,
 }

@@ -538,3 +538,54 @@ async fn a_second_serve_with_a_consumer_id_in_use_is_refused(pool: PgPool) {
         .unwrap();
     assert!(status.success());
 }
+
+#[tokio::test]
+async fn serve_refuses_a_redis_that_may_evict_keys_unless_told_to_allow_it() {
+    let database_url = std::env::var("DATABASE_URL").expect("tests run with DATABASE_URL set");
+    let evicting = shardkeep_testkit::PrivateRedis::start("allkeys-lru").await;
+    let keys = "ops:0123456789abcdef0123";
+    let env = [
+        ("DATABASE_URL", database_url.as_str()),
+        ("REDIS_URL", evicting.url.as_str()),
+        ("SHARDKEEP_INTERNAL_KEYS", keys),
+    ];
+    let out = shardkeep(&["serve", "--listen", "127.0.0.1:0"], &env);
+    // (The database of this test is not migrated: serve warns about that first.)
+    let err = stderr(&out);
+    assert!(!out.status.success() && !err.contains("panicked"), "{err}");
+    let refusal: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("maxmemory-policy"))
+        .collect();
+    assert_eq!(refusal.len(), 1, "{err}");
+    assert!(
+        refusal[0].contains("maxmemory-policy is allkeys-lru")
+            && refusal[0].contains("SHARDKEEP_ALLOW_EVICTION"),
+        "{err}"
+    );
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut serve = Command::new(env!("CARGO_BIN_EXE_shardkeep"))
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .envs(env)
+        .env("SHARDKEEP_ALLOW_EVICTION", "true")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut up = false;
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let _ = serve.kill();
+    let _ = serve.wait();
+    assert!(up, "serve runs once eviction is allowed");
+}

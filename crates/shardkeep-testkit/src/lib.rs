@@ -165,6 +165,57 @@ impl Drop for TestRedis {
     }
 }
 
+/// A private `redis-server` on a free port with a chosen eviction policy (the shared test
+/// server's settings are never changed), killed on drop.
+pub struct PrivateRedis {
+    child: std::process::Child,
+    /// Its URL.
+    pub url: String,
+}
+
+impl PrivateRedis {
+    /// Starts one whose `maxmemory-policy` is `policy`.
+    pub async fn start(policy: &str) -> Self {
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .args(["--appendonly", "no", "--maxmemory-policy", policy])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("the suite needs redis-server installed (scripts/test says how)");
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        Self {
+            child,
+            url: format!("redis://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Where `DATABASE_URL`'s Postgres listens (for a [`faults::FaultProxy`] in front of it).
 pub fn pg_addr() -> std::net::SocketAddr {
     let url = std::env::var("DATABASE_URL").expect("tests run with DATABASE_URL set");

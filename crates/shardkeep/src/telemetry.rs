@@ -5,6 +5,10 @@
 
 /// Handoff takes, labelled `outcome` (taken, already_consumed, not_found).
 pub const HANDOFF_TAKES_TOTAL: &str = "shardkeep_handoff_takes_total";
+/// Writes a Redis Cluster master acknowledged that no replica confirmed in time (`WAIT`).
+pub const REDIS_UNREPLICATED_TOTAL: &str = "shardkeep_redis_unreplicated_writes_total";
+/// Commands Redis refused for lack of memory (`OOM` replies).
+pub const REDIS_OOM_ERRORS_TOTAL: &str = "shardkeep_redis_oom_errors_total";
 /// Presence index members removed as stale.
 pub const PRESENCE_PRUNED_TOTAL: &str = "shardkeep_presence_pruned_total";
 /// Registry index members removed as stale.
@@ -107,6 +111,14 @@ pub fn describe() {
     use metrics::describe_counter;
     describe_counter!(HANDOFF_TAKES_TOTAL, "Handoff takes by outcome.");
     describe_counter!(
+        REDIS_UNREPLICATED_TOTAL,
+        "Cluster writes no replica confirmed in time (treated as failed writes)."
+    );
+    describe_counter!(
+        REDIS_OOM_ERRORS_TOTAL,
+        "Redis commands refused with OOM (maxmemory reached under noeviction)."
+    );
+    describe_counter!(
         PRESENCE_PRUNED_TOTAL,
         "Stale presence index members removed."
     );
@@ -185,6 +197,8 @@ pub fn register_all(queues: &[&'static str]) {
         ITEM_LOADS_UNRECORDED_TOTAL,
         RETRY_LEASE_EXPIRIES_TOTAL,
         CLEANUP_ENQUEUE_FAILURES_TOTAL,
+        REDIS_UNREPLICATED_TOTAL,
+        REDIS_OOM_ERRORS_TOTAL,
     ] {
         counter!(name).increment(0);
     }

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow};
-use shardkeep::backend::redis::RedisTimeouts;
+use shardkeep::backend::redis::{EvictionCheck, RedisOptions, RedisTimeouts};
 use shardkeep::{Keyspace, PostgresBackend, RedisBackend};
 
 use crate::cli::{Command, PostgresArgs, RedisArgs};
@@ -60,5 +60,14 @@ pub(crate) fn redis_url(url: Option<&str>) -> anyhow::Result<&str> {
 pub(crate) async fn connect_redis(args: &RedisArgs) -> anyhow::Result<RedisBackend> {
     let url = redis_url(args.redis_url.as_deref())?;
     let keys = Keyspace::new(&args.namespace).context("SHARDKEEP_NAMESPACE")?;
-    Ok(RedisBackend::connect("REDIS_URL", url, keys, RedisTimeouts::default()).await?)
+    let options = RedisOptions {
+        timeouts: RedisTimeouts::default(),
+        eviction: if args.allow_eviction {
+            EvictionCheck::Skip
+        } else {
+            EvictionCheck::Require
+        },
+        ..RedisOptions::default()
+    };
+    Ok(RedisBackend::connect_with("REDIS_URL", url, keys, options).await?)
 }

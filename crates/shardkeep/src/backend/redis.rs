@@ -287,6 +287,37 @@ impl RedisBackend {
         }
     }
 
+    /// Cluster only: makes sure the writes made so far to `key`'s master reached at least one
+    /// of its replicas (`WAIT 1`, on the master's shared connection, up to the response
+    /// timeout), so a failover cannot lose them. An error when no replica acknowledged in time:
+    /// the write may still have landed on the master, so callers treat it as a failed write that
+    /// is safe to repeat. A standalone server has no failover to survive: nothing to wait for.
+    pub async fn replicate(&self, key: &str) -> redis::RedisResult<()> {
+        let RedisConn::Cluster(conn) = &self.conn else {
+            return Ok(());
+        };
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let wait_ms = u64::try_from(self.timeouts.response.as_millis() / 2).unwrap_or(1000);
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(1).arg(wait_ms.max(1));
+        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+            key,
+            SlotAddr::Master,
+        )));
+        let reply = conn.clone().route_command(wait, route).await?;
+        let acked: i64 = redis::FromRedisValue::from_redis_value(reply)?;
+        if acked >= 1 {
+            return Ok(());
+        }
+        metrics::counter!(crate::telemetry::REDIS_UNREPLICATED_TOTAL).increment(1);
+        Err((
+            redis::ErrorKind::Io,
+            "no replica acknowledged the write",
+            format!("WAIT 1 {wait_ms} answered {acked}"),
+        )
+            .into())
+    }
+
     /// Checks that the deployment answers.
     pub async fn ping(&self) -> redis::RedisResult<()> {
         let mut conn = self.conn();

@@ -33,11 +33,17 @@ impl std::fmt::Debug for RedisConn {
 
 impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Self::Standalone(conn) => conn.req_packed_command(cmd),
-            Self::Node(conn) => conn.req_packed_command(cmd),
-            Self::Cluster(conn) => conn.req_packed_command(cmd),
-        }
+        Box::pin(async move {
+            let reply = match self {
+                Self::Standalone(conn) => conn.req_packed_command(cmd).await,
+                Self::Node(conn) => conn.req_packed_command(cmd).await,
+                Self::Cluster(conn) => conn.req_packed_command(cmd).await,
+            };
+            if let Err(err) = &reply {
+                count_oom(err.code());
+            }
+            reply
+        })
     }
 
     fn req_packed_commands<'a>(
@@ -46,11 +52,24 @@ impl ConnectionLike for RedisConn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Self::Standalone(conn) => conn.req_packed_commands(pipeline, offset, count),
-            Self::Node(conn) => conn.req_packed_commands(pipeline, offset, count),
-            Self::Cluster(conn) => Box::pin(cluster_pipeline(conn, pipeline, offset, count)),
-        }
+        Box::pin(async move {
+            let replies = match self {
+                Self::Standalone(conn) => conn.req_packed_commands(pipeline, offset, count).await,
+                Self::Node(conn) => conn.req_packed_commands(pipeline, offset, count).await,
+                Self::Cluster(conn) => cluster_pipeline(conn, pipeline, offset, count).await,
+            };
+            match &replies {
+                Err(err) => count_oom(err.code()),
+                Ok(values) => {
+                    for value in values {
+                        if let Value::ServerError(err) = value {
+                            count_oom(Some(err.code()));
+                        }
+                    }
+                }
+            }
+            replies
+        })
     }
 
     fn get_db(&self) -> i64 {
@@ -59,6 +78,14 @@ impl ConnectionLike for RedisConn {
             Self::Node(conn) => conn.get_db(),
             Self::Cluster(conn) => conn.get_db(),
         }
+    }
+}
+
+/// Counts a refusal for lack of memory: under `noeviction` a full Redis answers writes with
+/// `OOM`, which the alerts watch.
+fn count_oom(code: Option<&str>) {
+    if code == Some("OOM") {
+        metrics::counter!(crate::telemetry::REDIS_OOM_ERRORS_TOTAL).increment(1);
     }
 }
 

@@ -252,7 +252,7 @@ pub(super) async fn check_eviction_policy(backend: &RedisBackend) -> Result<(), 
             Err(err) => {
                 return Err(format!(
                     "cannot read maxmemory-policy ({}); shardkeep needs noeviction — \
-                     set SHARDKEEP_ALLOW_EVICTION=1 to run without the check",
+                     set SHARDKEEP_ALLOW_EVICTION=true to run without the check",
                     super::one_line(&err)
                 ));
             }
@@ -261,7 +261,7 @@ pub(super) async fn check_eviction_policy(backend: &RedisBackend) -> Result<(), 
             return Err(format!(
                 "maxmemory-policy is {policy}: Redis may evict shardkeep's keys (TTL-bearing \
                  records first); set `maxmemory-policy noeviction` on every master, or \
-                 SHARDKEEP_ALLOW_EVICTION=1 to run anyway"
+                 SHARDKEEP_ALLOW_EVICTION=true to run anyway"
             ));
         }
     }

@@ -106,6 +106,15 @@ impl BatchOp for AppendOp {
 impl AppendOp {
     /// Sends one batch; how many of its entries (from the first) were stored.
     async fn send(&self, batch: &[Vec<u8>]) -> redis::RedisResult<usize> {
+        let stored = self.push(batch).await?;
+        // On a cluster an append is stored once a replica holds it too: a failover then keeps
+        // it. Unconfirmed, the batch fails; appended again, an entry may be there twice, which
+        // the queue's at-least-once delivery already allows.
+        self.redis.replicate(&self.pending).await?;
+        Ok(stored)
+    }
+
+    async fn push(&self, batch: &[Vec<u8>]) -> redis::RedisResult<usize> {
         let mut conn = self.redis.conn();
         match self.cap {
             None => {

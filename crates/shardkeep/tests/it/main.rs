@@ -18,6 +18,7 @@ mod queue;
 mod queue_depths;
 mod queue_identity;
 mod queue_order;
+mod redis_topology;
 mod retry_connections;
 mod retry_enqueue;
 mod retry_jobs;

@@ -1,0 +1,138 @@
+//! The connection layer on whichever topology the suite runs on (standalone, or the cluster
+//! `scripts/test` starts): pipelines that span slots, SCAN over every master, the URL list, and
+//! the refusal of a server that may evict keys.
+
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use shardkeep::backend::redis::{EvictionCheck, RedisOptions, RedisTimeouts, ScanCursor};
+use shardkeep::keyspace::slot::key_slot;
+use shardkeep::{Keyspace, RedisBackend};
+use shardkeep_testkit::{PrivateRedis, TestRedis};
+
+#[tokio::test]
+async fn a_pipeline_spanning_many_slots_answers_in_order() {
+    let redis = TestRedis::new().await;
+    let ns = redis.keys().namespace().to_owned();
+    let keys: Vec<String> = (0..300).map(|i| format!("{ns}:pipe:{i}")).collect();
+    let slots: std::collections::HashSet<u16> = keys.iter().map(|k| key_slot(k)).collect();
+    assert!(slots.len() > 100, "the keys spread over slots");
+    let mut pipe = redis::pipe();
+    for (i, key) in keys.iter().enumerate() {
+        pipe.set(key, i).ignore();
+        pipe.incr(key, 1000);
+    }
+    let counts: Vec<i64> = pipe.query_async(&mut redis.raw().await).await.unwrap();
+    assert_eq!(counts, (0..300).map(|i| i + 1000).collect::<Vec<i64>>());
+    let mut conn = redis.raw().await;
+    for (i, key) in keys.iter().enumerate().step_by(37) {
+        let stored: i64 = conn.get(key).await.unwrap();
+        assert_eq!(stored, i as i64 + 1000);
+    }
+}
+
+#[tokio::test]
+async fn scan_pages_walk_every_master_and_end_at_the_start() {
+    let redis = TestRedis::new().await;
+    let backend = redis.backend();
+    let ns = redis.keys().namespace().to_owned();
+    let mut pipe = redis::pipe();
+    for i in 0..500 {
+        pipe.set(format!("{ns}:scan:{i}"), 1).ignore();
+    }
+    let () = pipe.query_async(&mut redis.raw().await).await.unwrap();
+    let masters = backend.master_conns().await.unwrap().len();
+    assert_eq!(masters, if backend.is_cluster() { 3 } else { 1 });
+
+    let mut found = std::collections::BTreeSet::new();
+    let mut cursor = ScanCursor::START;
+    let mut pages = 0;
+    loop {
+        let (next, page) = backend
+            .scan_page(cursor, &format!("{ns}:scan:*"), 50)
+            .await
+            .unwrap();
+        found.extend(page);
+        pages += 1;
+        cursor = next;
+        if cursor.is_start() {
+            break;
+        }
+        assert!(pages < 10_000, "the walk ends");
+    }
+    assert_eq!(found.len(), 500, "every key on every master, each once");
+}
+
+#[tokio::test]
+async fn a_malformed_url_list_is_one_clear_error() {
+    for url in ["redis://127.0.0.1:6379,", ",redis://127.0.0.1:6379", " , "] {
+        let err = RedisBackend::connect(
+            "REDIS_URL",
+            url,
+            Keyspace::new("t").unwrap(),
+            RedisTimeouts::default(),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("REDIS_URL") && err.contains("empty entry"),
+            "{err}"
+        );
+        assert!(!err.contains('\n'), "{err}");
+    }
+    let err = RedisBackend::connect(
+        "REDIS_URL",
+        "redis://127.0.0.1:1,redis://:secret@127.0.0.1:2",
+        Keyspace::new("t").unwrap(),
+        RedisTimeouts {
+            connect: Duration::from_millis(300),
+            response: Duration::from_millis(300),
+        },
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(!err.contains("secret"), "passwords are redacted: {err}");
+}
+
+#[tokio::test]
+async fn a_server_that_may_evict_keys_is_refused_unless_overridden() {
+    let evicting = PrivateRedis::start("volatile-lru").await;
+    let keys = Keyspace::new("evict").unwrap();
+    let err = RedisBackend::connect(
+        "REDIS_URL",
+        &evicting.url,
+        keys.clone(),
+        RedisTimeouts::default(),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("maxmemory-policy is volatile-lru") && err.contains("noeviction"),
+        "{err}"
+    );
+    assert!(
+        err.contains("SHARDKEEP_ALLOW_EVICTION"),
+        "names the override: {err}"
+    );
+    let options = RedisOptions {
+        eviction: EvictionCheck::Skip,
+        ..RedisOptions::default()
+    };
+    let allowed = RedisBackend::connect_with("REDIS_URL", &evicting.url, keys, options)
+        .await
+        .unwrap();
+    allowed.ping().await.unwrap();
+
+    let strict = PrivateRedis::start("noeviction").await;
+    RedisBackend::connect(
+        "REDIS_URL",
+        &strict.url,
+        Keyspace::new("evict").unwrap(),
+        RedisTimeouts::default(),
+    )
+    .await
+    .unwrap();
+}
