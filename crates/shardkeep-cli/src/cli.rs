@@ -180,6 +180,10 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "SHARDKEEP_CONSOLE_LOGIN_GLOBAL_LIMIT", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub(crate) console_login_global_limit: u32,
 
+    /// Seconds a worker may finish no pass, with work waiting, before /readyz fails.
+    #[arg(long, env = "SHARDKEEP_STALL_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u32).range(5..=86_400))]
+    pub(crate) stall_seconds: u32,
+
     /// The URL operators use to reach this server, e.g. `https://ops.example.com`. An `https`
     /// URL marks the console cookie `Secure` (set it whenever TLS ends in front of `serve`).
     #[arg(long, env = "SHARDKEEP_PUBLIC_URL", value_parser = parse_public_url)]

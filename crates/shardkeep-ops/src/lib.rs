@@ -27,7 +27,7 @@ use axum::Router;
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post};
 
-pub use state::{ApiSettings, AppState};
+pub use state::{ApiSettings, AppState, WorkerWatch};
 
 /// The whole app: signed internal routes, the console, health and metrics.
 pub fn router(state: AppState) -> Router {

@@ -26,6 +26,8 @@ pub struct ApiSettings {
     pub public_url: Option<String>,
     /// Trust `X-Forwarded-For` and `X-Forwarded-Proto` from a proxy in front of this server.
     pub trust_forwarded_headers: bool,
+    /// How long a worker may finish no pass, with work waiting, before readiness fails.
+    pub stall_after: std::time::Duration,
 }
 
 impl Default for ApiSettings {
@@ -38,6 +40,7 @@ impl Default for ApiSettings {
             console_login_global_limit: 100,
             public_url: None,
             trust_forwarded_headers: false,
+            stall_after: std::time::Duration::from_secs(60),
         }
     }
 }
@@ -61,4 +64,16 @@ pub struct AppState {
     pub settings: Arc<ApiSettings>,
     /// Rendered metrics (Prometheus text), when an exporter is installed.
     pub metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,
+    /// The workers this process runs, when it runs them: readiness fails while one has
+    /// finished no pass for [`ApiSettings::stall_after`] with work waiting.
+    pub workers: Option<WorkerWatch>,
+}
+
+/// The workers readiness watches, and whether the retry worker is held on purpose.
+#[derive(Debug, Clone)]
+pub struct WorkerWatch {
+    /// Their liveness.
+    pub liveness: shardkeep::services::WorkerLiveness,
+    /// The retry worker's hold (a held worker is drained on purpose, not stalled).
+    pub retry_pause: shardkeep::retry::RetryPause,
 }

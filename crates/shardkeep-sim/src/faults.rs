@@ -61,7 +61,7 @@ pub(super) fn plan(
         let per_minute = match fault {
             Fault::KillShard | Fault::RedisOutage | Fault::PostgresOutage | Fault::QueueFull => 2.0,
             Fault::Zombie => 4.0,
-            Fault::Poison | Fault::WorkerCrash => 2.0,
+            Fault::Poison | Fault::WorkerCrash | Fault::RedisFailover => 2.0,
         };
         if fault == Fault::Zombie && shards < 2 {
             continue;
@@ -150,6 +150,21 @@ async fn apply(world: &Arc<World>, fault: &PlannedFault) {
         }
         Fault::Poison => plant_poison(world).await,
         Fault::WorkerCrash => crash_a_journal_worker(world).await,
+        Fault::RedisFailover => fail_over_a_master(world).await,
+    }
+}
+
+/// One of the cluster's replicas takes over its master's slots at once, without waiting for the
+/// master to hand over (the master is then its replica). The clients follow the MOVED replies;
+/// what the old master had not passed on is gone.
+async fn fail_over_a_master(world: &World) {
+    let pick = world.counters.redis_failovers.load(Ordering::Relaxed) as usize;
+    match shardkeep_testkit::cluster::fail_over(&world.env.redis_direct, pick).await {
+        Ok(promoted) => {
+            bump(&world.counters.redis_failovers);
+            tracing::info!(event = "sim_redis_failover", promoted = %promoted);
+        }
+        Err(err) => tracing::warn!(event = "sim_redis_failover_failed", error = %err),
     }
 }
 

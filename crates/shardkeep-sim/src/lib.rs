@@ -70,6 +70,10 @@ pub enum Fault {
     /// A second journal worker leases a batch of entries and dies holding them, while the first
     /// goes on with later ones: recovery returns older entries after newer ones were applied.
     WorkerCrash,
+    /// A Redis Cluster master fails over to its replica (`CLUSTER FAILOVER FORCE` on the
+    /// replica: writes it had not received yet are lost). Needs `REDIS_URL` to name a cluster;
+    /// not part of `all`, which runs on either topology.
+    RedisFailover,
 }
 
 impl Fault {
@@ -84,6 +88,18 @@ impl Fault {
         Fault::WorkerCrash,
     ];
 
+    /// Every fault a `--faults` list may name (`all` and the cluster-only ones).
+    pub const KNOWN: [Fault; 8] = [
+        Fault::KillShard,
+        Fault::Zombie,
+        Fault::RedisOutage,
+        Fault::PostgresOutage,
+        Fault::QueueFull,
+        Fault::Poison,
+        Fault::WorkerCrash,
+        Fault::RedisFailover,
+    ];
+
     /// The flag spelling.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -94,6 +110,7 @@ impl Fault {
             Fault::QueueFull => "queue-full",
             Fault::Poison => "poison",
             Fault::WorkerCrash => "worker-crash",
+            Fault::RedisFailover => "redis-failover",
         }
     }
 }
@@ -107,7 +124,7 @@ impl fmt::Display for Fault {
 /// A `--faults` value that names no fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown fault {0:?}; expected all, none, or a comma list of: kill-shard, zombie, redis-outage, postgres-outage, queue-full, poison, worker-crash"
+    "unknown fault {0:?}; expected all, none, or a comma list of: all, kill-shard, zombie, redis-outage, postgres-outage, queue-full, poison, worker-crash, redis-failover (cluster only)"
 )]
 pub struct UnknownFault(pub String);
 
@@ -149,7 +166,11 @@ impl FromStr for FaultSet {
         let mut set = BTreeSet::new();
         for part in s.split(',') {
             let part = part.trim();
-            let fault = Fault::ALL
+            if part == "all" {
+                set.extend(Fault::ALL);
+                continue;
+            }
+            let fault = Fault::KNOWN
                 .into_iter()
                 .find(|f| f.as_str() == part)
                 .ok_or_else(|| UnknownFault(part.to_owned()))?;

@@ -49,6 +49,14 @@ pub async fn run(
     progress: impl Fn(&SimProgress) + Send + Sync + 'static,
 ) -> Result<SimReport, SimError> {
     config.validate()?;
+    let cluster = shardkeep::backend::redis::redis_seeds(redis_url).is_ok_and(|s| s.len() > 1);
+    if config.faults.contains(super::Fault::RedisFailover) && !cluster {
+        return Err(SimError::Setup(
+            "the redis-failover fault needs a Redis Cluster: set REDIS_URL to its seed nodes \
+             (comma-separated redis:// URLs)"
+                .into(),
+        ));
+    }
     progress(&SimProgress {
         phase: "setup",
         duration: config.duration,

@@ -163,6 +163,7 @@ pub(super) fn build_report(
             "zombie_evictions": get(&c.evictions),
             "poison_planted": get(&c.poison_planted),
             "journal_entries_held_by_crashed_workers": get(&c.journal_held_by_crash),
+            "redis_failovers": get(&c.redis_failovers),
         }),
         invariants,
         passed,

@@ -58,6 +58,7 @@ pub(super) struct Counters {
     pub(super) zombies_made: AtomicU64,
     pub(super) poison_planted: AtomicU64,
     pub(super) journal_held_by_crash: AtomicU64,
+    pub(super) redis_failovers: AtomicU64,
     pub(super) upkeep_passes: AtomicU64,
     /// Bookkeeping rows (job effects, item loads) pruned by the maintenance pass.
     pub(super) upkeep_failed_steps: AtomicU64,

@@ -13,6 +13,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod cluster;
 pub mod faults;
 pub mod fixtures;
 pub mod model;

@@ -200,6 +200,7 @@ impl Services {
             config.journal_worker.clone(),
         );
         let journal_stats = journal_worker.stats();
+        let journal_liveness = journal_worker.liveness();
         // The one step that can fail comes before the signal receiver is taken: a start refused
         // here can be tried again, and the producers' signals still reach the worker.
         let consumer = journal_worker.consumer().await?;
@@ -215,6 +216,7 @@ impl Services {
             Arc::clone(&self.clock),
         );
         let retry_stats = retry_worker.stats();
+        let retry_liveness = retry_worker.liveness();
         let retry_pause = retry_worker.pause_handle();
         let bookkeeping_pruned = Arc::new(AtomicU64::new(0));
         let mut tasks = vec![
@@ -275,6 +277,10 @@ impl Services {
             retry_pause,
             journal_stats,
             bookkeeping_pruned,
+            liveness: WorkerLiveness {
+                retry: retry_liveness,
+                journal: journal_liveness,
+            },
             cancel,
         })
     }
@@ -292,7 +298,18 @@ pub struct Workers {
     pub journal_stats: Arc<JournalStats>,
     /// Bookkeeping rows the pruning has deleted.
     pub bookkeeping_pruned: Arc<AtomicU64>,
+    /// When the retry worker last finished a poll and the journal worker a pass.
+    pub liveness: WorkerLiveness,
     cancel: CancellationToken,
+}
+
+/// The workers' [`Liveness`](crate::liveness::Liveness), for readiness checks.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerLiveness {
+    /// The retry worker (a poll of due rows finishes every poll interval).
+    pub retry: crate::liveness::Liveness,
+    /// The journal worker (a pass finishes every interval).
+    pub journal: crate::liveness::Liveness,
 }
 
 impl Workers {

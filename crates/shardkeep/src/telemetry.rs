@@ -71,6 +71,9 @@ pub const RETRY_CLAIMED_TOTAL: &str = "shardkeep_retry_claimed_total";
 pub const CLEANUP_ENQUEUE_FAILURES_TOTAL: &str = "shardkeep_cleanup_enqueue_failures_total";
 /// Work-queue consumers that registered again (after their heartbeat lapsed), by queue.
 pub const QUEUE_CONSUMERS_REREGISTERED_TOTAL: &str = "shardkeep_queue_consumers_reregistered_total";
+/// Workers that lost their consumer identity and started over as a new incarnation, labelled
+/// `queue`.
+pub const QUEUE_CONSUMER_RESTARTS_TOTAL: &str = "shardkeep_queue_consumer_restarts_total";
 /// Entries the recovery backstop returned from unregistered processing lists, by queue.
 pub const QUEUE_BACKSTOP_RECOVERED_TOTAL: &str = "shardkeep_queue_backstop_recovered_total";
 /// Seconds since an online character's last landed write — the data a crash would lose — by
@@ -153,6 +156,10 @@ pub fn describe() {
     describe_counter!(
         QUEUE_CONSUMERS_REREGISTERED_TOTAL,
         "Work-queue consumers that registered again after their heartbeat lapsed, by queue."
+    );
+    describe_counter!(
+        QUEUE_CONSUMER_RESTARTS_TOTAL,
+        "Workers that lost their consumer identity and started over as a new incarnation."
     );
     describe_counter!(
         QUEUE_BACKSTOP_RECOVERED_TOTAL,
@@ -252,6 +259,7 @@ pub fn register_all(queues: &[&'static str]) {
         }
         counter!(QUEUE_RECOVERED_TOTAL, "queue" => queue).increment(0);
         counter!(QUEUE_CONSUMERS_REREGISTERED_TOTAL, "queue" => queue).increment(0);
+        counter!(QUEUE_CONSUMER_RESTARTS_TOTAL, "queue" => queue).increment(0);
         counter!(QUEUE_BACKSTOP_RECOVERED_TOTAL, "queue" => queue).increment(0);
         counter!(QUEUE_FULL_TOTAL, "queue" => queue).increment(0);
         counter!(QUEUE_REQUEUED_TOTAL, "queue" => queue).increment(0);

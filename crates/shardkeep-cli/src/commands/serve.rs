@@ -13,7 +13,7 @@ use shardkeep::queue::DeadLetterRetention;
 use shardkeep::retry::Backoff;
 use shardkeep::{Services, ServicesConfig};
 use shardkeep_ops::signing::InternalKeys;
-use shardkeep_ops::{ApiSettings, AppState};
+use shardkeep_ops::{ApiSettings, AppState, WorkerWatch};
 use shardkeep_reference::game::ReferenceModel;
 use tokio_util::sync::CancellationToken;
 
@@ -75,9 +75,14 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             trust_forwarded_headers: args.trust_forwarded_headers,
             console_login_client_limit: args.console_login_client_limit,
             console_login_global_limit: args.console_login_global_limit,
+            stall_after: Duration::from_secs(u64::from(args.stall_seconds)),
             ..ApiSettings::default()
         }),
         metrics: Some(metrics),
+        workers: Some(WorkerWatch {
+            liveness: workers.liveness.clone(),
+            retry_pause: workers.retry_pause.clone(),
+        }),
     };
     // Readiness as a metric too, so an alert does not depend on someone probing /readyz.
     let ready_task = {

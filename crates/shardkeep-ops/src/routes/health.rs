@@ -13,26 +13,82 @@ pub async fn healthz() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// Checks readiness (Postgres and Redis answer, migrations current) and exports it as
-/// `shardkeep_ready`; returns `(ready, postgres, redis, migrations)`.
-pub async fn check(state: &AppState) -> (bool, bool, bool, bool) {
+/// What readiness found.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Readiness {
+    /// Everything below holds.
+    pub ready: bool,
+    /// Postgres answers.
+    pub postgres: bool,
+    /// Redis answers.
+    pub redis: bool,
+    /// The migrations are current.
+    #[serde(rename = "migrations_current")]
+    pub migrations: bool,
+    /// Workers of this process that finished no pass for the stall bound with work waiting.
+    pub stalled_workers: Vec<&'static str>,
+}
+
+/// Checks readiness (Postgres and Redis answer, migrations current, no worker of this process
+/// stalled with work waiting) and exports it as `shardkeep_ready`.
+pub async fn check(state: &AppState) -> Readiness {
     let postgres = state.pg.ping().await.is_ok();
     let migrations = postgres && state.pg.migrations_current().await.unwrap_or(false);
     let redis = state.coord.ping().await.is_ok();
-    let ready = postgres && redis && migrations;
+    let stalled_workers = stalled(state).await;
+    let ready = postgres && redis && migrations && stalled_workers.is_empty();
     metrics::gauge!(crate::telemetry::READY).set(if ready { 1.0 } else { 0.0 });
-    (ready, postgres, redis, migrations)
+    Readiness {
+        ready,
+        postgres,
+        redis,
+        migrations,
+        stalled_workers,
+    }
 }
 
-/// `GET /readyz`: Postgres and Redis answer and the migrations are current.
+/// The workers that have finished no pass for the stall bound while their queue holds work
+/// (the depths are read only for a worker that has been quiet that long).
+async fn stalled(state: &AppState) -> Vec<&'static str> {
+    let Some(watch) = &state.workers else {
+        return Vec::new();
+    };
+    let bound = state.settings.stall_after;
+    let mut stalled = Vec::new();
+    if !watch.retry_pause.is_held() && watch.liveness.retry.idle_for() > bound {
+        let waiting = state.retry.depths().await.map_or(0, |(rows, _)| rows);
+        if watch
+            .liveness
+            .retry
+            .stalled(u64::try_from(waiting).unwrap_or(0), bound)
+        {
+            stalled.push("retry");
+        }
+    }
+    if watch.liveness.journal.idle_for() > bound {
+        let waiting = state
+            .journal
+            .queue()
+            .depths()
+            .await
+            .map_or(0, |d| d.pending);
+        if watch.liveness.journal.stalled(waiting, bound) {
+            stalled.push("journal");
+        }
+    }
+    stalled
+}
+
+/// `GET /readyz`: Postgres and Redis answer, the migrations are current and no worker is
+/// stalled.
 pub async fn readyz(State(state): State<AppState>) -> Response {
-    let (ready, postgres, redis, migrations) = check(&state).await;
-    let status = if ready {
+    let readiness = check(&state).await;
+    let status = if readiness.ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (status, Json(json!({ "ready": ready, "postgres": postgres, "redis": redis, "migrations_current": migrations }))).into_response()
+    (status, Json(readiness)).into_response()
 }
 
 /// `GET /metrics`: Prometheus text format.

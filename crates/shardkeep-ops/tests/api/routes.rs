@@ -488,3 +488,53 @@ async fn health_readiness_and_metrics(pool: PgPool) {
         "raw paths never become labels"
     );
 }
+
+/// A worker that finishes no pass while work waits turns readiness off, naming it; one
+/// deliberately held does not; a pass turns it back on.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn readiness_fails_while_a_worker_makes_no_progress_with_work_waiting(pool: PgPool) {
+    use shardkeep::services::WorkerLiveness;
+    use shardkeep_ops::WorkerWatch;
+    let settings = shardkeep_ops::ApiSettings {
+        stall_after: std::time::Duration::from_millis(200),
+        ..shardkeep_ops::ApiSettings::default()
+    };
+    let app = crate::support::spawn_app_with(pool, settings).await;
+    let liveness = WorkerLiveness::default();
+    let pause = shardkeep::retry::RetryPause::default();
+    let mut state = app.state.clone();
+    state.workers = Some(WorkerWatch {
+        liveness: liveness.clone(),
+        retry_pause: pause.clone(),
+    });
+    let base = crate::support::serve(state).await;
+    let ready = async || {
+        let response = app.http.get(format!("{base}/readyz")).send().await.unwrap();
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.unwrap();
+        (status, body["stalled_workers"].clone())
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(ready().await, (200, json!([])), "quiet, but nothing waits");
+
+    app.state
+        .journal
+        .append(crate::support::cleanup_item("s-stall"))
+        .await
+        .unwrap();
+    assert_eq!(ready().await, (503, json!(["journal"])));
+    liveness.journal.touch();
+    assert_eq!(ready().await.0, 200, "a pass finished");
+
+    crate::support::retry_job_pending(&app).await;
+    liveness.journal.touch();
+    let (status, stalled) = ready().await;
+    assert_eq!((status, stalled), (503, json!(["retry"])));
+    pause.set(true);
+    liveness.journal.touch();
+    assert_eq!(
+        ready().await.0,
+        200,
+        "a held retry worker is drained on purpose"
+    );
+}

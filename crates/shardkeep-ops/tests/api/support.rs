@@ -88,6 +88,7 @@ pub(crate) async fn spawn_app_with(pool: PgPool, settings: ApiSettings) -> TestA
         keys: Arc::new(InternalKeys::parse(KEYS).unwrap()),
         settings: Arc::new(settings),
         metrics: Some(metrics_handle()),
+        workers: None,
     };
     let base = serve(state.clone()).await;
     TestApp {
@@ -155,8 +156,13 @@ impl Raw {
 }
 
 /// Dead-letters one retry job (a character that does not exist, with one attempt allowed).
-pub(crate) async fn retry_dead_letter(app: &mut TestApp) -> Uuid {
-    let job = PersistenceRetryJob::new(
+/// Enqueues one retry job that no worker runs.
+pub(crate) async fn retry_job_pending(app: &TestApp) {
+    app.state.retry.enqueue(&location_job()).await.unwrap();
+}
+
+fn location_job() -> PersistenceRetryJob {
+    PersistenceRetryJob::new(
         PersistenceRetryPayload::effect(
             Uuid::now_v7(),
             &shardkeep_testkit::model::LedgerEffect::CharacterLocation {
@@ -176,7 +182,11 @@ pub(crate) async fn retry_dead_letter(app: &mut TestApp) -> Uuid {
         "test",
         Some("session-9".into()),
     )
-    .unwrap();
+    .unwrap()
+}
+
+pub(crate) async fn retry_dead_letter(app: &mut TestApp) -> Uuid {
+    let job = location_job();
     app.state.retry.enqueue(&job).await.unwrap();
     let mut config = RetryWorkerConfig::new("t");
     config.retry_limit = 1;

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::{RealtimeStreamCleanup, SessionJournal};
 use crate::character::{CharacterStore, LocationOrder, LocationWrite};
 use crate::coord::{Coordination, OrderCheck, PresenceRecord, SessionOrder};
+use crate::liveness::Liveness;
 use crate::queue::{Consumer, FailOutcome, Leased, QueueError};
 use crate::ttl::Ttl;
 
@@ -197,6 +198,16 @@ pub struct JournalWorker {
     store: CharacterStore,
     config: JournalWorkerConfig,
     stats: Arc<JournalStats>,
+    liveness: Liveness,
+}
+
+/// How a worker's loop for one consumer ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Served {
+    /// Cancelled: shut down.
+    Stopped,
+    /// The consumer's identity was lost: start over with a new one.
+    IdentityLost,
 }
 
 impl JournalWorker {
@@ -213,6 +224,7 @@ impl JournalWorker {
             store,
             config,
             stats: Arc::new(JournalStats::default()),
+            liveness: Liveness::default(),
         }
     }
 
@@ -234,34 +246,76 @@ impl JournalWorker {
     /// Runs until `cancel` with a consumer of its own ([`Self::consumer`], retried while Redis
     /// is unreachable; a stable id in use by a live process stops it, logged).
     pub async fn run(self, cancel: CancellationToken) {
-        let consumer = loop {
+        if let Some(consumer) = self.next_consumer(&cancel).await {
+            self.run_with(consumer, cancel).await;
+        }
+    }
+
+    /// A consumer, retried every interval while Redis is unreachable; `None` when cancelled or
+    /// when the stable id is held by a live process (logged).
+    async fn next_consumer(
+        &self,
+        cancel: &CancellationToken,
+    ) -> Option<Consumer<RealtimeStreamCleanup>> {
+        loop {
             match self.consumer().await {
-                Ok(consumer) => break consumer,
+                Ok(consumer) => return Some(consumer),
                 Err(err @ QueueError::IdentityInUse(_)) => {
                     tracing::error!(event = "journal_consumer_refused", error = %err);
-                    return;
+                    return None;
                 }
                 Err(err) => {
                     tracing::warn!(event = "journal_consumer_failed", error = %err);
                     tokio::select! {
-                        () = cancel.cancelled() => return,
+                        () = cancel.cancelled() => return None,
                         () = tokio::time::sleep(self.config.interval) => {}
                     }
                 }
             }
-        };
-        self.run_with(consumer, cancel).await;
+        }
+    }
+
+    /// How recently this worker finished a pass (a live worker finishes one at least every
+    /// interval, work or not).
+    pub fn liveness(&self) -> Liveness {
+        self.liveness.clone()
     }
 
     /// Runs with `consumer` until `cancel`: recovers at start-up and periodically, drains on
     /// every wake signal and on every interval, and at the end hands its held entries back at
-    /// once (a clean shutdown). A consumer whose id was taken over stops at once, touching
-    /// nothing.
+    /// once (a clean shutdown). A consumer that lost its identity (its heartbeat lapsed — a
+    /// stall, or a Redis failover or restart that lost its registration — and others recovered
+    /// what it held) touches nothing more: the worker starts over as a new incarnation, so it
+    /// never sits running while processing nothing. A stable id taken over by a live process
+    /// stops it.
     pub async fn run_with(
         self,
         mut consumer: Consumer<RealtimeStreamCleanup>,
         cancel: CancellationToken,
     ) {
+        loop {
+            if self.serve(&mut consumer, &cancel).await == Served::Stopped {
+                break;
+            }
+            metrics::counter!(crate::telemetry::QUEUE_CONSUMER_RESTARTS_TOTAL,
+                "queue" => self.journal.queue().name().to_owned())
+            .increment(1);
+            match self.next_consumer(&cancel).await {
+                Some(next) => consumer = next,
+                None => return,
+            }
+        }
+        if let Err(err) = consumer.shutdown().await {
+            tracing::warn!(event = "journal_consumer_shutdown_failed", error = %err);
+        }
+    }
+
+    /// The worker's loop for one consumer, until cancelled or the consumer's identity is lost.
+    async fn serve(
+        &self,
+        consumer: &mut Consumer<RealtimeStreamCleanup>,
+        cancel: &CancellationToken,
+    ) -> Served {
         let wake = self.journal.wake_signal();
         let mut pacing =
             PassPacing::new(self.config.failure_backoff, self.config.failure_backoff_cap);
@@ -273,11 +327,15 @@ impl JournalWorker {
                 }
                 last_recovery = tokio::time::Instant::now();
             }
-            let (failed, more) = match self.drain_pass(&mut consumer).await {
-                Ok(pass) => (pass.failed > 0, pass.more),
+            let (failed, more) = match self.drain_pass(consumer).await {
+                Ok(pass) => {
+                    self.liveness.touch();
+                    (pass.failed > 0, pass.more)
+                }
                 Err(err @ QueueError::IdentityLost(_)) => {
-                    tracing::error!(event = "journal_consumer_lost", error = %err);
-                    return;
+                    tracing::error!(event = "journal_consumer_lost", error = %err,
+                        "starting over as a new incarnation");
+                    return Served::IdentityLost;
                 }
                 Err(err) => {
                     tracing::warn!(event = "journal_drain_failed", error = %err);
@@ -286,25 +344,22 @@ impl JournalWorker {
             };
             if let Some(pause) = pacing.after_pass(failed) {
                 tokio::select! {
-                    () = cancel.cancelled() => break,
+                    () = cancel.cancelled() => return Served::Stopped,
                     () = tokio::time::sleep(pause) => {}
                 }
                 continue;
             }
             if more {
                 if cancel.is_cancelled() {
-                    break;
+                    return Served::Stopped;
                 }
                 continue;
             }
             tokio::select! {
-                () = cancel.cancelled() => break,
+                () = cancel.cancelled() => return Served::Stopped,
                 () = wake.notified() => {}
                 () = tokio::time::sleep(self.config.interval) => {}
             }
-        }
-        if let Err(err) = consumer.shutdown().await {
-            tracing::warn!(event = "journal_consumer_shutdown_failed", error = %err);
         }
     }
 

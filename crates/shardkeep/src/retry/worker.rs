@@ -157,6 +157,13 @@ impl ClaimedBatch {
 #[derive(Debug, Clone)]
 pub struct RetryPause(Arc<tokio::sync::watch::Sender<bool>>);
 
+impl Default for RetryPause {
+    /// A hold, released, that no worker follows yet.
+    fn default() -> Self {
+        Self(Arc::new(tokio::sync::watch::channel(false).0))
+    }
+}
+
 impl RetryPause {
     /// Holds the worker, or releases it.
     pub fn set(&self, held: bool) {
@@ -196,7 +203,10 @@ impl Settler {
             };
             match claimed {
                 Ok(n) if n as i64 >= self.claim_limit && !cancel.is_cancelled() => continue,
-                Ok(_) => break,
+                Ok(_) => {
+                    self.liveness.touch();
+                    break;
+                }
                 Err(err) => {
                     tracing::warn!(event = "retry_poll_failed", error = %err);
                     break;
@@ -436,6 +446,7 @@ struct Settler {
     claim_limit: i64,
     owner: String,
     lease: Duration,
+    liveness: crate::liveness::Liveness,
 }
 
 impl RetryWorker {
@@ -458,6 +469,7 @@ impl RetryWorker {
             claim_limit: config.claim_limit,
             owner: config.owner.clone(),
             lease: config.lease,
+            liveness: crate::liveness::Liveness::default(),
         };
         let (pause, paused) = tokio::sync::watch::channel(false);
         Self {
@@ -474,6 +486,11 @@ impl RetryWorker {
     /// simulator's queue-full fault).
     pub fn pause_handle(&self) -> RetryPause {
         self.pause.clone()
+    }
+
+    /// How recently a poll of due rows finished (one runs every poll interval).
+    pub fn liveness(&self) -> crate::liveness::Liveness {
+        self.settler.liveness.clone()
     }
 
     /// Its counters.

@@ -480,3 +480,69 @@ async fn an_entry_leased_by_a_call_whose_reply_was_lost_is_processed_next_pass(p
     let depths = env.journal.queue().depths().await.unwrap();
     assert_eq!((depths.pending, depths.processing, depths.dead), (0, 0, 0));
 }
+
+/// A Redis failover or restart can lose a consumer's registration and let another incarnation
+/// take its place: the running worker must not sit there processing nothing. It starts over as
+/// a new incarnation and the next entry is applied within a few intervals.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_worker_whose_consumer_identity_is_lost_starts_over_and_keeps_processing(pool: PgPool) {
+    use redis::AsyncCommands;
+    let env = Env::new(&pool).await;
+    let worker = env.worker();
+    let stats = worker.stats();
+    let liveness = worker.liveness();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(worker.run(cancel.clone()));
+    let keys = env
+        .redis
+        .keys()
+        .queue(shardkeep::journal::JOURNAL_QUEUE)
+        .unwrap();
+    let mut raw = env.redis.raw().await;
+    let mut first: Vec<String> = Vec::new();
+    for _ in 0..50 {
+        first = raw.smembers(&keys.consumers).await.unwrap();
+        if !first.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(first.len(), 1, "the worker registered");
+    // What a lost write plus a takeover leaves: the heartbeat held by another incarnation.
+    let () = raw
+        .pset_ex(
+            keys.consumer_heartbeat(&first[0]).unwrap(),
+            "another-incarnation",
+            60_000,
+        )
+        .await
+        .unwrap();
+    let player = env.character().await;
+    env.journal
+        .append(cleanup(
+            &player,
+            "s-lost",
+            SessionLifecycleEffectPlan::PermanentRemoval,
+        ))
+        .await
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    while stats.processed.load(Ordering::Relaxed) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "processing resumes within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        liveness.idle_for() < Duration::from_secs(1),
+        "passes finish again"
+    );
+    let now: Vec<String> = raw.smembers(&keys.consumers).await.unwrap();
+    assert!(
+        now.iter().any(|id| *id != first[0]),
+        "a new incarnation registered: {now:?}"
+    );
+    cancel.cancel();
+    running.await.unwrap();
+}
