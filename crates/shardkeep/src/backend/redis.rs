@@ -10,6 +10,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::NodeAddress;
 use redis::cluster::{ClusterClient, ClusterConfig};
 
+use super::cluster_link::ClusterLink;
 pub use super::redis_conn::RedisConn;
 pub use super::redis_nodes::{EvictionCheck, ScanCursor};
 use super::redis_nodes::{MasterNodes, check_eviction_policy};
@@ -21,6 +22,10 @@ use crate::keyspace::Keyspace;
 pub struct RedisBackend {
     topology: Topology,
     conn: RedisConn,
+    /// Writes that must reach a replica before they count, and the `WAIT`s that confirm them
+    /// (a second cluster connection, so a `WAIT` held up by a resyncing replica blocks only
+    /// these; the shared one on a standalone server).
+    durable: RedisConn,
     keys: Keyspace,
     timeouts: RedisTimeouts,
     pub(super) masters: Arc<MasterNodes>,
@@ -143,7 +148,8 @@ impl RedisBackend {
                     .set_number_of_retries(1)
                     .set_max_delay(Duration::from_millis(500));
                 let conn = ConnectionManager::new_with_config(client.clone(), config).await?;
-                Ok((Topology::Standalone(client), RedisConn::Standalone(conn)))
+                let conn = RedisConn::Standalone(conn);
+                Ok((Topology::Standalone(client), conn.clone(), conn))
             } else {
                 let map = node_map
                     .iter()
@@ -161,22 +167,31 @@ impl RedisBackend {
                     .retries(3)
                     .max_retry_wait(500)
                     .build()?;
-                let conn = client.get_async_connection().await?;
+                let client = Box::new(client);
+                let config = ClusterConfig::new()
+                    .set_connection_timeout(timeouts.connect)
+                    .set_response_timeout(timeouts.response);
+                let bound = timeouts.connect + timeouts.response;
+                let conn = ClusterLink::connect(client.clone(), config.clone(), bound).await?;
+                let durable = ClusterLink::connect(client.clone(), config, bound).await?;
                 Ok::<_, redis::RedisError>((
-                    Topology::Cluster(Box::new(client)),
-                    RedisConn::Cluster(conn),
+                    Topology::Cluster(client),
+                    RedisConn::Cluster(Arc::new(conn)),
+                    RedisConn::Cluster(Arc::new(durable)),
                 ))
             }
         };
-        let (topology, conn) = tokio::time::timeout(timeouts.connect + timeouts.response, connect)
-            .await
-            .map_err(|_| fail("timed out connecting".into()))?
-            .map_err(|e| fail(one_line(&e)))?;
+        let (topology, conn, durable) =
+            tokio::time::timeout(timeouts.connect + timeouts.response, connect)
+                .await
+                .map_err(|_| fail("timed out connecting".into()))?
+                .map_err(|e| fail(one_line(&e)))?;
         let seed_info = redis::IntoConnectionInfo::into_connection_info(seeds[0])
             .map_err(|e| fail(one_line(&e)))?;
         let backend = Self {
             topology,
             conn,
+            durable,
             keys,
             timeouts,
             masters: Arc::new(MasterNodes::new(seed_info, node_map)),
@@ -204,6 +219,13 @@ impl RedisBackend {
         self.conn.clone()
     }
 
+    /// The connection for writes confirmed with [`replicate`](Self::replicate) or
+    /// [`replicate_everywhere`](Self::replicate_everywhere): a `WAIT` covers the writes made
+    /// on the connection it is sent on.
+    pub fn durable_conn(&self) -> RedisConn {
+        self.durable.clone()
+    }
+
     /// The timeouts this backend was built with.
     pub fn timeouts(&self) -> RedisTimeouts {
         self.timeouts
@@ -227,9 +249,10 @@ impl RedisBackend {
                 let config = ClusterConfig::new()
                     .set_connection_timeout(self.timeouts.connect)
                     .set_response_timeout(response);
-                Ok(RedisConn::Cluster(
-                    client.get_async_connection_with_config(config).await?,
-                ))
+                let bound = self.timeouts.connect + response;
+                Ok(RedisConn::Cluster(Arc::new(
+                    ClusterLink::connect(client.clone(), config, bound).await?,
+                )))
             }
         }
     }
@@ -287,13 +310,13 @@ impl RedisBackend {
         }
     }
 
-    /// Cluster only: makes sure the writes made so far to `key`'s master reached at least one
-    /// of its replicas (`WAIT 1`, on the master's shared connection, up to the response
-    /// timeout), so a failover cannot lose them. An error when no replica acknowledged in time:
+    /// Cluster only: makes sure the writes made so far on [`durable_conn`](Self::durable_conn)
+    /// to `key`'s master reached at least one of its replicas (`WAIT 1`, up to half the
+    /// response timeout), so a failover cannot lose them. An error when no replica acknowledged in time:
     /// the write may still have landed on the master, so callers treat it as a failed write that
     /// is safe to repeat. A standalone server has no failover to survive: nothing to wait for.
     pub async fn replicate(&self, key: &str) -> redis::RedisResult<()> {
-        let RedisConn::Cluster(conn) = &self.conn else {
+        let RedisConn::Cluster(conn) = &self.durable else {
             return Ok(());
         };
         use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
@@ -304,7 +327,14 @@ impl RedisBackend {
             key,
             SlotAddr::Master,
         )));
-        let reply = conn.clone().route_command(wait, route).await?;
+        let (generation, mut link) = conn.get();
+        let reply = match link.route_command(wait, route).await {
+            Ok(reply) => reply,
+            Err(err) => {
+                conn.after_error(generation, &err).await;
+                return Err(err);
+            }
+        };
         let acked: i64 = redis::FromRedisValue::from_redis_value(reply)?;
         if acked >= 1 {
             return Ok(());
@@ -314,6 +344,67 @@ impl RedisBackend {
             redis::ErrorKind::Io,
             "no replica acknowledged the write",
             format!("WAIT 1 {wait_ms} answered {acked}"),
+        )
+            .into())
+    }
+
+    /// Cluster only: [`replicate`](Self::replicate) on every master at once, for a batch of
+    /// writes spread over the cluster (a pulse's checkpoints) made on
+    /// [`durable_conn`](Self::durable_conn): one `WAIT 1` per master, sent together. A master list gone stale
+    /// after a failover is read again and the waits retried once.
+    pub async fn replicate_everywhere(&self) -> redis::RedisResult<()> {
+        if !self.is_cluster() {
+            return Ok(());
+        }
+        match self.wait_on_masters(false).await {
+            Ok(()) => Ok(()),
+            Err(_) => self.wait_on_masters(true).await,
+        }
+    }
+
+    async fn wait_on_masters(&self, refresh: bool) -> redis::RedisResult<()> {
+        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+        let RedisConn::Cluster(conn) = &self.durable else {
+            return Ok(());
+        };
+        let masters = if refresh {
+            self.masters.refresh(self).await?;
+            self.masters.addresses().await
+        } else {
+            let known = self.masters.addresses().await;
+            if known.is_empty() {
+                self.masters.refresh(self).await?;
+                self.masters.addresses().await
+            } else {
+                known
+            }
+        };
+        let wait_ms = u64::try_from(self.timeouts.response.as_millis() / 2).unwrap_or(1000);
+        let (_, link) = conn.get();
+        let waits = masters.iter().map(|address| {
+            let mut conn = link.clone();
+            let (host, port) = address.rsplit_once(':').unwrap_or((address.as_str(), "0"));
+            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                host: host.to_owned(),
+                port: port.parse().unwrap_or(0),
+            });
+            let mut wait = redis::cmd("WAIT");
+            wait.arg(1).arg(wait_ms.max(1));
+            async move {
+                let reply = conn.route_command(wait, route).await?;
+                let acked: i64 = redis::FromRedisValue::from_redis_value(reply)?;
+                Ok::<i64, redis::RedisError>(acked)
+            }
+        });
+        let acks = futures::future::try_join_all(waits).await?;
+        if acks.iter().all(|&a| a >= 1) {
+            return Ok(());
+        }
+        metrics::counter!(crate::telemetry::REDIS_UNREPLICATED_TOTAL).increment(1);
+        Err((
+            redis::ErrorKind::Io,
+            "no replica acknowledged the writes",
+            format!("WAIT 1 {wait_ms} answered {acks:?} across the masters"),
         )
             .into())
     }

@@ -85,7 +85,7 @@ impl Coordination {
             call.key(self.keys().handoff(token, scope)?);
         }
         call.arg(self.config().consumed_marker_ttl.as_millis());
-        let reply: Vec<Value> = call.invoke_async(&mut self.conn()).await?;
+        let reply: Vec<Value> = call.invoke_async(&mut self.redis().durable_conn()).await?;
         let outcome = decode_take(&reply, &ordered)?;
         if matches!(outcome, HandoffTake::Taken { .. }) {
             // A take a failover loses would bring the payload back for a second take: on a

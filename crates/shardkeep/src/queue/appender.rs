@@ -115,7 +115,7 @@ impl AppendOp {
     }
 
     async fn push(&self, batch: &[Vec<u8>]) -> redis::RedisResult<usize> {
-        let mut conn = self.redis.conn();
+        let mut conn = self.redis.durable_conn();
         match self.cap {
             None => {
                 let mut cmd = redis::cmd("LPUSH");

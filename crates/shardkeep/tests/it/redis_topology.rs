@@ -136,3 +136,46 @@ async fn a_server_that_may_evict_keys_is_refused_unless_overridden() {
     .await
     .unwrap();
 }
+
+/// Every connection to every node cut (a network partition, all nodes restarted), then
+/// restored: the shared and the durable connections answer again within seconds, so workers
+/// resume instead of failing every call for good.
+#[tokio::test]
+async fn after_every_connection_was_cut_both_connections_answer_again_within_seconds() {
+    use shardkeep_testkit::faults::{ProxyControl, ProxyMode};
+    let redis = TestRedis::new().await;
+    let timeouts = RedisTimeouts {
+        connect: Duration::from_millis(300),
+        response: Duration::from_millis(300),
+    };
+    let (proxy, backend) = shardkeep_testkit::faults::proxied_redis(
+        &shardkeep_testkit::redis_url(),
+        redis.keys().clone(),
+        timeouts,
+    )
+    .await
+    .unwrap();
+    let key = format!("{}:heal", redis.keys().namespace());
+    let () = backend.durable_conn().set(&key, 1).await.unwrap();
+    proxy.set_mode(ProxyMode::Cut);
+    for _ in 0..30 {
+        assert!(backend.ping().await.is_err());
+        let cut: redis::RedisResult<i64> = backend.durable_conn().incr(&key, 1).await;
+        assert!(cut.is_err());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    proxy.set_mode(ProxyMode::Pass);
+    let started = tokio::time::Instant::now();
+    loop {
+        let shared = backend.ping().await.is_ok();
+        let durable: redis::RedisResult<i64> = backend.durable_conn().incr(&key, 1).await;
+        if shared && durable.is_ok() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "answering again within 10 s (shared {shared}, durable {durable:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
