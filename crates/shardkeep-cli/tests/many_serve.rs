@@ -57,6 +57,7 @@ struct Serve {
 impl Serve {
     async fn start(database_url: &str, namespace: &str, name: &str) -> Self {
         let port = free_port();
+        #[allow(clippy::zombie_processes)] // killed and waited for on drop
         let child = Command::new(env!("CARGO_BIN_EXE_shardkeep"))
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--namespace", namespace])
@@ -203,11 +204,23 @@ async fn three_serves_share_the_work_and_one_killed_mid_run_loses_nothing(pool: 
     let steps = 50;
     let mut killed_at = None;
     for step in 0..steps {
-        for n in (step * REWARDS / steps)..((step + 1) * REWARDS / steps) {
-            retry.enqueue(&reward(rewarded[n], n)).await.unwrap();
+        let rewards = (step * REWARDS / steps)..((step + 1) * REWARDS / steps);
+        for (n, character) in rewarded
+            .iter()
+            .enumerate()
+            .take(rewards.end)
+            .skip(rewards.start)
+        {
+            retry.enqueue(&reward(*character, n)).await.unwrap();
         }
-        for n in (step * CLEANUPS / steps)..((step + 1) * CLEANUPS / steps) {
-            let entry = cleanup(cleaned[n], n);
+        let cleanups = (step * CLEANUPS / steps)..((step + 1) * CLEANUPS / steps);
+        for (n, character) in cleaned
+            .iter()
+            .enumerate()
+            .take(cleanups.end)
+            .skip(cleanups.start)
+        {
+            let entry = cleanup(*character, n);
             coord
                 .resume_store(
                     entry.pending_resume.as_ref().unwrap(),
