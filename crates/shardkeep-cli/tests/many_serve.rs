@@ -194,7 +194,7 @@ async fn three_serves_share_the_work_and_one_killed_mid_run_loses_nothing(pool: 
     let journal = SessionJournal::new(redis.backend(), WorkQueueConfig::default()).unwrap();
     let coord = redis.coordination();
 
-    let mut serves = vec![
+    let mut serves = [
         Serve::start(&database_url, &namespace, "serve-a").await,
         Serve::start(&database_url, &namespace, "serve-b").await,
         Serve::start(&database_url, &namespace, "serve-c").await,
