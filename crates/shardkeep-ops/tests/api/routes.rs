@@ -496,7 +496,7 @@ async fn readiness_fails_while_a_worker_makes_no_progress_with_work_waiting(pool
     use shardkeep::services::WorkerLiveness;
     use shardkeep_ops::WorkerWatch;
     let settings = shardkeep_ops::ApiSettings {
-        stall_after: std::time::Duration::from_millis(200),
+        stall_after: std::time::Duration::from_secs(1),
         ..shardkeep_ops::ApiSettings::default()
     };
     let app = crate::support::spawn_app_with(pool, settings).await;
@@ -514,7 +514,7 @@ async fn readiness_fails_while_a_worker_makes_no_progress_with_work_waiting(pool
         let body: Value = response.json().await.unwrap();
         (status, body["stalled_workers"].clone())
     };
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     assert_eq!(ready().await, (200, json!([])), "quiet, but nothing waits");
 
     app.state
