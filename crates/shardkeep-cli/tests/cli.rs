@@ -18,6 +18,17 @@ fn shardkeep(args: &[&str], env: &[(&str, &str)]) -> Output {
     cmd.output().expect("run shardkeep")
 }
 
+/// True once something accepts connections on `port` (waiting up to 10 s).
+async fn listening(port: u16) -> bool {
+    for _ in 0..100 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    false
+}
+
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -270,14 +281,7 @@ async fn serve_answers_the_cli_and_stops_gracefully_on_sigterm(pool: PgPool) {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let mut up = false;
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let up = listening(port).await;
     assert!(up, "serve never listened");
     let env = [
         ("SHARDKEEP_INTERNAL_KEYS", keys),
@@ -577,14 +581,7 @@ async fn serve_refuses_a_redis_that_may_evict_keys_unless_told_to_allow_it() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let mut up = false;
-    for _ in 0..100 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let up = listening(port).await;
     let _ = serve.kill();
     let _ = serve.wait();
     assert!(up, "serve runs once eviction is allowed");

@@ -463,21 +463,26 @@ pub async fn run(
             rates.drain = shardkeep_drain(redis_url, config, consumers, progress).await?;
             rounds.push(rates);
         }
-        let median = |pick: fn(&QueueRates) -> f64| {
-            let mut v: Vec<f64> = rounds.iter().map(pick).collect();
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        all.push(QueueRates {
-            consumers,
-            raw: median(|r| r.raw),
-            apalis: median(|r| r.apalis),
-            batch_lease: median(|r| r.batch_lease),
-            blocking: median(|r| r.blocking),
-            drain: median(|r| r.drain),
-        });
+        all.push(medians(consumers, &rounds));
     }
     Ok(all)
+}
+
+/// Every rate's median over the rounds (zero for a rate a run did not measure).
+fn medians(consumers: usize, rounds: &[QueueRates]) -> QueueRates {
+    let median = |pick: fn(&QueueRates) -> f64| {
+        let mut v: Vec<f64> = rounds.iter().map(pick).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    QueueRates {
+        consumers,
+        raw: median(|r| r.raw),
+        apalis: median(|r| r.apalis),
+        batch_lease: median(|r| r.batch_lease),
+        blocking: median(|r| r.blocking),
+        drain: median(|r| r.drain),
+    }
 }
 
 /// shardkeep's queue alone (batch lease end to end, and draining a filled queue) on a Redis
@@ -495,22 +500,15 @@ pub async fn cluster_run(
                 BENCH,
                 format!("Redis Cluster, {consumers} consumer(s), round {round}"),
             );
-            let batch_lease =
-                shardkeep_run(cluster_url, config, consumers, Lease::Batch, progress).await?;
-            let drain = shardkeep_drain(cluster_url, config, consumers, progress).await?;
-            rounds.push((batch_lease, drain));
+            rounds.push(QueueRates {
+                consumers,
+                batch_lease: shardkeep_run(cluster_url, config, consumers, Lease::Batch, progress)
+                    .await?,
+                drain: shardkeep_drain(cluster_url, config, consumers, progress).await?,
+                ..QueueRates::default()
+            });
         }
-        let median = |pick: fn(&(f64, f64)) -> f64| {
-            let mut v: Vec<f64> = rounds.iter().map(pick).collect();
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        all.push(QueueRates {
-            consumers,
-            batch_lease: median(|r| r.0),
-            drain: median(|r| r.1),
-            ..QueueRates::default()
-        });
+        all.push(medians(consumers, &rounds));
     }
     Ok(all)
 }

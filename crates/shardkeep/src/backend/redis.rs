@@ -316,42 +316,15 @@ impl RedisBackend {
     /// the write may still have landed on the master, so callers treat it as a failed write that
     /// is safe to repeat. A standalone server has no failover to survive: nothing to wait for.
     pub async fn replicate(&self, key: &str) -> redis::RedisResult<()> {
-        let RedisConn::Cluster(conn) = &self.durable else {
-            return Ok(());
-        };
-        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-        let wait_ms = u64::try_from(self.timeouts.response.as_millis() / 2).unwrap_or(1000);
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(1).arg(wait_ms.max(1));
-        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
-            key,
-            SlotAddr::Master,
-        )));
-        let (generation, mut link) = conn.get();
-        let reply = match link.route_command(wait, route).await {
-            Ok(reply) => reply,
-            Err(err) => {
-                conn.after_error(generation, &err).await;
-                return Err(err);
-            }
-        };
-        let acked: i64 = redis::FromRedisValue::from_redis_value(reply)?;
-        if acked >= 1 {
-            return Ok(());
-        }
-        metrics::counter!(crate::telemetry::REDIS_UNREPLICATED_TOTAL).increment(1);
-        Err((
-            redis::ErrorKind::Io,
-            "no replica acknowledged the write",
-            format!("WAIT 1 {wait_ms} answered {acked}"),
-        )
-            .into())
+        use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+        let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
+        self.wait_for_replicas(vec![route], true).await
     }
 
     /// Cluster only: [`replicate`](Self::replicate) on every master at once, for a batch of
     /// writes spread over the cluster (a pulse's checkpoints) made on
-    /// [`durable_conn`](Self::durable_conn): one `WAIT 1` per master, sent together. A master list gone stale
-    /// after a failover is read again and the waits retried once.
+    /// [`durable_conn`](Self::durable_conn): one `WAIT 1` per master, sent together. A master
+    /// list gone stale after a failover is read again and the waits retried once.
     pub async fn replicate_everywhere(&self) -> redis::RedisResult<()> {
         if !self.is_cluster() {
             return Ok(());
@@ -363,40 +336,63 @@ impl RedisBackend {
     }
 
     async fn wait_on_masters(&self, refresh: bool) -> redis::RedisResult<()> {
-        use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-        let RedisConn::Cluster(conn) = &self.durable else {
+        use redis::cluster_routing::SingleNodeRoutingInfo;
+        let mut masters = self.masters.addresses().await;
+        if refresh || masters.is_empty() {
+            self.masters.refresh(self).await?;
+            masters = self.masters.addresses().await;
+        }
+        let routes = masters
+            .iter()
+            .map(|address| {
+                let (host, port) = address.rsplit_once(':').unwrap_or((address.as_str(), "0"));
+                SingleNodeRoutingInfo::ByAddress {
+                    host: host.to_owned(),
+                    port: port.parse().unwrap_or(0),
+                }
+            })
+            .collect();
+        // A master that just lost its role is no node of the link: that error must not make
+        // the link reconnect; the retry reads the masters again.
+        self.wait_for_replicas(routes, false).await
+    }
+
+    /// `WAIT 1` (up to half the response timeout) on the durable connection to each of `nodes`,
+    /// sent together; an error unless every one was acknowledged by a replica. A failure may
+    /// replace the link when `heal` (see [`ClusterLink`]). Nothing to wait for on a standalone
+    /// server.
+    async fn wait_for_replicas(
+        &self,
+        nodes: Vec<redis::cluster_routing::SingleNodeRoutingInfo>,
+        heal: bool,
+    ) -> redis::RedisResult<()> {
+        let RedisConn::Cluster(link) = &self.durable else {
             return Ok(());
         };
-        let masters = if refresh {
-            self.masters.refresh(self).await?;
-            self.masters.addresses().await
-        } else {
-            let known = self.masters.addresses().await;
-            if known.is_empty() {
-                self.masters.refresh(self).await?;
-                self.masters.addresses().await
-            } else {
-                known
-            }
-        };
-        let wait_ms = u64::try_from(self.timeouts.response.as_millis() / 2).unwrap_or(1000);
-        let (_, link) = conn.get();
-        let waits = masters.iter().map(|address| {
-            let mut conn = link.clone();
-            let (host, port) = address.rsplit_once(':').unwrap_or((address.as_str(), "0"));
-            let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
-                host: host.to_owned(),
-                port: port.parse().unwrap_or(0),
-            });
+        let wait_ms = u64::try_from(self.timeouts.response.as_millis() / 2)
+            .unwrap_or(1000)
+            .max(1);
+        let (generation, conn) = link.get();
+        let waits = nodes.into_iter().map(|node| {
+            let mut conn = conn.clone();
             let mut wait = redis::cmd("WAIT");
-            wait.arg(1).arg(wait_ms.max(1));
+            wait.arg(1).arg(wait_ms);
+            let route = redis::cluster_routing::RoutingInfo::SingleNode(node);
             async move {
                 let reply = conn.route_command(wait, route).await?;
                 let acked: i64 = redis::FromRedisValue::from_redis_value(reply)?;
                 Ok::<i64, redis::RedisError>(acked)
             }
         });
-        let acks = futures::future::try_join_all(waits).await?;
+        let acks: Vec<i64> = match futures::future::try_join_all(waits).await {
+            Ok(acks) => acks,
+            Err(err) => {
+                if heal {
+                    link.after_error(generation, &err).await;
+                }
+                return Err(err);
+            }
+        };
         if acks.iter().all(|&a| a >= 1) {
             return Ok(());
         }
@@ -404,7 +400,7 @@ impl RedisBackend {
         Err((
             redis::ErrorKind::Io,
             "no replica acknowledged the writes",
-            format!("WAIT 1 {wait_ms} answered {acks:?} across the masters"),
+            format!("WAIT 1 {wait_ms} answered {acks:?}"),
         )
             .into())
     }
