@@ -13,6 +13,7 @@ SK_PG_DIR=""
 SK_PG_USER=""
 SK_REDIS_PORT=""
 SK_CLUSTER_PORTS=""
+SK_PGBOUNCER_DIR=""
 
 sk_log() { printf '[services] %s\n' "$*" >&2; }
 
@@ -217,6 +218,108 @@ sk_stop_redis_cluster() {
   SK_CLUSTER_PORTS=""
 }
 
+# Installs PgBouncer when it is missing and this is a root shell with apt-get; otherwise says how.
+sk_pgbouncer_up() {
+  if command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; then
+    return 0
+  fi
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    sk_log "installing pgbouncer (Debian's package) for the PgBouncer pass"
+    if DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 \
+        && DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer >/dev/null 2>&1; }; then
+      return 0
+    fi
+  fi
+  sk_log "pgbouncer is not installed: install it, e.g. 'sudo apt-get install pgbouncer'"
+  sk_log "(Debian/Ubuntu) or 'brew install pgbouncer' (macOS)."
+  return 1
+}
+
+# Starts a private PgBouncer in transaction pooling mode in front of DATABASE_URL's server, for
+# every database on it, and exports SK_PGBOUNCER_URL (DATABASE_URL with its host and port).
+sk_start_pgbouncer() {
+  local bin port hostport pg_host pg_port user
+  sk_pgbouncer_up || return 1
+  bin=$(command -v pgbouncer || echo /usr/sbin/pgbouncer)
+  hostport=${DATABASE_URL#*://}
+  hostport=${hostport#*@}
+  hostport=${hostport%%/*}
+  pg_host=${hostport%%:*}
+  pg_port=${hostport##*:}
+  [ "$pg_port" = "$hostport" ] && pg_port=5432
+  user=${DATABASE_URL#*://}
+  user=${user%%@*}
+  user=${user%%:*}
+  sk_tmpdir
+  port=$(sk_free_port) || { sk_log "no free port for PgBouncer"; return 1; }
+  SK_PGBOUNCER_DIR="$SK_TMP/pgbouncer"
+  mkdir -p "$SK_PGBOUNCER_DIR"
+  printf '"%s" ""\n' "$user" >"$SK_PGBOUNCER_DIR/users.txt"
+  # Small server pools per database: the suite's databases share one server's connections.
+  cat >"$SK_PGBOUNCER_DIR/pgbouncer.ini" <<INI
+[databases]
+* = host=$pg_host port=$pg_port
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $port
+unix_socket_dir =
+auth_type = trust
+auth_file = $SK_PGBOUNCER_DIR/users.txt
+pool_mode = transaction
+max_client_conn = 4000
+default_pool_size = 4
+server_idle_timeout = 5
+logfile = $SK_PGBOUNCER_DIR/pgbouncer.log
+pidfile = $SK_PGBOUNCER_DIR/pgbouncer.pid
+INI
+  local runner=()
+  if [ "$(id -u)" = "0" ]; then
+    local owner=nobody
+    id postgres >/dev/null 2>&1 && owner=postgres
+    chown -R "$owner" "$SK_PGBOUNCER_DIR"
+    runner=(runuser -u "$owner" --)
+  fi
+  "${runner[@]}" "$bin" -d "$SK_PGBOUNCER_DIR/pgbouncer.ini" >/dev/null 2>&1 \
+    || { sk_log "PgBouncer did not start:"; cat "$SK_PGBOUNCER_DIR/pgbouncer.log" >&2; return 1; }
+  for _ in $(seq 1 100); do
+    if sk_tcp_open 127.0.0.1 "$port"; then
+      SK_PGBOUNCER_URL="${DATABASE_URL%%@*}@127.0.0.1:$port/${DATABASE_URL##*/}"
+      [ "${DATABASE_URL#*@}" = "$DATABASE_URL" ] && SK_PGBOUNCER_URL="postgres://127.0.0.1:$port/${DATABASE_URL##*/}"
+      export SK_PGBOUNCER_URL
+      sk_log "started a private PgBouncer (transaction mode) on 127.0.0.1:$port"
+      return 0
+    fi
+    sleep 0.1
+  done
+  sk_log "PgBouncer did not listen on 127.0.0.1:$port:"
+  cat "$SK_PGBOUNCER_DIR/pgbouncer.log" >&2
+  return 1
+}
+
+sk_stop_pgbouncer() {
+  if [ -n "$SK_PGBOUNCER_DIR" ] && [ -f "$SK_PGBOUNCER_DIR/pgbouncer.pid" ]; then
+    kill "$(cat "$SK_PGBOUNCER_DIR/pgbouncer.pid")" 2>/dev/null || true
+    sk_log "stopped the private PgBouncer"
+  fi
+  SK_PGBOUNCER_DIR=""
+}
+
+# Drops the test databases sqlx's test support recorded in DATABASE_URL's database and could not
+# drop itself (through PgBouncer a database is still in use for a few seconds after its test).
+sk_sweep_test_databases() {
+  local names name
+  names=$(psql "$DATABASE_URL" -Atqc \
+    "SELECT db_name FROM _sqlx_test.databases" 2>/dev/null) || return 0
+  for name in $names; do
+    psql "$DATABASE_URL" -qc "DROP DATABASE IF EXISTS \"$name\" WITH (FORCE)" >/dev/null 2>&1 \
+      && psql "$DATABASE_URL" -qc "DELETE FROM _sqlx_test.databases WHERE db_name = '$name'" >/dev/null 2>&1
+  done
+  [ -n "$names" ] && sk_log "dropped $(echo "$names" | wc -w) test databases left behind"
+  return 0
+}
+
 sk_services_up() {
   local candidate
   if [ -n "${DATABASE_URL:-}" ] && sk_pg_reachable "$DATABASE_URL"; then
@@ -249,6 +352,7 @@ sk_services_up() {
 }
 
 sk_services_down() {
+  sk_stop_pgbouncer
   sk_stop_redis_cluster
   if [ -n "$SK_PG_DIR" ] && [ -d "$SK_PG_DIR/data" ]; then
     sk_as_pg_user "$SK_PG_BINDIR/pg_ctl" -D "$SK_PG_DIR/data" -m fast -w stop >/dev/null 2>&1 || true

@@ -1,6 +1,7 @@
 //! Command-line interface: subcommands and the options they share.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use shardkeep::backend::postgres::PgPooler;
 
 /// shardkeep — durability for authoritative game servers.
 ///
@@ -583,6 +584,17 @@ pub(crate) struct PostgresArgs {
     /// Seconds to wait for a Postgres connection before giving up.
     #[arg(long, env = "SHARDKEEP_CONNECT_TIMEOUT", default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=300))]
     pub(crate) connect_timeout: u64,
+
+    /// What stands between shardkeep and Postgres: none (or session, a pooler in session mode)
+    /// or transaction (PgBouncer's pool_mode = transaction: no named statements kept, every
+    /// statement inside a transaction).
+    #[arg(long, env = "SHARDKEEP_PG_POOLER", default_value = "none", value_parser = parse_pooler)]
+    pub(crate) pg_pooler: PgPooler,
+}
+
+fn parse_pooler(raw: &str) -> Result<PgPooler, String> {
+    raw.parse()
+        .map_err(|e: shardkeep::backend::postgres::UnknownPooler| e.to_string())
 }
 
 /// Where Redis is, and the namespace of every key.

@@ -115,25 +115,51 @@ fn malformed_arguments_are_rejected_by_the_parser() {
     }
 }
 
+#[test]
+fn an_unknown_pooler_mode_is_refused_naming_the_setting() {
+    for bad in ["statement", "transactions", "1"] {
+        let out = shardkeep(
+            &["migrate"],
+            &[
+                ("DATABASE_URL", "postgres://x@127.0.0.1:1/x"),
+                ("SHARDKEEP_PG_POOLER", bad),
+            ],
+        );
+        assert_eq!(out.status.code(), Some(2), "{bad}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("none, session or transaction"),
+            "{bad}: {}",
+            stderr(&out)
+        );
+    }
+    let out = shardkeep(&["migrate", "--pg-pooler", "pgbouncer"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// The test database's URL for a `shardkeep` process of this pass (through PgBouncer in the
+/// PgBouncer pass), with [`POOLER`] the setting that goes with it.
 fn database_url_of(pool: &PgPool) -> String {
     let base = std::env::var("DATABASE_URL").expect("tests run with DATABASE_URL set");
-    let db = pool
-        .connect_options()
-        .get_database()
-        .expect("test database name")
-        .to_owned();
-    let (server, _) = base.rsplit_once('/').expect("url with a database");
-    format!("{server}/{db}")
+    let db = shardkeep_testkit::pgbouncer::database_of(pool);
+    let [(_, url), _] = shardkeep_testkit::pgbouncer::serve_database_env(&base, &db);
+    url
+}
+
+/// `SHARDKEEP_PG_POOLER` for this pass.
+const POOLER: &str = "SHARDKEEP_PG_POOLER";
+
+fn pooler() -> &'static str {
+    shardkeep_testkit::pgbouncer::pass_pooler().as_str()
 }
 
 #[sqlx::test(migrations = false)]
 async fn migrate_applies_then_reports_up_to_date(pool: PgPool) {
     let url = database_url_of(&pool);
-    let first = shardkeep(&["migrate"], &[("DATABASE_URL", &url)]);
+    let first = shardkeep(&["migrate"], &[("DATABASE_URL", &url), (POOLER, pooler())]);
     assert!(first.status.success(), "{}", stderr(&first));
     let stdout = String::from_utf8_lossy(&first.stdout);
     assert!(stdout.contains("applied 0001 characters"), "{stdout}");
-    let second = shardkeep(&["migrate"], &[("DATABASE_URL", &url)]);
+    let second = shardkeep(&["migrate"], &[("DATABASE_URL", &url), (POOLER, pooler())]);
     assert!(second.status.success());
     assert!(String::from_utf8_lossy(&second.stdout).contains("up to date"));
     let count: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations")
@@ -275,6 +301,7 @@ async fn serve_answers_the_cli_and_stops_gracefully_on_sigterm(pool: PgPool) {
             &namespace,
         ])
         .env("DATABASE_URL", &url)
+        .env(POOLER, pooler())
         .env("REDIS_URL", &redis)
         .env("SHARDKEEP_INTERNAL_KEYS", keys)
         .stdout(std::process::Stdio::piped())
@@ -493,6 +520,7 @@ async fn a_second_serve_with_a_consumer_id_in_use_is_refused(pool: PgPool) {
                 "serve-0",
             ])
             .env("DATABASE_URL", &url)
+            .env(POOLER, pooler())
             .env("REDIS_URL", &redis)
             .env("SHARDKEEP_INTERNAL_KEYS", "ops:0123456789abcdef0123")
             .stdout(std::process::Stdio::piped())

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use serde_json::json;
+use shardkeep::Ttl;
 use shardkeep::character::{CharacterStore, NewCharacter};
 use shardkeep::clock::SystemClock;
 use shardkeep::coord::ResumeLedgerRecord;
@@ -22,7 +23,6 @@ use shardkeep::queue::WorkQueueConfig;
 use shardkeep::retry::{
     IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
 };
-use shardkeep::{PostgresBackend, Ttl};
 use shardkeep_reference::game::ReferenceEffect;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -33,11 +33,12 @@ const REWARDS: usize = 300;
 /// Journal entries, one per character.
 const CLEANUPS: usize = 200;
 
+/// The test database's URL for `serve` in this pass (through PgBouncer in the PgBouncer pass).
 fn database_url_of(pool: &PgPool) -> String {
     let base = std::env::var("DATABASE_URL").expect("tests run with DATABASE_URL set");
-    let db = pool.connect_options().get_database().unwrap().to_owned();
-    let (server, _) = base.rsplit_once('/').unwrap();
-    format!("{server}/{db}")
+    let db = shardkeep_testkit::pgbouncer::database_of(pool);
+    let [(_, url), _] = shardkeep_testkit::pgbouncer::serve_database_env(&base, &db);
+    url
 }
 
 fn free_port() -> u16 {
@@ -62,6 +63,10 @@ impl Serve {
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--namespace", namespace])
             .env("DATABASE_URL", database_url)
+            .env(
+                "SHARDKEEP_PG_POOLER",
+                shardkeep_testkit::pgbouncer::pass_pooler().as_str(),
+            )
             .env("REDIS_URL", shardkeep_testkit::redis_url())
             .env("SHARDKEEP_INTERNAL_KEYS", KEYS)
             .env("RUST_LOG", "warn")
@@ -185,7 +190,7 @@ async fn three_serves_share_the_work_and_one_killed_mid_run_loses_nothing(pool: 
     let database_url = database_url_of(&pool);
     let redis = shardkeep_testkit::TestRedis::new().await;
     let namespace = redis.keys().namespace().to_owned();
-    let pg = PostgresBackend::from_pool(pool.clone());
+    let pg = shardkeep_testkit::pg(&pool);
     let store = CharacterStore::new(pg.clone());
     let rewarded = create(&store, REWARDS).await;
     let cleaned = create(&store, CLEANUPS).await;

@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use super::report::Invariant;
 use super::rewards::RewardLedger;
+use shardkeep::PostgresBackend;
 use shardkeep::backend::redis::ScanCursor;
 use shardkeep::character::ContentOrigin;
 use shardkeep::coord::Coordination;
@@ -55,7 +56,7 @@ fn view((id, version, state, epoch, mark, beyond_epochs, beyond): RowTuple) -> R
 
 /// Reads every character row, with the issue mark of its content and the sequenced job effects
 /// applied to it since (the bookkeeping beside the row).
-pub(super) async fn read_rows(pool: &sqlx::PgPool) -> Result<Vec<RowView>, sqlx::Error> {
+pub(super) async fn read_rows(pg: &PostgresBackend) -> Result<Vec<RowView>, sqlx::Error> {
     let rows: Vec<RowTuple> = sqlx::query_as(
         "SELECT c.id, c.state_version, c.state, c.live_issue_epoch, c.live_issue_mark,
                 COALESCE(b.epochs, '{}'), COALESCE(b.seqs, '{}')
@@ -69,18 +70,18 @@ pub(super) async fn read_rows(pool: &sqlx::PgPool) -> Result<Vec<RowView>, sqlx:
                        OR (e.owner_epoch = c.live_issue_epoch AND e.issue_seq > c.live_issue_mark))
            ) b ON true",
     )
-    .fetch_all(pool)
+    .fetch_all(pg.exec())
     .await?;
     Ok(rows.into_iter().map(view).collect())
 }
 
 /// The item-load ledger: (item, character) → the highest epoch that loaded holding it.
 pub(super) async fn read_item_loads(
-    pool: &sqlx::PgPool,
+    pg: &PostgresBackend,
 ) -> Result<HashMap<(Uuid, Uuid), i64>, sqlx::Error> {
     let rows: Vec<(Uuid, Uuid, i64)> =
         sqlx::query_as("SELECT item_id, character_id, loaded_epoch FROM item_loads")
-            .fetch_all(pool)
+            .fetch_all(pg.exec())
             .await?;
     Ok(rows
         .into_iter()

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use sqlx::migrate::MigrateDatabase;
+use shardkeep::backend::postgres::PgPooler;
 
 use super::SimError;
 use shardkeep::audit::AuditStore;
@@ -29,9 +29,8 @@ use shardkeep_testkit::faults::{FaultProxy, ProxySet};
 pub(super) struct SimEnv {
     pub(super) db_url: String,
     pub(super) keys: Keyspace,
-    /// Direct connections (the checker, set-up), never faulted: the simulator's own pool and
-    /// Redis connection for what it reads raw, and the same pool as a backend for the stores.
-    pub(super) pool_direct: sqlx::PgPool,
+    /// Direct connections (the checker, set-up), never faulted: the simulator's own Redis
+    /// connection for what it reads raw, and its own pool as a backend.
     pub(super) redis_conn: shardkeep::backend::redis::RedisConn,
     pub(super) pg_direct: PostgresBackend,
     pub(super) redis_direct: RedisBackend,
@@ -63,6 +62,7 @@ fn addr_of(host: &str, port: u16) -> Result<SocketAddr, SimError> {
 impl SimEnv {
     pub(super) async fn setup(
         database_url: &str,
+        pooler: PgPooler,
         redis_url: &str,
         run: &str,
         signal_depth: usize,
@@ -70,16 +70,19 @@ impl SimEnv {
         let setup = |e: &dyn std::fmt::Display| SimError::Setup(e.to_string());
         let (server, _) = database_url.rsplit_once('/').unwrap_or((database_url, ""));
         let db_url = format!("{server}/shardkeep_sim_{run}");
-        sqlx::Postgres::create_database(&db_url)
+        PostgresBackend::create_database_if_missing("DATABASE_URL", &db_url)
             .await
             .map_err(|e| setup(&e))?;
+        let options: sqlx::postgres::PgConnectOptions =
+            db_url.parse().map_err(|e: sqlx::Error| setup(&e))?;
+        let options = PostgresBackend::options_for(options, pooler);
         let pool_direct = sqlx::postgres::PgPoolOptions::new()
             .max_connections(8)
             .acquire_timeout(Duration::from_secs(5))
-            .connect(&db_url)
+            .connect_with(options.clone())
             .await
             .map_err(|e| setup(&e))?;
-        let pg_direct = PostgresBackend::from_pool(pool_direct.clone());
+        let pg_direct = PostgresBackend::from_pool_through(pool_direct, pooler);
         pg_direct.migrate().await.map_err(|e| setup(&e))?;
         let keys = Keyspace::new(&format!("sim-{run}")).map_err(|e| setup(&e))?;
         let redis_direct = RedisBackend::connect(
@@ -91,8 +94,6 @@ impl SimEnv {
         .await
         .map_err(|e| setup(&e))?;
 
-        let options: sqlx::postgres::PgConnectOptions =
-            db_url.parse().map_err(|e: sqlx::Error| setup(&e))?;
         let pg_proxy = FaultProxy::start(addr_of(options.get_host(), options.get_port())?)
             .await
             .map_err(|e| setup(&e))?;
@@ -103,7 +104,7 @@ impl SimEnv {
             .connect_with(proxied)
             .await
             .map_err(|e| setup(&e))?;
-        let pg = PostgresBackend::from_pool(pool);
+        let pg = PostgresBackend::from_pool_through(pool, pooler);
 
         let redis_conn = redis_direct.conn();
         let timeouts = RedisTimeouts {
@@ -136,7 +137,6 @@ impl SimEnv {
         Ok(Self {
             db_url,
             keys,
-            pool_direct,
             redis_conn,
             pg_direct,
             redis_direct,
@@ -174,7 +174,7 @@ impl SimEnv {
         }
         self.pg.close().await;
         self.pg_direct.close().await;
-        let _ = sqlx::Postgres::force_drop_database(&self.db_url).await;
+        let _ = PostgresBackend::drop_database_if_exists("DATABASE_URL", &self.db_url).await;
         self.redis_direct.purge_namespace().await;
     }
 }

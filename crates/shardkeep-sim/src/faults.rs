@@ -213,7 +213,7 @@ async fn outage(world: &World, proxy: &impl ProxyControl, length: Duration) {
 /// straight into the stores (the way a bad deploy or a corrupted write would).
 async fn plant_poison(world: &World) {
     let character: Option<Uuid> = sqlx::query_scalar("SELECT id FROM characters LIMIT 1")
-        .fetch_optional(&world.env.pool_direct)
+        .fetch_optional(world.env.pg_direct.exec())
         .await
         .ok()
         .flatten();
@@ -229,7 +229,7 @@ async fn plant_poison(world: &World) {
             .bind(character)
             .bind(serde_json::json!({ "kind": "combat_rewards", "experience": "a lot" }))
             .bind(format!("poison:{}:{n}", Uuid::now_v7()))
-            .execute(&world.env.pool_direct)
+            .execute(world.env.pg_direct.exec())
             .await;
             if planted.is_ok() {
                 bump(&world.counters.poison_planted);

@@ -213,6 +213,8 @@ pub struct SimConfig {
     pub flush_pulses: u64,
     /// Keep the scratch database and keys after the run.
     pub keep: bool,
+    /// What stands between the run and Postgres.
+    pub pg_pooler: shardkeep::backend::postgres::PgPooler,
 }
 
 impl Default for SimConfig {
@@ -228,6 +230,7 @@ impl Default for SimConfig {
             checkpoint_pulses: 20,
             flush_pulses: 60,
             keep: false,
+            pg_pooler: shardkeep::backend::postgres::PgPooler::None,
         }
     }
 }

@@ -12,6 +12,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::report::Invariant;
+use shardkeep::PostgresBackend;
 use shardkeep::coord::{Coordination, SessionOrder};
 
 /// One session event: a session started, or a cleanup appended to the journal.
@@ -83,14 +84,14 @@ impl OrderObserved {
 
 /// One scan: every row's cleanup location order, and every character's mark.
 pub(super) async fn scan(
-    pool: &sqlx::PgPool,
+    pg: &PostgresBackend,
     coord: &Coordination,
     conn: &shardkeep::backend::redis::RedisConn,
     observed: &std::sync::Mutex<OrderObserved>,
 ) {
     let rows: Result<Vec<LocationOrderRow>, _> =
         sqlx::query_as("SELECT id, journal_location_epoch, journal_location_at FROM characters")
-            .fetch_all(pool)
+            .fetch_all(pg.exec())
             .await;
     let Ok(rows) = rows else {
         return;

@@ -63,7 +63,14 @@ pub async fn run(
         ..SimProgress::default()
     });
     let run_id = Uuid::now_v7().simple().to_string()[20..].to_owned();
-    let env = SimEnv::setup(database_url, redis_url, &run_id, SIGNAL_DEPTH).await?;
+    let env = SimEnv::setup(
+        database_url,
+        config.pg_pooler,
+        redis_url,
+        &run_id,
+        SIGNAL_DEPTH,
+    )
+    .await?;
     let keep = config.keep;
     let world = match prepare(config, env).await {
         Ok(world) => world,
@@ -217,7 +224,7 @@ async fn play(
     injector.abort();
     scanner.abort();
     report_progress("check");
-    let rows = checks::read_rows(&world.env.pool_direct)
+    let rows = checks::read_rows(&world.env.pg_direct)
         .await
         .unwrap_or_default();
     let observed = {
@@ -233,7 +240,7 @@ async fn play(
         CoordinationConfig::default(),
     );
     order_checks::scan(
-        &world.env.pool_direct,
+        &world.env.pg_direct,
         &direct,
         &world.env.redis_conn,
         &order_observed,
@@ -260,7 +267,7 @@ async fn play(
     let rewards = world
         .with_ledger(|l| std::mem::take(&mut l.rewards))
         .unwrap_or_default();
-    let item_loads = checks::read_item_loads(&world.env.pool_direct)
+    let item_loads = checks::read_item_loads(&world.env.pg_direct)
         .await
         .unwrap_or_default();
     let end = EndState {
@@ -308,7 +315,7 @@ async fn play(
     // A claim settles the jobs still queued for the character it claims, dead-lettering what
     // cannot apply, outside any worker's counters: the table holds them all.
     let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM persistence_job_dead_letters")
-        .fetch_one(&world.env.pool_direct)
+        .fetch_one(world.env.pg_direct.exec())
         .await
         .unwrap_or(0);
     report.retry.dead_lettered = report
@@ -336,13 +343,13 @@ fn spawn_scanner(
                 () = world.halt.cancelled() => return,
                 () = tokio::time::sleep(SCAN_INTERVAL) => {}
             }
-            if let Ok(rows) = checks::read_rows(&world.env.pool_direct).await
+            if let Ok(rows) = checks::read_rows(&world.env.pg_direct).await
                 && let Ok(mut observed) = observed.lock()
             {
                 observed.record(&rows);
             }
             order_checks::scan(
-                &world.env.pool_direct,
+                &world.env.pg_direct,
                 &coord,
                 &world.env.redis_conn,
                 &order_observed,
@@ -354,7 +361,7 @@ fn spawn_scanner(
 
 async fn retry_depth(world: &World) -> u64 {
     sqlx::query_scalar::<_, i64>("SELECT count(*) FROM persistence_retry_jobs")
-        .fetch_one(&world.env.pool_direct)
+        .fetch_one(world.env.pg_direct.exec())
         .await
         .map_or(0, |n| n.max(0) as u64)
 }
@@ -430,10 +437,10 @@ async fn settle(world: &Arc<World>, journal: Option<&SessionJournal>) -> Settled
         world.in_transit.load(Ordering::Relaxed) == 0
     })
     .await;
-    let pool = world.env.pool_direct.clone();
+    let pg = world.env.pg_direct.clone();
     wait_until(SETTLE_BOUND, async || {
         let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM persistence_retry_jobs")
-            .fetch_one(&pool)
+            .fetch_one(pg.exec())
             .await
             .unwrap_or(1);
         pending == 0 && journal_depth(journal).await == 0
@@ -454,10 +461,10 @@ async fn settle(world: &Arc<World>, journal: Option<&SessionJournal>) -> Settled
         .await
         .unwrap_or((usize::MAX, usize::MAX));
     let count = |sql: &'static str| {
-        let pool = pool.clone();
+        let pg = pg.clone();
         async move {
             sqlx::query_scalar::<_, i64>(sql)
-                .fetch_one(&pool)
+                .fetch_one(pg.exec())
                 .await
                 .unwrap_or(-1)
         }

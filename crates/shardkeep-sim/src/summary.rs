@@ -16,7 +16,7 @@ use shardkeep::retry::RetryStats;
 pub(super) async fn audit_counts(world: &World) -> BTreeMap<String, u64> {
     let rows: Vec<(String, i64)> =
         sqlx::query_as("SELECT event_kind, count(*) FROM character_audit GROUP BY event_kind")
-            .fetch_all(&world.env.pool_direct)
+            .fetch_all(world.env.pg_direct.exec())
             .await
             .unwrap_or_default();
     rows.into_iter()
@@ -28,7 +28,7 @@ pub(super) async fn transfer_audit(world: &World) -> HashSet<(Uuid, Uuid)> {
     let rows: Vec<(Uuid, Option<String>)> = sqlx::query_as(
         "SELECT subject_id, payload->>'item_id' FROM character_audit WHERE event_kind = 'item_transferred'",
     )
-    .fetch_all(&world.env.pool_direct)
+    .fetch_all(world.env.pg_direct.exec())
     .await
     .unwrap_or_default();
     rows.into_iter()

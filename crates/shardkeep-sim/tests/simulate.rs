@@ -10,7 +10,11 @@ use shardkeep_sim::{self as sim, FaultSet, SimConfig};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_run_with_every_fault_keeps_every_invariant() {
     let database_url = std::env::var("DATABASE_URL").unwrap();
+    // In the PgBouncer pass the run reaches Postgres through PgBouncer in transaction mode.
+    let [(_, run_url), _] =
+        shardkeep_testkit::pgbouncer::serve_database_env(&database_url, "postgres");
     let config = SimConfig {
+        pg_pooler: shardkeep_testkit::pgbouncer::pass_pooler(),
         duration: Duration::from_secs(12),
         players: 120,
         shards: 3,
@@ -18,14 +22,9 @@ async fn a_short_run_with_every_fault_keeps_every_invariant() {
         faults: FaultSet::all(),
         ..SimConfig::default()
     };
-    let report = sim::run(
-        config,
-        &database_url,
-        &shardkeep_testkit::redis_url(),
-        |_| {},
-    )
-    .await
-    .unwrap();
+    let report = sim::run(config, &run_url, &shardkeep_testkit::redis_url(), |_| {})
+        .await
+        .unwrap();
     let failed: Vec<_> = report.invariants.iter().filter(|i| !i.holds).collect();
     assert!(report.passed, "{report}\n{failed:?}");
     assert_eq!(report.invariants.len(), 7);

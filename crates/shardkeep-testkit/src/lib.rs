@@ -17,6 +17,9 @@ pub mod cluster;
 pub mod faults;
 pub mod fixtures;
 pub mod model;
+pub mod pgbouncer;
+
+pub use pgbouncer::pg;
 
 use shardkeep::backend::redis::{RedisConn, RedisTimeouts, ScanCursor};
 use shardkeep::{Coordination, CoordinationConfig, Keyspace, RedisBackend};

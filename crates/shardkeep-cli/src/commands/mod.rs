@@ -41,11 +41,12 @@ pub(crate) async fn connect_postgres(
     max_connections: u32,
 ) -> anyhow::Result<PostgresBackend> {
     let url = database_url(args)?;
-    Ok(PostgresBackend::connect(
+    Ok(PostgresBackend::connect_through(
         "DATABASE_URL",
         url,
         max_connections,
         Duration::from_secs(args.connect_timeout),
+        args.pg_pooler,
     )
     .await?)
 }

@@ -31,6 +31,7 @@ pub(crate) async fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
         seed: args.seed,
         faults: args.faults.clone(),
         keep: args.keep,
+        pg_pooler: args.postgres.pg_pooler,
         ..SimConfig::default()
     };
     eprintln!(

@@ -1,8 +1,8 @@
 use reqwest::Method;
 use serde_json::{Value, json};
+use shardkeep::Ttl;
 use shardkeep::audit::{AccountStore, AuditEvent, AuditStore, Tier};
 use shardkeep::character::NewCharacter;
-use shardkeep::{PostgresBackend, Ttl};
 use shardkeep_ops::client::ClientError;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -285,7 +285,7 @@ async fn admin_cleanup_targets_dry_runs_and_deletes(pool: PgPool) {
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn audit_views_over_http(pool: PgPool) {
     let app = spawn_app(pool.clone()).await;
-    let accounts = AccountStore::new(PostgresBackend::from_pool(pool.clone()));
+    let accounts = AccountStore::new(shardkeep_testkit::pg(&pool));
     let account = Uuid::now_v7();
     accounts
         .create_account(account, Tier::Player)
@@ -308,7 +308,7 @@ async fn audit_views_over_http(pool: PgPool) {
         )
         .await
         .unwrap();
-    AuditStore::new(PostgresBackend::from_pool(pool.clone()))
+    AuditStore::new(shardkeep_testkit::pg(&pool))
         .record(&[AuditEvent::track(character, "smithing", 1)])
         .await
         .unwrap();

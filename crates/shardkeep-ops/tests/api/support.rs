@@ -5,7 +5,6 @@ use std::sync::{Arc, OnceLock};
 use chrono::Utc;
 use reqwest::Method;
 use serde_json::Value;
-use shardkeep::PostgresBackend;
 use shardkeep::audit::{AuditReader, AuditStore, StaffReadLimit};
 use shardkeep::clock::SystemClock;
 use shardkeep::journal::SessionJournal;
@@ -69,7 +68,7 @@ pub(crate) async fn serve(state: AppState) -> String {
 
 pub(crate) async fn spawn_app_with(pool: PgPool, settings: ApiSettings) -> TestApp {
     let redis = TestRedis::new().await;
-    let pg = PostgresBackend::from_pool(pool.clone());
+    let pg = shardkeep_testkit::pg(&pool);
     let (retry, signals) = RetryQueue::new(pg.clone(), 64, Arc::new(SystemClock));
     let journal = SessionJournal::new(
         redis.backend(),

@@ -1,7 +1,6 @@
 use std::time::Duration;
 
 use serde_json::json;
-use shardkeep::PostgresBackend;
 use shardkeep::audit::{
     AccountStore, AuditEvent, AuditReadError, AuditReader, AuditStore, Auditor, AuditorConfig,
     StaffReadLimit, Tier, Viewer,
@@ -16,7 +15,7 @@ use uuid::Uuid;
 use crate::support::{Stores, boot, login};
 
 fn store(pool: &PgPool) -> AuditStore {
-    AuditStore::new(PostgresBackend::from_pool(pool.clone()))
+    AuditStore::new(shardkeep_testkit::pg(pool))
 }
 
 async fn kinds(pool: &PgPool, subject: Uuid) -> Vec<String> {
@@ -200,7 +199,7 @@ async fn account_with_character(accounts: &AccountStore, name: &str) -> (Uuid, U
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn account_changes_are_recorded_in_the_same_transaction(pool: PgPool) {
-    let accounts = AccountStore::new(PostgresBackend::from_pool(pool.clone()));
+    let accounts = AccountStore::new(shardkeep_testkit::pg(&pool));
     let (account, character) = account_with_character(&accounts, "Aria").await;
     assert_eq!(kinds(&pool, account).await, vec!["created"]);
     assert_eq!(kinds(&pool, character).await, vec!["created"]);
@@ -262,7 +261,7 @@ async fn account_changes_are_recorded_in_the_same_transaction(pool: PgPool) {
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn the_staff_view_folds_in_only_the_owning_accounts_tier_changes(pool: PgPool) {
-    let accounts = AccountStore::new(PostgresBackend::from_pool(pool.clone()));
+    let accounts = AccountStore::new(shardkeep_testkit::pg(&pool));
     let (a, a_char) = account_with_character(&accounts, "Aria").await;
     let (b, _) = account_with_character(&accounts, "Bran").await;
     accounts
@@ -308,8 +307,9 @@ async fn the_staff_view_folds_in_only_the_owning_accounts_tier_changes(pool: PgP
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn non_staff_are_refused_before_any_store_call(pool: PgPool) {
-    let closed = store(&pool);
-    pool.close().await;
+    let pg = shardkeep_testkit::pg(&pool);
+    let closed = AuditStore::new(pg.clone());
+    pg.close().await;
     let reader = AuditReader::new(closed, StaffReadLimit::default());
     let player = Viewer {
         account_id: Uuid::now_v7(),
@@ -332,7 +332,7 @@ async fn non_staff_are_refused_before_any_store_call(pool: PgPool) {
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn staff_reads_are_rate_limited(pool: PgPool) {
-    let accounts = AccountStore::new(PostgresBackend::from_pool(pool.clone()));
+    let accounts = AccountStore::new(shardkeep_testkit::pg(&pool));
     account_with_character(&accounts, "Aria").await;
     let reader = AuditReader::new(
         store(&pool),

@@ -23,7 +23,7 @@ use sqlx::PgPool;
 use shardkeep_testkit::fixtures::created;
 
 fn pg(pool: &PgPool) -> PostgresBackend {
-    PostgresBackend::from_pool(pool.clone())
+    shardkeep_testkit::pg(pool)
 }
 
 fn appearance_job(

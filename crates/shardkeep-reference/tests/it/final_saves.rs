@@ -24,7 +24,7 @@ fn config() -> ShardConfig {
 /// were superseded.
 async fn run_retry_worker(pool: &PgPool) -> (usize, u64) {
     use shardkeep::retry::{RetryQueue, RetryStats, RetryWorker, RetryWorkerConfig};
-    let pg = shardkeep::PostgresBackend::from_pool(pool.clone());
+    let pg = shardkeep_testkit::pg(pool);
     let clock = std::sync::Arc::new(shardkeep::clock::SystemClock);
     let (_, signals) = RetryQueue::new(pg.clone(), 4, clock.clone());
     let mut worker = RetryWorker::new(

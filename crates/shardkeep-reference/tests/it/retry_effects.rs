@@ -15,7 +15,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 fn pg(pool: &PgPool) -> PostgresBackend {
-    PostgresBackend::from_pool(pool.clone())
+    shardkeep_testkit::pg(pool)
 }
 
 fn config(owner: &str) -> RetryWorkerConfig {

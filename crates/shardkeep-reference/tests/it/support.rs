@@ -33,7 +33,7 @@ impl Stores {
     /// server builds them (the tests drive the workers themselves when they need them).
     pub(crate) fn new(pool: &PgPool, redis: RedisBackend) -> Self {
         let services = Services::build(
-            PostgresBackend::from_pool(pool.clone()),
+            shardkeep_testkit::pg(pool),
             redis,
             ReferenceModel::handle(),
             ServicesConfig::new("it-shard", "game_server"),

@@ -57,7 +57,7 @@ impl AccountStore {
 
     /// Creates an account and its `created` audit row, together.
     pub async fn create_account(&self, account_id: Uuid, tier: Tier) -> Result<(), StoreError> {
-        let mut tx = self.pg.pool().begin().await?;
+        let mut tx = self.pg.begin().await?;
         sqlx::query("INSERT INTO accounts (id, tier) VALUES ($1, $2)")
             .bind(account_id)
             .bind(tier.as_str())
@@ -80,7 +80,7 @@ impl AccountStore {
         new: &NewCharacter,
         actor_id: Option<Uuid>,
     ) -> Result<(), StoreError> {
-        let mut tx = self.pg.pool().begin().await?;
+        let mut tx = self.pg.begin().await?;
         CharacterStore::create_in(&mut tx, new).await?;
         let event = AuditEvent::created(
             SubjectType::Character,
@@ -101,7 +101,7 @@ impl AccountStore {
         to: Tier,
         actor_id: Option<Uuid>,
     ) -> Result<Uuid, StoreError> {
-        let mut tx = self.pg.pool().begin().await?;
+        let mut tx = self.pg.begin().await?;
         let from: Option<String> =
             sqlx::query_scalar("SELECT tier FROM accounts WHERE id = $1 FOR UPDATE")
                 .bind(account_id)

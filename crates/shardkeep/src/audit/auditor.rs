@@ -94,8 +94,10 @@ impl BatchHandler<AuditEvent> for AuditWorker {
         self.counters.batches.fetch_add(1, Ordering::Relaxed);
         metrics::histogram!(telemetry::AUDIT_BATCH_SIZE).record(batch.len() as f64);
         let attempt = async {
-            let mut conn = self.store.pg().pool().acquire().await?;
-            insert_many(&mut conn, &batch).await
+            let mut conn = self.store.pg().session().await?;
+            let inserted = insert_many(&mut conn, &batch).await?;
+            conn.finish().await?;
+            Ok::<_, sqlx::Error>(inserted)
         };
         match tokio::time::timeout_at(deadline, attempt).await {
             Ok(Ok(inserted)) => self.count(inserted, batch.len() as u64, 0),
@@ -126,8 +128,10 @@ impl AuditWorker {
     async fn row_by_row(&self, batch: &[AuditEvent], deadline: Instant) {
         for (i, event) in batch.iter().enumerate() {
             let one = async {
-                let mut conn = self.store.pg().pool().acquire().await?;
-                insert_many(&mut conn, std::slice::from_ref(event)).await
+                let mut conn = self.store.pg().session().await?;
+                let inserted = insert_many(&mut conn, std::slice::from_ref(event)).await?;
+                conn.finish().await?;
+                Ok::<_, sqlx::Error>(inserted)
             };
             match tokio::time::timeout_at(deadline, one).await {
                 Ok(Ok(inserted)) => self.count(inserted, 1, 0),

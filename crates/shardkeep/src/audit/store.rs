@@ -105,8 +105,10 @@ impl AuditStore {
 
     /// Records `events` in one round trip; returns how many were new.
     pub async fn record(&self, events: &[AuditEvent]) -> Result<u64, sqlx::Error> {
-        let mut conn = self.pg.pool().acquire().await?;
-        insert_many(&mut conn, events).await
+        let mut conn = self.pg.session().await?;
+        let inserted = insert_many(&mut conn, events).await?;
+        conn.finish().await?;
+        Ok(inserted)
     }
 
     /// A character's own trail, by its stable id (never by name).
@@ -129,7 +131,7 @@ impl AuditStore {
             .bind(before.map(|c| c.at))
             .bind(before.map_or(0, |c| c.seq))
             .bind(limit)
-            .fetch_all(self.pg.pool())
+            .fetch_all(self.pg.exec())
             .await?;
         Ok(page(rows, limit))
     }
@@ -158,7 +160,7 @@ impl AuditStore {
             .bind(before.map(|c| c.at))
             .bind(before.map_or(0, |c| c.seq))
             .bind(limit)
-            .fetch_all(self.pg.pool())
+            .fetch_all(self.pg.exec())
             .await?;
         Ok(page(rows, limit))
     }
@@ -170,7 +172,7 @@ impl AuditStore {
     ) -> Result<Option<(Uuid, Uuid)>, sqlx::Error> {
         sqlx::query_as("SELECT id, account_id FROM characters WHERE lower(name) = lower(btrim($1))")
             .bind(name)
-            .fetch_optional(self.pg.pool())
+            .fetch_optional(self.pg.exec())
             .await
     }
 

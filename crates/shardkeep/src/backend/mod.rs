@@ -2,6 +2,7 @@
 //! connection type; everything else holds the handles built on top of these.
 
 pub mod cluster_link;
+mod pg_exec;
 pub mod postgres;
 pub mod redis;
 mod redis_conn;

@@ -6,8 +6,10 @@ use std::str::FromStr;
 
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection, PgPool};
+use sqlx::{ConnectOptions, Connection, Executor, PgPool, Postgres, Transaction};
 
+use super::pg_exec::{self, PINNED_BEGIN};
+pub use super::pg_exec::{PgExec, PgPooler, PgSession, UnknownPooler};
 use super::{ConnectError, one_line, redact_url};
 
 /// The SQL migrations, embedded in the binary.
@@ -17,6 +19,7 @@ pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
 #[derive(Debug, Clone)]
 pub struct PostgresBackend {
     pool: PgPool,
+    pooler: PgPooler,
 }
 
 /// One migration that [`PostgresBackend::migrate`] applied.
@@ -47,6 +50,9 @@ pub(crate) fn connection_lost(err: &sqlx::Error) -> bool {
     }
 }
 
+/// The key of the transaction-scoped advisory lock migrations take through a pooler.
+const MIGRATION_LOCK: i64 = 0x7368_6172_646b_6565; // "shardkee"
+
 /// A pooled connection idle longer than this is checked with a round trip before it is handed
 /// out; one used more recently is handed out as it is.
 pub const PING_AFTER_IDLE: Duration = Duration::from_secs(2);
@@ -71,6 +77,17 @@ impl PostgresBackend {
             })
     }
 
+    /// `options` adjusted for `pooler`: through a transaction-mode pooler no statement cache
+    /// (a cached statement lives on one server only) and no `extra_float_digits` startup
+    /// parameter (PgBouncer refuses startup parameters it does not track).
+    pub fn options_for(options: PgConnectOptions, pooler: PgPooler) -> PgConnectOptions {
+        if pooler.pins_transactions() {
+            options.statement_cache_capacity(0).extra_float_digits(None)
+        } else {
+            options
+        }
+    }
+
     /// Connects to `url` (named by `setting` in errors), failing within `timeout`.
     pub async fn connect(
         setting: &'static str,
@@ -78,12 +95,24 @@ impl PostgresBackend {
         max_connections: u32,
         timeout: Duration,
     ) -> Result<Self, ConnectError> {
+        Self::connect_through(setting, url, max_connections, timeout, PgPooler::None).await
+    }
+
+    /// Connects to `url` with `pooler` between shardkeep and Postgres (see [`PgPooler`]).
+    pub async fn connect_through(
+        setting: &'static str,
+        url: &str,
+        max_connections: u32,
+        timeout: Duration,
+        pooler: PgPooler,
+    ) -> Result<Self, ConnectError> {
         let fail = |reason: String| ConnectError {
             setting,
             target: redact_url(url),
             reason,
         };
         let options = PgConnectOptions::from_str(url).map_err(|e| fail(one_line(&e)))?;
+        let options = Self::options_for(options, pooler);
         // One direct connection first, so an unreachable server reports its real cause
         // (refused, unknown host, bad password) rather than a pool timeout.
         let probe = tokio::time::timeout(timeout, options.connect())
@@ -96,46 +125,152 @@ impl PostgresBackend {
             .connect_with(options)
             .await
             .map_err(|e| fail(one_line(&e)))?;
-        Ok(Self { pool })
+        Ok(Self { pool, pooler })
     }
 
     /// Creates the database named in `url` when it does not exist; true when it created it.
+    /// Works through a transaction-mode pooler too: the check runs in its own transaction on
+    /// the server's `postgres` database and the creation is one plain statement.
     pub async fn create_database_if_missing(
         setting: &'static str,
         url: &str,
     ) -> Result<bool, ConnectError> {
-        use sqlx::migrate::MigrateDatabase;
         let fail = |reason: String| ConnectError {
             setting,
             target: redact_url(url),
             reason,
         };
-        if sqlx::Postgres::database_exists(url)
-            .await
-            .map_err(|e| fail(one_line(&e)))?
-        {
-            return Ok(false);
-        }
-        sqlx::Postgres::create_database(url)
+        let options = PgConnectOptions::from_str(url).map_err(|e| fail(one_line(&e)))?;
+        let name = options
+            .get_database()
+            .filter(|name| !name.is_empty())
+            .ok_or_else(|| fail("the URL names no database".into()))?
+            .to_owned();
+        let maintenance = Self::options_for(options.database("postgres"), PgPooler::Transaction);
+        let mut conn = maintenance
+            .connect()
             .await
             .map_err(|e| fail(one_line(&e)))?;
-        Ok(true)
+        let exists = async {
+            let mut tx = conn.begin_with(PINNED_BEGIN).await?;
+            let exists: bool =
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+                    .bind(&name)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::Error>(exists)
+        }
+        .await
+        .map_err(|e| fail(one_line(&e)))?;
+        if !exists {
+            let create = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
+            conn.execute(sqlx::AssertSqlSafe(create))
+                .await
+                .map_err(|e| fail(one_line(&e)))?;
+        }
+        conn.close().await.map_err(|e| fail(one_line(&e)))?;
+        Ok(!exists)
     }
 
-    /// Wraps an existing pool (tests get one per fresh database).
+    /// Drops the database named in `url` when it exists, ending its sessions first (Postgres
+    /// 13 and later); plain statements only, so a transaction-mode pooler passes them.
+    pub async fn drop_database_if_exists(
+        setting: &'static str,
+        url: &str,
+    ) -> Result<(), ConnectError> {
+        let fail = |reason: String| ConnectError {
+            setting,
+            target: redact_url(url),
+            reason,
+        };
+        let options = PgConnectOptions::from_str(url).map_err(|e| fail(one_line(&e)))?;
+        let name = options
+            .get_database()
+            .filter(|name| !name.is_empty())
+            .ok_or_else(|| fail("the URL names no database".into()))?
+            .to_owned();
+        let maintenance = Self::options_for(options.database("postgres"), PgPooler::Transaction);
+        let mut conn = maintenance
+            .connect()
+            .await
+            .map_err(|e| fail(one_line(&e)))?;
+        let drop = format!(
+            "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+            name.replace('"', "\"\"")
+        );
+        conn.execute(sqlx::AssertSqlSafe(drop))
+            .await
+            .map_err(|e| fail(one_line(&e)))?;
+        conn.close().await.map_err(|e| fail(one_line(&e)))?;
+        Ok(())
+    }
+
+    /// Wraps an existing pool that reaches Postgres with no pooler between (tests get one per
+    /// fresh database).
     pub fn from_pool(pool: PgPool) -> Self {
-        Self { pool }
+        Self::from_pool_through(pool, PgPooler::None)
     }
 
-    /// The pool, for store adapters inside this crate.
-    pub(crate) fn pool(&self) -> &PgPool {
-        &self.pool
+    /// Wraps an existing pool that reaches Postgres through `pooler`; its connect options should
+    /// come from [`PostgresBackend::options_for`].
+    pub fn from_pool_through(pool: PgPool, pooler: PgPooler) -> Self {
+        Self { pool, pooler }
+    }
+
+    /// What stands between this pool and Postgres.
+    pub fn pooler(&self) -> PgPooler {
+        self.pooler
+    }
+
+    /// An executor for one statement at a time, safe for the pooler (see [`PgExec`]).
+    pub fn exec(&self) -> PgExec<'_> {
+        PgExec {
+            pool: &self.pool,
+            pooler: self.pooler,
+        }
+    }
+
+    /// Opens a transaction, the way the pooler needs.
+    pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        pg_exec::begin(&self.pool, self.pooler).await
+    }
+
+    /// A connection for a few statements in a row (see [`PgSession`]).
+    pub async fn session(&self) -> Result<PgSession, sqlx::Error> {
+        PgSession::open(&self.pool, self.pooler).await
+    }
+
+    /// The pool's size now and its idle connections.
+    pub fn pool_size(&self) -> (u32, usize) {
+        (self.pool.size(), self.pool.num_idle())
     }
 
     /// Applies every embedded migration not yet applied, returning the ones it applied.
+    ///
+    /// All of them run inside one transaction (each in a savepoint of it) holding a
+    /// transaction-scoped advisory lock: concurrent migrators wait for each other, the one that
+    /// waited finds the work done and reports nothing applied, and a failed migration leaves
+    /// the schema as it was. Through a transaction-mode pooler the one transaction also keeps
+    /// every statement on one server, where sqlx's session-scoped lock would be left held on
+    /// whichever server took it.
     pub async fn migrate(&self) -> Result<Vec<AppliedMigration>, sqlx::migrate::MigrateError> {
-        let before = self.applied_versions().await?;
-        MIGRATOR.run(&self.pool).await?;
+        let migrator = Migrator {
+            migrations: MIGRATOR.migrations.clone(),
+            ignore_missing: MIGRATOR.ignore_missing,
+            locking: false,
+            no_tx: MIGRATOR.no_tx,
+            table_name: MIGRATOR.table_name.clone(),
+            create_schemas: MIGRATOR.create_schemas.clone(),
+        };
+        let mut tx = self.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(MIGRATION_LOCK)
+            .execute(&mut *tx)
+            .await?;
+        let before = applied_versions(&mut tx).await?;
+        migrator.run_direct(None, &mut *tx, false).await?;
+        tx.commit().await?;
         Ok(MIGRATOR
             .iter()
             .filter(|m| !m.migration_type.is_down_migration() && !before.contains(&m.version))
@@ -156,21 +291,16 @@ impl PostgresBackend {
     }
 
     async fn applied_versions(&self) -> Result<Vec<i64>, sqlx::Error> {
-        let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
-            .fetch_one(&self.pool)
-            .await?;
-        if !exists {
-            return Ok(Vec::new());
-        }
-        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
-            .fetch_all(&self.pool)
-            .await
+        let mut conn = self.session().await?;
+        let versions = applied_versions(&mut conn).await?;
+        conn.finish().await?;
+        Ok(versions)
     }
 
     /// Checks that a connection can be acquired and answer a query.
     pub async fn ping(&self) -> Result<(), sqlx::Error> {
         sqlx::query("SELECT 1")
-            .execute(&self.pool)
+            .execute(self.exec())
             .await
             .map(|_| ())
     }
@@ -179,6 +309,19 @@ impl PostgresBackend {
     pub async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// The versions `_sqlx_migrations` records as applied (none before the first migration).
+async fn applied_versions(conn: &mut sqlx::PgConnection) -> Result<Vec<i64>, sqlx::Error> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+        .fetch_one(&mut *conn)
+        .await?;
+    if !exists {
+        return Ok(Vec::new());
+    }
+    sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+        .fetch_all(&mut *conn)
+        .await
 }
 
 #[cfg(test)]

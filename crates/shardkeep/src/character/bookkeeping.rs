@@ -100,13 +100,13 @@ impl Bookkeeping {
         let effects = sqlx::query(PRUNE_EFFECTS)
             .bind(retention.unsequenced_effects.as_secs_f64())
             .bind(PRUNE_BATCH)
-            .execute(self.pg.pool())
+            .execute(self.pg.exec())
             .await?
             .rows_affected();
         let item_loads = sqlx::query(PRUNE_ITEM_LOADS)
             .bind(retention.item_loads.as_secs_f64())
             .bind(PRUNE_BATCH)
-            .execute(self.pg.pool())
+            .execute(self.pg.exec())
             .await?
             .rows_affected();
         metrics::counter!(crate::telemetry::BOOKKEEPING_PRUNED_TOTAL, "table" => "character_job_effects")
@@ -124,7 +124,7 @@ impl Bookkeeping {
         let (effects, item_loads) = sqlx::query_as(
             "SELECT (SELECT count(*) FROM character_job_effects), (SELECT count(*) FROM item_loads)",
         )
-        .fetch_one(self.pg.pool())
+        .fetch_one(self.pg.exec())
         .await?;
         Ok(BookkeepingSizes {
             effects,

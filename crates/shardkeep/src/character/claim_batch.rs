@@ -203,7 +203,7 @@ impl ClaimOp {
             .iter()
             .map(|w| w.handoff.as_ref().map(|(_, t)| t.as_str()))
             .collect();
-        let mut tx = self.pg.pool().begin().await?;
+        let mut tx = self.pg.begin().await?;
         let rows: Vec<ClaimTuple> = sqlx::query_as(CLAIM_MANY)
             .bind(&ids)
             .bind(&floors)

@@ -82,7 +82,7 @@ impl ItemLoadOp {
         .bind(&items)
         .bind(&characters)
         .bind(&epochs)
-        .execute(self.pg.pool())
+        .execute(self.pg.exec())
         .await?;
         Ok(())
     }

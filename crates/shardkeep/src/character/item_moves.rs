@@ -21,7 +21,7 @@ impl CharacterStore {
         acquirer: &CharacterSnapshot,
         audit: &crate::audit::AuditEvent,
     ) -> Result<TransferCommit, StoreError> {
-        let mut tx = self.pg.pool().begin().await?;
+        let mut tx = self.pg.begin().await?;
         // Lock both rows first, in id order (the global lock order: crossed transfers and a
         // batch over the same rows never deadlock), then look for this transfer's audit row: an
         // attempt whose reply was lost either committed (the row is there) or is rolled back.

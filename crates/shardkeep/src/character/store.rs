@@ -479,8 +479,9 @@ impl CharacterStore {
 
     /// Creates a character; its state starts at version 0 and epoch 0.
     pub async fn create(&self, new: &NewCharacter) -> Result<(), StoreError> {
-        let mut conn = self.pg.pool().acquire().await?;
-        Self::create_in(&mut conn, new).await
+        let mut conn = self.pg.session().await?;
+        Self::create_in(&mut conn, new).await?;
+        Ok(conn.finish().await?)
     }
 
     /// Creates a character on `conn` (inside the caller's transaction, when it has one).
@@ -605,7 +606,7 @@ impl CharacterStore {
         {
             return Ok(claimed_from(character_id, row, effects));
         }
-        let mut tx = self.pg.pool().begin().await?;
+        let mut tx = self.pg.begin().await?;
         let mut settled = crate::retry::SettledAtClaim::default();
         if let Some(model) = &self.model {
             // A claim the schema refuses settles nothing, and a character with no queued job
@@ -683,7 +684,7 @@ impl CharacterStore {
     pub async fn load(&self, character_id: Uuid) -> Result<Option<CharacterSnapshot>, StoreError> {
         let row: Option<RowTuple> = sqlx::query_as(SELECT_BY_ID)
             .bind(character_id)
-            .fetch_optional(self.pg.pool())
+            .fetch_optional(self.pg.exec())
             .await?;
         Ok(row.map(snapshot_of))
     }
@@ -692,15 +693,17 @@ impl CharacterStore {
     pub async fn load_by_name(&self, name: &str) -> Result<Option<CharacterSnapshot>, StoreError> {
         let row: Option<RowTuple> = sqlx::query_as(SELECT_BY_NAME)
             .bind(name)
-            .fetch_optional(self.pg.pool())
+            .fetch_optional(self.pg.exec())
             .await?;
         Ok(row.map(snapshot_of))
     }
 
     /// Compare-and-swap save of one snapshot, decided in one round trip.
     pub async fn save(&self, snapshot: &CharacterSnapshot) -> Result<SaveOutcome, StoreError> {
-        let mut conn = self.pg.pool().acquire().await?;
-        Self::save_in(&mut conn, snapshot).await
+        let mut conn = self.pg.session().await?;
+        let outcome = Self::save_in(&mut conn, snapshot).await?;
+        conn.finish().await?;
+        Ok(outcome)
     }
 
     /// The compare-and-swap save on `conn` (inside the caller's transaction, when it has one).
@@ -780,7 +783,7 @@ impl CharacterStore {
             .bind(&rooms)
             .bind(&marks)
             .bind(&schemas)
-            .fetch_all(self.pg.pool())
+            .fetch_all(self.pg.exec())
             .await?;
         let by_id: std::collections::HashMap<Uuid, SaveOutcome> = rows
             .into_iter()
@@ -862,7 +865,7 @@ impl CharacterStore {
         .bind(order.map(|o| o.owner_epoch))
         .bind(order.map(|o| o.closed_at))
         .bind(order.and_then(|o| o.known_version))
-        .fetch_one(self.pg.pool())
+        .fetch_one(self.pg.exec())
         .await?;
         Ok(match (written, current_epoch) {
             (1, _) => LocationWrite::Written,
@@ -881,7 +884,7 @@ impl CharacterStore {
         Ok(
             sqlx::query_as("SELECT state_version, owner_epoch FROM characters WHERE id = $1")
                 .bind(character_id)
-                .fetch_optional(self.pg.pool())
+                .fetch_optional(self.pg.exec())
                 .await?,
         )
     }

@@ -108,6 +108,7 @@ impl BatchOp for InsertOp {
 }
 
 async fn insert(pg: &PostgresBackend, rows: &[(&PersistenceRetryJob, DateTime<Utc>)]) -> Outcome {
-    let mut conn = pg.pool().acquire().await?;
-    store::insert_jobs(&mut conn, rows).await
+    let mut conn = pg.session().await?;
+    store::insert_jobs(&mut conn, rows).await?;
+    conn.finish().await
 }

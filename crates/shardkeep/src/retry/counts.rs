@@ -27,7 +27,7 @@ pub(crate) async fn job_counts(pg: &PostgresBackend) -> Result<JobCounts, sqlx::
                   WHERE relid = 'persistence_retry_jobs'::regclass)",
     )
     .bind(EXACT_UP_TO + 1)
-    .fetch_one(pg.pool())
+    .fetch_one(pg.exec())
     .await?;
     Ok(from_parts(seen, leased, live))
 }

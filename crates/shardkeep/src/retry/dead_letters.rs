@@ -82,7 +82,7 @@ pub(crate) async fn counts(pg: &PostgresBackend) -> Result<(i64, i64), sqlx::Err
     let dead: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM persistence_job_dead_letters WHERE requeued_at IS NULL",
     )
-    .fetch_one(pg.pool())
+    .fetch_one(pg.exec())
     .await?;
     Ok((jobs.pending + jobs.leased, dead))
 }
@@ -117,7 +117,7 @@ pub(crate) async fn inspect(
     .bind(offset.max(0))
     .bind(id)
     .bind(name)
-    .fetch_all(pg.pool())
+    .fetch_all(pg.exec())
     .await?;
     Ok(DeadLetterInspection {
         pending_retry_jobs,
@@ -145,7 +145,7 @@ pub(crate) async fn detail(
           WHERE d.dead_letter_id = $1 AND d.requeued_at IS NULL"
     ))
     .bind(dead_letter_id)
-    .fetch_optional(pg.pool())
+    .fetch_optional(pg.exec())
     .await?;
     let Some(DetailRow { summary, payload }) = row else {
         return Ok(None);
@@ -160,7 +160,7 @@ pub(crate) async fn detail(
                 "SELECT EXISTS (SELECT 1 FROM transfer_activations WHERE transfer_token = $1)",
             )
             .bind(token)
-            .fetch_one(pg.pool())
+            .fetch_one(pg.exec())
             .await?
         }
         None => false,
@@ -199,7 +199,7 @@ pub(crate) async fn prune(
     .bind(cutoff)
     .bind(keep)
     .bind(PRUNE_BATCH)
-    .execute(pg.pool())
+    .execute(pg.exec())
     .await?;
     Ok(done.rows_affected())
 }

@@ -119,7 +119,7 @@ pub(crate) async fn settle(
     retry_limit: u32,
     reschedule: &mut impl Reschedule,
 ) -> Result<Vec<JobOutcome>, sqlx::Error> {
-    let mut tx = pg.pool().begin().await?;
+    let mut tx = pg.begin().await?;
     let ids: Vec<Uuid> = claimed.iter().map(|c| c.row.stored.retry_job_id).collect();
     let owned: HashSet<Uuid> = sqlx::query_scalar(
         "SELECT retry_job_id FROM persistence_retry_jobs
@@ -162,7 +162,7 @@ pub(crate) async fn claim_and_settle(
     retry_limit: u32,
     reschedule: &mut impl Reschedule,
 ) -> Result<OneTransaction, sqlx::Error> {
-    let mut tx = pg.pool().begin().await?;
+    let mut tx = pg.begin().await?;
     let (expired, fresh): (Vec<ClaimedRow>, Vec<ClaimedRow>) =
         super::store::lock_due(&mut tx, ids, limit, now)
             .await?
@@ -507,7 +507,7 @@ pub(crate) async fn fail_alone(
     retry_limit: u32,
     reschedule: &mut impl Reschedule,
 ) -> Result<JobOutcome, sqlx::Error> {
-    let mut tx = pg.pool().begin().await?;
+    let mut tx = pg.begin().await?;
     let owned: Option<Uuid> = sqlx::query_scalar(
         "SELECT retry_job_id FROM persistence_retry_jobs WHERE retry_job_id = $1 AND lease_token = $2 FOR UPDATE",
     )

@@ -218,7 +218,7 @@ pub(crate) async fn claim(
     .bind(token)
     .bind(owner)
     .bind(lease.as_secs_f64())
-    .fetch_all(pg.pool())
+    .fetch_all(pg.exec())
     .await?;
     rows.sort_by_key(|r| (r.next_attempt_at, r.created_at));
     Ok(rows)
@@ -253,7 +253,7 @@ pub(crate) async fn requeue(
     dead_letter_id: Uuid,
     now: DateTime<Utc>,
 ) -> Result<RequeueOutcome, RequeueError> {
-    let mut tx = pg.pool().begin().await?;
+    let mut tx = pg.begin().await?;
     let sql = sqlx::AssertSqlSafe(format!(
         "SELECT {JOB_COLUMNS} FROM persistence_job_dead_letters
           WHERE dead_letter_id = $1 AND requeued_at IS NULL

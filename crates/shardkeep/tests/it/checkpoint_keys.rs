@@ -1,7 +1,6 @@
 //! Checkpoints are keyed so that two character rows can never share one.
 
 use serde_json::json;
-use shardkeep::PostgresBackend;
 use shardkeep::character::{
     CharacterLoader, CharacterSnapshot, CharacterStore, CheckpointStore, CheckpointWrite,
     LoadSource,
@@ -17,7 +16,7 @@ use super::ladder_store::created;
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn names_equal_only_to_rust_lowercasing_keep_separate_checkpoints(pool: PgPool) {
     let redis = TestRedis::new().await;
-    let store = CharacterStore::new(PostgresBackend::from_pool(pool.clone()));
+    let store = CharacterStore::new(shardkeep_testkit::pg(&pool));
     let checkpoints = CheckpointStore::new(redis.backend());
     let upper = created(&store, "ΟΔΟΣ").await;
     let lower = created(&store, "οδος").await;

@@ -30,7 +30,7 @@ impl Env {
         let redis = TestRedis::new().await;
         let journal = SessionJournal::new(redis.backend(), WorkQueueConfig::default()).unwrap();
         Self {
-            store: CharacterStore::new(PostgresBackend::from_pool(pool.clone())),
+            store: CharacterStore::new(shardkeep_testkit::pg(pool)),
             coord: redis.coordination(),
             journal,
             redis,

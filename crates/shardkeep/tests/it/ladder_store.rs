@@ -2,7 +2,6 @@ use std::collections::HashSet;
 
 use redis::AsyncCommands;
 use serde_json::json;
-use shardkeep::PostgresBackend;
 use shardkeep::character::{
     CharacterLoader, CharacterSnapshot, CharacterStore, CheckpointStore, CheckpointWrite,
     LoadSource, SaveOutcome, StoreError,
@@ -14,7 +13,7 @@ use uuid::Uuid;
 pub(crate) use shardkeep_testkit::fixtures::{created, new_character};
 
 fn store_of(pool: &PgPool) -> CharacterStore {
-    CharacterStore::new(PostgresBackend::from_pool(pool.clone()))
+    CharacterStore::new(shardkeep_testkit::pg(pool))
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]

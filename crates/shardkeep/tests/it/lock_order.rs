@@ -6,7 +6,6 @@ use std::future::Future;
 use std::sync::Arc;
 
 use serde_json::json;
-use shardkeep::PostgresBackend;
 use shardkeep::audit::AuditEvent;
 use shardkeep::character::{
     CharacterSnapshot, CharacterStore, Releaser, SaveOutcome, TransferCommit,
@@ -127,7 +126,7 @@ async fn batch(store: &CharacterStore, snapshots: &[CharacterSnapshot]) -> Resul
 /// opposite roles.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn crossed_transfers_never_deadlock(pool: PgPool) {
-    let store = CharacterStore::new(PostgresBackend::from_pool(pool.clone()));
+    let store = CharacterStore::new(shardkeep_testkit::pg(&pool));
     let rows = claimed_rows(&store, &["Aria", "Bran"]).await;
     let moved = race(|round, n, barrier| {
         let store = store.clone();
@@ -148,7 +147,7 @@ async fn crossed_transfers_never_deadlock(pool: PgPool) {
 /// Batched saves of overlapping characters, listed in opposite orders, at once.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn overlapping_batches_in_opposite_orders_never_deadlock(pool: PgPool) {
-    let store = CharacterStore::new(PostgresBackend::from_pool(pool.clone()));
+    let store = CharacterStore::new(shardkeep_testkit::pg(&pool));
     let names: Vec<String> = (0..16).map(|n| format!("Hero{n}")).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let rows = claimed_rows(&store, &names).await;
@@ -178,7 +177,7 @@ async fn overlapping_batches_in_opposite_orders_never_deadlock(pool: PgPool) {
 /// the order opposite to the transfer's lock order.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_batch_crossing_a_transfer_never_deadlocks(pool: PgPool) {
-    let store = CharacterStore::new(PostgresBackend::from_pool(pool.clone()));
+    let store = CharacterStore::new(shardkeep_testkit::pg(&pool));
     let rows = claimed_rows(&store, &["Aria", "Bran"]).await;
     let moved = race(|round, n, barrier| {
         let store = store.clone();

@@ -14,6 +14,7 @@ mod ladder_store;
 mod lock_order;
 mod migrate;
 mod pending_at_claim;
+mod pg_pooler;
 mod queue;
 mod queue_depths;
 mod queue_identity;

@@ -1,9 +1,8 @@
-use shardkeep::PostgresBackend;
 use sqlx::PgPool;
 
 #[sqlx::test(migrations = false)]
 async fn migrate_applies_everything_once(pool: PgPool) {
-    let pg = PostgresBackend::from_pool(pool.clone());
+    let pg = shardkeep_testkit::pg(&pool);
     assert!(!pg.migrations_current().await.unwrap());
     let applied = pg.migrate().await.unwrap();
     assert!(!applied.is_empty());
@@ -119,7 +118,7 @@ async fn old_documents_carry_their_bookkeeping_forward(pool: PgPool) {
     .unwrap();
     pending(requeued, "k6").execute(&pool).await.unwrap();
 
-    let pg = PostgresBackend::from_pool(pool.clone());
+    let pg = shardkeep_testkit::pg(&pool);
     pg.migrate().await.unwrap();
 
     let state: serde_json::Value = sqlx::query_scalar("SELECT state FROM characters WHERE id = $1")

@@ -15,7 +15,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 pub(crate) fn pg(pool: &PgPool) -> PostgresBackend {
-    PostgresBackend::from_pool(pool.clone())
+    shardkeep_testkit::pg(pool)
 }
 
 pub(crate) async fn character(pool: &PgPool, name: &str) -> Uuid {

@@ -68,7 +68,7 @@ pub(crate) fn v2() -> ModelHandle {
 }
 
 pub(crate) fn pg(pool: &PgPool) -> PostgresBackend {
-    PostgresBackend::from_pool(pool.clone())
+    shardkeep_testkit::pg(pool)
 }
 
 pub(crate) fn loader(pool: &PgPool, redis: &TestRedis, model: ModelHandle) -> CharacterLoader {
