@@ -248,14 +248,17 @@ sk_start_pgbouncer() {
   pg_host=${hostport%%:*}
   pg_port=${hostport##*:}
   [ "$pg_port" = "$hostport" ] && pg_port=5432
-  user=${DATABASE_URL#*://}
-  user=${user%%@*}
-  user=${user%%:*}
+  # The user (and password) PgBouncer logs in to Postgres with are the URL's.
+  local userinfo="" password=""
+  case "${DATABASE_URL#*://}" in *@*) userinfo=${DATABASE_URL#*://}; userinfo=${userinfo%%@*} ;; esac
+  user=${userinfo%%:*}
+  [ "$userinfo" != "$user" ] && password=${userinfo#*:}
+  [ -z "$user" ] && user=${PGUSER:-$(id -un)}
   sk_tmpdir
   port=$(sk_free_port) || { sk_log "no free port for PgBouncer"; return 1; }
   SK_PGBOUNCER_DIR="$SK_TMP/pgbouncer"
   mkdir -p "$SK_PGBOUNCER_DIR"
-  printf '"%s" ""\n' "$user" >"$SK_PGBOUNCER_DIR/users.txt"
+  printf '"%s" "%s"\n' "$user" "$password" >"$SK_PGBOUNCER_DIR/users.txt"
   # Small server pools per database: the suite's databases share one server's connections.
   cat >"$SK_PGBOUNCER_DIR/pgbouncer.ini" <<INI
 [databases]
@@ -274,19 +277,26 @@ server_idle_timeout = 5
 logfile = $SK_PGBOUNCER_DIR/pgbouncer.log
 pidfile = $SK_PGBOUNCER_DIR/pgbouncer.pid
 INI
-  local runner=()
+  chmod 600 "$SK_PGBOUNCER_DIR/users.txt"
+  local started=0
   if [ "$(id -u)" = "0" ]; then
+    # PgBouncer refuses to run as root.
     local owner=nobody
     id postgres >/dev/null 2>&1 && owner=postgres
     chown -R "$owner" "$SK_PGBOUNCER_DIR"
-    runner=(runuser -u "$owner" --)
+    runuser -u "$owner" -- "$bin" -d "$SK_PGBOUNCER_DIR/pgbouncer.ini" >/dev/null 2>&1 && started=1
+  else
+    "$bin" -d "$SK_PGBOUNCER_DIR/pgbouncer.ini" >/dev/null 2>&1 && started=1
   fi
-  "${runner[@]}" "$bin" -d "$SK_PGBOUNCER_DIR/pgbouncer.ini" >/dev/null 2>&1 \
-    || { sk_log "PgBouncer did not start:"; cat "$SK_PGBOUNCER_DIR/pgbouncer.log" >&2; return 1; }
+  if [ "$started" -ne 1 ]; then
+    sk_log "PgBouncer did not start:"
+    cat "$SK_PGBOUNCER_DIR/pgbouncer.log" >&2
+    return 1
+  fi
   for _ in $(seq 1 100); do
     if sk_tcp_open 127.0.0.1 "$port"; then
-      SK_PGBOUNCER_URL="${DATABASE_URL%%@*}@127.0.0.1:$port/${DATABASE_URL##*/}"
-      [ "${DATABASE_URL#*@}" = "$DATABASE_URL" ] && SK_PGBOUNCER_URL="postgres://127.0.0.1:$port/${DATABASE_URL##*/}"
+      SK_PGBOUNCER_URL="postgres://$userinfo@127.0.0.1:$port/${DATABASE_URL##*/}"
+      [ -z "$userinfo" ] && SK_PGBOUNCER_URL="postgres://$user@127.0.0.1:$port/${DATABASE_URL##*/}"
       export SK_PGBOUNCER_URL
       sk_log "started a private PgBouncer (transaction mode) on 127.0.0.1:$port"
       return 0
@@ -300,23 +310,35 @@ INI
 
 sk_stop_pgbouncer() {
   if [ -n "$SK_PGBOUNCER_DIR" ] && [ -f "$SK_PGBOUNCER_DIR/pgbouncer.pid" ]; then
-    kill "$(cat "$SK_PGBOUNCER_DIR/pgbouncer.pid")" 2>/dev/null || true
+    local pid
+    pid=$(cat "$SK_PGBOUNCER_DIR/pgbouncer.pid")
+    kill "$pid" 2>/dev/null || true
+    # Gone only once its server connections are closed (the sweep then drops freely).
+    for _ in $(seq 1 50); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
     sk_log "stopped the private PgBouncer"
   fi
   SK_PGBOUNCER_DIR=""
 }
 
-# Drops the test databases sqlx's test support recorded in DATABASE_URL's database and could not
-# drop itself (through PgBouncer a database is still in use for a few seconds after its test).
+# Drops the test databases sqlx's test support recorded in DATABASE_URL's database since $1 (a
+# timestamp taken before the pass) and could not drop itself: through PgBouncer a database is
+# still in use for a few seconds after its test. Run after PgBouncer stopped; a plain DROP, so a
+# database someone else is using stays.
 sk_sweep_test_databases() {
-  local names name
+  local since=$1 names name dropped=0
+  command -v psql >/dev/null 2>&1 || return 0
   names=$(psql "$DATABASE_URL" -Atqc \
-    "SELECT db_name FROM _sqlx_test.databases" 2>/dev/null) || return 0
+    "SELECT db_name FROM _sqlx_test.databases WHERE created_at >= '$since'" 2>/dev/null) || return 0
   for name in $names; do
-    psql "$DATABASE_URL" -qc "DROP DATABASE IF EXISTS \"$name\" WITH (FORCE)" >/dev/null 2>&1 \
-      && psql "$DATABASE_URL" -qc "DELETE FROM _sqlx_test.databases WHERE db_name = '$name'" >/dev/null 2>&1
+    if psql "$DATABASE_URL" -qc "DROP DATABASE IF EXISTS \"$name\"" >/dev/null 2>&1; then
+      psql "$DATABASE_URL" -qc "DELETE FROM _sqlx_test.databases WHERE db_name = '$name'" >/dev/null 2>&1
+      dropped=$((dropped + 1))
+    fi
   done
-  [ -n "$names" ] && sk_log "dropped $(echo "$names" | wc -w) test databases left behind"
+  [ "$dropped" -gt 0 ] && sk_log "dropped $dropped test databases the PgBouncer pass left"
   return 0
 }
 

@@ -145,7 +145,17 @@ impl<'p> Executor<'p> for PgExec<'p> {
     where
         'p: 'e,
     {
-        self.pool.prepare_with(sql, parameters)
+        if !self.pooler.pins_transactions() {
+            return self.pool.prepare_with(sql, parameters);
+        }
+        let pool = self.pool.clone();
+        let pooler = self.pooler;
+        Box::pin(async move {
+            let mut tx = begin(&pool, pooler).await?;
+            let statement = (&mut *tx).prepare_with(sql, parameters).await?;
+            tx.commit().await?;
+            Ok(statement)
+        })
     }
 
     fn describe<'e>(
@@ -155,7 +165,17 @@ impl<'p> Executor<'p> for PgExec<'p> {
     where
         'p: 'e,
     {
-        self.pool.describe(sql)
+        if !self.pooler.pins_transactions() {
+            return self.pool.describe(sql);
+        }
+        let pool = self.pool.clone();
+        let pooler = self.pooler;
+        Box::pin(async move {
+            let mut tx = begin(&pool, pooler).await?;
+            let described = (&mut *tx).describe(sql).await?;
+            tx.commit().await?;
+            Ok(described)
+        })
     }
 }
 

@@ -141,10 +141,11 @@ impl PostgresBackend {
             reason,
         };
         let options = PgConnectOptions::from_str(url).map_err(|e| fail(one_line(&e)))?;
+        // Like libpq, a URL naming no database means the user's own.
         let name = options
             .get_database()
             .filter(|name| !name.is_empty())
-            .ok_or_else(|| fail("the URL names no database".into()))?
+            .unwrap_or(options.get_username())
             .to_owned();
         let maintenance = Self::options_for(options.database("postgres"), PgPooler::Transaction);
         let mut conn = maintenance
@@ -185,10 +186,11 @@ impl PostgresBackend {
             reason,
         };
         let options = PgConnectOptions::from_str(url).map_err(|e| fail(one_line(&e)))?;
+        // Like libpq, a URL naming no database means the user's own.
         let name = options
             .get_database()
             .filter(|name| !name.is_empty())
-            .ok_or_else(|| fail("the URL names no database".into()))?
+            .unwrap_or(options.get_username())
             .to_owned();
         let maintenance = Self::options_for(options.database("postgres"), PgPooler::Transaction);
         let mut conn = maintenance
@@ -263,22 +265,27 @@ impl PostgresBackend {
             table_name: MIGRATOR.table_name.clone(),
             create_schemas: MIGRATOR.create_schemas.clone(),
         };
-        let mut tx = self.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(MIGRATION_LOCK)
-            .execute(&mut *tx)
-            .await?;
-        let before = applied_versions(&mut tx).await?;
-        migrator.run_direct(None, &mut *tx, false).await?;
-        tx.commit().await?;
-        Ok(MIGRATOR
-            .iter()
-            .filter(|m| !m.migration_type.is_down_migration() && !before.contains(&m.version))
-            .map(|m| AppliedMigration {
-                version: m.version,
-                description: m.description.to_string(),
-            })
-            .collect())
+        if self.pooler.pins_transactions() {
+            let mut tx = self.begin().await?;
+            let before = migrate_in(&migrator, &mut tx).await?;
+            tx.commit().await?;
+            return Ok(newly_applied(&before));
+        }
+        // Without a pooler sqlx's own session lock is taken as well (first, released after
+        // the commit), so a migrator that takes only that one (`sqlx migrate run`, an older
+        // shardkeep) still waits for this one.
+        use sqlx::migrate::Migrate;
+        let mut conn = self.pool.acquire().await?;
+        conn.lock().await?;
+        let applied = async {
+            let mut tx = conn.begin().await?;
+            let before = migrate_in(&migrator, &mut tx).await?;
+            tx.commit().await?;
+            Ok::<_, sqlx::migrate::MigrateError>(before)
+        }
+        .await;
+        conn.unlock().await?;
+        Ok(newly_applied(&applied?))
     }
 
     /// True when every embedded migration has been applied.
@@ -311,6 +318,33 @@ impl PostgresBackend {
     }
 }
 
+/// Runs `migrator` inside `tx` under the transaction-scoped migration lock; the versions that
+/// were applied before.
+async fn migrate_in(
+    migrator: &Migrator,
+    tx: &mut sqlx::PgConnection,
+) -> Result<Vec<i64>, sqlx::migrate::MigrateError> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(MIGRATION_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    let before = applied_versions(tx).await?;
+    migrator.run_direct(None, tx, false).await?;
+    Ok(before)
+}
+
+/// The embedded migrations not among `before`.
+fn newly_applied(before: &[i64]) -> Vec<AppliedMigration> {
+    MIGRATOR
+        .iter()
+        .filter(|m| !m.migration_type.is_down_migration() && !before.contains(&m.version))
+        .map(|m| AppliedMigration {
+            version: m.version,
+            description: m.description.to_string(),
+        })
+        .collect()
+}
+
 /// The versions `_sqlx_migrations` records as applied (none before the first migration).
 async fn applied_versions(conn: &mut sqlx::PgConnection) -> Result<Vec<i64>, sqlx::Error> {
     let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
@@ -327,6 +361,20 @@ async fn applied_versions(conn: &mut sqlx::PgConnection) -> Result<Vec<i64>, sql
 #[cfg(test)]
 mod tests {
     use super::connection_lost;
+
+    #[test]
+    fn every_migration_can_run_inside_the_one_migration_transaction() {
+        let outside: Vec<i64> = super::MIGRATOR
+            .iter()
+            .filter(|m| m.no_tx)
+            .map(|m| m.version)
+            .collect();
+        assert!(
+            outside.is_empty(),
+            "migrations {outside:?} need to run outside a transaction; PostgresBackend::migrate \
+             runs them all in one"
+        );
+    }
 
     #[test]
     fn a_lost_connection_is_told_from_a_failed_statement() {

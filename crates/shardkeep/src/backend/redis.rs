@@ -219,9 +219,9 @@ impl RedisBackend {
         self.conn.clone()
     }
 
-    /// The connection for writes confirmed with [`replicate`](Self::replicate) or
-    /// [`replicate_everywhere`](Self::replicate_everywhere): a `WAIT` covers the writes made
-    /// on the connection it is sent on.
+    /// The connection for writes confirmed with [`query_confirmed`](Self::query_confirmed) (a
+    /// second cluster connection, so a `WAIT` held up by a resyncing replica delays no other
+    /// traffic).
     pub fn durable_conn(&self) -> RedisConn {
         self.durable.clone()
     }
@@ -310,99 +310,48 @@ impl RedisBackend {
         }
     }
 
-    /// Cluster only: makes sure the writes made so far on [`durable_conn`](Self::durable_conn)
-    /// to `key`'s master reached at least one of its replicas (`WAIT 1`, up to half the
-    /// response timeout), so a failover cannot lose them. An error when no replica acknowledged in time:
-    /// the write may still have landed on the master, so callers treat it as a failed write that
-    /// is safe to repeat. A standalone server has no failover to survive: nothing to wait for.
-    pub async fn replicate(&self, key: &str) -> redis::RedisResult<()> {
-        use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
-        let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
-        self.wait_for_replicas(vec![route], true).await
-    }
-
-    /// Cluster only: [`replicate`](Self::replicate) on every master at once, for a batch of
-    /// writes spread over the cluster (a pulse's checkpoints) made on
-    /// [`durable_conn`](Self::durable_conn): one `WAIT 1` per master, sent together. A master
-    /// list gone stale after a failover is read again and the waits retried once.
-    pub async fn replicate_everywhere(&self) -> redis::RedisResult<()> {
-        if !self.is_cluster() {
-            return Ok(());
-        }
-        match self.wait_on_masters(false).await {
-            Ok(()) => Ok(()),
-            Err(_) => self.wait_on_masters(true).await,
-        }
-    }
-
-    async fn wait_on_masters(&self, refresh: bool) -> redis::RedisResult<()> {
-        use redis::cluster_routing::SingleNodeRoutingInfo;
-        let mut masters = self.masters.addresses().await;
-        if refresh || masters.is_empty() {
-            self.masters.refresh(self).await?;
-            masters = self.masters.addresses().await;
-        }
-        let routes = masters
-            .iter()
-            .map(|address| {
-                let (host, port) = address.rsplit_once(':').unwrap_or((address.as_str(), "0"));
-                SingleNodeRoutingInfo::ByAddress {
-                    host: host.to_owned(),
-                    port: port.parse().unwrap_or(0),
-                }
-            })
-            .collect();
-        // A master that just lost its role is no node of the link: that error must not make
-        // the link reconnect; the retry reads the masters again.
-        self.wait_for_replicas(routes, false).await
-    }
-
-    /// `WAIT 1` (up to half the response timeout) on the durable connection to each of `nodes`,
-    /// sent together; an error unless every one was acknowledged by a replica. A failure may
-    /// replace the link when `heal` (see [`ClusterLink`]). Nothing to wait for on a standalone
-    /// server.
-    async fn wait_for_replicas(
+    /// Sends `pipe` on [`durable_conn`](Self::durable_conn) and returns the replies of its
+    /// commands. On a cluster the pipeline also carries `WAIT 1` (up to half the response
+    /// timeout) after its writes — on the same node connection, so the wait covers exactly those
+    /// writes; a pipeline split over several masters waits on each of them — and the writes
+    /// count only once a replica of every master they reached holds them, so a failover cannot
+    /// lose them. Unacknowledged, the call fails: the writes may still be on the master, so
+    /// callers treat it as a failed write that is safe to repeat. A standalone server has no
+    /// failover to survive and gets no `WAIT`.
+    pub async fn query_confirmed<T: redis::FromRedisValue>(
         &self,
-        nodes: Vec<redis::cluster_routing::SingleNodeRoutingInfo>,
-        heal: bool,
-    ) -> redis::RedisResult<()> {
-        let RedisConn::Cluster(link) = &self.durable else {
-            return Ok(());
-        };
+        mut pipe: redis::Pipeline,
+    ) -> redis::RedisResult<T> {
+        let mut conn = self.durable_conn();
+        if !self.is_cluster() {
+            return pipe.query_async(&mut conn).await;
+        }
         let wait_ms = u64::try_from(self.timeouts.response.as_millis() / 2)
             .unwrap_or(1000)
             .max(1);
-        let (generation, conn) = link.get();
-        let waits = nodes.into_iter().map(|node| {
-            let mut conn = conn.clone();
-            let mut wait = redis::cmd("WAIT");
-            wait.arg(1).arg(wait_ms);
-            let route = redis::cluster_routing::RoutingInfo::SingleNode(node);
-            async move {
-                let reply = conn.route_command(wait, route).await?;
-                let acked: i64 = redis::FromRedisValue::from_redis_value(reply)?;
-                Ok::<i64, redis::RedisError>(acked)
-            }
-        });
-        let acks: Vec<i64> = match futures::future::try_join_all(waits).await {
-            Ok(acks) => acks,
-            Err(err) => {
-                if heal {
-                    link.after_error(generation, &err).await;
-                }
-                return Err(err);
+        pipe.cmd("WAIT").arg(1).arg(wait_ms);
+        let mut replies: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
+        let acks = match replies.pop() {
+            Some(redis::Value::Int(acks)) => acks,
+            other => {
+                return Err((
+                    redis::ErrorKind::Parse,
+                    "WAIT answered oddly",
+                    format!("{other:?}"),
+                )
+                    .into());
             }
         };
-        if acks.iter().all(|&a| a >= 1) {
-            return Ok(());
+        if acks < 1 {
+            metrics::counter!(crate::telemetry::REDIS_UNREPLICATED_TOTAL).increment(1);
+            return Err((
+                redis::ErrorKind::Io,
+                "no replica acknowledged the writes",
+                format!("WAIT 1 {wait_ms} answered {acks}"),
+            )
+                .into());
         }
-        metrics::counter!(crate::telemetry::REDIS_UNREPLICATED_TOTAL).increment(1);
-        Err((
-            redis::ErrorKind::Io,
-            "no replica acknowledged the writes",
-            format!("WAIT 1 {wait_ms} answered {acks:?}"),
-        )
-            .into())
+        Ok(T::from_redis_value(redis::Value::Array(replies))?)
     }
 
     /// Checks that the deployment answers.

@@ -117,7 +117,7 @@ enum Placement {
 
 /// Commands that name no key (sent along with every slot's group).
 const KEYLESS: &[&str] = &[
-    "SCRIPT", "PING", "ECHO", "TIME", "INFO", "CONFIG", "CLUSTER", "DBSIZE", "FUNCTION",
+    "SCRIPT", "PING", "ECHO", "TIME", "INFO", "CONFIG", "CLUSTER", "DBSIZE", "FUNCTION", "WAIT",
 ];
 /// Commands whose every argument after the name is a key.
 const ALL_KEYS: &[&str] = &["DEL", "UNLINK", "EXISTS", "TOUCH", "MGET"];
@@ -165,7 +165,7 @@ fn placement(cmd: &Cmd) -> RedisResult<Placement> {
 /// Runs a pipeline on a cluster. One whose keyed commands share a slot goes out as it is; one
 /// spanning slots (a batch of checkpoints of many characters, say) is split into one pipeline
 /// per slot, sent together, and the replies are put back in the pipeline's order. Commands with
-/// no key (`SCRIPT LOAD`) go with every group, so a script loaded ahead of its calls is on every
+/// no key (`SCRIPT LOAD`, `WAIT`) go with every group, so a script loaded ahead of its calls is on every
 /// node that runs them. A transaction must stay in one slot and is never split.
 async fn cluster_pipeline(
     conn: &mut ClusterConnection,
@@ -199,13 +199,17 @@ async fn cluster_pipeline(
         }
     });
     let replies = futures::future::try_join_all(sends).await?;
+    let waits: Vec<bool> = commands.iter().map(|cmd| is_wait(cmd)).collect();
     let mut merged: Vec<Option<Value>> = vec![None; commands.len()];
     for (members, values) in groups.iter().zip(replies) {
         for (&i, value) in members.iter().zip(values) {
-            if let Some(slot) = merged.get_mut(i)
-                && slot.is_none()
-            {
-                *slot = Some(value);
+            let wait = waits.get(i).copied().unwrap_or(false);
+            if let Some(slot) = merged.get_mut(i) {
+                *slot = Some(match slot.take() {
+                    None => value,
+                    Some(kept) if wait => fewest_acks(kept, value),
+                    Some(kept) => kept,
+                });
             }
         }
     }
@@ -215,6 +219,20 @@ async fn cluster_pipeline(
             v.ok_or_else(|| (redis::ErrorKind::Client, "a split pipeline came back short").into())
         })
         .collect()
+}
+
+fn is_wait(cmd: &Cmd) -> bool {
+    matches!(cmd.args_iter().next(), Some(redis::Arg::Simple(name)) if name.eq_ignore_ascii_case(b"WAIT"))
+}
+
+/// A `WAIT` sent with every group of a split pipeline answers once per master: the pipeline's
+/// writes are as replicated as on the master that reached the fewest replicas.
+fn fewest_acks(a: Value, b: Value) -> Value {
+    match (&a, &b) {
+        (Value::Int(x), Value::Int(y)) => Value::Int((*x).min(*y)),
+        (Value::Int(_), _) => b,
+        _ => a,
+    }
 }
 
 /// Indices of the commands each slot's pipeline carries, in pipeline order: its own commands and
@@ -262,6 +280,20 @@ mod tests {
             route("{a}y"),
         ];
         assert_eq!(group_by_slot(&placements), vec![vec![0, 1, 3], vec![0, 2]]);
+    }
+
+    #[test]
+    fn a_split_wait_reports_the_fewest_acknowledgements() {
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(1).arg(100);
+        assert!(is_wait(&wait));
+        assert!(!is_wait(&redis::cmd("GET")));
+        assert_eq!(placement(&wait).ok(), Some(Placement::Everywhere));
+        assert_eq!(fewest_acks(Value::Int(2), Value::Int(0)), Value::Int(0));
+        assert_eq!(fewest_acks(Value::Int(1), Value::Int(3)), Value::Int(1));
+        // Anything but a count (an error reply) wins, so the confirmation fails.
+        assert_eq!(fewest_acks(Value::Int(1), Value::Nil), Value::Nil);
+        assert_eq!(fewest_acks(Value::Nil, Value::Int(1)), Value::Nil);
     }
 
     #[test]

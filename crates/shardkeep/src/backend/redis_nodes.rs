@@ -95,16 +95,6 @@ impl MasterNodes {
         Ok(known.iter().map(|(_, c)| c.clone()).collect())
     }
 
-    /// The addresses of the masters as last discovered.
-    pub(super) async fn addresses(&self) -> Vec<String> {
-        self.known
-            .lock()
-            .await
-            .iter()
-            .map(|(a, _)| a.clone())
-            .collect()
-    }
-
     async fn forget(&self) {
         self.known.lock().await.clear();
     }

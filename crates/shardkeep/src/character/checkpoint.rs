@@ -115,10 +115,6 @@ impl CheckpointStore {
             .buffered(PIPELINES_IN_FLIGHT)
             .try_collect()
             .await?;
-        // On a cluster a checkpoint counts once a replica holds it: a failover must not bring
-        // back an older one (its copy may since have dropped an item someone else picked up).
-        // Unconfirmed, the batch fails like any failed checkpoint write.
-        self.redis.replicate_everywhere().await?;
         Ok(per_pipeline.into_iter().flatten().collect())
     }
 
@@ -144,7 +140,10 @@ impl CheckpointStore {
         for call in &invocations {
             pipe.invoke_script(call);
         }
-        let replies: Vec<Vec<Value>> = pipe.query_async(&mut self.redis.durable_conn()).await?;
+        // On a cluster a checkpoint counts once a replica holds it: a failover must not bring
+        // back an older one (its copy may since have dropped an item someone else picked up).
+        // Unconfirmed, the pipeline fails like any failed checkpoint write.
+        let replies: Vec<Vec<Value>> = self.redis.query_confirmed(pipe).await?;
         replies.iter().map(|reply| decode_write(reply)).collect()
     }
 

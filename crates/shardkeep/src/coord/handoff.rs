@@ -85,16 +85,14 @@ impl Coordination {
             call.key(self.keys().handoff(token, scope)?);
         }
         call.arg(self.config().consumed_marker_ttl.as_millis());
-        let reply: Vec<Value> = call.invoke_async(&mut self.redis().durable_conn()).await?;
+        // A take a failover loses would bring the payload back for a second take: on a cluster
+        // the consumed marker must reach a replica before the payload is handed out.
+        // Unconfirmed, the take fails closed (the token stays consumed on the master).
+        let mut pipe = redis::pipe();
+        pipe.load_script(&TAKE).ignore();
+        pipe.invoke_script(&call);
+        let (reply,): (Vec<Value>,) = self.redis().query_confirmed(pipe).await?;
         let outcome = decode_take(&reply, &ordered)?;
-        if matches!(outcome, HandoffTake::Taken { .. }) {
-            // A take a failover loses would bring the payload back for a second take: on a
-            // cluster the consumed marker must reach a replica before the payload is handed
-            // out. Unconfirmed, the take fails closed (the token stays consumed on the master).
-            self.redis()
-                .replicate(&self.keys().handoff_consumed(token)?)
-                .await?;
-        }
         let label = match &outcome {
             HandoffTake::Taken { .. } => "taken",
             HandoffTake::AlreadyConsumed => "already_consumed",

@@ -56,13 +56,11 @@ impl Coordination {
     pub async fn transfer_complete(&self, token: &str) -> Result<(), CoordError> {
         let pending = self.keys().transfer_pending(token)?;
         let marker = self.keys().transfer_activated(token)?;
-        let mut conn = self.redis().durable_conn();
-        let _: i64 = conn.unlink(&pending).await?;
-        let _: i64 = conn.unlink(&marker).await?;
         // A completion a failover undid would leave the transfer pending until its TTL: on a
-        // cluster it counts once a replica has it (both keys are confirmed by the waits).
-        self.redis().replicate(&pending).await?;
-        self.redis().replicate(&marker).await?;
+        // cluster it counts once a replica has it.
+        let mut pipe = redis::pipe();
+        pipe.unlink(&pending).ignore().unlink(&marker).ignore();
+        let () = self.redis().query_confirmed(pipe).await?;
         Ok(())
     }
 
@@ -74,15 +72,12 @@ impl Coordination {
     ) -> Result<(), CoordError> {
         let key = self.keys().transfer_activated(&activation.transfer_token)?;
         let body = encode(activation)?;
-        let () = self
-            .redis()
-            .durable_conn()
-            .pset_ex(&key, body, ttl.as_millis())
-            .await?;
         // The source waits for this marker: one a failover lost would keep it waiting (and the
         // transfer pending) until the pending record's TTL. On a cluster it counts once a
         // replica has it.
-        self.redis().replicate(&key).await?;
+        let mut pipe = redis::pipe();
+        pipe.pset_ex(&key, body, ttl.as_millis()).ignore();
+        let () = self.redis().query_confirmed(pipe).await?;
         Ok(())
     }
 

@@ -106,24 +106,17 @@ impl BatchOp for AppendOp {
 impl AppendOp {
     /// Sends one batch; how many of its entries (from the first) were stored.
     async fn send(&self, batch: &[Vec<u8>]) -> redis::RedisResult<usize> {
-        let stored = self.push(batch).await?;
         // On a cluster an append is stored once a replica holds it too: a failover then keeps
         // it. Unconfirmed, the batch fails; appended again, an entry may be there twice, which
         // the queue's at-least-once delivery already allows.
-        self.redis.replicate(&self.pending).await?;
-        Ok(stored)
-    }
-
-    async fn push(&self, batch: &[Vec<u8>]) -> redis::RedisResult<usize> {
-        let mut conn = self.redis.durable_conn();
+        let mut pipe = redis::pipe();
         match self.cap {
             None => {
-                let mut cmd = redis::cmd("LPUSH");
-                cmd.arg(&self.pending);
+                let cmd = pipe.cmd("LPUSH").arg(&self.pending);
                 for body in batch {
                     cmd.arg(body);
                 }
-                let _: i64 = cmd.query_async(&mut conn).await?;
+                let (_,): (i64,) = self.redis.query_confirmed(pipe).await?;
                 Ok(batch.len())
             }
             Some(cap) => {
@@ -132,7 +125,19 @@ impl AppendOp {
                 for body in batch {
                     call.arg(body);
                 }
-                let accepted: i64 = call.invoke_async(&mut conn).await?;
+                pipe.invoke_script(&call);
+                let sent = self.redis.query_confirmed::<(i64,)>(pipe).await;
+                let (accepted,) = match sent {
+                    // A node that never ran the script (a new master, a flushed cache): load
+                    // it ahead of the call and send again.
+                    Err(err) if err.code() == Some("NOSCRIPT") => {
+                        let mut pipe = redis::pipe();
+                        pipe.load_script(self.script).ignore();
+                        pipe.invoke_script(&call);
+                        self.redis.query_confirmed(pipe).await?
+                    }
+                    other => other?,
+                };
                 Ok(usize::try_from(accepted).unwrap_or(0))
             }
         }

@@ -157,8 +157,10 @@ pub(crate) async fn detail(
     let transfer_already_recorded = match transfer_token {
         Some(token) => {
             sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM transfer_activations WHERE transfer_token = $1)",
+                "SELECT EXISTS (SELECT 1 FROM transfer_activations
+                                 WHERE character_id = $1 AND transfer_token = $2)",
             )
+            .bind(summary.character_id)
             .bind(token)
             .fetch_one(pg.exec())
             .await?

@@ -121,7 +121,7 @@ pub(super) async fn write_activations(
     sqlx::query(
         "INSERT INTO transfer_activations (transfer_token, character_id, target_shard, target_zone, owner_epoch)
          SELECT * FROM UNNEST($1::text[], $2::uuid[], $3::text[], $4::text[], $5::int8[])
-         ON CONFLICT (transfer_token) DO NOTHING",
+         ON CONFLICT (character_id, transfer_token) DO NOTHING",
     )
     .bind(&tokens)
     .bind(&characters)

@@ -32,7 +32,7 @@ INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, realm_
 SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::jsonb[],
     $7::timestamptz[], $8::text[], $9::text[], $10::text[], $11::text[], $12::int8[], $13::text[],
     $14::timestamptz[], $15::int8[])
-ON CONFLICT (retry_job_id) DO NOTHING";
+ON CONFLICT (character_id, retry_job_id) DO NOTHING";
 
 /// When a job can next be claimed (due, and past any lease on it): the expression of the
 /// `persistence_retry_jobs_claimable` index (migration 13), written exactly as there so the claim

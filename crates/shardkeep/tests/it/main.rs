@@ -26,6 +26,7 @@ mod retry_jobs;
 mod retry_lease_expiry;
 mod retry_plans;
 mod retry_worker_loop;
+mod schema_keys;
 mod schema_rollout;
 mod schema_versions;
 mod services;
