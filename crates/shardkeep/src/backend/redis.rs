@@ -262,7 +262,13 @@ impl RedisBackend {
     pub async fn master_conns(&self) -> redis::RedisResult<Vec<RedisConn>> {
         match &self.topology {
             Topology::Standalone(_) => Ok(vec![self.conn()]),
-            Topology::Cluster(_) => self.masters.connections(self).await,
+            Topology::Cluster(_) => Ok(self
+                .masters
+                .connections(self)
+                .await?
+                .into_iter()
+                .map(|(_, conn)| conn)
+                .collect()),
         }
     }
 

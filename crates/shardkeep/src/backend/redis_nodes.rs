@@ -17,22 +17,50 @@ pub enum EvictionCheck {
     Skip,
 }
 
-/// Where a SCAN walk over every master stands: which master (in address order) and that
-/// master's own cursor.
+/// Where a SCAN walk over every master stands: which master (in address order), that
+/// master's own cursor, and a fingerprint of the master list the walk is going through.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ScanCursor {
     node: usize,
     cursor: u64,
+    layout: u64,
 }
 
 impl ScanCursor {
     /// The start of a walk, and what a completed walk returns.
-    pub const START: Self = Self { node: 0, cursor: 0 };
+    pub const START: Self = Self {
+        node: 0,
+        cursor: 0,
+        layout: 0,
+    };
 
     /// True at the start of a walk (or once one completed).
     pub fn is_start(&self) -> bool {
-        *self == Self::START
+        self.node == 0 && self.cursor == 0
     }
+
+    /// Where a page of the walk starts when the masters now are `layout`: where it stood, or,
+    /// when the masters changed since its last page (a failover), over again on the new list —
+    /// an index into the old one would name another master, and a master's cursor means
+    /// nothing on another. Keys may then come twice, which every SCAN caller allows.
+    fn resume(self, layout: u64) -> Self {
+        if self.is_start() || self.layout != layout {
+            Self {
+                layout,
+                ..Self::START
+            }
+        } else {
+            self
+        }
+    }
+}
+
+/// A fingerprint of a master list (its addresses, in order).
+fn layout_of(addresses: &[String]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    addresses.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// The cluster's masters, discovered from `CLUSTER NODES` at the start of each walk and
@@ -55,14 +83,14 @@ impl MasterNodes {
         }
     }
 
-    /// Connections to the masters as last discovered (discovering them when none are known).
+    /// The masters as last discovered, by address (discovering them when none are known).
     pub(super) async fn connections(
         &self,
         backend: &RedisBackend,
-    ) -> redis::RedisResult<Vec<RedisConn>> {
+    ) -> redis::RedisResult<Vec<(String, RedisConn)>> {
         let known = self.known.lock().await;
         if !known.is_empty() {
-            return Ok(known.iter().map(|(_, c)| c.clone()).collect());
+            return Ok(known.clone());
         }
         drop(known);
         self.refresh(backend).await
@@ -72,7 +100,7 @@ impl MasterNodes {
     pub(super) async fn refresh(
         &self,
         backend: &RedisBackend,
-    ) -> redis::RedisResult<Vec<RedisConn>> {
+    ) -> redis::RedisResult<Vec<(String, RedisConn)>> {
         let text: String = redis::cmd("CLUSTER")
             .arg("NODES")
             .query_async(&mut backend.conn())
@@ -92,7 +120,7 @@ impl MasterNodes {
             next.push((address, conn));
         }
         *known = next;
-        Ok(known.iter().map(|(_, c)| c.clone()).collect())
+        Ok(known.clone())
     }
 
     async fn forget(&self) {
@@ -196,12 +224,16 @@ pub(super) async fn scan_page(
     pattern: &str,
     count: usize,
 ) -> redis::RedisResult<(ScanCursor, Vec<String>)> {
-    let nodes = if backend.is_cluster() && at.is_start() {
+    let nodes: Vec<(String, RedisConn)> = if !backend.is_cluster() {
+        vec![(String::new(), backend.conn())]
+    } else if at.is_start() {
         backend.masters.refresh(backend).await?
     } else {
-        backend.master_conns().await?
+        backend.masters.connections(backend).await?
     };
-    let Some(node) = nodes.get(at.node) else {
+    let addresses: Vec<String> = nodes.iter().map(|(a, _)| a.clone()).collect();
+    let at = at.resume(layout_of(&addresses));
+    let Some((_, node)) = nodes.get(at.node) else {
         return Ok((ScanCursor::START, Vec::new()));
     };
     let page: redis::RedisResult<(u64, Vec<String>)> = redis::cmd("SCAN")
@@ -223,12 +255,10 @@ pub(super) async fn scan_page(
         (0, true) => ScanCursor {
             node: at.node + 1,
             cursor: 0,
+            ..at
         },
         (0, false) => ScanCursor::START,
-        (cursor, _) => ScanCursor {
-            node: at.node,
-            cursor,
-        },
+        (cursor, _) => ScanCursor { cursor, ..at },
     };
     Ok((next, keys))
 }
@@ -271,6 +301,24 @@ pub(super) async fn check_eviction_policy(backend: &RedisBackend) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_walk_starts_over_when_the_masters_change_under_it() {
+        let before = layout_of(&["127.0.0.1:7001".into(), "127.0.0.1:7002".into()]);
+        let after = layout_of(&["127.0.0.1:7002".into(), "127.0.0.1:7004".into()]);
+        assert_ne!(before, after);
+        let midway = ScanCursor {
+            node: 1,
+            cursor: 42,
+            layout: before,
+        };
+        assert_eq!(midway.resume(before), midway, "same masters: carry on");
+        let restarted = midway.resume(after);
+        assert!(restarted.is_start());
+        assert_eq!(restarted.layout, after);
+        let fresh = ScanCursor::START.resume(after);
+        assert_eq!((fresh.node, fresh.cursor, fresh.layout), (0, 0, after));
+    }
 
     const NODES: &str = "\
 a1 127.0.0.1:7001@17001 myself,master - 0 0 1 connected 0-5460
