@@ -360,6 +360,27 @@ impl RedisBackend {
         Ok(T::from_redis_value(redis::Value::Array(replies))?)
     }
 
+    /// Runs `call` of `script` as [`query_confirmed`](Self::query_confirmed) does, loading the
+    /// script and sending again when a node answers `NOSCRIPT` (a new master after a failover, a
+    /// flushed script cache); the script's reply.
+    pub async fn invoke_confirmed<T: redis::FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        call: &redis::ScriptInvocation<'_>,
+    ) -> redis::RedisResult<T> {
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(call);
+        match self.query_confirmed::<(T,)>(pipe).await {
+            Err(err) if err.code() == Some("NOSCRIPT") => {
+                let mut pipe = redis::pipe();
+                pipe.load_script(script).ignore();
+                pipe.invoke_script(call);
+                Ok(self.query_confirmed::<(T,)>(pipe).await?.0)
+            }
+            other => Ok(other?.0),
+        }
+    }
+
     /// Checks that the deployment answers.
     pub async fn ping(&self) -> redis::RedisResult<()> {
         let mut conn = self.conn();

@@ -88,10 +88,7 @@ impl Coordination {
         // A take a failover loses would bring the payload back for a second take: on a cluster
         // the consumed marker must reach a replica before the payload is handed out.
         // Unconfirmed, the take fails closed (the token stays consumed on the master).
-        let mut pipe = redis::pipe();
-        pipe.load_script(&TAKE).ignore();
-        pipe.invoke_script(&call);
-        let (reply,): (Vec<Value>,) = self.redis().query_confirmed(pipe).await?;
+        let reply: Vec<Value> = self.redis().invoke_confirmed(&TAKE, &call).await?;
         let outcome = decode_take(&reply, &ordered)?;
         let label = match &outcome {
             HandoffTake::Taken { .. } => "taken",

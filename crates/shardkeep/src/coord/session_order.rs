@@ -56,14 +56,14 @@ impl Coordination {
         order: &SessionOrder,
     ) -> Result<OrderCheck, CoordError> {
         let mark = self.keys().presence_session_order(character_id)?;
-        let current: i64 = ORDER
-            .key(mark)
-            .arg(order.owner_epoch)
+        let mut call = ORDER.key(mark);
+        call.arg(order.owner_epoch)
             .arg(order.at.timestamp_micros())
             .arg(order.event_id.to_string())
-            .arg(SESSION_ORDER_TTL.as_millis())
-            .invoke_async(&mut self.conn())
-            .await?;
+            .arg(SESSION_ORDER_TTL.as_millis());
+        // The mark is what makes an older event stale: one a failover lost would let an older
+        // cleanup apply after a newer one. On a cluster it counts once a replica holds it.
+        let current: i64 = self.redis().invoke_confirmed(&ORDER, &call).await?;
         Ok(check(current))
     }
 
@@ -78,9 +78,8 @@ impl Coordination {
     ) -> Result<OrderCheck, CoordError> {
         let ttl = Ttl::from_millis((record.expires_at - Utc::now()).num_milliseconds())?;
         let keys = self.keys();
-        let current: i64 = ORDER
-            .key(keys.presence_session_order(&record.character_id)?)
-            .key(keys.presence_account(&record.account_id)?)
+        let mut call = ORDER.key(keys.presence_session_order(&record.character_id)?);
+        call.key(keys.presence_account(&record.account_id)?)
             .key(keys.presence_character(&record.character_id)?)
             .key(keys.presence_account_index())
             .key(keys.presence_character_index())
@@ -91,9 +90,9 @@ impl Coordination {
             .arg(encode(record)?)
             .arg(ttl.as_millis())
             .arg(&record.account_id)
-            .arg(&record.character_id)
-            .invoke_async(&mut self.conn())
-            .await?;
+            .arg(&record.character_id);
+        // It takes the session-order mark too: confirmed like `session_order_claim`.
+        let current: i64 = self.redis().invoke_confirmed(&ORDER, &call).await?;
         Ok(check(current))
     }
 }

@@ -40,7 +40,11 @@ impl Coordination {
     /// handoff, so no marker can exist for a transfer that is not pending.
     pub async fn transfer_begin(&self, token: &str, ttl: Ttl) -> Result<(), CoordError> {
         let key = self.keys().transfer_pending(token)?;
-        let () = self.conn().pset_ex(key, 1, ttl.as_millis()).await?;
+        // A pending record a failover lost would leave the marker of a transfer that is not
+        // pending: on a cluster it counts once a replica holds it.
+        let mut pipe = redis::pipe();
+        pipe.pset_ex(key, 1, ttl.as_millis()).ignore();
+        let () = self.redis().query_confirmed(pipe).await?;
         Ok(())
     }
 

@@ -125,19 +125,7 @@ impl AppendOp {
                 for body in batch {
                     call.arg(body);
                 }
-                pipe.invoke_script(&call);
-                let sent = self.redis.query_confirmed::<(i64,)>(pipe).await;
-                let (accepted,) = match sent {
-                    // A node that never ran the script (a new master, a flushed cache): load
-                    // it ahead of the call and send again.
-                    Err(err) if err.code() == Some("NOSCRIPT") => {
-                        let mut pipe = redis::pipe();
-                        pipe.load_script(self.script).ignore();
-                        pipe.invoke_script(&call);
-                        self.redis.query_confirmed(pipe).await?
-                    }
-                    other => other?,
-                };
+                let accepted: i64 = self.redis.invoke_confirmed(self.script, &call).await?;
                 Ok(usize::try_from(accepted).unwrap_or(0))
             }
         }
