@@ -346,7 +346,7 @@ pub(super) fn hand_off(
             }
         }
         tracing::debug!(event = "sim_transfer_begun", %token, character = %agent.character_id, %target);
-        await_activation(&world, token.clone());
+        await_activation(&world, agent.character_id, token.clone());
         let message = Inbound::Handoff {
             agent,
             token,
@@ -361,7 +361,7 @@ pub(super) fn hand_off(
 /// The source side of a transfer after its handoff left: it waits for the destination's
 /// activation marker (or for the transfer to stop being pending: a lost handoff ends it) and
 /// then completes the transfer, which lets the marker go.
-fn await_activation(world: &Arc<World>, token: String) {
+fn await_activation(world: &Arc<World>, character_id: uuid::Uuid, token: String) {
     let world = Arc::clone(world);
     world
         .counters
@@ -377,7 +377,17 @@ fn await_activation(world: &Arc<World>, token: String) {
                     if coord.transfer_marker_get(&token).await?.is_none()
                         && coord.transfer_is_pending(&token).await?
                     {
-                        return Ok::<_, shardkeep::CoordError>(false);
+                        // A forced failover can lose even a marker a replica acknowledged: the
+                        // activation's durable record ends the wait as well.
+                        let recorded = world
+                            .env
+                            .retry
+                            .transfer_activation_recorded(character_id, &token)
+                            .await
+                            .unwrap_or(false);
+                        if !recorded {
+                            return Ok::<_, shardkeep::CoordError>(false);
+                        }
                     }
                     coord.transfer_complete(&token).await?;
                     Ok(true)

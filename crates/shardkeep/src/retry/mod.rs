@@ -96,6 +96,25 @@ pub struct RetryQueue {
 pub struct RetrySignals(pub(crate) mpsc::Receiver<Uuid>);
 
 impl RetryQueue {
+    /// True once the activation of transfer `token` of `character_id` is recorded durably (its
+    /// `transfer_activation` job settled). The Redis activation marker is bookkeeping that a
+    /// forced failover can lose even after a replica acknowledged it; a source waiting for the
+    /// marker asks this to end the transfer anyway.
+    pub async fn transfer_activation_recorded(
+        &self,
+        character_id: Uuid,
+        token: &str,
+    ) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM transfer_activations
+                             WHERE character_id = $1 AND transfer_token = $2)",
+        )
+        .bind(character_id)
+        .bind(token)
+        .fetch_one(self.pg.exec())
+        .await
+    }
+
     /// A queue over `pg` whose signal channel holds `signal_depth` ids.
     pub fn new(
         pg: PostgresBackend,
