@@ -377,7 +377,7 @@ fn await_activation(world: &Arc<World>, character_id: uuid::Uuid, token: String)
                     if coord.transfer_marker_get(&token).await?.is_none()
                         && coord.transfer_is_pending(&token).await?
                     {
-                        // A forced failover can lose even a marker a replica acknowledged: the
+                        // A failover has left activated transfers without their marker: the
                         // activation's durable record ends the wait as well.
                         let recorded = world
                             .env

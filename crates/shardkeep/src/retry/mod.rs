@@ -97,9 +97,9 @@ pub struct RetrySignals(pub(crate) mpsc::Receiver<Uuid>);
 
 impl RetryQueue {
     /// True once the activation of transfer `token` of `character_id` is recorded durably (its
-    /// `transfer_activation` job settled). The Redis activation marker is bookkeeping that a
-    /// forced failover can lose even after a replica acknowledged it; a source waiting for the
-    /// marker asks this to end the transfer anyway.
+    /// `transfer_activation` job settled). The Redis activation marker is bookkeeping (a failover
+    /// run has left transfers whose markers were gone): a source waiting for the marker asks
+    /// this to end the transfer anyway.
     pub async fn transfer_activation_recorded(
         &self,
         character_id: Uuid,
