@@ -135,24 +135,8 @@ impl PostgresBackend {
         setting: &'static str,
         url: &str,
     ) -> Result<bool, ConnectError> {
-        let fail = |reason: String| ConnectError {
-            setting,
-            target: redact_url(url),
-            reason,
-        };
-        let options = PgConnectOptions::from_str(url).map_err(|e| fail(one_line(&e)))?;
-        // Like libpq, a URL naming no database means the user's own.
-        let name = options
-            .get_database()
-            .filter(|name| !name.is_empty())
-            .unwrap_or(options.get_username())
-            .to_owned();
-        let maintenance = Self::options_for(options.database("postgres"), PgPooler::Transaction);
-        let mut conn = maintenance
-            .connect()
-            .await
-            .map_err(|e| fail(one_line(&e)))?;
-        let exists = async {
+        let work = async {
+            let (name, mut conn) = maintenance_connection(url).await?;
             let mut tx = conn.begin_with(PINNED_BEGIN).await?;
             let exists: bool =
                 sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
@@ -160,18 +144,14 @@ impl PostgresBackend {
                     .fetch_one(&mut *tx)
                     .await?;
             tx.commit().await?;
-            Ok::<_, sqlx::Error>(exists)
-        }
-        .await
-        .map_err(|e| fail(one_line(&e)))?;
-        if !exists {
-            let create = format!("CREATE DATABASE \"{}\"", name.replace('"', "\"\""));
-            conn.execute(sqlx::AssertSqlSafe(create))
-                .await
-                .map_err(|e| fail(one_line(&e)))?;
-        }
-        conn.close().await.map_err(|e| fail(one_line(&e)))?;
-        Ok(!exists)
+            if !exists {
+                let create = format!("CREATE DATABASE {}", quoted(&name));
+                conn.execute(sqlx::AssertSqlSafe(create)).await?;
+            }
+            conn.close().await?;
+            Ok::<_, sqlx::Error>(!exists)
+        };
+        work.await.map_err(|e| connect_error(setting, url, &e))
     }
 
     /// Drops the database named in `url` when it exists, ending its sessions first (Postgres
@@ -180,32 +160,13 @@ impl PostgresBackend {
         setting: &'static str,
         url: &str,
     ) -> Result<(), ConnectError> {
-        let fail = |reason: String| ConnectError {
-            setting,
-            target: redact_url(url),
-            reason,
+        let work = async {
+            let (name, mut conn) = maintenance_connection(url).await?;
+            let drop = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", quoted(&name));
+            conn.execute(sqlx::AssertSqlSafe(drop)).await?;
+            conn.close().await
         };
-        let options = PgConnectOptions::from_str(url).map_err(|e| fail(one_line(&e)))?;
-        // Like libpq, a URL naming no database means the user's own.
-        let name = options
-            .get_database()
-            .filter(|name| !name.is_empty())
-            .unwrap_or(options.get_username())
-            .to_owned();
-        let maintenance = Self::options_for(options.database("postgres"), PgPooler::Transaction);
-        let mut conn = maintenance
-            .connect()
-            .await
-            .map_err(|e| fail(one_line(&e)))?;
-        let drop = format!(
-            "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
-            name.replace('"', "\"\"")
-        );
-        conn.execute(sqlx::AssertSqlSafe(drop))
-            .await
-            .map_err(|e| fail(one_line(&e)))?;
-        conn.close().await.map_err(|e| fail(one_line(&e)))?;
-        Ok(())
+        work.await.map_err(|e| connect_error(setting, url, &e))
     }
 
     /// Wraps an existing pool that reaches Postgres with no pooler between (tests get one per
@@ -345,6 +306,35 @@ fn newly_applied(before: &[i64]) -> Vec<AppliedMigration> {
         .collect()
 }
 
+/// The database `url` names (like libpq, the user's own when it names none) and a connection to
+/// the same server's `postgres` database to create or drop it from, set up for a
+/// transaction-mode pooler (it works without one too).
+async fn maintenance_connection(url: &str) -> Result<(String, sqlx::PgConnection), sqlx::Error> {
+    let options = PgConnectOptions::from_str(url)?;
+    let name = options
+        .get_database()
+        .filter(|name| !name.is_empty())
+        .unwrap_or(options.get_username())
+        .to_owned();
+    let maintenance =
+        PostgresBackend::options_for(options.database("postgres"), PgPooler::Transaction);
+    Ok((name, maintenance.connect().await?))
+}
+
+/// `name` as a quoted SQL identifier.
+fn quoted(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// A failure to use `url` (named by `setting`), in one line with the password redacted.
+fn connect_error(setting: &'static str, url: &str, err: &sqlx::Error) -> ConnectError {
+    ConnectError {
+        setting,
+        target: redact_url(url),
+        reason: one_line(err),
+    }
+}
+
 /// The versions `_sqlx_migrations` records as applied (none before the first migration).
 async fn applied_versions(conn: &mut sqlx::PgConnection) -> Result<Vec<i64>, sqlx::Error> {
     let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
@@ -361,6 +351,12 @@ async fn applied_versions(conn: &mut sqlx::PgConnection) -> Result<Vec<i64>, sql
 #[cfg(test)]
 mod tests {
     use super::connection_lost;
+
+    #[test]
+    fn a_database_name_is_quoted_as_an_identifier() {
+        assert_eq!(super::quoted("shardkeep"), "\"shardkeep\"");
+        assert_eq!(super::quoted("a\"b"), "\"a\"\"b\"");
+    }
 
     #[test]
     fn every_migration_can_run_inside_the_one_migration_transaction() {
