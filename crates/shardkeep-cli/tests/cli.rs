@@ -139,10 +139,9 @@ fn an_unknown_pooler_mode_is_refused_naming_the_setting() {
 /// The test database's URL for a `shardkeep` process of this pass (through PgBouncer in the
 /// PgBouncer pass), with [`POOLER`] the setting that goes with it.
 fn database_url_of(pool: &PgPool) -> String {
-    let base = std::env::var("DATABASE_URL").expect("tests run with DATABASE_URL set");
-    let db = shardkeep_testkit::pgbouncer::database_of(pool);
-    let [(_, url), _] = shardkeep_testkit::pgbouncer::serve_database_env(&base, &db);
-    url
+    shardkeep_testkit::pgbouncer::pass_database_url(&shardkeep_testkit::pgbouncer::database_of(
+        pool,
+    ))
 }
 
 /// `SHARDKEEP_PG_POOLER` for this pass.

@@ -35,10 +35,9 @@ const CLEANUPS: usize = 200;
 
 /// The test database's URL for `serve` in this pass (through PgBouncer in the PgBouncer pass).
 fn database_url_of(pool: &PgPool) -> String {
-    let base = std::env::var("DATABASE_URL").expect("tests run with DATABASE_URL set");
-    let db = shardkeep_testkit::pgbouncer::database_of(pool);
-    let [(_, url), _] = shardkeep_testkit::pgbouncer::serve_database_env(&base, &db);
-    url
+    shardkeep_testkit::pgbouncer::pass_database_url(&shardkeep_testkit::pgbouncer::database_of(
+        pool,
+    ))
 }
 
 fn free_port() -> u16 {

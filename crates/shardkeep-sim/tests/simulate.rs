@@ -11,8 +11,7 @@ use shardkeep_sim::{self as sim, FaultSet, SimConfig};
 async fn a_short_run_with_every_fault_keeps_every_invariant() {
     let database_url = std::env::var("DATABASE_URL").unwrap();
     // In the PgBouncer pass the run reaches Postgres through PgBouncer in transaction mode.
-    let [(_, run_url), _] =
-        shardkeep_testkit::pgbouncer::serve_database_env(&database_url, "postgres");
+    let run_url = shardkeep_testkit::pgbouncer::pass_database_url("postgres");
     let config = SimConfig {
         pg_pooler: shardkeep_testkit::pgbouncer::pass_pooler(),
         duration: Duration::from_secs(12),

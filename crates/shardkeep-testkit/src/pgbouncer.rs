@@ -48,16 +48,6 @@ pub fn bouncer_options(pool: &PgPool, pooler: PgPooler) -> PgConnectOptions {
     PostgresBackend::options_for(options, pooler)
 }
 
-/// A pool of at most `max` connections to `pool`'s database through the suite's PgBouncer.
-pub async fn bouncer_pool(pool: &PgPool, pooler: PgPooler, max: u32) -> PgPool {
-    PgPoolOptions::new()
-        .max_connections(max)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect_with(bouncer_options(pool, pooler))
-        .await
-        .expect("PgBouncer accepts connections")
-}
-
 /// The backend a test's stores use over `pool`'s database: `pool` itself, or in the PgBouncer
 /// pass a pool of the same database through PgBouncer with shardkeep's transaction-mode
 /// settings (connecting on first use).
@@ -74,19 +64,16 @@ pub fn pg(pool: &PgPool) -> PostgresBackend {
     }
 }
 
-/// The `DATABASE_URL` and `SHARDKEEP_PG_POOLER` a `shardkeep` process of this pass is given for
-/// `database`: straight to Postgres, or through PgBouncer in the PgBouncer pass.
-pub fn serve_database_env(direct_url: &str, database: &str) -> [(&'static str, String); 2] {
-    let pooler = pass_pooler();
-    let url = match pooler {
+/// The URL of `database` for a `shardkeep` process of this pass: on `DATABASE_URL`'s server, or
+/// through PgBouncer in the PgBouncer pass (give the process [`pass_pooler`] as
+/// `SHARDKEEP_PG_POOLER` with it).
+pub fn pass_database_url(database: &str) -> String {
+    match pass_pooler() {
         PgPooler::None => {
-            let (server, _) = direct_url.rsplit_once('/').unwrap_or((direct_url, ""));
+            let direct = std::env::var("DATABASE_URL").expect("tests run with DATABASE_URL set");
+            let (server, _) = direct.rsplit_once('/').unwrap_or((&direct, ""));
             format!("{server}/{database}")
         }
         _ => pgbouncer_url(database),
-    };
-    [
-        ("DATABASE_URL", url),
-        ("SHARDKEEP_PG_POOLER", pooler.as_str().to_owned()),
-    ]
+    }
 }

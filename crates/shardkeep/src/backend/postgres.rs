@@ -204,11 +204,6 @@ impl PostgresBackend {
         PgSession::open(&self.pool, self.pooler).await
     }
 
-    /// The pool's size now and its idle connections.
-    pub fn pool_size(&self) -> (u32, usize) {
-        (self.pool.size(), self.pool.num_idle())
-    }
-
     /// Applies every embedded migration not yet applied, returning the ones it applied.
     ///
     /// All of them run inside one transaction (each in a savepoint of it) holding a
