@@ -220,9 +220,15 @@ impl Drop for PrivateRedis {
     }
 }
 
-/// Where `DATABASE_URL`'s Postgres listens (for a [`faults::FaultProxy`] in front of it).
+/// Where the stores of this pass reach Postgres (for a [`faults::FaultProxy`] in front of it):
+/// `DATABASE_URL`'s server, or the suite's PgBouncer in the PgBouncer pass.
 pub fn pg_addr() -> std::net::SocketAddr {
-    let url = std::env::var("DATABASE_URL").expect("tests run with DATABASE_URL set");
+    let url = match pgbouncer::pass_pooler() {
+        shardkeep::backend::postgres::PgPooler::None => {
+            std::env::var("DATABASE_URL").expect("tests run with DATABASE_URL set")
+        }
+        _ => pgbouncer::pgbouncer_url("postgres"),
+    };
     let options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
     let host = if options.get_host().starts_with('/') {
         "127.0.0.1"
@@ -232,16 +238,37 @@ pub fn pg_addr() -> std::net::SocketAddr {
     format!("{host}:{}", options.get_port()).parse().unwrap()
 }
 
-/// A small pool of `pool`'s database reached through `proxy`.
-pub async fn proxied_pool(pool: &sqlx::PgPool, proxy: &faults::FaultProxy) -> sqlx::PgPool {
-    let options = (*pool.connect_options())
-        .clone()
-        .host("127.0.0.1")
-        .port(proxy.addr().port());
-    sqlx::postgres::PgPoolOptions::new()
+/// Connect options for `pool`'s database reached through `proxy` (started in front of
+/// [`pg_addr`]), and the pooler to build the backend with: this pass's settings, so a fault
+/// test goes through PgBouncer in the PgBouncer pass like every other store.
+pub fn proxied_options(
+    pool: &sqlx::PgPool,
+    proxy: &faults::FaultProxy,
+) -> (
+    sqlx::postgres::PgConnectOptions,
+    shardkeep::backend::postgres::PgPooler,
+) {
+    let pooler = pgbouncer::pass_pooler();
+    let options = match pooler {
+        shardkeep::backend::postgres::PgPooler::None => (*pool.connect_options()).clone(),
+        _ => pgbouncer::bouncer_options(pool, pooler),
+    }
+    .host("127.0.0.1")
+    .port(proxy.addr().port());
+    (options, pooler)
+}
+
+/// A backend over a small pool (two connections, connected now) of [`proxied_options`].
+pub async fn proxied_pg(
+    pool: &sqlx::PgPool,
+    proxy: &faults::FaultProxy,
+) -> shardkeep::PostgresBackend {
+    let (options, pooler) = proxied_options(pool, proxy);
+    let proxied = sqlx::postgres::PgPoolOptions::new()
         .max_connections(2)
         .acquire_timeout(std::time::Duration::from_millis(500))
         .connect_with(options)
         .await
-        .unwrap()
+        .unwrap();
+    shardkeep::PostgresBackend::from_pool_through(proxied, pooler)
 }

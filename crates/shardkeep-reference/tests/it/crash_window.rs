@@ -9,7 +9,7 @@ use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
 use sqlx::PgPool;
 
 use crate::support::{
-    Stores, boot_with, login, pg_addr, proxied_pool, pump_until, rows_checkpoints_and_jobs,
+    Stores, boot_with, login, pg_addr, proxied_pg, pump_until, rows_checkpoints_and_jobs,
 };
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
@@ -17,7 +17,7 @@ async fn a_postgres_outage_shows_as_a_growing_row_age(pool: PgPool) {
     let redis = TestRedis::new().await;
     let stores = Stores::new(&pool, redis.backend());
     let proxy = FaultProxy::start(pg_addr()).await.unwrap();
-    let shard_pool = proxied_pool(&pool, &proxy).await;
+    let shard_pool = proxied_pg(&pool, &proxy).await;
     let mut config = ShardConfig::new("shard-w", "zone-0");
     config.checkpoint_pulses = 2;
     config.flush_pulses = 4;

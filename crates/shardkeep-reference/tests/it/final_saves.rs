@@ -12,7 +12,7 @@ use sqlx::PgPool;
 
 use shardkeep::saver::UnsavedFinals;
 
-use crate::support::{Stores, boot_with, login, pg_addr, proxied_pool, rows_checkpoints_and_jobs};
+use crate::support::{Stores, boot_with, login, pg_addr, proxied_pg, rows_checkpoints_and_jobs};
 
 fn config() -> ShardConfig {
     let mut config = ShardConfig::new("shard-a", "zone-0");
@@ -54,7 +54,7 @@ impl Scene {
         let redis = TestRedis::new().await;
         let stores = Stores::new(pool, redis.backend());
         let proxy = FaultProxy::start(pg_addr()).await.unwrap();
-        let proxied = proxied_pool(pool, &proxy).await;
+        let proxied = proxied_pg(pool, &proxy).await;
         let mut shard = boot_with(
             rows_checkpoints_and_jobs(proxied, redis.backend()),
             &stores,

@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use serde_json::json;
-use shardkeep::PostgresBackend;
 use shardkeep::audit::AuditEvent;
 use shardkeep::drain::BarrierOutcome;
 use shardkeep_reference::game::Item;
@@ -663,25 +662,12 @@ async fn a_transfer_whose_outcome_stays_unknown_voids_the_item_on_the_record(poo
     use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
     let redis = TestRedis::new().await;
     let stores = Stores::new(&pool, redis.backend());
-    let options: sqlx::postgres::PgConnectOptions =
-        std::env::var("DATABASE_URL").unwrap().parse().unwrap();
-    let upstream = format!("127.0.0.1:{}", options.get_port()).parse().unwrap();
-    let proxy = FaultProxy::start(upstream).await.unwrap();
-    let cut_pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_millis(300))
-        .connect_with(
-            (*pool.connect_options())
-                .clone()
-                .host("127.0.0.1")
-                .port(proxy.addr().port()),
-        )
+    let proxy = FaultProxy::start(shardkeep_testkit::pg_addr())
         .await
         .unwrap();
+    let cut_pg = shardkeep_testkit::proxied_pg(&pool, &proxy).await;
     let mut shard_stores = stores.shard_stores();
-    shard_stores.characters = Some(shardkeep::character::CharacterStore::new(
-        PostgresBackend::from_pool(cut_pool),
-    ));
+    shard_stores.characters = Some(shardkeep::character::CharacterStore::new(cut_pg));
     let mut config = shardkeep_reference::shard::ShardConfig::new("shard-a", "zone-0");
     config.saver.io_timeout = Duration::from_millis(500);
     config.transfer_budget = Duration::from_secs(1);

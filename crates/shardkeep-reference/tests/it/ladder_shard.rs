@@ -1,7 +1,6 @@
 use std::time::Duration;
 
 use serde_json::json;
-use shardkeep::PostgresBackend;
 use shardkeep::backend::redis::RedisTimeouts;
 use shardkeep::character::{
     CharacterSnapshot, CheckpointWrite, HandoffLoad, HandoffPayload, LoadSource, SaveOutcome,
@@ -16,9 +15,7 @@ use shardkeep_testkit::TestRedis;
 use shardkeep_testkit::faults::{FaultProxy, ProxyControl, ProxyMode};
 use sqlx::PgPool;
 
-use crate::support::{
-    Stores, boot, boot_with, login, pg_addr, proxied_pool, pump_until, rows_only,
-};
+use crate::support::{Stores, boot, boot_with, login, pg_addr, proxied_pg, pump_until, rows_only};
 
 const BARRIER: Duration = Duration::from_secs(5);
 
@@ -413,7 +410,7 @@ async fn a_saturated_saver_drops_without_blocking_and_the_zone_keeps_ticking(poo
     let redis = TestRedis::new().await;
     let stores = Stores::new(&pool, redis.backend());
     let proxy = FaultProxy::start(pg_addr()).await.unwrap();
-    let slow_pool = proxied_pool(&pool, &proxy).await;
+    let slow_pool = proxied_pg(&pool, &proxy).await;
     let mut config = ShardConfig::new("shard-a", "zone-0");
     config.saver = SaverConfig {
         queue_depth: 8,
@@ -451,7 +448,7 @@ async fn a_postgres_outage_during_a_flush_recovers_at_the_next_cadence(pool: PgP
     let redis = TestRedis::new().await;
     let stores = Stores::new(&pool, redis.backend());
     let proxy = FaultProxy::start(pg_addr()).await.unwrap();
-    let cut_pool = proxied_pool(&pool, &proxy).await;
+    let cut_pool = proxied_pg(&pool, &proxy).await;
     let mut config = ShardConfig::new("shard-a", "zone-0");
     config.saver.io_timeout = Duration::from_secs(1);
     config.checkpoint_pulses = 1_000;
@@ -494,7 +491,7 @@ async fn a_logout_during_a_postgres_outage_lands_its_final_save_once_it_heals(po
     let redis = TestRedis::new().await;
     let stores = Stores::new(&pool, redis.backend());
     let proxy = FaultProxy::start(pg_addr()).await.unwrap();
-    let cut_pool = proxied_pool(&pool, &proxy).await;
+    let cut_pool = proxied_pg(&pool, &proxy).await;
     let mut config = ShardConfig::new("shard-a", "zone-0");
     config.saver.io_timeout = Duration::from_secs(1);
     let shard_stores = rows_only(cut_pool);
@@ -710,10 +707,10 @@ async fn login_fails_closed_when_postgres_is_unreachable(pool: PgPool) {
     let stores = Stores::new(&pool, redis.backend());
     let id = stores.new_character("Aria").await;
     let proxy = FaultProxy::start(pg_addr()).await.unwrap();
-    let cut_pool = proxied_pool(&pool, &proxy).await;
+    let cut_pool = proxied_pg(&pool, &proxy).await;
     proxy.set_mode(ProxyMode::Cut);
     let loader = CharacterLoader::new(
-        CharacterStore::new(PostgresBackend::from_pool(cut_pool)),
+        CharacterStore::new(cut_pool),
         Some(stores.checkpoints.clone()),
         shardkeep_reference::game::ReferenceModel::handle(),
         Duration::from_secs(2),

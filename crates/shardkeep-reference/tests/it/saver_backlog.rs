@@ -8,14 +8,14 @@ use shardkeep_testkit::TestRedis;
 use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
 use sqlx::PgPool;
 
-use crate::support::{Stores, boot_with, login, pg_addr, proxied_pool, rows_only};
+use crate::support::{Stores, boot_with, login, pg_addr, proxied_pg, rows_only};
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_logout_during_a_saver_backlog_keeps_its_final_until_there_is_room(pool: PgPool) {
     let redis = TestRedis::new().await;
     let stores = Stores::new(&pool, redis.backend());
     let proxy = FaultProxy::start(pg_addr()).await.unwrap();
-    let slow_pool = proxied_pool(&pool, &proxy).await;
+    let slow_pool = proxied_pg(&pool, &proxy).await;
     let mut config = ShardConfig::new("shard-a", "zone-0");
     config.saver = SaverConfig {
         queue_depth: 2,

@@ -169,13 +169,13 @@ pub(crate) async fn pump_until(
     }
 }
 
-pub(crate) use shardkeep_testkit::{pg_addr, proxied_pool};
+pub(crate) use shardkeep_testkit::{pg_addr, proxied_pg};
 
 /// Shard stores with rows only (over `pool`, e.g. one behind a fault proxy): no checkpoints,
 /// placements or audit.
-pub(crate) fn rows_only(pool: PgPool) -> ShardStores {
+pub(crate) fn rows_only(pg: PostgresBackend) -> ShardStores {
     ShardStores {
-        characters: Some(CharacterStore::new(PostgresBackend::from_pool(pool))),
+        characters: Some(CharacterStore::new(pg)),
         checkpoints: None,
         placement: None,
         audit: None,
@@ -185,8 +185,7 @@ pub(crate) fn rows_only(pool: PgPool) -> ShardStores {
 
 /// Rows, checkpoints and retry jobs: rows and jobs over `pool` (e.g. one behind a fault proxy),
 /// checkpoints in `redis`. No worker takes the retry signals; jobs wait in their table.
-pub(crate) fn rows_checkpoints_and_jobs(pool: PgPool, redis: RedisBackend) -> ShardStores {
-    let pg = PostgresBackend::from_pool(pool);
+pub(crate) fn rows_checkpoints_and_jobs(pg: PostgresBackend, redis: RedisBackend) -> ShardStores {
     let (retry, _signals) =
         shardkeep::retry::RetryQueue::new(pg.clone(), 16, Arc::new(shardkeep::clock::SystemClock));
     ShardStores {

@@ -81,6 +81,24 @@ pub(crate) async fn begin(
     }
 }
 
+/// The body of a single-future [`Executor`] method of [`PgExec`]: the pool's own method without
+/// a pooler; through a transaction-mode pooler, the same method inside its own transaction.
+macro_rules! straight_or_pinned {
+    ($exec:ident . $method:ident ( $($arg:ident),* )) => {{
+        if !$exec.pooler.pins_transactions() {
+            return $exec.pool.$method($($arg),*);
+        }
+        let pool = $exec.pool.clone();
+        let pooler = $exec.pooler;
+        Box::pin(async move {
+            let mut tx = begin(&pool, pooler).await?;
+            let out = (&mut *tx).$method($($arg),*).await?;
+            tx.commit().await?;
+            Ok(out)
+        })
+    }};
+}
+
 /// An executor over the pool that is safe for the configured pooler: straight on the pool
 /// without one, each statement in its own short transaction through a transaction-mode pooler.
 /// Rows of a statement are collected before they are handed on in the latter case.
@@ -124,17 +142,7 @@ impl<'p> Executor<'p> for PgExec<'p> {
         'p: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
-        if !self.pooler.pins_transactions() {
-            return self.pool.fetch_optional(query);
-        }
-        let pool = self.pool.clone();
-        let pooler = self.pooler;
-        Box::pin(async move {
-            let mut tx = begin(&pool, pooler).await?;
-            let row = (&mut *tx).fetch_optional(query).await?;
-            tx.commit().await?;
-            Ok(row)
-        })
+        straight_or_pinned!(self.fetch_optional(query))
     }
 
     fn prepare_with<'e>(
@@ -145,17 +153,7 @@ impl<'p> Executor<'p> for PgExec<'p> {
     where
         'p: 'e,
     {
-        if !self.pooler.pins_transactions() {
-            return self.pool.prepare_with(sql, parameters);
-        }
-        let pool = self.pool.clone();
-        let pooler = self.pooler;
-        Box::pin(async move {
-            let mut tx = begin(&pool, pooler).await?;
-            let statement = (&mut *tx).prepare_with(sql, parameters).await?;
-            tx.commit().await?;
-            Ok(statement)
-        })
+        straight_or_pinned!(self.prepare_with(sql, parameters))
     }
 
     fn describe<'e>(
@@ -165,17 +163,7 @@ impl<'p> Executor<'p> for PgExec<'p> {
     where
         'p: 'e,
     {
-        if !self.pooler.pins_transactions() {
-            return self.pool.describe(sql);
-        }
-        let pool = self.pool.clone();
-        let pooler = self.pooler;
-        Box::pin(async move {
-            let mut tx = begin(&pool, pooler).await?;
-            let described = (&mut *tx).describe(sql).await?;
-            tx.commit().await?;
-            Ok(described)
-        })
+        straight_or_pinned!(self.describe(sql))
     }
 }
 

@@ -10,7 +10,6 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::NodeAddress;
 use redis::cluster::{ClusterClient, ClusterConfig};
 
-use super::cluster_link::ClusterLink;
 pub use super::redis_conn::RedisConn;
 pub use super::redis_nodes::{EvictionCheck, ScanCursor};
 use super::redis_nodes::{MasterNodes, check_eviction_policy};
@@ -171,13 +170,14 @@ impl RedisBackend {
                 let config = ClusterConfig::new()
                     .set_connection_timeout(timeouts.connect)
                     .set_response_timeout(timeouts.response);
-                let bound = timeouts.connect + timeouts.response;
-                let conn = ClusterLink::connect(client.clone(), config.clone(), bound).await?;
-                let durable = ClusterLink::connect(client.clone(), config, bound).await?;
+                let conn = client
+                    .get_async_connection_with_config(config.clone())
+                    .await?;
+                let durable = client.get_async_connection_with_config(config).await?;
                 Ok::<_, redis::RedisError>((
                     Topology::Cluster(client),
-                    RedisConn::Cluster(Arc::new(conn)),
-                    RedisConn::Cluster(Arc::new(durable)),
+                    RedisConn::Cluster(conn),
+                    RedisConn::Cluster(durable),
                 ))
             }
         };
@@ -249,10 +249,9 @@ impl RedisBackend {
                 let config = ClusterConfig::new()
                     .set_connection_timeout(self.timeouts.connect)
                     .set_response_timeout(response);
-                let bound = self.timeouts.connect + response;
-                Ok(RedisConn::Cluster(Arc::new(
-                    ClusterLink::connect(client.clone(), config, bound).await?,
-                )))
+                Ok(RedisConn::Cluster(
+                    client.get_async_connection_with_config(config).await?,
+                ))
             }
         }
     }
@@ -331,6 +330,15 @@ impl RedisBackend {
         let mut conn = self.durable_conn();
         if !self.is_cluster() {
             return pipe.query_async(&mut conn).await;
+        }
+        if pipe.is_transaction() {
+            // Inside MULTI, WAIT answers at once with what replicas hold already: it would
+            // confirm writes no replica has.
+            return Err((
+                redis::ErrorKind::Client,
+                "a confirmed write cannot be a MULTI transaction",
+            )
+                .into());
         }
         let wait_ms = u64::try_from(self.timeouts.response.as_millis() / 2)
             .unwrap_or(1000)

@@ -55,7 +55,8 @@ impl ScanCursor {
     }
 }
 
-/// A fingerprint of a master list (its addresses, in order).
+/// A fingerprint of a master list (each master's node id and address, in order): a node
+/// restarted empty at the same address has a new id, and its cursors mean nothing.
 fn layout_of(addresses: &[String]) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
@@ -64,7 +65,7 @@ fn layout_of(addresses: &[String]) -> u64 {
 }
 
 /// The cluster's masters, discovered from `CLUSTER NODES` at the start of each walk and
-/// connected to directly, in address order.
+/// connected to directly, in address order. Each is named `address id`.
 pub(super) struct MasterNodes {
     seed: redis::ConnectionInfo,
     node_map: HashMap<(String, u16), (String, u16)>,
@@ -105,19 +106,22 @@ impl MasterNodes {
             .arg("NODES")
             .query_async(&mut backend.conn())
             .await?;
-        let addresses = masters_of(&text);
+        let masters = masters_of(&text);
         let mut known = self.known.lock().await;
-        let mut next = Vec::with_capacity(addresses.len());
-        for address in addresses {
+        let mut next = Vec::with_capacity(masters.len());
+        for master in masters {
             let reuse = known
                 .iter()
-                .find(|(a, _)| *a == address)
+                .find(|(m, _)| *m == master)
                 .map(|(_, c)| c.clone());
             let conn = match reuse {
                 Some(conn) => conn,
-                None => self.connect(&address, backend).await?,
+                None => {
+                    let address = master.split(' ').next().unwrap_or_default();
+                    self.connect(address, backend).await?
+                }
             };
-            next.push((address, conn));
+            next.push((master, conn));
         }
         *known = next;
         Ok(known.clone())
@@ -181,39 +185,56 @@ pub(super) async fn node_addresses(backend: &RedisBackend) -> redis::RedisResult
         .arg("NODES")
         .query_async(&mut backend.conn())
         .await?;
-    Ok(nodes_of(&text, false))
+    Ok(nodes_of(&text))
 }
 
-/// The `host:port` of every reachable master holding slots in a `CLUSTER NODES` reply, sorted.
+/// Every master holding slots in a `CLUSTER NODES` reply, as `host:port id`, sorted by
+/// address. A master suspected or marked failing still holds its slots until its replica takes
+/// over, so it stays in the walk: reaching it fails the walk rather than skipping its keys and
+/// reporting the walk complete.
 fn masters_of(text: &str) -> Vec<String> {
-    nodes_of(text, true)
-}
-
-/// The `host:port` of the nodes of a `CLUSTER NODES` reply that are not failing (only the
-/// masters holding slots when `masters_only`), sorted.
-fn nodes_of(text: &str, masters_only: bool) -> Vec<String> {
     let mut masters: Vec<String> = text
         .lines()
         .filter_map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let address = fields.get(1)?;
-            let flags = fields.get(2)?;
+            let (id, address, flags) = (fields.first()?, fields.get(1)?, fields.get(2)?);
             let is_master = flags.split(',').any(|f| f == "master");
-            let failing = flags
-                .split(',')
-                .any(|f| matches!(f, "fail" | "fail?" | "noaddr" | "handshake"));
             let has_slots = fields.len() > 8;
-            if failing || (masters_only && (!is_master || !has_slots)) {
+            if !is_master || !has_slots {
                 return None;
             }
-            // `ip:port@cport[,hostname]`
-            let address = address.split(['@', ',']).next()?;
-            Some(address.to_owned())
+            Some(format!("{} {id}", address_of(address)?))
         })
         .collect();
     masters.sort();
     masters.dedup();
     masters
+}
+
+/// `host:port` of a `CLUSTER NODES` address field (`ip:port@cport[,hostname]`).
+fn address_of(field: &str) -> Option<&str> {
+    field.split(['@', ',']).next().filter(|a| a.contains(':'))
+}
+
+/// The `host:port` of the nodes of a `CLUSTER NODES` reply that are not failing, sorted.
+fn nodes_of(text: &str) -> Vec<String> {
+    let mut nodes: Vec<String> = text
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (address, flags) = (fields.get(1)?, fields.get(2)?);
+            let failing = flags
+                .split(',')
+                .any(|f| matches!(f, "fail" | "fail?" | "noaddr" | "handshake"));
+            if failing {
+                return None;
+            }
+            Some(address_of(address)?.to_owned())
+        })
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    nodes
 }
 
 /// One page of a SCAN over every master; see [`RedisBackend::scan_page`]. A walk re-reads the
@@ -327,16 +348,33 @@ c3 127.0.0.1:7003@17003,host-c master - 0 1 3 connected 10923-16383
 d4 127.0.0.1:7004@17004 slave a1 0 1 1 connected
 e5 127.0.0.1:7005@17005 master,fail - 0 1 5 connected
 f6 127.0.0.1:7006@17006 master - 0 1 6 connected
+g7 127.0.0.1:7007@17007 master,fail? - 0 1 7 connected 16000
 ";
 
     #[test]
-    fn masters_are_the_healthy_ones_holding_slots() {
+    fn masters_are_the_ones_holding_slots_failing_or_not() {
         assert_eq!(
             masters_of(NODES),
-            vec!["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"]
+            vec![
+                "127.0.0.1:7001 a1",
+                "127.0.0.1:7002 b2",
+                "127.0.0.1:7003 c3",
+                "127.0.0.1:7007 g7"
+            ]
         );
         assert!(masters_of("").is_empty());
-        assert_eq!(nodes_of(NODES, false).len(), 5);
+        assert_eq!(nodes_of(NODES).len(), 5);
         assert!(masters_of("garbage\n\n one").is_empty());
+        assert!(
+            masters_of("z9 nowhere master - 0 0 1 connected 0-10").is_empty(),
+            "an address without a port is no master to reach"
+        );
+    }
+
+    #[test]
+    fn a_master_restarted_empty_at_its_address_is_a_new_layout() {
+        let before = masters_of(NODES);
+        let after = masters_of(&NODES.replace("b2 127.0.0.1:7002", "x9 127.0.0.1:7002"));
+        assert_ne!(layout_of(&before), layout_of(&after));
     }
 }

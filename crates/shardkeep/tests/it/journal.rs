@@ -412,14 +412,10 @@ async fn a_poison_journal_entry_is_dead_lettered_with_its_error(pool: PgPool) {
 async fn a_failed_location_write_fails_the_entry_to_retry_in_order(pool: PgPool) {
     let env = Env::new(&pool).await;
     let player = env.character().await;
-    let url = std::env::var("DATABASE_URL").unwrap();
-    let options: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
-    let addr = format!("127.0.0.1:{}", options.get_port()).parse().unwrap();
-    let proxy = FaultProxy::start(addr).await.unwrap();
-    let cut_options = (*pool.connect_options())
-        .clone()
-        .host("127.0.0.1")
-        .port(proxy.addr().port());
+    let proxy = FaultProxy::start(shardkeep_testkit::pg_addr())
+        .await
+        .unwrap();
+    let (cut_options, pooler) = shardkeep_testkit::proxied_options(&pool, &proxy);
     let cut_pool = sqlx::postgres::PgPoolOptions::new()
         .acquire_timeout(Duration::from_millis(500))
         .connect_with(cut_options)
@@ -429,7 +425,7 @@ async fn a_failed_location_write_fails_the_entry_to_retry_in_order(pool: PgPool)
     let worker = JournalWorker::new(
         env.journal.clone(),
         env.coord.clone(),
-        CharacterStore::new(PostgresBackend::from_pool(cut_pool)),
+        CharacterStore::new(PostgresBackend::from_pool_through(cut_pool, pooler)),
         config(),
     );
     let item = cleanup(&player, "s-9", SessionLifecycleEffectPlan::PermanentRemoval);

@@ -281,7 +281,7 @@ async fn a_store_outage_charges_only_the_entry_at_the_head(pool: PgPool) {
     let proxy = FaultProxy::start(shardkeep_testkit::pg_addr())
         .await
         .unwrap();
-    let cut = shardkeep_testkit::proxied_pool(&pool, &proxy).await;
+    let cut = shardkeep_testkit::proxied_pg(&pool, &proxy).await;
     for n in 0..3 {
         let player = env.character().await;
         env.journal
@@ -297,7 +297,7 @@ async fn a_store_outage_charges_only_the_entry_at_the_head(pool: PgPool) {
     let worker = JournalWorker::new(
         env.journal.clone(),
         env.coord.clone(),
-        CharacterStore::new(shardkeep::PostgresBackend::from_pool(cut)),
+        CharacterStore::new(cut),
         JournalWorkerConfig::default(),
     );
     let mut consumer = env.journal.queue().consumer().await.unwrap();

@@ -137,11 +137,20 @@ async fn a_server_that_may_evict_keys_is_refused_unless_overridden() {
     .unwrap();
 }
 
-/// Every connection to every node cut (a network partition, all nodes restarted), then
-/// restored: the shared and the durable connections answer again within seconds, so workers
-/// resume instead of failing every call for good.
+/// Every connection to every node cut (nodes restarted, connections refused), or black-holed
+/// (a network partition: bytes held, connections open), for several seconds, then restored: the
+/// shared and the durable connections answer again within seconds, so workers resume instead
+/// of failing every call for good. On a cluster this rests on redis-rs reconnecting from the
+/// seed nodes once it has no node connection left.
 #[tokio::test]
 async fn after_every_connection_was_cut_both_connections_answer_again_within_seconds() {
+    use shardkeep_testkit::faults::ProxyMode;
+    for fault in [ProxyMode::Cut, ProxyMode::Stall] {
+        answers_again_after(fault).await;
+    }
+}
+
+async fn answers_again_after(fault: shardkeep_testkit::faults::ProxyMode) {
     use shardkeep_testkit::faults::{ProxyControl, ProxyMode};
     let redis = TestRedis::new().await;
     let timeouts = RedisTimeouts {
@@ -157,11 +166,12 @@ async fn after_every_connection_was_cut_both_connections_answer_again_within_sec
     .unwrap();
     let key = format!("{}:heal", redis.keys().namespace());
     let () = backend.durable_conn().set(&key, 1).await.unwrap();
-    proxy.set_mode(ProxyMode::Cut);
-    for _ in 0..30 {
-        assert!(backend.ping().await.is_err());
+    proxy.set_mode(fault);
+    let cut_for = tokio::time::Instant::now();
+    while cut_for.elapsed() < Duration::from_secs(4) {
+        assert!(backend.ping().await.is_err(), "{fault:?}");
         let cut: redis::RedisResult<i64> = backend.durable_conn().incr(&key, 1).await;
-        assert!(cut.is_err());
+        assert!(cut.is_err(), "{fault:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     proxy.set_mode(ProxyMode::Pass);
@@ -174,8 +184,38 @@ async fn after_every_connection_was_cut_both_connections_answer_again_within_sec
         }
         assert!(
             started.elapsed() < Duration::from_secs(10),
-            "answering again within 10 s (shared {shared}, durable {durable:?})"
+            "answering again within 10 s after {fault:?} (shared {shared}, durable {durable:?})"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// On a cluster a confirmed write waits for a replica; inside MULTI that wait would answer at
+/// once, so a transaction is refused there and nothing is written. Standalone has no wait.
+#[tokio::test]
+async fn a_confirmed_write_is_never_a_transaction_on_a_cluster() {
+    let redis = TestRedis::new().await;
+    let backend = redis.backend();
+    let key = format!("{}:confirmed", redis.keys().namespace());
+    let mut pipe = redis::pipe();
+    pipe.atomic().set(&key, 1).ignore();
+    let result: redis::RedisResult<()> = backend.query_confirmed(pipe).await;
+    let stored: Option<i64> = redis.raw().await.get(&key).await.unwrap();
+    if backend.is_cluster() {
+        let err = result.unwrap_err().to_string();
+        assert!(err.contains("MULTI"), "{err}");
+        assert_eq!(stored, None, "nothing written");
+    } else {
+        result.unwrap();
+        assert_eq!(stored, Some(1));
+    }
+    let mut pipe = redis::pipe();
+    pipe.set(&key, 2).ignore();
+    let () = backend.query_confirmed(pipe).await.unwrap();
+    let stored: Option<i64> = redis.raw().await.get(&key).await.unwrap();
+    assert_eq!(
+        stored,
+        Some(2),
+        "a plain pipeline is confirmed on both topologies"
+    );
 }

@@ -30,16 +30,17 @@ async fn broken_connections_cost_a_job_none_of_its_attempts(pool: PgPool) {
         .await
         .unwrap();
 
-    let options: sqlx::postgres::PgConnectOptions = (*pool.connect_options()).clone();
-    let upstream = format!("127.0.0.1:{}", options.get_port()).parse().unwrap();
-    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let proxy = FaultProxy::start(shardkeep_testkit::pg_addr())
+        .await
+        .unwrap();
+    let (options, pooler) = shardkeep_testkit::proxied_options(&pool, &proxy);
     let proxied = PostgresBackend::pool_options(2)
         .acquire_timeout(Duration::from_secs(2))
-        .connect_with(options.host("127.0.0.1").port(proxy.addr().port()))
+        .connect_with(options)
         .await
         .unwrap();
     let mut worker = RetryWorker::new(
-        PostgresBackend::from_pool(proxied.clone()),
+        PostgresBackend::from_pool_through(proxied.clone(), pooler),
         shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         cfg,

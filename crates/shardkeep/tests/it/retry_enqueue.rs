@@ -114,15 +114,16 @@ async fn an_outage_fails_a_batch_at_once(pool: PgPool) {
     use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
     use std::time::{Duration, Instant};
     let id = character(&pool, "Aria").await;
-    let options: sqlx::postgres::PgConnectOptions = (*pool.connect_options()).clone();
-    let upstream = format!("127.0.0.1:{}", options.get_port()).parse().unwrap();
-    let proxy = FaultProxy::start(upstream).await.unwrap();
+    let proxy = FaultProxy::start(shardkeep_testkit::pg_addr())
+        .await
+        .unwrap();
+    let (options, pooler) = shardkeep_testkit::proxied_options(&pool, &proxy);
     let cut = shardkeep::PostgresBackend::pool_options(2)
         .acquire_timeout(Duration::from_millis(300))
-        .connect_lazy_with(options.host("127.0.0.1").port(proxy.addr().port()));
+        .connect_lazy_with(options);
     proxy.set_mode(ProxyMode::Stall);
     let (queue, _signals) = RetryQueue::new(
-        shardkeep::PostgresBackend::from_pool(cut),
+        shardkeep::PostgresBackend::from_pool_through(cut, pooler),
         64,
         Arc::new(SystemClock),
     );
