@@ -373,6 +373,73 @@ sk_services_up() {
   fi
 }
 
+# What a test run may create and must remove: Redis keys of test, simulator and benchmark
+# namespaces (plain, and hash-tagged as `{ns:…}`), and Postgres databases of sqlx tests,
+# simulations and benchmarks.
+SK_TEST_KEY_PATTERNS=("t-*" "sim-*" "bq-*" "bench_*" "bench-*"
+  "{t-*" "{sim-*" "{bq-*" "{bench_*" "{bench-*")
+SK_TEST_DB_PATTERN="^(_sqlx_test_|shardkeep_sim_|bench_)"
+
+# Every key of a test namespace on REDIS_URL and on every node of the private cluster, sorted;
+# fails when a server cannot be scanned.
+sk_test_keys() {
+  local pattern port
+  command -v redis-cli >/dev/null 2>&1 || return 0
+  for pattern in "${SK_TEST_KEY_PATTERNS[@]}"; do
+    redis-cli -u "$REDIS_URL" --scan --pattern "$pattern" || return 1
+    for port in $SK_CLUSTER_PORTS; do
+      redis-cli -p "$port" --scan --pattern "$pattern" || return 1
+    done
+  done | LC_ALL=C sort -u
+}
+
+# Every test, simulation and benchmark database on DATABASE_URL's server, sorted; fails when
+# the server cannot be asked.
+sk_test_databases() {
+  local names
+  command -v psql >/dev/null 2>&1 || return 0
+  names=$(psql "$DATABASE_URL" -Atqc "SELECT datname FROM pg_database") || return 1
+  printf '%s\n' "$names" | { grep -E "$SK_TEST_DB_PATTERN" || true; } | LC_ALL=C sort
+}
+
+# Notes what test keys and databases exist before the run (left by an earlier one, or by an
+# operator's own simulation), so the checks judge only what this run left.
+sk_note_leftovers() {
+  sk_tmpdir
+  sk_test_keys >"$SK_TMP/keys-before" || sk_log "could not list Redis keys before the run"
+  sk_test_databases >"$SK_TMP/databases-before" || sk_log "could not list databases before the run"
+}
+
+# Fails, naming a few, when the pass just run (`$1`) left keys of a test namespace or test
+# databases behind, or when they cannot be listed. sqlx names a test's database after the
+# test, so each pass is checked before the next one could reuse the names.
+sk_check_leftovers() {
+  local pass=$1 keys dbs
+  if ! keys=$(sk_test_keys); then
+    sk_log "$pass: cannot scan Redis for keys left by tests"
+    return 1
+  fi
+  if ! dbs=$(sk_test_databases); then
+    sk_log "$pass: cannot list Postgres databases left by tests"
+    return 1
+  fi
+  keys=$(printf '%s\n' "$keys" | LC_ALL=C comm -13 "$SK_TMP/keys-before" - | sed '/^$/d')
+  dbs=$(printf '%s\n' "$dbs" | LC_ALL=C comm -13 "$SK_TMP/databases-before" - | sed '/^$/d')
+  if [ -z "$keys" ] && [ -z "$dbs" ]; then
+    sk_log "$pass: no test keys and no test databases left"
+    return 0
+  fi
+  if [ -n "$keys" ]; then
+    sk_log "$pass left $(printf '%s\n' "$keys" | wc -l) keys of test namespaces in Redis, e.g.:"
+    printf '%s\n' "$keys" | head -n 5 >&2
+  fi
+  if [ -n "$dbs" ]; then
+    sk_log "$pass left $(printf '%s\n' "$dbs" | wc -l) test databases in Postgres, e.g.:"
+    printf '%s\n' "$dbs" | head -n 5 >&2
+  fi
+  return 1
+}
+
 sk_services_down() {
   sk_stop_pgbouncer
   sk_stop_redis_cluster

@@ -145,7 +145,10 @@ impl SimReport {
 impl fmt::Display for SimReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut out = String::new();
-        let _ = writeln!(out, "shardkeep simulation — {}", self.run);
+        let _ = writeln!(out, "shardkeep simulation");
+        for line in setting_lines(&self.run) {
+            let _ = writeln!(out, "  {line}");
+        }
         let _ = writeln!(out);
         let _ = writeln!(
             out,
@@ -213,7 +216,10 @@ impl fmt::Display for SimReport {
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
         let _ = writeln!(out, "activity        {}", activity.join(", "));
-        let _ = writeln!(out, "faults          {}", self.faults);
+        for (n, line) in fault_lines(&self.faults).iter().enumerate() {
+            let label = if n == 0 { "faults" } else { "" };
+            let _ = writeln!(out, "{label:<15} {line}");
+        }
         let _ = writeln!(out);
         let _ = writeln!(
             out,
@@ -245,6 +251,78 @@ impl fmt::Display for SimReport {
     }
 }
 
+/// One `name value` line per setting of the run (JSON stays in `--report`).
+fn setting_lines(run: &serde_json::Value) -> Vec<String> {
+    match run {
+        serde_json::Value::Object(settings) => settings
+            .iter()
+            .map(|(name, value)| format!("{:<24} {}", name.replace('_', " "), plain(value)))
+            .collect(),
+        serde_json::Value::Null => Vec::new(),
+        other => vec![plain(other)],
+    }
+}
+
+/// The fault counts on one line, then one line per planned fault, in order.
+fn fault_lines(faults: &serde_json::Value) -> Vec<String> {
+    let serde_json::Value::Object(fields) = faults else {
+        return match faults {
+            serde_json::Value::Null => vec!["none".to_owned()],
+            other => vec![plain(other)],
+        };
+    };
+    let counts: Vec<String> = fields
+        .iter()
+        .filter(|(name, _)| name.as_str() != "planned")
+        .map(|(name, value)| format!("{} {}", name.replace('_', " "), plain(value)))
+        .collect();
+    let mut lines = vec![if counts.is_empty() {
+        "none".to_owned()
+    } else {
+        counts.join(", ")
+    }];
+    if let Some(serde_json::Value::Array(plan)) = fields.get("planned") {
+        lines.extend(plan.iter().map(planned_fault));
+    }
+    lines
+}
+
+/// `at 12.5 s  redis-outage for 3.0 s` / `at 20.0 s  kill-shard on shard 1`.
+fn planned_fault(fault: &serde_json::Value) -> String {
+    let at = fault.get("at").and_then(serde_json::Value::as_f64);
+    let name = fault.get("fault").and_then(serde_json::Value::as_str);
+    let (Some(at), Some(name)) = (at, name) else {
+        return plain(fault);
+    };
+    let mut line = format!("  at {at:>6.1} s  {name}");
+    if let Some(length) = fault
+        .get("length")
+        .and_then(serde_json::Value::as_f64)
+        .filter(|length| *length > 0.0)
+    {
+        line.push_str(&format!(" for {length:.1} s"));
+    }
+    if let Some(shard) = fault.get("shard").and_then(serde_json::Value::as_u64) {
+        line.push_str(&format!(" on shard {shard}"));
+    }
+    line
+}
+
+/// A JSON value as plain words: strings unquoted, objects as `name value` pairs.
+fn plain(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(text) => text.clone(),
+        serde_json::Value::Null => "none".to_owned(),
+        serde_json::Value::Array(items) => items.iter().map(plain).collect::<Vec<_>>().join("; "),
+        serde_json::Value::Object(fields) => fields
+            .iter()
+            .map(|(name, value)| format!("{} {}", name.replace('_', " "), plain(value)))
+            .collect::<Vec<_>>()
+            .join(", "),
+        other => other.to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,5 +350,38 @@ mod tests {
         );
         let json = serde_json::to_value(&report).unwrap();
         assert_eq!(json["invariants"][0]["holds"], false);
+    }
+
+    #[test]
+    fn settings_and_the_fault_plan_read_as_lines_not_json() {
+        let report = SimReport {
+            run: serde_json::json!({ "seed": 7, "redis_namespace": "sim-x", "faults": "all" }),
+            faults: serde_json::json!({
+                "injected": 2,
+                "shards_killed": 1,
+                "planned": [
+                    { "at": 12.5, "fault": "redis-outage", "length": 3.0, "shard": null },
+                    { "at": 20.0, "fault": "kill-shard", "length": 0.0, "shard": 1 },
+                ],
+            }),
+            ..SimReport::default()
+        };
+        let text = report.to_string();
+        assert!(!text.contains('{') && !text.contains('"'), "{text}");
+        assert!(text.contains("redis namespace          sim-x"), "{text}");
+        assert!(text.contains("injected 2, shards killed 1"), "{text}");
+        assert!(
+            text.contains("at   12.5 s  redis-outage for 3.0 s\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("at   20.0 s  kill-shard on shard 1\n"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(
+            json["faults"]["planned"][1]["shard"], 1,
+            "JSON keeps the objects"
+        );
     }
 }

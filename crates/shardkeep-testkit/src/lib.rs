@@ -53,6 +53,26 @@ pub struct TestRedis {
     url: String,
     keys: Keyspace,
     backend: RedisBackend,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+/// The stop signals of the namespaces alive in this process, by namespace.
+static NAMESPACE_STOPS: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<String, tokio_util::sync::CancellationToken>>,
+> = std::sync::LazyLock::new(Default::default);
+
+/// A token cancelled when the test namespace `namespace` is removed (its [`TestRedis`] dropped),
+/// for background writers that a test leaves running (a shard's saver and placement writer):
+/// they stop before the namespace is swept, so nothing is written into it afterwards. A
+/// namespace no [`TestRedis`] owns gets a token that is never cancelled.
+pub fn namespace_stop(namespace: &str) -> tokio_util::sync::CancellationToken {
+    let stops = NAMESPACE_STOPS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    stops
+        .get(namespace)
+        .map(tokio_util::sync::CancellationToken::child_token)
+        .unwrap_or_default()
 }
 
 impl TestRedis {
@@ -69,7 +89,17 @@ impl TestRedis {
             RedisBackend::connect("REDIS_URL", &url, keys.clone(), RedisTimeouts::default())
                 .await
                 .unwrap_or_else(|e| panic!("tests need Redis (run scripts/test): {e}"));
-        Self { url, keys, backend }
+        let stop = tokio_util::sync::CancellationToken::new();
+        NAMESPACE_STOPS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(ns, stop.clone());
+        Self {
+            url,
+            keys,
+            backend,
+            stop,
+        }
     }
 
     /// The server URL.
@@ -144,6 +174,13 @@ pub fn redis_is_cluster() -> bool {
 
 impl Drop for TestRedis {
     fn drop(&mut self) {
+        // Writers left running stop first: they are suspended while this runs, and find the
+        // signal the next time they are polled, before they write again.
+        self.stop.cancel();
+        NAMESPACE_STOPS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(self.keys.namespace());
         // The sweep needs the async client (a cluster is walked master by master); it runs on
         // a runtime of its own so a test's runtime may be shutting down.
         let backend = self.backend.clone();

@@ -7,6 +7,8 @@
 pub const HANDOFF_TAKES_TOTAL: &str = "shardkeep_handoff_takes_total";
 /// Writes a Redis Cluster master acknowledged that no replica confirmed in time (`WAIT`).
 pub const REDIS_UNREPLICATED_TOTAL: &str = "shardkeep_redis_unreplicated_writes_total";
+/// Cluster connections replaced because they had stopped working.
+pub const REDIS_RECONNECTS_TOTAL: &str = "shardkeep_redis_cluster_reconnects_total";
 /// Commands Redis refused for lack of memory (`OOM` replies).
 pub const REDIS_OOM_ERRORS_TOTAL: &str = "shardkeep_redis_oom_errors_total";
 /// Presence index members removed as stale.
@@ -118,6 +120,10 @@ pub fn describe() {
         "Cluster writes no replica confirmed in time (treated as failed writes)."
     );
     describe_counter!(
+        REDIS_RECONNECTS_TOTAL,
+        "Redis Cluster connections replaced because they had stopped working (no node connection left, or failing with no success for a stretch)."
+    );
+    describe_counter!(
         REDIS_OOM_ERRORS_TOTAL,
         "Redis commands refused with OOM (maxmemory reached under noeviction)."
     );
@@ -205,6 +211,7 @@ pub fn register_all(queues: &[&'static str]) {
         RETRY_LEASE_EXPIRIES_TOTAL,
         CLEANUP_ENQUEUE_FAILURES_TOTAL,
         REDIS_UNREPLICATED_TOTAL,
+        REDIS_RECONNECTS_TOTAL,
         REDIS_OOM_ERRORS_TOTAL,
     ] {
         counter!(name).increment(0);

@@ -86,6 +86,11 @@ pub struct ShardConfig {
     /// How long an item transfer retries a commit whose outcome is unknown (a store outage)
     /// before the item is voided, on the record; meanwhile it is held by neither side.
     pub transfer_budget: Duration,
+    /// The embedding application's stop signal: once it is cancelled the shard's background
+    /// writers (saver, placement writer, auditor) stop as they do on [`Shard::kill`]. Without
+    /// one, they run until the shard is shut down or killed, and a dropped shard's writers
+    /// still write what was queued.
+    pub stop_with: Option<CancellationToken>,
 }
 
 impl ShardConfig {
@@ -100,6 +105,7 @@ impl ShardConfig {
             placement_depth: 4096,
             event_depth: 8192,
             transfer_budget: Duration::from_secs(30),
+            stop_with: None,
         }
     }
 }
@@ -235,7 +241,10 @@ impl Shard {
         stores: ShardStores,
         directory: ZoneDirectory,
     ) -> Self {
-        let cancel = CancellationToken::new();
+        let cancel = config
+            .stop_with
+            .as_ref()
+            .map_or_else(CancellationToken::new, CancellationToken::child_token);
         let residency = ResidencyIndex::default();
         let persisted = stores.characters.is_some();
         let store = stores.characters.clone();

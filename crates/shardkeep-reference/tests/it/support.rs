@@ -20,6 +20,8 @@ use uuid::Uuid;
 
 #[derive(Clone)]
 pub(crate) struct Stores {
+    /// Stops the shards booted over these stores when the test's namespace is removed.
+    stop: tokio_util::sync::CancellationToken,
     pub(crate) characters: CharacterStore,
     pub(crate) checkpoints: CheckpointStore,
     pub(crate) placement: PlacementStore,
@@ -32,6 +34,7 @@ impl Stores {
     /// The handles of services built over the test's database and namespace, as a game
     /// server builds them (the tests drive the workers themselves when they need them).
     pub(crate) fn new(pool: &PgPool, redis: RedisBackend) -> Self {
+        let stop = shardkeep_testkit::namespace_stop(redis.keys().namespace());
         let services = Services::build(
             shardkeep_testkit::pg(pool),
             redis,
@@ -40,6 +43,7 @@ impl Stores {
         )
         .unwrap();
         Self {
+            stop,
             characters: services.characters.clone(),
             checkpoints: services.checkpoints.clone(),
             placement: services.placement.clone(),
@@ -115,6 +119,8 @@ pub(crate) fn boot_with(
     zone_ids: &[usize],
     total: usize,
 ) -> Shard {
+    let mut config = config;
+    config.stop_with = Some(stores.stop.child_token());
     Shard::boot(
         config,
         zones(zone_ids, total),

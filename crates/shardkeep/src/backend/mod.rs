@@ -1,6 +1,7 @@
 //! Connections to the two engines. Only this module and the store adapters name a pool or a Redis
 //! connection type; everything else holds the handles built on top of these.
 
+pub mod cluster_link;
 mod pg_exec;
 pub mod postgres;
 pub mod redis;

@@ -10,6 +10,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::NodeAddress;
 use redis::cluster::{ClusterClient, ClusterConfig};
 
+use super::cluster_link::ClusterLink;
 pub use super::redis_conn::RedisConn;
 pub use super::redis_nodes::{EvictionCheck, ScanCursor};
 use super::redis_nodes::{MasterNodes, check_eviction_policy};
@@ -170,14 +171,15 @@ impl RedisBackend {
                 let config = ClusterConfig::new()
                     .set_connection_timeout(timeouts.connect)
                     .set_response_timeout(timeouts.response);
-                let conn = client
-                    .get_async_connection_with_config(config.clone())
-                    .await?;
-                let durable = client.get_async_connection_with_config(config).await?;
+                let bound = timeouts.connect + timeouts.response;
+                let stuck = stuck_after(timeouts.response);
+                let conn =
+                    ClusterLink::connect(client.clone(), config.clone(), bound, stuck).await?;
+                let durable = ClusterLink::connect(client.clone(), config, bound, stuck).await?;
                 Ok::<_, redis::RedisError>((
                     Topology::Cluster(client),
-                    RedisConn::Cluster(conn),
-                    RedisConn::Cluster(durable),
+                    RedisConn::Cluster(Arc::new(conn)),
+                    RedisConn::Cluster(Arc::new(durable)),
                 ))
             }
         };
@@ -249,9 +251,11 @@ impl RedisBackend {
                 let config = ClusterConfig::new()
                     .set_connection_timeout(self.timeouts.connect)
                     .set_response_timeout(response);
-                Ok(RedisConn::Cluster(
-                    client.get_async_connection_with_config(config).await?,
-                ))
+                let bound = self.timeouts.connect + response;
+                Ok(RedisConn::Cluster(Arc::new(
+                    ClusterLink::connect(client.clone(), config, bound, stuck_after(response))
+                        .await?,
+                )))
             }
         }
     }
@@ -397,6 +401,12 @@ impl RedisBackend {
             .await
             .map(|_| ())
     }
+}
+
+/// How long a cluster link's calls may fail with no success before it is replaced: twice the
+/// response timeout, and at least 3 s, so one slow answer never counts.
+fn stuck_after(response: Duration) -> Duration {
+    (response * 2).max(Duration::from_secs(3))
 }
 
 #[cfg(test)]

@@ -4,6 +4,9 @@
 //! pipelines through it, unaware of the topology.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::cluster_link::ClusterLink;
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
@@ -17,9 +20,8 @@ pub enum RedisConn {
     Standalone(ConnectionManager),
     /// One node of a cluster addressed directly (SCAN and configuration checks per master).
     Node(MultiplexedConnection),
-    /// A Redis Cluster: commands are routed by the slot of their keys. redis-rs reconnects it
-    /// on its own, from the seed nodes once every node connection is gone.
-    Cluster(ClusterConnection),
+    /// A Redis Cluster: commands are routed by the slot of their keys.
+    Cluster(Arc<ClusterLink>),
 }
 
 impl std::fmt::Debug for RedisConn {
@@ -38,7 +40,15 @@ impl ConnectionLike for RedisConn {
             let reply = match self {
                 Self::Standalone(conn) => conn.req_packed_command(cmd).await,
                 Self::Node(conn) => conn.req_packed_command(cmd).await,
-                Self::Cluster(conn) => conn.req_packed_command(cmd).await,
+                Self::Cluster(link) => {
+                    let (generation, mut conn) = link.get();
+                    let reply = conn.req_packed_command(cmd).await;
+                    match &reply {
+                        Ok(_) => link.after_ok(),
+                        Err(err) => link.after_error(generation, err).await,
+                    }
+                    reply
+                }
             };
             if let Err(err) = &reply {
                 count_oom(err.code());
@@ -57,7 +67,15 @@ impl ConnectionLike for RedisConn {
             let replies = match self {
                 Self::Standalone(conn) => conn.req_packed_commands(pipeline, offset, count).await,
                 Self::Node(conn) => conn.req_packed_commands(pipeline, offset, count).await,
-                Self::Cluster(conn) => cluster_pipeline(conn, pipeline, offset, count).await,
+                Self::Cluster(link) => {
+                    let (generation, mut conn) = link.get();
+                    let replies = cluster_pipeline(&mut conn, pipeline, offset, count).await;
+                    match &replies {
+                        Ok(_) => link.after_ok(),
+                        Err(err) => link.after_error(generation, err).await,
+                    }
+                    replies
+                }
             };
             match &replies {
                 Err(err) => count_oom(err.code()),
@@ -77,7 +95,7 @@ impl ConnectionLike for RedisConn {
         match self {
             Self::Standalone(conn) => conn.get_db(),
             Self::Node(conn) => conn.get_db(),
-            Self::Cluster(conn) => conn.get_db(),
+            Self::Cluster(link) => link.get().1.get_db(),
         }
     }
 }

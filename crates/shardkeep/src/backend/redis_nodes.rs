@@ -188,10 +188,10 @@ pub(super) async fn node_addresses(backend: &RedisBackend) -> redis::RedisResult
     Ok(nodes_of(&text))
 }
 
-/// Every master holding slots in a `CLUSTER NODES` reply, as `host:port id`, sorted by
-/// address. A master suspected or marked failing still holds its slots until its replica takes
-/// over, so it stays in the walk: reaching it fails the walk rather than skipping its keys and
-/// reporting the walk complete.
+/// Every reachable master holding slots in a `CLUSTER NODES` reply, as `host:port id`, sorted by
+/// address. A master marked failing (`fail`, `fail?`, `noaddr`) is left out, so a failover
+/// stops no walk, no connect and no eviction check; its keys are walked by the next walk,
+/// once its replica serves them (every SCAN-based job runs again on its own cadence).
 fn masters_of(text: &str) -> Vec<String> {
     let mut masters: Vec<String> = text
         .lines()
@@ -200,7 +200,7 @@ fn masters_of(text: &str) -> Vec<String> {
             let (id, address, flags) = (fields.first()?, fields.get(1)?, fields.get(2)?);
             let is_master = flags.split(',').any(|f| f == "master");
             let has_slots = fields.len() > 8;
-            if !is_master || !has_slots {
+            if !is_master || !has_slots || is_failing(flags) {
                 return None;
             }
             Some(format!("{} {id}", address_of(address)?))
@@ -211,9 +211,19 @@ fn masters_of(text: &str) -> Vec<String> {
     masters
 }
 
-/// `host:port` of a `CLUSTER NODES` address field (`ip:port@cport[,hostname]`).
+/// True for the flags of a node that is failing or not yet part of the cluster.
+fn is_failing(flags: &str) -> bool {
+    flags
+        .split(',')
+        .any(|f| matches!(f, "fail" | "fail?" | "noaddr" | "handshake"))
+}
+
+/// `host:port` of a `CLUSTER NODES` address field (`ip:port@cport[,hostname]`), when it names a
+/// host and a port other than 0 (a node without an address shows `:0`).
 fn address_of(field: &str) -> Option<&str> {
-    field.split(['@', ',']).next().filter(|a| a.contains(':'))
+    let address = field.split(['@', ',']).next()?;
+    let (host, port) = address.rsplit_once(':')?;
+    (!host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0)).then_some(address)
 }
 
 /// The `host:port` of the nodes of a `CLUSTER NODES` reply that are not failing, sorted.
@@ -223,10 +233,7 @@ fn nodes_of(text: &str) -> Vec<String> {
         .filter_map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
             let (address, flags) = (fields.get(1)?, fields.get(2)?);
-            let failing = flags
-                .split(',')
-                .any(|f| matches!(f, "fail" | "fail?" | "noaddr" | "handshake"));
-            if failing {
+            if is_failing(flags) {
                 return None;
             }
             Some(address_of(address)?.to_owned())
@@ -352,14 +359,13 @@ g7 127.0.0.1:7007@17007 master,fail? - 0 1 7 connected 16000
 ";
 
     #[test]
-    fn masters_are_the_ones_holding_slots_failing_or_not() {
+    fn masters_are_the_healthy_ones_holding_slots() {
         assert_eq!(
             masters_of(NODES),
             vec![
                 "127.0.0.1:7001 a1",
                 "127.0.0.1:7002 b2",
-                "127.0.0.1:7003 c3",
-                "127.0.0.1:7007 g7"
+                "127.0.0.1:7003 c3"
             ]
         );
         assert!(masters_of("").is_empty());
@@ -368,6 +374,10 @@ g7 127.0.0.1:7007@17007 master,fail? - 0 1 7 connected 16000
         assert!(
             masters_of("z9 nowhere master - 0 0 1 connected 0-10").is_empty(),
             "an address without a port is no master to reach"
+        );
+        assert!(
+            masters_of("z9 :0@0 master,noaddr - 0 0 1 connected 0-10").is_empty(),
+            "nor one without an address"
         );
     }
 

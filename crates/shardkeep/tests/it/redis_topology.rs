@@ -219,3 +219,141 @@ async fn a_confirmed_write_is_never_a_transaction_on_a_cluster() {
         "a plain pipeline is confirmed on both topologies"
     );
 }
+
+/// A forced failover (what the simulator's `redis-failover` does) with writes in flight, on a
+/// private cluster of its own: the shared and the confirmed connections write again within
+/// 15 s, whether they reach the nodes directly or through fault proxies (as the simulator's
+/// shards do). Twice in a row, as a run's faults recur.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_forced_failover_both_connections_write_again_within_seconds() {
+    use shardkeep_testkit::cluster::{PrivateCluster, fail_over};
+    let cluster = PrivateCluster::start().await;
+    let keys = Keyspace::new("failover").unwrap();
+    let timeouts = RedisTimeouts {
+        connect: Duration::from_millis(500),
+        response: Duration::from_millis(1000),
+    };
+    let direct = RedisBackend::connect("REDIS_URL", &cluster.url, keys.clone(), timeouts)
+        .await
+        .unwrap();
+    let (_proxies, proxied) =
+        shardkeep_testkit::faults::proxied_redis(&cluster.url, keys, timeouts)
+            .await
+            .unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut writers = Vec::new();
+    // Many writers at once, as a shard's saver, journal appender and sessions write together:
+    // confirmed writes queue behind each other's WAIT on a master's connection.
+    for backend in [direct.clone(), proxied.clone()] {
+        for _ in 0..8 {
+            let stop = stop.clone();
+            let backend = backend.clone();
+            writers.push(tokio::spawn(async move {
+                while !stop.is_cancelled() {
+                    let _ = write_round(&backend).await;
+                }
+            }));
+        }
+    }
+    // Under this load, before any failover: both write within the bound.
+    for (name, backend) in [("direct", &direct), ("proxied", &proxied)] {
+        writes_within(
+            backend,
+            Duration::from_secs(15),
+            &format!("{name}, before a failover"),
+        )
+        .await;
+    }
+    for pick in 0..2 {
+        let promoted = fail_over(&direct, pick).await.unwrap();
+        for (name, backend) in [("direct", &direct), ("proxied", &proxied)] {
+            let what = format!("{name}, after promoting {promoted}");
+            writes_within(backend, Duration::from_secs(15), &what).await;
+        }
+    }
+    stop.cancel();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+}
+
+/// Waits until one [`write_round`] succeeds, failing the test after `bound`.
+async fn writes_within(backend: &RedisBackend, bound: Duration, what: &str) {
+    let started = tokio::time::Instant::now();
+    loop {
+        match write_round(backend).await {
+            Ok(()) => return,
+            Err(err) => assert!(
+                started.elapsed() < bound,
+                "{what}: no write round succeeded within {bound:?}: {err}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One plain pipeline over keys of every master, and one confirmed write per master.
+async fn write_round(backend: &RedisBackend) -> Result<(), String> {
+    let keys: Vec<String> = (0..30).map(|i| format!("failover:k{i}")).collect();
+    let mut pipe = redis::pipe();
+    for key in &keys {
+        pipe.incr(key, 1).ignore();
+    }
+    let () = pipe
+        .query_async(&mut backend.conn())
+        .await
+        .map_err(|e| format!("shared: {e}"))?;
+    for tag in ["a", "b", "c"] {
+        let mut pipe = redis::pipe();
+        pipe.incr(format!("failover:{{{tag}}}:confirmed"), 1)
+            .ignore();
+        let () = backend
+            .query_confirmed(pipe)
+            .await
+            .map_err(|e| format!("confirmed: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Every node of a cluster killed at once and started again (a host reboot, a redeploy) while
+/// writers run: every connection the client held is gone, and both the shared and the
+/// confirmed connection write again within 15 s of the cluster being ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_every_node_restarted_both_connections_write_again_within_seconds() {
+    let mut cluster = shardkeep_testkit::cluster::PrivateCluster::start().await;
+    let timeouts = RedisTimeouts {
+        connect: Duration::from_millis(500),
+        response: Duration::from_millis(1000),
+    };
+    let backend = RedisBackend::connect(
+        "REDIS_URL",
+        &cluster.url,
+        Keyspace::new("restart").unwrap(),
+        timeouts,
+    )
+    .await
+    .unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut writers = Vec::new();
+    for _ in 0..4 {
+        let (stop, backend) = (stop.clone(), backend.clone());
+        writers.push(tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                let _ = write_round(&backend).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }));
+    }
+    writes_within(&backend, Duration::from_secs(15), "before the restart").await;
+    cluster.restart_all().await;
+    writes_within(
+        &backend,
+        Duration::from_secs(15),
+        "after every node restarted",
+    )
+    .await;
+    stop.cancel();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+}

@@ -174,7 +174,7 @@ async fn a_live_older_copy_keeps_saving_after_a_newer_worker_upgraded_its_row(po
         },
         events.clone(),
         SaverConfig::default(),
-        tokio_util::sync::CancellationToken::new(),
+        shardkeep_testkit::namespace_stop(redis.keys().namespace()),
     );
     // The copy's cadence flush (20 experience) cannot land over the v2 row: it goes on as a
     // state job, which the v2 worker upgrades and applies. The copy is not evicted.
