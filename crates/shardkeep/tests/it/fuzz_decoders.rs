@@ -229,11 +229,11 @@ fn decode_all(bytes: &[u8]) {
             snapshot
         );
     }
-    if let Ok(text) = std::str::from_utf8(bytes) {
-        if let Ok(doc) = StateJson::parse(text.to_owned()) {
-            assert_eq!(doc.as_str(), text);
-            let _ = doc.tree();
-        }
+    if let Ok(text) = std::str::from_utf8(bytes)
+        && let Ok(doc) = StateJson::parse(text.to_owned())
+    {
+        assert_eq!(doc.as_str(), text);
+        let _ = doc.tree();
     }
     if let Ok(record) = serde_json::from_slice::<PlacementRecord>(bytes) {
         let text = serde_json::to_vec(&record).unwrap();
@@ -255,10 +255,10 @@ fn decode_all(bytes: &[u8]) {
             entry
         );
     }
-    if let Ok(value) = serde_json::from_slice::<Value>(bytes) {
-        if let Ok(payload) = PersistenceRetryPayload::decode(value.clone(), None) {
-            let _ = format!("{payload:?}");
-        }
+    if let Ok(value) = serde_json::from_slice::<Value>(bytes)
+        && let Ok(payload) = PersistenceRetryPayload::decode(value, None)
+    {
+        let _ = format!("{payload:?}");
     }
 }
 
