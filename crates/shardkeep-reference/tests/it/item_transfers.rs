@@ -19,6 +19,7 @@ struct Room {
     shard: shardkeep_reference::shard::Shard,
     a: Uuid,
     b: Uuid,
+    /// Kept alive for the whole test: dropping it sweeps the namespace and stops the shard's writers.
     _redis: TestRedis,
 }
 
@@ -62,7 +63,11 @@ async fn transfers(pool: &PgPool) -> Vec<(Uuid, Option<Uuid>, serde_json::Value)
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn drop_then_get_by_another_player_is_a_transfer(pool: PgPool) {
     let Room {
-        mut shard, a, b, ..
+        mut shard,
+        a,
+        b,
+        _redis,
+        ..
     } = two_players(&pool).await;
     let item = gem(&mut shard, a);
     shard.drop_item(a, item).unwrap();
@@ -108,7 +113,11 @@ async fn drop_then_get_by_another_player_is_a_transfer(pool: PgPool) {
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn put_then_get_from_a_container_is_a_transfer(pool: PgPool) {
     let Room {
-        mut shard, a, b, ..
+        mut shard,
+        a,
+        b,
+        _redis,
+        ..
     } = two_players(&pool).await;
     // Both walk to the chest the zone spawned in r2.
     shard.walk(a, "north").unwrap();
@@ -140,7 +149,11 @@ async fn put_then_get_from_a_container_is_a_transfer(pool: PgPool) {
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn self_pickups_reset_spawns_and_engine_moves_record_nothing(pool: PgPool) {
     let Room {
-        mut shard, a, b, ..
+        mut shard,
+        a,
+        b,
+        _redis,
+        ..
     } = two_players(&pool).await;
     // Self-pickup.
     let item = gem(&mut shard, a);
@@ -177,6 +190,7 @@ async fn the_marker_names_the_most_recent_release(pool: PgPool) {
         a,
         b,
         stores,
+        _redis,
         ..
     } = two_players(&pool).await;
     let c = stores.new_character("Cade").await;
@@ -206,7 +220,12 @@ async fn the_marker_names_the_most_recent_release(pool: PgPool) {
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn bound_items_cannot_cross_owners(pool: PgPool) {
-    let Room { mut shard, a, .. } = two_players(&pool).await;
+    let Room {
+        mut shard,
+        a,
+        _redis,
+        ..
+    } = two_players(&pool).await;
     let proto = shard.catalog().get("amulet").unwrap().clone();
     let amulet = Item::spawn(&proto);
     let id = amulet.id.unwrap();
@@ -301,6 +320,7 @@ async fn a_transfer_commits_both_rows_and_its_audit_row_together(pool: PgPool) {
         a,
         b,
         stores,
+        _redis,
         ..
     } = two_players(&pool).await;
     let item = gem(&mut shard, a);
@@ -337,6 +357,7 @@ async fn a_zombies_released_item_never_reaches_another_row(pool: PgPool) {
         a,
         b,
         stores,
+        _redis,
         ..
     } = two_players(&pool).await;
     let item = gem(&mut shard, a);
@@ -385,6 +406,7 @@ async fn an_item_of_a_departed_releaser_leaves_its_row_on_pickup(pool: PgPool) {
         a,
         b,
         stores,
+        _redis,
         ..
     } = two_players(&pool).await;
     let item = gem(&mut shard, a);
@@ -417,6 +439,7 @@ async fn a_phantom_dropped_by_a_departed_zombie_is_voided_not_transferred(pool: 
         a,
         b,
         stores,
+        _redis,
         ..
     } = two_players(&pool).await;
     let item = gem(&mut shard, a);
@@ -458,6 +481,7 @@ async fn an_item_no_row_holds_transfers_even_after_its_releaser_moved_on(pool: P
         a,
         b,
         stores,
+        _redis,
         ..
     } = two_players(&pool).await;
     // Never flushed: the only copy of the gem is the one A drops.
@@ -483,6 +507,7 @@ async fn an_evicted_zombies_floor_items_are_voided(pool: PgPool) {
         a,
         b,
         stores,
+        _redis,
         ..
     } = two_players(&pool).await;
     let item = gem(&mut shard, a);
@@ -514,6 +539,7 @@ async fn a_transfer_dumps_again_after_a_write_of_the_same_owner(pool: PgPool) {
         a,
         b,
         stores,
+        _redis,
         ..
     } = two_players(&pool).await;
     let item = gem(&mut shard, a);
@@ -548,7 +574,11 @@ async fn a_transfer_dumps_again_after_a_write_of_the_same_owner(pool: PgPool) {
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn one_transfer_at_a_time_per_character(pool: PgPool) {
     let Room {
-        mut shard, a, b, ..
+        mut shard,
+        a,
+        b,
+        _redis,
+        ..
     } = two_players(&pool).await;
     let first = gem(&mut shard, a);
     let second = gem(&mut shard, a);
@@ -575,6 +605,7 @@ async fn a_releaser_that_handed_off_still_gives_up_its_item(pool: PgPool) {
         a,
         b,
         stores,
+        _redis,
         ..
     } = two_players(&pool).await;
     let item = gem(&mut shard, a);
@@ -814,6 +845,7 @@ async fn a_release_saved_before_a_relogin_still_transfers(pool: PgPool) {
         a,
         b,
         stores,
+        _redis,
         ..
     } = two_players(&pool).await;
     let item = gem(&mut shard, a);
@@ -921,6 +953,7 @@ async fn a_copy_that_replaced_the_acquirer_is_not_handed_the_item_again(pool: Pg
         a,
         b,
         stores,
+        _redis,
         ..
     } = two_players(&pool).await;
     let item = gem(&mut shard, a);
