@@ -77,3 +77,15 @@ pub fn pass_database_url(database: &str) -> String {
         _ => pgbouncer_url(database),
     }
 }
+
+/// Ends every other session on `pool`'s database — the server connections PgBouncer keeps to it
+/// after its clients left — so sqlx can drop the test's database when the test ends (a database
+/// with sessions on it cannot be dropped). `pool` must reach Postgres directly.
+pub async fn release_pooler_connections(pool: &PgPool) {
+    let _ = sqlx::query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .execute(pool)
+    .await;
+}

@@ -16,6 +16,9 @@ use redis::cluster_async::ClusterConnection;
 /// Least time between two replacements of a link.
 const REBUILD_EVERY: Duration = Duration::from_secs(1);
 
+/// `failing_since_ms` while the link works.
+const NOT_FAILING: u64 = u64::MAX;
+
 /// A cluster connection that replaces itself when it stops working.
 pub struct ClusterLink {
     client: Box<ClusterClient>,
@@ -26,8 +29,9 @@ pub struct ClusterLink {
     current: Mutex<(u64, ClusterConnection)>,
     /// When the link was made.
     born: Instant,
-    /// Milliseconds after `born` of the last success (or replacement).
-    last_ok_ms: AtomicU64,
+    /// Milliseconds after `born` of the first connection failure since the last success (or
+    /// replacement); `NOT_FAILING` while calls succeed.
+    failing_since_ms: AtomicU64,
     /// Held while one caller replaces the link; others carry on failing meanwhile.
     rebuilding: tokio::sync::Mutex<Instant>,
 }
@@ -51,7 +55,7 @@ impl ClusterLink {
             stuck_after,
             current: Mutex::new((0, conn)),
             born: Instant::now(),
-            last_ok_ms: AtomicU64::new(0),
+            failing_since_ms: AtomicU64::new(NOT_FAILING),
             rebuilding: tokio::sync::Mutex::new(Instant::now()),
         })
     }
@@ -69,7 +73,24 @@ impl ClusterLink {
 
     /// Called after a call answered (a server error is an answer too).
     pub(super) fn after_ok(&self) {
-        self.last_ok_ms.store(self.now_ms(), Ordering::Relaxed);
+        if self.failing_since_ms.load(Ordering::Relaxed) != NOT_FAILING {
+            self.failing_since_ms.store(NOT_FAILING, Ordering::Relaxed);
+        }
+    }
+
+    /// How long connection failures have lasted with no success in between, counting this one.
+    fn failing_for(&self) -> Duration {
+        let now = self.now_ms();
+        let since = match self.failing_since_ms.compare_exchange(
+            NOT_FAILING,
+            now,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        ) {
+            Ok(_) => now,
+            Err(since) => since,
+        };
+        Duration::from_millis(now.saturating_sub(since))
     }
 
     fn now_ms(&self) -> u64 {
@@ -77,17 +98,13 @@ impl ClusterLink {
     }
 
     /// Called after a failed call on generation `seen`: replaces the connection when it has no
-    /// node connection left, or when connection failures have lasted `stuck_after` with no
-    /// success — unless another call is replacing it or already did, or the last replacement
+    /// node connection left, or when connection failures have gone on for `stuck_after` with no
+    /// success in between (a link idle for long is not judged by its first failure) — unless another call is replacing it or already did, or the last replacement
     /// was under a second ago.
     pub(super) async fn after_error(&self, seen: u64, err: &redis::RedisError) {
         let no_node = err.kind() == redis::ErrorKind::ClusterConnectionNotFound;
         let failing = err.is_timeout() || err.is_connection_dropped() || err.is_io_error();
-        let since_ok = Duration::from_millis(
-            self.now_ms()
-                .saturating_sub(self.last_ok_ms.load(Ordering::Relaxed)),
-        );
-        let stuck = failing && since_ok >= self.stuck_after;
+        let stuck = failing && self.failing_for() >= self.stuck_after;
         if !(no_node || stuck) {
             return;
         }
@@ -110,7 +127,7 @@ impl ClusterLink {
                     *current = (seen + 1, conn);
                 }
                 // The new link gets a whole stretch of its own before it can be judged stuck.
-                self.after_ok();
+                self.failing_since_ms.store(NOT_FAILING, Ordering::Relaxed);
                 metrics::counter!(crate::telemetry::REDIS_RECONNECTS_TOTAL).increment(1);
                 tracing::warn!(
                     event = "redis_cluster_reconnected",

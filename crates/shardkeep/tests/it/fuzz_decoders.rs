@@ -333,3 +333,22 @@ fn deep_and_oversized_inputs_are_refused() {
     let huge = vec![b' '; 1024 * 1024 + 1];
     assert!(HandoffPayload::decode(&huge).is_err());
 }
+
+/// Found by the field mutations: without serde_json's exact float parsing, a number in a
+/// snapshot's `chargen` came back one unit off in its last place (3.688320463984402e121 read as
+/// 3.6883204639844024e121), so a handoff payload was not the payload that was stored.
+#[test]
+fn a_float_in_a_payload_survives_encoding_and_decoding() {
+    let mut doc = handoff_json();
+    doc["snapshot"]["chargen"] = json!([3.688320463984402e121_f64, -3.466316279330646e31_f64]);
+    let payload = HandoffPayload::decode(&serde_json::to_vec(&doc).unwrap()).unwrap();
+    let again = HandoffPayload::decode(&payload.encode().unwrap()).unwrap();
+    assert_eq!(again, payload);
+    assert_eq!(
+        again.snapshot.chargen,
+        Some(json!([
+            3.688320463984402e121_f64,
+            -3.466316279330646e31_f64
+        ]))
+    );
+}

@@ -7,7 +7,7 @@ use shardkeep::PostgresBackend;
 use shardkeep::backend::postgres::PgPooler;
 use shardkeep::character::{CharacterSnapshot, CharacterStore, SaveOutcome};
 use shardkeep_testkit::fixtures::new_character;
-use shardkeep_testkit::pgbouncer::bouncer_options;
+use shardkeep_testkit::pgbouncer::{bouncer_options, release_pooler_connections};
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
@@ -100,6 +100,7 @@ async fn sqlx_defaults_break_through_pgbouncer_and_the_transaction_setting_does_
     .await
     .unwrap();
     assert_eq!(saved, WRITERS as i64, "every writer's last save is the row");
+    release_pooler_connections(&pool).await;
 }
 
 #[sqlx::test(migrations = false)]
@@ -145,4 +146,5 @@ async fn migrations_run_through_pgbouncer_once_even_when_raced(pool: PgPool) {
     .await
     .unwrap();
     assert_eq!(held, 0);
+    release_pooler_connections(&pool).await;
 }
