@@ -45,8 +45,9 @@ pub(super) const ZOMBIES_PER_FAULT: usize = 3;
 /// Undecodable retry rows and journal entries one poison fault plants.
 pub(super) const POISON_PER_FAULT: usize = 3;
 
-/// The faults of a run, in time order. They fall between 15 % and 75 % of the play time, so the
-/// run settles with every fault over.
+/// The faults of a run, in time order, recurring at a steady rate through it. They start after
+/// 15 % of the play time (10 s at most) and stop 25 % before its end (20 s at most), so every
+/// fault of a long soak keeps coming back and the run settles with every fault over.
 pub(super) fn plan(
     seed: u64,
     duration: Duration,
@@ -55,7 +56,8 @@ pub(super) fn plan(
 ) -> Vec<PlannedFault> {
     let mut rng = SimRng::seed_from_u64(seed ^ 0xFA17_5EED);
     let secs = duration.as_secs_f64();
-    let (start, end) = (secs * 0.15, secs * 0.75);
+    let (start, end) = ((secs * 0.15).min(10.0), (secs * 0.75).max(secs - 20.0));
+    let last_end = (secs * 0.9).max(secs - 10.0);
     let mut planned = Vec::new();
     for fault in faults.iter() {
         let per_minute = match fault {
@@ -78,7 +80,7 @@ pub(super) fn plan(
                 Fault::QueueFull => rng.random_range(3.0..5.0f64).min(slot.max(0.5)),
                 _ => 0.0,
             }
-            .min((secs * 0.9 - at).max(0.0));
+            .min((last_end - at).max(0.0));
             let shard = matches!(fault, Fault::KillShard | Fault::Zombie)
                 .then(|| rng.random_range(0..shards.max(1)));
             planned.push(PlannedFault {
@@ -272,6 +274,34 @@ mod tests {
             assert!(p.shard.is_none_or(|s| s < 3));
         }
         assert!(a.windows(2).all(|w| w[0].at <= w[1].at));
+    }
+
+    #[test]
+    fn a_soak_keeps_every_fault_coming_back_until_near_its_end() {
+        let duration = Duration::from_secs(1800);
+        let plan = plan(3, duration, &FaultSet::all(), 3);
+        for fault in Fault::ALL {
+            let at: Vec<Duration> = plan
+                .iter()
+                .filter(|p| p.fault == fault)
+                .map(|p| p.at)
+                .collect();
+            assert!(at.len() >= 60, "{fault}: {}", at.len());
+            assert!(at[0] <= Duration::from_secs(60), "{fault} starts early");
+            assert!(
+                at[at.len() - 1] >= Duration::from_secs(1740),
+                "{fault} still comes in the last minutes"
+            );
+            // No gap longer than two slots: the fault recurs through the run.
+            let longest = at.windows(2).map(|w| w[1] - w[0]).max().unwrap();
+            assert!(
+                longest <= Duration::from_secs(120),
+                "{fault}: gap {longest:?}"
+            );
+        }
+        for p in &plan {
+            assert!(p.at + p.length <= Duration::from_secs(1790), "{p:?}");
+        }
     }
 
     #[test]

@@ -19,6 +19,7 @@
 //! - `travel` — the I/O of logins, cross-shard handoffs and stream cleanup.
 //! - `faults` — the fault plan (pure) and its injection.
 //! - `checks` — the durable-state scanner and the end-of-run invariants.
+//! - [`series`] — the time series of a run and its stability verdict.
 //! - `summary` — gathering the report's numbers; [`report`] — the report and its table.
 //!
 //! Time is compressed: a pulse is 100 ms and checkpoints and flushes come every 2 s and 6 s, so
@@ -39,6 +40,7 @@ mod play;
 pub mod report;
 mod rewards;
 mod run;
+pub mod series;
 mod summary;
 mod travel;
 mod workers;

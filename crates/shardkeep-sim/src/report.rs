@@ -133,6 +133,9 @@ pub struct SimReport {
     pub invariants: Vec<Invariant>,
     /// True when every invariant held.
     pub passed: bool,
+    /// Saves, latency, depths, memory and table sizes through the run, and whether they held
+    /// steady.
+    pub series: super::series::Series,
 }
 
 impl SimReport {
@@ -221,6 +224,10 @@ impl fmt::Display for SimReport {
             let _ = writeln!(out, "{label:<15} {line}");
         }
         let _ = writeln!(out);
+        if !self.series.samples.is_empty() {
+            out.push_str(&series_lines(&self.series));
+            let _ = writeln!(out);
+        }
         let _ = writeln!(
             out,
             "{:<42} {:>8} {:>10}  verdict",
@@ -282,9 +289,125 @@ fn fault_lines(faults: &serde_json::Value) -> Vec<String> {
         counts.join(", ")
     }];
     if let Some(serde_json::Value::Array(plan)) = fields.get("planned") {
-        lines.extend(plan.iter().map(planned_fault));
+        if plan.len() <= MAX_FAULT_LINES {
+            lines.extend(plan.iter().map(planned_fault));
+        } else {
+            lines.extend(fault_kinds(plan));
+        }
     }
     lines
+}
+
+/// Planned faults listed one per line; a longer plan is summed up by kind.
+const MAX_FAULT_LINES: usize = 24;
+
+/// `  kill-shard ×60, from 9.1 s to 1779.0 s`, one line per kind of fault.
+fn fault_kinds(plan: &[serde_json::Value]) -> Vec<String> {
+    let mut kinds: std::collections::BTreeMap<&str, (u64, f64, f64)> = Default::default();
+    for fault in plan {
+        let at = fault.get("at").and_then(serde_json::Value::as_f64);
+        let name = fault.get("fault").and_then(serde_json::Value::as_str);
+        if let (Some(at), Some(name)) = (at, name) {
+            let kind = kinds.entry(name).or_insert((0, at, at));
+            kind.0 += 1;
+            kind.1 = kind.1.min(at);
+            kind.2 = kind.2.max(at);
+        }
+    }
+    kinds
+        .into_iter()
+        .map(|(name, (count, first, last))| {
+            format!("  {name} ×{count}, from {first:.1} s to {last:.1} s")
+        })
+        .collect()
+}
+
+/// Tables of shardkeep's own bookkeeping beside the rows.
+const BOOKKEEPING_TABLES: [&str; 4] = [
+    "character_job_effects",
+    "item_loads",
+    "transfer_activations",
+    "reward_grants",
+];
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// The series as a table, then the stability verdict.
+fn series_lines(series: &super::series::Series) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "series, every {:.0} s (MiB; tables: all / bookkeeping / audit)",
+        series.interval_secs
+    );
+    let _ = writeln!(
+        out,
+        "{:>8} {:>8} {:>8} {:>7} {:>8} {:>7} {:>7} {:>22}",
+        "at s", "saves/s", "p99 ms", "retry", "journal", "rss", "redis", "tables"
+    );
+    for s in &series.samples {
+        let total: u64 = s.table_bytes.values().sum();
+        let picked = |names: &[&str]| -> u64 {
+            s.table_bytes
+                .iter()
+                .filter(|(name, _)| names.contains(&name.as_str()))
+                .map(|(_, bytes)| *bytes)
+                .sum()
+        };
+        let tables = format!(
+            "{} / {} / {}",
+            mib(total),
+            mib(picked(&BOOKKEEPING_TABLES)),
+            mib(picked(&["character_audit"]))
+        );
+        let _ = writeln!(
+            out,
+            "{:>8.0} {:>8.0} {:>8} {:>7} {:>8} {:>7} {:>7} {:>22}",
+            s.at_secs,
+            s.saves_per_sec,
+            s.p99_save_ms
+                .map_or("-".to_owned(), |ms| format!("{ms:.1}")),
+            s.retry_depth,
+            s.journal_depth,
+            s.rss_bytes.map_or("-".to_owned(), mib),
+            s.redis_memory_bytes.map_or("-".to_owned(), mib),
+            tables
+        );
+    }
+    let Some(verdict) = &series.stability else {
+        let _ = writeln!(out, "stability       not judged (too few samples)");
+        return out;
+    };
+    let (from, to) = verdict.window_secs;
+    let word = if verdict.stable { "stable" } else { "GREW" };
+    let _ = writeln!(
+        out,
+        "stability       {word} over {from:.0}–{to:.0} s ({} samples)",
+        verdict.samples
+    );
+    for growth in &verdict.grew {
+        let why = growth
+            .by_design
+            .as_deref()
+            .map_or(String::new(), |why| format!(" — by design: {why}"));
+        let amount = |v: f64| {
+            if growth.series.contains("depth") {
+                format!("{v:.0}")
+            } else {
+                format!("{} MiB", mib(v.max(0.0) as u64))
+            }
+        };
+        let _ = writeln!(
+            out,
+            "    - {} grew {} → {}{why}",
+            growth.series,
+            amount(growth.from),
+            amount(growth.to)
+        );
+    }
+    out
 }
 
 /// `at 12.5 s  redis-outage for 3.0 s` / `at 20.0 s  kill-shard on shard 1`.

@@ -18,6 +18,7 @@ use super::host::Host;
 use super::inbound::{Inbound, SettleStep};
 use super::order_checks::{self, OrderObserved};
 use super::report::SimReport;
+use super::series;
 use super::summary::{audit_counts, build_report, transfer_audit};
 use super::world::{World, get};
 use super::{SimConfig, SimError, SimProgress};
@@ -188,27 +189,50 @@ async fn play(
         SessionJournal::new(world.env.redis_direct.clone(), WorkQueueConfig::default()).ok();
     let mut last_saves = 0;
     let mut last_tick = Instant::now();
+    let interval = series::interval_for(config.duration);
+    let mut sampler = series::Sampler::default();
+    let mut samples = Vec::new();
+    let mut next_sample = interval;
     while start.elapsed() < config.duration {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let saves = {
-            let s = world.saver_totals();
-            s.checkpoint_landed + s.row_landed
-        };
+        let totals = world.saver_totals();
+        let saves = totals.checkpoint_landed + totals.row_landed;
         let secs = last_tick.elapsed().as_secs_f64().max(0.001);
         let rate = ((saves.saturating_sub(last_saves)) as f64 / secs) as u64;
         last_saves = saves;
         last_tick = Instant::now();
+        let retry_depth = retry_depth(&world).await;
+        let journal_depth = journal_depth(direct_journal.as_ref()).await;
+        if start.elapsed() >= next_sample {
+            next_sample += interval;
+            let (table_bytes, redis_memory_bytes) =
+                series::read_store_sizes(&world.env.pg_direct, &world.env.redis_direct).await;
+            let readings = series::StoreReadings {
+                retry_depth,
+                journal_depth,
+                redis_memory_bytes,
+                table_bytes,
+            };
+            let at = start.elapsed().as_secs_f64();
+            samples.push(sampler.sample(at, saves, totals.write_latency, readings));
+        }
         progress(&SimProgress {
             phase: "play",
             elapsed: start.elapsed().min(config.duration),
             duration: config.duration,
             online: world.online_total(),
             saves_per_sec: rate,
-            retry_depth: retry_depth(&world).await,
-            journal_depth: journal_depth(direct_journal.as_ref()).await,
+            retry_depth,
+            journal_depth,
             faults_injected: get(&world.counters.faults_injected),
         });
     }
+    let stability = series::judge(&samples, series::window_for(config.duration));
+    let series = series::Series {
+        interval_secs: interval.as_secs_f64(),
+        samples,
+        stability,
+    };
     let report_progress = |phase: &'static str| {
         progress(&SimProgress {
             phase,
@@ -322,6 +346,7 @@ async fn play(
         .retry
         .dead_lettered
         .max(u64::try_from(stored).unwrap_or(0));
+    report.series = series;
     report
 }
 

@@ -167,5 +167,6 @@ pub(super) fn build_report(
         }),
         invariants,
         passed,
+        series: Default::default(),
     }
 }

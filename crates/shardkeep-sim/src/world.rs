@@ -121,6 +121,7 @@ pub(super) fn add_saver_stats(a: &mut SaverStatsSnapshot, b: &SaverStatsSnapshot
     a.final_queued_as_job += b.final_queued_as_job;
     a.dropped_checkpoint += b.dropped_checkpoint;
     a.dropped_row += b.dropped_row;
+    a.write_latency.add(&b.write_latency);
 }
 
 /// The shared state.

@@ -30,7 +30,7 @@ use crate::retry::RetryQueue;
 use crate::telemetry;
 pub use landed::{LandedWrites, UnsavedAges};
 pub use pending::{MAX_PENDING_FINALS, UnsavedFinals};
-pub use stats::{SaverStats, SaverStatsSnapshot};
+pub use stats::{LatencyCounts, SaverStats, SaverStatsSnapshot};
 
 /// Why a snapshot is being saved, which decides the tiers it reaches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -180,8 +180,10 @@ impl SaverWorker {
         };
         let snapshots: Vec<&CharacterSnapshot> = requests.iter().map(|r| &r.snapshot).collect();
         self.stats.checkpoint_attempted(snapshots.len() as u64);
+        let started = Instant::now();
         let result =
             tokio::time::timeout(self.config.io_timeout, checkpoints.write_many(&snapshots)).await;
+        self.stats.record_write_latency(started.elapsed());
         let writes = match result {
             Ok(Ok(writes)) => writes,
             Ok(Err(err)) => {
@@ -261,6 +263,7 @@ impl SaverWorker {
         let result =
             tokio::time::timeout(self.config.io_timeout, store.save_many(&snapshots)).await;
         metrics::histogram!(telemetry::SAVER_FLUSH_SECONDS).record(started.elapsed().as_secs_f64());
+        self.stats.record_write_latency(started.elapsed());
         let outcomes = match result {
             Ok(Ok(outcomes)) => outcomes,
             Ok(Err(err)) => return self.rows_failed(rows, &err.to_string()),
