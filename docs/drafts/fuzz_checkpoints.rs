@@ -1,0 +1,216 @@
+//! Fuzzed checkpoint hashes, planted in real Redis the way corruption or an older or newer
+//! process would leave them: fields missing, of any value (`inf`, `1e300`, hex, garbage), a
+//! snapshot of another character, mangled or arbitrary bytes, or a key of another type. The
+//! reader answers a typed error or a snapshot consistent with its key and guard; a login still
+//! loads from the row; a guarded write either lands whole or leaves the hash exactly as it was.
+
+use proptest::prelude::*;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::{Config, TestRunner};
+use serde_json::Value;
+use shardkeep::character::{
+    CharacterLoader, CharacterSnapshot, CharacterStore, CheckpointError, CheckpointStore,
+    CheckpointWrite, LoadError,
+};
+use shardkeep_testkit::TestRedis;
+use sqlx::PgPool;
+
+use super::fuzz_decoders::{Mutation, any_json, apply, edits, mangle, mutation};
+
+/// Cases (the closing note of the fuzzing issue counts them).
+const CASES: usize = 384;
+
+/// A number field as a corrupted or foreign writer could leave it.
+fn number_field() -> impl Strategy<Value = Option<String>> {
+    prop::option::of(prop_oneof![
+        any::<i64>().prop_map(|n| n.to_string()),
+        (0i64..50).prop_map(|n| n.to_string()),
+        Just("inf".to_owned()),
+        Just("-inf".to_owned()),
+        Just("nan".to_owned()),
+        Just("1e300".to_owned()),
+        Just("0x10".to_owned()),
+        Just(" 7 ".to_owned()),
+        ".{0,12}",
+    ])
+}
+
+/// What the `snapshot` field holds.
+#[derive(Debug, Clone)]
+enum Body {
+    /// The character's own snapshot with structure-aware changes.
+    Mutated(Vec<Mutation>),
+    /// Its encoding with bytes flipped, cut or inserted.
+    Mangled(Vec<(usize, u8, u8)>),
+    /// Another character's snapshot.
+    Foreign,
+    /// Anything.
+    Bytes(Vec<u8>),
+}
+
+fn body() -> impl Strategy<Value = Option<Body>> {
+    prop::option::of(prop_oneof![
+        prop::collection::vec(mutation(), 0..3).prop_map(Body::Mutated),
+        edits().prop_map(Body::Mangled),
+        Just(Body::Foreign),
+        prop::collection::vec(any::<u8>(), 0..128).prop_map(Body::Bytes),
+    ])
+}
+
+/// One planted key.
+#[derive(Debug, Clone)]
+enum Planted {
+    Hash {
+        epoch: Option<String>,
+        schema: Option<String>,
+        snapshot: Option<Body>,
+        extra: Option<(String, Value)>,
+    },
+    /// A key of another type where the hash belongs.
+    String(Vec<u8>),
+    List,
+}
+
+fn planted() -> impl Strategy<Value = Planted> {
+    prop_oneof![
+        8 => (number_field(), number_field(), body(), prop::option::of(("[a-z]{1,8}", any_json())))
+            .prop_map(|(epoch, schema, snapshot, extra)| Planted::Hash { epoch, schema, snapshot, extra }),
+        1 => prop::collection::vec(any::<u8>(), 0..32).prop_map(Planted::String),
+        1 => Just(Planted::List),
+    ]
+}
+
+fn encode(body: &Body, own: &CharacterSnapshot, foreign: &CharacterSnapshot) -> Vec<u8> {
+    match body {
+        Body::Mutated(changes) => {
+            let mut doc = serde_json::to_value(own).unwrap();
+            for change in changes {
+                apply(&mut doc, change);
+            }
+            serde_json::to_vec(&doc).unwrap()
+        }
+        Body::Mangled(edits) => mangle(serde_json::to_vec(own).unwrap(), edits),
+        Body::Foreign => serde_json::to_vec(foreign).unwrap(),
+        Body::Bytes(bytes) => bytes.clone(),
+    }
+}
+
+async fn dump(conn: &mut shardkeep::backend::redis::RedisConn, key: &str) -> Option<Vec<u8>> {
+    redis::cmd("DUMP").arg(key).query_async(conn).await.unwrap()
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn fuzzed_checkpoint_hashes_are_read_typed_skipped_at_login_and_never_half_overwritten(
+    pool: PgPool,
+) {
+    let redis = TestRedis::new().await;
+    let store = CharacterStore::new(shardkeep_testkit::pg(&pool));
+    let checkpoints = CheckpointStore::new(redis.backend());
+    let loader = CharacterLoader::new(
+        store.clone(),
+        Some(checkpoints.clone()),
+        shardkeep_testkit::model::LedgerModel::handle(),
+        std::time::Duration::from_secs(5),
+    );
+    let own = shardkeep_testkit::fixtures::created(&store, "Fuzzed").await;
+    let foreign = shardkeep_testkit::fixtures::created(&store, "Other").await;
+    let id = own.character_id;
+    let key = redis.keys().checkpoint(id);
+    let mut conn = redis.raw().await;
+    let mut runner = TestRunner::new(Config {
+        cases: CASES as u32,
+        ..Config::default()
+    });
+    let strategy = planted();
+    let (mut read_ok, mut read_refused, mut written, mut refused_writes) = (0, 0, 0, 0);
+    for case in 0..CASES {
+        let plant = strategy.new_tree(&mut runner).unwrap().current();
+        let _: () = redis::cmd("DEL").arg(&key).query_async(&mut conn).await.unwrap();
+        match &plant {
+            Planted::Hash { epoch, schema, snapshot, extra } => {
+                let mut fields: Vec<(String, Vec<u8>)> = Vec::new();
+                if let Some(epoch) = epoch {
+                    fields.push(("epoch".into(), epoch.clone().into_bytes()));
+                }
+                if let Some(schema) = schema {
+                    fields.push(("schema".into(), schema.clone().into_bytes()));
+                }
+                if let Some(body) = snapshot {
+                    fields.push(("snapshot".into(), encode(body, &own, &foreign)));
+                }
+                if let Some((name, value)) = extra {
+                    fields.push((format!("x-{name}"), serde_json::to_vec(value).unwrap()));
+                }
+                if fields.is_empty() {
+                    fields.push(("x".into(), b"1".to_vec()));
+                }
+                let mut hset = redis::cmd("HSET");
+                hset.arg(&key);
+                for (name, value) in &fields {
+                    hset.arg(name).arg(value);
+                }
+                let _: i64 = hset.query_async(&mut conn).await.unwrap();
+            }
+            Planted::String(bytes) => {
+                let _: () = redis::cmd("SET").arg(&key).arg(bytes).query_async(&mut conn).await.unwrap();
+            }
+            Planted::List => {
+                let _: i64 = redis::cmd("RPUSH").arg(&key).arg("a").query_async(&mut conn).await.unwrap();
+            }
+        }
+        let what = format!("case {case}: {plant:?}");
+        match checkpoints.read(id).await {
+            Ok(Some(snapshot)) => {
+                read_ok += 1;
+                assert_eq!(snapshot.character_id, id, "{what}");
+                let Planted::Hash { epoch: Some(epoch), .. } = &plant else {
+                    panic!("{what}: a snapshot read without a guard epoch");
+                };
+                assert_eq!(epoch.parse::<i64>().ok(), Some(snapshot.owner_epoch), "{what}");
+            }
+            Ok(None) => {}
+            Err(CheckpointError::Corrupt { character_id, .. }) => {
+                read_refused += 1;
+                assert_eq!(character_id, id, "{what}");
+            }
+            Err(other) => panic!("{what}: not a typed corruption: {other}"),
+        }
+        // A login over whatever is there: the row is sound, so it loads (or refuses content of
+        // a newer schema than this process plays, by name).
+        let epoch = match loader.claim_and_load(id, 0).await {
+            Ok(loaded) => {
+                assert_eq!(loaded.snapshot.character_id, id, "{what}");
+                loaded.snapshot.owner_epoch
+            }
+            Err(LoadError::Schema { character_id, .. }) => {
+                assert_eq!(character_id, id, "{what}");
+                store.load(id).await.unwrap().unwrap().owner_epoch
+            }
+            Err(other) => panic!("{what}: the login failed: {other}"),
+        };
+        // The new owner checkpoints: it lands whole, or the planted key stays as it was.
+        let before = dump(&mut conn, &key).await;
+        let mine = CharacterSnapshot {
+            owner_epoch: epoch,
+            ..own.clone()
+        };
+        match checkpoints.write(&mine).await {
+            Ok(CheckpointWrite::Written) => {
+                written += 1;
+                let back = checkpoints.read(id).await.unwrap().unwrap();
+                assert_eq!(back.owner_epoch, epoch, "{what}");
+                assert_eq!(back.state, mine.state, "{what}");
+            }
+            Ok(CheckpointWrite::NotOwner { .. } | CheckpointWrite::SchemaNewer { .. })
+            | Err(CheckpointError::Protocol(_)) => {
+                refused_writes += 1;
+                assert_eq!(dump(&mut conn, &key).await, before, "{what}: a refused write changed the key");
+            }
+            Err(other) => panic!("{what}: not a typed refusal: {other}"),
+        }
+    }
+    println!(
+        "checkpoint fuzz: {CASES} cases, reads {read_ok} ok / {read_refused} corrupt, writes {written} landed / {refused_writes} refused"
+    );
+    assert!(read_ok > 0 && read_refused > 0 && written > 0 && refused_writes > 0);
+}
