@@ -359,7 +359,7 @@ mod tests {
         let samples = run(|n| {
             (
                 (200i64 * 1024 * 1024 + wobble[n % 10] * 1024 * 1024) as u64,
-                (n as u64 + 1) * 10 << 20,
+                ((n as u64 + 1) * 10) << 20,
             )
         });
         let verdict = judge(&samples, window_for(Duration::from_secs(1200))).unwrap();
