@@ -50,7 +50,7 @@ pub(crate) enum Command {
     Cleanup(CleanupArgs),
     /// Simulate whole shards of synthetic players under faults, in a scratch database and
     /// namespace, then check the invariants against the durable stores. Exits 3 when an
-    /// invariant fails.
+    /// invariant fails, 4 when `--require-stable` is given and something grew.
     Simulate(SimulateArgs),
 }
 
@@ -89,6 +89,14 @@ pub(crate) struct SimulateArgs {
     #[arg(long)]
     pub(crate) report: Option<std::path::PathBuf>,
 
+    /// Also draw the run's time series to this SVG file.
+    #[arg(long)]
+    pub(crate) plot: Option<std::path::PathBuf>,
+
+    /// Exit 4 unless the stability verdict over the run's last stretch is `stable` (a soak).
+    #[arg(long)]
+    pub(crate) require_stable: bool,
+
     /// Keep the scratch database and Redis keys after the run (for inspection).
     #[arg(long)]
     pub(crate) keep: bool,
@@ -125,7 +133,70 @@ pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, String> 
 mod tests {
     use std::time::Duration;
 
-    use super::parse_duration;
+    use clap::{CommandFactory, Parser};
+    use proptest::prelude::*;
+
+    use super::{Cli, parse_duration};
+
+    /// Every subcommand with the long flags it takes, read from the parser itself.
+    fn vocabulary() -> Vec<(String, Vec<String>)> {
+        Cli::command()
+            .get_subcommands()
+            .map(|sub| {
+                let flags = sub
+                    .get_arguments()
+                    .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+                    .collect();
+                (sub.get_name().to_owned(), flags)
+            })
+            .collect()
+    }
+
+    /// A value a user could type after a flag.
+    fn value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            ".{0,24}",
+            "-?[0-9]{1,22}",
+            "[0-9]{1,6}(ms|s|m|h|x)?",
+            "(redis|postgres|sqlite|http)://[ -~]{0,30}",
+            "[a-z,-]{0,30}",
+            Just(String::new()),
+        ]
+    }
+
+    #[test]
+    fn the_parser_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
+
+        /// Fuzzed command lines: a subcommand, its own flags and others, values of any shape,
+        /// stray words. Parsing never panics; a refusal is a clap error that names the problem.
+        #[test]
+        fn fuzzed_command_lines_parse_or_are_refused_with_a_message(
+            sub in 0usize..16,
+            picks in prop::collection::vec((any::<usize>(), prop::option::of(value()), any::<bool>()), 0..6),
+            stray in prop::option::of(".{0,12}"),
+        ) {
+            let vocabulary = vocabulary();
+            let (name, flags) = &vocabulary[sub % vocabulary.len()];
+            let mut args = vec!["shardkeep".to_owned(), name.clone()];
+            for (flag, value, joined) in picks {
+                let flag = flags.get(flag % flags.len().max(1)).cloned().unwrap_or_else(|| "--bogus".into());
+                match (value, joined) {
+                    (Some(value), true) => args.push(format!("{flag}={value}")),
+                    (Some(value), false) => { args.push(flag); args.push(value); }
+                    (None, _) => args.push(flag),
+                }
+            }
+            args.extend(stray);
+            if let Err(err) = Cli::try_parse_from(&args) {
+                prop_assert!(!err.to_string().trim().is_empty(), "{args:?}");
+            }
+        }
+    }
 
     #[test]
     fn durations_parse_with_and_without_units() {

@@ -453,8 +453,20 @@ fn malformed_simulate_arguments_are_rejected() {
         ],
     );
     assert!(
-        stderr(&out).contains("cannot write the report"),
+        stderr(&out).contains("cannot write to /nonexistent-dir/report.json"),
         "the report path is checked before the run: {}",
+        stderr(&out)
+    );
+    let out = shardkeep(
+        &["simulate", "--plot", "/nonexistent-dir/series.svg"],
+        &[
+            ("DATABASE_URL", "postgres://x@127.0.0.1:1/x"),
+            ("REDIS_URL", "redis://127.0.0.1:1"),
+        ],
+    );
+    assert!(
+        stderr(&out).contains("cannot write to /nonexistent-dir/series.svg"),
+        "the plot path is checked before the run: {}",
         stderr(&out)
     );
 }

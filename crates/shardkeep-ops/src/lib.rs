@@ -93,6 +93,22 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(routes::health::healthz))
         .route("/readyz", get(routes::health::readyz))
         .route("/metrics", get(routes::health::metrics))
+        .fallback(no_route)
+        .method_not_allowed_fallback(no_method)
         .layer(from_fn(telemetry::track))
         .with_state(state)
+}
+
+/// Answers a path no route serves, with the API's JSON error body.
+async fn no_route() -> error::ApiError {
+    error::ApiError::not_found("no route serves this path")
+}
+
+/// Answers a method a route does not take, with the API's JSON error body.
+async fn no_method() -> error::ApiError {
+    error::ApiError::new(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not take that method",
+    )
 }

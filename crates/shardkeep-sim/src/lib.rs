@@ -37,6 +37,7 @@ mod host_settle;
 mod inbound;
 mod order_checks;
 mod play;
+pub mod plot;
 pub mod report;
 mod rewards;
 mod run;

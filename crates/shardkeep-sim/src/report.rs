@@ -5,6 +5,8 @@ use std::fmt::{self, Write as _};
 
 use serde::Serialize;
 
+use crate::series::{BOOKKEEPING_TABLES, Series};
+
 /// Most example details kept per invariant.
 pub const MAX_DETAILS: usize = 20;
 
@@ -322,20 +324,12 @@ fn fault_kinds(plan: &[serde_json::Value]) -> Vec<String> {
         .collect()
 }
 
-/// Tables of shardkeep's own bookkeeping beside the rows.
-const BOOKKEEPING_TABLES: [&str; 4] = [
-    "character_job_effects",
-    "item_loads",
-    "transfer_activations",
-    "reward_grants",
-];
-
 fn mib(bytes: u64) -> String {
     format!("{:.1}", bytes as f64 / (1024.0 * 1024.0))
 }
 
 /// The series as a table, then the stability verdict.
-fn series_lines(series: &super::series::Series) -> String {
+fn series_lines(series: &Series) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -348,19 +342,11 @@ fn series_lines(series: &super::series::Series) -> String {
         "at s", "saves/s", "p99 ms", "retry", "journal", "rss", "redis", "tables"
     );
     for s in &series.samples {
-        let total: u64 = s.table_bytes.values().sum();
-        let picked = |names: &[&str]| -> u64 {
-            s.table_bytes
-                .iter()
-                .filter(|(name, _)| names.contains(&name.as_str()))
-                .map(|(_, bytes)| *bytes)
-                .sum()
-        };
         let tables = format!(
             "{} / {} / {}",
-            mib(total),
-            mib(picked(&BOOKKEEPING_TABLES)),
-            mib(picked(&["character_audit"]))
+            mib(s.tables_bytes(None)),
+            mib(s.tables_bytes(Some(&BOOKKEEPING_TABLES))),
+            mib(s.tables_bytes(Some(&["character_audit"])))
         );
         let _ = writeln!(
             out,

@@ -1,6 +1,6 @@
 //! The run's time series (saves, save latency, depths, memory and table sizes, sampled at a
 //! fixed interval) and the stability verdict over its last stretch. The verdict is pure and
-//! tested on its own; [`Sampler`] does the reading.
+//! tested on its own; the sampler does the reading.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -28,6 +28,25 @@ pub struct Sample {
     pub redis_memory_bytes: Option<u64>,
     /// Size of each table of the run's database, indexes and TOAST included, in bytes.
     pub table_bytes: BTreeMap<String, u64>,
+}
+
+/// Tables of shardkeep's own bookkeeping beside the rows.
+pub const BOOKKEEPING_TABLES: [&str; 4] = [
+    "character_job_effects",
+    "item_loads",
+    "transfer_activations",
+    "reward_grants",
+];
+
+impl Sample {
+    /// Bytes of the named tables, or of every table when `names` is `None`.
+    pub fn tables_bytes(&self, names: Option<&[&str]>) -> u64 {
+        self.table_bytes
+            .iter()
+            .filter(|(name, _)| names.is_none_or(|names| names.contains(&name.as_str())))
+            .map(|(_, bytes)| *bytes)
+            .sum()
+    }
 }
 
 /// A series that rose over the verdict's window by more than its noise.

@@ -14,15 +14,16 @@ use crate::cli::SimulateArgs;
 
 /// Exit status of a run whose invariants failed.
 const INVARIANTS_FAILED: u8 = 3;
+/// Exit status of a run that held its invariants but grew where `--require-stable` forbids.
+const UNSTABLE: u8 = 4;
 
 /// Runs the simulation.
 pub(crate) async fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
     let database_url = super::database_url(&args.postgres)?;
     let redis_url = super::redis_url(args.redis_url.as_deref())?;
-    if let Some(path) = &args.report {
+    for path in [&args.report, &args.plot].into_iter().flatten() {
         // Fail before a long run rather than after it.
-        std::fs::write(path, b"{}")
-            .with_context(|| format!("cannot write the report to {}", path.display()))?;
+        std::fs::write(path, b"").with_context(|| format!("cannot write to {}", path.display()))?;
     }
     let config = SimConfig {
         duration: args.duration,
@@ -47,10 +48,22 @@ pub(crate) async fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot write the report to {}", path.display()))?;
         eprintln!("report written to {}", path.display());
     }
-    Ok(if report.passed {
-        ExitCode::SUCCESS
-    } else {
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "shardkeep simulate: {} players, {:?}, seed {}",
+            args.players, args.duration, args.seed
+        );
+        sim::plot::draw(&report.series, &title, path)?;
+        eprintln!("plot written to {}", path.display());
+    }
+    let stable = report.series.stability.as_ref().is_some_and(|v| v.stable);
+    Ok(if !report.passed {
         ExitCode::from(INVARIANTS_FAILED)
+    } else if args.require_stable && !stable {
+        eprintln!("the run held its invariants but is not stable (see the stability lines)");
+        ExitCode::from(UNSTABLE)
+    } else {
+        ExitCode::SUCCESS
     })
 }
 

@@ -1,24 +1,10 @@
-use reqwest::header::{COOKIE, SET_COOKIE};
+use reqwest::header::COOKIE;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::support::{PASSWORD, journal_dead_letter, retry_dead_letter, spawn_app};
-
-async fn login(app: &crate::support::TestApp, password: &str) -> (u16, Option<String>) {
-    let response = app
-        .http
-        .post(format!("{}/console/login", app.base))
-        .json(&json!({ "password": password }))
-        .send()
-        .await
-        .unwrap();
-    let cookie = response
-        .headers()
-        .get(SET_COOKIE)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| v.split(';').next().unwrap_or_default().to_owned());
-    (response.status().as_u16(), cookie)
-}
+use crate::support::{
+    PASSWORD, console_login as login, journal_dead_letter, retry_dead_letter, spawn_app,
+};
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn the_console_needs_its_own_login(pool: PgPool) {

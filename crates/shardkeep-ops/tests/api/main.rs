@@ -5,6 +5,7 @@
 mod auth;
 mod browser;
 mod console;
+mod fuzz_requests;
 mod operator;
 mod routes;
 mod security;

@@ -33,7 +33,7 @@ pub(crate) struct TestApp {
     pub(crate) http: reqwest::Client,
     pub(crate) state: AppState,
     /// Kept alive so the namespace is removed when the test ends.
-    _redis: TestRedis,
+    pub(crate) redis: TestRedis,
     pub(crate) signals: Option<shardkeep::retry::RetrySignals>,
 }
 
@@ -95,7 +95,7 @@ pub(crate) async fn spawn_app_with(pool: PgPool, settings: ApiSettings) -> TestA
         http: reqwest::Client::new(),
         base,
         state,
-        _redis: redis,
+        redis,
         signals: Some(signals),
     }
 }
@@ -318,4 +318,21 @@ pub(crate) async fn saver_and_auditor_workload(app: &TestApp) {
     auditor.emit(AuditEvent::track(id, "metrics", 1));
     auditor.barrier(std::time::Duration::from_secs(5)).await;
     cancel.cancel();
+}
+
+/// Logs in to the console with `password`: the status and the session cookie, if one was set.
+pub(crate) async fn console_login(app: &TestApp, password: &str) -> (u16, Option<String>) {
+    let response = app
+        .http
+        .post(format!("{}/console/login", app.base))
+        .json(&serde_json::json!({ "password": password }))
+        .send()
+        .await
+        .unwrap();
+    let cookie = response
+        .headers()
+        .get(reqwest::header::SET_COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(';').next().unwrap_or_default().to_owned());
+    (response.status().as_u16(), cookie)
 }

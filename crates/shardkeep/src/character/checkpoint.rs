@@ -153,7 +153,7 @@ impl CheckpointStore {
         character_id: Uuid,
     ) -> Result<Option<CharacterSnapshot>, CheckpointError> {
         let key = self.redis.keys().checkpoint(character_id);
-        let (epoch, body): (Option<i64>, Option<Vec<u8>>) = redis::cmd("HMGET")
+        let (epoch, body): (Option<Vec<u8>>, Option<Vec<u8>>) = redis::cmd("HMGET")
             .arg(&key)
             .arg("epoch")
             .arg("snapshot")
@@ -175,6 +175,15 @@ impl CheckpointStore {
         let corrupt = |reason: String| CheckpointError::Corrupt {
             character_id,
             reason,
+        };
+        let epoch = match epoch {
+            Some(text) => Some(guard_int(&text).ok_or_else(|| {
+                corrupt(format!(
+                    "guard epoch {:?} is not an integer",
+                    String::from_utf8_lossy(&text)
+                ))
+            })?),
+            None => None,
         };
         let snapshot: CharacterSnapshot =
             serde_json::from_slice(&body).map_err(|e| corrupt(e.to_string()))?;
@@ -204,12 +213,26 @@ impl CheckpointStore {
     }
 }
 
+/// Digits a stored guard number may have: what a Lua number holds exactly, so the guard script
+/// and this reader agree on which hashes are corrupt.
+const GUARD_INT_DIGITS: usize = 15;
+
+/// A guard field as every writer stores it: an optional `-` and 1 to 15 ASCII digits.
+fn guard_int(text: &[u8]) -> Option<i64> {
+    let digits = text.strip_prefix(b"-").unwrap_or(text);
+    if digits.is_empty()
+        || digits.len() > GUARD_INT_DIGITS
+        || !digits.iter().all(u8::is_ascii_digit)
+    {
+        return None;
+    }
+    std::str::from_utf8(text).ok()?.parse().ok()
+}
+
 fn decode_write(reply: &[Value]) -> Result<CheckpointWrite, CheckpointError> {
     match reply {
         [tag] if is(tag, "ok") => Ok(CheckpointWrite::Written),
-        [tag, Value::BulkString(epoch)] if is(tag, "not_owner") => std::str::from_utf8(epoch)
-            .ok()
-            .and_then(|s| s.parse().ok())
+        [tag, Value::BulkString(epoch)] if is(tag, "not_owner") => guard_int(epoch)
             .map(|stored_epoch| CheckpointWrite::NotOwner { stored_epoch })
             .ok_or_else(|| CheckpointError::Protocol("not_owner epoch".into())),
         [tag, Value::BulkString(schema)] if is(tag, "schema_newer") => std::str::from_utf8(schema)
@@ -218,5 +241,33 @@ fn decode_write(reply: &[Value]) -> Result<CheckpointWrite, CheckpointError> {
             .map(|stored_schema| CheckpointWrite::SchemaNewer { stored_schema })
             .ok_or_else(|| CheckpointError::Protocol("schema_newer schema".into())),
         other => Err(CheckpointError::Protocol(format!("{other:?}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::guard_int;
+
+    #[test]
+    fn guard_numbers_are_plain_integers_of_at_most_fifteen_digits() {
+        assert_eq!(guard_int(b"0"), Some(0));
+        assert_eq!(guard_int(b"-7"), Some(-7));
+        assert_eq!(guard_int(b"999999999999999"), Some(999_999_999_999_999));
+        for bad in [
+            &b""[..],
+            b"-",
+            b"inf",
+            b"-inf",
+            b"nan",
+            b"1e300",
+            b"0x10",
+            b" 7 ",
+            b"+7",
+            b"7.0",
+            b"1000000000000000",
+            b"\xff",
+        ] {
+            assert_eq!(guard_int(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
     }
 }

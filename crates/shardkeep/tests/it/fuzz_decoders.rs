@@ -94,7 +94,7 @@ fn journal_entry_json() -> Value {
 }
 
 /// Any JSON value, nested a few levels.
-fn any_json() -> impl Strategy<Value = Value> {
+pub(super) fn any_json() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
         any::<bool>().prop_map(Value::Bool),
@@ -114,7 +114,7 @@ fn any_json() -> impl Strategy<Value = Value> {
 
 /// One structure-aware change of a JSON document.
 #[derive(Debug, Clone)]
-enum Mutation {
+pub(super) enum Mutation {
     /// Replace the value at the path chosen by these indices.
     Replace(Vec<usize>, Value),
     /// Remove the field at the path.
@@ -123,7 +123,7 @@ enum Mutation {
     Add(Vec<usize>, String, Value),
 }
 
-fn mutation() -> impl Strategy<Value = Mutation> {
+pub(super) fn mutation() -> impl Strategy<Value = Mutation> {
     let path = prop::collection::vec(any::<usize>(), 0..4);
     prop_oneof![
         (path.clone(), any_json()).prop_map(|(p, v)| Mutation::Replace(p, v)),
@@ -134,7 +134,7 @@ fn mutation() -> impl Strategy<Value = Mutation> {
 
 /// Applies `m` to `doc`, walking its path by index into objects and arrays (an index past the
 /// end wraps; a path that reaches a scalar early acts there).
-fn apply(doc: &mut Value, m: &Mutation) {
+pub(super) fn apply(doc: &mut Value, m: &Mutation) {
     let path = match m {
         Mutation::Replace(p, _) | Mutation::Remove(p) | Mutation::Add(p, _, _) => p,
     };
@@ -195,7 +195,7 @@ fn apply_at(doc: &mut Value, path: &[usize], m: &Mutation) {
 }
 
 /// Byte-level changes: flips, cuts and insertions at positions taken modulo the length.
-fn mangle(mut bytes: Vec<u8>, edits: &[(usize, u8, u8)]) -> Vec<u8> {
+pub(super) fn mangle(mut bytes: Vec<u8>, edits: &[(usize, u8, u8)]) -> Vec<u8> {
     for (at, kind, byte) in edits {
         if bytes.is_empty() {
             bytes.push(*byte);
@@ -211,7 +211,7 @@ fn mangle(mut bytes: Vec<u8>, edits: &[(usize, u8, u8)]) -> Vec<u8> {
     bytes
 }
 
-fn edits() -> impl Strategy<Value = Vec<(usize, u8, u8)>> {
+pub(super) fn edits() -> impl Strategy<Value = Vec<(usize, u8, u8)>> {
     prop::collection::vec((any::<usize>(), any::<u8>(), any::<u8>()), 1..6)
 }
 

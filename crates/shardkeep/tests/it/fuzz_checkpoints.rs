@@ -66,6 +66,8 @@ enum Planted {
         snapshot: Option<Body>,
         extra: Option<(String, Value)>,
     },
+    /// The character's own checkpoint, as a writer stores it.
+    Sound,
     /// A key of another type where the hash belongs.
     String(Vec<u8>),
     List,
@@ -75,6 +77,7 @@ fn planted() -> impl Strategy<Value = Planted> {
     prop_oneof![
         8 => (number_field(), number_field(), body(), prop::option::of(("[a-z]{1,8}", any_json())))
             .prop_map(|(epoch, schema, snapshot, extra)| Planted::Hash { epoch, schema, snapshot, extra }),
+        2 => Just(Planted::Sound),
         1 => prop::collection::vec(any::<u8>(), 0..32).prop_map(Planted::String),
         1 => Just(Planted::List),
     ]
@@ -125,9 +128,18 @@ async fn fuzzed_checkpoint_hashes_are_read_typed_skipped_at_login_and_never_half
     let (mut read_ok, mut read_refused, mut written, mut refused_writes) = (0, 0, 0, 0);
     for case in 0..CASES {
         let plant = strategy.new_tree(&mut runner).unwrap().current();
-        let _: () = redis::cmd("DEL").arg(&key).query_async(&mut conn).await.unwrap();
+        let _: () = redis::cmd("DEL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
         match &plant {
-            Planted::Hash { epoch, schema, snapshot, extra } => {
+            Planted::Hash {
+                epoch,
+                schema,
+                snapshot,
+                extra,
+            } => {
                 let mut fields: Vec<(String, Vec<u8>)> = Vec::new();
                 if let Some(epoch) = epoch {
                     fields.push(("epoch".into(), epoch.clone().into_bytes()));
@@ -151,11 +163,34 @@ async fn fuzzed_checkpoint_hashes_are_read_typed_skipped_at_login_and_never_half
                 }
                 let _: i64 = hset.query_async(&mut conn).await.unwrap();
             }
+            Planted::Sound => {
+                let _: i64 = redis::cmd("HSET")
+                    .arg(&key)
+                    .arg("epoch")
+                    .arg(own.owner_epoch)
+                    .arg("schema")
+                    .arg(own.schema_version)
+                    .arg("snapshot")
+                    .arg(serde_json::to_vec(&own).unwrap())
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+            }
             Planted::String(bytes) => {
-                let _: () = redis::cmd("SET").arg(&key).arg(bytes).query_async(&mut conn).await.unwrap();
+                let _: () = redis::cmd("SET")
+                    .arg(&key)
+                    .arg(bytes)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
             }
             Planted::List => {
-                let _: i64 = redis::cmd("RPUSH").arg(&key).arg("a").query_async(&mut conn).await.unwrap();
+                let _: i64 = redis::cmd("RPUSH")
+                    .arg(&key)
+                    .arg("a")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
             }
         }
         let what = format!("case {case}: {plant:?}");
@@ -163,10 +198,16 @@ async fn fuzzed_checkpoint_hashes_are_read_typed_skipped_at_login_and_never_half
             Ok(Some(snapshot)) => {
                 read_ok += 1;
                 assert_eq!(snapshot.character_id, id, "{what}");
-                let Planted::Hash { epoch: Some(epoch), .. } = &plant else {
-                    panic!("{what}: a snapshot read without a guard epoch");
-                };
-                assert_eq!(epoch.parse::<i64>().ok(), Some(snapshot.owner_epoch), "{what}");
+                match &plant {
+                    Planted::Hash {
+                        epoch: Some(epoch), ..
+                    } => {
+                        let epoch = epoch.parse::<i64>().ok();
+                        assert_eq!(epoch, Some(snapshot.owner_epoch), "{what}");
+                    }
+                    Planted::Sound => assert_eq!(snapshot, own, "{what}"),
+                    _ => panic!("{what}: a snapshot read without a guard epoch"),
+                }
             }
             Ok(None) => {}
             Err(CheckpointError::Corrupt { character_id, .. }) => {
@@ -204,7 +245,11 @@ async fn fuzzed_checkpoint_hashes_are_read_typed_skipped_at_login_and_never_half
             Ok(CheckpointWrite::NotOwner { .. } | CheckpointWrite::SchemaNewer { .. })
             | Err(CheckpointError::Protocol(_)) => {
                 refused_writes += 1;
-                assert_eq!(dump(&mut conn, &key).await, before, "{what}: a refused write changed the key");
+                assert_eq!(
+                    dump(&mut conn, &key).await,
+                    before,
+                    "{what}: a refused write changed the key"
+                );
             }
             Err(other) => panic!("{what}: not a typed refusal: {other}"),
         }
