@@ -476,6 +476,27 @@ pub(crate) enum BenchCommand {
     /// A death storm through the audit trail: the batched auditor against one INSERT per event,
     /// and what each drops against a store slowed by a proxy.
     Audit(AuditBenchArgs),
+    /// A `serve` process under valid and invalid signed requests at full rate beside a retry
+    /// and journal workload: no crash, no valid request refused, no invalid one accepted or
+    /// changing the stores, memory flat; p99 of valid requests against an idle baseline.
+    /// Exits 4 when a check fails.
+    HostileApi(HostileApiBenchArgs),
+}
+
+/// Options of `shardkeep bench hostile-api`.
+#[derive(Debug, Args)]
+pub(crate) struct HostileApiBenchArgs {
+    /// Seconds the load runs.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(10..=3600))]
+    pub(crate) seconds: u64,
+
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..=512))]
+    pub(crate) connections: u32,
+
+    /// Also write the findings as JSON to this file.
+    #[arg(long)]
+    pub(crate) json: Option<std::path::PathBuf>,
 }
 
 /// How large a whole run is.

@@ -135,6 +135,14 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
             env.teardown().await;
             table.rows.extend(backlog::rows(&r?));
         }
+        BenchCommand::HostileApi(a) => {
+            let config = super::hostile::HostileConfig {
+                window: Duration::from_secs(a.seconds),
+                connections: a.connections as usize,
+            };
+            let env = engines.env().await?;
+            return super::hostile::run(env, config, a.json.as_deref(), &progress).await;
+        }
         BenchCommand::Audit(a) => {
             let config = audit::AuditBenchConfig {
                 events: a.events as usize,

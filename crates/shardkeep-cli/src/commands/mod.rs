@@ -1,6 +1,7 @@
 //! One module per subcommand, and the store connections they share.
 
 mod bench;
+mod hostile;
 mod migrate;
 mod ops;
 mod serve;
