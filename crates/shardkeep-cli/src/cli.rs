@@ -93,7 +93,8 @@ pub(crate) struct SimulateArgs {
     #[arg(long)]
     pub(crate) plot: Option<std::path::PathBuf>,
 
-    /// Exit 4 unless the stability verdict over the run's last stretch is `stable` (a soak).
+    /// Exit 4 unless the stability verdict over the run's last stretch is `stable` (a soak; runs
+    /// under 10 minutes get no verdict and pass on their invariants).
     #[arg(long)]
     pub(crate) require_stable: bool,
 

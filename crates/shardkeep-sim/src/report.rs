@@ -363,7 +363,11 @@ fn series_lines(series: &Series) -> String {
         );
     }
     let Some(verdict) = &series.stability else {
-        let _ = writeln!(out, "stability       not judged (too few samples)");
+        let _ = writeln!(
+            out,
+            "stability       not judged (runs under {} minutes are still filling their tables)",
+            crate::series::MIN_JUDGED_RUN.as_secs() / 60
+        );
         return out;
     };
     let (from, to) = verdict.window_secs;

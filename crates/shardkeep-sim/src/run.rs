@@ -227,7 +227,7 @@ async fn play(
             faults_injected: get(&world.counters.faults_injected),
         });
     }
-    let stability = series::judge(&samples, series::window_for(config.duration));
+    let stability = series::verdict_for(&samples, config.duration);
     let series = series::Series {
         interval_secs: interval.as_secs_f64(),
         samples,

@@ -86,6 +86,20 @@ pub struct Series {
     pub stability: Option<Stability>,
 }
 
+/// The shortest run whose verdict means something: in a shorter one the tables, the
+/// bookkeeping retention and the allocator are still filling (a 2-minute run doubles its tables
+/// in its second minute), so it gets a series but no verdict.
+pub const MIN_JUDGED_RUN: Duration = Duration::from_secs(600);
+
+/// The verdict of a run of `duration`: `None` for runs under [`MIN_JUDGED_RUN`] or with too
+/// few samples.
+pub fn verdict_for(samples: &[Sample], duration: Duration) -> Option<Stability> {
+    if duration < MIN_JUDGED_RUN {
+        return None;
+    }
+    judge(samples, window_for(duration))
+}
+
 /// Samples a verdict needs in its window.
 pub const MIN_WINDOW_SAMPLES: usize = 4;
 
@@ -405,6 +419,9 @@ mod tests {
         assert!(judge(&samples, Duration::from_secs(600)).unwrap().stable);
         assert_eq!(judge(&samples[..3], Duration::from_secs(600)), None);
         assert_eq!(judge(&[], Duration::from_secs(600)), None);
+        // A run under ten minutes gets its series but no verdict, however its samples look.
+        assert_eq!(verdict_for(&samples, Duration::from_secs(120)), None);
+        assert!(verdict_for(&samples, Duration::from_secs(1800)).is_some());
     }
 
     #[test]

@@ -56,10 +56,14 @@ pub(crate) async fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
         sim::plot::draw(&report.series, &title, path)?;
         eprintln!("plot written to {}", path.display());
     }
-    let stable = report.series.stability.as_ref().is_some_and(|v| v.stable);
+    // A run too short to judge passes `--require-stable` on its invariants alone.
+    let unstable = match &report.series.stability {
+        Some(verdict) => !verdict.stable,
+        None => args.duration >= sim::series::MIN_JUDGED_RUN,
+    };
     Ok(if !report.passed {
         ExitCode::from(INVARIANTS_FAILED)
-    } else if args.require_stable && !stable {
+    } else if args.require_stable && unstable {
         eprintln!("the run held its invariants but is not stable (see the stability lines)");
         ExitCode::from(UNSTABLE)
     } else {
