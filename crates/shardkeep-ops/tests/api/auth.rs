@@ -159,3 +159,35 @@ async fn malformed_headers_and_oversized_bodies_are_refused(pool: PgPool) {
     );
     assert!(still_dead(&pool).await);
 }
+
+/// The server stops reading an oversized body, so the connection cannot carry another
+/// request: the 413 says `connection: close`, and a client's next request goes out on a fresh
+/// connection instead of failing on the abandoned one.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn an_oversized_body_closes_its_connection_and_the_next_request_is_answered(pool: PgPool) {
+    let app = spawn_app(pool).await;
+    let huge = vec![b'x'; 1 << 20];
+    for round in 0..20 {
+        let response = app
+            .http
+            .post(format!("{}/v1/internal/admin/cleanup", app.base))
+            .header("content-type", "application/json")
+            .body(huge.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status().as_u16(), 413);
+        let connection = response
+            .headers()
+            .get(reqwest::header::CONNECTION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_ascii_lowercase);
+        assert_eq!(connection.as_deref(), Some("close"), "round {round}");
+        let _ = response.bytes().await;
+        let next = app.http.get(format!("{}/healthz", app.base)).send().await;
+        assert!(
+            next.is_ok(),
+            "round {round}: the next request was lost: {next:?}"
+        );
+    }
+}

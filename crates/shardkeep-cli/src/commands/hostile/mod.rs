@@ -32,8 +32,8 @@ use serve_child::ServeChild;
 const CHECK_FAILED: u8 = 4;
 /// How long the idle baseline runs.
 const IDLE_WINDOW: Duration = Duration::from_secs(10);
-/// Time between samples of `serve`'s memory.
-const RSS_EVERY: Duration = Duration::from_secs(2);
+/// Samples of `serve`'s memory over the load (at most one every 2 s).
+const RSS_SAMPLES: u32 = 30;
 
 /// Settings of one run.
 #[derive(Debug, Clone, Copy)]
@@ -51,6 +51,8 @@ struct KindOutcome {
     statuses: BTreeMap<u16, u64>,
     /// Sent but not answered (connection refused or reset, timeout).
     transport_errors: u64,
+    /// The first few of those errors.
+    transport_examples: Vec<String>,
     unexpected: u64,
     /// Milliseconds of each answered request (valid kinds only).
     #[serde(skip)]
@@ -71,6 +73,8 @@ struct HostileReport {
     load_p99_ms: f64,
     rss_mib: Vec<(f64, f64)>,
     rss_flat: bool,
+    /// `flat`, `GREW` or `not judged`.
+    rss_verdict: String,
     stores_unchanged: bool,
     serve_alive: bool,
     retry_jobs_enqueued: u64,
@@ -111,7 +115,7 @@ async fn run_in(
         "hostile",
         "planting dead letters and keys, creating characters",
     );
-    let planted = sentinels::plant(env, &journal).await?;
+    let planted = sentinels::plant(env).await?;
     let characters = workload::characters(env).await?;
     let secret = format!("{}", uuid::Uuid::new_v4().simple()).into_bytes();
     let mut serve = ServeChild::start(env, "ops", &secret).await?;
@@ -168,7 +172,7 @@ async fn run_in(
                 rss_bytes: serve.rss_bytes(),
                 ..Sample::default()
             });
-            tokio::time::sleep(RSS_EVERY).await;
+            tokio::time::sleep((config.window / RSS_SAMPLES).min(Duration::from_secs(2))).await;
         }
         samples
     };
@@ -191,6 +195,19 @@ async fn run_in(
     progress.step("hostile", "checking the stores and the server");
     let serve_alive = serve.alive() && serve.healthy(&http).await;
     let after = sentinels::fingerprint(env, &journal, &planted).await?;
+    // The fingerprint must see a real change: one correctly signed requeue of a planted dead
+    // letter, after the load, has to show.
+    let control = match planted.retry.first() {
+        Some(id) => send(
+            &http,
+            &serve.base,
+            &targets.requeue(*id, chrono::Utc::now().timestamp()),
+        )
+        .await
+        .ok(),
+        None => None,
+    };
+    let after_control = sentinels::fingerprint(env, &journal, &planted).await?;
     let retry_jobs_left: i64 = sqlx::query_scalar("SELECT count(*) FROM persistence_retry_jobs")
         .fetch_one(&env.pool)
         .await?;
@@ -227,15 +244,21 @@ async fn run_in(
         .collect();
     let verdict = series::judge(&samples, config.window / 2);
     report.rss_flat = verdict.as_ref().is_some_and(|v| v.stable);
+    report.rss_verdict = match &verdict {
+        Some(v) if v.stable => "flat".into(),
+        Some(_) => "GREW".into(),
+        None => "not judged".into(),
+    };
     for (phase, outcomes) in [("idle", &idle.0), ("load", &loaded)] {
         for (kind, o) in outcomes {
             if o.unexpected > 0 || o.transport_errors > 0 {
                 report.failures.push(format!(
-                    "{phase}: {} {kind:?} requests got {:?} (expected {:?}), {} unanswered",
+                    "{phase}: {kind:?}: {} answered outside {:?} (answers {:?}), {} unanswered {:?}",
                     o.unexpected,
-                    o.statuses,
                     kind.expected(),
-                    o.transport_errors
+                    o.statuses,
+                    o.transport_errors,
+                    o.transport_examples
                 ));
             }
         }
@@ -243,6 +266,16 @@ async fn run_in(
     if !report.stores_unchanged {
         report.failures.push(format!(
             "the targets changed: before {before:?}, after {after:?}"
+        ));
+    }
+    if control != Some(200) || after_control == after {
+        report.failures.push(format!(
+            "the control requeue got {control:?} and the fingerprint {} it",
+            if after_control == after {
+                "missed"
+            } else {
+                "saw"
+            }
         ));
     }
     if !serve_alive {
@@ -256,7 +289,7 @@ async fn run_in(
             .push(format!("serve's memory grew: {:?}", v.grew)),
         None => report
             .failures
-            .push("too few memory samples to judge (a window under 8 s?)".into()),
+            .push("too few memory samples to judge".into()),
         Some(_) => {}
     }
     if enqueued.failures.load(Ordering::Relaxed) > 0 {
@@ -296,7 +329,7 @@ async fn drive(
                 let outcome = outcomes.entry(kind).or_default();
                 outcome.sent += 1;
                 match status {
-                    Some(status) => {
+                    Ok(status) => {
                         *outcome.statuses.entry(status).or_default() += 1;
                         if !kind.expected().contains(&status) {
                             outcome.unexpected += 1;
@@ -308,7 +341,12 @@ async fn drive(
                             }
                         }
                     }
-                    None => outcome.transport_errors += 1,
+                    Err(error) => {
+                        outcome.transport_errors += 1;
+                        if outcome.transport_examples.len() < 3 {
+                            outcome.transport_examples.push(error);
+                        }
+                    }
                 }
             }
             outcomes
@@ -320,6 +358,7 @@ async fn drive(
             let m = merged.entry(kind).or_default();
             m.sent += o.sent;
             m.transport_errors += o.transport_errors;
+            m.transport_examples.extend(o.transport_examples);
             m.unexpected += o.unexpected;
             m.latencies_ms.extend(o.latencies_ms);
             for (status, n) in o.statuses {
@@ -330,8 +369,8 @@ async fn drive(
     (merged, started.elapsed())
 }
 
-/// Sends `request`; the status, or `None` when no answer came.
-async fn send(http: &reqwest::Client, base: &str, request: &Request) -> Option<u16> {
+/// Sends `request`; the status, or why no answer came.
+async fn send(http: &reqwest::Client, base: &str, request: &Request) -> Result<u16, String> {
     let mut builder = http
         .request(request.method.clone(), format!("{base}{}", request.path))
         .body(request.body.clone());
@@ -341,11 +380,19 @@ async fn send(http: &reqwest::Client, base: &str, request: &Request) -> Option<u
     for (name, value) in &request.headers {
         builder = builder.header(*name, value);
     }
-    let response = builder.send().await.ok()?;
+    let response = builder.send().await.map_err(|e| {
+        let mut text = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(cause) = source {
+            text.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        text
+    })?;
     let status = response.status().as_u16();
     // Read the body so the connection goes back to the pool.
     let _ = response.bytes().await;
-    Some(status)
+    Ok(status)
 }
 
 fn render(r: &HostileReport) -> String {
@@ -389,11 +436,11 @@ fn render(r: &HostileReport) -> String {
     let _ = writeln!(
         out,
         "serve RSS        {first:.1} → {last:.1} MiB (peak {peak:.1}): {}",
-        if r.rss_flat { "flat" } else { "GREW" }
+        r.rss_verdict
     );
     let _ = writeln!(
         out,
-        "stores           {}; serve {}",
+        "stores           {} (a correctly signed requeue afterwards shows in them); serve {}",
         if r.stores_unchanged {
             "the targets of every forged request are unchanged"
         } else {

@@ -198,6 +198,19 @@ impl Targets {
         }
     }
 
+    /// A correctly signed requeue of the retry dead letter `id` (what the checker uses to show
+    /// its fingerprint sees a real change).
+    pub(super) fn requeue(&self, id: Uuid, now: i64) -> Request {
+        let body = serde_json::json!({ "rpc_version": 1, "dead_letter_id": id });
+        self.signed(
+            Method::POST,
+            "/v1/internal/persistence-retry/dead-letters/requeue".to_owned(),
+            body.to_string().into_bytes(),
+            now,
+            &self.key_id,
+        )
+    }
+
     /// The valid request of `kind` (a valid kind), signed now.
     fn valid(&self, kind: Kind, rng: &mut Xoshiro256PlusPlus, now: i64) -> Request {
         let (method, path, body) = match kind {

@@ -12,7 +12,7 @@ use shardkeep::journal::{
     PlayerSnapshot, RealtimeRuntimeProfile, RealtimeStreamCleanup, SessionJournal,
     SessionLifecycleEffectPlan,
 };
-use shardkeep::queue::FailOutcome;
+use shardkeep::queue::{FailOutcome, WorkQueueConfig};
 use shardkeep::retry::{
     IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
     RetryWorker, RetryWorkerConfig,
@@ -96,8 +96,8 @@ pub(super) fn cleanup(character: Uuid, token: String) -> RealtimeStreamCleanup {
 }
 
 /// Plants the targets (before `serve` starts, so no worker of its takes them).
-pub(super) async fn plant(env: &BenchEnv, journal: &SessionJournal) -> anyhow::Result<Sentinels> {
-    let (queue, signals) = RetryQueue::new(env.pg.clone(), 1, Arc::new(SystemClock));
+pub(super) async fn plant(env: &BenchEnv) -> anyhow::Result<Sentinels> {
+    let (queue, signals) = RetryQueue::new(env.pg.clone(), 64, Arc::new(SystemClock));
     for n in 0..DEAD_LETTERS {
         queue.enqueue(&poison_job(n)?).await?;
     }
@@ -123,10 +123,18 @@ pub(super) async fn plant(env: &BenchEnv, journal: &SessionJournal) -> anyhow::R
         "planted {DEAD_LETTERS} retry dead letters, found {}",
         retry.len()
     );
-    let mut consumer = journal.queue().consumer().await?;
+    // One attempt allowed, so the one failure below dead-letters the entry.
+    let planting = SessionJournal::new(
+        env.redis.clone(),
+        WorkQueueConfig {
+            max_attempts: 1,
+            ..WorkQueueConfig::default()
+        },
+    )?;
+    let mut consumer = planting.queue().consumer().await?;
     let mut journal_letters = Vec::new();
     for n in 0..DEAD_LETTERS {
-        journal
+        planting
             .append(cleanup(Uuid::now_v7(), format!("sentinel-{n}")))
             .await?;
         let leased = consumer

@@ -89,7 +89,7 @@ pub(super) async fn run(
     stop: CancellationToken,
 ) {
     // A producer only: the signals go nowhere, `serve`'s polls find the rows.
-    let (queue, _signals) = RetryQueue::new(env.pg.clone(), 1, Arc::new(SystemClock));
+    let (queue, _signals) = RetryQueue::new(env.pg.clone(), 64, Arc::new(SystemClock));
     let mut tick = tokio::time::interval(TICK);
     let mut n = 0u64;
     while !stop.is_cancelled() {
