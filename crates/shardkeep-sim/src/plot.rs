@@ -39,7 +39,11 @@ pub fn draw(series: &Series, title: &str, path: &Path) -> Result<(), PlotError> 
         ),
         Some(v) => {
             let names: Vec<&str> = v.grew.iter().map(|g| g.series.as_str()).collect();
-            format!("grew: {}", names.join(", "))
+            let shown = names.iter().take(2).copied().collect::<Vec<_>>().join(", ");
+            match names.len() {
+                0..=2 => format!("grew: {shown}"),
+                n => format!("grew: {shown} and {} more (see the report)", n - 2),
+            }
         }
         None => "not judged".into(),
     };

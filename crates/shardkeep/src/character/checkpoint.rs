@@ -14,7 +14,10 @@ use crate::ttl::Ttl;
 
 /// The checkpoint guard script's source (KEYS and ARGV in its header), for benchmarks that drive
 /// the engine's limit for a guarded write with it directly.
-pub const WRITE_SCRIPT: &str = include_str!("lua/checkpoint_write.lua");
+pub const WRITE_SCRIPT: &str = concat!(
+    include_str!("../lua/ints.lua"),
+    include_str!("lua/checkpoint_write.lua")
+);
 
 static WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(WRITE_SCRIPT));
 
@@ -213,20 +216,12 @@ impl CheckpointStore {
     }
 }
 
-/// Digits a stored guard number may have: what a Lua number holds exactly, so the guard script
-/// and this reader agree on which hashes are corrupt.
-const GUARD_INT_DIGITS: usize = 15;
-
-/// A guard field as every writer stores it: an optional `-` and 1 to 15 ASCII digits.
+/// A guard field as every writer stores it: an i64 in canonical decimal (an optional `-`, no
+/// leading zeros, no sign on zero), which is what the guard script compares as text.
 fn guard_int(text: &[u8]) -> Option<i64> {
-    let digits = text.strip_prefix(b"-").unwrap_or(text);
-    if digits.is_empty()
-        || digits.len() > GUARD_INT_DIGITS
-        || !digits.iter().all(u8::is_ascii_digit)
-    {
-        return None;
-    }
-    std::str::from_utf8(text).ok()?.parse().ok()
+    let text = std::str::from_utf8(text).ok()?;
+    let value: i64 = text.parse().ok()?;
+    (value.to_string() == text).then_some(value)
 }
 
 fn decode_write(reply: &[Value]) -> Result<CheckpointWrite, CheckpointError> {
@@ -235,10 +230,11 @@ fn decode_write(reply: &[Value]) -> Result<CheckpointWrite, CheckpointError> {
         [tag, Value::BulkString(epoch)] if is(tag, "not_owner") => guard_int(epoch)
             .map(|stored_epoch| CheckpointWrite::NotOwner { stored_epoch })
             .ok_or_else(|| CheckpointError::Protocol("not_owner epoch".into())),
-        [tag, Value::BulkString(schema)] if is(tag, "schema_newer") => std::str::from_utf8(schema)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .map(|stored_schema| CheckpointWrite::SchemaNewer { stored_schema })
+        // A stored schema past u32 is still newer than anything this process plays.
+        [tag, Value::BulkString(schema)] if is(tag, "schema_newer") => guard_int(schema)
+            .map(|stored| CheckpointWrite::SchemaNewer {
+                stored_schema: u32::try_from(stored).unwrap_or(u32::MAX),
+            })
             .ok_or_else(|| CheckpointError::Protocol("schema_newer schema".into())),
         other => Err(CheckpointError::Protocol(format!("{other:?}"))),
     }
@@ -249,10 +245,11 @@ mod tests {
     use super::guard_int;
 
     #[test]
-    fn guard_numbers_are_plain_integers_of_at_most_fifteen_digits() {
+    fn guard_numbers_are_canonical_i64s() {
         assert_eq!(guard_int(b"0"), Some(0));
         assert_eq!(guard_int(b"-7"), Some(-7));
-        assert_eq!(guard_int(b"999999999999999"), Some(999_999_999_999_999));
+        assert_eq!(guard_int(b"9223372036854775807"), Some(i64::MAX));
+        assert_eq!(guard_int(b"-9223372036854775808"), Some(i64::MIN));
         for bad in [
             &b""[..],
             b"-",
@@ -264,7 +261,9 @@ mod tests {
             b" 7 ",
             b"+7",
             b"7.0",
-            b"1000000000000000",
+            b"007",
+            b"-0",
+            b"9223372036854775808",
             b"\xff",
         ] {
             assert_eq!(guard_int(bad), None, "{:?}", String::from_utf8_lossy(bad));

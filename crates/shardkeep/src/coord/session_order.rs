@@ -17,8 +17,12 @@ use super::resume::ResumeLedgerRecord;
 use super::{CoordError, Coordination, encode};
 use crate::ttl::Ttl;
 
-static ORDER: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/session_order.lua")));
+static ORDER: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../lua/ints.lua"),
+        include_str!("lua/session_order.lua")
+    ))
+});
 static RESUME: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/resume_ordered.lua")));
 

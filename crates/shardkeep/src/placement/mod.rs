@@ -19,7 +19,12 @@ use crate::drain::{BarrierOutcome, BatchHandler, DrainQueue};
 use crate::keyspace::{KeyError, PLACEMENT_TTL};
 use crate::telemetry;
 
-static WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("placement_write.lua")));
+static WRITE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("../lua/ints.lua"),
+        include_str!("placement_write.lua")
+    ))
+});
 
 /// Where a character is hosted.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -25,6 +25,11 @@ fn number_field() -> impl Strategy<Value = Option<String>> {
     prop::option::of(prop_oneof![
         any::<i64>().prop_map(|n| n.to_string()),
         (0i64..50).prop_map(|n| n.to_string()),
+        (1_000_000_000_000_000i64..i64::MAX).prop_map(|n| n.to_string()),
+        Just(i64::MIN.to_string()),
+        Just("9223372036854775808".to_owned()),
+        Just("007".to_owned()),
+        Just("-0".to_owned()),
         Just("inf".to_owned()),
         Just("-inf".to_owned()),
         Just("nan".to_owned()),
@@ -95,6 +100,42 @@ fn encode(body: &Body, own: &CharacterSnapshot, foreign: &CharacterSnapshot) -> 
         Body::Mangled(edits) => mangle(serde_json::to_vec(own).unwrap(), edits),
         Body::Foreign => serde_json::to_vec(foreign).unwrap(),
         Body::Bytes(bytes) => bytes.clone(),
+    }
+}
+
+/// An i64 in the canonical text every writer stores, else `None` (what the guard compares).
+fn canonical(text: &str) -> Option<i64> {
+    let value: i64 = text.parse().ok()?;
+    (value.to_string() == text).then_some(value)
+}
+
+/// What the fence must answer a writer at `epoch` with `schema` over `plant`: a readable
+/// stored epoch above the writer's refuses; an unreadable one marks the hash corrupt, so it is
+/// replaced; then a readable stored schema above the writer's refuses, an unreadable one is
+/// replaced.
+fn expected_write(plant: &Planted, epoch: i64, schema: u32) -> CheckpointWrite {
+    let Planted::Hash {
+        epoch: stored_epoch,
+        schema: stored_schema,
+        ..
+    } = plant
+    else {
+        return CheckpointWrite::Written;
+    };
+    match stored_epoch.as_deref().map(canonical) {
+        Some(Some(stored)) if stored > epoch => {
+            return CheckpointWrite::NotOwner {
+                stored_epoch: stored,
+            };
+        }
+        Some(None) => return CheckpointWrite::Written,
+        _ => {}
+    }
+    match stored_schema.as_deref().map(canonical) {
+        Some(Some(stored)) if stored > i64::from(schema) => CheckpointWrite::SchemaNewer {
+            stored_schema: u32::try_from(stored).unwrap_or(u32::MAX),
+        },
+        _ => CheckpointWrite::Written,
     }
 }
 
@@ -235,23 +276,28 @@ async fn fuzzed_checkpoint_hashes_are_read_typed_skipped_at_login_and_never_half
             owner_epoch: epoch,
             ..own.clone()
         };
-        match checkpoints.write(&mine).await {
+        let outcome = checkpoints.write(&mine).await;
+        let expected = expected_write(&plant, epoch, mine.schema_version);
+        match outcome {
             Ok(CheckpointWrite::Written) => {
                 written += 1;
+                assert_eq!(expected, CheckpointWrite::Written, "{what}");
                 let back = checkpoints.read(id).await.unwrap().unwrap();
                 assert_eq!(back.owner_epoch, epoch, "{what}");
                 assert_eq!(back.state, mine.state, "{what}");
             }
-            Ok(CheckpointWrite::NotOwner { .. } | CheckpointWrite::SchemaNewer { .. })
-            | Err(CheckpointError::Protocol(_)) => {
+            Ok(
+                refusal @ (CheckpointWrite::NotOwner { .. } | CheckpointWrite::SchemaNewer { .. }),
+            ) => {
                 refused_writes += 1;
+                assert_eq!(refusal, expected, "{what}");
                 assert_eq!(
                     dump(&mut conn, &key).await,
                     before,
                     "{what}: a refused write changed the key"
                 );
             }
-            Err(other) => panic!("{what}: not a typed refusal: {other}"),
+            Err(other) => panic!("{what}: the write failed: {other}"),
         }
     }
     println!(

@@ -8,6 +8,7 @@ mod claims_together;
 mod coord_cleanup;
 mod coord_handoff;
 mod coord_records;
+mod corrupt_fences;
 mod fuzz_checkpoints;
 mod fuzz_decoders;
 mod journal;

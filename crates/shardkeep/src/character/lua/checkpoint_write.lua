@@ -1,31 +1,27 @@
 -- Write a checkpoint unless a newer owner, or a newer schema of the game's document, already
--- wrote one.
+-- wrote one (after the integer helpers of lua/ints.lua).
 -- KEYS[1] checkpoint hash; ARGV[1] writer's owner epoch, ARGV[2] snapshot JSON, ARGV[3] TTL ms,
 -- ARGV[4] the snapshot's schema version
 -- Reply: {'ok'} | {'not_owner', stored epoch} | {'schema_newer', stored schema}
--- A stored epoch or schema that is not a plain integer of at most 15 digits (what every writer
--- stores, and what the reader accepts) marks the hash corrupt: it is replaced like a key of
--- another type, never compared (Lua's tonumber would read 'inf', '1e300' or '0x10').
-local function int(text)
-  local digits = text and string.match(text, '^%-?(%d+)$')
-  if digits and #digits <= 15 then
-    return tonumber(text)
-  end
-  return nil
-end
+-- A readable stored epoch above the writer's always refuses. A stored epoch that is not a
+-- canonical integer marks the hash corrupt: it is replaced like a key of another type (the
+-- reader refuses it too, so it holds nothing a login could use). A corrupt schema beside an
+-- epoch the writer is entitled to is replaced the same way.
 local kind = redis.call('TYPE', KEYS[1]).ok
 local corrupt = kind ~= 'none' and kind ~= 'hash'
 if kind == 'hash' then
   local stored = redis.call('HMGET', KEYS[1], 'epoch', 'schema')
-  local epoch, schema = int(stored[1]), int(stored[2])
-  if (stored[1] and not epoch) or (stored[2] and not schema) then
+  local epoch = canon_int(stored[1])
+  if stored[1] and not epoch then
     corrupt = true
+  elseif epoch and cmp_int(epoch, ARGV[1]) > 0 then
+    return {'not_owner', epoch}
   else
-    if epoch and epoch > tonumber(ARGV[1]) then
-      return {'not_owner', stored[1]}
-    end
-    if (schema or 1) > tonumber(ARGV[4]) then
-      return {'schema_newer', stored[2] or '1'}
+    local schema = canon_int(stored[2])
+    if stored[2] and not schema then
+      corrupt = true
+    elseif cmp_int(schema or '1', ARGV[4]) > 0 then
+      return {'schema_newer', schema or '1'}
     end
   end
 end

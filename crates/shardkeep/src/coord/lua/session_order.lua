@@ -9,12 +9,14 @@
 -- ARGV[1] epoch, ARGV[2] time in micros, ARGV[3] event id, ARGV[4] mark TTL ms; with presence:
 -- ARGV[5] record, ARGV[6] record TTL ms, ARGV[7] account id, ARGV[8] character id
 -- Reply: 1 current (and presence written), 0 stale (nothing written)
+-- (After the integer helpers of lua/ints.lua: a mark whose epoch or time is not a canonical
+-- integer is corrupt and is taken over like a missing one.)
 local mark = redis.call('HMGET', KEYS[1], 'epoch', 'at', 'entry')
-if mark[1] then
-  local epoch, at = tonumber(mark[1]), tonumber(mark[2])
-  local mine_epoch, mine_at = tonumber(ARGV[1]), tonumber(ARGV[2])
-  local older = mine_epoch < epoch
-    or (mine_epoch == epoch and (mine_at < at or (mine_at == at and ARGV[3] < mark[3])))
+local epoch, at = canon_int(mark[1]), canon_int(mark[2])
+if epoch and at then
+  local by_epoch, by_at = cmp_int(ARGV[1], epoch), cmp_int(ARGV[2], at)
+  local entry = mark[3] or ''
+  local older = by_epoch < 0 or (by_epoch == 0 and (by_at < 0 or (by_at == 0 and ARGV[3] < entry)))
   if older then
     return 0
   end
