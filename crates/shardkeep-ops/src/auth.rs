@@ -24,15 +24,42 @@ fn fail(code: &'static str, message: &str) -> ApiError {
     ApiError::unauthorized(code, message)
 }
 
-/// Reads a whole body of at most `limit` bytes; a longer one is a 413.
+/// Most bytes of an oversized body read and dropped before its 413 goes out, so a client still
+/// sending reads the answer instead of a reset; a longer body is cut off.
+const DRAIN_BYTES: usize = 4 << 20;
+/// Longest the drain of an oversized body waits for its bytes.
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Reads a whole body of at most `limit` bytes. A longer one is a 413 (its connection closed,
+/// see [`ApiError`]'s response), once up to [`DRAIN_BYTES`] of it have been read and dropped;
+/// one that breaks off is a 400.
 pub(crate) async fn read_body(body: Body, limit: usize) -> Result<axum::body::Bytes, ApiError> {
-    axum::body::to_bytes(body, limit).await.map_err(|_| {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
-            format!("bodies are limited to {limit} bytes"),
-        )
-    })
+    use futures::StreamExt as _;
+    let unreadable = || ApiError::bad_request("the body could not be read");
+    let mut stream = body.into_data_stream();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|_| unreadable())?;
+        if bytes.len() + chunk.len() > limit {
+            let mut seen = bytes.len() + chunk.len();
+            let drain = async {
+                while seen <= DRAIN_BYTES {
+                    match stream.next().await {
+                        Some(Ok(more)) => seen += more.len(),
+                        _ => break,
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(DRAIN_TIME, drain).await;
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                format!("bodies are limited to {limit} bytes"),
+            ));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok(bytes.into())
 }
 
 /// Verifies the request's signature; answers 401 (or 413 for an oversized body) on failure.

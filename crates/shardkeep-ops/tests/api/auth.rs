@@ -160,13 +160,14 @@ async fn malformed_headers_and_oversized_bodies_are_refused(pool: PgPool) {
     assert!(still_dead(&pool).await);
 }
 
-/// The server stops reading an oversized body, so the connection cannot carry another
-/// request: the 413 says `connection: close`, and a client's next request goes out on a fresh
-/// connection instead of failing on the abandoned one.
+/// An oversized body (3 MiB against the 64 KiB limit) is read and dropped before the 413 goes
+/// out, so the client still sending it gets the answer rather than a reset; the 413 says
+/// `connection: close`, and the client's next request goes out on a fresh connection instead of
+/// failing on the abandoned one.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn an_oversized_body_closes_its_connection_and_the_next_request_is_answered(pool: PgPool) {
     let app = spawn_app(pool).await;
-    let huge = vec![b'x'; 1 << 20];
+    let huge = vec![b'x'; 3 << 20];
     for round in 0..20 {
         let response = app
             .http
@@ -190,4 +191,35 @@ async fn an_oversized_body_closes_its_connection_and_the_next_request_is_answere
             "round {round}: the next request was lost: {next:?}"
         );
     }
+}
+
+/// A client that sends its oversized body at its own pace (3 MiB in 64 KiB chunks) is read to
+/// the end and then answered 413; the server does not close on it halfway, which would reset
+/// the connection under the client's writes and lose the answer.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_slowly_sent_oversized_body_is_answered_not_reset(pool: PgPool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = spawn_app(pool).await;
+    let addr = app.base.trim_start_matches("http://").to_owned();
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let length = 3 << 20;
+    let head = format!(
+        "POST /v1/internal/admin/cleanup HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {length}\r\n\r\n"
+    );
+    socket.write_all(head.as_bytes()).await.unwrap();
+    let chunk = vec![b'x'; 64 << 10];
+    for sent in 0..(length / chunk.len()) {
+        if let Err(err) = socket.write_all(&chunk).await {
+            panic!("the server dropped the connection after {sent} chunks: {err}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let mut answer = Vec::new();
+    let _ = socket.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("connection: close"),
+        "{answer}"
+    );
 }
