@@ -21,9 +21,12 @@ const UNSTABLE: u8 = 4;
 pub(crate) async fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
     let database_url = super::database_url(&args.postgres)?;
     let redis_url = super::redis_url(args.redis_url.as_deref())?;
-    for path in [&args.report, &args.plot].into_iter().flatten() {
-        // Fail before a long run rather than after it.
-        std::fs::write(path, b"").with_context(|| format!("cannot write to {}", path.display()))?;
+    // Fail before a long run rather than after it (an aborted run leaves valid empty files).
+    for (path, placeholder) in [(&args.report, &b"{}"[..]), (&args.plot, &b""[..])] {
+        if let Some(path) = path {
+            std::fs::write(path, placeholder)
+                .with_context(|| format!("cannot write to {}", path.display()))?;
+        }
     }
     let config = SimConfig {
         duration: args.duration,
@@ -53,8 +56,16 @@ pub(crate) async fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
             "shardkeep simulate: {} players, {:?}, seed {}",
             args.players, args.duration, args.seed
         );
-        sim::plot::draw(&report.series, &title, path)?;
-        eprintln!("plot written to {}", path.display());
+        // A plot that cannot be drawn is reported; the run's own verdict still sets the status.
+        match sim::plot::draw(&report.series, &title, path) {
+            Ok(()) => eprintln!("plot written to {}", path.display()),
+            Err(err) => {
+                eprintln!("error: {err}");
+                if report.passed {
+                    return Ok(ExitCode::FAILURE);
+                }
+            }
+        }
     }
     // A run too short to judge passes `--require-stable` on its invariants alone.
     let unstable = match &report.series.stability {
