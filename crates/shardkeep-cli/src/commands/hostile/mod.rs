@@ -195,19 +195,45 @@ async fn run_in(
     progress.step("hostile", "checking the stores and the server");
     let serve_alive = serve.alive() && serve.healthy(&http).await;
     let after = sentinels::fingerprint(env, &journal, &planted).await?;
-    // The fingerprint must see a real change: one correctly signed requeue of a planted dead
-    // letter, after the load, has to show.
-    let control = match planted.retry.first() {
-        Some(id) => send(
-            &http,
-            &serve.base,
-            &targets.requeue(*id, chrono::Utc::now().timestamp()),
-        )
-        .await
-        .ok(),
-        None => None,
-    };
-    let after_control = sentinels::fingerprint(env, &journal, &planted).await?;
+    // The fingerprint must see real changes: correctly signed mutations after the load (a
+    // retry requeue, a journal requeue, a cleanup that deletes) each show in their own part.
+    let mut control_failures = Vec::new();
+    let mut last = after.clone();
+    let controls = [
+        (
+            "retry dead letters",
+            planted
+                .retry
+                .first()
+                .map(|id| targets.requeue(*id, chrono::Utc::now().timestamp())),
+        ),
+        (
+            "journal dead letters",
+            planted
+                .journal
+                .first()
+                .map(|id| targets.journal_requeue(*id, chrono::Utc::now().timestamp())),
+        ),
+        (
+            "keys",
+            Some(targets.cleanup_delete("registry", chrono::Utc::now().timestamp())),
+        ),
+    ];
+    for (part, request) in controls {
+        let Some(request) = request else {
+            control_failures.push(format!("no planted target for the {part} control"));
+            continue;
+        };
+        let status = send(&http, &serve.base, &request).await;
+        let now = sentinels::fingerprint(env, &journal, &planted).await?;
+        let changed = last.changed(&now);
+        if status != Ok(200) || changed != [part] {
+            control_failures.push(format!(
+                "the {part} control got {status:?} and changed {changed:?}"
+            ));
+        }
+        last = now;
+    }
     let retry_jobs_left: i64 = sqlx::query_scalar("SELECT count(*) FROM persistence_retry_jobs")
         .fetch_one(&env.pool)
         .await?;
@@ -268,16 +294,7 @@ async fn run_in(
             "the targets changed: before {before:?}, after {after:?}"
         ));
     }
-    if control != Some(200) || after_control == after {
-        report.failures.push(format!(
-            "the control requeue got {control:?} and the fingerprint {} it",
-            if after_control == after {
-                "missed"
-            } else {
-                "saw"
-            }
-        ));
-    }
+    report.failures.extend(control_failures);
     if !serve_alive {
         report
             .failures
@@ -440,7 +457,7 @@ fn render(r: &HostileReport) -> String {
     );
     let _ = writeln!(
         out,
-        "stores           {} (a correctly signed requeue afterwards shows in them); serve {}",
+        "stores           {} (correctly signed requeues and a delete afterwards show in them); serve {}",
         if r.stores_unchanged {
             "the targets of every forged request are unchanged"
         } else {

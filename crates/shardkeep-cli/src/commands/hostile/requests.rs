@@ -49,7 +49,7 @@ pub(super) enum Kind {
     UnknownRoute,
     /// A requeue of a retained dead letter with a forged signature.
     ForgedRequeue,
-    /// A cleanup that deletes, signed an hour ago.
+    /// A cleanup that deletes, signed an hour ago or with a wrong signature.
     ForgedCleanup,
 }
 
@@ -205,6 +205,30 @@ impl Targets {
         self.signed(
             Method::POST,
             "/v1/internal/persistence-retry/dead-letters/requeue".to_owned(),
+            body.to_string().into_bytes(),
+            now,
+            &self.key_id,
+        )
+    }
+
+    /// A correctly signed requeue of the journal dead letter `id`.
+    pub(super) fn journal_requeue(&self, id: Uuid, now: i64) -> Request {
+        let body = serde_json::json!({ "rpc_version": 1, "dead_letter_id": id });
+        self.signed(
+            Method::POST,
+            "/v1/internal/session-lifecycle-journal/dead-letters/requeue".to_owned(),
+            body.to_string().into_bytes(),
+            now,
+            &self.key_id,
+        )
+    }
+
+    /// A correctly signed cleanup that deletes the keys of `target`.
+    pub(super) fn cleanup_delete(&self, target: &str, now: i64) -> Request {
+        let body = serde_json::json!({ "target": target, "mode": "delete", "limit": 500 });
+        self.signed(
+            Method::POST,
+            "/v1/internal/admin/cleanup".to_owned(),
             body.to_string().into_bytes(),
             now,
             &self.key_id,
@@ -384,15 +408,19 @@ impl Targets {
                 request
             }
             _ => {
+                // A delete signed an hour ago, or signed now under a wrong signature.
                 let target = pick(rng, &["presence", "handoff", "registry"], "presence");
-                let body = serde_json::json!({ "target": target, "mode": "delete", "limit": 500 });
-                self.signed(
-                    Method::POST,
-                    "/v1/internal/admin/cleanup".to_owned(),
-                    body.to_string().into_bytes(),
-                    now - STALE_SECS,
-                    &self.key_id,
-                )
+                if rng.random_bool(0.5) {
+                    self.cleanup_delete(target, now - STALE_SECS)
+                } else {
+                    let mut request = self.cleanup_delete(target, now);
+                    for (name, value) in &mut request.headers {
+                        if *name == SIGNATURE_HEADER {
+                            *value = "0".repeat(64);
+                        }
+                    }
+                    request
+                }
             }
         };
         (kind, request)

@@ -34,7 +34,7 @@ pub(super) struct Sentinels {
 }
 
 /// Everything of the targets a refused request could have changed.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Fingerprint {
     retry_rows: String,
     journal: Vec<String>,
@@ -207,6 +207,24 @@ pub(super) async fn fingerprint(
 }
 
 impl Fingerprint {
+    /// The parts that differ from `other`.
+    pub(super) fn changed(&self, other: &Fingerprint) -> Vec<&'static str> {
+        let mut parts = Vec::new();
+        if self.retry_rows != other.retry_rows {
+            parts.push("retry dead letters");
+        }
+        if self.journal != other.journal {
+            parts.push("journal dead letters");
+        }
+        if self.keys != other.keys {
+            parts.push("keys");
+        }
+        if self.role_changes != other.role_changes {
+            parts.push("role changes");
+        }
+        parts
+    }
+
     /// Whether every planted target is still there (a fingerprint taken right after planting
     /// holds all of them).
     pub(super) fn complete(&self, sentinels: &Sentinels) -> bool {

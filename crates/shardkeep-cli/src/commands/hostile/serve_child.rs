@@ -12,6 +12,8 @@ pub(super) struct ServeChild {
     child: Child,
     /// `http://127.0.0.1:<port>`.
     pub(super) base: String,
+    /// Where its stderr goes.
+    pub(super) log_path: std::path::PathBuf,
 }
 
 impl ServeChild {
@@ -22,6 +24,10 @@ impl ServeChild {
             .port();
         let exe = std::env::current_exe().context("cannot find this binary to start serve")?;
         let keys = format!("{key_id}:{}", String::from_utf8_lossy(secret));
+        // Its errors go to a file named in any failure, so a crash can be read afterwards.
+        let log_path = std::env::temp_dir().join(format!("shardkeep-hostile-serve-{port}.log"));
+        let log = std::fs::File::create(&log_path)
+            .with_context(|| format!("cannot create {}", log_path.display()))?;
         let child = Command::new(exe)
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--namespace", env.redis.keys().namespace()])
@@ -35,12 +41,13 @@ impl ServeChild {
             .env("RUST_LOG", "error")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::from(log))
             .spawn()
             .context("cannot start serve")?;
         let mut serve = Self {
             child,
             base: format!("http://127.0.0.1:{port}"),
+            log_path,
         };
         let http = reqwest::Client::new();
         for _ in 0..300 {
@@ -48,12 +55,18 @@ impl ServeChild {
                 return Ok(serve);
             }
             if !serve.alive() {
-                anyhow::bail!("serve exited at start-up");
+                anyhow::bail!(
+                    "serve exited at start-up (its log: {})",
+                    serve.log_path.display()
+                );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         serve.stop();
-        anyhow::bail!("serve was not ready within 30 s")
+        anyhow::bail!(
+            "serve was not ready within 30 s (its log: {})",
+            serve.log_path.display()
+        )
     }
 
     /// Whether the process is still running.
