@@ -140,17 +140,34 @@ mod tests {
     use super::{Cli, parse_duration};
 
     /// Every subcommand with the long flags it takes, read from the parser itself.
-    fn vocabulary() -> Vec<(String, Vec<String>)> {
-        Cli::command()
-            .get_subcommands()
-            .map(|sub| {
-                let flags = sub
+    fn vocabulary() -> Vec<(Vec<String>, Vec<String>)> {
+        fn walk(
+            command: &clap::Command,
+            path: &[String],
+            flags: &[String],
+            out: &mut Vec<(Vec<String>, Vec<String>)>,
+        ) {
+            // Global flags of a parent stay valid below it.
+            let mut flags = flags.to_vec();
+            flags.extend(
+                command
                     .get_arguments()
-                    .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
-                    .collect();
-                (sub.get_name().to_owned(), flags)
-            })
-            .collect()
+                    .filter_map(|a| a.get_long().map(|l| format!("--{l}"))),
+            );
+            let mut leaf = true;
+            for sub in command.get_subcommands() {
+                leaf = false;
+                let mut path = path.to_vec();
+                path.push(sub.get_name().to_owned());
+                walk(sub, &path, &flags, out);
+            }
+            if leaf {
+                out.push((path.to_vec(), flags));
+            }
+        }
+        let mut out = Vec::new();
+        walk(&Cli::command(), &[], &[], &mut out);
+        out
     }
 
     /// A value a user could type after a flag.
@@ -168,6 +185,9 @@ mod tests {
     #[test]
     fn the_parser_is_consistent() {
         Cli::command().debug_assert();
+        // The fuzz reaches nested commands, such as `bench hostile-api`.
+        let paths: Vec<String> = vocabulary().into_iter().map(|(p, _)| p.join(" ")).collect();
+        assert!(paths.iter().any(|p| p == "bench hostile-api"), "{paths:?}");
     }
 
     proptest! {
@@ -177,13 +197,14 @@ mod tests {
         /// stray words. Parsing never panics; a refusal is a clap error that names the problem.
         #[test]
         fn fuzzed_command_lines_parse_or_are_refused_with_a_message(
-            sub in 0usize..16,
+            sub in 0usize..64,
             picks in prop::collection::vec((any::<usize>(), prop::option::of(value()), any::<bool>()), 0..6),
             stray in prop::option::of(".{0,12}"),
         ) {
             let vocabulary = vocabulary();
-            let (name, flags) = &vocabulary[sub % vocabulary.len()];
-            let mut args = vec!["shardkeep".to_owned(), name.clone()];
+            let (path, flags) = &vocabulary[sub % vocabulary.len()];
+            let mut args = vec!["shardkeep".to_owned()];
+            args.extend(path.iter().cloned());
             for (flag, value, joined) in picks {
                 let flag = flags.get(flag % flags.len().max(1)).cloned().unwrap_or_else(|| "--bogus".into());
                 match (value, joined) {
@@ -194,6 +215,13 @@ mod tests {
             }
             args.extend(stray);
             if let Err(err) = Cli::try_parse_from(&args) {
+                // A refusal is a usage error that says what was wrong, never a crash of the
+                // parser's own definitions.
+                use clap::error::ErrorKind;
+                prop_assert!(
+                    !matches!(err.kind(), ErrorKind::Io | ErrorKind::Format),
+                    "{args:?}: {err}"
+                );
                 prop_assert!(!err.to_string().trim().is_empty(), "{args:?}");
             }
         }
