@@ -44,6 +44,7 @@ mod run;
 pub mod series;
 mod summary;
 mod travel;
+mod vacuum;
 mod workers;
 mod world;
 

@@ -182,6 +182,7 @@ async fn play(
     let observed = Arc::new(Mutex::new(Observed::default()));
     let order_observed = Arc::new(Mutex::new(OrderObserved::default()));
     let scanner = spawn_scanner(&world, &observed, &order_observed);
+    super::vacuum::spawn_if_needed(&world).await;
     let plan = faults::plan(config.seed, config.duration, &config.faults, config.shards);
     let start = Instant::now();
     let injector = tokio::spawn(faults::inject(Arc::clone(&world), plan.clone(), start));

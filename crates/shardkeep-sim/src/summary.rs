@@ -110,6 +110,14 @@ pub(super) fn build_report(
             "pulse_ms": config.pulse.as_millis() as u64,
             "checkpoint_every_pulses": config.checkpoint_pulses,
             "flush_every_pulses": config.flush_pulses,
+            "autovacuum": if c.autovacuum_off.load(Ordering::Relaxed) {
+                format!(
+                    "off on this server: the simulator vacuumed the churned tables itself ({} passes, one a minute)",
+                    get(&c.stand_in_vacuums)
+                )
+            } else {
+                "on".to_owned()
+            },
         }),
         tiers: vec![
             TierCounts {

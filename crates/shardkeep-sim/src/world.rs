@@ -64,6 +64,10 @@ pub(super) struct Counters {
     pub(super) upkeep_failed_steps: AtomicU64,
     pub(super) upkeep_markers_removed: AtomicU64,
     pub(super) upkeep_registrations: AtomicU64,
+    /// The server has autovacuum off, so the run vacuums its churned tables itself.
+    pub(super) autovacuum_off: std::sync::atomic::AtomicBool,
+    /// Passes of that stand-in.
+    pub(super) stand_in_vacuums: AtomicU64,
     pub(super) finals_unsaved_at_shutdown: AtomicU64,
 }
 

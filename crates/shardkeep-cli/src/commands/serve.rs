@@ -33,6 +33,13 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             "run `shardkeep migrate`; /readyz reports not ready until then"
         );
     }
+    if pg.autovacuum_on().await.ok() == Some(false) {
+        tracing::warn!(
+            event = "autovacuum_off",
+            "the Postgres server has autovacuum off: the retry, job-effect and item-lineage \
+             tables will bloat without it; turn it on or vacuum them on a schedule"
+        );
+    }
     let redis = super::connect_redis(&args.redis).await?;
     let metrics =
         shardkeep_ops::telemetry::install().map_err(|e| anyhow!("metrics exporter: {e}"))?;
