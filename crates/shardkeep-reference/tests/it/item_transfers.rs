@@ -1032,3 +1032,55 @@ async fn a_save_dumped_before_the_release_cannot_land_after_the_pickup(pool: PgP
     );
     assert_eq!(rows_holding(&stores, &[a, b], item).await, vec![b]);
 }
+
+/// A's copy flushed and checkpointed the gem, dropped it and left the shard; its final save was
+/// lost with the shard. B picks the gem up: the commit takes it out of A's row. A's next login
+/// must not choose the checkpoint dumped before the drop (same epoch, the version of A's last
+/// live write) over the row the commit wrote — that would put the gem in both rows.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_departed_releasers_checkpoint_cannot_bring_a_taken_item_back(pool: PgPool) {
+    use shardkeep::character::{Releaser, SaveOutcome, TransferCommit};
+    let redis = TestRedis::new().await;
+    let stores = Stores::new(&pool, redis.backend());
+    let a = stores.new_character("Aria").await;
+    let b = stores.new_character("Bran").await;
+    let item = Uuid::now_v7();
+    let mut copy = stores.loader().claim_and_load(a, 0).await.unwrap().snapshot;
+    copy.state = json!({ "inventory": [{ "proto": "gem", "id": item }] }).into();
+    let SaveOutcome::Saved(version) = stores.characters.save(&copy).await.unwrap() else {
+        panic!("the flush did not land");
+    };
+    copy.state_version = version;
+    stores.checkpoints.write(&copy).await.unwrap();
+    let mut acquirer = stores.characters.load(b).await.unwrap().unwrap();
+    acquirer.state = json!({ "inventory": [{ "proto": "gem", "id": item }] }).into();
+    let event = AuditEvent::item_transferred(b, a, Uuid::now_v7(), json!({ "item_id": item }));
+    let outcome = stores
+        .characters
+        .commit_transfer(
+            &shardkeep_reference::game::ReferenceModel::handle(),
+            Releaser::Departed {
+                character_id: a,
+                item_id: item,
+                released_epoch: copy.owner_epoch,
+            },
+            &acquirer,
+            &event,
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, TransferCommit::Committed { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(rows_holding(&stores, &[a, b], item).await, vec![b]);
+    // A logs in again, from whichever of the row and the checkpoint is fresher.
+    let again = stores.loader().claim_and_load(a, 0).await.unwrap();
+    let doc: shardkeep_reference::game::StateDocument = again.snapshot.state.decode().unwrap();
+    let mut doc = doc;
+    assert!(
+        !shardkeep_reference::game::state::remove_stored_item(&mut doc, item),
+        "A's new copy holds the gem B picked up (loaded from {:?})",
+        again.source
+    );
+}

@@ -167,7 +167,11 @@ impl CharacterStore {
                 }
             }
         };
-        let bump = "UPDATE characters SET state_version = state_version + 1, updated_at = now() \
+        // Either write is live content no checkpoint of the departed copy holds (that copy is
+        // gone, its checkpoints were dumped before it): it moves `live_version`, so a later
+        // login chooses this row over them instead of bringing the taken item back.
+        let bump = "UPDATE characters SET state_version = state_version + 1, \
+                    live_version = state_version + 1, updated_at = now() \
                     WHERE id = $1 RETURNING state_version";
         let version: i64 = match (judge_departed(facts, released_epoch), state) {
             (DepartedSide::Untouched, _) => return Ok(DepartedWrite::Nothing),
@@ -177,7 +181,8 @@ impl CharacterStore {
             (DepartedSide::TakeItem, Some(state)) => {
                 sqlx::query_scalar(
                     "UPDATE characters SET state = $2, schema_version = $3, \
-                        state_version = state_version + 1, updated_at = now() \
+                        state_version = state_version + 1, live_version = state_version + 1, \
+                        updated_at = now() \
                  WHERE id = $1 RETURNING state_version",
                 )
                 .bind(character_id)
