@@ -26,7 +26,7 @@ use crate::support::{
 const NOT_SENT: u16 = 0;
 
 /// Cases per property (the closing note of the fuzzing issue counts them).
-const CASES: usize = 384;
+const CASES: usize = 256;
 
 /// What the stores hold: a fingerprint of every table, and every Redis value of the namespace
 /// with whether it expires, that a refused request must not touch.
@@ -70,6 +70,11 @@ async fn stores(app: &TestApp, allowed: Allowed) -> Stores {
     for key in app.redis.all_keys().await {
         let by_design = key.contains(":nonce:") || key.contains(":login:throttle:");
         if by_design && allowed == Allowed::NoncesAndThrottles {
+            continue;
+        }
+        // The set-up's journal consumer's liveness records lapse by their TTL on their own,
+        // whatever the requests do.
+        if key.contains(":consumer:") || key.ends_with(":consumers") {
             continue;
         }
         let dump: Option<Vec<u8>> = redis::cmd("DUMP")
