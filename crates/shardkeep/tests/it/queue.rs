@@ -206,7 +206,17 @@ async fn an_undecodable_entry_is_dead_lettered_not_leased_forever() {
 #[tokio::test]
 async fn a_restart_does_not_steal_a_live_consumers_entries() {
     let redis = TestRedis::new().await;
-    let queue = queue(&redis);
+    // A heartbeat long enough that the early recovery surely comes before it lapses on a
+    // loaded machine (with 300 ms it sometimes did not, and found the crashed consumer dead).
+    let queue = WorkQueue::<Job>::new(
+        redis.backend(),
+        "work",
+        WorkQueueConfig {
+            heartbeat_ttl: Ttl::from_millis(2_000).unwrap(),
+            ..WorkQueueConfig::default()
+        },
+    )
+    .unwrap();
     for n in 0..2 {
         queue.append(job(n)).await.unwrap();
     }
@@ -220,7 +230,7 @@ async fn a_restart_does_not_steal_a_live_consumers_entries() {
     let early = queue.recover().await.unwrap();
     assert_eq!((early.dead_consumers, early.returned), (0, 0));
     assert_eq!(queue.depths().await.unwrap().processing, 2);
-    tokio::time::sleep(Duration::from_millis(450)).await;
+    tokio::time::sleep(Duration::from_millis(2_300)).await;
     let report = queue.recover().await.unwrap();
     assert_eq!((report.dead_consumers, report.returned), (1, 1));
     assert_eq!(
