@@ -167,11 +167,19 @@ impl CharacterStore {
                 }
             }
         };
-        // Either write is live content no checkpoint of the departed copy holds (that copy is
-        // gone, its checkpoints were dumped before it): it moves `live_version`, so a later
-        // login chooses this row over them instead of bringing the taken item back.
+        // When the departed copy still owns the row, either write is live content none of its
+        // checkpoints holds (they were dumped before it left): it moves `live_version`, so the
+        // next login chooses this row over them instead of bringing the taken item back. A row
+        // owned by a later copy keeps its `live_version`: that copy's checkpoints are its own.
+        let departed_owns = match &facts {
+            DepartedRow::Holds { owner_epoch, .. } | DepartedRow::Lacks { owner_epoch, .. } => {
+                *owner_epoch == released_epoch
+            }
+            DepartedRow::Unreadable => false,
+        };
         let bump = "UPDATE characters SET state_version = state_version + 1, \
-                    live_version = state_version + 1, updated_at = now() \
+                    live_version = CASE WHEN $2 THEN state_version + 1 ELSE live_version END, \
+                    updated_at = now() \
                     WHERE id = $1 RETURNING state_version";
         let version: i64 = match (judge_departed(facts, released_epoch), state) {
             (DepartedSide::Untouched, _) => return Ok(DepartedWrite::Nothing),
@@ -181,19 +189,22 @@ impl CharacterStore {
             (DepartedSide::TakeItem, Some(state)) => {
                 sqlx::query_scalar(
                     "UPDATE characters SET state = $2, schema_version = $3, \
-                        state_version = state_version + 1, live_version = state_version + 1, \
+                        state_version = state_version + 1, \
+                        live_version = CASE WHEN $4 THEN state_version + 1 ELSE live_version END, \
                         updated_at = now() \
                  WHERE id = $1 RETURNING state_version",
                 )
                 .bind(character_id)
                 .bind(state)
                 .bind(i32::try_from(current).unwrap_or(i32::MAX))
+                .bind(departed_owns)
                 .fetch_one(&mut *conn)
                 .await?
             }
             (DepartedSide::TakeItem | DepartedSide::BumpVersion, _) => {
                 sqlx::query_scalar(bump)
                     .bind(character_id)
+                    .bind(departed_owns)
                     .fetch_one(&mut *conn)
                     .await?
             }
