@@ -31,11 +31,10 @@ pub struct Sample {
 }
 
 /// Tables of shardkeep's own bookkeeping beside the rows.
-pub const BOOKKEEPING_TABLES: [&str; 4] = [
+pub const BOOKKEEPING_TABLES: [&str; 3] = [
     "character_job_effects",
     "item_loads",
     "transfer_activations",
-    "reward_grants",
 ];
 
 impl Sample {
