@@ -198,41 +198,37 @@ impl Targets {
         }
     }
 
+    /// A POST of `body` to `path`, signed at `now`.
+    fn post(&self, path: &str, body: &serde_json::Value, now: i64) -> Request {
+        let body = body.to_string().into_bytes();
+        self.signed(Method::POST, path.to_owned(), body, now, &self.key_id)
+    }
+
     /// A correctly signed requeue of the retry dead letter `id` (what the checker uses to show
     /// its fingerprint sees a real change).
     pub(super) fn requeue(&self, id: Uuid, now: i64) -> Request {
         let body = serde_json::json!({ "rpc_version": 1, "dead_letter_id": id });
-        self.signed(
-            Method::POST,
-            "/v1/internal/persistence-retry/dead-letters/requeue".to_owned(),
-            body.to_string().into_bytes(),
+        self.post(
+            "/v1/internal/persistence-retry/dead-letters/requeue",
+            &body,
             now,
-            &self.key_id,
         )
     }
 
     /// A correctly signed requeue of the journal dead letter `id`.
     pub(super) fn journal_requeue(&self, id: Uuid, now: i64) -> Request {
         let body = serde_json::json!({ "rpc_version": 1, "dead_letter_id": id });
-        self.signed(
-            Method::POST,
-            "/v1/internal/session-lifecycle-journal/dead-letters/requeue".to_owned(),
-            body.to_string().into_bytes(),
+        self.post(
+            "/v1/internal/session-lifecycle-journal/dead-letters/requeue",
+            &body,
             now,
-            &self.key_id,
         )
     }
 
     /// A correctly signed cleanup that deletes the keys of `target`.
     pub(super) fn cleanup_delete(&self, target: &str, now: i64) -> Request {
         let body = serde_json::json!({ "target": target, "mode": "delete", "limit": 500 });
-        self.signed(
-            Method::POST,
-            "/v1/internal/admin/cleanup".to_owned(),
-            body.to_string().into_bytes(),
-            now,
-            &self.key_id,
-        )
+        self.post("/v1/internal/admin/cleanup", &body, now)
     }
 
     /// The valid request of `kind` (a valid kind), signed now.

@@ -13,11 +13,8 @@ use shardkeep::journal::{
     SessionLifecycleEffectPlan,
 };
 use shardkeep::queue::{FailOutcome, WorkQueueConfig};
-use shardkeep::retry::{
-    IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
-    RetryWorker, RetryWorkerConfig,
-};
-use shardkeep_reference::game::{ReferenceEffect, ReferenceModel};
+use shardkeep::retry::{PersistenceRetryJob, RetryQueue, RetryWorker, RetryWorkerConfig};
+use shardkeep_reference::game::ReferenceModel;
 use shardkeep_sim::bench::BenchEnv;
 use uuid::Uuid;
 
@@ -45,28 +42,12 @@ pub(super) struct Fingerprint {
 fn poison_job(n: usize) -> anyhow::Result<PersistenceRetryJob> {
     // A reward for a character that does not exist: it fails, and with one attempt allowed it
     // becomes a dead letter.
-    let payload = PersistenceRetryPayload::effect(
+    super::workload::reward_job(
         Uuid::now_v7(),
-        &ReferenceEffect::CombatRewards {
-            experience: 1,
-            currency: 1,
-            items: Vec::new(),
-        },
+        1,
+        format!("hostile-sentinel:{n}"),
+        format!("sentinel-{n}"),
     )
-    .map_err(anyhow::Error::msg)?;
-    let envelope = IdempotencyEnvelope {
-        idempotency_key: format!("hostile-sentinel:{n}"),
-        owner_epoch: 0,
-        origin: Origin::CombatRewards,
-        issued_at: Utc::now(),
-        issue_seq: 1,
-    };
-    Ok(PersistenceRetryJob::new(
-        payload,
-        envelope,
-        "hostile",
-        Some(format!("sentinel-{n}")),
-    )?)
 }
 
 /// A stream-close cleanup for session `token` of character `character`.

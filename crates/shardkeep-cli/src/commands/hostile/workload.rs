@@ -55,18 +55,24 @@ pub(super) async fn characters(env: &BenchEnv) -> anyhow::Result<Vec<Uuid>> {
     Ok(ids)
 }
 
-fn reward(character: Uuid, n: u64) -> anyhow::Result<PersistenceRetryJob> {
+/// A combat-reward retry job for `character` under the reward key `key`, from session `session`.
+pub(super) fn reward_job(
+    character: Uuid,
+    experience: i64,
+    key: String,
+    session: String,
+) -> anyhow::Result<PersistenceRetryJob> {
     let payload = PersistenceRetryPayload::effect(
         character,
         &ReferenceEffect::CombatRewards {
-            experience: 5,
+            experience,
             currency: 1,
             items: Vec::new(),
         },
     )
     .map_err(anyhow::Error::msg)?;
     let envelope = IdempotencyEnvelope {
-        idempotency_key: format!("hostile-load:{n}"),
+        idempotency_key: key,
         owner_epoch: 0,
         origin: Origin::CombatRewards,
         issued_at: Utc::now(),
@@ -76,7 +82,7 @@ fn reward(character: Uuid, n: u64) -> anyhow::Result<PersistenceRetryJob> {
         payload,
         envelope,
         "hostile",
-        Some(format!("s-{n}")),
+        Some(session),
     )?)
 }
 
@@ -100,7 +106,8 @@ pub(super) async fn run(
         for _ in 0..JOBS_PER_TICK {
             n += 1;
             let character = characters[n as usize % characters.len()];
-            let done = match reward(character, n) {
+            let done = match reward_job(character, 5, format!("hostile-load:{n}"), format!("s-{n}"))
+            {
                 Ok(job) => queue.enqueue(&job).await.is_ok(),
                 Err(_) => false,
             };
