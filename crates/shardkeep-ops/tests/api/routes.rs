@@ -507,7 +507,8 @@ async fn readiness_fails_while_a_worker_makes_no_progress_with_work_waiting(pool
         liveness: liveness.clone(),
         retry_pause: pause.clone(),
     });
-    let base = crate::support::serve(state).await;
+    let served = crate::support::serve(state).await;
+    let base = &served.base;
     let ready = async || {
         let response = app.http.get(format!("{base}/readyz")).send().await.unwrap();
         let status = response.status().as_u16();

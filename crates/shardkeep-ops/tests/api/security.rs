@@ -140,9 +140,9 @@ async fn a_login_fails_closed_when_redis_is_down(pool: PgPool) {
     .unwrap();
     let mut state = app.state.clone();
     state.coord = shardkeep::Coordination::new(cut, shardkeep::CoordinationConfig::default());
-    let base = serve(state).await;
+    let served = serve(state).await;
     proxy.set_mode(ProxyMode::Cut);
-    let (status, code, cookie) = login_at(&app.http, &base, "10.0.0.5", PASSWORD).await;
+    let (status, code, cookie) = login_at(&app.http, &served.base, "10.0.0.5", PASSWORD).await;
     assert_eq!((status, code.as_str()), (503, "unavailable"));
     assert!(cookie.is_empty(), "no session without the throttle");
 }
@@ -215,7 +215,7 @@ async fn console_sessions_are_shared_and_logout_ends_them_everywhere(pool: PgPoo
         }
     };
     assert_eq!(
-        depths(second.clone()).await,
+        depths(second.base.clone()).await,
         200,
         "a session opened on one process"
     );
@@ -229,7 +229,7 @@ async fn console_sessions_are_shared_and_logout_ends_them_everywhere(pool: PgPoo
         .unwrap();
     assert_eq!(logout.status().as_u16(), 200);
     assert_eq!(
-        depths(second).await,
+        depths(second.base.clone()).await,
         401,
         "logout ends the session on every process"
     );

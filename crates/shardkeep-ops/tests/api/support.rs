@@ -35,6 +35,8 @@ pub(crate) struct TestApp {
     /// Kept alive so the namespace is removed when the test ends.
     pub(crate) redis: TestRedis,
     pub(crate) signals: Option<shardkeep::retry::RetrySignals>,
+    /// Stops the server when the test ends (see [`Served`]).
+    _server: Served,
 }
 
 fn metrics_handle() -> metrics_exporter_prometheus::PrometheusHandle {
@@ -55,15 +57,34 @@ pub(crate) async fn spawn_app(pool: PgPool) -> TestApp {
     .await
 }
 
-/// Serves `state` on a free port (a second `serve` process over the same stores); returns its
-/// base URL.
-pub(crate) async fn serve(state: AppState) -> String {
+/// An app served on a free port. Dropping it stops the accept loop, so the state it holds (and
+/// with it the test's pool) is released when the test ends: sqlx's test pools borrow connection
+/// permits from one shared parent pool and return them only when the last clone of the pool is
+/// gone, and a server left running until its runtime shuts down keeps them past the test's
+/// database cleanup, which needs a permit of that parent itself. Enough tests ending together
+/// that way starved every other test of the binary until its pool timed out.
+pub(crate) struct Served {
+    pub(crate) base: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Serves `state` on a free port (a second `serve` process over the same stores) until the
+/// returned handle is dropped.
+pub(crate) async fn serve(state: AppState) -> Served {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let app =
         shardkeep_ops::router(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    base
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Served { base, task }
 }
 
 pub(crate) async fn spawn_app_with(pool: PgPool, settings: ApiSettings) -> TestApp {
@@ -89,14 +110,15 @@ pub(crate) async fn spawn_app_with(pool: PgPool, settings: ApiSettings) -> TestA
         metrics: Some(metrics_handle()),
         workers: None,
     };
-    let base = serve(state.clone()).await;
+    let server = serve(state.clone()).await;
     TestApp {
-        client: SignedClient::new(&base, "ops", SECRET).unwrap(),
+        client: SignedClient::new(&server.base, "ops", SECRET).unwrap(),
         http: reqwest::Client::new(),
-        base,
+        base: server.base.clone(),
         state,
         redis,
         signals: Some(signals),
+        _server: server,
     }
 }
 
