@@ -31,9 +31,10 @@ pub struct Sample {
 }
 
 /// Tables of shardkeep's own bookkeeping beside the rows.
-pub const BOOKKEEPING_TABLES: [&str; 3] = [
+pub const BOOKKEEPING_TABLES: [&str; 4] = [
     "character_job_effects",
     "item_loads",
+    "item_releases",
     "transfer_activations",
 ];
 

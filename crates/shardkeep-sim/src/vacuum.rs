@@ -13,10 +13,11 @@ use super::world::{World, bump};
 pub(super) const PASS_EVERY: Duration = Duration::from_secs(60);
 
 /// The tables a run updates and deletes from all the time.
-const CHURNED: [&str; 5] = [
+const CHURNED: [&str; 6] = [
     "persistence_retry_jobs",
     "character_job_effects",
     "item_loads",
+    "item_releases",
     "transfer_activations",
     "characters",
 ];

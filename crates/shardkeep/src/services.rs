@@ -256,7 +256,10 @@ impl Services {
                 cancel.clone(),
                 move |pass| {
                     if let Ok(report) = pass {
-                        pruned.fetch_add(report.effects + report.item_loads, Ordering::Relaxed);
+                        pruned.fetch_add(
+                            report.effects + report.item_loads + report.item_releases,
+                            Ordering::Relaxed,
+                        );
                     }
                 },
             )),

@@ -222,7 +222,7 @@ pub fn register_all(queues: &[&'static str]) {
     for outcome in ["taken", "already_consumed", "not_found"] {
         counter!(HANDOFF_TAKES_TOTAL, "outcome" => outcome).increment(0);
     }
-    for table in ["character_job_effects", "item_loads"] {
+    for table in ["character_job_effects", "item_loads", "item_releases"] {
         counter!(BOOKKEEPING_PRUNED_TOTAL, "table" => table).increment(0);
     }
     for outcome in ["registered", "replayed"] {

@@ -1084,3 +1084,133 @@ async fn a_departed_releasers_checkpoint_cannot_bring_a_taken_item_back(pool: Pg
         again.source
     );
 }
+
+/// A fight's loot is in the copy's memory at once and in its reward job, which the worker may
+/// apply to the row only later. A drops the loot and leaves before that job lands; B picks the
+/// loot up. Returns the stores, A, B, the item and the queue's signals (the job still queued).
+async fn loot_taken_before_its_job_landed(
+    pool: &PgPool,
+    redis: &TestRedis,
+) -> (Stores, Uuid, Uuid, Uuid, shardkeep::retry::RetrySignals) {
+    use shardkeep::character::{Releaser, TransferCommit};
+    use shardkeep::clock::SystemClock;
+    use shardkeep::retry::{
+        IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
+    };
+    use shardkeep_reference::game::{ReferenceEffect, ReferenceModel};
+    let stores = Stores::new(pool, redis.backend());
+    let a = stores.new_character("Aria").await;
+    let b = stores.new_character("Bran").await;
+    let item = Uuid::now_v7();
+    let copy = stores.loader().claim_and_load(a, 0).await.unwrap().snapshot;
+    let loot = serde_json::from_value(json!({ "proto": "gem", "id": item })).unwrap();
+    let reward = PersistenceRetryJob::new(
+        PersistenceRetryPayload::effect(
+            a,
+            &ReferenceEffect::CombatRewards {
+                experience: 5,
+                currency: 0,
+                items: vec![loot],
+            },
+        )
+        .unwrap(),
+        IdempotencyEnvelope {
+            idempotency_key: "fight-1".into(),
+            owner_epoch: copy.owner_epoch,
+            origin: Origin::CombatRewards,
+            issued_at: chrono::Utc::now(),
+            issue_seq: copy.issue_mark + 1,
+        },
+        "test",
+        None,
+    )
+    .unwrap();
+    let (queue, signals) = RetryQueue::new(
+        shardkeep_testkit::pg(pool),
+        8,
+        std::sync::Arc::new(SystemClock),
+    );
+    queue.enqueue(&reward).await.unwrap();
+    let mut acquirer = stores.characters.load(b).await.unwrap().unwrap();
+    acquirer.state = json!({ "inventory": [{ "proto": "gem", "id": item }] }).into();
+    let event = AuditEvent::item_transferred(b, a, Uuid::now_v7(), json!({ "item_id": item }));
+    let outcome = stores
+        .characters
+        .commit_transfer(
+            &ReferenceModel::handle(),
+            Releaser::Departed {
+                character_id: a,
+                item_id: item,
+                released_epoch: copy.owner_epoch,
+            },
+            &acquirer,
+            &event,
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, TransferCommit::Committed { .. }),
+        "{outcome:?}"
+    );
+    (stores, a, b, item, signals)
+}
+
+/// The worker applies the releaser's reward job after the transfer: the rest of the reward
+/// lands, the item stays with B.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_departed_releasers_queued_loot_cannot_bring_a_taken_item_back(pool: PgPool) {
+    use shardkeep::clock::SystemClock;
+    use shardkeep::retry::{RetryWorker, RetryWorkerConfig};
+    let redis = TestRedis::new().await;
+    let (stores, a, b, item, signals) = loot_taken_before_its_job_landed(&pool, &redis).await;
+    let mut worker = RetryWorker::new(
+        shardkeep_testkit::pg(&pool),
+        shardkeep_reference::game::ReferenceModel::handle(),
+        signals,
+        RetryWorkerConfig::new("w"),
+        std::sync::Arc::new(SystemClock),
+    );
+    assert_eq!(worker.run_until_idle().await.unwrap(), 1);
+    assert_eq!(
+        rows_holding(&stores, &[a, b], item).await,
+        vec![b],
+        "the reward job put the gem B took back into A's row"
+    );
+    let row = stores
+        .characters
+        .load(a)
+        .await
+        .unwrap()
+        .unwrap()
+        .state
+        .to_value();
+    assert_eq!(
+        row["experience"], 5,
+        "the rest of the reward still lands: {row}"
+    );
+}
+
+/// A's next login settles the queued reward job in its claim: the new copy gets the experience,
+/// not the gem.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_login_settling_the_releasers_loot_leaves_the_taken_item_out(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let (stores, a, b, item, _signals) = loot_taken_before_its_job_landed(&pool, &redis).await;
+    let again = stores.loader().claim_and_load(a, 0).await.unwrap().snapshot;
+    let loaded = again.state.to_value();
+    assert!(
+        !loaded.to_string().contains(&item.to_string()),
+        "the login brought the gem back: {loaded}"
+    );
+    assert_eq!(loaded["experience"], 5, "{loaded}");
+    assert_eq!(rows_holding(&stores, &[a, b], item).await, vec![b]);
+    let released: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM item_releases WHERE character_id = $1 AND item_id = $2",
+    )
+    .bind(a)
+    .bind(item)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(released, 1, "the release is on record");
+}

@@ -1,6 +1,6 @@
 //! Pruning shardkeep's bookkeeping beside the character rows (`docs/bookkeeping.md`): job
 //! effects a live write has superseded, unsequenced job keys past their dedupe window, and
-//! item-load ledger entries past theirs. Each pass deletes a bounded batch per table, so a long
+//! item-load and item-release ledger entries past theirs. Each pass deletes a bounded batch per table, so a long
 //! backlog drains over several passes without one long statement.
 
 use std::time::Duration;
@@ -18,8 +18,9 @@ pub struct BookkeepingRetention {
     /// Unsequenced job keys (jobs issued without a copy's issue sequence): a duplicate of such a
     /// job arriving within this window is refused.
     pub unsequenced_effects: Duration,
-    /// Item-load ledger entries: a floor copy that a crash rolled back, picked up within this
-    /// window of its owner's reload, is refused as a phantom.
+    /// Item-load and item-release ledger entries: a floor copy that a crash rolled back, picked
+    /// up within this window of its owner's reload, is refused as a phantom; a job of a releaser
+    /// applied within this window of a transfer leaves the transferred item out.
     pub item_loads: Duration,
 }
 
@@ -39,6 +40,8 @@ pub struct PruneReport {
     pub effects: u64,
     /// Item-load ledger rows deleted.
     pub item_loads: u64,
+    /// Item-release ledger rows deleted.
+    pub item_releases: u64,
 }
 
 /// Rows the bookkeeping tables hold.
@@ -48,6 +51,8 @@ pub struct BookkeepingSizes {
     pub effects: i64,
     /// `item_loads` rows.
     pub item_loads: i64,
+    /// `item_releases` rows.
+    pub item_releases: i64,
 }
 
 /// Handle on the bookkeeping tables. Cheap to clone.
@@ -86,6 +91,16 @@ DELETE FROM item_loads l
  USING doomed d
  WHERE l.item_id = d.item_id AND l.character_id = d.character_id";
 
+const PRUNE_ITEM_RELEASES: &str = "
+WITH doomed AS (
+    SELECT character_id, item_id FROM item_releases
+     WHERE released_at < now() - make_interval(secs => $1)
+     LIMIT $2
+)
+DELETE FROM item_releases r
+ USING doomed d
+ WHERE r.character_id = d.character_id AND r.item_id = d.item_id";
+
 impl Bookkeeping {
     /// A handle over `pg`.
     pub fn new(pg: PostgresBackend) -> Self {
@@ -109,26 +124,37 @@ impl Bookkeeping {
             .execute(self.pg.exec())
             .await?
             .rows_affected();
+        let item_releases = sqlx::query(PRUNE_ITEM_RELEASES)
+            .bind(retention.item_loads.as_secs_f64())
+            .bind(PRUNE_BATCH)
+            .execute(self.pg.exec())
+            .await?
+            .rows_affected();
         metrics::counter!(crate::telemetry::BOOKKEEPING_PRUNED_TOTAL, "table" => "character_job_effects")
             .increment(effects);
         metrics::counter!(crate::telemetry::BOOKKEEPING_PRUNED_TOTAL, "table" => "item_loads")
             .increment(item_loads);
+        metrics::counter!(crate::telemetry::BOOKKEEPING_PRUNED_TOTAL, "table" => "item_releases")
+            .increment(item_releases);
         Ok(PruneReport {
             effects,
             item_loads,
+            item_releases,
         })
     }
 
     /// How many rows each table holds (a full count: for tests and occasional inspection).
     pub async fn sizes(&self) -> Result<BookkeepingSizes, sqlx::Error> {
-        let (effects, item_loads) = sqlx::query_as(
-            "SELECT (SELECT count(*) FROM character_job_effects), (SELECT count(*) FROM item_loads)",
+        let (effects, item_loads, item_releases) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM character_job_effects), (SELECT count(*) FROM item_loads),
+                    (SELECT count(*) FROM item_releases)",
         )
         .fetch_one(self.pg.exec())
         .await?;
         Ok(BookkeepingSizes {
             effects,
             item_loads,
+            item_releases,
         })
     }
 }

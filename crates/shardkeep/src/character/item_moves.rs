@@ -99,6 +99,28 @@ impl CharacterStore {
             }
             other => return Ok(TransferCommit::Rejected(format!("acquirer: {other:?}"))),
         };
+        let (released_item, released_epoch) = match releaser {
+            Releaser::Held {
+                item_id,
+                released_epoch,
+                ..
+            } => (item_id, released_epoch),
+            Releaser::Departed {
+                item_id,
+                released_epoch,
+                ..
+            } => (Some(item_id), released_epoch),
+        };
+        if let Some(item_id) = released_item {
+            record_release(
+                &mut tx,
+                releaser_id,
+                acquirer.character_id,
+                item_id,
+                released_epoch,
+            )
+            .await?;
+        }
         crate::audit::store::insert_many(&mut tx, std::slice::from_ref(audit)).await?;
         tx.commit().await?;
         Ok(TransferCommit::Committed {
@@ -233,6 +255,36 @@ impl CharacterStore {
             .submit((character_id, owner_epoch, unique))
             .await?)
     }
+}
+
+/// Records in the item-release ledger that `item_id` left `releaser` (at the releasing copy's
+/// epoch) for `acquirer`, inside the commit's transaction: a job of the releaser applied later
+/// leaves the item out (see [`crate::retry`]'s settle). An item moving back to a character it once
+/// left is that character's again, so the acquirer's own entry for it goes.
+async fn record_release(
+    conn: &mut sqlx::PgConnection,
+    releaser: Uuid,
+    acquirer: Uuid,
+    item_id: Uuid,
+    released_epoch: i64,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO item_releases (character_id, item_id, released_epoch) VALUES ($1, $2, $3)
+         ON CONFLICT (character_id, item_id) DO UPDATE
+            SET released_epoch = GREATEST(item_releases.released_epoch, EXCLUDED.released_epoch),
+                released_at = now()",
+    )
+    .bind(releaser)
+    .bind(item_id)
+    .bind(released_epoch)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query("DELETE FROM item_releases WHERE character_id = $1 AND item_id = $2")
+        .bind(acquirer)
+        .bind(item_id)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }
 
 /// Whether the releaser copy at hand shows the item released at `released_epoch` to be a

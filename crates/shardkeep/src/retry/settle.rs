@@ -93,6 +93,9 @@ pub(super) struct Locked {
     sequenced: Vec<RecordedEffect>,
     /// A state job (a live copy's dump) applied in this batch: the write counts as live.
     pub(super) live_write: bool,
+    /// Items transfer commits took from this character (the item-release ledger): a job that
+    /// puts one back leaves it out.
+    released: Vec<Uuid>,
 }
 
 type CharacterRow = (
@@ -277,6 +280,11 @@ pub(super) async fn settle_owned(
             outcomes.push(JobOutcome::Deferred(reason));
             continue;
         }
+        let held_before = if locked.released.is_empty() {
+            Vec::new()
+        } else {
+            model.held_items(&locked.row.state)
+        };
         match apply_payload(model, &mut locked.row, payload) {
             Ok(changed) => {
                 if payload.is_state() {
@@ -296,6 +304,10 @@ pub(super) async fn settle_owned(
                         e.owner_epoch == envelope.owner_epoch && e.issue_seq > envelope.issue_seq
                     });
                     replay(model, &mut locked.row, later);
+                }
+                if leave_out_released(model, &mut locked.row.state, &locked.released, &held_before)
+                {
+                    dirty.insert(payload.character_id());
                 }
                 if changed {
                     dirty.insert(payload.character_id());
@@ -395,6 +407,7 @@ async fn lock_characters(
                     },
                     sequenced: Vec::new(),
                     live_write: false,
+                    released: Vec::new(),
                 };
                 (id, locked)
             },
@@ -415,7 +428,42 @@ async fn lock_characters(
             locked.sequenced = found;
         }
     }
+    let released: Vec<(Uuid, Uuid)> = sqlx::query_as(
+        "SELECT character_id, item_id FROM item_releases WHERE character_id = ANY($1)",
+    )
+    .bind(&ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    for (id, item) in released {
+        if let Some(locked) = characters.get_mut(&id) {
+            locked.released.push(item);
+        }
+    }
     Ok(characters)
+}
+
+/// Takes out of `state` every item of `released` (items transfer commits took from this
+/// character) that the write just applied put back; `before` lists what the row held before it.
+/// A fight's loot is in its copy at once and in its reward job, which may land only after the copy
+/// dropped the item and another character's row took it: the job must not bring it back (nor may a
+/// dump issued before the release). True when it took any.
+fn leave_out_released(
+    model: &ModelHandle,
+    state: &mut serde_json::Value,
+    released: &[Uuid],
+    before: &[Uuid],
+) -> bool {
+    if released.is_empty() {
+        return false;
+    }
+    let after = model.held_items(state);
+    let mut taken = false;
+    for item in released {
+        if after.contains(item) && !before.contains(item) {
+            taken |= model.take_item(state, *item).unwrap_or(false);
+        }
+    }
+    taken
 }
 
 /// True when the row already holds what a sequenced job would write: a dump of its copy at or

@@ -10,6 +10,7 @@ const PLAN: &[(&str, &str)] = &[
     ("characters", "id"),
     ("character_job_effects", "character_id"),
     ("item_loads", "character_id"),
+    ("item_releases", "character_id"),
     ("persistence_retry_jobs", "character_id"),
     ("persistence_job_dead_letters", "character_id"),
     ("transfer_activations", "character_id"),
