@@ -12,8 +12,8 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::report::Invariant;
-use shardkeep::PostgresBackend;
 use shardkeep::coord::{Coordination, SessionOrder};
+use shardkeep::{PostgresBackend, RedisBackend};
 
 /// One session event: a session started, or a cleanup appended to the journal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +86,7 @@ impl OrderObserved {
 pub(super) async fn scan(
     pg: &PostgresBackend,
     coord: &Coordination,
-    conn: &shardkeep::backend::redis::RedisConn,
+    redis: &RedisBackend,
     observed: &std::sync::Mutex<OrderObserved>,
 ) {
     let rows: Result<Vec<LocationOrderRow>, _> =
@@ -97,7 +97,9 @@ pub(super) async fn scan(
         return;
     };
     let ids: Vec<Uuid> = rows.iter().map(|(id, _, _)| *id).collect();
-    let Ok(marks) = read_marks(coord, conn, &ids).await else {
+    // Only marks a replica holds count: a mark still unreplicated when its master failed over
+    // is lost with it, and the claim that wrote it failed (its cleanup applied nothing).
+    let Ok(marks) = read_confirmed_marks(coord, redis, &ids).await else {
         return;
     };
     let Ok(mut observed) = observed.lock() else {
@@ -117,6 +119,48 @@ pub(super) async fn scan(
 }
 
 type RawMark = (Option<i64>, Option<i64>, Option<String>);
+
+fn raw_to_place(m: RawMark) -> Option<Place> {
+    match m {
+        (Some(epoch), Some(at), Some(entry)) => Some((epoch, at, entry)),
+        _ => None,
+    }
+}
+
+/// Reads a mark and writes its epoch field back unchanged (no TTL or value changes), so that a
+/// confirmed call proves a replica holds everything written to the key before the read.
+const READ_MARK_CONFIRMED: &str = r"
+local mark = redis.call('HMGET', KEYS[1], 'epoch', 'at', 'entry')
+if mark[1] then redis.call('HSET', KEYS[1], 'epoch', mark[1]) end
+return mark
+";
+
+/// The cleanup order mark of each of `ids` as a replica holds it (on a cluster, the read is
+/// confirmed like the claims that write the marks; a chunk no replica acknowledged fails the
+/// whole read). On a standalone server it is a plain read.
+async fn read_confirmed_marks(
+    coord: &Coordination,
+    redis: &RedisBackend,
+    ids: &[Uuid],
+) -> Result<Vec<Option<Place>>, String> {
+    let mut out = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(256) {
+        let mut pipe = redis::pipe();
+        for id in chunk {
+            let key = coord
+                .keys()
+                .presence_session_order(&id.to_string())
+                .map_err(|e| e.to_string())?;
+            pipe.cmd("EVAL").arg(READ_MARK_CONFIRMED).arg(1).arg(key);
+        }
+        let marks: Vec<RawMark> = redis
+            .query_confirmed(pipe)
+            .await
+            .map_err(|e| e.to_string())?;
+        out.extend(marks.into_iter().map(raw_to_place));
+    }
+    Ok(out)
+}
 
 /// A row's id and the order of its last cleanup location.
 type LocationOrderRow = (Uuid, Option<i64>, Option<DateTime<Utc>>);
@@ -146,10 +190,7 @@ async fn read_marks(
             .query_async(&mut conn)
             .await
             .map_err(|e| e.to_string())?;
-        out.extend(marks.into_iter().map(|m| match m {
-            (Some(epoch), Some(at), Some(entry)) => Some((epoch, at, entry)),
-            _ => None,
-        }));
+        out.extend(marks.into_iter().map(raw_to_place));
     }
     Ok(out)
 }
@@ -206,6 +247,75 @@ mod tests {
         observed.see_row(id, (2, 5));
         observed.see_row(id, (1, 9));
         assert_eq!(observed.backwards.len(), 2, "{:?}", observed.backwards);
+    }
+
+    /// The failover runs' false "went back": a claim's mark on its master that no replica held
+    /// yet (the claim failed) was recorded by the scan, then lost in the promotion. A confirmed
+    /// read does not report a mark until a replica holds it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_mark_no_replica_holds_is_not_read_as_seen() {
+        use shardkeep::backend::redis::RedisTimeouts;
+        use shardkeep::coord::CoordinationConfig;
+        use shardkeep::{Keyspace, RedisBackend};
+        use shardkeep_testkit::cluster::PrivateCluster;
+        use std::time::Duration;
+
+        let cluster = PrivateCluster::start().await;
+        let timeouts = RedisTimeouts {
+            connect: Duration::from_millis(500),
+            response: Duration::from_millis(1000),
+        };
+        let keys = Keyspace::new("order-confirm").unwrap();
+        let redis = RedisBackend::connect("REDIS_URL", &cluster.url, keys, timeouts)
+            .await
+            .unwrap();
+        let coord = Coordination::new(redis.clone(), CoordinationConfig::default());
+        let id = Uuid::new_v4();
+        let order = |epoch| SessionOrder {
+            owner_epoch: epoch,
+            at: Utc::now(),
+            event_id: Uuid::new_v4(),
+        };
+        let first = order(1);
+        // A replica just joined may not acknowledge at once: the claim is repeated until it does.
+        let mut claimed = Err(None);
+        for _ in 0..100 {
+            match coord.session_order_claim(&id.to_string(), &first).await {
+                Ok(check) => {
+                    claimed = Ok(check);
+                    break;
+                }
+                Err(err) => claimed = Err(Some(err)),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(claimed.is_ok(), "the first mark never counted: {claimed:?}");
+        let seen = read_confirmed_marks(&coord, &redis, &[id]).await.unwrap();
+        assert_eq!(seen, vec![Some(place(&first))]);
+
+        cluster.freeze_replicas(Duration::from_millis(2500));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let second = order(2);
+        let claimed = coord.session_order_claim(&id.to_string(), &second).await;
+        assert!(claimed.is_err(), "no replica can acknowledge: {claimed:?}");
+        let on_master = read_marks(&coord, &redis.conn(), &[id]).await.unwrap();
+        assert_eq!(on_master, vec![Some(place(&second))], "the master holds it");
+        let confirmed = read_confirmed_marks(&coord, &redis, &[id]).await;
+        assert!(
+            confirmed.is_err(),
+            "a mark no replica holds was read as seen: {confirmed:?}"
+        );
+
+        // Once the replica has it, the same read reports it.
+        let mut seen = None;
+        for _ in 0..100 {
+            if let Ok(marks) = read_confirmed_marks(&coord, &redis, &[id]).await {
+                seen = Some(marks);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(seen, Some(vec![Some(place(&second))]));
     }
 
     #[test]

@@ -267,7 +267,7 @@ async fn play(
     order_checks::scan(
         &world.env.pg_direct,
         &direct,
-        &world.env.redis_conn,
+        &world.env.redis_direct,
         &order_observed,
     )
     .await;
@@ -377,7 +377,7 @@ fn spawn_scanner(
             order_checks::scan(
                 &world.env.pg_direct,
                 &coord,
-                &world.env.redis_conn,
+                &world.env.redis_direct,
                 &order_observed,
             )
             .await;

@@ -125,6 +125,30 @@ impl PrivateCluster {
         self.wait_ready().await;
     }
 
+    /// Freezes every replica's process (SIGSTOP) for `pause` and then lets it go on (SIGCONT),
+    /// returning at once: while frozen no replica acknowledges a write, as when the masters'
+    /// writes have not reached them yet. Replicas are found by asking each node its role.
+    pub fn freeze_replicas(&self, pause: Duration) {
+        let replicas: Vec<u32> = self
+            .ports
+            .iter()
+            .zip(&self.nodes)
+            .filter(|(port, _)| {
+                std::process::Command::new("redis-cli")
+                    .args(["-p", &port.to_string(), "ROLE"])
+                    .output()
+                    .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).starts_with("slave"))
+            })
+            .map(|(_, node)| node.id())
+            .collect();
+        assert!(!replicas.is_empty(), "the private cluster has no replica");
+        signal_all(&replicas, "-STOP");
+        std::thread::spawn(move || {
+            std::thread::sleep(pause);
+            signal_all(&replicas, "-CONT");
+        });
+    }
+
     async fn wait_listening(&self) {
         for port in &self.ports {
             for _ in 0..100 {
@@ -175,6 +199,15 @@ impl Drop for PrivateCluster {
             let _ = node.wait();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Sends `signal` (as `kill` takes it) to each process.
+fn signal_all(pids: &[u32], signal: &str) {
+    for pid in pids {
+        let _ = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status();
     }
 }
 
