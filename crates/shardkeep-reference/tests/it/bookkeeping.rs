@@ -462,6 +462,58 @@ async fn bookkeeping_stays_bounded_under_a_steady_workload(pool: PgPool) {
     assert_eq!(keys, vec!["new".to_owned()]);
 }
 
+/// Transfer activations and item-release entries leave after their retention, newer ones stay:
+/// one row per handoff and per item taken would otherwise grow the tables for as long as the
+/// game runs (the soak's `transfer_activations` grew without end).
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn activations_and_releases_past_their_retention_are_pruned(pool: PgPool) {
+    let store = CharacterStore::new(pg(&pool));
+    let bookkeeping = Bookkeeping::new(pg(&pool));
+    let row = created(&store, "Vela").await;
+    let retention = BookkeepingRetention::default();
+    let old = format!("{} seconds", retention.transfer_activations.as_secs() + 60);
+    sqlx::query(
+        "INSERT INTO transfer_activations
+                (transfer_token, character_id, target_shard, target_zone, owner_epoch, activated_at)
+         VALUES ('old', $1, 's', 'z', 1, now() - $2::interval),
+                ('new', $1, 's', 'z', 2, now())",
+    )
+    .bind(row.character_id)
+    .bind(&old)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let old = format!("{} seconds", retention.item_loads.as_secs() + 60);
+    let (gone, kept) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+    sqlx::query(
+        "INSERT INTO item_releases (character_id, item_id, released_epoch, released_at)
+         VALUES ($1, $2, 1, now() - $4::interval), ($1, $3, 2, now())",
+    )
+    .bind(row.character_id)
+    .bind(gone)
+    .bind(kept)
+    .bind(&old)
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(bookkeeping.sizes().await.unwrap().transfer_activations, 2);
+
+    let pruned = bookkeeping.prune_once(retention).await.unwrap();
+    assert_eq!((pruned.transfer_activations, pruned.item_releases), (1, 1));
+    let tokens: Vec<String> = sqlx::query_scalar("SELECT transfer_token FROM transfer_activations")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(tokens, vec!["new".to_owned()]);
+    let items: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT item_id FROM item_releases")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(items, vec![kept]);
+    let sizes = bookkeeping.sizes().await.unwrap();
+    assert_eq!((sizes.transfer_activations, sizes.item_releases), (1, 1));
+}
+
 /// A logout save that became a state job is a live write: a checkpoint dumped before it (an
 /// earlier cadence, or the final dump's own checkpoint write that failed) must not win over it at
 /// the next login, or the rewards issued in between are rolled back.

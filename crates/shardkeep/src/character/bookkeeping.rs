@@ -1,7 +1,8 @@
 //! Pruning shardkeep's bookkeeping beside the character rows (`docs/bookkeeping.md`): job
 //! effects a live write has superseded, unsequenced job keys past their dedupe window, and
-//! item-load and item-release ledger entries past theirs. Each pass deletes a bounded batch per table, so a long
-//! backlog drains over several passes without one long statement.
+//! item-load and item-release ledger entries and transfer activations past theirs. Each pass
+//! deletes a bounded batch per table, so a long backlog drains over several passes without one
+//! long statement.
 
 use std::time::Duration;
 
@@ -22,6 +23,11 @@ pub struct BookkeepingRetention {
     /// up within this window of its owner's reload, is refused as a phantom; a job of a releaser
     /// applied within this window of a transfer leaves the transferred item out.
     pub item_loads: Duration,
+    /// Transfer activations recorded by settled `transfer_activation` jobs: a transfer source
+    /// waiting for its activation asks for its record, and a dead-lettered activation job's
+    /// detail tells whether the activation landed anyway. Kept as long as dead letters are by
+    /// default (30 days).
+    pub transfer_activations: Duration,
 }
 
 impl Default for BookkeepingRetention {
@@ -29,6 +35,7 @@ impl Default for BookkeepingRetention {
         Self {
             unsequenced_effects: Duration::from_secs(7 * 24 * 3600),
             item_loads: Duration::from_secs(30 * 24 * 3600),
+            transfer_activations: Duration::from_secs(30 * 24 * 3600),
         }
     }
 }
@@ -42,6 +49,8 @@ pub struct PruneReport {
     pub item_loads: u64,
     /// Item-release ledger rows deleted.
     pub item_releases: u64,
+    /// Transfer activation rows deleted.
+    pub transfer_activations: u64,
 }
 
 /// Rows the bookkeeping tables hold.
@@ -53,6 +62,8 @@ pub struct BookkeepingSizes {
     pub item_loads: i64,
     /// `item_releases` rows.
     pub item_releases: i64,
+    /// `transfer_activations` rows.
+    pub transfer_activations: i64,
 }
 
 /// Handle on the bookkeeping tables. Cheap to clone.
@@ -101,6 +112,16 @@ DELETE FROM item_releases r
  USING doomed d
  WHERE r.character_id = d.character_id AND r.item_id = d.item_id";
 
+const PRUNE_ACTIVATIONS: &str = "
+WITH doomed AS (
+    SELECT character_id, transfer_token FROM transfer_activations
+     WHERE activated_at < now() - make_interval(secs => $1)
+     LIMIT $2
+)
+DELETE FROM transfer_activations a
+ USING doomed d
+ WHERE a.character_id = d.character_id AND a.transfer_token = d.transfer_token";
+
 impl Bookkeeping {
     /// A handle over `pg`.
     pub fn new(pg: PostgresBackend) -> Self {
@@ -130,24 +151,33 @@ impl Bookkeeping {
             .execute(self.pg.exec())
             .await?
             .rows_affected();
+        let transfer_activations = sqlx::query(PRUNE_ACTIVATIONS)
+            .bind(retention.transfer_activations.as_secs_f64())
+            .bind(PRUNE_BATCH)
+            .execute(self.pg.exec())
+            .await?
+            .rows_affected();
         metrics::counter!(crate::telemetry::BOOKKEEPING_PRUNED_TOTAL, "table" => "character_job_effects")
             .increment(effects);
         metrics::counter!(crate::telemetry::BOOKKEEPING_PRUNED_TOTAL, "table" => "item_loads")
             .increment(item_loads);
         metrics::counter!(crate::telemetry::BOOKKEEPING_PRUNED_TOTAL, "table" => "item_releases")
             .increment(item_releases);
+        metrics::counter!(crate::telemetry::BOOKKEEPING_PRUNED_TOTAL, "table" => "transfer_activations")
+            .increment(transfer_activations);
         Ok(PruneReport {
             effects,
             item_loads,
             item_releases,
+            transfer_activations,
         })
     }
 
     /// How many rows each table holds (a full count: for tests and occasional inspection).
     pub async fn sizes(&self) -> Result<BookkeepingSizes, sqlx::Error> {
-        let (effects, item_loads, item_releases) = sqlx::query_as(
+        let (effects, item_loads, item_releases, transfer_activations) = sqlx::query_as(
             "SELECT (SELECT count(*) FROM character_job_effects), (SELECT count(*) FROM item_loads),
-                    (SELECT count(*) FROM item_releases)",
+                    (SELECT count(*) FROM item_releases), (SELECT count(*) FROM transfer_activations)",
         )
         .fetch_one(self.pg.exec())
         .await?;
@@ -155,6 +185,7 @@ impl Bookkeeping {
             effects,
             item_loads,
             item_releases,
+            transfer_activations,
         })
     }
 }
@@ -175,7 +206,14 @@ pub async fn run_bookkeeping_prune(
         }
         on_pass(&pass);
         let backlog = pass.as_ref().is_ok_and(|r| {
-            r.effects >= PRUNE_BATCH.unsigned_abs() || r.item_loads >= PRUNE_BATCH.unsigned_abs()
+            [
+                r.effects,
+                r.item_loads,
+                r.item_releases,
+                r.transfer_activations,
+            ]
+            .iter()
+            .any(|n| *n >= PRUNE_BATCH.unsigned_abs())
         });
         if backlog && !cancel.is_cancelled() {
             continue;
