@@ -303,11 +303,17 @@ impl Host {
             }
         }
         let voided = self.shard.take_voided_items();
-        if !evictions.is_empty() || !voided.is_empty() {
+        let decayed = self.shard.take_decayed_items();
+        self.world
+            .counters
+            .floor_items_decayed
+            .fetch_add(decayed.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        if !evictions.is_empty() || !voided.is_empty() || !decayed.is_empty() {
             self.world.with_ledger(|ledger| {
                 ledger.evicted += evictions.len() as u64;
                 ledger.voided += voided.len() as u64;
                 ledger.destroyed.extend(voided);
+                ledger.destroyed.extend(decayed);
             });
         }
     }

@@ -131,8 +131,18 @@ fn shard_config(world: &World, index: usize) -> ShardConfig {
     // Time is compressed: a logout save that a Postgres outage holds up for 2 s becomes a
     // durable retry job, as one held up for 60 s does in production.
     config.saver.final_outage_budget = FINAL_OUTAGE_BUDGET;
+    config.floor_lifetime_pulses = Some(
+        (FLOOR_LIFETIME.as_millis() / world.config.pulse.as_millis().max(1))
+            .try_into()
+            .unwrap_or(u64::MAX),
+    );
     config
 }
+
+/// How long an item put down stays on a floor before it decays: well inside the item-load
+/// ledger's retention in a run (`env::RETENTION_NOTE`), so a phantom floor copy is always
+/// gone before its owner's load record is pruned.
+pub(super) const FLOOR_LIFETIME: std::time::Duration = std::time::Duration::from_secs(180);
 
 /// How long a simulated logout save retries directly before it becomes a retry job.
 const FINAL_OUTAGE_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);

@@ -22,6 +22,10 @@ const RESPAWN_PULSES: u64 = 20;
 const RECONNECT_WINDOW_PULSES: u64 = 80;
 /// Pulses a vanished player's copy stays link-dead.
 const VANISH_WINDOW_PULSES: u64 = 30;
+/// Most items a player carries (top level): loot and pickups beyond it are turned down, so
+/// documents stop growing once the players have lived a while (with floor decay, the world's
+/// item count stays bounded over a long run).
+pub(super) const INVENTORY_CAP: usize = 24;
 
 impl Host {
     /// Every playing body gets its turn.
@@ -229,7 +233,14 @@ impl Host {
         let epoch = entry.character.owner_epoch;
         let (xp, gold, loot) = agent.reward();
         let key = agent.next_reward_key(epoch);
-        let loot = loot.then_some(herb).flatten().map(|p| Item::spawn(&p));
+        let full = entry.character.inventory.len() >= INVENTORY_CAP;
+        if loot && full {
+            bump(&self.world.counters.inventory_full);
+        }
+        let loot = (loot && !full)
+            .then_some(herb)
+            .flatten()
+            .map(|p| Item::spawn(&p));
         entry.character.experience += xp;
         entry.character.currency += gold;
         let mut items = Vec::new();
@@ -319,7 +330,22 @@ impl Host {
         }
     }
 
+    /// True (and counted) when the player's inventory cannot take another item.
+    fn inventory_full(&self, id: Uuid) -> bool {
+        let full = self
+            .shard
+            .player(id)
+            .is_some_and(|e| e.character.inventory.len() >= INVENTORY_CAP);
+        if full {
+            bump(&self.world.counters.inventory_full);
+        }
+        full
+    }
+
     fn pick_up(&mut self, id: Uuid, body: &mut Body) {
+        if self.inventory_full(id) {
+            return;
+        }
         let (loose, _) = self.room_floor(id);
         let Some(agent) = body.agent.as_mut() else {
             return;
@@ -352,6 +378,9 @@ impl Host {
     }
 
     fn take_from_container(&mut self, id: Uuid, body: &mut Body) {
+        if self.inventory_full(id) {
+            return;
+        }
         let (_, containers) = self.room_floor(id);
         let Some(agent) = body.agent.as_mut() else {
             return;

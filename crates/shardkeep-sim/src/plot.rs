@@ -84,7 +84,14 @@ pub fn draw(series: &Series, title: &str, path: &Path) -> Result<(), PlotError> 
         ),
         (
             "process RSS (MiB)",
-            vec![("rss", BLACK, Box::new(move |s: &Sample| mib(s.rss_bytes)))],
+            vec![
+                ("rss", BLACK, Box::new(move |s: &Sample| mib(s.rss_bytes))),
+                (
+                    "rss less the checker's ledger",
+                    BLUE,
+                    Box::new(move |s: &Sample| mib(s.rss_less_checker())),
+                ),
+            ],
         ),
         (
             "Redis used memory (MiB)",
@@ -183,6 +190,7 @@ mod tests {
                 retry_depth: 3,
                 journal_depth: 1,
                 rss_bytes: Some(80 << 20),
+                checker_bytes: Some(1 << 20),
                 redis_memory_bytes: None,
                 table_bytes: [
                     ("characters".to_owned(), 8 << 20),

@@ -333,13 +333,14 @@ fn series_lines(series: &Series) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "series, every {:.0} s (MiB; tables: all / bookkeeping / audit)",
+        "series, every {:.0} s (MiB; checker: the simulator's own ledger, inside rss and left \
+         out of its verdict; tables: all / bookkeeping / audit)",
         series.interval_secs
     );
     let _ = writeln!(
         out,
-        "{:>8} {:>8} {:>8} {:>7} {:>8} {:>7} {:>7} {:>22}",
-        "at s", "saves/s", "p99 ms", "retry", "journal", "rss", "redis", "tables"
+        "{:>8} {:>8} {:>8} {:>7} {:>8} {:>7} {:>8} {:>7} {:>22}",
+        "at s", "saves/s", "p99 ms", "retry", "journal", "rss", "checker", "redis", "tables"
     );
     for s in &series.samples {
         let tables = format!(
@@ -350,7 +351,7 @@ fn series_lines(series: &Series) -> String {
         );
         let _ = writeln!(
             out,
-            "{:>8.0} {:>8.0} {:>8} {:>7} {:>8} {:>7} {:>7} {:>22}",
+            "{:>8.0} {:>8.0} {:>8} {:>7} {:>8} {:>7} {:>8} {:>7} {:>22}",
             s.at_secs,
             s.saves_per_sec,
             s.p99_save_ms
@@ -358,6 +359,7 @@ fn series_lines(series: &Series) -> String {
             s.retry_depth,
             s.journal_depth,
             s.rss_bytes.map_or("-".to_owned(), mib),
+            s.checker_bytes.map_or("-".to_owned(), mib),
             s.redis_memory_bytes.map_or("-".to_owned(), mib),
             tables
         );

@@ -29,6 +29,22 @@ pub(super) struct RewardLedger {
 }
 
 impl RewardLedger {
+    /// About how many bytes the ledger holds (entries times their size, maps' spare capacity
+    /// included; allocator overhead left out).
+    pub(super) fn approx_bytes(&self) -> u64 {
+        use std::mem::size_of;
+        let key = size_of::<(Uuid, i64)>();
+        let loaded = self.loaded.capacity() * (key + size_of::<Amounts>() + 1);
+        let issued = self.issued.capacity() * (key + size_of::<BTreeMap<u64, Amounts>>() + 1)
+            + self
+                .issued
+                .values()
+                .map(|m| m.len() * (size_of::<u64>() + size_of::<Amounts>() + 8))
+                .sum::<usize>();
+        let problems = self.problems.iter().map(String::len).sum::<usize>();
+        (loaded + issued + problems) as u64
+    }
+
     /// The copy at `epoch` issued reward `seq`.
     pub(super) fn issued(&mut self, character: Uuid, epoch: i64, seq: u64, amounts: Amounts) {
         self.issued

@@ -215,7 +215,8 @@ async fn play(
                 table_bytes,
             };
             let at = start.elapsed().as_secs_f64();
-            samples.push(sampler.sample(at, saves, totals.write_latency, readings));
+            let checker = world.with_ledger(|l| l.approx_bytes());
+            samples.push(sampler.sample(at, saves, totals.write_latency, readings, checker));
         }
         progress(&SimProgress {
             phase: "play",

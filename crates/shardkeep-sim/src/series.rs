@@ -24,6 +24,10 @@ pub struct Sample {
     pub journal_depth: u64,
     /// Resident memory of this process, in bytes (`None` where it cannot be read).
     pub rss_bytes: Option<u64>,
+    /// About how much of it the simulator's own checker ledger holds (every reward, claim and
+    /// session event of the run, kept to be checked at the end): it grows with the run by
+    /// design and is left out of the `rss` the verdict judges.
+    pub checker_bytes: Option<u64>,
     /// Memory Redis reports in use (`used_memory`, summed over the masters).
     pub redis_memory_bytes: Option<u64>,
     /// Size of each table of the run's database, indexes and TOAST included, in bytes.
@@ -39,6 +43,12 @@ pub const BOOKKEEPING_TABLES: [&str; 4] = [
 ];
 
 impl Sample {
+    /// The resident memory less the checker's ledger: the library's and the shards' own.
+    pub fn rss_less_checker(&self) -> Option<u64> {
+        self.rss_bytes
+            .map(|rss| rss.saturating_sub(self.checker_bytes.unwrap_or(0)))
+    }
+
     /// Bytes of the named tables, or of every table when `names` is `None`.
     pub fn tables_bytes(&self, names: Option<&[&str]>) -> u64 {
         self.table_bytes
@@ -52,7 +62,7 @@ impl Sample {
 /// A series that rose over the verdict's window by more than its noise.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Growth {
-    /// The series (`rss`, `redis memory`, `retry depth`, `journal depth`, `table <name>`).
+    /// The series (`rss` — less the checker's ledger —, `redis memory`, `retry depth`, `journal depth`, `table <name>`).
     pub series: String,
     /// Its fitted value at the window's start and end.
     pub from: f64,
@@ -178,7 +188,7 @@ pub fn judge(samples: &[Sample], window: Duration) -> Option<Stability> {
         push(
             "rss".into(),
             s.at_secs,
-            s.rss_bytes.map(|b| b as f64),
+            s.rss_less_checker().map(|b| b as f64),
             SIZE_TOLERANCE,
         );
         push(
@@ -278,6 +288,7 @@ impl Sampler {
         saves: u64,
         latency: LatencyCounts,
         stores: StoreReadings,
+        checker_bytes: Option<u64>,
     ) -> Sample {
         let span = (at_secs - self.last_at).max(0.001);
         let saves_per_sec = saves.saturating_sub(self.last_saves) as f64 / span;
@@ -295,6 +306,7 @@ impl Sampler {
             retry_depth: stores.retry_depth,
             journal_depth: stores.journal_depth,
             rss_bytes: resident_bytes(),
+            checker_bytes,
             redis_memory_bytes: stores.redis_memory_bytes,
             table_bytes: stores.table_bytes,
         }
@@ -413,6 +425,18 @@ mod tests {
     }
 
     #[test]
+    fn the_checkers_own_ledger_is_left_out_of_the_rss_judged() {
+        let mut samples = run(|n| ((200 + 4 * n as u64) << 20, 1 << 20));
+        for (n, sample) in samples.iter_mut().enumerate() {
+            sample.checker_bytes = Some((4 * n as u64) << 20);
+        }
+        let verdict = judge(&samples, Duration::from_secs(600)).unwrap();
+        assert!(verdict.stable, "{verdict:?}");
+        samples[19].checker_bytes = None;
+        assert_eq!(samples[19].rss_less_checker(), samples[19].rss_bytes);
+    }
+
+    #[test]
     fn a_rise_inside_the_tolerance_is_noise_and_a_short_run_is_not_judged() {
         // 2 % over the window: under the 5 % tolerance.
         let samples = run(|n| ((1000 << 20) + n as u64 * (2 << 20), 1 << 20));
@@ -463,10 +487,10 @@ mod tests {
         let mut sampler = Sampler::default();
         let mut latency = LatencyCounts::default();
         latency.0[LatencyCounts::bucket(Duration::from_millis(3))] = 100;
-        let first = sampler.sample(10.0, 500, latency, StoreReadings::default());
+        let first = sampler.sample(10.0, 500, latency, StoreReadings::default(), None);
         assert_eq!(first.saves_per_sec, 50.0);
         assert!(first.p99_save_ms.unwrap() >= 3.0);
-        let second = sampler.sample(20.0, 500, latency, StoreReadings::default());
+        let second = sampler.sample(20.0, 500, latency, StoreReadings::default(), None);
         assert_eq!(second.saves_per_sec, 0.0);
         assert_eq!(second.p99_save_ms, None);
     }

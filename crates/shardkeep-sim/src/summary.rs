@@ -72,6 +72,11 @@ pub(super) fn build_report(
         ("fights", get(&c.fights)),
         ("deaths", get(&c.deaths)),
         ("item moves", get(&c.item_moves)),
+        ("floor items decayed", get(&c.floor_items_decayed)),
+        (
+            "loot and pickups refused (inventory full)",
+            get(&c.inventory_full),
+        ),
         ("appearance changes", get(&c.appearance_changes)),
         ("equipment changes", get(&c.equipment_changes)),
         ("session marker failures", get(&c.session_marker_failures)),
@@ -110,6 +115,9 @@ pub(super) fn build_report(
             "pulse_ms": config.pulse.as_millis() as u64,
             "checkpoint_every_pulses": config.checkpoint_pulses,
             "flush_every_pulses": config.flush_pulses,
+            "retention": super::env::RETENTION_NOTE,
+            "floor items decay after": format!("{} s", super::host_faults::FLOOR_LIFETIME.as_secs()),
+            "inventory holds at most": format!("{} items", super::play::INVENTORY_CAP),
             "autovacuum": if c.autovacuum_off.load(Ordering::Relaxed) {
                 format!(
                     "off on this server: the simulator vacuumed the churned tables itself ({} passes, one a minute)",

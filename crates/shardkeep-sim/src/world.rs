@@ -42,6 +42,10 @@ pub(super) struct Counters {
     pub(super) fights: AtomicU64,
     pub(super) deaths: AtomicU64,
     pub(super) item_moves: AtomicU64,
+    /// Items put down that decayed on the floors.
+    pub(super) floor_items_decayed: AtomicU64,
+    /// Loot and pickups a full inventory turned down.
+    pub(super) inventory_full: AtomicU64,
     pub(super) appearance_changes: AtomicU64,
     pub(super) equipment_changes: AtomicU64,
     pub(super) retry_enqueued: AtomicU64,
@@ -108,6 +112,27 @@ pub(super) struct Ledger {
     pub(super) session_events: Vec<super::order_checks::SessionEvent>,
     /// Every reward issued and what every copy started out with.
     pub(super) rewards: super::rewards::RewardLedger,
+}
+
+impl Ledger {
+    /// About how many bytes the checker's ledger holds: it keeps every reward, claim and session
+    /// event of the run to check them at the end, so it grows with the run by design, apart
+    /// from the library's own memory.
+    pub(super) fn approx_bytes(&self) -> u64 {
+        use std::mem::size_of;
+        let acked = self.acked.capacity() * (size_of::<(Uuid, i64)>() + 1);
+        let destroyed = self.destroyed.capacity() * (size_of::<Uuid>() + 1);
+        let floors = self.end_floors.capacity() * size_of::<(Uuid, Option<(Uuid, i64)>)>();
+        let claims = self.claims.capacity() * size_of::<super::claims::ClaimRecord>()
+            + self
+                .claims
+                .iter()
+                .filter_map(|c| c.handoff.as_ref().map(|h| h.token.capacity()))
+                .sum::<usize>();
+        let events =
+            self.session_events.capacity() * size_of::<super::order_checks::SessionEvent>();
+        (acked + destroyed + floors + claims + events) as u64 + self.rewards.approx_bytes()
+    }
 }
 
 /// Adds `b` into `a`.

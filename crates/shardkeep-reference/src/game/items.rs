@@ -170,6 +170,9 @@ pub struct Released {
     /// The owner epoch of the copy that released it: a pickup after that copy lost ownership
     /// cannot tell a real item from a zombie's phantom, so the store fences on it.
     pub epoch: i64,
+    /// The shard's pulse when it was put down: a floor item decays after the shard's floor
+    /// lifetime ([`crate::shard::ShardConfig::floor_lifetime_pulses`]).
+    pub at_pulse: u64,
 }
 
 /// A live item.

@@ -108,6 +108,7 @@ impl Shard {
             by: character_id,
             by_name: entry.character.name.clone(),
             epoch: entry.character.owner_epoch,
+            at_pulse: self.pulse,
         });
         Ok(item)
     }
@@ -398,6 +399,40 @@ impl Shard {
     /// Item ids destroyed since the last call: what evicted zombie copies held or released.
     pub fn take_voided_items(&mut self) -> Vec<Uuid> {
         std::mem::take(&mut self.voided_items)
+    }
+
+    /// Item ids that decayed on the floors since the last call.
+    pub fn take_decayed_items(&mut self) -> Vec<Uuid> {
+        std::mem::take(&mut self.decayed_items)
+    }
+
+    /// Removes from the floors (and from containers lying there) every item put down at least
+    /// `lifetime` pulses ago; what the zones spawned themselves stays until picked up.
+    pub(super) fn decay_floors(&mut self, lifetime: u64) {
+        let pulse = self.pulse;
+        let expired = |item: &Item| {
+            item.released
+                .as_ref()
+                .is_some_and(|r| r.at_pulse.saturating_add(lifetime) <= pulse)
+        };
+        let mut decayed = Vec::new();
+        for zone in self.zones.values_mut() {
+            zone.entities.floor.retain_mut(|floor| {
+                if expired(&floor.item) {
+                    floor.item.walk(&mut |i| decayed.extend(i.id));
+                    return false;
+                }
+                floor.item.contents.retain(|inner| {
+                    if expired(inner) {
+                        inner.walk(&mut |i| decayed.extend(i.id));
+                        return false;
+                    }
+                    true
+                });
+                true
+            });
+        }
+        self.decayed_items.extend(decayed);
     }
 
     /// The floor of `zone`, where `character_id` acts.

@@ -91,7 +91,15 @@ pub struct ShardConfig {
     /// one, they run until the shard is shut down or killed, and a dropped shard's writers
     /// still write what was queued.
     pub stop_with: Option<CancellationToken>,
+    /// Pulses an item put down on a floor (or into a container lying there) stays before it
+    /// decays (`None`: it stays until picked up). A floor copy lives in shard memory only; a
+    /// lifetime bounds how long after its release a pickup can still commit it, which the
+    /// item-load ledger's retention must exceed.
+    pub floor_lifetime_pulses: Option<u64>,
 }
+
+/// Pulses between two sweeps of the floors for decayed items.
+const FLOOR_SWEEP_PULSES: u64 = 20;
 
 impl ShardConfig {
     /// Defaults for a shard called `shard_id` whose home is `home_zone`.
@@ -106,6 +114,7 @@ impl ShardConfig {
             event_depth: 8192,
             transfer_budget: Duration::from_secs(30),
             stop_with: None,
+            floor_lifetime_pulses: None,
         }
     }
 }
@@ -210,6 +219,7 @@ pub struct Shard {
     transfers_committed: u64,
     transfers_rejected: u64,
     voided_items: Vec<Uuid>,
+    decayed_items: Vec<Uuid>,
     /// Final saves the saver's full queue could not take yet, oldest first; offered again
     /// every pulse.
     deferred_finals: std::collections::VecDeque<shardkeep::character::CharacterSnapshot>,
@@ -297,6 +307,7 @@ impl Shard {
             transfers_committed: 0,
             transfers_rejected: 0,
             voided_items: Vec::new(),
+            decayed_items: Vec::new(),
             deferred_finals: std::collections::VecDeque::new(),
             evictions: Vec::new(),
             acknowledged: Vec::new(),
@@ -414,6 +425,11 @@ impl Shard {
         }
         self.saver.enqueue_many(SaveReason::Flush, flushes);
         self.saver.enqueue_many(SaveReason::Checkpoint, checkpoints);
+        if let Some(lifetime) = self.config.floor_lifetime_pulses
+            && self.pulse.is_multiple_of(FLOOR_SWEEP_PULSES)
+        {
+            self.decay_floors(lifetime);
+        }
         // The crash window, once per checkpoint period.
         if self.pulse.is_multiple_of(checkpoint_period) {
             self.export_crash_window();

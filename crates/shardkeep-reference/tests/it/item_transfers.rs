@@ -110,6 +110,64 @@ async fn drop_then_get_by_another_player_is_a_transfer(pool: PgPool) {
     );
 }
 
+/// An item put down decays after the shard's floor lifetime — on the floor or in a container
+/// lying there — and is reported as destroyed; what the zone spawned itself stays.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn put_down_items_decay_after_the_floor_lifetime(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let stores = Stores::new(&pool, redis.backend());
+    let a = stores.new_character("Aria").await;
+    let mut config = shardkeep_reference::shard::ShardConfig::new("shard-a", "zone-0");
+    config.floor_lifetime_pulses = Some(60);
+    let mut shard = crate::support::boot_with(stores.shard_stores(), &stores, config, &[0], 1);
+    login(&stores, &mut shard, a, "sa").await;
+    let floor_ids = |shard: &shardkeep_reference::shard::Shard| -> Vec<Uuid> {
+        let mut ids = Vec::new();
+        for zone in shard.zones() {
+            for floor in &zone.entities.floor {
+                floor.item.walk(&mut |i| ids.extend(i.id));
+            }
+        }
+        ids
+    };
+    let spawned = floor_ids(&shard);
+    // To the chest the zone spawned in r2.
+    shard.walk(a, "north").unwrap();
+    shard.walk(a, "north").unwrap();
+    let container = shard
+        .zones()
+        .flat_map(|z| z.entities.floor.iter())
+        .find(|f| f.item.proto.proto_ref == "chest")
+        .and_then(|f| f.item.id)
+        .expect("zone 0 spawns a chest");
+    let (dropped, put) = (gem(&mut shard, a), gem(&mut shard, a));
+    shard.drop_item(a, dropped).unwrap();
+    shard.put_item(a, put, container).unwrap();
+    for _ in 0..40 {
+        shard.tick();
+    }
+    assert!(shard.take_decayed_items().is_empty(), "too early");
+    let ids = floor_ids(&shard);
+    assert!(ids.contains(&dropped) && ids.contains(&put));
+    for _ in 0..40 {
+        shard.tick();
+    }
+    let mut decayed = shard.take_decayed_items();
+    decayed.sort();
+    let mut expected = vec![dropped, put];
+    expected.sort();
+    assert_eq!(decayed, expected);
+    let ids = floor_ids(&shard);
+    assert!(
+        !ids.contains(&dropped) && !ids.contains(&put),
+        "gone from the floor"
+    );
+    assert!(
+        spawned.iter().all(|id| ids.contains(id)),
+        "the zone's own items stay"
+    );
+}
+
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn put_then_get_from_a_container_is_a_transfer(pool: PgPool) {
     let Room {
