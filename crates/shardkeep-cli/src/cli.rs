@@ -81,9 +81,15 @@ pub(crate) struct SimulateArgs {
     pub(crate) seed: u64,
 
     /// Faults to inject: `all`, `none`, or a comma list of kill-shard, zombie, redis-outage,
-    /// postgres-outage, queue-full, poison.
+    /// postgres-outage, queue-full, poison, worker-crash, redis-failover (on a Redis Cluster),
+    /// kill-serve (with `--serves`). `all` is every fault but the last two.
     #[arg(long, default_value = "all")]
     pub(crate) faults: shardkeep_sim::FaultSet,
+
+    /// Run the workers (retry, journal, maintenance) in this many `shardkeep serve` processes
+    /// beside the run, sharing its database and namespace, instead of inside it (0).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=8))]
+    pub(crate) serves: u32,
 
     /// Also write the report as JSON to this file.
     #[arg(long)]

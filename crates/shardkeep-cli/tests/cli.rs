@@ -430,6 +430,8 @@ fn malformed_simulate_arguments_are_rejected() {
         &["simulate", "--players", "0"],
         &["simulate", "--players", "lots"],
         &["simulate", "--seed", "-1"],
+        &["simulate", "--serves", "9"],
+        &["simulate", "--serves", "some"],
     ] {
         let out = shardkeep(args, &[("DATABASE_URL", "postgres://x@127.0.0.1:1/x")]);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
@@ -441,6 +443,14 @@ fn malformed_simulate_arguments_are_rejected() {
         "{}",
         stderr(&out)
     );
+    let out = shardkeep(
+        &["simulate", "--faults", "kill-serve"],
+        &[
+            ("DATABASE_URL", "postgres://x@127.0.0.1:1/x"),
+            ("REDIS_URL", "redis://127.0.0.1:1"),
+        ],
+    );
+    assert_one_line_failure(&out, "the kill-serve fault needs serve processes");
     let out = shardkeep(&["simulate"], &[]);
     assert_one_line_failure(&out, "DATABASE_URL is not set");
     let out = shardkeep(
@@ -511,6 +521,48 @@ fn simulate_runs_prints_the_table_and_writes_the_json_report() {
     assert_eq!(json["passed"], true);
     assert_eq!(json["run"]["players"], 30);
     assert_eq!(json["invariants"].as_array().unwrap().len(), 7);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `--serves 2` runs the workers in two `serve` processes beside the run; `kill-serve` SIGKILLs
+/// one mid-run and starts it again; every invariant holds, the live one's work included, and
+/// the report's counts come from their /metrics.
+#[test]
+fn simulate_with_serve_processes_survives_one_killed() {
+    let database_url = std::env::var("DATABASE_URL").expect("tests run with DATABASE_URL set");
+    let redis_url = shardkeep_testkit::redis_url();
+    let dir = std::env::temp_dir().join(format!("shardkeep-sim-serves-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let report = dir.join("report.json");
+    let out = shardkeep(
+        &[
+            "simulate",
+            "--duration",
+            "8s",
+            "--players",
+            "40",
+            "--shards",
+            "2",
+            "--serves",
+            "2",
+            "--faults",
+            "kill-serve,poison",
+            "--report",
+            report.to_str().unwrap(),
+        ],
+        &[("DATABASE_URL", &database_url), ("REDIS_URL", &redis_url)],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", stderr(&out));
+    assert!(stdout.contains("no live serve's work taken"), "{stdout}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(json["passed"], true);
+    assert_eq!(json["faults"]["serves_killed"], 1, "{}", json["faults"]);
+    assert!(
+        json["retry"]["applied"].as_u64().unwrap() > 0,
+        "counted from the serves' /metrics: {}",
+        json["retry"]
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -107,6 +107,22 @@ pub(super) struct Observed {
 }
 
 impl Observed {
+    /// About how many bytes the scanner's record holds (it keeps every item it has seen and
+    /// every move, to be explained at the end: part of the checker, not of the library).
+    pub(super) fn approx_bytes(&self) -> u64 {
+        use std::mem::size_of;
+        let high = self.high.capacity() * (size_of::<(Uuid, (i64, i64))>() + 1);
+        let holder = self.holder.capacity() * (size_of::<(Uuid, Uuid)>() + 1);
+        let moves = self.moves.len() * size_of::<(Uuid, Uuid, Uuid)>();
+        let text: usize = self
+            .rollbacks
+            .iter()
+            .chain(&self.duplicates)
+            .map(String::len)
+            .sum();
+        (high + holder + moves + text) as u64
+    }
+
     /// Folds in one scan.
     pub(super) fn record(&mut self, rows: &[RowView]) {
         self.scans += 1;

@@ -31,15 +31,32 @@ use shardkeep_testkit::faults::{FaultProxy, ProxySet};
 /// after a lost reply still finds its token consumed).
 const CONSUMED_MARKER_TTL: shardkeep::Ttl = shardkeep::Ttl::from_static_secs(240);
 /// Item-load and item-release ledgers, transfer activations and unsequenced job keys in a run:
-/// longer than a floor item lives (`host_faults::FLOOR_LIFETIME`) and than any handoff.
-const LEDGER_RETENTION: Duration = Duration::from_secs(600);
+/// longer than a phantom floor copy can still be committed — it decays after
+/// `host_faults::FLOOR_LIFETIME`, its transfer retries for up to [`TRANSFER_WINDOW`], and a
+/// zombie that released it after its owner's reload is evicted (its floor copies voided) within
+/// a minute — and longer than any handoff.
+const LEDGER_RETENTION: Duration = Duration::from_secs(360);
+/// Longest a transfer of a floor item keeps retrying its commit (five attempts, each within the
+/// shard's 30 s transfer budget).
+const TRANSFER_WINDOW: Duration = Duration::from_secs(5 * 30);
+const _: () = assert!(
+    LEDGER_RETENTION.as_secs()
+        >= super::host_faults::FLOOR_LIFETIME.as_secs() + TRANSFER_WINDOW.as_secs() + 60
+);
+/// The retention windows of a run whose workers run in `serve` processes: those prune with
+/// serve's own defaults.
+pub(super) const SERVES_RETENTION_NOTE: &str = "consumed handoff markers 4 min; the serve \
+     processes prune with their defaults (item ledgers and transfer activations 30 days, \
+     unsequenced job keys 7 days)";
 /// The run's retention windows, as the report states them.
 pub(super) const RETENTION_NOTE: &str = "compressed with time: consumed handoff markers 4 min, \
-     item ledgers, transfer activations and unsequenced job keys 10 min";
+     item ledgers, transfer activations and unsequenced job keys 6 min";
 
 /// Everything the simulation runs against.
 pub(super) struct SimEnv {
     pub(super) db_url: String,
+    /// Redis as given (a cluster's seed list, or one server).
+    pub(super) redis_url: String,
     pub(super) keys: Keyspace,
     /// Direct connections (the checker, set-up), never faulted: the simulator's own Redis
     /// connection for what it reads raw, and its own pool as a backend.
@@ -157,6 +174,7 @@ impl SimEnv {
             .map_err(|e| setup(&e))?;
         Ok(Self {
             db_url,
+            redis_url: redis_url.to_owned(),
             keys,
             redis_conn,
             pg_direct,
@@ -184,6 +202,21 @@ impl SimEnv {
         }
     }
 
+    /// How a `serve` process reaches the run's stores: Postgres through the fault proxy, and
+    /// standalone Redis too; a cluster directly (its node addresses are mapped to the proxies
+    /// only inside this process).
+    pub(super) fn serve_urls(&self) -> (String, String) {
+        let database_url =
+            shardkeep_testkit::faults::url_with_addr(&self.db_url, self.pg_proxy.addr());
+        let redis_url = match self.redis_proxy.proxies() {
+            [one] if !self.redis_direct.is_cluster() => {
+                shardkeep_testkit::faults::url_with_addr(&self.redis_url, one.addr())
+            }
+            _ => self.redis_url.clone(),
+        };
+        (database_url, redis_url)
+    }
+
     pub(super) fn loader(&self) -> CharacterLoader {
         self.loader.clone()
     }
@@ -197,5 +230,11 @@ impl SimEnv {
         self.pg_direct.close().await;
         let _ = PostgresBackend::drop_database_if_exists("DATABASE_URL", &self.db_url).await;
         self.redis_direct.purge_namespace().await;
+        let _ = std::fs::remove_dir_all(self.serve_log_dir());
+    }
+
+    /// Where the run's `serve` processes write their logs.
+    pub(super) fn serve_log_dir(&self) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("{}-serves", self.keys.namespace()))
     }
 }

@@ -63,7 +63,7 @@ pub(super) fn plan(
         let per_minute = match fault {
             Fault::KillShard | Fault::RedisOutage | Fault::PostgresOutage | Fault::QueueFull => 2.0,
             Fault::Zombie => 4.0,
-            Fault::Poison | Fault::WorkerCrash | Fault::RedisFailover => 2.0,
+            Fault::Poison | Fault::WorkerCrash | Fault::RedisFailover | Fault::KillServe => 2.0,
         };
         if fault == Fault::Zombie && shards < 2 {
             continue;
@@ -153,6 +153,22 @@ async fn apply(world: &Arc<World>, fault: &PlannedFault) {
         Fault::Poison => plant_poison(world).await,
         Fault::WorkerCrash => crash_a_journal_worker(world).await,
         Fault::RedisFailover => fail_over_a_master(world).await,
+        Fault::KillServe => kill_a_serve(world).await,
+    }
+}
+
+/// SIGKILLs one of the run's `serve` processes and starts it again 1–2 s later: another
+/// process recovers what it held (its journal entries once its heartbeat lapses, its leased
+/// retry jobs once their lease runs out).
+async fn kill_a_serve(world: &World) {
+    let Some(fleet) = world.serves.get() else {
+        return;
+    };
+    let pick = world.counters.serves_killed.load(Ordering::Relaxed) as usize;
+    let down = Duration::from_millis(1000 + (pick as u64 * 397) % 1000);
+    if let Some(index) = fleet.kill_and_restart(pick, down).await {
+        bump(&world.counters.serves_killed);
+        tracing::info!(event = "sim_serve_killed", serve = index);
     }
 }
 

@@ -142,7 +142,7 @@ fn shard_config(world: &World, index: usize) -> ShardConfig {
 /// How long an item put down stays on a floor before it decays: well inside the item-load
 /// ledger's retention in a run (`env::RETENTION_NOTE`), so a phantom floor copy is always
 /// gone before its owner's load record is pruned.
-pub(super) const FLOOR_LIFETIME: std::time::Duration = std::time::Duration::from_secs(180);
+pub(super) const FLOOR_LIFETIME: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// How long a simulated logout save retries directly before it becomes a retry job.
 const FINAL_OUTAGE_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);

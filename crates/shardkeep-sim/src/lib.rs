@@ -42,6 +42,7 @@ pub mod report;
 mod rewards;
 mod run;
 pub mod series;
+mod serves;
 mod summary;
 mod travel;
 mod vacuum;
@@ -78,6 +79,9 @@ pub enum Fault {
     /// replica: writes it had not received yet are lost). Needs `REDIS_URL` to name a cluster;
     /// not part of `all`, which runs on either topology.
     RedisFailover,
+    /// One of the run's `serve` processes is SIGKILLed (its leases and processing entries left
+    /// behind) and started again a second or two later. Needs `--serves`; not part of `all`.
+    KillServe,
 }
 
 impl Fault {
@@ -92,8 +96,9 @@ impl Fault {
         Fault::WorkerCrash,
     ];
 
-    /// Every fault a `--faults` list may name (`all` and the cluster-only ones).
-    pub const KNOWN: [Fault; 8] = [
+    /// Every fault a `--faults` list may name (`all`, the cluster-only one, and the one that
+    /// needs `serve` processes).
+    pub const KNOWN: [Fault; 9] = [
         Fault::KillShard,
         Fault::Zombie,
         Fault::RedisOutage,
@@ -102,6 +107,7 @@ impl Fault {
         Fault::Poison,
         Fault::WorkerCrash,
         Fault::RedisFailover,
+        Fault::KillServe,
     ];
 
     /// The flag spelling.
@@ -115,6 +121,7 @@ impl Fault {
             Fault::Poison => "poison",
             Fault::WorkerCrash => "worker-crash",
             Fault::RedisFailover => "redis-failover",
+            Fault::KillServe => "kill-serve",
         }
     }
 }
@@ -128,7 +135,7 @@ impl fmt::Display for Fault {
 /// A `--faults` value that names no fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown fault {0:?}; expected all, none, or a comma list of: all, kill-shard, zombie, redis-outage, postgres-outage, queue-full, poison, worker-crash, redis-failover (cluster only)"
+    "unknown fault {0:?}; expected all, none, or a comma list of: all, kill-shard, zombie, redis-outage, postgres-outage, queue-full, poison, worker-crash, redis-failover (cluster only), kill-serve (with --serves)"
 )]
 pub struct UnknownFault(pub String);
 
@@ -219,6 +226,10 @@ pub struct SimConfig {
     pub keep: bool,
     /// What stands between the run and Postgres.
     pub pg_pooler: shardkeep::backend::postgres::PgPooler,
+    /// `serve` processes running the workers beside the run (0: the workers run inside it).
+    pub serves: usize,
+    /// The `shardkeep` binary those processes run (needed when `serves` is not 0).
+    pub serve_binary: Option<std::path::PathBuf>,
 }
 
 impl Default for SimConfig {
@@ -235,6 +246,8 @@ impl Default for SimConfig {
             flush_pulses: 60,
             keep: false,
             pg_pooler: shardkeep::backend::postgres::PgPooler::None,
+            serves: 0,
+            serve_binary: None,
         }
     }
 }
@@ -243,6 +256,8 @@ impl Default for SimConfig {
 pub const MAX_SHARDS: usize = 16;
 /// Most players a run accepts.
 pub const MAX_PLAYERS: usize = 100_000;
+/// Most `serve` processes a run starts.
+pub const MAX_SERVES: usize = 8;
 
 impl SimConfig {
     /// Checks the sizes; the message names the bad one.
@@ -269,6 +284,18 @@ impl SimConfig {
         }
         if self.pulse.is_zero() || self.checkpoint_pulses == 0 || self.flush_pulses == 0 {
             return bad("pulse and cadences must be positive".into());
+        }
+        if self.serves > MAX_SERVES {
+            return bad(format!(
+                "serves must be 0 to {MAX_SERVES}, got {}",
+                self.serves
+            ));
+        }
+        if self.serves > 0 && self.serve_binary.is_none() {
+            return bad("serves need the shardkeep binary to run".into());
+        }
+        if self.faults.contains(Fault::KillServe) && self.serves == 0 {
+            return bad("the kill-serve fault needs serve processes (--serves 1 or more)".into());
         }
         Ok(())
     }

@@ -97,6 +97,14 @@ pub(super) async fn scan(
         return;
     };
     let ids: Vec<Uuid> = rows.iter().map(|(id, _, _)| *id).collect();
+    if let Ok(mut observed) = observed.lock() {
+        observed.scans += 1;
+        for (id, epoch, at) in rows {
+            if let (Some(epoch), Some(at)) = (epoch, at) {
+                observed.see_row(id, (epoch, at.timestamp_micros()));
+            }
+        }
+    }
     // Only marks a replica holds count: a mark still unreplicated when its master failed over
     // is lost with it, and the claim that wrote it failed (its cleanup applied nothing).
     let Ok(marks) = read_confirmed_marks(coord, redis, &ids).await else {
@@ -105,12 +113,6 @@ pub(super) async fn scan(
     let Ok(mut observed) = observed.lock() else {
         return;
     };
-    observed.scans += 1;
-    for (id, epoch, at) in rows {
-        if let (Some(epoch), Some(at)) = (epoch, at) {
-            observed.see_row(id, (epoch, at.timestamp_micros()));
-        }
-    }
     for (id, mark) in ids.into_iter().zip(marks) {
         if let Some(mark) = mark {
             observed.see_mark(id, mark);

@@ -88,6 +88,11 @@ pub async fn run(
             return Err(SimError::Setup(format!("starting the workers: {err}")));
         }
     };
+    if let Err(err) = super::workers::start_serves(&world).await {
+        world.halt.cancel();
+        world.env.teardown(keep).await;
+        return Err(err);
+    }
     let report = play(Arc::clone(&world), workers, Arc::new(progress)).await;
     world.halt.cancel();
     // Let the workers see the halt and stop writing before the keys go.
@@ -215,7 +220,8 @@ async fn play(
                 table_bytes,
             };
             let at = start.elapsed().as_secs_f64();
-            let checker = world.with_ledger(|l| l.approx_bytes());
+            let scanned = observed.lock().map_or(0, |o| o.approx_bytes());
+            let checker = world.with_ledger(|l| l.approx_bytes() + scanned);
             samples.push(sampler.sample(at, saves, totals.write_latency, readings, checker));
         }
         progress(&SimProgress {
@@ -249,6 +255,18 @@ async fn play(
     let settled = settle(&world, direct_journal.as_ref()).await;
     injector.abort();
     scanner.abort();
+    // The serves stop once the stores are drained; their counts are the report's.
+    let serves = match world.serves.get() {
+        Some(fleet) => {
+            fleet.stop().await;
+            fleet.fill(&retry_stats, &journal_stats);
+            Some(super::serves::no_live_work_taken(
+                fleet,
+                get(&world.counters.serves_killed),
+            ))
+        }
+        None => None,
+    };
     report_progress("check");
     let rows = checks::read_rows(&world.env.pg_direct)
         .await
@@ -323,6 +341,7 @@ async fn play(
         )
         .await,
     ];
+    let invariants: Vec<_> = invariants.into_iter().chain(serves).collect();
     let passed = invariants.iter().all(|i| i.holds) && rows.len() == config.players;
     let mut report = build_report(
         &world,

@@ -115,7 +115,16 @@ pub(super) fn build_report(
             "pulse_ms": config.pulse.as_millis() as u64,
             "checkpoint_every_pulses": config.checkpoint_pulses,
             "flush_every_pulses": config.flush_pulses,
-            "retention": super::env::RETENTION_NOTE,
+            "retention": if config.serves == 0 {
+                super::env::RETENTION_NOTE
+            } else {
+                super::env::SERVES_RETENTION_NOTE
+            },
+            "workers": if config.serves == 0 {
+                "in this process (as serve runs them)".to_owned()
+            } else {
+                format!("in {} serve processes beside it (counts from their /metrics)", config.serves)
+            },
             "floor items decay after": format!("{} s", super::host_faults::FLOOR_LIFETIME.as_secs()),
             "inventory holds at most": format!("{} items", super::play::INVENTORY_CAP),
             "autovacuum": if c.autovacuum_off.load(Ordering::Relaxed) {
@@ -180,6 +189,7 @@ pub(super) fn build_report(
             "poison_planted": get(&c.poison_planted),
             "journal_entries_held_by_crashed_workers": get(&c.journal_held_by_crash),
             "redis_failovers": get(&c.redis_failovers),
+            "serves_killed": get(&c.serves_killed),
         }),
         invariants,
         passed,

@@ -12,6 +12,39 @@ use shardkeep::coord::{InstanceRecord, run_maintenance};
 use shardkeep::journal::JournalStats;
 use shardkeep::retry::RetryStats;
 
+/// Starts the run's `serve` processes (with `--serves`) and reads their counters every second
+/// until the run halts.
+pub(super) async fn start_serves(world: &Arc<World>) -> Result<(), super::SimError> {
+    let (Some(binary), count) = (world.config.serve_binary.clone(), world.config.serves) else {
+        return Ok(());
+    };
+    if count == 0 {
+        return Ok(());
+    }
+    let (database_url, redis_url) = world.env.serve_urls();
+    let launch = super::serves::ServeLaunch {
+        binary,
+        database_url,
+        redis_url,
+        namespace: world.env.keys.namespace().to_owned(),
+        pg_pooler: world.config.pg_pooler.as_str().to_owned(),
+        log_dir: world.env.serve_log_dir(),
+    };
+    let fleet = Arc::new(super::serves::ServeFleet::start(launch, count).await?);
+    let _ = world.serves.set(Arc::clone(&fleet));
+    let halt = world.halt.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = halt.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+            fleet.read_metrics().await;
+        }
+    });
+    Ok(())
+}
+
 /// How often each shard runs its keyspace upkeep (and `serve` its maintenance).
 pub(super) const UPKEEP_PERIOD: Duration = Duration::from_secs(5);
 
@@ -26,6 +59,12 @@ pub(super) async fn start_workers(
     let Some(mut services) = services else {
         return Err(shardkeep::ServicesError::WorkersRunning);
     };
+    if world.config.serves > 0 {
+        for index in 0..world.config.shards {
+            start_upkeep(world, index);
+        }
+        return Ok((Arc::default(), Arc::default()));
+    }
     let workers = services.spawn_workers(world.halt.child_token()).await?;
     let _ = world.retry_pause.set(workers.retry_pause.clone());
     let _ = world

@@ -42,6 +42,8 @@ pub(super) struct Counters {
     pub(super) fights: AtomicU64,
     pub(super) deaths: AtomicU64,
     pub(super) item_moves: AtomicU64,
+    /// `serve` processes SIGKILLed (and started again).
+    pub(super) serves_killed: AtomicU64,
     /// Items put down that decayed on the floors.
     pub(super) floor_items_decayed: AtomicU64,
     /// Loot and pickups a full inventory turned down.
@@ -122,15 +124,15 @@ impl Ledger {
         use std::mem::size_of;
         let acked = self.acked.capacity() * (size_of::<(Uuid, i64)>() + 1);
         let destroyed = self.destroyed.capacity() * (size_of::<Uuid>() + 1);
-        let floors = self.end_floors.capacity() * size_of::<(Uuid, Option<(Uuid, i64)>)>();
-        let claims = self.claims.capacity() * size_of::<super::claims::ClaimRecord>()
+        let floors = self.end_floors.len() * size_of::<(Uuid, Option<(Uuid, i64)>)>();
+        let claims = self.claims.len() * size_of::<super::claims::ClaimRecord>()
             + self
                 .claims
                 .iter()
                 .filter_map(|c| c.handoff.as_ref().map(|h| h.token.capacity()))
                 .sum::<usize>();
-        let events =
-            self.session_events.capacity() * size_of::<super::order_checks::SessionEvent>();
+        // Vectors by length: the spare capacity of a doubling is not resident until written.
+        let events = self.session_events.len() * size_of::<super::order_checks::SessionEvent>();
         (acked + destroyed + floors + claims + events) as u64 + self.rewards.approx_bytes()
     }
 }
@@ -178,6 +180,8 @@ pub(super) struct World {
     pub(super) settling: AtomicBool,
     /// Holds the retry worker (the queue-full fault); set once the worker starts.
     pub(super) retry_pause: std::sync::OnceLock<shardkeep::retry::RetryPause>,
+    /// The `serve` processes running the workers, with `--serves`.
+    pub(super) serves: std::sync::OnceLock<Arc<super::serves::ServeFleet>>,
     /// Everything stops: retry loops give up.
     pub(super) halt: CancellationToken,
     /// Online players per host, by shard index.
@@ -192,10 +196,14 @@ pub(super) struct World {
 }
 
 impl World {
-    /// Holds or releases the retry worker (nothing happens before it starts).
+    /// Holds or releases the retry worker (nothing happens before it starts); with `serve`
+    /// processes, freezes or resumes them.
     pub(super) fn hold_retry_worker(&self, held: bool) {
         if let Some(pause) = self.retry_pause.get() {
             pause.set(held);
+        }
+        if let Some(fleet) = self.serves.get() {
+            fleet.freeze(held);
         }
     }
 
@@ -228,6 +236,7 @@ impl World {
             parked: Mutex::new(Vec::new()),
             settling: AtomicBool::new(false),
             retry_pause: std::sync::OnceLock::new(),
+            serves: std::sync::OnceLock::new(),
             halt: CancellationToken::new(),
             online: (0..shards).map(|_| AtomicUsize::new(0)).collect(),
             saver_live: Mutex::new(vec![SaverStatsSnapshot::default(); shards]),

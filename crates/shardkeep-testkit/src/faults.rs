@@ -176,7 +176,9 @@ fn socket_addr(host: &str, port: u16) -> Result<SocketAddr, String> {
 
 /// `url` with its host and port replaced by `addr` (credentials and path kept); empty when
 /// `url` is not a URL.
-fn url_with_addr(url: &str, addr: SocketAddr) -> String {
+/// `url` with its host and port replaced by `addr` (its scheme, credentials and path kept);
+/// empty when `url` has no scheme.
+pub fn url_with_addr(url: &str, addr: SocketAddr) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return String::new();
     };

@@ -257,7 +257,10 @@ impl Services {
                 move |pass| {
                     if let Ok(report) = pass {
                         pruned.fetch_add(
-                            report.effects + report.item_loads + report.item_releases,
+                            report.effects
+                                + report.item_loads
+                                + report.item_releases
+                                + report.transfer_activations,
                             Ordering::Relaxed,
                         );
                     }

@@ -88,6 +88,9 @@ pub const RETRY_LEASE_EXPIRIES_TOTAL: &str = "shardkeep_retry_lease_expiries_tot
 /// Retry job outcomes, labelled `outcome` (applied, already_applied, superseded, retrying,
 /// dead_lettered, stale).
 pub const RETRY_OUTCOMES_TOTAL: &str = "shardkeep_retry_outcomes_total";
+/// Journal entries handled by the journal worker, labelled `outcome` (applied,
+/// skipped_reconnected, skipped_stale, failed, dead_lettered: a failure that ran out of attempts).
+pub const JOURNAL_OUTCOMES_TOTAL: &str = "shardkeep_journal_outcomes_total";
 /// Retry dead letters requeued.
 pub const RETRY_REQUEUED_TOTAL: &str = "shardkeep_retry_requeued_total";
 /// Retry rows, labelled `state` (pending, leased).
@@ -168,6 +171,10 @@ pub fn describe() {
         "Workers that lost their consumer identity and started over as a new incarnation."
     );
     describe_counter!(
+        JOURNAL_OUTCOMES_TOTAL,
+        "Journal entries handled by the journal worker, by outcome."
+    );
+    describe_counter!(
         QUEUE_BACKSTOP_RECOVERED_TOTAL,
         "Entries the recovery backstop returned from unregistered processing lists, by queue."
     );
@@ -222,7 +229,12 @@ pub fn register_all(queues: &[&'static str]) {
     for outcome in ["taken", "already_consumed", "not_found"] {
         counter!(HANDOFF_TAKES_TOTAL, "outcome" => outcome).increment(0);
     }
-    for table in ["character_job_effects", "item_loads", "item_releases"] {
+    for table in [
+        "character_job_effects",
+        "item_loads",
+        "item_releases",
+        "transfer_activations",
+    ] {
         counter!(BOOKKEEPING_PRUNED_TOTAL, "table" => table).increment(0);
     }
     for outcome in ["registered", "replayed"] {
@@ -259,6 +271,15 @@ pub fn register_all(queues: &[&'static str]) {
     }
     for state in ["pending", "leased"] {
         gauge!(RETRY_ROWS, "state" => state).set(0.0);
+    }
+    for outcome in [
+        "applied",
+        "skipped_reconnected",
+        "skipped_stale",
+        "failed",
+        "dead_lettered",
+    ] {
+        counter!(JOURNAL_OUTCOMES_TOTAL, "outcome" => outcome).increment(0);
     }
     for &queue in queues {
         for state in ["pending", "processing", "dead"] {

@@ -36,6 +36,12 @@ pub(crate) async fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
         faults: args.faults.clone(),
         keep: args.keep,
         pg_pooler: args.postgres.pg_pooler,
+        serves: args.serves as usize,
+        serve_binary: if args.serves > 0 {
+            Some(std::env::current_exe().context("finding this binary to run serve processes")?)
+        } else {
+            None
+        },
         ..SimConfig::default()
     };
     eprintln!(

@@ -121,6 +121,11 @@ pub struct DrainPass {
     pub more: bool,
 }
 
+/// Counts one handled entry in [`crate::telemetry::JOURNAL_OUTCOMES_TOTAL`].
+fn outcome_metric(outcome: &'static str) {
+    metrics::counter!(crate::telemetry::JOURNAL_OUTCOMES_TOTAL, "outcome" => outcome).increment(1);
+}
+
 /// What processing one entry did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Processed {
@@ -433,23 +438,27 @@ impl JournalWorker {
         {
             Ok(Processed::Applied) => {
                 self.stats.processed.fetch_add(1, Ordering::Relaxed);
+                outcome_metric("applied");
                 consumer.ack(leased).await?;
             }
             Ok(Processed::SkippedReconnected) => {
                 self.stats
                     .skipped_reconnected
                     .fetch_add(1, Ordering::Relaxed);
+                outcome_metric("skipped_reconnected");
                 tracing::info!(event = "journal_skipped_reconnected", session = %leased.entry.item.session_token);
                 consumer.ack(leased).await?;
             }
             Ok(Processed::SkippedStale) => {
                 self.stats.skipped_stale.fetch_add(1, Ordering::Relaxed);
+                outcome_metric("skipped_stale");
                 tracing::info!(event = "journal_skipped_stale", session = %leased.entry.item.session_token,
                     "a newer session event of this character came first");
                 consumer.ack(leased).await?;
             }
             Err(error) => {
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                outcome_metric("failed");
                 tracing::warn!(event = "journal_effect_failed", session = %leased.entry.item.session_token,
                     error = %error, unavailable = error.unavailable);
                 let outcome = if error.unavailable {
@@ -459,6 +468,7 @@ impl JournalWorker {
                 };
                 if let FailOutcome::DeadLettered { .. } = outcome {
                     self.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                    outcome_metric("dead_lettered");
                 }
                 return Ok(if error.unavailable {
                     Handled::FailedUnavailable
