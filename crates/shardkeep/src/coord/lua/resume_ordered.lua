@@ -5,17 +5,30 @@
 -- ARGV[1] 'store' or 'take_back', ARGV[2] epoch, ARGV[3] time in micros, ARGV[4] event id;
 -- for 'store': ARGV[5] the record, ARGV[6] TTL ms
 -- Reply: 1 stored (or taken back), 0 nothing done
+-- A stored order whose epoch or time is not a whole number that a double holds exactly (text,
+-- infinity, NaN, a fraction, beyond 2^53: nothing shardkeep writes) is corrupt: the record is
+-- taken over like one without an order, never compared.
+local EXACT = 9007199254740992
+local function whole(v)
+  if type(v) ~= 'number' or v ~= v or v >= EXACT or v <= -EXACT or math.floor(v) ~= v then
+    return nil
+  end
+  return v
+end
 local existing = redis.call('GET', KEYS[1])
 local stored = nil
 if existing then
   local ok, decoded = pcall(cjson.decode, existing)
   if ok and type(decoded) == 'table' and type(decoded.order) == 'table' then
-    stored = {tonumber(decoded.order[1]), tonumber(decoded.order[2]), tostring(decoded.order[3])}
+    local epoch, at, id = whole(decoded.order[1]), whole(decoded.order[2]), decoded.order[3]
+    if epoch and at and type(id) == 'string' then
+      stored = {epoch, at, id}
+    end
   end
 end
 local mine = {tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]}
 if ARGV[1] == 'store' then
-  if stored and stored[1] and stored[2] then
+  if stored then
     local older = mine[1] < stored[1]
       or (mine[1] == stored[1] and (mine[2] < stored[2] or (mine[2] == stored[2] and mine[3] < stored[3])))
     if older then
