@@ -44,6 +44,8 @@ pub(crate) async fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
         },
         ..SimConfig::default()
     };
+    // A run that cannot start says so on one line, before anything else.
+    config.validate()?;
     eprintln!(
         "simulating {} players on {} shards for {:?} (seed {}, faults: {})",
         config.players, config.shards, config.duration, config.seed, config.faults
