@@ -680,3 +680,56 @@ async fn serve_refuses_a_redis_that_may_evict_keys_unless_told_to_allow_it() {
     let _ = serve.wait();
     assert!(up, "serve runs once eviction is allowed");
 }
+
+/// `migrate` on `DATABASE_URL=sqlite:<path>` creates the embedded store's file and applies its
+/// schema once; a path that cannot be created, a file that is not a database and a file written
+/// by a newer shardkeep are each refused with one line and a non-zero exit, leaving the file as
+/// it was.
+#[tokio::test]
+async fn migrate_on_a_sqlite_file_creates_it_and_refuses_bad_files() {
+    let dir = std::env::temp_dir().join(format!("shardkeep-sqlite-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("store.db");
+    let url = format!("sqlite:{}", file.display());
+    let out = shardkeep(&["migrate"], &[("DATABASE_URL", &url)]);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}{}", stderr(&out));
+    assert!(stdout.contains("applied 0001 schema"), "{stdout}");
+    assert!(file.exists());
+    let out = shardkeep(&["migrate"], &[("DATABASE_URL", &url)]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("up to date"),
+        "{}",
+        stderr(&out)
+    );
+
+    let missing = format!("sqlite:{}", dir.join("no-such-dir/store.db").display());
+    let out = shardkeep(&["migrate"], &[("DATABASE_URL", &missing)]);
+    assert_one_line_failure(&out, "cannot open or create");
+    assert!(stderr(&out).contains("DATABASE_URL"), "{}", stderr(&out));
+
+    let corrupt = dir.join("corrupt.db");
+    let garbage =
+        b"this is not a database, only text that happens to sit in a .db file\n".repeat(64);
+    std::fs::write(&corrupt, &garbage).unwrap();
+    let corrupt_url = format!("sqlite:{}", corrupt.display());
+    let out = shardkeep(&["migrate"], &[("DATABASE_URL", &corrupt_url)]);
+    assert_one_line_failure(&out, "is not a SQLite database");
+    assert_eq!(std::fs::read(&corrupt).unwrap(), garbage, "left as it was");
+
+    let pool = sqlx::SqlitePool::connect(&url).await.unwrap();
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+         VALUES (9999, 'from the future', 1, x'00', 0)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    let out = shardkeep(&["migrate"], &[("DATABASE_URL", &url)]);
+    assert_one_line_failure(&out, "written by a newer shardkeep (schema version 9999");
+
+    let out = shardkeep(&["migrate"], &[("DATABASE_URL", "sqlite::memory:")]);
+    assert_one_line_failure(&out, "name a file");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -140,7 +140,7 @@ pub mod services;
 pub mod telemetry;
 pub mod ttl;
 
-pub use backend::{ConnectError, PostgresBackend, RedisBackend};
+pub use backend::{ConnectError, PostgresBackend, RedisBackend, SqliteBackend};
 pub use coord::{CoordError, Coordination, CoordinationConfig};
 pub use keyspace::{HandoffScope, KeyError, Keyspace};
 pub use services::{Services, ServicesConfig, ServicesError, Workers};

@@ -1,4 +1,4 @@
-//! Connections to the two engines. Only this module and the store adapters name a pool or a Redis
+//! Connections to the engines (Postgres and Redis, or one SQLite file in embedded mode). Only this module and the store adapters name a pool or a Redis
 //! connection type; everything else holds the handles built on top of these.
 
 pub mod cluster_link;
@@ -7,9 +7,11 @@ pub mod postgres;
 pub mod redis;
 mod redis_conn;
 mod redis_nodes;
+pub mod sqlite;
 
 pub use self::postgres::PostgresBackend;
 pub use self::redis::RedisBackend;
+pub use self::sqlite::SqliteBackend;
 
 /// A store could not be reached or configured. Displays as one line that names the setting and
 /// what was tried, with any password redacted.

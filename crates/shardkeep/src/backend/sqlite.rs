@@ -1,0 +1,230 @@
+//! The embedded store: one SQLite file in WAL mode, for a game with one shard process, a
+//! laptop or a first look, with no Postgres or Redis to run. Selected by a `DATABASE_URL` of
+//! the form `sqlite:<path>` (sqlx's convention). Its schema (`migrations_sqlite/`) holds the
+//! tables of the Postgres schema and, in the same file, what Redis holds otherwise.
+//!
+//! A file that cannot be opened or created, one that is not a SQLite database, and one written
+//! by a newer shardkeep each fail with one line naming the setting and the path.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::migrate::Migrator;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::sqlite::{SqliteSynchronous, SqliteTransaction};
+
+use super::ConnectError;
+use super::one_line;
+use super::postgres::AppliedMigration;
+
+/// The embedded store's migrations.
+pub static SQLITE_MIGRATOR: Migrator = sqlx::migrate!("./migrations_sqlite");
+
+/// True when `url` selects the embedded store (`sqlite:<path>`, `sqlite://<path>`).
+pub fn is_sqlite_url(url: &str) -> bool {
+    url.trim_start()
+        .get(..7)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("sqlite:"))
+}
+
+/// How long a statement waits for the file's write lock before it fails.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A pool over the embedded store's file. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct SqliteBackend {
+    pool: SqlitePool,
+    path: String,
+}
+
+impl SqliteBackend {
+    /// Opens (creating it when missing) the file `url` names, in WAL mode with full syncs, and
+    /// checks that it is a SQLite database not written by a newer shardkeep. `setting` names
+    /// where the URL came from, for the error.
+    pub async fn connect(setting: &'static str, url: &str) -> Result<Self, ConnectError> {
+        let path = url
+            .trim()
+            .trim_start_matches("sqlite://")
+            .trim_start_matches("sqlite:")
+            .split('?')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        let fail = |reason: String| ConnectError {
+            setting,
+            target: url.to_owned(),
+            reason,
+        };
+        if path.is_empty() || path == ":memory:" {
+            return Err(fail(
+                "name a file, e.g. sqlite:shardkeep.db (an in-memory database would be lost with \
+                 the process)"
+                    .into(),
+            ));
+        }
+        let options = SqliteConnectOptions::from_str(url)
+            .map_err(|e| fail(one_line(&e)))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(BUSY_TIMEOUT);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(BUSY_TIMEOUT)
+            .connect_with(options)
+            .await
+            .map_err(|e| fail(open_failure(&path, &e)))?;
+        let backend = Self { pool, path };
+        // Reading the schema catalogue is what tells a file that is not a database.
+        sqlx::query("SELECT count(*) FROM sqlite_master")
+            .execute(&backend.pool)
+            .await
+            .map_err(|e| fail(open_failure(&backend.path, &e)))?;
+        if let Some(newer) = backend
+            .newer_versions()
+            .await
+            .map_err(|e| fail(open_failure(&backend.path, &e)))?
+        {
+            backend.pool.close().await;
+            return Err(fail(format!(
+                "{} was written by a newer shardkeep (schema version {newer}; this build knows up \
+                 to {}): upgrade shardkeep to use it",
+                backend_path_label(url),
+                latest_version()
+            )));
+        }
+        Ok(backend)
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The pool (for the embedded store's adapters).
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// Opens a write transaction: it takes the file's write lock at once (`BEGIN IMMEDIATE`),
+    /// so a transaction that reads and then writes never fails on a lock upgrade.
+    pub async fn begin(&self) -> Result<SqliteTransaction<'static>, sqlx::Error> {
+        self.pool.begin_with("BEGIN IMMEDIATE").await
+    }
+
+    /// Applies every embedded migration not yet applied (in one transaction each, the file's
+    /// write lock serialising concurrent migrators), returning the ones it applied.
+    pub async fn migrate(&self) -> Result<Vec<AppliedMigration>, sqlx::migrate::MigrateError> {
+        let before = self.applied_versions().await?;
+        SQLITE_MIGRATOR.run(&self.pool).await?;
+        Ok(SQLITE_MIGRATOR
+            .iter()
+            .filter(|m| !m.migration_type.is_down_migration() && !before.contains(&m.version))
+            .map(|m| AppliedMigration {
+                version: m.version,
+                description: m.description.to_string(),
+            })
+            .collect())
+    }
+
+    /// True when every embedded migration has been applied.
+    pub async fn migrations_current(&self) -> Result<bool, sqlx::Error> {
+        let applied = self.applied_versions().await?;
+        Ok(SQLITE_MIGRATOR
+            .iter()
+            .filter(|m| !m.migration_type.is_down_migration())
+            .all(|m| applied.contains(&m.version)))
+    }
+
+    /// Checks that the file answers a query.
+    pub async fn ping(&self) -> Result<(), sqlx::Error> {
+        sqlx::query("SELECT 1")
+            .execute(&self.pool)
+            .await
+            .map(|_| ())
+    }
+
+    /// Closes the pool (the WAL is checkpointed into the file when the last connection goes).
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    async fn applied_versions(&self) -> Result<Vec<i64>, sqlx::Error> {
+        let exists: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        if exists == 0 {
+            return Ok(Vec::new());
+        }
+        sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success ORDER BY version")
+            .fetch_all(&self.pool)
+            .await
+    }
+
+    /// The highest applied version this build does not know, if any.
+    async fn newer_versions(&self) -> Result<Option<i64>, sqlx::Error> {
+        let known: Vec<i64> = SQLITE_MIGRATOR.iter().map(|m| m.version).collect();
+        Ok(self
+            .applied_versions()
+            .await?
+            .into_iter()
+            .filter(|v| !known.contains(v))
+            .max())
+    }
+}
+
+/// The newest schema version this build knows.
+fn latest_version() -> i64 {
+    SQLITE_MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0)
+}
+
+fn backend_path_label(url: &str) -> String {
+    let path = url
+        .trim()
+        .trim_start_matches("sqlite://")
+        .trim_start_matches("sqlite:");
+    format!("the file {path}")
+}
+
+/// Why the file could not be used, in words an operator can act on.
+fn open_failure(path: &str, err: &sqlx::Error) -> String {
+    if let sqlx::Error::Database(db) = err {
+        match db.code().as_deref() {
+            // SQLITE_NOTADB (26), and SQLITE_CORRUPT (11).
+            Some("26") => {
+                return format!(
+                    "{path} is not a SQLite database (corrupted, or another kind of file)"
+                );
+            }
+            Some("11") => return format!("{path} is corrupted: {}", db.message()),
+            // SQLITE_CANTOPEN (14).
+            Some("14") => {
+                return format!(
+                    "cannot open or create {path}: {} (does its directory exist, and may this \
+                     user write there?)",
+                    db.message()
+                );
+            }
+            _ => {}
+        }
+    }
+    one_line(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_urls_are_told_apart() {
+        assert!(is_sqlite_url("sqlite:shardkeep.db"));
+        assert!(is_sqlite_url("sqlite:///var/lib/shardkeep.db"));
+        assert!(is_sqlite_url("SQLite:x.db"));
+        assert!(!is_sqlite_url("postgres://x@h/db"));
+        assert!(!is_sqlite_url("sqlit"));
+        assert!(!is_sqlite_url(""));
+    }
+}
