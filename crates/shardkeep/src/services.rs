@@ -146,6 +146,7 @@ impl Services {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, ServicesError> {
         let characters = CharacterStore::new(pg.clone())
+            .with_item_load_retention(config.bookkeeping_retention.item_loads)
             .with_lease_expiry_limit(config.retry.lease_expiry_limit)
             .for_model(model.clone());
         let checkpoints = CheckpointStore::new(redis.clone());

@@ -448,7 +448,7 @@ async fn bookkeeping_stays_bounded_under_a_steady_workload(pool: PgPool) {
     .execute(&pool)
     .await
     .unwrap();
-    sqlx::query("UPDATE item_loads SET loaded_at = now() - interval '31 days' WHERE item_id = $1")
+    sqlx::query("UPDATE item_loads SET loaded_at = now() - interval '35 days' WHERE item_id = $1")
         .bind(items[0])
         .execute(&pool)
         .await
@@ -460,6 +460,68 @@ async fn bookkeeping_stays_bounded_under_a_steady_workload(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(keys, vec!["new".to_owned()]);
+}
+
+/// A load only raises an item-load entry's epoch while its load time is fresh (an update that
+/// touches no index), moves the load time once it is older than the refresh interval, and the
+/// prune keeps the entry until its last load is older than the retention.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn item_load_times_move_only_when_stale_and_the_prune_makes_up_for_it(pool: PgPool) {
+    let retention = BookkeepingRetention {
+        item_loads: Duration::from_secs(800),
+        ..BookkeepingRetention::default()
+    };
+    assert_eq!(retention.item_load_refresh(), Duration::from_secs(100));
+    let store = CharacterStore::new(pg(&pool)).with_item_load_retention(retention.item_loads);
+    let bookkeeping = Bookkeeping::new(pg(&pool));
+    let row = created(&store, "Tamsin").await;
+    let item = uuid::Uuid::now_v7();
+    let entry = async || -> (i64, f64) {
+        sqlx::query_as(
+            "SELECT loaded_epoch, extract(epoch FROM now() - loaded_at)::float8 FROM item_loads
+              WHERE item_id = $1",
+        )
+        .bind(item)
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+    let age = |secs: i64| {
+        sqlx::query("UPDATE item_loads SET loaded_at = now() - make_interval(secs => $1)")
+            .bind(secs as f64)
+            .execute(&pool)
+    };
+    store
+        .record_item_loads(row.character_id, 1, &[item])
+        .await
+        .unwrap();
+    age(60).await.unwrap();
+    store
+        .record_item_loads(row.character_id, 2, &[item])
+        .await
+        .unwrap();
+    let (epoch, since) = entry().await;
+    assert_eq!(epoch, 2, "the epoch always rises");
+    assert!(since >= 59.0, "a fresh load time stays: {since}");
+    age(150).await.unwrap();
+    store
+        .record_item_loads(row.character_id, 3, &[item])
+        .await
+        .unwrap();
+    let (epoch, since) = entry().await;
+    assert_eq!(epoch, 3);
+    assert!(since < 30.0, "a stale load time moves: {since}");
+    // Kept until retention + refresh (900 s) have passed since the load time.
+    age(850).await.unwrap();
+    assert_eq!(
+        bookkeeping.prune_once(retention).await.unwrap().item_loads,
+        0
+    );
+    age(950).await.unwrap();
+    assert_eq!(
+        bookkeeping.prune_once(retention).await.unwrap().item_loads,
+        1
+    );
 }
 
 /// Transfer activations and item-release entries leave after their retention, newer ones stay:

@@ -30,6 +30,16 @@ pub struct BookkeepingRetention {
     pub transfer_activations: Duration,
 }
 
+impl BookkeepingRetention {
+    /// How stale an item-load entry's load time may grow before a load writes it again (an
+    /// eighth of the retention): a load that finds it fresher only raises the epoch, which
+    /// touches no index. The prune waits this much longer than the retention, so an entry is
+    /// still only removed once its last load is older than the retention.
+    pub fn item_load_refresh(&self) -> Duration {
+        self.item_loads / 8
+    }
+}
+
 impl Default for BookkeepingRetention {
     fn default() -> Self {
         Self {
@@ -140,7 +150,7 @@ impl Bookkeeping {
             .await?
             .rows_affected();
         let item_loads = sqlx::query(PRUNE_ITEM_LOADS)
-            .bind(retention.item_loads.as_secs_f64())
+            .bind((retention.item_loads + retention.item_load_refresh()).as_secs_f64())
             .bind(PRUNE_BATCH)
             .execute(self.pg.exec())
             .await?

@@ -21,14 +21,19 @@ pub(super) type ItemLoad = (Uuid, i64, Vec<Uuid>);
 /// Writes of the item-load ledger, many copies to a statement.
 pub(super) struct ItemLoadOp {
     pg: PostgresBackend,
+    /// How stale an entry's `loaded_at` may be before a load writes it again.
+    refresh: std::time::Duration,
 }
 
 /// A store's item-load records, batched.
 pub(super) type ItemLoadBatcher = Batcher<ItemLoadOp>;
 
-/// Item-load records on `pg`.
-pub(super) fn item_load_batcher(pg: PostgresBackend) -> Arc<ItemLoadBatcher> {
-    Batcher::new(ItemLoadOp { pg }, MOST_WRITING)
+/// Item-load records on `pg`, their load time refreshed when older than `refresh`.
+pub(super) fn item_load_batcher(
+    pg: PostgresBackend,
+    refresh: std::time::Duration,
+) -> Arc<ItemLoadBatcher> {
+    Batcher::new(ItemLoadOp { pg, refresh }, MOST_WRITING)
 }
 
 impl BatchOp for ItemLoadOp {
@@ -72,16 +77,26 @@ impl ItemLoadOp {
         let items: Vec<Uuid> = rows.iter().map(|((item, _), _)| *item).collect();
         let characters: Vec<Uuid> = rows.iter().map(|((_, c), _)| *c).collect();
         let epochs: Vec<i64> = rows.iter().map(|(_, e)| *e).collect();
+        // The load time is only moved when it is older than the refresh interval: every other
+        // load changes no indexed column, so its update is a heap-only (HOT) one that adds no
+        // index entries (every load rewrote both indexes for every item it held, and they
+        // bloated faster than vacuum gave the space back). The prune keeps entries the refresh
+        // interval longer to make up for it.
         sqlx::query(
             "INSERT INTO item_loads (item_id, character_id, loaded_epoch)
              SELECT * FROM UNNEST($1::uuid[], $2::uuid[], $3::int8[])
              ON CONFLICT (item_id, character_id) DO UPDATE
                 SET loaded_epoch = GREATEST(item_loads.loaded_epoch, EXCLUDED.loaded_epoch),
-                    loaded_at = now()",
+                    loaded_at = CASE
+                        WHEN item_loads.loaded_at < now() - make_interval(secs => $4) THEN now()
+                        ELSE item_loads.loaded_at END
+              WHERE item_loads.loaded_epoch < EXCLUDED.loaded_epoch
+                 OR item_loads.loaded_at < now() - make_interval(secs => $4)",
         )
         .bind(&items)
         .bind(&characters)
         .bind(&epochs)
+        .bind(self.refresh.as_secs_f64())
         .execute(self.pg.exec())
         .await?;
         Ok(())

@@ -439,7 +439,10 @@ impl CharacterStore {
     pub fn new(pg: PostgresBackend) -> Self {
         Self {
             claims: claim_batcher(pg.clone(), None, false),
-            item_loads: super::item_loads::item_load_batcher(pg.clone()),
+            item_loads: super::item_loads::item_load_batcher(
+                pg.clone(),
+                super::BookkeepingRetention::default().item_load_refresh(),
+            ),
             pg,
             schema_ceiling: None,
             model: None,
@@ -454,6 +457,19 @@ impl CharacterStore {
     pub fn with_schema_ceiling(mut self, schema_version: u32) -> Self {
         self.schema_ceiling = Some(schema_version);
         self.claims = claim_batcher(self.pg.clone(), self.schema_ceiling, self.model.is_some());
+        self
+    }
+
+    /// The same store, recording item loads for a ledger pruned after `retention`
+    /// ([`super::BookkeepingRetention::item_loads`]): an entry's load time is refreshed once it
+    /// is older than [`super::BookkeepingRetention::item_load_refresh`] of it.
+    pub fn with_item_load_retention(mut self, retention: std::time::Duration) -> Self {
+        let retention = super::BookkeepingRetention {
+            item_loads: retention,
+            ..super::BookkeepingRetention::default()
+        };
+        self.item_loads =
+            super::item_loads::item_load_batcher(self.pg.clone(), retention.item_load_refresh());
         self
     }
 
