@@ -38,6 +38,8 @@ use shardkeep_testkit::faults::{ProxyControl, ProxyMode};
 const SIGNAL_DEPTH: usize = 64;
 /// Time between scans of the rows.
 const SCAN_INTERVAL: Duration = Duration::from_secs(2);
+/// The stretch the live saves-per-second rate is taken over.
+const RATE_WINDOW: Duration = Duration::from_secs(3);
 /// Bound on each wait of the settle phase.
 const SETTLE_BOUND: Duration = Duration::from_secs(60);
 
@@ -193,8 +195,9 @@ async fn play(
     let injector = tokio::spawn(faults::inject(Arc::clone(&world), plan.clone(), start));
     let direct_journal =
         SessionJournal::new(world.env.redis_direct.clone(), WorkQueueConfig::default()).ok();
-    let mut last_saves = 0;
-    let mut last_tick = Instant::now();
+    // The live rate is taken over the last few seconds: the hosts copy their savers' counters
+    // once a second, all at once, so a half-second window read 0 every other time.
+    let mut recent: std::collections::VecDeque<(Instant, u64)> = std::collections::VecDeque::new();
     let interval = series::interval_for(config.duration);
     let mut sampler = series::Sampler::default();
     let mut samples = Vec::new();
@@ -203,10 +206,14 @@ async fn play(
         tokio::time::sleep(Duration::from_millis(500)).await;
         let totals = world.saver_totals();
         let saves = totals.checkpoint_landed + totals.row_landed;
-        let secs = last_tick.elapsed().as_secs_f64().max(0.001);
-        let rate = ((saves.saturating_sub(last_saves)) as f64 / secs) as u64;
-        last_saves = saves;
-        last_tick = Instant::now();
+        recent.push_back((Instant::now(), saves));
+        while recent.len() > 2 && recent[0].0.elapsed() > RATE_WINDOW {
+            recent.pop_front();
+        }
+        let rate = recent.front().map_or(0, |(at, then)| {
+            let secs = at.elapsed().as_secs_f64().max(0.001);
+            (saves.saturating_sub(*then) as f64 / secs) as u64
+        });
         let retry_depth = retry_depth(&world).await;
         let journal_depth = journal_depth(direct_journal.as_ref()).await;
         if start.elapsed() >= next_sample {
