@@ -731,5 +731,16 @@ async fn migrate_on_a_sqlite_file_creates_it_and_refuses_bad_files() {
 
     let out = shardkeep(&["migrate"], &[("DATABASE_URL", "sqlite::memory:")]);
     assert_one_line_failure(&out, "name a file");
+    // What embedded mode does not run yet says so, rather than failing on the URL's form.
+    let out = shardkeep(
+        &["serve", "--internal-keys", "ops:0123456789abcdef0123"],
+        &[("DATABASE_URL", &url), ("REDIS_URL", "redis://127.0.0.1:1")],
+    );
+    assert_one_line_failure(&out, "this build runs only `migrate` on it so far");
+    let out = shardkeep(
+        &["simulate"],
+        &[("DATABASE_URL", &url), ("REDIS_URL", "redis://127.0.0.1:1")],
+    );
+    assert_one_line_failure(&out, "this build runs only `migrate` on it so far");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -18,7 +18,7 @@ const GOALS_NOT_MET: u8 = 4;
 
 /// Runs the chosen benchmark.
 pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
-    let database_url = super::database_url(&args.postgres)?;
+    let database_url = super::postgres_url(&args.postgres)?;
     let redis_url = super::redis_url(args.redis_url.as_deref())?;
     if shardkeep::backend::redis::redis_seeds(redis_url).is_ok_and(|s| s.len() > 1) {
         anyhow::bail!(

@@ -36,12 +36,25 @@ pub(crate) fn database_url(args: &PostgresArgs) -> anyhow::Result<&str> {
         .ok_or_else(|| anyhow!("DATABASE_URL is not set; pass --database-url or set DATABASE_URL"))
 }
 
+/// The Postgres URL of a command that needs Postgres: an error naming DATABASE_URL when it is
+/// unset or names a SQLite file.
+pub(crate) fn postgres_url(args: &PostgresArgs) -> anyhow::Result<&str> {
+    let url = database_url(args)?;
+    if shardkeep::backend::sqlite::is_sqlite_url(url) {
+        return Err(anyhow!(
+            "DATABASE_URL names a SQLite file (embedded mode); this build runs only `migrate` \
+             on it so far: serve, simulate and bench need postgres:// and REDIS_URL"
+        ));
+    }
+    Ok(url)
+}
+
 /// Connects to Postgres, or fails with one line naming DATABASE_URL and what was tried.
 pub(crate) async fn connect_postgres(
     args: &PostgresArgs,
     max_connections: u32,
 ) -> anyhow::Result<PostgresBackend> {
-    let url = database_url(args)?;
+    let url = postgres_url(args)?;
     Ok(PostgresBackend::connect_through(
         "DATABASE_URL",
         url,

@@ -19,7 +19,7 @@ const UNSTABLE: u8 = 4;
 
 /// Runs the simulation.
 pub(crate) async fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
-    let database_url = super::database_url(&args.postgres)?;
+    let database_url = super::postgres_url(&args.postgres)?;
     let redis_url = super::redis_url(args.redis_url.as_deref())?;
     // Fail before a long run rather than after it (an aborted run leaves valid empty files).
     for (path, placeholder) in [(&args.report, &b"{}"[..]), (&args.plot, &b""[..])] {
