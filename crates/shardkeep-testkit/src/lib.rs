@@ -8,17 +8,20 @@
 
 //!
 //! - [`faults`] — a TCP proxy that stalls or cuts a store connection (tests and the simulator).
+//! - [`embedded`] — the embedded store on a temporary file, and the drivers of each tier.
 //! - [`fixtures`] — characters for tests.
 //! - [`model`] — a small game model for tests of the core that need one.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod cluster;
+pub mod embedded;
 pub mod faults;
 pub mod fixtures;
 pub mod model;
 pub mod pgbouncer;
 
+pub use embedded::{CheckpointDrivers, TestSqlite};
 pub use pgbouncer::pg;
 
 use shardkeep::backend::redis::{RedisConn, RedisTimeouts, ScanCursor};

@@ -1,13 +1,16 @@
-//! The Redis checkpoint tier: the full snapshot under the character's id, guarded by a Lua
-//! ownership check so a stale owner can never overwrite a newer owner's checkpoint.
+//! The checkpoint tier: the full snapshot under the character's id, guarded by an ownership
+//! check so a stale owner can never overwrite a newer owner's checkpoint. Two drivers: Redis
+//! (a hash per character behind a Lua guard) and the embedded store (a row per character in the
+//! SQLite file, `checkpoint_sqlite`), with one rule ([`decide_guard`]) and one API.
 
 use std::sync::LazyLock;
 
 use redis::{Script, Value};
 use uuid::Uuid;
 
+use super::checkpoint_sqlite::{self as embedded, SharedClock};
 use super::snapshot::CharacterSnapshot;
-use crate::backend::RedisBackend;
+use crate::backend::{RedisBackend, SqliteBackend};
 use crate::coord::handoff::is;
 use crate::keyspace::{CHECKPOINT_TTL, KeyError};
 use crate::ttl::Ttl;
@@ -35,6 +38,9 @@ pub enum CheckpointError {
     /// Redis failed or could not be reached.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// The embedded store's file failed.
+    #[error("embedded store: {0}")]
+    Embedded(#[from] sqlx::Error),
     /// The stored checkpoint is not a valid snapshot.
     #[error("checkpoint of character {character_id} is corrupt: {reason}")]
     Corrupt {
@@ -69,25 +75,123 @@ pub enum CheckpointWrite {
     },
 }
 
+/// What a write finds stored, as the guard reads it: `None` when no live checkpoint is stored,
+/// else its owner epoch and schema version, each `None` when the stored value is not a
+/// canonical integer.
+pub type StoredGuard = Option<(Option<i64>, Option<i64>)>;
+
+/// What the guard decides for one write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuardDecision {
+    /// Store the snapshot (replacing whatever is stored).
+    Write,
+    /// Refuse it, for this reason.
+    Refuse(CheckpointWrite),
+}
+
+/// The ownership guard both drivers apply (the Redis driver's script states it in Lua): a
+/// readable stored epoch above the writer's refuses; otherwise a readable stored schema above
+/// the writer's refuses; anything else writes. A stored epoch or schema that is not an integer
+/// marks the checkpoint corrupt, and a corrupt checkpoint is replaced (its reader refuses it
+/// too, so it holds nothing a login could use) — except that a readable newer epoch refuses
+/// before the schema is looked at.
+pub fn decide_guard(stored: StoredGuard, writer_epoch: i64, writer_schema: i64) -> GuardDecision {
+    let Some((epoch, schema)) = stored else {
+        return GuardDecision::Write;
+    };
+    let Some(epoch) = epoch else {
+        return GuardDecision::Write;
+    };
+    if epoch > writer_epoch {
+        return GuardDecision::Refuse(CheckpointWrite::NotOwner {
+            stored_epoch: epoch,
+        });
+    }
+    match schema {
+        Some(schema) if schema > writer_schema => {
+            GuardDecision::Refuse(CheckpointWrite::SchemaNewer {
+                stored_schema: u32::try_from(schema).unwrap_or(u32::MAX),
+            })
+        }
+        _ => GuardDecision::Write,
+    }
+}
+
 /// Handle on the checkpoint tier. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct CheckpointStore {
-    redis: RedisBackend,
+    tier: Tier,
     ttl: Ttl,
+}
+
+/// Where checkpoints are kept.
+#[derive(Debug, Clone)]
+enum Tier {
+    Redis(Box<RedisBackend>),
+    Embedded {
+        db: SqliteBackend,
+        clock: SharedClock,
+    },
 }
 
 impl CheckpointStore {
     /// Checkpoints over `redis`, kept for the standard hour.
     pub fn new(redis: RedisBackend) -> Self {
-        Self {
-            redis,
-            ttl: CHECKPOINT_TTL,
-        }
+        Self::with_ttl(redis, CHECKPOINT_TTL)
     }
 
     /// Checkpoints kept for `ttl` instead.
     pub fn with_ttl(redis: RedisBackend, ttl: Ttl) -> Self {
-        Self { redis, ttl }
+        Self {
+            tier: Tier::Redis(Box::new(redis)),
+            ttl,
+        }
+    }
+
+    /// Checkpoints in the embedded store's file, kept for the standard hour by the system clock.
+    /// They survive a crash of the process as the Redis tier's survive a shard's.
+    pub fn embedded(db: SqliteBackend) -> Self {
+        Self {
+            tier: Tier::Embedded {
+                db,
+                clock: std::sync::Arc::new(crate::clock::SystemClock),
+            },
+            ttl: CHECKPOINT_TTL,
+        }
+    }
+
+    /// The same store with checkpoints kept for `ttl`.
+    pub fn kept_for(mut self, ttl: Ttl) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The same store reading expiry against `clock` (the embedded driver's only; Redis keeps
+    /// its own time).
+    pub fn with_clock(mut self, clock: std::sync::Arc<dyn crate::clock::Clock>) -> Self {
+        if let Tier::Embedded { clock: held, .. } = &mut self.tier {
+            *held = clock;
+        }
+        self
+    }
+
+    /// The driver's name: `redis` or `embedded`.
+    pub fn driver(&self) -> &'static str {
+        match self.tier {
+            Tier::Redis(_) => "redis",
+            Tier::Embedded { .. } => "embedded",
+        }
+    }
+
+    /// Deletes up to `limit` checkpoints whose time has run out, returning how many. Redis
+    /// expires its keys itself (0); the embedded store's maintenance calls this.
+    pub async fn sweep_expired(&self, limit: u32) -> Result<u64, CheckpointError> {
+        match &self.tier {
+            Tier::Redis(_) => Ok(0),
+            Tier::Embedded { db, clock } => {
+                embedded::sweep_expired(db, clock.as_ref(), limit).await
+            }
+        }
     }
 
     /// Writes `snapshot` unless a newer owner's checkpoint is stored.
@@ -109,10 +213,16 @@ impl CheckpointStore {
         snapshots: &[&CharacterSnapshot],
     ) -> Result<Vec<CheckpointWrite>, CheckpointError> {
         use futures::{StreamExt, TryStreamExt};
+        let redis = match &self.tier {
+            Tier::Redis(redis) => redis,
+            Tier::Embedded { db, clock } => {
+                return embedded::write_many(db, clock.as_ref(), self.ttl, snapshots).await;
+            }
+        };
         // Made up front (each encodes only when first polled), so the stream holds no closure.
         let pipelines: Vec<_> = snapshots
             .chunks(PIPELINE_SNAPSHOTS)
-            .map(|chunk| self.write_pipeline(chunk))
+            .map(|chunk| self.write_pipeline(redis, chunk))
             .collect();
         let per_pipeline: Vec<Vec<CheckpointWrite>> = futures::stream::iter(pipelines)
             .buffered(PIPELINES_IN_FLIGHT)
@@ -124,13 +234,14 @@ impl CheckpointStore {
     /// One pipeline of guarded writes.
     async fn write_pipeline(
         &self,
+        redis: &RedisBackend,
         snapshots: &[&CharacterSnapshot],
     ) -> Result<Vec<CheckpointWrite>, CheckpointError> {
         let mut invocations = Vec::with_capacity(snapshots.len());
         for snapshot in snapshots {
             let body = serde_json::to_vec(snapshot).map_err(CheckpointError::Encode)?;
             let mut call = WRITE.prepare_invoke();
-            call.key(self.redis.keys().checkpoint(snapshot.character_id))
+            call.key(redis.keys().checkpoint(snapshot.character_id))
                 .arg(snapshot.owner_epoch)
                 .arg(body)
                 .arg(self.ttl.as_millis())
@@ -146,7 +257,7 @@ impl CheckpointStore {
         // On a cluster a checkpoint counts once a replica holds it: a failover must not bring
         // back an older one (its copy may since have dropped an item someone else picked up).
         // Unconfirmed, the pipeline fails like any failed checkpoint write.
-        let replies: Vec<Vec<Value>> = self.redis.query_confirmed(pipe).await?;
+        let replies: Vec<Vec<Value>> = redis.query_confirmed(pipe).await?;
         replies.iter().map(|reply| decode_write(reply)).collect()
     }
 
@@ -155,12 +266,28 @@ impl CheckpointStore {
         &self,
         character_id: Uuid,
     ) -> Result<Option<CharacterSnapshot>, CheckpointError> {
-        let key = self.redis.keys().checkpoint(character_id);
+        let corrupt = |reason: String| CheckpointError::Corrupt {
+            character_id,
+            reason,
+        };
+        let redis = match &self.tier {
+            Tier::Redis(redis) => redis,
+            Tier::Embedded { db, clock } => {
+                let Some((epoch, body)) = embedded::read(db, clock.as_ref(), character_id).await?
+                else {
+                    return Ok(None);
+                };
+                let epoch = epoch.ok_or_else(|| corrupt("guard epoch is not an integer".into()))?;
+                let body = body.ok_or_else(|| corrupt("snapshot is not text".into()))?;
+                return checked_snapshot(character_id, Some(epoch), body.as_bytes());
+            }
+        };
+        let key = redis.keys().checkpoint(character_id);
         let (epoch, body): (Option<Vec<u8>>, Option<Vec<u8>>) = redis::cmd("HMGET")
             .arg(&key)
             .arg("epoch")
             .arg("snapshot")
-            .query_async(&mut self.redis.conn())
+            .query_async(&mut redis.conn())
             .await
             .map_err(|e| {
                 if e.code() == Some("WRONGTYPE") {
@@ -175,10 +302,6 @@ impl CheckpointStore {
         let Some(body) = body else {
             return Ok(None);
         };
-        let corrupt = |reason: String| CheckpointError::Corrupt {
-            character_id,
-            reason,
-        };
         let epoch = match epoch {
             Some(text) => Some(guard_int(&text).ok_or_else(|| {
                 corrupt(format!(
@@ -188,32 +311,50 @@ impl CheckpointStore {
             })?),
             None => None,
         };
-        let snapshot: CharacterSnapshot =
-            serde_json::from_slice(&body).map_err(|e| corrupt(e.to_string()))?;
-        if snapshot.character_id != character_id {
-            return Err(corrupt(format!(
-                "holds character {}",
-                snapshot.character_id
-            )));
-        }
-        if epoch != Some(snapshot.owner_epoch) {
-            return Err(corrupt(format!(
-                "guard epoch {epoch:?} differs from snapshot epoch {}",
-                snapshot.owner_epoch
-            )));
-        }
-        Ok(Some(snapshot))
+        checked_snapshot(character_id, epoch, &body)
     }
 
     /// Deletes the checkpoint of `character_id`.
     pub async fn delete(&self, character_id: Uuid) -> Result<(), CheckpointError> {
-        let key = self.redis.keys().checkpoint(character_id);
+        let redis = match &self.tier {
+            Tier::Redis(redis) => redis,
+            Tier::Embedded { db, .. } => return embedded::delete(db, character_id).await,
+        };
+        let key = redis.keys().checkpoint(character_id);
         let _: i64 = redis::cmd("DEL")
             .arg(key)
-            .query_async(&mut self.redis.conn())
+            .query_async(&mut redis.conn())
             .await?;
         Ok(())
     }
+}
+
+/// A stored checkpoint decoded and checked against its key and guard: it must hold the
+/// character it is stored under, at the epoch its guard names.
+fn checked_snapshot(
+    character_id: Uuid,
+    epoch: Option<i64>,
+    body: &[u8],
+) -> Result<Option<CharacterSnapshot>, CheckpointError> {
+    let corrupt = |reason: String| CheckpointError::Corrupt {
+        character_id,
+        reason,
+    };
+    let snapshot: CharacterSnapshot =
+        serde_json::from_slice(body).map_err(|e| corrupt(e.to_string()))?;
+    if snapshot.character_id != character_id {
+        return Err(corrupt(format!(
+            "holds character {}",
+            snapshot.character_id
+        )));
+    }
+    if epoch != Some(snapshot.owner_epoch) {
+        return Err(corrupt(format!(
+            "guard epoch {epoch:?} differs from snapshot epoch {}",
+            snapshot.owner_epoch
+        )));
+    }
+    Ok(Some(snapshot))
 }
 
 /// A guard field as every writer stores it: an i64 in canonical decimal (an optional `-`, no
@@ -242,7 +383,36 @@ fn decode_write(reply: &[Value]) -> Result<CheckpointWrite, CheckpointError> {
 
 #[cfg(test)]
 mod tests {
-    use super::guard_int;
+    use super::{CheckpointWrite, GuardDecision, decide_guard, guard_int};
+
+    #[test]
+    fn the_guard_refuses_newer_owners_then_newer_schemas_and_replaces_corrupt_values() {
+        use GuardDecision::{Refuse, Write};
+        assert_eq!(decide_guard(None, 3, 1), Write);
+        assert_eq!(decide_guard(Some((Some(3), Some(1))), 3, 1), Write);
+        assert_eq!(decide_guard(Some((Some(2), Some(1))), 3, 1), Write);
+        assert_eq!(
+            decide_guard(Some((Some(4), Some(1))), 3, 1),
+            Refuse(CheckpointWrite::NotOwner { stored_epoch: 4 })
+        );
+        // A newer owner refuses even beside a corrupt schema.
+        assert_eq!(
+            decide_guard(Some((Some(4), None)), 3, 1),
+            Refuse(CheckpointWrite::NotOwner { stored_epoch: 4 })
+        );
+        assert_eq!(
+            decide_guard(Some((Some(3), Some(2))), 3, 1),
+            Refuse(CheckpointWrite::SchemaNewer { stored_schema: 2 })
+        );
+        assert_eq!(
+            decide_guard(Some((Some(1), Some(i64::MAX))), 3, 1),
+            Refuse(CheckpointWrite::SchemaNewer {
+                stored_schema: u32::MAX
+            })
+        );
+        assert_eq!(decide_guard(Some((None, Some(9))), 3, 1), Write);
+        assert_eq!(decide_guard(Some((Some(3), None)), 3, 1), Write);
+    }
 
     #[test]
     fn guard_numbers_are_canonical_i64s() {

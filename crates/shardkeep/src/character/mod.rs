@@ -6,13 +6,15 @@
 //!   `item_moves` — the transfer commit and the item-load ledger; `item_loads` — ledger
 //!   records arriving together written in one statement.
 //! - `claim_batch` — claims arriving together made in one statement.
-//! - [`checkpoint`] — Redis: id-keyed snapshots behind a Lua ownership guard.
+//! - [`checkpoint`] — id-keyed snapshots behind an ownership guard: in Redis (a Lua guard) or
+//!   in the embedded store's file (`checkpoint_sqlite`).
 //! - [`handoff`] — what a cross-shard handoff carries, and the epoch it was dumped under.
 //! - [`load`] — login-time load: claim, read both tiers, pick the freshest; fails closed.
 //! - [`bookkeeping`] — pruning the job effects and item-load ledger kept beside the rows.
 
 pub mod bookkeeping;
 pub mod checkpoint;
+mod checkpoint_sqlite;
 mod claim_batch;
 pub mod handoff;
 mod item_loads;
@@ -25,7 +27,9 @@ pub mod store;
 pub use bookkeeping::{
     Bookkeeping, BookkeepingRetention, BookkeepingSizes, PruneReport, run_bookkeeping_prune,
 };
-pub use checkpoint::{CheckpointError, CheckpointStore, CheckpointWrite};
+pub use checkpoint::{
+    CheckpointError, CheckpointStore, CheckpointWrite, GuardDecision, StoredGuard, decide_guard,
+};
 pub use handoff::{HandoffPayload, HandoffPayloadError};
 pub use load::{
     CharacterLoader, ContentOrigin, HandoffLoad, LoadError, LoadSource, LoadedCharacter,

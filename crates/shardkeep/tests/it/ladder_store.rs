@@ -251,52 +251,6 @@ async fn drift_guard_every_field_survives_both_tiers(pool: PgPool) {
     );
 }
 
-#[tokio::test]
-async fn a_stale_owner_cannot_overwrite_a_newer_checkpoint() {
-    let redis = TestRedis::new().await;
-    let checkpoints = CheckpointStore::new(redis.backend());
-    let base = CharacterSnapshot {
-        character_id: Uuid::now_v7(),
-        account_id: Uuid::now_v7(),
-        name: "Aria".into(),
-        zone_ref: Some("midgaard".into()),
-        room_ref: None,
-        state: json!({ "who": "live" }).into(),
-        chargen: None,
-        state_version: 3,
-        owner_epoch: 5,
-        issue_mark: 0,
-        schema_version: 1,
-    };
-    assert_eq!(
-        checkpoints.write(&base).await.unwrap(),
-        CheckpointWrite::Written
-    );
-    let zombie = CharacterSnapshot {
-        owner_epoch: 4,
-        state_version: 9,
-        state: json!({ "who": "zombie" }).into(),
-        ..base.clone()
-    };
-    assert_eq!(
-        checkpoints.write(&zombie).await.unwrap(),
-        CheckpointWrite::NotOwner { stored_epoch: 5 }
-    );
-    assert_eq!(
-        checkpoints.read(base.character_id).await.unwrap(),
-        Some(base.clone())
-    );
-    let mut raw = redis.raw().await;
-    let ttl: i64 = raw
-        .ttl(redis.keys().checkpoint(base.character_id))
-        .await
-        .unwrap();
-    assert!(
-        (3590..=3600).contains(&ttl),
-        "checkpoint TTL is one hour: {ttl}"
-    );
-}
-
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_corrupt_checkpoint_falls_back_to_the_row(pool: PgPool) {
     let redis = TestRedis::new().await;

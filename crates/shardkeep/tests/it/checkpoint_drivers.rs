@@ -1,0 +1,383 @@
+//! The checkpoint tier's conformance: every test body runs against each driver (Redis of the
+//! suite's topology, and the embedded store's file), which must answer alike.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use serde_json::json;
+use shardkeep::character::{
+    CharacterLoader, CharacterSnapshot, CharacterStore, CheckpointError, CheckpointStore,
+    CheckpointWrite, LoadSource,
+};
+use shardkeep::clock::ManualClock;
+use shardkeep::ttl::Ttl;
+use shardkeep_testkit::{CheckpointDrivers, TestSqlite};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::ladder_store::created;
+
+fn live_copy(epoch: i64) -> CharacterSnapshot {
+    CharacterSnapshot {
+        character_id: Uuid::now_v7(),
+        account_id: Uuid::now_v7(),
+        name: "Aria".into(),
+        zone_ref: Some("midgaard".into()),
+        room_ref: None,
+        state: json!({ "who": "live" }).into(),
+        chargen: None,
+        state_version: 3,
+        owner_epoch: epoch,
+        issue_mark: 0,
+        schema_version: 1,
+    }
+}
+
+/// Seconds until the checkpoint of `character_id` expires, as the driver keeps it.
+async fn seconds_left(drivers: &CheckpointDrivers, store: &CheckpointStore, id: Uuid) -> i64 {
+    match store.driver() {
+        "redis" => {
+            let mut raw = drivers.redis.raw().await;
+            raw.ttl(drivers.redis.keys().checkpoint(id)).await.unwrap()
+        }
+        _ => {
+            let expires_at: i64 =
+                sqlx::query_scalar("SELECT expires_at FROM checkpoints WHERE character_id = ?1")
+                    .bind(id)
+                    .fetch_one(drivers.sqlite.backend().pool())
+                    .await
+                    .unwrap();
+            (expires_at - chrono::Utc::now().timestamp_micros()) / 1_000_000
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_stale_owner_cannot_overwrite_a_newer_checkpoint() {
+    let drivers = CheckpointDrivers::new().await;
+    for checkpoints in drivers.stores() {
+        let driver = checkpoints.driver();
+        let base = live_copy(5);
+        assert_eq!(
+            checkpoints.write(&base).await.unwrap(),
+            CheckpointWrite::Written,
+            "{driver}"
+        );
+        let zombie = CharacterSnapshot {
+            owner_epoch: 4,
+            state_version: 9,
+            state: json!({ "who": "zombie" }).into(),
+            ..base.clone()
+        };
+        assert_eq!(
+            checkpoints.write(&zombie).await.unwrap(),
+            CheckpointWrite::NotOwner { stored_epoch: 5 },
+            "{driver}"
+        );
+        assert_eq!(
+            checkpoints.read(base.character_id).await.unwrap(),
+            Some(base.clone()),
+            "{driver}"
+        );
+        let left = seconds_left(&drivers, &checkpoints, base.character_id).await;
+        assert!(
+            (3590..=3600).contains(&left),
+            "{driver}: checkpoint kept for one hour: {left} s"
+        );
+        // The same owner writes again; a newer one takes over; an older model is refused.
+        let again = CharacterSnapshot {
+            state_version: 4,
+            ..base.clone()
+        };
+        assert_eq!(
+            checkpoints.write(&again).await.unwrap(),
+            CheckpointWrite::Written
+        );
+        let newer_schema = CharacterSnapshot {
+            owner_epoch: 6,
+            schema_version: 2,
+            ..base.clone()
+        };
+        assert_eq!(
+            checkpoints.write(&newer_schema).await.unwrap(),
+            CheckpointWrite::Written
+        );
+        let older_model = CharacterSnapshot {
+            owner_epoch: 7,
+            schema_version: 1,
+            ..base.clone()
+        };
+        assert_eq!(
+            checkpoints.write(&older_model).await.unwrap(),
+            CheckpointWrite::SchemaNewer { stored_schema: 2 },
+            "{driver}"
+        );
+        assert_eq!(
+            checkpoints.read(base.character_id).await.unwrap(),
+            Some(newer_schema),
+            "{driver}"
+        );
+        checkpoints.delete(base.character_id).await.unwrap();
+        assert_eq!(checkpoints.read(base.character_id).await.unwrap(), None);
+        assert_eq!(
+            checkpoints.read(Uuid::now_v7()).await.unwrap(),
+            None,
+            "{driver}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_batch_gives_one_outcome_per_snapshot_in_order() {
+    let drivers = CheckpointDrivers::new().await;
+    for checkpoints in drivers.stores() {
+        let driver = checkpoints.driver();
+        let held = live_copy(9);
+        checkpoints.write(&held).await.unwrap();
+        let stale = CharacterSnapshot {
+            owner_epoch: 2,
+            ..held.clone()
+        };
+        // More than one pipeline of the Redis driver.
+        let fresh: Vec<CharacterSnapshot> = (0..300).map(|_| live_copy(1)).collect();
+        let mut batch: Vec<&CharacterSnapshot> = fresh.iter().collect();
+        batch.insert(150, &stale);
+        let outcomes = checkpoints.write_many(&batch).await.unwrap();
+        assert_eq!(outcomes.len(), 301, "{driver}");
+        for (at, outcome) in outcomes.iter().enumerate() {
+            let expected = if at == 150 {
+                CheckpointWrite::NotOwner { stored_epoch: 9 }
+            } else {
+                CheckpointWrite::Written
+            };
+            assert_eq!(*outcome, expected, "{driver}: snapshot {at}");
+        }
+        for snapshot in &fresh {
+            assert_eq!(
+                checkpoints.read(snapshot.character_id).await.unwrap(),
+                Some(snapshot.clone()),
+                "{driver}"
+            );
+            checkpoints.delete(snapshot.character_id).await.unwrap();
+        }
+        assert_eq!(
+            checkpoints.read(held.character_id).await.unwrap(),
+            Some(held.clone())
+        );
+        checkpoints.delete(held.character_id).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn an_expired_checkpoint_is_invisible_at_once_and_guards_nothing() {
+    let drivers = CheckpointDrivers::new().await;
+    let short = Ttl::from_millis(300).unwrap();
+    let stores: Vec<CheckpointStore> = vec![
+        CheckpointStore::with_ttl(drivers.redis.backend(), short),
+        CheckpointStore::embedded(drivers.sqlite.backend()).kept_for(short),
+    ];
+    for checkpoints in stores {
+        let driver = checkpoints.driver();
+        let newer = live_copy(5);
+        checkpoints.write(&newer).await.unwrap();
+        assert!(
+            checkpoints
+                .read(newer.character_id)
+                .await
+                .unwrap()
+                .is_some()
+        );
+        tokio::time::sleep(Duration::from_millis(450)).await;
+        assert_eq!(
+            checkpoints.read(newer.character_id).await.unwrap(),
+            None,
+            "{driver}: an expired checkpoint was read"
+        );
+        let older = CharacterSnapshot {
+            owner_epoch: 4,
+            ..newer.clone()
+        };
+        assert_eq!(
+            checkpoints.write(&older).await.unwrap(),
+            CheckpointWrite::Written,
+            "{driver}: an expired checkpoint still guarded"
+        );
+        checkpoints.delete(newer.character_id).await.unwrap();
+    }
+}
+
+/// The embedded store has no server expiring its rows: maintenance sweeps them, expired ones
+/// only, oldest first, within its bound.
+#[tokio::test]
+async fn the_embedded_sweep_deletes_only_expired_checkpoints_within_its_bound() {
+    let sqlite = TestSqlite::new().await;
+    let clock = ManualClock::starting_at(chrono::Utc::now());
+    let checkpoints = CheckpointStore::embedded(sqlite.backend())
+        .kept_for(Ttl::from_secs(60).unwrap())
+        .with_clock(Arc::new(clock.clone()));
+    let early: Vec<CharacterSnapshot> = (0..5).map(|_| live_copy(1)).collect();
+    checkpoints
+        .write_many(&early.iter().collect::<Vec<_>>())
+        .await
+        .unwrap();
+    clock.advance(chrono::Duration::seconds(30));
+    let late = live_copy(1);
+    checkpoints.write(&late).await.unwrap();
+    assert_eq!(checkpoints.sweep_expired(100).await.unwrap(), 0);
+    clock.advance(chrono::Duration::seconds(31));
+    assert_eq!(checkpoints.read(early[0].character_id).await.unwrap(), None);
+    assert_eq!(checkpoints.sweep_expired(3).await.unwrap(), 3);
+    assert_eq!(checkpoints.sweep_expired(100).await.unwrap(), 2);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM checkpoints")
+        .fetch_one(sqlite.backend().pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 1, "the live checkpoint was swept");
+    assert_eq!(
+        checkpoints.read(late.character_id).await.unwrap(),
+        Some(late)
+    );
+}
+
+/// A checkpoint in the file outlives the process that wrote it, as one in Redis outlives its
+/// shard.
+#[tokio::test]
+async fn an_embedded_checkpoint_survives_its_process() {
+    let sqlite = TestSqlite::new().await;
+    let written = live_copy(3);
+    CheckpointStore::embedded(sqlite.backend())
+        .write(&written)
+        .await
+        .unwrap();
+    sqlite.backend().close().await;
+    let reopened = shardkeep::SqliteBackend::connect("DATABASE_URL", sqlite.url())
+        .await
+        .unwrap();
+    assert_eq!(
+        CheckpointStore::embedded(reopened.clone())
+            .read(written.character_id)
+            .await
+            .unwrap(),
+        Some(written)
+    );
+    reopened.close().await;
+}
+
+/// Rows a writer of another version or a hand edit left unreadable: the reader refuses them as
+/// corrupt, a writer entitled by a readable guard replaces them, a readable newer owner still
+/// refuses.
+#[tokio::test]
+async fn corrupt_embedded_checkpoints_are_refused_on_read_and_replaced_on_write() {
+    let sqlite = TestSqlite::new().await;
+    let db = sqlite.backend();
+    let checkpoints = CheckpointStore::embedded(db.clone());
+    let far = chrono::Utc::now().timestamp_micros() + 3_600_000_000;
+    let other = live_copy(1);
+    let cases: Vec<(&str, serde_json::Value, serde_json::Value, String)> = vec![
+        ("text epoch", json!("five"), json!(1), String::new()),
+        ("real epoch", json!(5.5), json!(1), String::new()),
+        ("text schema", json!(1), json!("x"), String::new()),
+        ("broken body", json!(1), json!(1), "{broken".into()),
+        (
+            "another character's body",
+            json!(1),
+            json!(1),
+            serde_json::to_string(&other).unwrap(),
+        ),
+    ];
+    for (what, epoch, schema, body) in cases {
+        let copy = live_copy(1);
+        let body = if body.is_empty() {
+            serde_json::to_string(&copy).unwrap()
+        } else {
+            body
+        };
+        sqlx::query(
+            "INSERT INTO checkpoints (character_id, owner_epoch, schema, snapshot, expires_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+        )
+        .bind(copy.character_id)
+        .bind(sql_value(&epoch))
+        .bind(sql_value(&schema))
+        .bind(body)
+        .bind(far)
+        .execute(db.pool())
+        .await
+        .unwrap();
+        let read = checkpoints.read(copy.character_id).await;
+        let corrupt_read = matches!(read, Err(CheckpointError::Corrupt { .. }));
+        if what == "text schema" {
+            // The reader needs only the epoch and the body; the writer replaces the schema.
+            assert_eq!(read.unwrap(), Some(copy.clone()), "{what}");
+        } else {
+            assert!(corrupt_read, "{what}: read as {read:?}");
+        }
+        let replacing = CharacterSnapshot {
+            state_version: 7,
+            ..copy.clone()
+        };
+        assert_eq!(
+            checkpoints.write(&replacing).await.unwrap(),
+            CheckpointWrite::Written,
+            "{what}"
+        );
+        assert_eq!(
+            checkpoints.read(copy.character_id).await.unwrap(),
+            Some(replacing),
+            "{what}"
+        );
+    }
+    // A readable newer owner refuses even beside a corrupt schema.
+    let copy = live_copy(1);
+    sqlx::query(
+        "INSERT INTO checkpoints (character_id, owner_epoch, schema, snapshot, expires_at)
+         VALUES (?1, 8, 'x', '{}', ?2)",
+    )
+    .bind(copy.character_id)
+    .bind(far)
+    .execute(db.pool())
+    .await
+    .unwrap();
+    assert_eq!(
+        checkpoints.write(&copy).await.unwrap(),
+        CheckpointWrite::NotOwner { stored_epoch: 8 }
+    );
+}
+
+fn sql_value(value: &serde_json::Value) -> String {
+    match value {
+        serde_json::Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// A login reads the checkpoint tier it is given, whichever the driver, and picks the fresher
+/// copy.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_login_picks_a_fresher_checkpoint_from_each_driver(pool: PgPool) {
+    let drivers = CheckpointDrivers::new().await;
+    let store = CharacterStore::new(shardkeep_testkit::pg(&pool));
+    for checkpoints in drivers.stores() {
+        let driver = checkpoints.driver();
+        let row = created(&store, &format!("Aria {driver}")).await;
+        let epoch = store.claim(row.character_id, 0).await.unwrap().new_epoch;
+        let dumped = CharacterSnapshot {
+            owner_epoch: epoch,
+            state_version: row.state_version,
+            state: json!({ "who": "checkpoint" }).into(),
+            ..row.clone()
+        };
+        checkpoints.write(&dumped).await.unwrap();
+        let loader = CharacterLoader::new(
+            store.clone(),
+            Some(checkpoints.clone()),
+            shardkeep_testkit::model::LedgerModel::handle(),
+            Duration::from_secs(5),
+        );
+        let loaded = loader.claim_and_load(row.character_id, 0).await.unwrap();
+        assert_eq!(loaded.source, LoadSource::Checkpoint, "{driver}");
+        assert_eq!(loaded.snapshot.state["who"], "checkpoint", "{driver}");
+        checkpoints.delete(row.character_id).await.unwrap();
+    }
+}
