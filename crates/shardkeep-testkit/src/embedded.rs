@@ -77,3 +77,62 @@ impl CheckpointDrivers {
         ]
     }
 }
+
+/// One audit trail per driver: Postgres (the test's database) and a fresh embedded store.
+pub struct AuditDrivers {
+    pool: sqlx::PgPool,
+    /// The embedded store's file.
+    pub sqlite: TestSqlite,
+}
+
+impl AuditDrivers {
+    /// The trail on the test's database `pool`, and on a fresh embedded store.
+    pub async fn new(pool: &sqlx::PgPool) -> Self {
+        Self {
+            pool: pool.clone(),
+            sqlite: TestSqlite::new().await,
+        }
+    }
+
+    /// The trail of each driver.
+    pub fn stores(&self) -> Vec<shardkeep::audit::AuditStore> {
+        vec![
+            shardkeep::audit::AuditStore::new(crate::pg(&self.pool)),
+            shardkeep::audit::AuditStore::embedded(self.sqlite.backend()),
+        ]
+    }
+
+    /// Adds a character row named `name` of `account` to the store behind `store`, as the
+    /// driver's character table holds it (the embedded store's name key folded as its readers
+    /// fold it). Returns the character's id.
+    pub async fn character(
+        &self,
+        store: &shardkeep::audit::AuditStore,
+        account: uuid::Uuid,
+        name: &str,
+    ) -> uuid::Uuid {
+        let id = uuid::Uuid::now_v7();
+        if store.driver() == "postgres" {
+            sqlx::query("INSERT INTO characters (id, account_id, name) VALUES ($1, $2, $3)")
+                .bind(id)
+                .bind(account)
+                .bind(name)
+                .execute(&self.pool)
+                .await
+                .expect("insert a character row");
+        } else {
+            sqlx::query(
+                "INSERT INTO characters (id, account_id, name, name_key, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, 0, 0)",
+            )
+            .bind(id)
+            .bind(account)
+            .bind(name)
+            .bind(shardkeep::audit::name_key(name))
+            .execute(self.sqlite.backend().pool())
+            .await
+            .expect("insert a character row");
+        }
+        id
+    }
+}

@@ -7,7 +7,7 @@ use shardkeep::audit::{
 };
 use shardkeep::character::NewCharacter;
 use shardkeep::drain::BarrierOutcome;
-use shardkeep_testkit::TestRedis;
+use shardkeep_testkit::{AuditDrivers, TestRedis};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -18,6 +18,12 @@ fn store(pool: &PgPool) -> AuditStore {
     AuditStore::new(shardkeep_testkit::pg(pool))
 }
 
+/// A subject's event kinds, oldest first, read through the trail's own API.
+async fn kinds_in(store: &AuditStore, subject: Uuid) -> Vec<String> {
+    let page = store.character_page(subject, None, 200).await.unwrap();
+    page.rows.into_iter().rev().map(|r| r.event_kind).collect()
+}
+
 async fn kinds(pool: &PgPool, subject: Uuid) -> Vec<String> {
     sqlx::query_scalar("SELECT event_kind FROM character_audit WHERE subject_id = $1 ORDER BY seq")
         .bind(subject)
@@ -26,118 +32,213 @@ async fn kinds(pool: &PgPool, subject: Uuid) -> Vec<String> {
         .unwrap()
 }
 
+// The trail's conformance: each body below runs against every driver (Postgres, and the
+// embedded store's file).
+
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_retried_enqueue_records_once(pool: PgPool) {
-    let auditor = Auditor::spawn(
-        store(&pool),
-        AuditorConfig::default(),
-        CancellationToken::new(),
-    );
-    let c = Uuid::now_v7();
-    let event = AuditEvent::track(c, "smithing", 1);
-    auditor.emit(event.clone());
-    auditor.emit(AuditEvent {
-        id: Uuid::now_v7(),
-        ..event
-    });
-    assert_eq!(
-        auditor.barrier(Duration::from_secs(5)).await,
-        BarrierOutcome::Drained
-    );
-    assert_eq!(kinds(&pool, c).await, vec!["track"]);
-    let stats = auditor.stats();
-    assert_eq!((stats.recorded, stats.duplicates), (1, 1));
+    let drivers = AuditDrivers::new(&pool).await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let auditor = Auditor::spawn(
+            store.clone(),
+            AuditorConfig::default(),
+            CancellationToken::new(),
+        );
+        let c = Uuid::now_v7();
+        let event = AuditEvent::track(c, "smithing", 1);
+        auditor.emit(event.clone());
+        auditor.emit(AuditEvent {
+            id: Uuid::now_v7(),
+            ..event
+        });
+        assert_eq!(
+            auditor.barrier(Duration::from_secs(5)).await,
+            BarrierOutcome::Drained
+        );
+        assert_eq!(kinds_in(&store, c).await, vec!["track"], "{driver}");
+        let stats = auditor.stats();
+        assert_eq!((stats.recorded, stats.duplicates), (1, 1), "{driver}");
+    }
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn one_poison_row_costs_only_itself(pool: PgPool) {
-    let auditor = Auditor::spawn(
-        store(&pool),
-        AuditorConfig::default(),
-        CancellationToken::new(),
-    );
-    let c = Uuid::now_v7();
-    for step in 1..=5 {
-        auditor.emit(AuditEvent::track(c, "mining", step));
+    let drivers = AuditDrivers::new(&pool).await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let auditor = Auditor::spawn(
+            store.clone(),
+            AuditorConfig::default(),
+            CancellationToken::new(),
+        );
+        let c = Uuid::now_v7();
+        for step in 1..=5 {
+            auditor.emit(AuditEvent::track(c, "mining", step));
+        }
+        let mut poison = AuditEvent::track(c, "mining", 99);
+        poison.dedup_key = String::new(); // violates the table's CHECK
+        auditor.emit(poison);
+        for step in 6..=9 {
+            auditor.emit(AuditEvent::track(c, "mining", step));
+        }
+        assert_eq!(
+            auditor.barrier(Duration::from_secs(5)).await,
+            BarrierOutcome::Drained
+        );
+        assert_eq!(kinds_in(&store, c).await.len(), 9, "{driver}");
+        let stats = auditor.stats();
+        assert_eq!((stats.failed, stats.recorded), (1, 9), "{driver}");
+        assert!(stats.fallbacks >= 1, "{driver}");
     }
-    let mut poison = AuditEvent::track(c, "mining", 99);
-    poison.dedup_key = String::new(); // violates the table's CHECK
-    auditor.emit(poison);
-    for step in 6..=9 {
-        auditor.emit(AuditEvent::track(c, "mining", step));
-    }
-    assert_eq!(
-        auditor.barrier(Duration::from_secs(5)).await,
-        BarrierOutcome::Drained
-    );
-    assert_eq!(kinds(&pool, c).await.len(), 9);
-    let stats = auditor.stats();
-    assert_eq!((stats.failed, stats.recorded), (1, 9));
-    assert!(stats.fallbacks >= 1);
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn shutdown_drains_every_queued_event(pool: PgPool) {
-    let auditor = Auditor::spawn(
-        store(&pool),
-        AuditorConfig::default(),
-        CancellationToken::new(),
-    );
-    let c = Uuid::now_v7();
-    let mut accepted = 0;
-    for n in 0..200 {
-        if auditor.emit(AuditEvent::died(c, Uuid::now_v7(), None, json!({ "n": n }))) {
-            accepted += 1;
+    let drivers = AuditDrivers::new(&pool).await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let auditor = Auditor::spawn(
+            store.clone(),
+            AuditorConfig::default(),
+            CancellationToken::new(),
+        );
+        let c = Uuid::now_v7();
+        let mut accepted = 0;
+        for n in 0..200 {
+            if auditor.emit(AuditEvent::died(c, Uuid::now_v7(), None, json!({ "n": n }))) {
+                accepted += 1;
+            }
         }
+        assert_eq!(
+            auditor.barrier(Duration::from_secs(10)).await,
+            BarrierOutcome::Drained
+        );
+        let mut recorded = 0;
+        let mut before = None;
+        loop {
+            let page = store.character_page(c, before, 200).await.unwrap();
+            recorded += page.rows.len();
+            match page.next {
+                Some(next) => before = Some(next),
+                None => break,
+            }
+        }
+        assert_eq!(recorded, accepted, "{driver}");
+        assert_eq!(accepted as u64 + auditor.stats().dropped, 200, "{driver}");
     }
-    assert_eq!(
-        auditor.barrier(Duration::from_secs(10)).await,
-        BarrierOutcome::Drained
-    );
-    assert_eq!(kinds(&pool, c).await.len(), accepted);
-    assert_eq!(accepted as u64 + auditor.stats().dropped, 200);
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn rows_of_one_batch_read_back_in_insertion_order(pool: PgPool) {
-    let audit = store(&pool);
-    let c = Uuid::now_v7();
-    let batch: Vec<AuditEvent> = (1..=10)
-        .map(|s| AuditEvent::track(c, "fishing", s))
-        .collect();
-    assert_eq!(audit.record(&batch).await.unwrap(), 10);
-    let page = audit.character_page(c, None, 4).await.unwrap();
-    let steps: Vec<i64> = page
-        .rows
-        .iter()
-        .map(|r| r.payload["step"].as_i64().unwrap())
-        .collect();
-    assert_eq!(
-        steps,
-        vec![10, 9, 8, 7],
-        "one transaction's now(): seq decides"
-    );
-    let next = audit.character_page(c, page.next, 4).await.unwrap();
-    let steps: Vec<i64> = next
-        .rows
-        .iter()
-        .map(|r| r.payload["step"].as_i64().unwrap())
-        .collect();
-    assert_eq!(steps, vec![6, 5, 4, 3]);
-    assert_eq!(
-        audit
-            .character_page(c, None, 10_000)
-            .await
-            .unwrap()
+    let drivers = AuditDrivers::new(&pool).await;
+    for audit in drivers.stores() {
+        let driver = audit.driver();
+        let c = Uuid::now_v7();
+        let batch: Vec<AuditEvent> = (1..=10)
+            .map(|s| AuditEvent::track(c, "fishing", s))
+            .collect();
+        assert_eq!(audit.record(&batch).await.unwrap(), 10, "{driver}");
+        assert_eq!(audit.record(&batch[..3]).await.unwrap(), 0, "{driver}");
+        let page = audit.character_page(c, None, 4).await.unwrap();
+        let steps: Vec<i64> = page
             .rows
-            .len(),
-        10,
-        "limit clamps"
-    );
-    assert_eq!(
-        audit.character_page(c, None, -3).await.unwrap().rows.len(),
-        1
-    );
+            .iter()
+            .map(|r| r.payload["step"].as_i64().unwrap())
+            .collect();
+        assert_eq!(
+            steps,
+            vec![10, 9, 8, 7],
+            "{driver}: one transaction's instant: seq decides"
+        );
+        let next = audit.character_page(c, page.next, 4).await.unwrap();
+        let steps: Vec<i64> = next
+            .rows
+            .iter()
+            .map(|r| r.payload["step"].as_i64().unwrap())
+            .collect();
+        assert_eq!(steps, vec![6, 5, 4, 3], "{driver}");
+        let last = audit.character_page(c, next.next, 4).await.unwrap();
+        assert_eq!(last.rows.len(), 2, "{driver}");
+        assert_eq!(last.next, None, "{driver}");
+        assert_eq!(
+            audit
+                .character_page(c, None, 10_000)
+                .await
+                .unwrap()
+                .rows
+                .len(),
+            10,
+            "{driver}: limit clamps"
+        );
+        assert_eq!(
+            audit.character_page(c, None, -3).await.unwrap().rows.len(),
+            1,
+            "{driver}"
+        );
+        // A later batch reads before the earlier one, across transactions too.
+        audit
+            .record(&[AuditEvent::track(c, "fishing", 11)])
+            .await
+            .unwrap();
+        let newest = audit.character_page(c, None, 1).await.unwrap();
+        assert_eq!(newest.rows[0].payload["step"], 11, "{driver}");
+    }
+}
+
+/// The staff view, by name in any case, folds in the owning account's tier changes and nothing
+/// of another account, on each driver.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn each_driver_folds_only_the_owning_accounts_tier_changes_into_the_staff_view(pool: PgPool) {
+    let drivers = AuditDrivers::new(&pool).await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        let name = format!("ΟΔΟΣ {driver}");
+        let a_char = drivers.character(&store, a, &name).await;
+        drivers
+            .character(&store, b, &format!("οδος {driver}"))
+            .await;
+        store
+            .record(&[AuditEvent::track(a_char, "smithing", 1)])
+            .await
+            .unwrap();
+        store
+            .record(&[
+                AuditEvent::tier_changed(a, Uuid::now_v7(), None, json!({ "to": "moderator" })),
+                AuditEvent::tier_changed(b, Uuid::now_v7(), None, json!({ "to": "admin" })),
+            ])
+            .await
+            .unwrap();
+        let reader = AuditReader::new(store.clone(), StaffReadLimit::default());
+        let staff = Viewer {
+            account_id: Uuid::now_v7(),
+            tier: Tier::Admin,
+        };
+        let page = reader
+            .staff_view(staff, &format!(" οδοσ {driver} "), None, 50)
+            .await
+            .unwrap();
+        let subjects: Vec<(Uuid, String)> = page
+            .rows
+            .iter()
+            .map(|r| (r.subject_id, r.event_kind.clone()))
+            .collect();
+        assert_eq!(
+            subjects,
+            vec![
+                (a, "tier_changed".to_string()),
+                (a_char, "track".to_string()),
+            ],
+            "{driver}"
+        );
+        let own = reader.self_view(a_char, None, 50).await.unwrap();
+        assert!(own.rows.iter().all(|r| r.subject_type == "character"));
+        assert!(matches!(
+            reader.staff_view(staff, "nobody", None, 10).await,
+            Err(AuditReadError::NotFound(_))
+        ));
+    }
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::event::AuditEvent;
-use super::store::{AuditStore, insert_many};
+use super::store::AuditStore;
 use crate::drain::{BarrierOutcome, BatchHandler, DrainQueue};
 use crate::telemetry;
 
@@ -93,12 +93,7 @@ impl BatchHandler<AuditEvent> for AuditWorker {
         let deadline = Instant::now() + self.timeout;
         self.counters.batches.fetch_add(1, Ordering::Relaxed);
         metrics::histogram!(telemetry::AUDIT_BATCH_SIZE).record(batch.len() as f64);
-        let attempt = async {
-            let mut conn = self.store.pg().session().await?;
-            let inserted = insert_many(&mut conn, &batch).await?;
-            conn.finish().await?;
-            Ok::<_, sqlx::Error>(inserted)
-        };
+        let attempt = self.store.record(&batch);
         match tokio::time::timeout_at(deadline, attempt).await {
             Ok(Ok(inserted)) => self.count(inserted, batch.len() as u64, 0),
             Ok(Err(err)) => {
@@ -127,12 +122,7 @@ impl AuditWorker {
 
     async fn row_by_row(&self, batch: &[AuditEvent], deadline: Instant) {
         for (i, event) in batch.iter().enumerate() {
-            let one = async {
-                let mut conn = self.store.pg().session().await?;
-                let inserted = insert_many(&mut conn, std::slice::from_ref(event)).await?;
-                conn.finish().await?;
-                Ok::<_, sqlx::Error>(inserted)
-            };
+            let one = self.store.record(std::slice::from_ref(event));
             match tokio::time::timeout_at(deadline, one).await {
                 Ok(Ok(inserted)) => self.count(inserted, 1, 0),
                 Ok(Err(err)) => {

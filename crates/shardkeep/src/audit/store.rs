@@ -1,11 +1,13 @@
-//! The audit trail in Postgres: idempotent inserts (batched, single, or inside the caller's
-//! transaction) and newest-first reads by keyset pagination.
+//! The audit trail: idempotent inserts (batched, single, or inside the caller's Postgres
+//! transaction) and newest-first reads by keyset pagination. Two drivers behind one
+//! [`AuditStore`]: Postgres, and the embedded store's file (`store_sqlite`).
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::event::AuditEvent;
-use crate::backend::PostgresBackend;
+use super::store_sqlite as embedded;
+use crate::backend::{PostgresBackend, SqliteBackend};
 
 /// Most rows one read returns.
 pub const MAX_AUDIT_PAGE: i64 = 200;
@@ -94,21 +96,51 @@ const SELECT_ROWS: &str =
 /// Handle on the audit trail. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct AuditStore {
-    pg: PostgresBackend,
+    driver: Driver,
+}
+
+/// Where the trail is kept.
+#[derive(Debug, Clone)]
+enum Driver {
+    Postgres(PostgresBackend),
+    Embedded(SqliteBackend),
 }
 
 impl AuditStore {
     /// The trail over `pg`.
     pub fn new(pg: PostgresBackend) -> Self {
-        Self { pg }
+        Self {
+            driver: Driver::Postgres(pg),
+        }
     }
 
-    /// Records `events` in one round trip; returns how many were new.
+    /// The trail in the embedded store's file.
+    pub fn embedded(db: SqliteBackend) -> Self {
+        Self {
+            driver: Driver::Embedded(db),
+        }
+    }
+
+    /// The driver's name: `postgres` or `embedded`.
+    pub fn driver(&self) -> &'static str {
+        match self.driver {
+            Driver::Postgres(_) => "postgres",
+            Driver::Embedded(_) => "embedded",
+        }
+    }
+
+    /// Records `events` in one round trip (one transaction in the embedded store); returns how
+    /// many were new.
     pub async fn record(&self, events: &[AuditEvent]) -> Result<u64, sqlx::Error> {
-        let mut conn = self.pg.session().await?;
-        let inserted = insert_many(&mut conn, events).await?;
-        conn.finish().await?;
-        Ok(inserted)
+        match &self.driver {
+            Driver::Postgres(pg) => {
+                let mut conn = pg.session().await?;
+                let inserted = insert_many(&mut conn, events).await?;
+                conn.finish().await?;
+                Ok(inserted)
+            }
+            Driver::Embedded(db) => embedded::insert_many(db, events).await,
+        }
     }
 
     /// A character's own trail, by its stable id (never by name).
@@ -119,6 +151,13 @@ impl AuditStore {
         limit: i64,
     ) -> Result<AuditPage, sqlx::Error> {
         let limit = limit.clamp(1, MAX_AUDIT_PAGE);
+        let pg = match &self.driver {
+            Driver::Postgres(pg) => pg,
+            Driver::Embedded(db) => {
+                let rows = embedded::page_rows(db, character_id, None, before, limit).await?;
+                return Ok(page(rows, limit));
+            }
+        };
         let sql = sqlx::AssertSqlSafe(format!(
             "{SELECT_ROWS}
               WHERE subject_id = $1 AND subject_type = 'character'
@@ -131,7 +170,7 @@ impl AuditStore {
             .bind(before.map(|c| c.at))
             .bind(before.map_or(0, |c| c.seq))
             .bind(limit)
-            .fetch_all(self.pg.exec())
+            .fetch_all(pg.exec())
             .await?;
         Ok(page(rows, limit))
     }
@@ -146,6 +185,14 @@ impl AuditStore {
         limit: i64,
     ) -> Result<AuditPage, sqlx::Error> {
         let limit = limit.clamp(1, MAX_AUDIT_PAGE);
+        let pg = match &self.driver {
+            Driver::Postgres(pg) => pg,
+            Driver::Embedded(db) => {
+                let rows =
+                    embedded::page_rows(db, character_id, Some(account_id), before, limit).await?;
+                return Ok(page(rows, limit));
+            }
+        };
         let sql = sqlx::AssertSqlSafe(format!(
             "{SELECT_ROWS}
               WHERE ((subject_id = $1 AND subject_type = 'character')
@@ -160,7 +207,7 @@ impl AuditStore {
             .bind(before.map(|c| c.at))
             .bind(before.map_or(0, |c| c.seq))
             .bind(limit)
-            .fetch_all(self.pg.exec())
+            .fetch_all(pg.exec())
             .await?;
         Ok(page(rows, limit))
     }
@@ -170,14 +217,17 @@ impl AuditStore {
         &self,
         name: &str,
     ) -> Result<Option<(Uuid, Uuid)>, sqlx::Error> {
-        sqlx::query_as("SELECT id, account_id FROM characters WHERE lower(name) = lower(btrim($1))")
-            .bind(name)
-            .fetch_optional(self.pg.exec())
-            .await
-    }
-
-    pub(crate) fn pg(&self) -> &PostgresBackend {
-        &self.pg
+        match &self.driver {
+            Driver::Postgres(pg) => {
+                sqlx::query_as(
+                    "SELECT id, account_id FROM characters WHERE lower(name) = lower(btrim($1))",
+                )
+                .bind(name)
+                .fetch_optional(pg.exec())
+                .await
+            }
+            Driver::Embedded(db) => embedded::character_by_name(db, name).await,
+        }
     }
 }
 
