@@ -183,6 +183,23 @@ async fn rows_of_one_batch_read_back_in_insertion_order(pool: PgPool) {
             .unwrap();
         let newest = audit.character_page(c, None, 1).await.unwrap();
         assert_eq!(newest.rows[0].payload["step"], 11, "{driver}");
+        // Pages of one cross from the later batch's instant to the earlier one's, and walk every
+        // row once, newest first.
+        let mut walked = Vec::new();
+        let mut before = None;
+        loop {
+            let page = audit.character_page(c, before, 1).await.unwrap();
+            walked.extend(
+                page.rows
+                    .iter()
+                    .map(|r| r.payload["step"].as_i64().unwrap()),
+            );
+            match page.next {
+                Some(next) => before = Some(next),
+                None => break,
+            }
+        }
+        assert_eq!(walked, (1..=11).rev().collect::<Vec<i64>>(), "{driver}");
     }
 }
 

@@ -41,8 +41,9 @@ pub(super) async fn insert_many(
     if events.is_empty() {
         return Ok(0);
     }
-    let at = Utc::now().timestamp_micros();
+    // Stamped once the write lock is held, so a later batch never carries an earlier instant.
     let mut tx = db.begin().await?;
+    let at = Utc::now().timestamp_micros();
     let mut inserted = 0;
     for event in events {
         let done = sqlx::query(
@@ -75,11 +76,17 @@ pub(super) async fn page_rows(
     before: Option<AuditCursor>,
     limit: i64,
 ) -> Result<Vec<AuditRow>, sqlx::Error> {
+    // Two statements, so a character's own trail walks its index in order rather than sorting
+    // the rows an OR with the account's would gather.
+    let subjects = if account_id.is_some() {
+        "((subject_id = ?1 AND subject_type = 'character')
+          OR (subject_id = ?2 AND subject_type = 'account' AND event_kind = 'tier_changed'))"
+    } else {
+        "subject_id = ?1 AND subject_type = 'character' AND ?2 IS NULL"
+    };
     let sql = sqlx::AssertSqlSafe(format!(
         "{SELECT_ROWS}
-          WHERE ((subject_id = ?1 AND subject_type = 'character')
-              OR (?2 IS NOT NULL AND subject_id = ?2 AND subject_type = 'account'
-                  AND event_kind = 'tier_changed'))
+          WHERE {subjects}
             AND (?3 IS NULL OR at < ?3 OR (at = ?3 AND seq < ?4))
           ORDER BY at DESC, seq DESC
           LIMIT ?5"

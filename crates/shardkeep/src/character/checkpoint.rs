@@ -89,7 +89,9 @@ pub enum GuardDecision {
     Refuse(CheckpointWrite),
 }
 
-/// The ownership guard both drivers apply (the Redis driver's script states it in Lua): a
+/// The ownership guard both drivers apply to a checkpoint that holds both guard fields (the
+/// Redis driver's script states it in Lua; the embedded table's columns are never empty, and a
+/// Redis hash missing a field, which no writer leaves, is judged by the script alone): a
 /// readable stored epoch above the writer's refuses; otherwise a readable stored schema above
 /// the writer's refuses; anything else writes. A stored epoch or schema that is not an integer
 /// marks the checkpoint corrupt, and a corrupt checkpoint is replaced (its reader refuses it

@@ -19,7 +19,8 @@ pub(crate) fn micros(clock: &dyn Clock) -> i64 {
 }
 
 /// The stored guard of a live (unexpired) row: the epoch and schema as stored, `None` for a
-/// value that is not an integer (SQLite keeps whatever a writer put in a column).
+/// value that is not an integer (a column's INTEGER affinity turns integer-looking text into an
+/// integer, and keeps anything else, such as `five` or `5.5`, as it was written).
 const READ_GUARD: &str = "
 SELECT CASE WHEN typeof(owner_epoch) = 'integer' THEN owner_epoch END,
        CASE WHEN typeof(schema) = 'integer' THEN schema END
@@ -48,10 +49,12 @@ pub(super) async fn write_many(
         .iter()
         .map(|snapshot| serde_json::to_string(snapshot).map_err(CheckpointError::Encode))
         .collect::<Result<Vec<_>, _>>()?;
+    // The clock is read once the write lock is held: a wait for it must neither keep an
+    // expired row guarding nor shorten the new rows' time.
+    let mut tx = db.begin().await?;
     let now = micros(clock);
     let ttl_micros = i64::try_from(ttl.duration().as_micros()).unwrap_or(i64::MAX);
     let expires_at = now.saturating_add(ttl_micros);
-    let mut tx = db.begin().await?;
     let mut results = Vec::with_capacity(snapshots.len());
     for (snapshot, body) in snapshots.iter().zip(bodies) {
         let stored: Option<(Option<i64>, Option<i64>)> = sqlx::query_as(READ_GUARD)
