@@ -97,7 +97,7 @@ pub(super) async fn page_rows(
         .bind(before.map(|c| c.at.timestamp_micros()))
         .bind(before.map_or(0, |c| c.seq))
         .bind(limit)
-        .fetch_all(db.pool())
+        .fetch_all(db.reader()?)
         .await?;
     rows.into_iter().map(decode).collect()
 }
@@ -109,7 +109,7 @@ pub(super) async fn character_by_name(
 ) -> Result<Option<(Uuid, Uuid)>, sqlx::Error> {
     sqlx::query_as("SELECT id, account_id FROM characters WHERE name_key = ?1")
         .bind(name_key(name))
-        .fetch_optional(db.pool())
+        .fetch_optional(db.reader()?)
         .await
 }
 

@@ -35,7 +35,12 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct SqliteBackend {
     pool: SqlitePool,
     path: String,
+    /// Until when every call fails (the outage fault hook), shared by clones.
+    outage_until: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
+
+/// The error every call of the embedded store returns while an outage is injected.
+pub const OUTAGE_MESSAGE: &str = "embedded store unavailable (injected outage)";
 
 impl SqliteBackend {
     /// Opens (creating it when missing) the file `url` names, in WAL mode with full syncs, and
@@ -75,7 +80,11 @@ impl SqliteBackend {
             .connect_with(options)
             .await
             .map_err(|e| fail(open_failure(&path, &e)))?;
-        let backend = Self { pool, path };
+        let backend = Self {
+            pool,
+            path,
+            outage_until: Default::default(),
+        };
         // Reading the schema catalogue is what tells a file that is not a database.
         sqlx::query("SELECT count(*) FROM sqlite_master")
             .execute(&backend.pool)
@@ -102,15 +111,54 @@ impl SqliteBackend {
         &self.path
     }
 
-    /// The pool (for the embedded store's adapters).
+    /// The pool, bypassing the outage hook (tests and tools that inspect the file).
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
 
+    /// The pool for one call of a store adapter: an error while an outage is injected.
+    pub fn reader(&self) -> Result<&SqlitePool, sqlx::Error> {
+        self.available()?;
+        Ok(&self.pool)
+    }
+
     /// Opens a write transaction: it takes the file's write lock at once (`BEGIN IMMEDIATE`),
-    /// so a transaction that reads and then writes never fails on a lock upgrade.
+    /// so a transaction that reads and then writes never fails on a lock upgrade. An error
+    /// while an outage is injected.
     pub async fn begin(&self) -> Result<SqliteTransaction<'static>, sqlx::Error> {
+        self.available()?;
         self.pool.begin_with("BEGIN IMMEDIATE").await
+    }
+
+    /// The store-outage fault hook: every call of the store adapters (through [`Self::reader`]
+    /// and [`Self::begin`]) fails for `stretch` from now, as a lost database server's would.
+    /// A transaction already open runs to its end. Shared by every clone of this backend.
+    pub fn fail_for(&self, stretch: Duration) {
+        if let Ok(mut until) = self.outage_until.lock() {
+            *until = std::time::Instant::now().checked_add(stretch);
+        }
+    }
+
+    /// Ends an injected outage at once.
+    pub fn end_outage(&self) {
+        if let Ok(mut until) = self.outage_until.lock() {
+            *until = None;
+        }
+    }
+
+    fn available(&self) -> Result<(), sqlx::Error> {
+        let down = self
+            .outage_until
+            .lock()
+            .map(|until| until.is_some_and(|t| std::time::Instant::now() < t))
+            .unwrap_or(false);
+        if down {
+            return Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                OUTAGE_MESSAGE,
+            )));
+        }
+        Ok(())
     }
 
     /// Applies every embedded migration not yet applied (in one transaction each, the file's

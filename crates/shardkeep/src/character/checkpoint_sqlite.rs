@@ -96,7 +96,7 @@ pub(super) async fn read(
     )
     .bind(character_id)
     .bind(micros(clock))
-    .fetch_optional(db.pool())
+    .fetch_optional(db.reader()?)
     .await?;
     Ok(row)
 }
@@ -105,7 +105,7 @@ pub(super) async fn read(
 pub(super) async fn delete(db: &SqliteBackend, character_id: Uuid) -> Result<(), CheckpointError> {
     sqlx::query("DELETE FROM checkpoints WHERE character_id = ?1")
         .bind(character_id)
-        .execute(db.pool())
+        .execute(db.reader()?)
         .await?;
     Ok(())
 }
@@ -123,7 +123,7 @@ pub(super) async fn sweep_expired(
     )
     .bind(micros(clock))
     .bind(i64::from(limit))
-    .execute(db.pool())
+    .execute(db.reader()?)
     .await?;
     Ok(done.rows_affected())
 }

@@ -381,3 +381,82 @@ async fn a_login_picks_a_fresher_checkpoint_from_each_driver(pool: PgPool) {
         checkpoints.delete(row.character_id).await.unwrap();
     }
 }
+
+/// The embedded store's outage hook: for the stretch, every call of both embedded tiers fails
+/// with a typed error and writes nothing; afterwards they answer as before.
+#[tokio::test]
+async fn an_embedded_outage_fails_every_call_for_its_stretch_and_writes_nothing() {
+    use shardkeep::audit::{AuditEvent, AuditStore};
+    let sqlite = TestSqlite::new().await;
+    let db = sqlite.backend();
+    let checkpoints = CheckpointStore::embedded(db.clone());
+    let audit = AuditStore::embedded(db.clone());
+    let before = live_copy(2);
+    checkpoints.write(&before).await.unwrap();
+    db.fail_for(Duration::from_millis(400));
+    let during = live_copy(2);
+    let down = |what: &str, err: String| {
+        assert!(
+            err.contains(shardkeep::backend::sqlite::OUTAGE_MESSAGE),
+            "{what} during the outage: {err}"
+        );
+    };
+    down(
+        "write",
+        checkpoints.write(&during).await.unwrap_err().to_string(),
+    );
+    down(
+        "read",
+        checkpoints
+            .read(before.character_id)
+            .await
+            .unwrap_err()
+            .to_string(),
+    );
+    down(
+        "delete",
+        checkpoints
+            .delete(before.character_id)
+            .await
+            .unwrap_err()
+            .to_string(),
+    );
+    down(
+        "sweep",
+        checkpoints.sweep_expired(10).await.unwrap_err().to_string(),
+    );
+    let event = AuditEvent::track(during.character_id, "mining", 1);
+    down(
+        "audit record",
+        audit
+            .record(std::slice::from_ref(&event))
+            .await
+            .unwrap_err()
+            .to_string(),
+    );
+    down(
+        "audit page",
+        audit
+            .character_page(during.character_id, None, 10)
+            .await
+            .unwrap_err()
+            .to_string(),
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        checkpoints.read(before.character_id).await.unwrap(),
+        Some(before)
+    );
+    assert_eq!(checkpoints.read(during.character_id).await.unwrap(), None);
+    let trail = audit
+        .character_page(during.character_id, None, 10)
+        .await
+        .unwrap();
+    assert!(trail.rows.is_empty(), "a refused record landed");
+    assert_eq!(audit.record(&[event]).await.unwrap(), 1);
+    // Ended early, the outage is over at once.
+    db.fail_for(Duration::from_secs(60));
+    assert!(checkpoints.read(during.character_id).await.is_err());
+    db.end_outage();
+    checkpoints.write(&during).await.unwrap();
+}
