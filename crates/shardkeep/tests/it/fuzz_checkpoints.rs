@@ -305,3 +305,221 @@ async fn fuzzed_checkpoint_hashes_are_read_typed_skipped_at_login_and_never_half
     );
     assert!(read_ok > 0 && read_refused > 0 && written > 0 && refused_writes > 0);
 }
+
+/// A value of any storage class, as a hand edit or another writer could leave in a column of
+/// the embedded store's `checkpoints` table (its INTEGER affinity turns integer-looking text
+/// and whole reals into integers and keeps the rest as written).
+#[derive(Debug, Clone)]
+enum Stored {
+    Int(i64),
+    Real(f64),
+    Text(String),
+    Blob(Vec<u8>),
+}
+
+impl Stored {
+    /// Binds the value with its own storage class.
+    fn bind<'q>(
+        &self,
+        query: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
+    ) -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
+        match self {
+            Self::Int(n) => query.bind(*n),
+            Self::Real(x) => query.bind(*x),
+            Self::Text(text) => query.bind(text.clone()),
+            Self::Blob(bytes) => query.bind(bytes.clone()),
+        }
+    }
+
+    /// Bytes as text when they are UTF-8 (and not asked to be a blob), else as a blob.
+    fn of_bytes(bytes: Vec<u8>, as_blob: bool) -> Self {
+        match String::from_utf8(bytes) {
+            Ok(text) if !as_blob => Self::Text(text),
+            Ok(text) => Self::Blob(text.into_bytes()),
+            Err(err) => Self::Blob(err.into_bytes()),
+        }
+    }
+}
+
+fn stored_number() -> impl Strategy<Value = Stored> {
+    prop_oneof![
+        3 => (0i64..50).prop_map(Stored::Int),
+        1 => any::<i64>().prop_map(Stored::Int),
+        1 => prop_oneof![Just(5.5f64), Just(8.0), Just(-1e300), Just(0.25)].prop_map(Stored::Real),
+        2 => number_field().prop_map(|text| Stored::Text(text.unwrap_or_default())),
+        1 => prop::collection::vec(any::<u8>(), 0..8).prop_map(Stored::Blob),
+    ]
+}
+
+#[derive(Debug, Clone)]
+struct PlantedRow {
+    /// The character's own checkpoint as a writer stores it (the other fields are ignored).
+    sound: bool,
+    epoch: Stored,
+    schema: Stored,
+    snapshot: Option<Body>,
+    snapshot_as_blob: bool,
+}
+
+fn planted_row() -> impl Strategy<Value = PlantedRow> {
+    (
+        prop::bool::weighted(0.2),
+        stored_number(),
+        stored_number(),
+        body(),
+        any::<bool>(),
+    )
+        .prop_map(
+            |(sound, epoch, schema, snapshot, snapshot_as_blob)| PlantedRow {
+                sound,
+                epoch,
+                schema,
+                snapshot,
+                snapshot_as_blob,
+            },
+        )
+}
+
+/// The row as stored, to tell a refused write left it exactly as it was.
+async fn row_text(db: &shardkeep::SqliteBackend, id: uuid::Uuid) -> Option<String> {
+    sqlx::query_scalar(
+        "SELECT quote(owner_epoch) || '|' || quote(schema) || '|' || quote(snapshot) || '|' ||
+                quote(expires_at)
+           FROM checkpoints WHERE character_id = ?1",
+    )
+    .bind(id)
+    .fetch_optional(db.pool())
+    .await
+    .unwrap()
+}
+
+/// The embedded driver under the same fuzzing: rows of any storage class in every column. The
+/// reader answers a typed error or a snapshot consistent with its row; a login still loads; a
+/// write lands whole exactly when the guard (an integer epoch above the writer's refuses, then an
+/// integer schema above the writer's) lets it, and a refused one leaves the row as it was.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn fuzzed_embedded_checkpoint_rows_are_read_typed_and_never_half_overwritten(pool: PgPool) {
+    let sqlite = shardkeep_testkit::TestSqlite::new().await;
+    let db = sqlite.backend();
+    let store = CharacterStore::new(shardkeep_testkit::pg(&pool));
+    let checkpoints = CheckpointStore::embedded(db.clone());
+    let loader = CharacterLoader::new(
+        store.clone(),
+        Some(checkpoints.clone()),
+        shardkeep_testkit::model::LedgerModel::handle(),
+        std::time::Duration::from_secs(5),
+    );
+    let own = shardkeep_testkit::fixtures::created(&store, "Fuzzed").await;
+    let foreign = shardkeep_testkit::fixtures::created(&store, "Other").await;
+    let id = own.character_id;
+    let far = chrono::Utc::now().timestamp_micros() + 3_600_000_000;
+    let mut runner = TestRunner::new(Config {
+        cases: CASES as u32,
+        ..Config::default()
+    });
+    let strategy = planted_row();
+    let (mut read_ok, mut read_refused, mut written, mut refused_writes) = (0, 0, 0, 0);
+    for case in 0..CASES {
+        let mut plant = strategy.new_tree(&mut runner).unwrap().current();
+        if plant.sound {
+            let row = store.load(id).await.unwrap().unwrap();
+            plant.epoch = Stored::Int(row.owner_epoch);
+            plant.schema = Stored::Int(i64::from(row.schema_version));
+            plant.snapshot = None;
+            plant.snapshot_as_blob = false;
+        }
+        sqlx::query("DELETE FROM checkpoints")
+            .execute(db.pool())
+            .await
+            .unwrap();
+        let body = match &plant.snapshot {
+            Some(body) => Stored::of_bytes(encode(body, &own, &foreign), plant.snapshot_as_blob),
+            None => {
+                let row = store.load(id).await.unwrap().unwrap();
+                Stored::of_bytes(serde_json::to_vec(&row).unwrap(), plant.snapshot_as_blob)
+            }
+        };
+        let insert = sqlx::query(
+            "INSERT INTO checkpoints (character_id, owner_epoch, schema, snapshot, expires_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+        )
+        .bind(id);
+        let insert = body.bind(plant.schema.bind(plant.epoch.bind(insert)));
+        insert.bind(far).execute(db.pool()).await.unwrap();
+        // What the columns hold once affinity has had its say.
+        let (epoch, schema): (Option<i64>, Option<i64>) = sqlx::query_as(
+            "SELECT CASE WHEN typeof(owner_epoch) = 'integer' THEN owner_epoch END,
+                    CASE WHEN typeof(schema) = 'integer' THEN schema END
+               FROM checkpoints WHERE character_id = ?1",
+        )
+        .bind(id)
+        .fetch_one(db.pool())
+        .await
+        .unwrap();
+        let what = format!("case {case}: {plant:?} (stored epoch {epoch:?}, schema {schema:?})");
+        match checkpoints.read(id).await {
+            Ok(Some(snapshot)) => {
+                read_ok += 1;
+                assert_eq!(snapshot.character_id, id, "{what}");
+                assert_eq!(Some(snapshot.owner_epoch), epoch, "{what}");
+            }
+            Ok(None) => panic!("{what}: a live row read as absent"),
+            Err(CheckpointError::Corrupt { character_id, .. }) => {
+                read_refused += 1;
+                assert_eq!(character_id, id, "{what}");
+            }
+            Err(other) => panic!("{what}: not a typed corruption: {other}"),
+        }
+        let epoch_now = match loader.claim_and_load(id, 0).await {
+            Ok(loaded) => {
+                assert_eq!(loaded.snapshot.character_id, id, "{what}");
+                loaded.snapshot.owner_epoch
+            }
+            Err(LoadError::Schema { character_id, .. }) => {
+                assert_eq!(character_id, id, "{what}");
+                store.load(id).await.unwrap().unwrap().owner_epoch
+            }
+            Err(other) => panic!("{what}: the login failed: {other}"),
+        };
+        let before = row_text(&db, id).await;
+        let mine = CharacterSnapshot {
+            owner_epoch: epoch_now,
+            ..own.clone()
+        };
+        let expected = match (epoch, schema) {
+            (Some(stored), _) if stored > epoch_now => CheckpointWrite::NotOwner {
+                stored_epoch: stored,
+            },
+            (None, _) => CheckpointWrite::Written,
+            (Some(_), Some(stored)) if stored > i64::from(mine.schema_version) => {
+                CheckpointWrite::SchemaNewer {
+                    stored_schema: u32::try_from(stored).unwrap_or(u32::MAX),
+                }
+            }
+            _ => CheckpointWrite::Written,
+        };
+        match checkpoints.write(&mine).await {
+            Ok(CheckpointWrite::Written) => {
+                written += 1;
+                assert_eq!(expected, CheckpointWrite::Written, "{what}");
+                let back = checkpoints.read(id).await.unwrap().unwrap();
+                assert_eq!(back.owner_epoch, epoch_now, "{what}");
+                assert_eq!(back.state, mine.state, "{what}");
+            }
+            Ok(refusal) => {
+                refused_writes += 1;
+                assert_eq!(refusal, expected, "{what}");
+                assert_eq!(
+                    row_text(&db, id).await,
+                    before,
+                    "{what}: a refused write changed the row"
+                );
+            }
+            Err(other) => panic!("{what}: the write failed: {other}"),
+        }
+    }
+    println!(
+        "embedded checkpoint fuzz: {CASES} cases, reads {read_ok} ok / {read_refused} corrupt, writes {written} landed / {refused_writes} refused"
+    );
+    assert!(read_ok > 0 && read_refused > 0 && written > 0 && refused_writes > 0);
+}
