@@ -37,6 +37,40 @@ pub struct SqliteBackend {
     path: String,
     /// Until when every call fails (the outage fault hook), shared by clones.
     outage_until: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+    /// Taken before a write transaction borrows a connection: writers of this process queue
+    /// here, in order, instead of each holding a pooled connection while SQLite's busy handler
+    /// waits for the file's write lock (four waiting writers would leave no connection for a
+    /// read).
+    write_turn: std::sync::Arc<tokio::sync::Mutex<()>>,
+}
+
+/// A write transaction of the embedded store, holding this process's write turn until it
+/// commits or is dropped (rolled back). Dereferences to the connection it runs on.
+#[derive(Debug)]
+pub struct WriteTransaction {
+    tx: SqliteTransaction<'static>,
+    _turn: tokio::sync::OwnedMutexGuard<()>,
+}
+
+impl WriteTransaction {
+    /// Commits, then gives the write turn to the next writer.
+    pub async fn commit(self) -> Result<(), sqlx::Error> {
+        self.tx.commit().await
+    }
+}
+
+impl std::ops::Deref for WriteTransaction {
+    type Target = sqlx::SqliteConnection;
+
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl std::ops::DerefMut for WriteTransaction {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tx
+    }
 }
 
 /// The error every call of the embedded store returns while an outage is injected.
@@ -84,6 +118,7 @@ impl SqliteBackend {
             pool,
             path,
             outage_until: Default::default(),
+            write_turn: Default::default(),
         };
         // Reading the schema catalogue is what tells a file that is not a database.
         sqlx::query("SELECT count(*) FROM sqlite_master")
@@ -122,12 +157,15 @@ impl SqliteBackend {
         Ok(&self.pool)
     }
 
-    /// Opens a write transaction: it takes the file's write lock at once (`BEGIN IMMEDIATE`),
-    /// so a transaction that reads and then writes never fails on a lock upgrade. An error
-    /// while an outage is injected.
-    pub async fn begin(&self) -> Result<SqliteTransaction<'static>, sqlx::Error> {
+    /// Opens a write transaction once this process's earlier writers are done: it takes the
+    /// file's write lock at once (`BEGIN IMMEDIATE`), so a transaction that reads and then
+    /// writes never fails on a lock upgrade. An error while an outage is injected.
+    pub async fn begin(&self) -> Result<WriteTransaction, sqlx::Error> {
         self.available()?;
-        self.pool.begin_with("BEGIN IMMEDIATE").await
+        let turn = self.write_turn.clone().lock_owned().await;
+        self.available()?;
+        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        Ok(WriteTransaction { tx, _turn: turn })
     }
 
     /// The store-outage fault hook: every call of the store adapters (through [`Self::reader`]

@@ -460,3 +460,34 @@ async fn an_embedded_outage_fails_every_call_for_its_stretch_and_writes_nothing(
     db.end_outage();
     checkpoints.write(&during).await.unwrap();
 }
+
+/// Writers of one process wait their turn for the file's write lock without holding a pooled
+/// connection, so a read still gets one while a long write transaction is open and many writes
+/// queue behind it.
+#[tokio::test]
+async fn embedded_writers_queued_behind_a_long_write_leave_connections_for_reads() {
+    let sqlite = TestSqlite::new().await;
+    let db = sqlite.backend();
+    let checkpoints = CheckpointStore::embedded(db.clone());
+    let present = live_copy(1);
+    checkpoints.write(&present).await.unwrap();
+    let long_write = db.begin().await.unwrap();
+    let queued: Vec<_> = (0..8)
+        .map(|_| {
+            let checkpoints = checkpoints.clone();
+            tokio::spawn(async move { checkpoints.write(&live_copy(1)).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let read = tokio::time::timeout(
+        Duration::from_secs(2),
+        checkpoints.read(present.character_id),
+    )
+    .await
+    .expect("a read waited for a connection behind queued writers");
+    assert_eq!(read.unwrap(), Some(present));
+    long_write.commit().await.unwrap();
+    for writer in queued {
+        assert_eq!(writer.await.unwrap().unwrap(), CheckpointWrite::Written);
+    }
+}
