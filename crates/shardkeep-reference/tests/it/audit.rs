@@ -18,6 +18,15 @@ fn store(pool: &PgPool) -> AuditStore {
     AuditStore::new(shardkeep_testkit::pg(pool))
 }
 
+/// An auditor with the default settings over `store`.
+fn spawned(store: &AuditStore) -> Auditor {
+    Auditor::spawn(
+        store.clone(),
+        AuditorConfig::default(),
+        CancellationToken::new(),
+    )
+}
+
 /// A subject's event kinds, oldest first, read through the trail's own API.
 async fn kinds_in(store: &AuditStore, subject: Uuid) -> Vec<String> {
     let page = store.character_page(subject, None, 200).await.unwrap();
@@ -40,11 +49,7 @@ async fn a_retried_enqueue_records_once(pool: PgPool) {
     let drivers = AuditDrivers::new(&pool).await;
     for store in drivers.stores() {
         let driver = store.driver();
-        let auditor = Auditor::spawn(
-            store.clone(),
-            AuditorConfig::default(),
-            CancellationToken::new(),
-        );
+        let auditor = spawned(&store);
         let c = Uuid::now_v7();
         let event = AuditEvent::track(c, "smithing", 1);
         auditor.emit(event.clone());
@@ -67,11 +72,7 @@ async fn one_poison_row_costs_only_itself(pool: PgPool) {
     let drivers = AuditDrivers::new(&pool).await;
     for store in drivers.stores() {
         let driver = store.driver();
-        let auditor = Auditor::spawn(
-            store.clone(),
-            AuditorConfig::default(),
-            CancellationToken::new(),
-        );
+        let auditor = spawned(&store);
         let c = Uuid::now_v7();
         for step in 1..=5 {
             auditor.emit(AuditEvent::track(c, "mining", step));
@@ -98,11 +99,7 @@ async fn shutdown_drains_every_queued_event(pool: PgPool) {
     let drivers = AuditDrivers::new(&pool).await;
     for store in drivers.stores() {
         let driver = store.driver();
-        let auditor = Auditor::spawn(
-            store.clone(),
-            AuditorConfig::default(),
-            CancellationToken::new(),
-        );
+        let auditor = spawned(&store);
         let c = Uuid::now_v7();
         let mut accepted = 0;
         for n in 0..200 {

@@ -143,6 +143,27 @@ async fn dump(conn: &mut shardkeep::backend::redis::RedisConn, key: &str) -> Opt
     redis::cmd("DUMP").arg(key).query_async(conn).await.unwrap()
 }
 
+/// A login over whatever checkpoint is planted: the row is sound, so it loads (or refuses
+/// content of a newer schema than this process plays, by name). Returns the new owner's epoch.
+async fn login_over_it(
+    loader: &CharacterLoader,
+    store: &CharacterStore,
+    id: uuid::Uuid,
+    what: &str,
+) -> i64 {
+    match loader.claim_and_load(id, 0).await {
+        Ok(loaded) => {
+            assert_eq!(loaded.snapshot.character_id, id, "{what}");
+            loaded.snapshot.owner_epoch
+        }
+        Err(LoadError::Schema { character_id, .. }) => {
+            assert_eq!(character_id, id, "{what}");
+            store.load(id).await.unwrap().unwrap().owner_epoch
+        }
+        Err(other) => panic!("{what}: the login failed: {other}"),
+    }
+}
+
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn fuzzed_checkpoint_hashes_are_read_typed_skipped_at_login_and_never_half_overwritten(
     pool: PgPool,
@@ -257,19 +278,7 @@ async fn fuzzed_checkpoint_hashes_are_read_typed_skipped_at_login_and_never_half
             }
             Err(other) => panic!("{what}: not a typed corruption: {other}"),
         }
-        // A login over whatever is there: the row is sound, so it loads (or refuses content of
-        // a newer schema than this process plays, by name).
-        let epoch = match loader.claim_and_load(id, 0).await {
-            Ok(loaded) => {
-                assert_eq!(loaded.snapshot.character_id, id, "{what}");
-                loaded.snapshot.owner_epoch
-            }
-            Err(LoadError::Schema { character_id, .. }) => {
-                assert_eq!(character_id, id, "{what}");
-                store.load(id).await.unwrap().unwrap().owner_epoch
-            }
-            Err(other) => panic!("{what}: the login failed: {other}"),
-        };
+        let epoch = login_over_it(&loader, &store, id, &what).await;
         // The new owner checkpoints: it lands whole, or the planted key stays as it was.
         let before = dump(&mut conn, &key).await;
         let mine = CharacterSnapshot {
@@ -470,17 +479,7 @@ async fn fuzzed_embedded_checkpoint_rows_are_read_typed_and_never_half_overwritt
             }
             Err(other) => panic!("{what}: not a typed corruption: {other}"),
         }
-        let epoch_now = match loader.claim_and_load(id, 0).await {
-            Ok(loaded) => {
-                assert_eq!(loaded.snapshot.character_id, id, "{what}");
-                loaded.snapshot.owner_epoch
-            }
-            Err(LoadError::Schema { character_id, .. }) => {
-                assert_eq!(character_id, id, "{what}");
-                store.load(id).await.unwrap().unwrap().owner_epoch
-            }
-            Err(other) => panic!("{what}: the login failed: {other}"),
-        };
+        let epoch_now = login_over_it(&loader, &store, id, &what).await;
         let before = row_text(&db, id).await;
         let mine = CharacterSnapshot {
             owner_epoch: epoch_now,
