@@ -751,3 +751,79 @@ async fn a_claim_that_waited_for_a_settle_replays_its_effects(pool: PgPool) {
         "the settle's reward was not replayed on the checkpoint"
     );
 }
+
+/// The item-load ledger's index stays the size of its entries while items come and go for a
+/// long time. Items are created in time order; a character keeps some for many rounds and
+/// others briefly, so a few entries of every era outlive the rest. Keyed by item first, each
+/// era's index pages kept one of those survivors and were never given back (the soak's
+/// `item_loads` grew at a steady rate while its rows did not); keyed by character first, the
+/// pages a character's entries share are reused by its next loads.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn the_item_load_index_follows_its_entries_not_the_servers_age(pool: PgPool) {
+    use rand::rngs::Xoshiro256PlusPlus;
+    use rand::{RngExt, SeedableRng};
+    const CHARACTERS: usize = 1000;
+    const HELD: usize = 12;
+    const ROUNDS: i64 = 60;
+    let retention = BookkeepingRetention::default();
+    let store = CharacterStore::new(pg(&pool)).with_item_load_retention(retention.item_loads);
+    let bookkeeping = Bookkeeping::new(pg(&pool));
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(19);
+    let mut held: Vec<(uuid::Uuid, Vec<uuid::Uuid>)> = (0..CHARACTERS)
+        .map(|_| {
+            let items = (0..HELD).map(|_| uuid::Uuid::now_v7()).collect();
+            (uuid::Uuid::new_v4(), items)
+        })
+        .collect();
+    for round in 0..ROUNDS {
+        // Each character swaps one item it holds, picked at random, for a new one, and its
+        // copy is a new one (a new owner epoch) every fifth round.
+        let mut dropped = Vec::with_capacity(CHARACTERS);
+        for (_, items) in &mut held {
+            let slot = rng.random_range(0..HELD);
+            dropped.push(std::mem::replace(&mut items[slot], uuid::Uuid::now_v7()));
+        }
+        let epoch = 1 + round / 5;
+        futures::future::try_join_all(
+            held.iter()
+                .map(|(character, items)| store.record_item_loads(*character, epoch, items)),
+        )
+        .await
+        .unwrap();
+        // Entries of items no longer held age out and are pruned.
+        sqlx::query(
+            "UPDATE item_loads SET loaded_at = now() - interval '400 days' WHERE item_id = ANY($1)",
+        )
+        .bind(&dropped)
+        .execute(&pool)
+        .await
+        .unwrap();
+        while bookkeeping.prune_once(retention).await.unwrap().item_loads > 0 {}
+        sqlx::query("VACUUM item_loads")
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM item_loads")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, (CHARACTERS * HELD) as i64, "one entry per item held");
+    let pkey_bytes = async || -> i64 {
+        sqlx::query_scalar("SELECT pg_relation_size('item_loads_pkey')")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    let churned = pkey_bytes().await;
+    sqlx::query("REINDEX INDEX item_loads_pkey")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let rebuilt = pkey_bytes().await;
+    eprintln!("item_loads_pkey after {ROUNDS} rounds: {churned} B; rebuilt: {rebuilt} B");
+    assert!(
+        churned <= 2 * rebuilt,
+        "the index holds {churned} B for entries a fresh build holds in {rebuilt} B"
+    );
+}

@@ -64,7 +64,7 @@ impl ItemLoadOp {
         let mut newest: HashMap<(Uuid, Uuid), i64> = HashMap::new();
         for (character, epoch, items) in batch {
             for item in items {
-                let seen = newest.entry((*item, *character)).or_insert(*epoch);
+                let seen = newest.entry((*character, *item)).or_insert(*epoch);
                 *seen = (*seen).max(*epoch);
             }
         }
@@ -74,8 +74,8 @@ impl ItemLoadOp {
         let mut rows: Vec<((Uuid, Uuid), i64)> = newest.into_iter().collect();
         // In key order, so two statements touching the same rows lock them in one order.
         rows.sort_unstable();
-        let items: Vec<Uuid> = rows.iter().map(|((item, _), _)| *item).collect();
-        let characters: Vec<Uuid> = rows.iter().map(|((_, c), _)| *c).collect();
+        let characters: Vec<Uuid> = rows.iter().map(|((c, _), _)| *c).collect();
+        let items: Vec<Uuid> = rows.iter().map(|((_, item), _)| *item).collect();
         let epochs: Vec<i64> = rows.iter().map(|(_, e)| *e).collect();
         // The load time is only moved when it is older than the refresh interval: every other
         // load changes no indexed column, so its update is a heap-only (HOT) one that adds no

@@ -1,0 +1,15 @@
+-- The item-load ledger's primary key leads with the character instead of the item.
+--
+-- Item ids are time-ordered (UUIDv7), so with the item first every new item's entries went to the
+-- right edge of the index, while the entries of items a character kept for a long time stayed
+-- scattered over pages covering the whole of the server's history. The prune empties most of an
+-- old page but rarely all of it, and a B-tree only gives back pages that are wholly empty: the
+-- index grew with the server's age while its rows did not. Keyed by character first, a
+-- character's entries share a page or two that its next loads and prunes reuse, so the index
+-- follows the number of entries. Every lookup names both columns, so no query changes.
+--
+-- Migrations run in a transaction: the rebuild holds off item-load writes while it runs (the
+-- ledger holds one entry per item and character loaded within the retention).
+ALTER TABLE item_loads
+    DROP CONSTRAINT item_loads_pkey,
+    ADD CONSTRAINT item_loads_pkey PRIMARY KEY (character_id, item_id);
