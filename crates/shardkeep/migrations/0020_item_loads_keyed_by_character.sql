@@ -8,8 +8,12 @@
 -- character's entries share a page or two that its next loads and prunes reuse, so the index
 -- follows the number of entries. Every lookup names both columns, so no query changes.
 --
--- Migrations run in a transaction: the rebuild holds off item-load writes while it runs (the
--- ledger holds one entry per item and character loaded within the retention).
+-- Migrations run in a transaction, and the rebuild locks the ledger against reads and writes
+-- until they commit (it holds one entry per item and character loaded within the retention):
+-- transfer commits wait and loads record no entries meanwhile, so run it before starting shards.
+-- Waiting more than 10 s for the lock (a long transaction or a manual VACUUM holding the table)
+-- fails the migration instead of queueing every ledger reader behind it; run it again then.
+SET LOCAL lock_timeout = '10s';
 ALTER TABLE item_loads
     DROP CONSTRAINT item_loads_pkey,
     ADD CONSTRAINT item_loads_pkey PRIMARY KEY (character_id, item_id);

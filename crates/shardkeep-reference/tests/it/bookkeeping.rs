@@ -769,10 +769,17 @@ async fn the_item_load_index_follows_its_entries_not_the_servers_age(pool: PgPoo
     let store = CharacterStore::new(pg(&pool)).with_item_load_retention(retention.item_loads);
     let bookkeeping = Bookkeeping::new(pg(&pool));
     let mut rng = Xoshiro256PlusPlus::seed_from_u64(19);
+    let pkey_bytes = async || -> i64 {
+        sqlx::query_scalar("SELECT pg_relation_size('item_loads_pkey')")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    let mut halfway = 0;
     let mut held: Vec<(uuid::Uuid, Vec<uuid::Uuid>)> = (0..CHARACTERS)
         .map(|_| {
             let items = (0..HELD).map(|_| uuid::Uuid::now_v7()).collect();
-            (uuid::Uuid::new_v4(), items)
+            (uuid::Uuid::from_u128(rng.random()), items)
         })
         .collect();
     for round in 0..ROUNDS {
@@ -803,25 +810,30 @@ async fn the_item_load_index_follows_its_entries_not_the_servers_age(pool: PgPoo
             .execute(&pool)
             .await
             .unwrap();
+        if round == ROUNDS / 2 {
+            halfway = pkey_bytes().await;
+        }
     }
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM item_loads")
         .fetch_one(&pool)
         .await
         .unwrap();
     assert_eq!(rows, (CHARACTERS * HELD) as i64, "one entry per item held");
-    let pkey_bytes = async || -> i64 {
-        sqlx::query_scalar("SELECT pg_relation_size('item_loads_pkey')")
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-    };
     let churned = pkey_bytes().await;
     sqlx::query("REINDEX INDEX item_loads_pkey")
         .execute(&pool)
         .await
         .unwrap();
     let rebuilt = pkey_bytes().await;
-    eprintln!("item_loads_pkey after {ROUNDS} rounds: {churned} B; rebuilt: {rebuilt} B");
+    eprintln!(
+        "item_loads_pkey after {} rounds: {halfway} B; after {ROUNDS}: {churned} B; rebuilt: {rebuilt} B",
+        ROUNDS / 2
+    );
+    assert!(
+        churned * 10 <= halfway * 11,
+        "the index grew from {halfway} B to {churned} B over the last {} rounds with as many entries",
+        ROUNDS / 2
+    );
     assert!(
         churned <= 2 * rebuilt,
         "the index holds {churned} B for entries a fresh build holds in {rebuilt} B"
