@@ -178,7 +178,7 @@ impl Shard {
         acquirer: Uuid,
         released: Option<&Released>,
     ) -> Result<(), ActionError> {
-        let Some(released) = released.filter(|r| r.by != acquirer && self.persisted) else {
+        let Some(released) = released.filter(|r| self.pickup_commits(acquirer, r)) else {
             return Ok(());
         };
         for character in [acquirer, released.by] {
@@ -187,6 +187,21 @@ impl Shard {
             }
         }
         Ok(())
+    }
+
+    /// Whether picking up an item `released` commits as a transfer (on a persisted shard): when
+    /// another player put it down, and when an earlier copy of the acquirer did. That copy may
+    /// have died before a save recorded the put-down, so the floor copy may be a phantom of
+    /// what the acquirer holds, or held since: the commit's phantom checks decide, as for any
+    /// releaser. Only the very copy that put it down takes it back as a plain move.
+    fn pickup_commits(&self, acquirer: Uuid, released: &Released) -> bool {
+        if !self.persisted {
+            return false;
+        }
+        released.by != acquirer
+            || self
+                .player(acquirer)
+                .is_none_or(|e| e.character.owner_epoch != released.epoch)
     }
 
     /// Puts a picked-up item into the inventory: the marker is cleared and a bind-on-pickup item
@@ -206,7 +221,7 @@ impl Shard {
         }
         let acquirer_name = self.player(character_id)?.character.name.clone();
         let released = match released {
-            Some(r) if r.by != character_id && self.persisted => r,
+            Some(r) if self.pickup_commits(character_id, &r) => r,
             _ => {
                 self.player_mut(character_id)?
                     .character

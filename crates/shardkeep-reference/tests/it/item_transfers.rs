@@ -14,16 +14,16 @@ use uuid::Uuid;
 
 use crate::support::{Stores, boot, login};
 
-struct Room {
-    stores: Stores,
-    shard: shardkeep_reference::shard::Shard,
-    a: Uuid,
-    b: Uuid,
+pub(crate) struct Room {
+    pub(crate) stores: Stores,
+    pub(crate) shard: shardkeep_reference::shard::Shard,
+    pub(crate) a: Uuid,
+    pub(crate) b: Uuid,
     /// Kept alive for the whole test: dropping it sweeps the namespace and stops the shard's writers.
-    _redis: TestRedis,
+    pub(crate) _redis: TestRedis,
 }
 
-async fn two_players(pool: &PgPool) -> Room {
+pub(crate) async fn two_players(pool: &PgPool) -> Room {
     let redis = TestRedis::new().await;
     let stores = Stores::new(pool, redis.backend());
     let a = stores.new_character("Aria").await;
@@ -40,7 +40,7 @@ async fn two_players(pool: &PgPool) -> Room {
     }
 }
 
-fn gem(shard: &mut shardkeep_reference::shard::Shard, owner: Uuid) -> Uuid {
+pub(crate) fn gem(shard: &mut shardkeep_reference::shard::Shard, owner: Uuid) -> Uuid {
     let proto = shard.catalog().get("gem").unwrap().clone();
     let item = Item::spawn(&proto);
     let id = item.id.unwrap();
@@ -53,7 +53,7 @@ fn gem(shard: &mut shardkeep_reference::shard::Shard, owner: Uuid) -> Uuid {
     id
 }
 
-async fn transfers(pool: &PgPool) -> Vec<(Uuid, Option<Uuid>, serde_json::Value)> {
+pub(crate) async fn transfers(pool: &PgPool) -> Vec<(Uuid, Option<Uuid>, serde_json::Value)> {
     sqlx::query_as("SELECT subject_id, actor_id, payload FROM character_audit WHERE event_kind = 'item_transferred' ORDER BY seq")
         .fetch_all(pool)
         .await
@@ -784,7 +784,7 @@ async fn a_transfer_whose_outcome_stays_unknown_voids_the_item_on_the_record(poo
 
 /// Claims `id` and admits the row (or a fresher checkpoint) on `shard`: a copy rehydrated after
 /// its previous one died.
-async fn rehydrate(
+pub(crate) async fn rehydrate(
     stores: &Stores,
     shard: &mut shardkeep_reference::shard::Shard,
     id: Uuid,
@@ -802,7 +802,7 @@ async fn rehydrate(
 }
 
 /// Which of `ids` hold `item` in their stored rows.
-async fn rows_holding(stores: &Stores, ids: &[Uuid], item: Uuid) -> Vec<Uuid> {
+pub(crate) async fn rows_holding(stores: &Stores, ids: &[Uuid], item: Uuid) -> Vec<Uuid> {
     let mut holding = Vec::new();
     for id in ids {
         let row = stores.characters.load(*id).await.unwrap().unwrap();
@@ -816,7 +816,7 @@ async fn rows_holding(stores: &Stores, ids: &[Uuid], item: Uuid) -> Vec<Uuid> {
 }
 
 /// A's gem is saved, then A drops it and its copy dies before a save records the drop.
-async fn drop_then_crash(room: &mut Room) -> Uuid {
+pub(crate) async fn drop_then_crash(room: &mut Room) -> Uuid {
     let item = gem(&mut room.shard, room.a);
     room.shard
         .save_one(room.a, shardkeep::saver::SaveReason::Flush);

@@ -10,6 +10,7 @@ mod crash_window;
 mod final_saves;
 mod handoff_fencing;
 mod instance_anchor;
+mod item_self_pickups;
 mod item_transfers;
 mod ladder_shard;
 mod retry_effects;

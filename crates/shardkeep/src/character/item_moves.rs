@@ -58,18 +58,26 @@ impl CharacterStore {
                         current_epoch: snapshot.owner_epoch,
                     });
                 }
-                match Self::save_in(&mut tx, snapshot).await? {
-                    SaveOutcome::Saved(version) => Some(version),
-                    SaveOutcome::OwnershipLost(current_epoch) => {
-                        return Ok(TransferCommit::ReleaserSuperseded { current_epoch });
+                // A copy taking back what an earlier copy of its character put down is both
+                // sides: the acquirer's snapshot below is its row's one write.
+                if snapshot.character_id == acquirer.character_id {
+                    None
+                } else {
+                    match Self::save_in(&mut tx, snapshot).await? {
+                        SaveOutcome::Saved(version) => Some(version),
+                        SaveOutcome::OwnershipLost(current_epoch) => {
+                            return Ok(TransferCommit::ReleaserSuperseded { current_epoch });
+                        }
+                        SaveOutcome::VersionConflict(current) => {
+                            return Ok(TransferCommit::VersionRace {
+                                releaser_current: Some(current),
+                                acquirer_current: None,
+                            });
+                        }
+                        other => {
+                            return Ok(TransferCommit::Rejected(format!("releaser: {other:?}")));
+                        }
                     }
-                    SaveOutcome::VersionConflict(current) => {
-                        return Ok(TransferCommit::VersionRace {
-                            releaser_current: Some(current),
-                            acquirer_current: None,
-                        });
-                    }
-                    other => return Ok(TransferCommit::Rejected(format!("releaser: {other:?}"))),
                 }
             }
             Releaser::Departed {
