@@ -3,8 +3,9 @@
 //! each recorded on the audit trail through the shard's auditor.
 //!
 //! Transfer detection: dropping an item or putting it in a floor container stamps a transient
-//! `Released` marker naming the releaser. When a *different* player of a persisted shard picks it
-//! up, an `item_transferred` event names the acquirer (subject) and the releaser (actor). Every
+//! `Released` marker naming the releaser and its copy. When a different player of a persisted
+//! shard picks it up, or a later copy of the releaser (the put-down may never have been saved),
+//! an `item_transferred` event names the acquirer (subject) and the releaser (actor). Every
 //! pickup, and any mob or engine move, clears the marker, so it always names the most recent
 //! release. Bound items cannot be released at all.
 
@@ -205,9 +206,10 @@ impl Shard {
     }
 
     /// Puts a picked-up item into the inventory: the marker is cleared and a bind-on-pickup item
-    /// binds. An item another player of a persisted shard released becomes a transfer: it waits,
-    /// held by neither, until both characters' rows and the `item_transferred` audit row are
-    /// committed together; if that is refused it goes back to its releaser.
+    /// binds. An item another player, or an earlier copy of this one, released on a persisted
+    /// shard becomes a transfer: it waits, held by neither, until the rows and the
+    /// `item_transferred` audit row are committed together; if that is refused it goes back to
+    /// the copy that released it, or to the floor when that copy is gone.
     fn acquire(
         &mut self,
         character_id: Uuid,

@@ -91,10 +91,17 @@ impl Shard {
                 with_item.character.inventory.push(pending.item.clone());
                 self.dump(&with_item)
             });
-        let releaser_snapshot = self
-            .player(pending.releaser.by)
-            .filter(|e| !e.skip_saves())
-            .and_then(|e| self.dump(e));
+        // A later copy taking back what an earlier copy of its character put down is its own
+        // releaser: its pinned copy (without the item) is checked, and never written, whatever
+        // its saves are doing.
+        let releaser_snapshot = if pending.releaser.by == pending.acquirer {
+            self.copy_of(pending.acquirer, pending.acquirer_epoch)
+                .and_then(|e| self.dump(e))
+        } else {
+            self.player(pending.releaser.by)
+                .filter(|e| !e.skip_saves())
+                .and_then(|e| self.dump(e))
+        };
         let item_id = pending.item.id;
         let releaser_id = pending.releaser.by;
         let released_epoch = pending.releaser.epoch;

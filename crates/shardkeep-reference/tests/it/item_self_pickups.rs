@@ -129,3 +129,44 @@ async fn a_saved_drop_of_an_earlier_copy_is_its_owners_to_pick_up_again(pool: Pg
     assert_eq!(copies_held(&shard, a, item), 1);
     assert_eq!(transfers(&pool).await.len(), recorded);
 }
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_self_pickup_that_races_a_write_of_its_owner_dumps_again_and_lands_once(pool: PgPool) {
+    let Room {
+        mut shard,
+        a,
+        b,
+        stores,
+        _redis,
+    } = two_players(&pool).await;
+    let item = gem(&mut shard, a);
+    shard.save_one(a, shardkeep::saver::SaveReason::Flush);
+    shard.saver().barrier(Duration::from_secs(5)).await;
+    shard.tick();
+    shard.drop_item(a, item).unwrap();
+    shard.logout(a).unwrap();
+    shard.saver().barrier(Duration::from_secs(5)).await;
+    shard.tick();
+    rehydrate(&stores, &mut shard, a, "sa2").await;
+    // A journal location write lands: the restored copy's version is now behind its row.
+    let epoch = shard.player(a).unwrap().character.owner_epoch;
+    stores
+        .characters
+        .write_location(a, epoch, "zone-0", "r1")
+        .await
+        .unwrap();
+    shard.get_item(a, item).unwrap();
+    assert!(shard.settle_transfers(Duration::from_secs(5)).await);
+    assert_eq!(shard.take_voided_items(), Vec::<Uuid>::new());
+    assert_eq!(copies_held(&shard, a, item), 1);
+    let row = stores.characters.load(a).await.unwrap().unwrap();
+    assert_eq!(
+        row.state.value().to_string().matches(&item.to_string()).count(),
+        1
+    );
+    // The copy carries the commit's version: its next flush lands cleanly.
+    shard.save_one(a, shardkeep::saver::SaveReason::Flush);
+    shard.saver().barrier(Duration::from_secs(5)).await;
+    assert_eq!(shard.saver().stats().row_conflicts, 0);
+    assert_eq!(rows_holding(&stores, &[a, b], item).await, vec![a]);
+}

@@ -85,6 +85,13 @@ impl CharacterStore {
                 item_id,
                 released_epoch,
             } => {
+                // A character picking up what an earlier copy of it put down is a held releaser
+                // (its copy is at hand); as a departed one its row would be written twice.
+                if character_id == acquirer.character_id {
+                    return Ok(TransferCommit::Rejected(
+                        "a departed releaser cannot be the acquirer".into(),
+                    ));
+                }
                 match Self::release_from_row(&mut tx, model, character_id, item_id, released_epoch)
                     .await?
                 {
