@@ -161,7 +161,11 @@ async fn a_self_pickup_that_races_a_write_of_its_owner_dumps_again_and_lands_onc
     assert_eq!(copies_held(&shard, a, item), 1);
     let row = stores.characters.load(a).await.unwrap().unwrap();
     assert_eq!(
-        row.state.value().to_string().matches(&item.to_string()).count(),
+        row.state
+            .value()
+            .to_string()
+            .matches(&item.to_string())
+            .count(),
         1
     );
     // The copy carries the commit's version: its next flush lands cleanly.

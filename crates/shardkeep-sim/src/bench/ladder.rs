@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::documents::DocumentKind;
 use super::{BenchEnv, BenchError, Goal, Progress, Row, Unit, measure, rate};
-use shardkeep::character::checkpoint::WRITE_SCRIPT;
+use shardkeep::character::checkpoint::{CHECKPOINTS_PER_CALL, WRITE_SCRIPT, call_groups};
 use shardkeep::character::{
     CharacterSnapshot, CharacterStore, CheckpointStore, SaveOutcome, StateJson,
 };
@@ -46,8 +46,11 @@ pub struct LadderBenchReport {
     pub raw_set: f64,
     /// Raw SETs, pipelined in batches.
     pub raw_set_pipelined: f64,
-    /// The checkpoint guard script, EVALSHA pipelined in batches with pre-encoded bodies.
+    /// The checkpoint guard script, EVALSHA pipelined in batches with pre-encoded bodies, as
+    /// many checkpoints to a call as the library writes.
     pub raw_guard_pipelined: f64,
+    /// The same, one checkpoint to a call.
+    pub raw_guard_single_calls: f64,
     /// Checkpoint writes through the library, pipelined in batches.
     pub checkpoint: f64,
     /// Size of one state document, in bytes.
@@ -154,6 +157,7 @@ pub async fn run_with_state(
         raw_set: median(|r| r.raw_set),
         raw_set_pipelined: median(|r| r.raw_set_pipelined),
         raw_guard_pipelined: median(|r| r.raw_guard_pipelined),
+        raw_guard_single_calls: median(|r| r.raw_guard_single_calls),
         checkpoint: median(|r| r.checkpoint),
         state_bytes: serde_json::to_vec(state).map(|v| v.len()).unwrap_or(0),
     })
@@ -198,6 +202,15 @@ pub fn rows(kind: DocumentKind, r: &LadderBenchReport) -> Vec<Row> {
             r.raw_guard_pipelined,
             Unit::PerSecond,
             Goal::AtLeast(0.7),
+        ),
+        Row::higher_is_better(
+            BENCH,
+            format!("checkpoint writes, pipelined ({doc})"),
+            r.checkpoint,
+            "guard script raw, pipelined, one checkpoint a call",
+            r.raw_guard_single_calls,
+            Unit::PerSecond,
+            Goal::None,
         ),
         Row::higher_is_better(
             BENCH,
@@ -251,7 +264,9 @@ impl Steps<'_> {
         let cas_single = self.cas_single().await?;
         let raw_unnest = self.raw_unnest().await?;
         let cas_batched = self.cas_batched().await?;
-        let (raw_set, raw_set_pipelined, raw_guard_pipelined) = self.raw_redis().await?;
+        let (raw_set, raw_set_pipelined) = self.raw_redis().await?;
+        let raw_guard_pipelined = self.raw_guard(CHECKPOINTS_PER_CALL).await?;
+        let raw_guard_single_calls = self.raw_guard(1).await?;
         let checkpoint = self.checkpoint().await?;
         Ok(LadderBenchReport {
             raw_update,
@@ -261,6 +276,7 @@ impl Steps<'_> {
             raw_set,
             raw_set_pipelined,
             raw_guard_pipelined,
+            raw_guard_single_calls,
             checkpoint,
             state_bytes: 0,
         })
@@ -381,9 +397,9 @@ impl Steps<'_> {
         Ok(rate(done, started.elapsed()))
     }
 
-    /// Raw SET one at a time, raw SET pipelined, and the guard script pipelined, each with the
-    /// checkpoint body encoded before the clock starts.
-    async fn raw_redis(&mut self) -> Result<(f64, f64, f64), BenchError> {
+    /// Raw SET one at a time and raw SET pipelined, with the checkpoint body encoded before the
+    /// clock starts.
+    async fn raw_redis(&mut self) -> Result<(f64, f64), BenchError> {
         let keys = self.env.redis.keys();
         let bodies: Vec<(String, Vec<u8>)> = self
             .snapshots
@@ -432,8 +448,28 @@ impl Steps<'_> {
         }
         let raw_set_pipelined = rate(done, started.elapsed());
 
-        self.progress
-            .step(BENCH, "checkpoint guard script raw, pipelined");
+        Ok((raw_set, raw_set_pipelined))
+    }
+
+    /// The checkpoint guard script issued raw, EVALSHA pipelined in batches with the bodies
+    /// encoded before the clock starts, `per_call` checkpoints to a call (grouped by slot on a
+    /// cluster, as the library groups them).
+    async fn raw_guard(&mut self, per_call: usize) -> Result<f64, BenchError> {
+        let keys = self.env.redis.keys();
+        let bodies: Vec<(String, Vec<u8>)> = self
+            .snapshots
+            .iter()
+            .map(|s| {
+                let body = serde_json::to_vec(s).map_err(BenchError::other)?;
+                Ok((keys.checkpoint(s.character_id), body))
+            })
+            .collect::<Result<_, BenchError>>()?;
+        let mut conn = self.env.redis_conn.clone();
+        let cluster = self.env.redis.is_cluster();
+        self.progress.step(
+            BENCH,
+            format!("checkpoint guard script raw, pipelined, {per_call} a call"),
+        );
         let script = Script::new(WRITE_SCRIPT);
         let () = redis::cmd("SCRIPT")
             .arg("LOAD")
@@ -444,26 +480,29 @@ impl Steps<'_> {
         let ttl = CHECKPOINT_TTL.as_millis();
         let (mut cursor, mut done) = (0usize, 0u64);
         let started = Instant::now();
-        while started.elapsed() < window {
+        while started.elapsed() < self.config.window {
             let range = self.chunk(cursor);
             cursor += 1;
+            let range_keys: Vec<String> = range.clone().map(|i| bodies[i].0.clone()).collect();
             let mut pipe = redis::pipe();
-            for i in range.clone() {
-                let s = &self.snapshots[i];
-                pipe.cmd("EVALSHA")
-                    .arg(script.get_hash())
-                    .arg(1)
-                    .arg(&bodies[i].0)
-                    .arg(s.owner_epoch)
-                    .arg(&bodies[i].1)
-                    .arg(ttl)
-                    .arg(s.schema_version);
+            for group in call_groups(&range_keys, cluster) {
+                for call in group.chunks(per_call) {
+                    let cmd = pipe.cmd("EVALSHA").arg(script.get_hash()).arg(call.len());
+                    for &k in call {
+                        cmd.arg(&range_keys[k]);
+                    }
+                    cmd.arg(ttl);
+                    for &k in call {
+                        let (s, body) =
+                            (&self.snapshots[range.start + k], &bodies[range.start + k].1);
+                        cmd.arg(s.owner_epoch).arg(body).arg(s.schema_version);
+                    }
+                }
             }
-            let replies: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
-            done += replies.len() as u64;
+            let _: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
+            done += range.len() as u64;
         }
-        let raw_guard_pipelined = rate(done, started.elapsed());
-        Ok((raw_set, raw_set_pipelined, raw_guard_pipelined))
+        Ok(rate(done, started.elapsed()))
     }
 
     async fn checkpoint(&mut self) -> Result<f64, BenchError> {

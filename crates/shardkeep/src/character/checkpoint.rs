@@ -26,6 +26,10 @@ static WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(WRITE_SCRIPT));
 
 /// Snapshots per pipeline of a large write.
 const PIPELINE_SNAPSHOTS: usize = 128;
+/// Most checkpoints one guard script call writes (fewer on a cluster, where one call holds
+/// the keys of one slot only): a call's own cost is paid once for all of them, and the call
+/// blocks Redis only for as long as this many small writes take.
+pub const CHECKPOINTS_PER_CALL: usize = 32;
 /// Pipelines of one write in flight at once.
 const PIPELINES_IN_FLIGHT: usize = 4;
 
@@ -233,21 +237,30 @@ impl CheckpointStore {
         Ok(per_pipeline.into_iter().flatten().collect())
     }
 
-    /// One pipeline of guarded writes.
+    /// One pipeline of guarded writes: one script call per group of snapshots whose keys
+    /// share a slot (all of them on standalone Redis), [`CHECKPOINTS_PER_CALL`] at most.
     async fn write_pipeline(
         &self,
         redis: &RedisBackend,
         snapshots: &[&CharacterSnapshot],
     ) -> Result<Vec<CheckpointWrite>, CheckpointError> {
-        let mut invocations = Vec::with_capacity(snapshots.len());
-        for snapshot in snapshots {
-            let body = serde_json::to_vec(snapshot).map_err(CheckpointError::Encode)?;
+        let keys: Vec<String> = snapshots
+            .iter()
+            .map(|s| redis.keys().checkpoint(s.character_id))
+            .collect();
+        let groups = call_groups(&keys, redis.is_cluster());
+        let mut invocations = Vec::with_capacity(groups.len());
+        for group in &groups {
             let mut call = WRITE.prepare_invoke();
-            call.key(redis.keys().checkpoint(snapshot.character_id))
-                .arg(snapshot.owner_epoch)
-                .arg(body)
-                .arg(self.ttl.as_millis())
-                .arg(snapshot.schema_version);
+            call.arg(self.ttl.as_millis());
+            for &i in group {
+                let snapshot = snapshots[i];
+                let body = serde_json::to_vec(snapshot).map_err(CheckpointError::Encode)?;
+                call.key(&keys[i])
+                    .arg(snapshot.owner_epoch)
+                    .arg(body)
+                    .arg(snapshot.schema_version);
+            }
             invocations.push(call);
         }
         // Loading first makes the pipelined EVALSHAs immune to a flushed script cache.
@@ -259,8 +272,33 @@ impl CheckpointStore {
         // On a cluster a checkpoint counts once a replica holds it: a failover must not bring
         // back an older one (its copy may since have dropped an item someone else picked up).
         // Unconfirmed, the pipeline fails like any failed checkpoint write.
-        let replies: Vec<Vec<Value>> = redis.query_confirmed(pipe).await?;
-        replies.iter().map(|reply| decode_write(reply)).collect()
+        let replies: Vec<Vec<Vec<Value>>> = redis.query_confirmed(pipe).await?;
+        if replies.len() != groups.len() {
+            return Err(CheckpointError::Protocol(format!(
+                "{} replies to {} calls",
+                replies.len(),
+                groups.len()
+            )));
+        }
+        let mut results: Vec<Option<CheckpointWrite>> = vec![None; snapshots.len()];
+        for (group, reply) in groups.iter().zip(&replies) {
+            if reply.len() != group.len() {
+                return Err(CheckpointError::Protocol(format!(
+                    "{} replies to a call of {}",
+                    reply.len(),
+                    group.len()
+                )));
+            }
+            for (&i, one) in group.iter().zip(reply) {
+                results[i] = Some(decode_write(one)?);
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.ok_or_else(|| CheckpointError::Protocol("a checkpoint without reply".into()))
+            })
+            .collect()
     }
 
     /// The checkpoint of `character_id`, if one is stored.
@@ -367,6 +405,32 @@ fn guard_int(text: &[u8]) -> Option<i64> {
     (value.to_string() == text).then_some(value)
 }
 
+/// The script calls of one pipeline, as indexes into `keys`: on a cluster the keys of each call
+/// share a slot (first-seen order), on standalone Redis they run in order; at most
+/// [`CHECKPOINTS_PER_CALL`] to a call.
+pub fn call_groups(keys: &[String], cluster: bool) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    if !cluster {
+        let all: Vec<usize> = (0..keys.len()).collect();
+        return all
+            .chunks(CHECKPOINTS_PER_CALL)
+            .map(<[usize]>::to_vec)
+            .collect();
+    }
+    let mut open: std::collections::HashMap<u16, usize> = std::collections::HashMap::new();
+    for (i, key) in keys.iter().enumerate() {
+        let slot = crate::keyspace::slot::key_slot(key);
+        match open.get(&slot) {
+            Some(&g) if groups[g].len() < CHECKPOINTS_PER_CALL => groups[g].push(i),
+            _ => {
+                open.insert(slot, groups.len());
+                groups.push(vec![i]);
+            }
+        }
+    }
+    groups
+}
+
 fn decode_write(reply: &[Value]) -> Result<CheckpointWrite, CheckpointError> {
     match reply {
         [tag] if is(tag, "ok") => Ok(CheckpointWrite::Written),
@@ -414,6 +478,37 @@ mod tests {
         );
         assert_eq!(decide_guard(Some((None, Some(9))), 3, 1), Write);
         assert_eq!(decide_guard(Some((Some(3), None)), 3, 1), Write);
+    }
+
+    #[test]
+    fn script_calls_hold_one_slots_keys_and_at_most_the_bound() {
+        use super::{CHECKPOINTS_PER_CALL, call_groups};
+        use crate::keyspace::slot::key_slot;
+        let keys: Vec<String> = (0..200).map(|i| format!("ns:checkpoint:{i}")).collect();
+        let standalone = call_groups(&keys, false);
+        assert_eq!(standalone.len(), 200usize.div_ceil(CHECKPOINTS_PER_CALL));
+        let flat: Vec<usize> = standalone.concat();
+        assert_eq!(flat, (0..200).collect::<Vec<_>>(), "in order, each once");
+        // Many keys of one slot (a shared hash tag) and a few of others.
+        let mut tagged: Vec<String> = (0..70).map(|i| format!("{{t}}:checkpoint:{i}")).collect();
+        tagged.extend(keys.iter().take(5).cloned());
+        let cluster = call_groups(&tagged, true);
+        let mut seen: Vec<usize> = cluster.concat();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..75).collect::<Vec<_>>(), "each key once");
+        for group in &cluster {
+            assert!(!group.is_empty() && group.len() <= CHECKPOINTS_PER_CALL);
+            let slot = key_slot(&tagged[group[0]]);
+            assert!(group.iter().all(|&i| key_slot(&tagged[i]) == slot));
+            assert!(group.windows(2).all(|w| w[0] < w[1]), "in batch order");
+        }
+        assert_eq!(
+            cluster
+                .iter()
+                .filter(|g| key_slot(&tagged[g[0]]) == key_slot("{t}"))
+                .count(),
+            70usize.div_ceil(CHECKPOINTS_PER_CALL)
+        );
     }
 
     #[test]

@@ -141,15 +141,22 @@ async fn a_batch_gives_one_outcome_per_snapshot_in_order() {
         };
         // More than one pipeline of the Redis driver.
         let fresh: Vec<CharacterSnapshot> = (0..300).map(|_| live_copy(1)).collect();
+        // An older copy of the first character right behind it: in the same script call of
+        // the Redis driver, which must apply its checkpoints in order too.
+        let older_first = CharacterSnapshot {
+            owner_epoch: 0,
+            ..fresh[0].clone()
+        };
         let mut batch: Vec<&CharacterSnapshot> = fresh.iter().collect();
         batch.insert(150, &stale);
+        batch.insert(1, &older_first);
         let outcomes = checkpoints.write_many(&batch).await.unwrap();
-        assert_eq!(outcomes.len(), 301, "{driver}");
+        assert_eq!(outcomes.len(), 302, "{driver}");
         for (at, outcome) in outcomes.iter().enumerate() {
-            let expected = if at == 150 {
-                CheckpointWrite::NotOwner { stored_epoch: 9 }
-            } else {
-                CheckpointWrite::Written
+            let expected = match at {
+                1 => CheckpointWrite::NotOwner { stored_epoch: 1 },
+                151 => CheckpointWrite::NotOwner { stored_epoch: 9 },
+                _ => CheckpointWrite::Written,
             };
             assert_eq!(*outcome, expected, "{driver}: snapshot {at}");
         }
