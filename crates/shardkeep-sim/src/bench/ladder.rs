@@ -484,8 +484,9 @@ impl Steps<'_> {
             let range = self.chunk(cursor);
             cursor += 1;
             let range_keys: Vec<String> = range.clone().map(|i| bodies[i].0.clone()).collect();
+            let sizes: Vec<usize> = range.clone().map(|i| bodies[i].1.len()).collect();
             let mut pipe = redis::pipe();
-            for group in call_groups(&range_keys, cluster) {
+            for group in call_groups(&range_keys, &sizes, cluster) {
                 for call in group.chunks(per_call) {
                     let cmd = pipe.cmd("EVALSHA").arg(script.get_hash()).arg(call.len());
                     for &k in call {

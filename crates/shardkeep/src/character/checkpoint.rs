@@ -27,9 +27,12 @@ static WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(WRITE_SCRIPT));
 /// Snapshots per pipeline of a large write.
 const PIPELINE_SNAPSHOTS: usize = 128;
 /// Most checkpoints one guard script call writes (fewer on a cluster, where one call holds
-/// the keys of one slot only): a call's own cost is paid once for all of them, and the call
-/// blocks Redis only for as long as this many small writes take.
+/// the keys of one slot only): a call's own cost is paid once for all of them.
 pub const CHECKPOINTS_PER_CALL: usize = 32;
+/// Snapshot bytes past which a guard script call takes no further checkpoint: a call runs as one
+/// unit in Redis, so large documents go a few (or one) to a call and no call blocks Redis, or
+/// fills a client's query buffer, for long.
+pub const CALL_BYTES: usize = 256 * 1024;
 /// Pipelines of one write in flight at once.
 const PIPELINES_IN_FLIGHT: usize = 4;
 
@@ -248,17 +251,21 @@ impl CheckpointStore {
             .iter()
             .map(|s| redis.keys().checkpoint(s.character_id))
             .collect();
-        let groups = call_groups(&keys, redis.is_cluster());
+        let bodies: Vec<Vec<u8>> = snapshots
+            .iter()
+            .map(|s| serde_json::to_vec(s).map_err(CheckpointError::Encode))
+            .collect::<Result<_, _>>()?;
+        let sizes: Vec<usize> = bodies.iter().map(Vec::len).collect();
+        let groups = call_groups(&keys, &sizes, redis.is_cluster());
         let mut invocations = Vec::with_capacity(groups.len());
         for group in &groups {
             let mut call = WRITE.prepare_invoke();
             call.arg(self.ttl.as_millis());
             for &i in group {
                 let snapshot = snapshots[i];
-                let body = serde_json::to_vec(snapshot).map_err(CheckpointError::Encode)?;
                 call.key(&keys[i])
                     .arg(snapshot.owner_epoch)
-                    .arg(body)
+                    .arg(&bodies[i])
                     .arg(snapshot.schema_version);
             }
             invocations.push(call);
@@ -405,30 +412,32 @@ fn guard_int(text: &[u8]) -> Option<i64> {
     (value.to_string() == text).then_some(value)
 }
 
-/// The script calls of one pipeline, as indexes into `keys`: on a cluster the keys of each call
-/// share a slot (first-seen order), on standalone Redis they run in order; at most
-/// [`CHECKPOINTS_PER_CALL`] to a call.
-pub fn call_groups(keys: &[String], cluster: bool) -> Vec<Vec<usize>> {
-    let mut groups: Vec<Vec<usize>> = Vec::new();
-    if !cluster {
-        let all: Vec<usize> = (0..keys.len()).collect();
-        return all
-            .chunks(CHECKPOINTS_PER_CALL)
-            .map(<[usize]>::to_vec)
-            .collect();
-    }
+/// The script calls of one pipeline, as indexes into `keys` (whose snapshots encode to `sizes`
+/// bytes): on a cluster the keys of each call share a slot, on standalone Redis any keys go
+/// together; in batch order within a call, at most [`CHECKPOINTS_PER_CALL`] to a call, and no
+/// checkpoint joins a call already holding [`CALL_BYTES`].
+pub fn call_groups(keys: &[String], sizes: &[usize], cluster: bool) -> Vec<Vec<usize>> {
+    let mut groups: Vec<(Vec<usize>, usize)> = Vec::new();
     let mut open: std::collections::HashMap<u16, usize> = std::collections::HashMap::new();
     for (i, key) in keys.iter().enumerate() {
-        let slot = crate::keyspace::slot::key_slot(key);
+        let slot = if cluster {
+            crate::keyspace::slot::key_slot(key)
+        } else {
+            0
+        };
+        let size = sizes.get(i).copied().unwrap_or(0);
         match open.get(&slot) {
-            Some(&g) if groups[g].len() < CHECKPOINTS_PER_CALL => groups[g].push(i),
+            Some(&g) if groups[g].0.len() < CHECKPOINTS_PER_CALL && groups[g].1 < CALL_BYTES => {
+                groups[g].0.push(i);
+                groups[g].1 += size;
+            }
             _ => {
                 open.insert(slot, groups.len());
-                groups.push(vec![i]);
+                groups.push((vec![i], size));
             }
         }
     }
-    groups
+    groups.into_iter().map(|(members, _)| members).collect()
 }
 
 fn decode_write(reply: &[Value]) -> Result<CheckpointWrite, CheckpointError> {
@@ -482,17 +491,18 @@ mod tests {
 
     #[test]
     fn script_calls_hold_one_slots_keys_and_at_most_the_bound() {
-        use super::{CHECKPOINTS_PER_CALL, call_groups};
+        use super::{CALL_BYTES, CHECKPOINTS_PER_CALL, call_groups};
         use crate::keyspace::slot::key_slot;
         let keys: Vec<String> = (0..200).map(|i| format!("ns:checkpoint:{i}")).collect();
-        let standalone = call_groups(&keys, false);
+        let small = vec![600; 200];
+        let standalone = call_groups(&keys, &small, false);
         assert_eq!(standalone.len(), 200usize.div_ceil(CHECKPOINTS_PER_CALL));
         let flat: Vec<usize> = standalone.concat();
         assert_eq!(flat, (0..200).collect::<Vec<_>>(), "in order, each once");
         // Many keys of one slot (a shared hash tag) and a few of others.
         let mut tagged: Vec<String> = (0..70).map(|i| format!("{{t}}:checkpoint:{i}")).collect();
         tagged.extend(keys.iter().take(5).cloned());
-        let cluster = call_groups(&tagged, true);
+        let cluster = call_groups(&tagged, &small[..75], true);
         let mut seen: Vec<usize> = cluster.concat();
         seen.sort_unstable();
         assert_eq!(seen, (0..75).collect::<Vec<_>>(), "each key once");
@@ -509,6 +519,11 @@ mod tests {
                 .count(),
             70usize.div_ceil(CHECKPOINTS_PER_CALL)
         );
+        // Large documents go fewer to a call, and one past the budget alone.
+        let third = CALL_BYTES * 3 / 8;
+        let sizes = [third, third, third, 10, CALL_BYTES + 1, 10, 10];
+        let groups = call_groups(&keys[..7], &sizes, false);
+        assert_eq!(groups, vec![vec![0, 1, 2], vec![3, 4], vec![5, 6]]);
     }
 
     #[test]

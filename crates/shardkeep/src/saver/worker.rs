@@ -109,9 +109,9 @@ impl BatchHandler<Vec<SaveRequest>> for SaverWorker {
     }
 }
 
-/// Checkpoints one call writes (pipelines of 128, a few in flight), each call bounded by the
-/// I/O timeout.
-const CHECKPOINTS_PER_CALL: usize = 4096;
+/// Checkpoints one `write_many` call writes (pipelines of 128, a few in flight), each bounded
+/// by the I/O timeout.
+const CHECKPOINTS_PER_WRITE: usize = 4096;
 /// Batched CAS statements of one pass in flight at once (their characters are distinct).
 const ROW_STATEMENTS_IN_FLIGHT: usize = 4;
 
@@ -167,7 +167,7 @@ impl SaverWorker {
         if self.checkpoints.is_none() {
             return landed;
         }
-        for chunk in requests.chunks(CHECKPOINTS_PER_CALL) {
+        for chunk in requests.chunks(CHECKPOINTS_PER_WRITE) {
             self.write_checkpoint_call(chunk, &mut landed).await;
         }
         landed
