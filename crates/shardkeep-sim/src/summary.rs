@@ -24,9 +24,13 @@ pub(super) async fn audit_counts(world: &World) -> BTreeMap<String, u64> {
         .collect()
 }
 
+/// (acquirer, item) of every `item_transferred` audit row that moved an item between two
+/// characters: a character taking back what an earlier copy of it put down is on the record
+/// too (subject and actor alike), but it explains no move into that character's row.
 pub(super) async fn transfer_audit(world: &World) -> HashSet<(Uuid, Uuid)> {
     let rows: Vec<(Uuid, Option<String>)> = sqlx::query_as(
-        "SELECT subject_id, payload->>'item_id' FROM character_audit WHERE event_kind = 'item_transferred'",
+        "SELECT subject_id, payload->>'item_id' FROM character_audit
+          WHERE event_kind = 'item_transferred' AND actor_id IS DISTINCT FROM subject_id",
     )
     .fetch_all(world.env.pg_direct.exec())
     .await
