@@ -9,9 +9,9 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::item_transfers::{
-    Room, drop_then_crash, gem, rehydrate, rows_holding, transfers, two_players,
+    Room, drop_then_crash, rehydrate, restored_elsewhere_hands_it_on, rows_holding,
+    saved_drop_then_relogin, transfers, two_players,
 };
-use crate::support::{boot, login};
 
 /// How many of the items `shard`'s copy of `who` holds are `item`.
 fn copies_held(shard: &shardkeep_reference::shard::Shard, who: Uuid, item: Uuid) -> usize {
@@ -72,15 +72,7 @@ async fn an_old_drop_of_an_item_a_later_copy_moved_on_is_voided_when_its_owner_p
         stores,
         ..
     } = room;
-    // A comes back on another shard from the row, gem and all, and hands the gem to C there.
-    let mut other = boot(&stores, "shard-b", &[1], 2);
-    let c = stores.new_character("Cato").await;
-    login(&stores, &mut other, c, "sc").await;
-    rehydrate(&stores, &mut other, a, "sa2").await;
-    other.drop_item(a, item).unwrap();
-    other.get_item(c, item).unwrap();
-    assert!(other.settle_transfers(Duration::from_secs(5)).await);
-    assert_eq!(other.transfer_counts(), (1, 0));
+    let (mut other, c) = restored_elsewhere_hands_it_on(&stores, a, item).await;
     other.logout(a).unwrap();
     assert_eq!(
         other.saver().barrier(Duration::from_secs(5)).await,
@@ -99,23 +91,15 @@ async fn an_old_drop_of_an_item_a_later_copy_moved_on_is_voided_when_its_owner_p
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_saved_drop_of_an_earlier_copy_is_its_owners_to_pick_up_again(pool: PgPool) {
+    let mut room = two_players(&pool).await;
+    let item = saved_drop_then_relogin(&mut room).await;
     let Room {
         mut shard,
         a,
         b,
         stores,
         _redis,
-    } = two_players(&pool).await;
-    let item = gem(&mut shard, a);
-    shard.save_one(a, shardkeep::saver::SaveReason::Flush);
-    shard.saver().barrier(Duration::from_secs(5)).await;
-    shard.tick();
-    shard.drop_item(a, item).unwrap();
-    // The drop is saved, then A logs out and back in: a copy that never held the gem.
-    shard.logout(a).unwrap();
-    shard.saver().barrier(Duration::from_secs(5)).await;
-    shard.tick();
-    rehydrate(&stores, &mut shard, a, "sa2").await;
+    } = room;
     shard.get_item(a, item).unwrap();
     assert!(shard.settle_transfers(Duration::from_secs(5)).await);
     assert_eq!(shard.take_voided_items(), Vec::<Uuid>::new());
@@ -132,22 +116,15 @@ async fn a_saved_drop_of_an_earlier_copy_is_its_owners_to_pick_up_again(pool: Pg
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_self_pickup_that_races_a_write_of_its_owner_dumps_again_and_lands_once(pool: PgPool) {
+    let mut room = two_players(&pool).await;
+    let item = saved_drop_then_relogin(&mut room).await;
     let Room {
         mut shard,
         a,
         b,
         stores,
         _redis,
-    } = two_players(&pool).await;
-    let item = gem(&mut shard, a);
-    shard.save_one(a, shardkeep::saver::SaveReason::Flush);
-    shard.saver().barrier(Duration::from_secs(5)).await;
-    shard.tick();
-    shard.drop_item(a, item).unwrap();
-    shard.logout(a).unwrap();
-    shard.saver().barrier(Duration::from_secs(5)).await;
-    shard.tick();
-    rehydrate(&stores, &mut shard, a, "sa2").await;
+    } = room;
     // A journal location write lands: the restored copy's version is now behind its row.
     let epoch = shard.player(a).unwrap().character.owner_epoch;
     stores

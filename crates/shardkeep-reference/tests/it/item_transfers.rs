@@ -828,6 +828,40 @@ pub(crate) async fn drop_then_crash(room: &mut Room) -> Uuid {
     item
 }
 
+/// A comes back on another shard from the row, gem and all, and hands the gem to a new player,
+/// Cato, there (committed): returns that shard and Cato.
+pub(crate) async fn restored_elsewhere_hands_it_on(
+    stores: &Stores,
+    a: Uuid,
+    item: Uuid,
+) -> (shardkeep_reference::shard::Shard, Uuid) {
+    let mut other = boot(stores, "shard-b", &[1], 2);
+    let c = stores.new_character("Cato").await;
+    login(stores, &mut other, c, "sc").await;
+    rehydrate(stores, &mut other, a, "sa2").await;
+    other.drop_item(a, item).unwrap();
+    other.get_item(c, item).unwrap();
+    assert!(other.settle_transfers(Duration::from_secs(5)).await);
+    assert_eq!(other.transfer_counts(), (1, 0));
+    (other, c)
+}
+
+/// A's gem is saved, A drops it, the drop is saved, and A logs out and back in: a copy that
+/// never held the gem, beside the gem its earlier copy put down.
+pub(crate) async fn saved_drop_then_relogin(room: &mut Room) -> Uuid {
+    let (shard, a) = (&mut room.shard, room.a);
+    let item = gem(shard, a);
+    shard.save_one(a, shardkeep::saver::SaveReason::Flush);
+    shard.saver().barrier(Duration::from_secs(5)).await;
+    shard.tick();
+    shard.drop_item(a, item).unwrap();
+    shard.logout(a).unwrap();
+    shard.saver().barrier(Duration::from_secs(5)).await;
+    shard.tick();
+    rehydrate(&room.stores, shard, a, "sa2").await;
+    item
+}
+
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_rolled_back_release_is_voided_once_the_restored_copy_moved_the_item_on(pool: PgPool) {
     let mut room = two_players(&pool).await;
@@ -839,15 +873,7 @@ async fn a_rolled_back_release_is_voided_once_the_restored_copy_moved_the_item_o
         stores,
         ..
     } = room;
-    // A comes back on another shard from the row, gem and all, and hands the gem to C there.
-    let mut other = boot(&stores, "shard-b", &[1], 2);
-    let c = stores.new_character("Cato").await;
-    login(&stores, &mut other, c, "sc").await;
-    rehydrate(&stores, &mut other, a, "sa2").await;
-    other.drop_item(a, item).unwrap();
-    other.get_item(c, item).unwrap();
-    assert!(other.settle_transfers(Duration::from_secs(5)).await);
-    assert_eq!(other.transfer_counts(), (1, 0));
+    let (_other, c) = restored_elsewhere_hands_it_on(&stores, a, item).await;
     // The gem the crash rolled back still lies on the first shard's floor: a phantom now.
     shard.get_item(b, item).unwrap();
     assert!(shard.settle_transfers(Duration::from_secs(5)).await);
@@ -898,24 +924,16 @@ async fn a_rolled_back_release_is_voided_while_the_restored_copy_holds_the_item(
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_release_saved_before_a_relogin_still_transfers(pool: PgPool) {
+    let mut room = two_players(&pool).await;
+    // A new lineage that never held the gem.
+    let item = saved_drop_then_relogin(&mut room).await;
     let Room {
         mut shard,
         a,
         b,
         stores,
         _redis,
-        ..
-    } = two_players(&pool).await;
-    let item = gem(&mut shard, a);
-    shard.save_one(a, shardkeep::saver::SaveReason::Flush);
-    shard.saver().barrier(Duration::from_secs(5)).await;
-    shard.tick();
-    shard.drop_item(a, item).unwrap();
-    // The drop is saved, then A logs out and back in: a new lineage that never held the gem.
-    shard.logout(a).unwrap();
-    shard.saver().barrier(Duration::from_secs(5)).await;
-    shard.tick();
-    rehydrate(&stores, &mut shard, a, "sa2").await;
+    } = room;
     shard.get_item(b, item).unwrap();
     assert!(shard.settle_transfers(Duration::from_secs(5)).await);
     assert_eq!(shard.transfer_counts(), (1, 0));

@@ -164,13 +164,18 @@ async fn login_over_it(
     }
 }
 
-#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
-async fn fuzzed_checkpoint_hashes_are_read_typed_skipped_at_login_and_never_half_overwritten(
-    pool: PgPool,
+/// The character store, a loader reading `checkpoints`, the character whose checkpoint is
+/// fuzzed and another one (whose snapshot is foreign under the first one's key).
+async fn fuzzed_pair(
+    pool: &PgPool,
+    checkpoints: &CheckpointStore,
+) -> (
+    CharacterStore,
+    CharacterLoader,
+    CharacterSnapshot,
+    CharacterSnapshot,
 ) {
-    let redis = TestRedis::new().await;
-    let store = CharacterStore::new(shardkeep_testkit::pg(&pool));
-    let checkpoints = CheckpointStore::new(redis.backend());
+    let store = CharacterStore::new(shardkeep_testkit::pg(pool));
     let loader = CharacterLoader::new(
         store.clone(),
         Some(checkpoints.clone()),
@@ -179,6 +184,16 @@ async fn fuzzed_checkpoint_hashes_are_read_typed_skipped_at_login_and_never_half
     );
     let own = shardkeep_testkit::fixtures::created(&store, "Fuzzed").await;
     let foreign = shardkeep_testkit::fixtures::created(&store, "Other").await;
+    (store, loader, own, foreign)
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn fuzzed_checkpoint_hashes_are_read_typed_skipped_at_login_and_never_half_overwritten(
+    pool: PgPool,
+) {
+    let redis = TestRedis::new().await;
+    let checkpoints = CheckpointStore::new(redis.backend());
+    let (store, loader, own, foreign) = fuzzed_pair(&pool, &checkpoints).await;
     let id = own.character_id;
     let key = redis.keys().checkpoint(id);
     let mut conn = redis.raw().await;
@@ -410,16 +425,8 @@ async fn row_text(db: &shardkeep::SqliteBackend, id: uuid::Uuid) -> Option<Strin
 async fn fuzzed_embedded_checkpoint_rows_are_read_typed_and_never_half_overwritten(pool: PgPool) {
     let sqlite = shardkeep_testkit::TestSqlite::new().await;
     let db = sqlite.backend();
-    let store = CharacterStore::new(shardkeep_testkit::pg(&pool));
     let checkpoints = CheckpointStore::embedded(db.clone());
-    let loader = CharacterLoader::new(
-        store.clone(),
-        Some(checkpoints.clone()),
-        shardkeep_testkit::model::LedgerModel::handle(),
-        std::time::Duration::from_secs(5),
-    );
-    let own = shardkeep_testkit::fixtures::created(&store, "Fuzzed").await;
-    let foreign = shardkeep_testkit::fixtures::created(&store, "Other").await;
+    let (store, loader, own, foreign) = fuzzed_pair(&pool, &checkpoints).await;
     let id = own.character_id;
     let far = chrono::Utc::now().timestamp_micros() + 3_600_000_000;
     let mut runner = TestRunner::new(Config {
