@@ -397,18 +397,23 @@ impl Steps<'_> {
         Ok(rate(done, started.elapsed()))
     }
 
-    /// Raw SET one at a time and raw SET pipelined, with the checkpoint body encoded before the
-    /// clock starts.
-    async fn raw_redis(&mut self) -> Result<(f64, f64), BenchError> {
+    /// Each snapshot's checkpoint key and encoded body, made before a raw step's clock starts.
+    fn checkpoint_bodies(&self) -> Result<Vec<(String, Vec<u8>)>, BenchError> {
         let keys = self.env.redis.keys();
-        let bodies: Vec<(String, Vec<u8>)> = self
-            .snapshots
+        self.snapshots
             .iter()
             .map(|s| {
                 let body = serde_json::to_vec(s).map_err(BenchError::other)?;
                 Ok((keys.checkpoint(s.character_id), body))
             })
-            .collect::<Result<_, BenchError>>()?;
+            .collect()
+    }
+
+    /// Raw SET one at a time and raw SET pipelined, with the checkpoint body encoded before the
+    /// clock starts.
+    async fn raw_redis(&mut self) -> Result<(f64, f64), BenchError> {
+        let keys = self.env.redis.keys();
+        let bodies = self.checkpoint_bodies()?;
         let set_keys: Vec<String> = self
             .snapshots
             .iter()
@@ -455,15 +460,7 @@ impl Steps<'_> {
     /// encoded before the clock starts, `per_call` checkpoints to a call (grouped by slot on a
     /// cluster, as the library groups them).
     async fn raw_guard(&mut self, per_call: usize) -> Result<f64, BenchError> {
-        let keys = self.env.redis.keys();
-        let bodies: Vec<(String, Vec<u8>)> = self
-            .snapshots
-            .iter()
-            .map(|s| {
-                let body = serde_json::to_vec(s).map_err(BenchError::other)?;
-                Ok((keys.checkpoint(s.character_id), body))
-            })
-            .collect::<Result<_, BenchError>>()?;
+        let bodies = self.checkpoint_bodies()?;
         let mut conn = self.env.redis_conn.clone();
         let cluster = self.env.redis.is_cluster();
         self.progress.step(
