@@ -80,6 +80,18 @@ async fn bench_all_runs_every_benchmark_and_cleans_up() {
     assert_eq!(left, 0, "scratch databases left");
     let redis = shardkeep_testkit::TestRedis::new().await;
     let mut raw = redis.raw().await;
+    // The peer's runs leave no entry in apalis's shared queue registry either.
+    let registered: Vec<String> = redis::cmd("ZRANGE")
+        .arg(shardkeep_sim::bench::queue::APALIS_QUEUES)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(
+        !registered.iter().any(|q| q.contains("bench-apalis-")),
+        "apalis queues left registered: {registered:?}"
+    );
     for (_, namespace) in &scratch {
         let mut cursor = 0u64;
         loop {

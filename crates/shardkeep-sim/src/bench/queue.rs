@@ -336,7 +336,32 @@ async fn apalis_run(
         runner.abort();
     }
     sweep(redis_url, &format!("*{queue_name}*")).await?;
+    forget_apalis_queue(redis_url, &queue_name).await?;
     Ok(rate)
+}
+
+/// The sorted set in which apalis-redis registers every queue, outside the queue's own keys.
+pub const APALIS_QUEUES: &str = "core:apalis:queues:list";
+
+/// Takes the run's queue out of apalis's shared registry (the set goes with its last member).
+async fn forget_apalis_queue(redis_url: &str, queue_name: &str) -> Result<(), BenchError> {
+    let backend = scratch_backend(redis_url).await?;
+    let mut conn = backend.conn();
+    let members: Vec<String> = redis::cmd("ZRANGE")
+        .arg(APALIS_QUEUES)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await?;
+    let ours: Vec<&String> = members.iter().filter(|m| m.contains(queue_name)).collect();
+    if !ours.is_empty() {
+        let _: i64 = redis::cmd("ZREM")
+            .arg(APALIS_QUEUES)
+            .arg(&ours)
+            .query_async(&mut conn)
+            .await?;
+    }
+    Ok(())
 }
 
 /// Unlinks every key matching `pattern` (a peer's keys after its run).
