@@ -136,3 +136,41 @@ impl AuditDrivers {
         id
     }
 }
+
+/// One character store per driver: Postgres (the test's database) and a fresh embedded store.
+pub struct CharacterDrivers {
+    pool: sqlx::PgPool,
+    /// The embedded store's file.
+    pub sqlite: TestSqlite,
+}
+
+impl CharacterDrivers {
+    /// The store on the test's database `pool`, and on a fresh embedded store.
+    pub async fn new(pool: &sqlx::PgPool) -> Self {
+        Self {
+            pool: pool.clone(),
+            sqlite: TestSqlite::new().await,
+        }
+    }
+
+    /// The character store of each driver.
+    pub fn stores(&self) -> Vec<shardkeep::character::CharacterStore> {
+        vec![
+            shardkeep::character::CharacterStore::new(crate::pg(&self.pool)),
+            shardkeep::character::CharacterStore::embedded(self.sqlite.backend()),
+        ]
+    }
+
+    /// The checkpoint tier that goes with `store`: Redis under `redis` beside Postgres, the
+    /// same file beside the embedded store.
+    pub fn checkpoints_for(
+        &self,
+        store: &shardkeep::character::CharacterStore,
+        redis: &TestRedis,
+    ) -> CheckpointStore {
+        match store.driver() {
+            "postgres" => CheckpointStore::new(redis.backend()),
+            _ => CheckpointStore::embedded(self.sqlite.backend()),
+        }
+    }
+}

@@ -21,7 +21,7 @@ pub mod fixtures;
 pub mod model;
 pub mod pgbouncer;
 
-pub use embedded::{AuditDrivers, CheckpointDrivers, TestSqlite};
+pub use embedded::{AuditDrivers, CharacterDrivers, CheckpointDrivers, TestSqlite};
 pub use pgbouncer::pg;
 
 use shardkeep::backend::redis::{RedisConn, RedisTimeouts, ScanCursor};

@@ -12,7 +12,7 @@ pub mod auditor;
 pub mod event;
 pub mod read;
 pub mod store;
-mod store_sqlite;
+pub(crate) mod store_sqlite;
 
 pub use accounts::{AccountStore, Tier};
 pub use auditor::{Auditor, AuditorConfig, AuditorStats};

@@ -44,6 +44,18 @@ pub(super) async fn insert_many(
     // Stamped once the write lock is held, so a later batch never carries an earlier instant.
     let mut tx = db.begin().await?;
     let at = Utc::now().timestamp_micros();
+    let inserted = insert_on(&mut tx, events, at).await?;
+    tx.commit().await?;
+    Ok(inserted)
+}
+
+/// Inserts `events` on `conn` (inside the caller's write transaction), in order, stamped `at`
+/// (microseconds); duplicates are ignored. Returns rows inserted.
+pub(crate) async fn insert_on(
+    conn: &mut sqlx::SqliteConnection,
+    events: &[AuditEvent],
+    at: i64,
+) -> Result<u64, sqlx::Error> {
     let mut inserted = 0;
     for event in events {
         let done = sqlx::query(
@@ -60,11 +72,10 @@ pub(super) async fn insert_many(
         .bind(event.actor_id)
         .bind(event.payload.to_string())
         .bind(at)
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await?;
         inserted += done.rows_affected();
     }
-    tx.commit().await?;
     Ok(inserted)
 }
 

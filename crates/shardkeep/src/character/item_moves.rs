@@ -5,6 +5,7 @@ use uuid::Uuid;
 
 use super::snapshot::{CharacterSnapshot, SaveOutcome};
 use super::store::{CharacterStore, Releaser, StoreError, TransferCommit};
+use super::transfer_tx::TransferTx;
 use crate::model::ModelHandle;
 
 impl CharacterStore {
@@ -21,27 +22,19 @@ impl CharacterStore {
         acquirer: &CharacterSnapshot,
         audit: &crate::audit::AuditEvent,
     ) -> Result<TransferCommit, StoreError> {
-        let mut tx = self.pg.begin().await?;
-        // Lock both rows first, in id order (the global lock order: crossed transfers and a
-        // batch over the same rows never deadlock), then look for this transfer's audit row: an
-        // attempt whose reply was lost either committed (the row is there) or is rolled back.
+        let mut tx = self.transfer_tx().await?;
+        // Both rows are locked first (on Postgres in id order, the global lock order: crossed
+        // transfers and a batch over the same rows never deadlock), then this transfer's audit
+        // row looked for: an attempt whose reply was lost either committed (the row is there) or
+        // is rolled back.
         let releaser_id = match releaser {
             Releaser::Held { snapshot, .. } => snapshot.character_id,
             Releaser::Departed { character_id, .. } => character_id,
         };
-        sqlx::query("SELECT id FROM characters WHERE id = ANY($1) ORDER BY id FOR UPDATE")
-            .bind([acquirer.character_id, releaser_id])
-            .fetch_all(&mut *tx)
-            .await?;
-        let done: Option<i64> = sqlx::query_scalar(
-            "SELECT seq FROM character_audit WHERE subject_id = $1 AND event_kind = $2 AND dedup_key = $3",
-        )
-        .bind(audit.subject_id)
-        .bind(audit.kind.as_str())
-        .bind(&audit.dedup_key)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if done.is_some() {
+        if tx
+            .lock_and_find([acquirer.character_id, releaser_id], audit)
+            .await?
+        {
             return Ok(TransferCommit::AlreadyCommitted);
         }
         let releaser_version = match releaser {
@@ -63,7 +56,7 @@ impl CharacterStore {
                 if snapshot.character_id == acquirer.character_id {
                     None
                 } else {
-                    match Self::save_in(&mut tx, snapshot).await? {
+                    match tx.save(snapshot).await? {
                         SaveOutcome::Saved(version) => Some(version),
                         SaveOutcome::OwnershipLost(current_epoch) => {
                             return Ok(TransferCommit::ReleaserSuperseded { current_epoch });
@@ -92,7 +85,7 @@ impl CharacterStore {
                         "a departed releaser cannot be the acquirer".into(),
                     ));
                 }
-                match Self::release_from_row(&mut tx, model, character_id, item_id, released_epoch)
+                match release_from_row(&mut tx, model, character_id, item_id, released_epoch)
                     .await?
                 {
                     DepartedWrite::Nothing => None,
@@ -104,7 +97,7 @@ impl CharacterStore {
                 }
             }
         };
-        let acquirer_version = match Self::save_in(&mut tx, acquirer).await? {
+        let acquirer_version = match tx.save(acquirer).await? {
             SaveOutcome::Saved(version) => version,
             SaveOutcome::VersionConflict(current) => {
                 return Ok(TransferCommit::VersionRace {
@@ -127,126 +120,19 @@ impl CharacterStore {
             } => (Some(item_id), released_epoch),
         };
         if let Some(item_id) = released_item {
-            record_release(
-                &mut tx,
-                releaser_id,
-                acquirer.character_id,
+            tx.record_release(
+                (releaser_id, acquirer.character_id),
                 item_id,
                 released_epoch,
             )
             .await?;
         }
-        crate::audit::store::insert_many(&mut tx, std::slice::from_ref(audit)).await?;
+        tx.insert_audit(audit).await?;
         tx.commit().await?;
         Ok(TransferCommit::Committed {
             releaser_version,
             acquirer_version,
         })
-    }
-
-    /// The departed releaser's side of a transfer commit, under the row lock: reads what the
-    /// stored row says about the item, lets [`judge_departed`] decide, and writes that. Returns
-    /// the row's version after the write (`None`: nothing written), or the row's epoch when the
-    /// releasing copy is superseded.
-    async fn release_from_row(
-        conn: &mut sqlx::PgConnection,
-        model: &ModelHandle,
-        character_id: Uuid,
-        item_id: Uuid,
-        released_epoch: i64,
-    ) -> Result<DepartedWrite, StoreError> {
-        let row: Option<(serde_json::Value, i64, i64, i32, i32)> = sqlx::query_as(
-            "SELECT state, owner_epoch, lineage_epoch, schema_version, owner_schema_version
-               FROM characters WHERE id = $1 FOR UPDATE",
-        )
-        .bind(character_id)
-        .fetch_optional(&mut *conn)
-        .await?;
-        let current = model.schema_version();
-        let (facts, state) = match row {
-            None => (DepartedRow::Unreadable, None),
-            Some((_, _, _, schema, owner_schema))
-                if let Err(reason) = crate::model::may_rewrite(
-                    current,
-                    u32::try_from(schema).unwrap_or(u32::MAX),
-                    Some(u32::try_from(owner_schema).unwrap_or(u32::MAX)),
-                ) =>
-            {
-                // A newer release's row: this process must not rewrite it (see `may_rewrite`).
-                // The item stays where it is; nothing is written.
-                return Ok(DepartedWrite::Refused(format!("the releaser: {reason}")));
-            }
-            Some((state, owner_epoch, lineage_epoch, schema, _)) => {
-                // An older document is upgraded first, and written back at the model's version.
-                let mut state = match model.upgrade(u32::try_from(schema).unwrap_or(1), state) {
-                    Ok(state) => state,
-                    Err(err) => {
-                        return Ok(DepartedWrite::Refused(format!("the releaser's row: {err}")));
-                    }
-                };
-                match model.take_item(&mut state, item_id) {
-                    Err(_) => (DepartedRow::Unreadable, None),
-                    Ok(true) => (
-                        DepartedRow::Holds {
-                            owner_epoch,
-                            lineage_epoch,
-                        },
-                        Some(state),
-                    ),
-                    Ok(false) => (
-                        DepartedRow::Lacks {
-                            owner_epoch,
-                            loaded_after: loaded_after(conn, character_id, item_id, released_epoch)
-                                .await?,
-                        },
-                        None,
-                    ),
-                }
-            }
-        };
-        // When the departed copy still owns the row, either write is live content none of its
-        // checkpoints holds (they were dumped before it left): it moves `live_version`, so the
-        // next login chooses this row over them instead of bringing the taken item back. A row
-        // owned by a later copy keeps its `live_version`: that copy's checkpoints are its own.
-        let departed_owns = match &facts {
-            DepartedRow::Holds { owner_epoch, .. } | DepartedRow::Lacks { owner_epoch, .. } => {
-                *owner_epoch == released_epoch
-            }
-            DepartedRow::Unreadable => false,
-        };
-        let bump = "UPDATE characters SET state_version = state_version + 1, \
-                    live_version = CASE WHEN $2 THEN state_version + 1 ELSE live_version END, \
-                    updated_at = now() \
-                    WHERE id = $1 RETURNING state_version";
-        let version: i64 = match (judge_departed(facts, released_epoch), state) {
-            (DepartedSide::Untouched, _) => return Ok(DepartedWrite::Nothing),
-            (DepartedSide::Superseded { current_epoch }, _) => {
-                return Ok(DepartedWrite::Superseded { current_epoch });
-            }
-            (DepartedSide::TakeItem, Some(state)) => {
-                sqlx::query_scalar(
-                    "UPDATE characters SET state = $2, schema_version = $3, \
-                        state_version = state_version + 1, \
-                        live_version = CASE WHEN $4 THEN state_version + 1 ELSE live_version END, \
-                        updated_at = now() \
-                 WHERE id = $1 RETURNING state_version",
-                )
-                .bind(character_id)
-                .bind(state)
-                .bind(i32::try_from(current).unwrap_or(i32::MAX))
-                .bind(departed_owns)
-                .fetch_one(&mut *conn)
-                .await?
-            }
-            (DepartedSide::TakeItem | DepartedSide::BumpVersion, _) => {
-                sqlx::query_scalar(bump)
-                    .bind(character_id)
-                    .bind(departed_owns)
-                    .fetch_one(&mut *conn)
-                    .await?
-            }
-        };
-        Ok(DepartedWrite::Written { version })
     }
 
     /// Records in the item-load ledger that the copy at `owner_epoch` started out holding
@@ -264,48 +150,96 @@ impl CharacterStore {
         if unique.is_empty() {
             return Ok(());
         }
-        // Written with the records of other loads arriving at the same time.
-        Ok(self
-            .item_loads
-            .submit((character_id, owner_epoch, unique))
-            .await?)
+        self.record_item_loads_of((character_id, owner_epoch), unique)
+            .await
     }
 }
 
-/// Records in the item-release ledger that `item_id` left `releaser` (at the releasing copy's
-/// epoch) for `acquirer`, inside the commit's transaction: a job of the releaser applied later
-/// leaves the item out (see [`crate::retry`]'s settle). An item moving back to a character it once
-/// left is that character's again, so the acquirer's own entry for it goes.
-async fn record_release(
-    conn: &mut sqlx::PgConnection,
-    releaser: Uuid,
-    acquirer: Uuid,
+/// The departed releaser's side of a transfer commit, under the row lock: reads what the
+/// stored row says about the item, lets [`judge_departed`] decide, and writes that. Returns
+/// the row's version after the write (`None`: nothing written), or the row's epoch when the
+/// releasing copy is superseded.
+async fn release_from_row(
+    tx: &mut TransferTx,
+    model: &ModelHandle,
+    character_id: Uuid,
     item_id: Uuid,
     released_epoch: i64,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO item_releases (character_id, item_id, released_epoch) VALUES ($1, $2, $3)
-         ON CONFLICT (character_id, item_id) DO UPDATE
-            SET released_epoch = GREATEST(item_releases.released_epoch, EXCLUDED.released_epoch),
-                released_at = now()",
-    )
-    .bind(releaser)
-    .bind(item_id)
-    .bind(released_epoch)
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query("DELETE FROM item_releases WHERE character_id = $1 AND item_id = $2")
-        .bind(acquirer)
-        .bind(item_id)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
+) -> Result<DepartedWrite, StoreError> {
+    let row = tx.departed_row(character_id).await?;
+    let current = model.schema_version();
+    let (facts, state) = match row {
+        None => (DepartedRow::Unreadable, None),
+        Some((_, _, _, schema, owner_schema))
+            if let Err(reason) = crate::model::may_rewrite(
+                current,
+                u32::try_from(schema).unwrap_or(u32::MAX),
+                Some(u32::try_from(owner_schema).unwrap_or(u32::MAX)),
+            ) =>
+        {
+            // A newer release's row: this process must not rewrite it (see `may_rewrite`).
+            // The item stays where it is; nothing is written.
+            return Ok(DepartedWrite::Refused(format!("the releaser: {reason}")));
+        }
+        Some((state, owner_epoch, lineage_epoch, schema, _)) => {
+            // An older document is upgraded first, and written back at the model's version.
+            let mut state = match model.upgrade(u32::try_from(schema).unwrap_or(1), state) {
+                Ok(state) => state,
+                Err(err) => {
+                    return Ok(DepartedWrite::Refused(format!("the releaser's row: {err}")));
+                }
+            };
+            match model.take_item(&mut state, item_id) {
+                Err(_) => (DepartedRow::Unreadable, None),
+                Ok(true) => (
+                    DepartedRow::Holds {
+                        owner_epoch,
+                        lineage_epoch,
+                    },
+                    Some(state),
+                ),
+                Ok(false) => (
+                    DepartedRow::Lacks {
+                        owner_epoch,
+                        loaded_after: tx
+                            .loaded_after(character_id, item_id, released_epoch)
+                            .await?,
+                    },
+                    None,
+                ),
+            }
+        }
+    };
+    // When the departed copy still owns the row, either write is live content none of its
+    // checkpoints holds (they were dumped before it left): it moves `live_version`, so the
+    // next login chooses this row over them instead of bringing the taken item back. A row
+    // owned by a later copy keeps its `live_version`: that copy's checkpoints are its own.
+    let departed_owns = match &facts {
+        DepartedRow::Holds { owner_epoch, .. } | DepartedRow::Lacks { owner_epoch, .. } => {
+            *owner_epoch == released_epoch
+        }
+        DepartedRow::Unreadable => false,
+    };
+    let version = match (judge_departed(facts, released_epoch), state) {
+        (DepartedSide::Untouched, _) => return Ok(DepartedWrite::Nothing),
+        (DepartedSide::Superseded { current_epoch }, _) => {
+            return Ok(DepartedWrite::Superseded { current_epoch });
+        }
+        (DepartedSide::TakeItem, Some(state)) => {
+            tx.write_departed(character_id, Some((&state, current)), departed_owns)
+                .await?
+        }
+        (DepartedSide::TakeItem | DepartedSide::BumpVersion, _) => {
+            tx.write_departed(character_id, None, departed_owns).await?
+        }
+    };
+    Ok(DepartedWrite::Written { version })
 }
 
 /// Whether the releaser copy at hand shows the item released at `released_epoch` to be a
 /// phantom: it holds the item itself, or a copy loaded after the release started out holding it.
 async fn held_copy_supersedes(
-    conn: &mut sqlx::PgConnection,
+    tx: &mut TransferTx,
     model: &ModelHandle,
     snapshot: &CharacterSnapshot,
     item_id: Uuid,
@@ -315,26 +249,9 @@ async fn held_copy_supersedes(
         .check_state(snapshot.state.value())
         .map_err(|e| StoreError::InvalidInput(format!("releaser state: {e}")))?;
     Ok(model.holds_item(snapshot.state.value(), item_id)
-        || loaded_after(conn, snapshot.character_id, item_id, released_epoch).await?)
-}
-
-/// Whether a copy of `character_id` later than `released_epoch` started out holding `item_id`
-/// (the item-load ledger): a copy of it released at `released_epoch` is then a phantom.
-async fn loaded_after(
-    conn: &mut sqlx::PgConnection,
-    character_id: Uuid,
-    item_id: Uuid,
-    released_epoch: i64,
-) -> Result<bool, StoreError> {
-    Ok(sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM item_loads
-                         WHERE item_id = $1 AND character_id = $2 AND loaded_epoch > $3)",
-    )
-    .bind(item_id)
-    .bind(character_id)
-    .bind(released_epoch)
-    .fetch_one(conn)
-    .await?)
+        || tx
+            .loaded_after(snapshot.character_id, item_id, released_epoch)
+            .await?)
 }
 
 /// What a departed releaser's stored row says about an item it released.

@@ -23,6 +23,8 @@ pub mod load;
 pub mod snapshot;
 pub mod state_json;
 pub mod store;
+mod store_sqlite;
+mod transfer_tx;
 
 pub use bookkeeping::{
     Bookkeeping, BookkeepingRetention, BookkeepingSizes, PruneReport, run_bookkeeping_prune,

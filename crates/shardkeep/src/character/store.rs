@@ -3,9 +3,11 @@
 
 use uuid::Uuid;
 
+use super::checkpoint_sqlite::SharedClock;
 use super::claim_batch::{ClaimBatcher, ClaimTuple, claim_batcher, effects_since_dump};
 use super::snapshot::{CharacterSnapshot, IssueMark, SaveOutcome, classify_save};
-use crate::backend::PostgresBackend;
+use super::store_sqlite as embedded;
+use crate::backend::{PostgresBackend, SqliteBackend};
 use crate::retry::apply::RecordedEffect;
 
 /// Most characters one batched save accepts.
@@ -204,10 +206,11 @@ pub struct HandoffClaim {
     pub adopted: bool,
 }
 
-/// Handle on the `characters` table. Cheap to clone.
+/// Handle on the `characters` table, in Postgres or in the embedded store's file. Cheap to
+/// clone.
 #[derive(Debug, Clone)]
 pub struct CharacterStore {
-    pub(super) pg: PostgresBackend,
+    rows: Rows,
     /// The claimant's model version: the newest schema a claim accepts, recorded as the owner's
     /// schema. `None` (the default): no limit, and the owner's schema is left as it was.
     schema_ceiling: Option<u32>,
@@ -217,10 +220,24 @@ pub struct CharacterStore {
     /// How many times a job's lease may have run out for the claim still to apply it (the
     /// workers' limit).
     lease_expiry_limit: u32,
-    /// Claims that need no settle, made together with those arriving at the same time.
-    claims: std::sync::Arc<ClaimBatcher>,
-    /// Item-load records, written together with those arriving at the same time.
-    pub(super) item_loads: std::sync::Arc<super::item_loads::ItemLoadBatcher>,
+}
+
+/// Where the rows are kept.
+#[derive(Debug, Clone)]
+enum Rows {
+    Postgres {
+        pg: PostgresBackend,
+        /// Claims that need no settle, made together with those arriving at the same time.
+        claims: std::sync::Arc<ClaimBatcher>,
+        /// Item-load records, written together with those arriving at the same time.
+        item_loads: std::sync::Arc<super::item_loads::ItemLoadBatcher>,
+    },
+    Embedded {
+        db: SqliteBackend,
+        clock: SharedClock,
+        /// How stale an item-load entry's load time may be before a load writes it again.
+        item_load_refresh: std::time::Duration,
+    },
 }
 
 type RowTuple = (
@@ -244,13 +261,24 @@ type BatchRow = (Uuid, Option<i64>, Option<i64>, Option<i32>, Option<i64>);
 /// The single save's answer: new version if saved, else the locked version, epoch and schema.
 type SaveRow = (Option<i64>, Option<i64>, Option<i64>, Option<i32>);
 
+/// A character's name, trimmed, once it is 1 to 64 characters.
+fn check_name(name: &str) -> Result<&str, StoreError> {
+    let name = name.trim();
+    if name.is_empty() || name.chars().count() > 64 {
+        return Err(StoreError::InvalidInput(
+            "a name is 1 to 64 characters".into(),
+        ));
+    }
+    Ok(name)
+}
+
 /// A snapshot's schema version as stored.
-fn schema_of(snapshot: &CharacterSnapshot) -> i32 {
+pub(super) fn schema_of(snapshot: &CharacterSnapshot) -> i32 {
     i32::try_from(snapshot.schema_version).unwrap_or(i32::MAX)
 }
 
 /// A snapshot's issue mark as stored (a mark past `i64::MAX` is clamped; none is that large).
-fn mark_of(snapshot: &CharacterSnapshot) -> i64 {
+pub(super) fn mark_of(snapshot: &CharacterSnapshot) -> i64 {
     i64::try_from(snapshot.issue_mark).unwrap_or(i64::MAX)
 }
 
@@ -437,13 +465,56 @@ const SELECT_BY_NAME: &str = "SELECT id, account_id, name, zone_ref, room_ref, s
 impl CharacterStore {
     /// A store over `pg`.
     pub fn new(pg: PostgresBackend) -> Self {
-        Self {
+        Self::over(Rows::Postgres {
             claims: claim_batcher(pg.clone(), None, false),
             item_loads: super::item_loads::item_load_batcher(
                 pg.clone(),
                 super::BookkeepingRetention::default().item_load_refresh(),
             ),
             pg,
+        })
+    }
+
+    /// A store over the embedded store's file, stamping its rows by the system clock. Every
+    /// call answers as the Postgres store's does, except a claim for a model, which refuses a
+    /// character with retry jobs queued rather than settle them (the embedded store has no
+    /// retry jobs of its own yet).
+    pub fn embedded(db: SqliteBackend) -> Self {
+        Self::over(Rows::Embedded {
+            db,
+            clock: std::sync::Arc::new(crate::clock::SystemClock),
+            item_load_refresh: super::BookkeepingRetention::default().item_load_refresh(),
+        })
+    }
+
+    /// The same store stamping the embedded store's rows by `clock` (the Postgres store
+    /// stamps by the database's own time).
+    pub fn with_clock(mut self, clock: std::sync::Arc<dyn crate::clock::Clock>) -> Self {
+        if let Rows::Embedded { clock: held, .. } = &mut self.rows {
+            *held = clock;
+        }
+        self
+    }
+
+    /// The driver's name: `postgres` or `embedded`.
+    pub fn driver(&self) -> &'static str {
+        match self.rows {
+            Rows::Postgres { .. } => "postgres",
+            Rows::Embedded { .. } => "embedded",
+        }
+    }
+
+    /// Rebuilds the claim batcher after the claim's settings changed.
+    fn rebatch_claims(&mut self) {
+        let (ceiling, settles) = (self.schema_ceiling, self.model.is_some());
+        if let Rows::Postgres { pg, claims, .. } = &mut self.rows {
+            *claims = claim_batcher(pg.clone(), ceiling, settles);
+        }
+    }
+
+    fn over(rows: Rows) -> Self {
+        Self {
+            rows,
             schema_ceiling: None,
             model: None,
             lease_expiry_limit: crate::retry::worker::LEASE_EXPIRY_LIMIT,
@@ -456,7 +527,7 @@ impl CharacterStore {
     /// records `schema_version` as the new owner's. The loader sets it from the game's model.
     pub fn with_schema_ceiling(mut self, schema_version: u32) -> Self {
         self.schema_ceiling = Some(schema_version);
-        self.claims = claim_batcher(self.pg.clone(), self.schema_ceiling, self.model.is_some());
+        self.rebatch_claims();
         self
     }
 
@@ -468,8 +539,15 @@ impl CharacterStore {
             item_loads: retention,
             ..super::BookkeepingRetention::default()
         };
-        self.item_loads =
-            super::item_loads::item_load_batcher(self.pg.clone(), retention.item_load_refresh());
+        match &mut self.rows {
+            Rows::Postgres { pg, item_loads, .. } => {
+                *item_loads =
+                    super::item_loads::item_load_batcher(pg.clone(), retention.item_load_refresh());
+            }
+            Rows::Embedded {
+                item_load_refresh, ..
+            } => *item_load_refresh = retention.item_load_refresh(),
+        }
         self
     }
 
@@ -489,13 +567,20 @@ impl CharacterStore {
     pub fn for_model(self, model: crate::model::ModelHandle) -> Self {
         let mut store = self.with_schema_ceiling(model.schema_version());
         store.model = Some(model);
-        store.claims = claim_batcher(store.pg.clone(), store.schema_ceiling, true);
+        store.rebatch_claims();
         store
     }
 
     /// Creates a character; its state starts at version 0 and epoch 0.
     pub async fn create(&self, new: &NewCharacter) -> Result<(), StoreError> {
-        let mut conn = self.pg.session().await?;
+        let pg = match &self.rows {
+            Rows::Postgres { pg, .. } => pg,
+            Rows::Embedded { db, clock, .. } => {
+                check_name(&new.name)?;
+                return embedded::create(db, clock.as_ref(), new).await;
+            }
+        };
+        let mut conn = pg.session().await?;
         Self::create_in(&mut conn, new).await?;
         Ok(conn.finish().await?)
     }
@@ -505,12 +590,7 @@ impl CharacterStore {
         conn: &mut sqlx::PgConnection,
         new: &NewCharacter,
     ) -> Result<(), StoreError> {
-        let name = new.name.trim();
-        if name.is_empty() || name.chars().count() > 64 {
-            return Err(StoreError::InvalidInput(
-                "a name is 1 to 64 characters".into(),
-            ));
-        }
+        let name = check_name(&new.name)?;
         let zone_ref = new.zone_ref.as_deref().filter(|z| !z.is_empty());
         sqlx::query(
             "INSERT INTO characters (id, account_id, name, zone_ref, room_ref, state, chargen,
@@ -617,12 +697,27 @@ impl CharacterStore {
         // reads the effects since each content's dump. A claim that finds a job queued (the
         // statement's snapshot sees it, so a job a worker is settling right now counts), its row
         // locked, a refusal or no row at all goes the careful way, alone.
+        let (pg, claims) = match &self.rows {
+            Rows::Postgres { pg, claims, .. } => (pg, claims),
+            Rows::Embedded { db, clock, .. } => {
+                let claimed = embedded::claim(
+                    db,
+                    clock.as_ref(),
+                    (character_id, floor, handoff),
+                    self.schema_ceiling,
+                    self.model.is_some(),
+                )
+                .await?;
+                let (row, effects) = claimed.ok_or(StoreError::NotFound(character_id))?;
+                return Ok(claimed_from(character_id, row, effects));
+            }
+        };
         if let Some((row, effects)) =
-            super::claim_batch::claim(&self.claims, character_id, floor, handoff).await?
+            super::claim_batch::claim(claims, character_id, floor, handoff).await?
         {
             return Ok(claimed_from(character_id, row, effects));
         }
-        let mut tx = self.pg.begin().await?;
+        let mut tx = pg.begin().await?;
         let mut settled = crate::retry::SettledAtClaim::default();
         if let Some(model) = &self.model {
             // A claim the schema refuses settles nothing, and a character with no queued job
@@ -698,25 +793,42 @@ impl CharacterStore {
 
     /// The row of `character_id`, if it exists.
     pub async fn load(&self, character_id: Uuid) -> Result<Option<CharacterSnapshot>, StoreError> {
+        let pg = match &self.rows {
+            Rows::Postgres { pg, .. } => pg,
+            Rows::Embedded { db, .. } => return embedded::load(db, character_id).await,
+        };
         let row: Option<RowTuple> = sqlx::query_as(SELECT_BY_ID)
             .bind(character_id)
-            .fetch_optional(self.pg.exec())
+            .fetch_optional(pg.exec())
             .await?;
         Ok(row.map(snapshot_of))
     }
 
     /// The row of the character named `name` (any case), if it exists.
     pub async fn load_by_name(&self, name: &str) -> Result<Option<CharacterSnapshot>, StoreError> {
+        let pg = match &self.rows {
+            Rows::Postgres { pg, .. } => pg,
+            Rows::Embedded { db, .. } => return embedded::load_by_name(db, name).await,
+        };
         let row: Option<RowTuple> = sqlx::query_as(SELECT_BY_NAME)
             .bind(name)
-            .fetch_optional(self.pg.exec())
+            .fetch_optional(pg.exec())
             .await?;
         Ok(row.map(snapshot_of))
     }
 
     /// Compare-and-swap save of one snapshot, decided in one round trip.
     pub async fn save(&self, snapshot: &CharacterSnapshot) -> Result<SaveOutcome, StoreError> {
-        let mut conn = self.pg.session().await?;
+        let pg = match &self.rows {
+            Rows::Postgres { pg, .. } => pg,
+            Rows::Embedded { db, clock, .. } => {
+                let mut saved = embedded::save_many(db, clock.as_ref(), &[snapshot]).await?;
+                return Ok(saved
+                    .pop()
+                    .map_or(SaveOutcome::NotFound, |(_, outcome)| outcome));
+            }
+        };
+        let mut conn = pg.session().await?;
         let outcome = Self::save_in(&mut conn, snapshot).await?;
         conn.finish().await?;
         Ok(outcome)
@@ -773,6 +885,12 @@ impl CharacterStore {
             }
             ids.push(s.character_id);
         }
+        let pg = match &self.rows {
+            Rows::Postgres { pg, .. } => pg,
+            Rows::Embedded { db, clock, .. } => {
+                return embedded::save_many(db, clock.as_ref(), snapshots).await;
+            }
+        };
         let expected: Vec<i64> = snapshots.iter().map(|s| s.state_version).collect();
         let epochs: Vec<i64> = snapshots.iter().map(|s| s.owner_epoch).collect();
         let states: Vec<&super::StateJson> = snapshots.iter().map(|s| &s.state).collect();
@@ -799,7 +917,7 @@ impl CharacterStore {
             .bind(&rooms)
             .bind(&marks)
             .bind(&schemas)
-            .fetch_all(self.pg.exec())
+            .fetch_all(pg.exec())
             .await?;
         let by_id: std::collections::HashMap<Uuid, SaveOutcome> = rows
             .into_iter()
@@ -857,6 +975,20 @@ impl CharacterStore {
         if zone.is_empty() {
             return Err(StoreError::InvalidInput("zone must not be empty".into()));
         }
+        let pg = match &self.rows {
+            Rows::Postgres { pg, .. } => pg,
+            Rows::Embedded { db, clock, .. } => {
+                return embedded::write_location(
+                    db,
+                    clock.as_ref(),
+                    (character_id, owner_epoch),
+                    order,
+                    zone,
+                    room,
+                )
+                .await;
+            }
+        };
         let (written, current_epoch, newer_cleanup): (i64, Option<i64>, Option<bool>) = sqlx::query_as(
             "WITH upd AS (
                  UPDATE characters SET zone_ref = $3, room_ref = $4, state_version = state_version + 1,
@@ -881,7 +1013,7 @@ impl CharacterStore {
         .bind(order.map(|o| o.owner_epoch))
         .bind(order.map(|o| o.closed_at))
         .bind(order.and_then(|o| o.known_version))
-        .fetch_one(self.pg.exec())
+        .fetch_one(pg.exec())
         .await?;
         Ok(match (written, current_epoch) {
             (1, _) => LocationWrite::Written,
@@ -895,12 +1027,50 @@ impl CharacterStore {
         })
     }
 
+    /// Opens the transaction of an item-transfer commit on the store's driver.
+    pub(super) async fn transfer_tx(&self) -> Result<super::transfer_tx::TransferTx, StoreError> {
+        match &self.rows {
+            Rows::Postgres { pg, .. } => {
+                Ok(super::transfer_tx::TransferTx::Postgres(pg.begin().await?))
+            }
+            Rows::Embedded { db, clock, .. } => {
+                super::transfer_tx::embedded(db, clock.as_ref()).await
+            }
+        }
+    }
+
+    /// Writes item-load records (distinct items): on Postgres with the records of other loads
+    /// arriving at the same time, in the embedded store in a transaction of their own.
+    pub(super) async fn record_item_loads_of(
+        &self,
+        copy: (Uuid, i64),
+        items: Vec<Uuid>,
+    ) -> Result<(), StoreError> {
+        match &self.rows {
+            Rows::Postgres { item_loads, .. } => {
+                Ok(item_loads.submit((copy.0, copy.1, items)).await?)
+            }
+            Rows::Embedded {
+                db,
+                clock,
+                item_load_refresh,
+            } => {
+                embedded::record_item_loads(db, clock.as_ref(), copy, &items, *item_load_refresh)
+                    .await
+            }
+        }
+    }
+
     /// The row's current `(state_version, owner_epoch)`.
     pub async fn version_of(&self, character_id: Uuid) -> Result<Option<(i64, i64)>, StoreError> {
+        let pg = match &self.rows {
+            Rows::Postgres { pg, .. } => pg,
+            Rows::Embedded { db, .. } => return embedded::version_of(db, character_id).await,
+        };
         Ok(
             sqlx::query_as("SELECT state_version, owner_epoch FROM characters WHERE id = $1")
                 .bind(character_id)
-                .fetch_optional(self.pg.exec())
+                .fetch_optional(pg.exec())
                 .await?,
         )
     }

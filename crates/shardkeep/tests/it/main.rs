@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod character_drivers;
 mod checkpoint_drivers;
 mod checkpoint_keys;
 mod claims_together;

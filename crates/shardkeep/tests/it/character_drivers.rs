@@ -1,0 +1,555 @@
+//! The character store's conformance beyond the ladder tests (`ladder_store`, which run on both
+//! drivers too): handoff claims, schema refusals, ordered location writes and the item-load
+//! ledger, each body run on Postgres and on the embedded store's file; then what only the
+//! embedded store has to answer (a corrupt row, an outage, calls it does not offer yet).
+
+use std::time::Duration;
+
+use chrono::{Duration as ChronoDuration, Utc};
+use serde_json::json;
+use shardkeep::character::{
+    CharacterSnapshot, CharacterStore, LocationOrder, LocationWrite, SaveOutcome, StoreError,
+};
+use shardkeep_testkit::CharacterDrivers;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::ladder_store::created;
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_handoff_adopts_its_content_only_while_the_dumping_copy_owns_the_row(pool: PgPool) {
+    let drivers = CharacterDrivers::new(&pool).await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let row = created(&store, "Aria").await;
+        let source = store.claim(row.character_id, 0).await.unwrap().new_epoch;
+        let handed = store
+            .claim_for_handoff(row.character_id, 0, source, "h-1")
+            .await
+            .unwrap();
+        assert!(handed.adopted, "{driver}: the dumping copy owned the row");
+        assert_eq!(handed.claimed.new_epoch, source + 1, "{driver}");
+        // The reply was lost: the same handoff claims again and still adopts.
+        let again = store
+            .claim_for_handoff(row.character_id, 0, source, "h-1")
+            .await
+            .unwrap();
+        assert!(again.adopted, "{driver}: the handoff's own earlier claim");
+        // A login took the character since: a late handoff of the old copy must not adopt.
+        store.claim(row.character_id, 0).await.unwrap();
+        let late = store
+            .claim_for_handoff(row.character_id, 0, source, "h-2")
+            .await
+            .unwrap();
+        assert!(!late.adopted, "{driver}: the dumping copy was superseded");
+        assert!(late.claimed.new_epoch > source + 2, "{driver}");
+        assert!(
+            matches!(
+                store
+                    .claim_for_handoff(row.character_id, 0, source, "")
+                    .await,
+                Err(StoreError::InvalidInput(_))
+            ),
+            "{driver}: a handoff claim names its token"
+        );
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_newer_schema_is_refused_without_minting_and_an_older_save_is_fenced(pool: PgPool) {
+    let drivers = CharacterDrivers::new(&pool).await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let newer = store.clone().with_schema_ceiling(2);
+        let older = store.clone().with_schema_ceiling(1);
+        let row = created(&store, "Aria").await;
+        let claimed = newer.claim(row.character_id, 0).await.unwrap();
+        let upgraded = CharacterSnapshot {
+            owner_epoch: claimed.new_epoch,
+            schema_version: 2,
+            state: json!({ "coins": 1 }).into(),
+            ..row.clone()
+        };
+        assert_eq!(
+            newer.save(&upgraded).await.unwrap(),
+            SaveOutcome::Saved(1),
+            "{driver}"
+        );
+        match older.claim(row.character_id, 0).await {
+            Err(StoreError::SchemaNewer {
+                stored: 2,
+                supported: 1,
+                ..
+            }) => {}
+            other => panic!("{driver}: expected a schema refusal, got {other:?}"),
+        }
+        let (_, epoch) = store.version_of(row.character_id).await.unwrap().unwrap();
+        assert_eq!(epoch, claimed.new_epoch, "{driver}: no epoch was minted");
+        let stale = CharacterSnapshot {
+            owner_epoch: claimed.new_epoch,
+            state_version: 1,
+            schema_version: 1,
+            ..row.clone()
+        };
+        assert_eq!(
+            store.save(&stale).await.unwrap(),
+            SaveOutcome::SchemaOutdated(2),
+            "{driver}"
+        );
+        assert_eq!(
+            store.save_many(&[&stale]).await.unwrap()[0].1,
+            SaveOutcome::SchemaOutdated(2),
+            "{driver}"
+        );
+        let kept = store.load(row.character_id).await.unwrap().unwrap();
+        assert_eq!(
+            (kept.schema_version, kept.state["coins"].clone()),
+            (2, json!(1)),
+            "{driver}"
+        );
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn ordered_location_writes_tell_a_newer_cleanup_from_a_newer_live_write(pool: PgPool) {
+    let drivers = CharacterDrivers::new(&pool).await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let row = created(&store, "Aria").await;
+        let epoch = store.claim(row.character_id, 0).await.unwrap().new_epoch;
+        let at = |secs_ago: i64| Utc::now() - ChronoDuration::seconds(secs_ago);
+        let order = |closed_at, known_version| LocationOrder {
+            owner_epoch: epoch,
+            closed_at,
+            known_version,
+        };
+        let write = |o: LocationOrder, room: &'static str| {
+            let store = store.clone();
+            async move {
+                store
+                    .write_location_ordered(row.character_id, o, "zone-1", room)
+                    .await
+                    .unwrap()
+            }
+        };
+        let newer = order(at(1), Some(0));
+        assert_eq!(write(newer, "r1").await, LocationWrite::Written, "{driver}");
+        assert_eq!(
+            write(order(at(9), Some(0)), "r2").await,
+            LocationWrite::Stale {
+                newer_cleanup: true
+            },
+            "{driver}"
+        );
+        assert_eq!(
+            write(newer, "r1").await,
+            LocationWrite::Stale {
+                newer_cleanup: false
+            },
+            "{driver}: the same cleanup again"
+        );
+        let mut current = store.load(row.character_id).await.unwrap().unwrap();
+        assert_eq!(
+            (current.zone_ref.as_deref(), current.room_ref.as_deref()),
+            (Some("zone-1"), Some("r1")),
+            "{driver}"
+        );
+        // A live flush lands after a later close's copy last knew the row.
+        current.owner_epoch = epoch;
+        assert!(matches!(
+            store.save(&current).await.unwrap(),
+            SaveOutcome::Saved(_)
+        ));
+        assert_eq!(
+            write(order(Utc::now(), Some(0)), "r3").await,
+            LocationWrite::Stale {
+                newer_cleanup: false
+            },
+            "{driver}"
+        );
+        // An unordered write: fenced by the epoch only.
+        assert_eq!(
+            store
+                .write_location(row.character_id, epoch, "zone-2", "r4")
+                .await
+                .unwrap(),
+            LocationWrite::Written,
+            "{driver}"
+        );
+        let newer_epoch = store.claim(row.character_id, 0).await.unwrap().new_epoch;
+        assert_eq!(
+            store
+                .write_location(row.character_id, epoch, "zone-3", "r5")
+                .await
+                .unwrap(),
+            LocationWrite::Superseded {
+                current_epoch: newer_epoch
+            },
+            "{driver}"
+        );
+        assert_eq!(
+            store
+                .write_location(Uuid::now_v7(), epoch, "zone-3", "r5")
+                .await
+                .unwrap(),
+            LocationWrite::NotFound,
+            "{driver}"
+        );
+        assert!(
+            matches!(
+                store
+                    .write_location(row.character_id, newer_epoch, "", "r5")
+                    .await,
+                Err(StoreError::InvalidInput(_))
+            ),
+            "{driver}"
+        );
+        let last = store.load(row.character_id).await.unwrap().unwrap();
+        assert_eq!(last.zone_ref.as_deref(), Some("zone-2"), "{driver}");
+    }
+}
+
+/// The item-load ledger as the driver holds it: `(item, epoch)` of one character's entries.
+async fn ledger(
+    drivers: &CharacterDrivers,
+    store: &CharacterStore,
+    pool: &PgPool,
+    id: Uuid,
+) -> Vec<(Uuid, i64)> {
+    let mut rows: Vec<(Uuid, i64)> = match store.driver() {
+        "postgres" => {
+            sqlx::query_as("SELECT item_id, loaded_epoch FROM item_loads WHERE character_id = $1")
+                .bind(id)
+                .fetch_all(pool)
+                .await
+                .unwrap()
+        }
+        _ => sqlx::query_as("SELECT item_id, loaded_epoch FROM item_loads WHERE character_id = ?1")
+            .bind(id)
+            .fetch_all(drivers.sqlite.backend().pool())
+            .await
+            .unwrap(),
+    };
+    rows.sort_unstable();
+    rows
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn item_loads_keep_the_newest_copy_of_each_item(pool: PgPool) {
+    let drivers = CharacterDrivers::new(&pool).await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let row = created(&store, "Aria").await;
+        let (gem, sword) = (Uuid::now_v7(), Uuid::now_v7());
+        store
+            .record_item_loads(row.character_id, 3, &[gem, sword, gem])
+            .await
+            .unwrap();
+        store
+            .record_item_loads(row.character_id, 2, &[gem])
+            .await
+            .unwrap();
+        store
+            .record_item_loads(row.character_id, 5, &[sword])
+            .await
+            .unwrap();
+        let mut expected = vec![(gem, 3), (sword, 5)];
+        expected.sort_unstable();
+        assert_eq!(
+            ledger(&drivers, &store, &pool, row.character_id).await,
+            expected,
+            "{driver}"
+        );
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn the_embedded_store_refuses_a_corrupt_row_and_answers_nothing_in_an_outage(_pool: PgPool) {
+    let sqlite = shardkeep_testkit::TestSqlite::new().await;
+    let store = CharacterStore::embedded(sqlite.backend());
+    let row = created(&store, "Aria").await;
+    sqlx::query("UPDATE characters SET state = '{broken' WHERE id = ?1")
+        .bind(row.character_id)
+        .execute(sqlite.backend().pool())
+        .await
+        .unwrap();
+    let err = store.load(row.character_id).await.unwrap_err();
+    assert!(
+        err.to_string().contains("not JSON"),
+        "a corrupt document is named: {err}"
+    );
+    assert!(store.claim(row.character_id, 0).await.is_err());
+    assert_eq!(
+        store.version_of(row.character_id).await.unwrap(),
+        Some((0, 0)),
+        "a claim that could not read its row minted nothing"
+    );
+
+    let other = created(&store, "Bryn").await;
+    sqlite.backend().fail_for(Duration::from_secs(60));
+    let snap = CharacterSnapshot {
+        owner_epoch: 0,
+        ..other.clone()
+    };
+    assert!(store.load(other.character_id).await.is_err());
+    assert!(store.claim(other.character_id, 0).await.is_err());
+    assert!(store.save(&snap).await.is_err());
+    assert!(store.save_many(&[&snap]).await.is_err());
+    assert!(
+        store
+            .write_location(other.character_id, 0, "z", "r")
+            .await
+            .is_err()
+    );
+    assert!(
+        store
+            .create(&shardkeep_testkit::fixtures::new_character("Cato"))
+            .await
+            .is_err()
+    );
+    sqlite.backend().end_outage();
+    let after = store.load(other.character_id).await.unwrap().unwrap();
+    assert_eq!(after, other, "nothing was written during the outage");
+    assert!(store.load_by_name("cato").await.unwrap().is_none());
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_claim_for_a_model_refuses_a_character_with_jobs_the_embedded_store_cannot_settle(
+    _pool: PgPool,
+) {
+    let sqlite = shardkeep_testkit::TestSqlite::new().await;
+    let plain = CharacterStore::embedded(sqlite.backend());
+    let store = plain
+        .clone()
+        .for_model(shardkeep_testkit::model::LedgerModel::handle());
+    let row = created(&store, "Aria").await;
+    // A job queued for the character (none of the embedded store's own callers queues one
+    // yet): a claim for a model must settle it first, which the embedded store cannot.
+    let now = Utc::now().timestamp_micros();
+    sqlx::query(
+        "INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, payload,
+             next_attempt_at, session_impact, source, idempotency_key, owner_epoch, origin,
+             issued_at, created_at, updated_at)
+         VALUES (?1, 'state', ?2, '{}', ?3, 'none', 'test', 'k-1', 0, 'test', ?3, ?3, ?3)",
+    )
+    .bind(Uuid::now_v7())
+    .bind(row.character_id)
+    .bind(now)
+    .execute(sqlite.backend().pool())
+    .await
+    .unwrap();
+    let refused = store.claim(row.character_id, 0).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("retry jobs are queued"),
+        "{refused}"
+    );
+    assert_eq!(
+        store.version_of(row.character_id).await.unwrap(),
+        Some((0, 0)),
+        "nothing minted"
+    );
+    // A claim that settles nothing goes on (it supersedes queued jobs, as on Postgres).
+    assert_eq!(plain.claim(row.character_id, 0).await.unwrap().new_epoch, 1);
+}
+
+/// A live copy of a new character holding `items` (ids in the ledger model's inventory),
+/// saved once, and the snapshot it would dump next.
+async fn holding(store: &CharacterStore, name: &str, items: &[Uuid]) -> CharacterSnapshot {
+    let row = created(store, name).await;
+    let epoch = store.claim(row.character_id, 0).await.unwrap().new_epoch;
+    let inventory: Vec<serde_json::Value> = items
+        .iter()
+        .map(|id| json!({ "id": id.to_string() }))
+        .collect();
+    let mut live = CharacterSnapshot {
+        owner_epoch: epoch,
+        state: json!({ "inventory": inventory }).into(),
+        ..row
+    };
+    assert_eq!(store.save(&live).await.unwrap(), SaveOutcome::Saved(1));
+    live.state_version = 1;
+    live
+}
+
+fn with_items(snapshot: &CharacterSnapshot, items: &[Uuid]) -> CharacterSnapshot {
+    let inventory: Vec<serde_json::Value> = items
+        .iter()
+        .map(|id| json!({ "id": id.to_string() }))
+        .collect();
+    CharacterSnapshot {
+        state: json!({ "inventory": inventory }).into(),
+        ..snapshot.clone()
+    }
+}
+
+fn pickup(
+    acquirer: &CharacterSnapshot,
+    releaser: &CharacterSnapshot,
+) -> shardkeep::audit::AuditEvent {
+    shardkeep::audit::AuditEvent::item_transferred(
+        acquirer.character_id,
+        releaser.character_id,
+        Uuid::now_v7(),
+        json!({}),
+    )
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_transfer_commits_both_sides_once_and_refuses_a_phantom(pool: PgPool) {
+    use shardkeep::character::{Releaser, TransferCommit};
+    let model = shardkeep_testkit::model::LedgerModel::handle();
+    let drivers = CharacterDrivers::new(&pool).await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let gem = Uuid::now_v7();
+        let giver = holding(&store, "Aria", &[gem]).await;
+        let taker = holding(&store, "Bryn", &[]).await;
+        let released = with_items(&giver, &[]);
+        let picked = with_items(&taker, &[gem]);
+        let audit = pickup(&taker, &giver);
+        let held = Releaser::Held {
+            snapshot: &released,
+            item_id: Some(gem),
+            released_epoch: giver.owner_epoch,
+        };
+        assert_eq!(
+            store
+                .commit_transfer(&model, held, &picked, &audit)
+                .await
+                .unwrap(),
+            TransferCommit::Committed {
+                releaser_version: Some(2),
+                acquirer_version: 2
+            },
+            "{driver}"
+        );
+        assert_eq!(
+            store
+                .commit_transfer(&model, held, &picked, &audit)
+                .await
+                .unwrap(),
+            TransferCommit::AlreadyCommitted,
+            "{driver}: the same transfer again"
+        );
+        let (giver_row, taker_row) = (
+            store.load(giver.character_id).await.unwrap().unwrap(),
+            store.load(taker.character_id).await.unwrap().unwrap(),
+        );
+        assert_eq!(
+            (giver_row.state_version, taker_row.state_version),
+            (2, 2),
+            "{driver}: written once"
+        );
+        assert!(!model.holds_item(giver_row.state.value(), gem), "{driver}");
+        assert!(model.holds_item(taker_row.state.value(), gem), "{driver}");
+
+        // The giver's copy still holds what it says it released: a phantom.
+        let ring = Uuid::now_v7();
+        let liar = holding(&store, "Cato", &[ring]).await;
+        let third = holding(&store, "Dara", &[]).await;
+        let refused = store
+            .commit_transfer(
+                &model,
+                Releaser::Held {
+                    snapshot: &liar,
+                    item_id: Some(ring),
+                    released_epoch: liar.owner_epoch,
+                },
+                &with_items(&third, &[ring]),
+                &pickup(&third, &liar),
+            )
+            .await
+            .unwrap();
+        assert!(
+            matches!(refused, TransferCommit::ReleaserSuperseded { .. }),
+            "{driver}: {refused:?}"
+        );
+        let untouched = store.load(third.character_id).await.unwrap().unwrap();
+        assert_eq!(untouched.state_version, 1, "{driver}: nothing written");
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_departed_releaser_gives_the_item_up_only_within_its_lineage(pool: PgPool) {
+    use shardkeep::character::{Releaser, TransferCommit};
+    let model = shardkeep_testkit::model::LedgerModel::handle();
+    let drivers = CharacterDrivers::new(&pool).await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        // The giver dropped the gem and left before a save recorded the drop: its row still
+        // holds it, and its copy (the row's owner) released it.
+        let gem = Uuid::now_v7();
+        let giver = holding(&store, "Aria", &[gem]).await;
+        let taker = holding(&store, "Bryn", &[]).await;
+        let departed = Releaser::Departed {
+            character_id: giver.character_id,
+            item_id: gem,
+            released_epoch: giver.owner_epoch,
+        };
+        let committed = store
+            .commit_transfer(
+                &model,
+                departed,
+                &with_items(&taker, &[gem]),
+                &pickup(&taker, &giver),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            committed,
+            TransferCommit::Committed {
+                releaser_version: Some(2),
+                acquirer_version: 2
+            },
+            "{driver}"
+        );
+        let giver_row = store.load(giver.character_id).await.unwrap().unwrap();
+        assert!(!model.holds_item(giver_row.state.value(), gem), "{driver}");
+        // The row's last live write is now the release: a checkpoint dumped before it loses.
+        let taker_row = store.load(taker.character_id).await.unwrap().unwrap();
+        assert!(model.holds_item(taker_row.state.value(), gem), "{driver}");
+
+        // A later login of another character's giver started a new lineage holding the ring:
+        // the old copy's release of it may be a zombie's phantom.
+        let ring = Uuid::now_v7();
+        let old = holding(&store, "Cato", &[ring]).await;
+        let relogin = store.claim(old.character_id, 0).await.unwrap().new_epoch;
+        assert!(relogin > old.owner_epoch);
+        let third = holding(&store, "Dara", &[]).await;
+        let refused = store
+            .commit_transfer(
+                &model,
+                Releaser::Departed {
+                    character_id: old.character_id,
+                    item_id: ring,
+                    released_epoch: old.owner_epoch,
+                },
+                &with_items(&third, &[ring]),
+                &pickup(&third, &old),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            refused,
+            TransferCommit::ReleaserSuperseded {
+                current_epoch: relogin
+            },
+            "{driver}"
+        );
+        let kept = store.load(old.character_id).await.unwrap().unwrap();
+        assert!(
+            model.holds_item(kept.state.value(), ring),
+            "{driver}: the row keeps it"
+        );
+        assert_eq!(
+            store
+                .load(third.character_id)
+                .await
+                .unwrap()
+                .unwrap()
+                .state_version,
+            1,
+            "{driver}: nothing written"
+        );
+    }
+}
