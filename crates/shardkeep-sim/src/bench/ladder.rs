@@ -42,6 +42,9 @@ pub struct LadderBenchReport {
     pub raw_unnest: f64,
     /// Batched CAS saves (rows per second).
     pub cas_batched: f64,
+    /// The same batched CAS saves on the embedded store's SQLite file (rows per second; one
+    /// window after the rounds).
+    pub cas_batched_embedded: f64,
     /// Raw SETs of the checkpoint payload, one at a time.
     pub raw_set: f64,
     /// Raw SETs, pipelined in batches.
@@ -144,6 +147,9 @@ pub async fn run_with_state(
         );
         rounds.push(steps.round().await?);
     }
+    let cas_batched_embedded =
+        super::embedded_cas::cas_batched(&steps.snapshots, steps.batch, config.window, progress)
+            .await?;
     let median = |pick: fn(&LadderBenchReport) -> f64| {
         let mut v: Vec<f64> = rounds.iter().map(pick).collect();
         v.sort_by(f64::total_cmp);
@@ -154,6 +160,7 @@ pub async fn run_with_state(
         cas_single: median(|r| r.cas_single),
         raw_unnest: median(|r| r.raw_unnest),
         cas_batched: median(|r| r.cas_batched),
+        cas_batched_embedded,
         raw_set: median(|r| r.raw_set),
         raw_set_pipelined: median(|r| r.raw_set_pipelined),
         raw_guard_pipelined: median(|r| r.raw_guard_pipelined),
@@ -184,6 +191,15 @@ pub fn rows(kind: DocumentKind, r: &LadderBenchReport) -> Vec<Row> {
             r.raw_update,
             Unit::PerSecond,
             Goal::AtLeast(10.0),
+        ),
+        Row::higher_is_better(
+            BENCH,
+            format!("batched CAS saves, rows, embedded SQLite ({doc})"),
+            r.cas_batched_embedded,
+            "the same on Postgres",
+            r.cas_batched,
+            Unit::PerSecond,
+            Goal::None,
         ),
         Row::higher_is_better(
             BENCH,
@@ -273,6 +289,7 @@ impl Steps<'_> {
             cas_single,
             raw_unnest,
             cas_batched,
+            cas_batched_embedded: 0.0,
             raw_set,
             raw_set_pipelined,
             raw_guard_pipelined,

@@ -25,6 +25,7 @@ pub mod backlog;
 pub mod capacity;
 pub mod depth;
 pub mod documents;
+pub mod embedded_cas;
 pub mod ladder;
 pub mod login;
 pub mod progress;

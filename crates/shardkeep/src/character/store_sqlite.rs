@@ -109,7 +109,7 @@ pub(super) async fn create(
     .bind(zone_ref.and(new.room_ref.as_deref()))
     .bind(new.state.as_str())
     .bind(chargen_text(new.chargen.as_ref()))
-    .bind(i64::from(new.schema_version.max(1)))
+    .bind(i32::try_from(new.schema_version.max(1)).unwrap_or(i32::MAX))
     .bind(now)
     .execute(&mut *tx)
     .await

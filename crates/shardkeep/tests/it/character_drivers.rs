@@ -35,12 +35,50 @@ async fn a_handoff_adopts_its_content_only_while_the_dumping_copy_owns_the_row(p
             .await
             .unwrap();
         assert!(again.adopted, "{driver}: the handoff's own earlier claim");
+        // The adopted handoffs continued the source's lineage: a release by the source copy
+        // is still one of the row's own (its departed side gives the item up).
+        let model = shardkeep_testkit::model::LedgerModel::handle();
+        let gem = Uuid::now_v7();
+        let holder = CharacterSnapshot {
+            owner_epoch: again.claimed.new_epoch,
+            state: json!({ "inventory": [{ "id": gem.to_string() }] }).into(),
+            ..row.clone()
+        };
+        assert_eq!(store.save(&holder).await.unwrap(), SaveOutcome::Saved(1));
+        let taker = holding(&store, "Bryn", &[gem]).await;
+        let committed = store
+            .commit_transfer(
+                &model,
+                shardkeep::character::Releaser::Departed {
+                    character_id: row.character_id,
+                    item_id: gem,
+                    released_epoch: source,
+                },
+                &taker,
+                &pickup(&taker, &row),
+            )
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                committed,
+                shardkeep::character::TransferCommit::Committed { .. }
+            ),
+            "{driver}: {committed:?}"
+        );
+        // The release was the row's last live write only if its copy owned the row: it did
+        // not (a later handoff did), so the next claim still sees the save's live version.
         // A login took the character since: a late handoff of the old copy must not adopt.
         store.claim(row.character_id, 0).await.unwrap();
         let late = store
             .claim_for_handoff(row.character_id, 0, source, "h-2")
             .await
             .unwrap();
+        assert_eq!(late.claimed.live_version, 1, "{driver}: the save's version");
+        assert_eq!(
+            late.claimed.row.state_version, 2,
+            "{driver}: the release moved it on"
+        );
         assert!(!late.adopted, "{driver}: the dumping copy was superseded");
         assert!(late.claimed.new_epoch > source + 2, "{driver}");
         assert!(
@@ -470,6 +508,97 @@ async fn a_transfer_commits_both_sides_once_and_refuses_a_phantom(pool: PgPool) 
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_transfer_whose_acquirer_raced_writes_neither_side(pool: PgPool) {
+    use shardkeep::character::{Releaser, TransferCommit};
+    let model = shardkeep_testkit::model::LedgerModel::handle();
+    let drivers = CharacterDrivers::new(&pool).await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let gem = Uuid::now_v7();
+        let giver = holding(&store, "Aria", &[gem]).await;
+        let taker = holding(&store, "Bryn", &[]).await;
+        // Something wrote the acquirer's row since its snapshot was dumped.
+        assert!(matches!(
+            store.save(&taker).await.unwrap(),
+            SaveOutcome::Saved(2)
+        ));
+        let released = with_items(&giver, &[]);
+        let outcome = store
+            .commit_transfer(
+                &model,
+                Releaser::Held {
+                    snapshot: &released,
+                    item_id: Some(gem),
+                    released_epoch: giver.owner_epoch,
+                },
+                &with_items(&taker, &[gem]),
+                &pickup(&taker, &giver),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            outcome,
+            TransferCommit::VersionRace {
+                releaser_current: None,
+                acquirer_current: Some(2)
+            },
+            "{driver}"
+        );
+        let giver_row = store.load(giver.character_id).await.unwrap().unwrap();
+        assert_eq!(
+            giver_row.state_version, 1,
+            "{driver}: the releaser's save, made first, was rolled back"
+        );
+        assert!(model.holds_item(giver_row.state.value(), gem), "{driver}");
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_release_older_than_a_load_holding_the_item_is_a_phantom(pool: PgPool) {
+    use shardkeep::character::{Releaser, TransferCommit};
+    let model = shardkeep_testkit::model::LedgerModel::handle();
+    let drivers = CharacterDrivers::new(&pool).await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let gem = Uuid::now_v7();
+        let giver = holding(&store, "Aria", &[]).await;
+        let taker = holding(&store, "Bryn", &[]).await;
+        // A later copy of the giver started out holding the gem its older copy says it let go.
+        store
+            .record_item_loads(giver.character_id, giver.owner_epoch + 1, &[gem])
+            .await
+            .unwrap();
+        let outcome = store
+            .commit_transfer(
+                &model,
+                Releaser::Held {
+                    snapshot: &giver,
+                    item_id: Some(gem),
+                    released_epoch: giver.owner_epoch,
+                },
+                &with_items(&taker, &[gem]),
+                &pickup(&taker, &giver),
+            )
+            .await
+            .unwrap();
+        assert!(
+            matches!(outcome, TransferCommit::ReleaserSuperseded { .. }),
+            "{driver}: {outcome:?}"
+        );
+        assert_eq!(
+            store
+                .load(taker.character_id)
+                .await
+                .unwrap()
+                .unwrap()
+                .state_version,
+            1,
+            "{driver}: nothing written"
+        );
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_departed_releaser_gives_the_item_up_only_within_its_lineage(pool: PgPool) {
     use shardkeep::character::{Releaser, TransferCommit};
     let model = shardkeep_testkit::model::LedgerModel::handle();
@@ -505,7 +634,10 @@ async fn a_departed_releaser_gives_the_item_up_only_within_its_lineage(pool: PgP
         );
         let giver_row = store.load(giver.character_id).await.unwrap().unwrap();
         assert!(!model.holds_item(giver_row.state.value(), gem), "{driver}");
-        // The row's last live write is now the release: a checkpoint dumped before it loses.
+        // The departed copy owned the row, so the release is its last live write: a checkpoint
+        // dumped before it loses to the row at the next claim.
+        let next = store.claim(giver.character_id, 0).await.unwrap();
+        assert_eq!(next.live_version, 2, "{driver}");
         let taker_row = store.load(taker.character_id).await.unwrap().unwrap();
         assert!(model.holds_item(taker_row.state.value(), gem), "{driver}");
 

@@ -1,0 +1,85 @@
+//! Batched CAS saves on the embedded store: the ladder's batched step on a scratch SQLite file
+//! (WAL, full syncs) holding the same characters, so the report puts it beside Postgres's.
+
+use std::time::Instant;
+
+use uuid::Uuid;
+
+use super::{BenchError, Progress, rate};
+use shardkeep::SqliteBackend;
+use shardkeep::character::{CharacterSnapshot, CharacterStore, SaveOutcome};
+
+const BENCH: &str = "ladder";
+
+/// A scratch directory removed when dropped.
+struct ScratchDir(std::path::PathBuf);
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Rows per second the embedded store's batched CAS saves write over `window`, `batch` rows to
+/// a call, cycling through `snapshots` (each at version 0 under epoch 1, as the ladder made
+/// them).
+pub async fn cas_batched(
+    snapshots: &[CharacterSnapshot],
+    batch: usize,
+    window: std::time::Duration,
+    progress: &Progress,
+) -> Result<f64, BenchError> {
+    progress.step(BENCH, "CAS saves, batched, on the embedded store's file");
+    let dir = ScratchDir(
+        std::env::temp_dir().join(format!("shardkeep-bench-{}", Uuid::now_v7().simple())),
+    );
+    std::fs::create_dir_all(&dir.0).map_err(BenchError::other)?;
+    let url = format!("sqlite:{}", dir.0.join("bench.db").display());
+    let db = SqliteBackend::connect("DATABASE_URL", &url)
+        .await
+        .map_err(BenchError::other)?;
+    db.migrate().await.map_err(BenchError::other)?;
+    let mut tx = db.begin().await.map_err(BenchError::other)?;
+    for s in snapshots {
+        sqlx::query(
+            "INSERT INTO characters (id, account_id, name, name_key, zone_ref, room_ref, state,
+                                     owner_epoch, created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?3, ?4, ?5, ?6, 1, 0, 0)",
+        )
+        .bind(s.character_id)
+        .bind(s.account_id)
+        .bind(&s.name)
+        .bind(&s.zone_ref)
+        .bind(&s.room_ref)
+        .bind(s.state.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(BenchError::other)?;
+    }
+    tx.commit().await.map_err(BenchError::other)?;
+    let store = CharacterStore::embedded(db.clone());
+    let mut snapshots = snapshots.to_vec();
+    for s in &mut snapshots {
+        s.state_version = 0;
+        s.owner_epoch = 1;
+    }
+    let batch = batch.clamp(1, snapshots.len().max(1));
+    let (mut cursor, mut done) = (0usize, 0u64);
+    let started = Instant::now();
+    while started.elapsed() < window && !snapshots.is_empty() {
+        let start = (cursor * batch) % snapshots.len();
+        let range = start..(start + batch).min(snapshots.len());
+        cursor += 1;
+        let refs: Vec<&CharacterSnapshot> = snapshots[range].iter().collect();
+        let outcomes = store.save_many(&refs).await.map_err(BenchError::other)?;
+        for (offset, (_, outcome)) in outcomes.into_iter().enumerate() {
+            if let SaveOutcome::Saved(v) = outcome {
+                snapshots[start + offset].state_version = v;
+                done += 1;
+            }
+        }
+    }
+    let measured = rate(done, started.elapsed());
+    db.close().await;
+    Ok(measured)
+}
