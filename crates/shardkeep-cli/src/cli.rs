@@ -611,6 +611,11 @@ pub(crate) struct CapacityBenchArgs {
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(0..=2_000_000))]
     pub(crate) realistic: u32,
 
+    /// Online characters with the fresh document on the embedded store: one scratch SQLite file
+    /// holding the rows and the checkpoints (0 skips it).
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(0..=2_000_000))]
+    pub(crate) embedded: u32,
+
     /// Seconds each run goes at real pulse speed (a flush period is 60).
     #[arg(long, default_value_t = 70, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub(crate) seconds: u64,

@@ -54,9 +54,10 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
         }
         BenchCommand::Ladder(a) => run_ladder(&engines, a, &progress, &mut table).await?,
         BenchCommand::Capacity(a) => {
-            for (kind, online) in [
-                (DocumentKind::Fresh, a.fresh),
-                (DocumentKind::Realistic, a.realistic),
+            for (kind, online, embedded) in [
+                (DocumentKind::Fresh, a.fresh, false),
+                (DocumentKind::Realistic, a.realistic, false),
+                (DocumentKind::Fresh, a.embedded, true),
             ] {
                 if online == 0 {
                     continue;
@@ -68,6 +69,7 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
                 let config = capacity::CapacityConfig {
                     online: online as usize,
                     sustain: Duration::from_secs(a.seconds),
+                    embedded,
                 };
                 let env = engines.env().await?;
                 let r = capacity::run(&env, config, kind, &state, &progress).await;

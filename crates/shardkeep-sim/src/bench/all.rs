@@ -27,6 +27,8 @@ pub struct AllConfig {
     pub capacity_fresh: usize,
     /// Online characters with the realistic 4 KB document.
     pub capacity_realistic: usize,
+    /// Online characters with the fresh document on the embedded store (one SQLite file).
+    pub capacity_embedded: usize,
     /// How long each capacity run goes at real pulse speed.
     pub sustain: Duration,
     /// The work queue.
@@ -56,6 +58,7 @@ impl AllConfig {
             aging_logins: 1_000,
             capacity_fresh: 500_000,
             capacity_realistic: 100_000,
+            capacity_embedded: 100_000,
             sustain: Duration::from_secs(70),
             queue: QueueBenchConfig {
                 entries: 100_000,
@@ -101,6 +104,7 @@ impl AllConfig {
             // each): 100 gave 2.5 expected and sometimes none.
             capacity_fresh: 960,
             capacity_realistic: 720,
+            capacity_embedded: 960,
             sustain: Duration::from_millis(1_500),
             queue: QueueBenchConfig {
                 entries: 300,
@@ -286,9 +290,10 @@ pub async fn run(
     report.table.rows.extend(audit_rows(&a));
     report.audit = Some(a);
 
-    for (kind, online) in [
-        (DocumentKind::Fresh, config.capacity_fresh),
-        (DocumentKind::Realistic, config.capacity_realistic),
+    for (kind, online, embedded) in [
+        (DocumentKind::Fresh, config.capacity_fresh, false),
+        (DocumentKind::Realistic, config.capacity_realistic, false),
+        (DocumentKind::Fresh, config.capacity_embedded, true),
     ] {
         let state = match kind {
             DocumentKind::Realistic => documents::realistic_state(),
@@ -297,6 +302,7 @@ pub async fn run(
         let run = CapacityConfig {
             online,
             sustain: config.sustain,
+            embedded,
         };
         let c = engines
             .scoped(async |env| capacity::run(env, run, kind, &state, progress).await)

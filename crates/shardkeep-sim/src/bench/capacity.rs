@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::documents::DocumentKind;
+use super::embedded_cas::ScratchFile;
 use super::ladder::{insert_rows, snapshot};
 use super::{BenchEnv, BenchError, Goal, Progress, Row, Unit};
 use shardkeep::character::{
@@ -29,6 +30,9 @@ pub struct CapacityConfig {
     pub online: usize,
     /// Time run at real pulse speed (a flush period is 60 s).
     pub sustain: Duration,
+    /// Run on the embedded store (one scratch SQLite file holding the rows and the
+    /// checkpoints) instead of Postgres and Redis.
+    pub embedded: bool,
 }
 
 /// The run's findings.
@@ -36,6 +40,8 @@ pub struct CapacityConfig {
 pub struct CapacityReport {
     /// The document every character holds.
     pub document: DocumentKind,
+    /// Where the shard's stores were: `servers` (Postgres and Redis) or `embedded`.
+    pub stores: &'static str,
     /// Its size in bytes.
     pub state_bytes: usize,
     /// Characters online.
@@ -92,9 +98,37 @@ pub async fn run(
         ),
     );
     let prefix = format!("on{}-", Uuid::now_v7().simple());
-    let rows = insert_rows(&env.pool, config.online, &prefix, state).await?;
     let catalog = Arc::new(Catalog::reference());
     let encoded = StateJson::from(state);
+    let (rows, stores, _scratch) = if config.embedded {
+        let scratch = ScratchFile::new().await?;
+        let rows: Vec<(Uuid, String)> = (0..config.online)
+            .map(|n| (Uuid::now_v7(), format!("{prefix}{n}")))
+            .collect();
+        let snapshots: Vec<_> = rows
+            .iter()
+            .map(|(id, name)| snapshot(*id, name, &encoded))
+            .collect();
+        scratch.insert(&snapshots).await?;
+        let stores = ShardStores {
+            characters: Some(CharacterStore::embedded(scratch.db.clone())),
+            checkpoints: Some(CheckpointStore::embedded(scratch.db.clone())),
+            placement: None,
+            audit: None,
+            retry: None,
+        };
+        (rows, stores, Some(scratch))
+    } else {
+        let rows = insert_rows(&env.pool, config.online, &prefix, state).await?;
+        let stores = ShardStores {
+            characters: Some(CharacterStore::new(env.pg.clone())),
+            checkpoints: Some(CheckpointStore::new(env.redis.clone())),
+            placement: None,
+            audit: None,
+            retry: None,
+        };
+        (rows, stores, None)
+    };
     // Players' buffs and cooldowns started at different times: the same document with its
     // timers shifted, a variant per character in turn, so they do not all run out on one pulse.
     let variants: Vec<StateJson> = (0..TIMER_VARIANTS)
@@ -111,13 +145,6 @@ pub async fn run(
             probe.warnings
         )));
     }
-    let stores = ShardStores {
-        characters: Some(CharacterStore::new(env.pg.clone())),
-        checkpoints: Some(CheckpointStore::new(env.redis.clone())),
-        placement: None,
-        audit: None,
-        retry: None,
-    };
     let pulse = shardkeep_reference::shard::PULSE;
     let resident_before = resident_bytes();
     let mut shard = Shard::boot(
@@ -203,6 +230,11 @@ pub async fn run(
     let pulse_s = pulse.as_secs_f64();
     Ok(CapacityReport {
         document,
+        stores: if config.embedded {
+            "embedded"
+        } else {
+            "servers"
+        },
         state_bytes: serde_json::to_vec(state).map(|v| v.len()).unwrap_or(0),
         online: config.online,
         seconds,
@@ -226,7 +258,12 @@ pub async fn run(
 /// The report's rows for one run.
 pub fn rows(r: &CapacityReport) -> Vec<Row> {
     let who = format!(
-        "{} online, {} doc ({} B)",
+        "{}{} online, {} doc ({} B)",
+        if r.stores == "embedded" {
+            "embedded, "
+        } else {
+            ""
+        },
         super::table::thousands(r.online as f64),
         r.document.label(),
         r.state_bytes

@@ -11,12 +11,58 @@ use shardkeep::character::{CharacterSnapshot, CharacterStore, SaveOutcome};
 
 const BENCH: &str = "ladder";
 
-/// A scratch directory removed when dropped.
-struct ScratchDir(std::path::PathBuf);
+/// A scratch embedded store: a migrated SQLite file in a directory removed when dropped.
+pub struct ScratchFile {
+    dir: std::path::PathBuf,
+    /// The store over the file.
+    pub db: SqliteBackend,
+}
 
-impl Drop for ScratchDir {
+impl ScratchFile {
+    /// A fresh, migrated file under the system's temporary directory.
+    pub async fn new() -> Result<Self, BenchError> {
+        let dir = std::env::temp_dir().join(format!("shardkeep-bench-{}", Uuid::now_v7().simple()));
+        std::fs::create_dir_all(&dir).map_err(BenchError::other)?;
+        let url = format!("sqlite:{}", dir.join("bench.db").display());
+        let opened = SqliteBackend::connect("DATABASE_URL", &url).await;
+        let db = match opened {
+            Ok(db) => db,
+            Err(err) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(BenchError::other(err));
+            }
+        };
+        let scratch = Self { dir, db };
+        scratch.db.migrate().await.map_err(BenchError::other)?;
+        Ok(scratch)
+    }
+
+    /// Inserts a row for each of `snapshots` (at version 0 under epoch 1), in one transaction.
+    pub async fn insert(&self, snapshots: &[CharacterSnapshot]) -> Result<(), BenchError> {
+        let mut tx = self.db.begin().await.map_err(BenchError::other)?;
+        for s in snapshots {
+            sqlx::query(
+                "INSERT INTO characters (id, account_id, name, name_key, zone_ref, room_ref, state,
+                                         owner_epoch, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?3, ?4, ?5, ?6, 1, 0, 0)",
+            )
+            .bind(s.character_id)
+            .bind(s.account_id)
+            .bind(&s.name)
+            .bind(&s.zone_ref)
+            .bind(&s.room_ref)
+            .bind(s.state.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(BenchError::other)?;
+        }
+        tx.commit().await.map_err(BenchError::other)
+    }
+}
+
+impl Drop for ScratchFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -30,33 +76,9 @@ pub async fn cas_batched(
     progress: &Progress,
 ) -> Result<f64, BenchError> {
     progress.step(BENCH, "CAS saves, batched, on the embedded store's file");
-    let dir = ScratchDir(
-        std::env::temp_dir().join(format!("shardkeep-bench-{}", Uuid::now_v7().simple())),
-    );
-    std::fs::create_dir_all(&dir.0).map_err(BenchError::other)?;
-    let url = format!("sqlite:{}", dir.0.join("bench.db").display());
-    let db = SqliteBackend::connect("DATABASE_URL", &url)
-        .await
-        .map_err(BenchError::other)?;
-    db.migrate().await.map_err(BenchError::other)?;
-    let mut tx = db.begin().await.map_err(BenchError::other)?;
-    for s in snapshots {
-        sqlx::query(
-            "INSERT INTO characters (id, account_id, name, name_key, zone_ref, room_ref, state,
-                                     owner_epoch, created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?3, ?4, ?5, ?6, 1, 0, 0)",
-        )
-        .bind(s.character_id)
-        .bind(s.account_id)
-        .bind(&s.name)
-        .bind(&s.zone_ref)
-        .bind(&s.room_ref)
-        .bind(s.state.as_str())
-        .execute(&mut *tx)
-        .await
-        .map_err(BenchError::other)?;
-    }
-    tx.commit().await.map_err(BenchError::other)?;
+    let scratch = ScratchFile::new().await?;
+    scratch.insert(snapshots).await?;
+    let db = &scratch.db;
     let store = CharacterStore::embedded(db.clone());
     let mut snapshots = snapshots.to_vec();
     for s in &mut snapshots {

@@ -26,17 +26,68 @@ SELECT CASE WHEN typeof(owner_epoch) = 'integer' THEN owner_epoch END,
        CASE WHEN typeof(schema) = 'integer' THEN schema END
   FROM checkpoints WHERE character_id = ?1 AND expires_at > ?2";
 
-const UPSERT: &str = "
-INSERT INTO checkpoints (character_id, owner_epoch, schema, snapshot, expires_at)
-VALUES (?1, ?2, ?3, ?4, ?5)
-ON CONFLICT (character_id) DO UPDATE SET
-    owner_epoch = excluded.owner_epoch,
-    schema = excluded.schema,
-    snapshot = excluded.snapshot,
-    expires_at = excluded.expires_at";
+/// Most checkpoints one guarded upsert statement writes (four parameters each).
+const ROWS_PER_STATEMENT: usize = 128;
+
+/// The guarded upsert of several checkpoints (`?1`: now, `?2`: the new rows' expiry, then four
+/// parameters a row): a stored row is replaced only where [`decide_guard`] would write over what
+/// [`READ_GUARD`] reads — it is expired, its epoch is not an integer, or its epoch is at most the
+/// writer's and its schema is not an integer above the writer's. The rows written come back.
+fn guarded_upsert(rows: usize) -> String {
+    let mut sql = String::from(
+        "INSERT INTO checkpoints (character_id, owner_epoch, schema, snapshot, expires_at) VALUES ",
+    );
+    for row in 0..rows {
+        let first = 3 + row * 4;
+        if row > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(&format!(
+            "(?{first}, ?{}, ?{}, ?{}, ?2)",
+            first + 1,
+            first + 2,
+            first + 3
+        ));
+    }
+    sql.push_str(
+        " ON CONFLICT (character_id) DO UPDATE SET
+            owner_epoch = excluded.owner_epoch,
+            schema = excluded.schema,
+            snapshot = excluded.snapshot,
+            expires_at = excluded.expires_at
+          WHERE coalesce(checkpoints.expires_at > ?1, 0) = 0
+             OR typeof(checkpoints.owner_epoch) <> 'integer'
+             OR (checkpoints.owner_epoch <= excluded.owner_epoch
+                 AND NOT (typeof(checkpoints.schema) = 'integer'
+                          AND checkpoints.schema > excluded.schema))
+        RETURNING character_id",
+    );
+    sql
+}
+
+/// Splits `snapshots` into the runs one guarded upsert writes: at most [`ROWS_PER_STATEMENT`],
+/// and no character twice in one (a later write of it must see the earlier one's row).
+fn statement_runs(snapshots: &[&CharacterSnapshot]) -> Vec<std::ops::Range<usize>> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    let mut seen = std::collections::HashSet::new();
+    for (at, snapshot) in snapshots.iter().enumerate() {
+        if at - start == ROWS_PER_STATEMENT || !seen.insert(snapshot.character_id) {
+            runs.push(start..at);
+            start = at;
+            seen.clear();
+            seen.insert(snapshot.character_id);
+        }
+    }
+    if start < snapshots.len() {
+        runs.push(start..snapshots.len());
+    }
+    runs
+}
 
 /// Writes each snapshot unless a newer owner's (or newer schema's) live checkpoint is stored,
-/// all in one transaction; one result per snapshot, in order.
+/// all in one transaction; one result per snapshot, in order. The guard is decided in the
+/// statement that writes; only a refused write reads the stored guard, for its reason.
 pub(super) async fn write_many(
     db: &SqliteBackend,
     clock: &dyn Clock,
@@ -56,25 +107,40 @@ pub(super) async fn write_many(
     let ttl_micros = i64::try_from(ttl.duration().as_micros()).unwrap_or(i64::MAX);
     let expires_at = now.saturating_add(ttl_micros);
     let mut results = Vec::with_capacity(snapshots.len());
-    for (snapshot, body) in snapshots.iter().zip(bodies) {
-        let stored: Option<(Option<i64>, Option<i64>)> = sqlx::query_as(READ_GUARD)
-            .bind(snapshot.character_id)
+    for run in statement_runs(snapshots) {
+        let sql = guarded_upsert(run.len());
+        let mut statement = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .bind(now)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let schema = i64::from(snapshot.schema_version);
-        match decide_guard(stored, snapshot.owner_epoch, schema) {
-            GuardDecision::Refuse(refusal) => results.push(refusal),
-            GuardDecision::Write => {
-                sqlx::query(UPSERT)
-                    .bind(snapshot.character_id)
-                    .bind(snapshot.owner_epoch)
-                    .bind(schema)
-                    .bind(body)
-                    .bind(expires_at)
-                    .execute(&mut *tx)
-                    .await?;
+            .bind(expires_at);
+        for at in run.clone() {
+            let snapshot = snapshots[at];
+            statement = statement
+                .bind(snapshot.character_id)
+                .bind(snapshot.owner_epoch)
+                .bind(i64::from(snapshot.schema_version))
+                .bind(bodies[at].as_str());
+        }
+        let written: std::collections::HashSet<Uuid> =
+            statement.fetch_all(&mut *tx).await?.into_iter().collect();
+        for snapshot in &snapshots[run] {
+            if written.contains(&snapshot.character_id) {
                 results.push(CheckpointWrite::Written);
+                continue;
+            }
+            let stored: Option<(Option<i64>, Option<i64>)> = sqlx::query_as(READ_GUARD)
+                .bind(snapshot.character_id)
+                .bind(now)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let schema = i64::from(snapshot.schema_version);
+            match decide_guard(stored, snapshot.owner_epoch, schema) {
+                GuardDecision::Refuse(refusal) => results.push(refusal),
+                GuardDecision::Write => {
+                    return Err(CheckpointError::Protocol(format!(
+                        "the embedded guard refused the checkpoint of {} that its rule writes",
+                        snapshot.character_id
+                    )));
+                }
             }
         }
     }
@@ -130,3 +196,46 @@ pub(super) async fn sweep_expired(
 
 /// The clock the embedded tier reads expiry against, shared by clones.
 pub(super) type SharedClock = Arc<dyn Clock>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn of(ids: &[u128]) -> Vec<CharacterSnapshot> {
+        ids.iter()
+            .map(|id| CharacterSnapshot {
+                character_id: Uuid::from_u128(*id),
+                account_id: Uuid::nil(),
+                name: "n".into(),
+                zone_ref: None,
+                room_ref: None,
+                state: serde_json::json!({}).into(),
+                chargen: None,
+                state_version: 0,
+                owner_epoch: 1,
+                issue_mark: 0,
+                schema_version: 1,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_statement_holds_each_character_once_and_at_most_its_bound() {
+        let snapshots = of(&[1, 2, 1, 3, 3]);
+        let refs: Vec<&CharacterSnapshot> = snapshots.iter().collect();
+        assert_eq!(statement_runs(&refs), vec![0..2, 2..4, 4..5]);
+        let many = of(&(0..300).collect::<Vec<u128>>());
+        let refs: Vec<&CharacterSnapshot> = many.iter().collect();
+        assert_eq!(statement_runs(&refs), vec![0..128, 128..256, 256..300]);
+        assert!(statement_runs(&[]).is_empty());
+    }
+
+    #[test]
+    fn the_upsert_numbers_four_parameters_a_row_after_the_two_shared() {
+        let sql = guarded_upsert(2);
+        assert!(
+            sql.contains("(?3, ?4, ?5, ?6, ?2), (?7, ?8, ?9, ?10, ?2)"),
+            "{sql}"
+        );
+    }
+}
