@@ -27,10 +27,9 @@ pub fn is_sqlite_url(url: &str) -> bool {
         .is_some_and(|scheme| scheme.eq_ignore_ascii_case("sqlite:"))
 }
 
-/// Each connection's page cache, in KiB (SQLite reads a negative `cache_size` as KiB).
-const CACHE_KIB: i64 = -64 * 1024;
-/// How much of the file each connection reads through a memory map.
-const MMAP_BYTES: u64 = 1 << 30;
+/// Each connection's page cache, in KiB (SQLite reads a negative `cache_size` as KiB): at most
+/// 64 MiB over the pool's four connections.
+const CACHE_KIB: i64 = -16 * 1024;
 
 /// How long a statement waits for the file's write lock before it fails.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -113,10 +112,10 @@ impl SqliteBackend {
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
             .busy_timeout(BUSY_TIMEOUT)
-            // Pages read through memory maps and a page cache that holds a shard's working set:
-            // with SQLite's 2 MB default every write re-read its pages through system calls.
-            .pragma("cache_size", CACHE_KIB.to_string())
-            .pragma("mmap_size", MMAP_BYTES.to_string());
+            // A page cache larger than SQLite's 2 MB default, so a write finds more of the pages
+            // it touches in memory. No memory map: an I/O error on a mapped file arrives as a
+            // signal that ends the process, where a read's error is a failed call.
+            .pragma("cache_size", CACHE_KIB.to_string());
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
             .acquire_timeout(BUSY_TIMEOUT)

@@ -108,8 +108,13 @@ pub(super) async fn write_many(
     let expires_at = now.saturating_add(ttl_micros);
     let mut results = Vec::with_capacity(snapshots.len());
     for run in statement_runs(snapshots) {
+        // Only the full statement is kept prepared: a run of any other length is the tail of a
+        // call (or cut short by a repeated character), and would crowd the connection's
+        // statement cache with a shape per length.
+        let full = run.len() == ROWS_PER_STATEMENT;
         let sql = guarded_upsert(run.len());
         let mut statement = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .persistent(full)
             .bind(now)
             .bind(expires_at);
         for at in run.clone() {
