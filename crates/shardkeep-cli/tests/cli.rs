@@ -731,6 +731,17 @@ async fn migrate_on_a_sqlite_file_creates_it_and_refuses_bad_files() {
 
     let out = shardkeep(&["migrate"], &[("DATABASE_URL", "sqlite::memory:")]);
     assert_one_line_failure(&out, "name a file");
+    // A SQLite file beside a Redis is refused before anything is opened or created.
+    let mixed = dir.join("mixed.db");
+    let out = shardkeep(
+        &["migrate"],
+        &[
+            ("DATABASE_URL", &format!("sqlite:{}", mixed.display())),
+            ("REDIS_URL", "redis://127.0.0.1:6379"),
+        ],
+    );
+    assert_one_line_failure(&out, "but REDIS_URL is set");
+    assert!(!mixed.exists(), "nothing created");
     // What embedded mode does not run yet says so, rather than failing on the URL's form.
     let out = shardkeep(
         &["serve", "--internal-keys", "ops:0123456789abcdef0123"],

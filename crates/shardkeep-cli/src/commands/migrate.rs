@@ -12,6 +12,7 @@ use crate::cli::MigrateArgs;
 pub(crate) async fn run(args: &MigrateArgs) -> anyhow::Result<ExitCode> {
     let url = super::database_url(&args.postgres)?;
     if shardkeep::backend::sqlite::is_sqlite_url(url) {
+        super::refuse_mixed_stores()?;
         // The embedded store: the file is created when missing.
         let db = shardkeep::SqliteBackend::connect("DATABASE_URL", url).await?;
         let applied = db.migrate().await.context("applying migrations")?;

@@ -36,6 +36,20 @@ pub(crate) fn database_url(args: &PostgresArgs) -> anyhow::Result<&str> {
         .ok_or_else(|| anyhow!("DATABASE_URL is not set; pass --database-url or set DATABASE_URL"))
 }
 
+/// Refuses a `sqlite:` DATABASE_URL beside a REDIS_URL: the embedded store keeps everything in
+/// its file, so half of the state in Redis would be a store nobody reads.
+pub(crate) fn refuse_mixed_stores() -> anyhow::Result<()> {
+    let redis = std::env::var("REDIS_URL").unwrap_or_default();
+    if !redis.trim().is_empty() {
+        return Err(anyhow!(
+            "DATABASE_URL names a SQLite file (embedded mode) but REDIS_URL is set: embedded mode \
+             keeps everything in the file and uses no Redis; unset REDIS_URL, or set DATABASE_URL \
+             to a postgres:// URL to run on Postgres and Redis"
+        ));
+    }
+    Ok(())
+}
+
 /// The Postgres URL of a command that needs Postgres: an error naming DATABASE_URL when it is
 /// unset or names a SQLite file.
 pub(crate) fn postgres_url(args: &PostgresArgs) -> anyhow::Result<&str> {
