@@ -22,136 +22,154 @@ const BARRIER: Duration = Duration::from_secs(5);
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_stale_owner_never_lands_a_flush_final_or_checkpoint(pool: PgPool) {
     let redis = TestRedis::new().await;
-    let stores = Stores::new(&pool, redis.backend());
-    let id = stores.new_character("Aria").await;
-    // Split brain: two shards both host zone-0 and both admit the character.
-    let mut zombie = boot(&stores, "shard-a", &[0], 1);
-    let mut live = boot(&stores, "shard-b", &[0], 1);
-    login(&stores, &mut zombie, id, "s-old").await;
-    login(&stores, &mut live, id, "s-new").await;
-    let zombie_epoch = zombie.player(id).unwrap().character.owner_epoch;
-    let live_epoch = live.player(id).unwrap().character.owner_epoch;
-    assert_eq!((zombie_epoch, live_epoch), (1, 2));
+    let sqlite = shardkeep_testkit::TestSqlite::new().await;
+    for stores in [
+        Stores::new(&pool, redis.backend()),
+        Stores::embedded(&sqlite),
+    ] {
+        let driver = stores.driver();
+        let id = stores.new_character("Aria").await;
+        // Split brain: two shards both host zone-0 and both admit the character.
+        let mut zombie = boot(&stores, "shard-a", &[0], 1);
+        let mut live = boot(&stores, "shard-b", &[0], 1);
+        login(&stores, &mut zombie, id, "s-old").await;
+        login(&stores, &mut live, id, "s-new").await;
+        let zombie_epoch = zombie.player(id).unwrap().character.owner_epoch;
+        let live_epoch = live.player(id).unwrap().character.owner_epoch;
+        assert_eq!((zombie_epoch, live_epoch), (1, 2), "{driver}");
 
-    live.player_mut(id).unwrap().character.currency = 500;
-    assert!(live.save_one(id, SaveReason::Flush));
-    assert_eq!(live.saver().barrier(BARRIER).await, BarrierOutcome::Drained);
+        live.player_mut(id).unwrap().character.currency = 500;
+        assert!(live.save_one(id, SaveReason::Flush));
+        assert_eq!(live.saver().barrier(BARRIER).await, BarrierOutcome::Drained);
 
-    // The zombie externalizes wealth and tries every path down the ladder — even rebased onto
-    // the live row's version, so only the epoch fence stands between it and the row.
-    let (row_version, _) = stores.characters.version_of(id).await.unwrap().unwrap();
-    zombie.player_mut(id).unwrap().character.state_version = row_version;
-    zombie.player_mut(id).unwrap().character.currency = 9_999;
-    assert!(zombie.save_one(id, SaveReason::Checkpoint));
-    assert!(zombie.save_one(id, SaveReason::Flush));
-    zombie.logout(id).unwrap();
-    assert_eq!(
-        zombie.saver().barrier(BARRIER).await,
-        BarrierOutcome::Drained
-    );
-    let stats = zombie.saver().stats();
-    assert_eq!(stats.row_landed, 0);
-    assert_eq!(stats.checkpoint_landed, 0);
-    assert!(
-        stats.checkpoint_refused >= 1 && stats.row_ownership_lost >= 1,
-        "{stats:?}"
-    );
-    assert_eq!(
-        stats.final_dropped, 0,
-        "an ownership loss is terminal, never rebased"
-    );
+        // The zombie externalizes wealth and tries every path down the ladder — even rebased onto
+        // the live row's version, so only the epoch fence stands between it and the row.
+        let (row_version, _) = stores.characters.version_of(id).await.unwrap().unwrap();
+        zombie.player_mut(id).unwrap().character.state_version = row_version;
+        zombie.player_mut(id).unwrap().character.currency = 9_999;
+        assert!(zombie.save_one(id, SaveReason::Checkpoint));
+        assert!(zombie.save_one(id, SaveReason::Flush));
+        zombie.logout(id).unwrap();
+        assert_eq!(
+            zombie.saver().barrier(BARRIER).await,
+            BarrierOutcome::Drained
+        );
+        let stats = zombie.saver().stats();
+        assert_eq!(stats.row_landed, 0, "{driver}");
+        assert_eq!(stats.checkpoint_landed, 0, "{driver}");
+        assert!(
+            stats.checkpoint_refused >= 1 && stats.row_ownership_lost >= 1,
+            "{stats:?}"
+        );
+        assert_eq!(
+            stats.final_dropped, 0,
+            "an ownership loss is terminal, never rebased"
+        );
 
-    // Even a rebased snapshot (the final path's response to a version loss) is fenced.
-    let (current_version, _) = stores.characters.version_of(id).await.unwrap().unwrap();
-    let mut rebased = stores.characters.load(id).await.unwrap().unwrap();
-    rebased.owner_epoch = zombie_epoch;
-    rebased.state_version = current_version;
-    rebased.state = json!({ "currency": 9_999 }).into();
-    assert_eq!(
-        stores.characters.save(&rebased).await.unwrap(),
-        SaveOutcome::OwnershipLost(live_epoch)
-    );
+        // Even a rebased snapshot (the final path's response to a version loss) is fenced.
+        let (current_version, _) = stores.characters.version_of(id).await.unwrap().unwrap();
+        let mut rebased = stores.characters.load(id).await.unwrap().unwrap();
+        rebased.owner_epoch = zombie_epoch;
+        rebased.state_version = current_version;
+        rebased.state = json!({ "currency": 9_999 }).into();
+        assert_eq!(
+            stores.characters.save(&rebased).await.unwrap(),
+            SaveOutcome::OwnershipLost(live_epoch)
+        );
 
-    // The live owner's state is what loads.
-    let row = stores.characters.load(id).await.unwrap().unwrap();
-    assert_eq!(row.state["currency"], 500);
-    let checkpoint = stores.checkpoints.read(id).await.unwrap().unwrap();
-    assert_eq!(
-        (checkpoint.owner_epoch, checkpoint.state["currency"].clone()),
-        (live_epoch, json!(500))
-    );
-    live.logout(id).unwrap();
-    assert_eq!(live.saver().barrier(BARRIER).await, BarrierOutcome::Drained);
-    let loaded = stores.loader().claim_and_load(id, 0).await.unwrap();
-    assert_eq!(loaded.snapshot.state["currency"], 500);
+        // The live owner's state is what loads.
+        let row = stores.characters.load(id).await.unwrap().unwrap();
+        assert_eq!(row.state["currency"], 500);
+        let checkpoint = stores.checkpoints.read(id).await.unwrap().unwrap();
+        assert_eq!(
+            (checkpoint.owner_epoch, checkpoint.state["currency"].clone()),
+            (live_epoch, json!(500))
+        );
+        live.logout(id).unwrap();
+        assert_eq!(live.saver().barrier(BARRIER).await, BarrierOutcome::Drained);
+        let loaded = stores.loader().claim_and_load(id, 0).await.unwrap();
+        assert_eq!(loaded.snapshot.state["currency"], 500);
+    }
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_zombie_is_evicted_when_its_writes_are_refused(pool: PgPool) {
     let redis = TestRedis::new().await;
-    let stores = Stores::new(&pool, redis.backend());
-    let id = stores.new_character("Aria").await;
-    let mut zombie = boot(&stores, "shard-a", &[0], 1);
-    let mut live = boot(&stores, "shard-b", &[0], 1);
-    login(&stores, &mut zombie, id, "s1").await;
-    login(&stores, &mut live, id, "s2").await;
-    live.save_one(id, SaveReason::Flush);
-    assert_eq!(live.saver().barrier(BARRIER).await, BarrierOutcome::Drained);
-    zombie.save_one(id, SaveReason::Checkpoint);
-    pump_until(&mut zombie, Duration::from_secs(5), |s| {
-        s.player(id).is_none()
-    })
-    .await;
-    let evictions = zombie.take_evictions();
-    assert_eq!(evictions.len(), 1);
-    assert_eq!(
-        evictions[0].cause,
-        EvictionCause::DoubleOwn { stored_epoch: 2 }
-    );
-    assert!(live.player(id).is_some(), "the live copy is untouched");
+    let sqlite = shardkeep_testkit::TestSqlite::new().await;
+    for stores in [
+        Stores::new(&pool, redis.backend()),
+        Stores::embedded(&sqlite),
+    ] {
+        let driver = stores.driver();
+        let id = stores.new_character("Aria").await;
+        let mut zombie = boot(&stores, "shard-a", &[0], 1);
+        let mut live = boot(&stores, "shard-b", &[0], 1);
+        login(&stores, &mut zombie, id, "s1").await;
+        login(&stores, &mut live, id, "s2").await;
+        live.save_one(id, SaveReason::Flush);
+        assert_eq!(live.saver().barrier(BARRIER).await, BarrierOutcome::Drained);
+        zombie.save_one(id, SaveReason::Checkpoint);
+        pump_until(&mut zombie, Duration::from_secs(5), |s| {
+            s.player(id).is_none()
+        })
+        .await;
+        let evictions = zombie.take_evictions();
+        assert_eq!(evictions.len(), 1, "{driver}");
+        assert_eq!(
+            evictions[0].cause,
+            EvictionCause::DoubleOwn { stored_epoch: 2 }
+        );
+        assert!(live.player(id).is_some(), "the live copy is untouched");
+    }
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn freshness_tie_goes_to_the_checkpoint_and_a_newer_row_wins(pool: PgPool) {
     let redis = TestRedis::new().await;
-    let stores = Stores::new(&pool, redis.backend());
-    let id = stores.new_character("Aria").await;
-    let mut shard = boot(&stores, "shard-a", &[0], 1);
-    login(&stores, &mut shard, id, "s1").await;
-    shard.player_mut(id).unwrap().character.currency = 42;
-    shard.save_one(id, SaveReason::Checkpoint);
-    assert_eq!(
-        shard.saver().barrier(BARRIER).await,
-        BarrierOutcome::Drained
-    );
-    shard.kill(); // crash: the checkpoint is the only copy of the new content
+    let sqlite = shardkeep_testkit::TestSqlite::new().await;
+    for stores in [
+        Stores::new(&pool, redis.backend()),
+        Stores::embedded(&sqlite),
+    ] {
+        let driver = stores.driver();
+        let id = stores.new_character("Aria").await;
+        let mut shard = boot(&stores, "shard-a", &[0], 1);
+        login(&stores, &mut shard, id, "s1").await;
+        shard.player_mut(id).unwrap().character.currency = 42;
+        shard.save_one(id, SaveReason::Checkpoint);
+        assert_eq!(
+            shard.saver().barrier(BARRIER).await,
+            BarrierOutcome::Drained
+        );
+        shard.kill(); // crash: the checkpoint is the only copy of the new content
 
-    // Tie at (epoch 1, version 0): the checkpoint's content loads.
-    let loaded = stores.loader().claim_and_load(id, 0).await.unwrap();
-    assert_eq!(loaded.source, LoadSource::Checkpoint);
-    assert_eq!(loaded.snapshot.state["currency"], 42);
-    assert_eq!(
-        (loaded.snapshot.state_version, loaded.snapshot.owner_epoch),
-        (0, 2)
-    );
+        // Tie at (epoch 1, version 0): the checkpoint's content loads.
+        let loaded = stores.loader().claim_and_load(id, 0).await.unwrap();
+        assert_eq!(loaded.source, LoadSource::Checkpoint, "{driver}");
+        assert_eq!(loaded.snapshot.state["currency"], 42);
+        assert_eq!(
+            (loaded.snapshot.state_version, loaded.snapshot.owner_epoch),
+            (0, 2)
+        );
 
-    // The epoch-2 owner flushes new content (row at version 1), then a checkpoint at the old
-    // version 0 with older content reappears: the row's higher version wins.
-    let mut flushed = loaded.snapshot.clone();
-    flushed.state = json!({ "currency": 77 }).into();
-    assert_eq!(
-        stores.characters.save(&flushed).await.unwrap(),
-        SaveOutcome::Saved(1)
-    );
-    let mut old = flushed.clone();
-    old.state = json!({ "currency": 1 }).into();
-    assert_eq!(
-        stores.checkpoints.write(&old).await.unwrap(),
-        CheckpointWrite::Written
-    );
-    let loaded = stores.loader().claim_and_load(id, 0).await.unwrap();
-    assert_eq!(loaded.source, LoadSource::Row);
-    assert_eq!(loaded.snapshot.state["currency"], 77);
+        // The epoch-2 owner flushes new content (row at version 1), then a checkpoint at the old
+        // version 0 with older content reappears: the row's higher version wins.
+        let mut flushed = loaded.snapshot.clone();
+        flushed.state = json!({ "currency": 77 }).into();
+        assert_eq!(
+            stores.characters.save(&flushed).await.unwrap(),
+            SaveOutcome::Saved(1)
+        );
+        let mut old = flushed.clone();
+        old.state = json!({ "currency": 1 }).into();
+        assert_eq!(
+            stores.checkpoints.write(&old).await.unwrap(),
+            CheckpointWrite::Written
+        );
+        let loaded = stores.loader().claim_and_load(id, 0).await.unwrap();
+        assert_eq!(loaded.source, LoadSource::Row);
+        assert_eq!(loaded.snapshot.state["currency"], 77);
+    }
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
@@ -273,7 +291,7 @@ async fn login_routes_through_the_directory_after_a_rebalance(pool: PgPool) {
     // zone-1 moves to shard-b while the player is offline.
     let mut b = boot(&stores, "shard-b", &[1], 2);
     let route = route_login(
-        Some(&stores.placement),
+        stores.placement.as_ref(),
         &stores.characters,
         &stores.directory,
         id,
@@ -400,7 +418,14 @@ async fn final_flushes_queued_before_shutdown_are_durable_when_it_returns(pool: 
         let row = stores.characters.load(*id).await.unwrap().unwrap();
         assert_eq!(row.state["experience"], 1000 + i as i64);
         assert_eq!(row.state_version, 1);
-        let placement = stores.placement.read(*id).await.unwrap().unwrap();
+        let placement = stores
+            .placement
+            .as_ref()
+            .unwrap()
+            .read(*id)
+            .await
+            .unwrap()
+            .unwrap();
         assert!(placement.is_tombstone() && placement.owner_epoch == 1);
     }
 }
@@ -675,7 +700,14 @@ async fn placement_writes_are_fenced_and_logout_leaves_a_tombstone(pool: PgPool)
     );
     let report = shard.shutdown(BARRIER).await;
     assert_eq!(report.placement, BarrierOutcome::Drained);
-    let record = stores.placement.read(id).await.unwrap().unwrap();
+    let record = stores
+        .placement
+        .as_ref()
+        .unwrap()
+        .read(id)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(record.is_tombstone());
     assert_eq!((record.shard_id, record.owner_epoch), (None, 1));
     let stale = PlacementRecord {
@@ -686,12 +718,20 @@ async fn placement_writes_are_fenced_and_logout_leaves_a_tombstone(pool: PgPool)
         updated_at: chrono::Utc::now(),
     };
     assert_eq!(
-        stores.placement.write(&stale).await.unwrap(),
+        stores
+            .placement
+            .as_ref()
+            .unwrap()
+            .write(&stale)
+            .await
+            .unwrap(),
         PlacementWrite::Stale { stored_epoch: 1 }
     );
     assert!(
         stores
             .placement
+            .as_ref()
+            .unwrap()
             .read(id)
             .await
             .unwrap()

@@ -24,7 +24,8 @@ pub(crate) struct Stores {
     stop: tokio_util::sync::CancellationToken,
     pub(crate) characters: CharacterStore,
     pub(crate) checkpoints: CheckpointStore,
-    pub(crate) placement: PlacementStore,
+    /// Placement records (`None` on the embedded store, which has none yet).
+    pub(crate) placement: Option<PlacementStore>,
     pub(crate) audit: shardkeep::audit::AuditStore,
     pub(crate) directory: ZoneDirectory,
     loader: CharacterLoader,
@@ -46,18 +47,44 @@ impl Stores {
             stop,
             characters: services.characters.clone(),
             checkpoints: services.checkpoints.clone(),
-            placement: services.placement.clone(),
+            placement: Some(services.placement.clone()),
             audit: services.audit.clone(),
             directory: ZoneDirectory::new(),
             loader: services.loader.clone(),
         }
     }
 
+    /// The handles over the embedded store's file `sqlite`: rows, checkpoints and the audit
+    /// trail in it, no placement records.
+    pub(crate) fn embedded(sqlite: &shardkeep_testkit::TestSqlite) -> Self {
+        let characters = CharacterStore::embedded(sqlite.backend());
+        let checkpoints = CheckpointStore::embedded(sqlite.backend());
+        Self {
+            stop: tokio_util::sync::CancellationToken::new(),
+            loader: CharacterLoader::new(
+                characters.clone(),
+                Some(checkpoints.clone()),
+                ReferenceModel::handle(),
+                Duration::from_secs(5),
+            ),
+            characters,
+            checkpoints,
+            placement: None,
+            audit: shardkeep::audit::AuditStore::embedded(sqlite.backend()),
+            directory: ZoneDirectory::new(),
+        }
+    }
+
+    /// Where the stores are: `servers` or `embedded`.
+    pub(crate) fn driver(&self) -> &'static str {
+        self.characters.driver()
+    }
+
     pub(crate) fn shard_stores(&self) -> ShardStores {
         ShardStores {
             characters: Some(self.characters.clone()),
             checkpoints: Some(self.checkpoints.clone()),
-            placement: Some(self.placement.clone()),
+            placement: self.placement.clone(),
             audit: Some(self.audit.clone()),
             retry: None,
         }
@@ -136,7 +163,7 @@ pub(crate) async fn login(stores: &Stores, shard: &mut Shard, id: Uuid, session:
         return resumed;
     }
     let route = route_login(
-        Some(&stores.placement),
+        stores.placement.as_ref(),
         &stores.characters,
         &stores.directory,
         id,
