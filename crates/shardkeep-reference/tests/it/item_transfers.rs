@@ -115,57 +115,62 @@ async fn drop_then_get_by_another_player_is_a_transfer(pool: PgPool) {
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn put_down_items_decay_after_the_floor_lifetime(pool: PgPool) {
     let redis = TestRedis::new().await;
-    let stores = Stores::new(&pool, redis.backend());
-    let a = stores.new_character("Aria").await;
-    let mut config = shardkeep_reference::shard::ShardConfig::new("shard-a", "zone-0");
-    config.floor_lifetime_pulses = Some(60);
-    let mut shard = crate::support::boot_with(stores.shard_stores(), &stores, config, &[0], 1);
-    login(&stores, &mut shard, a, "sa").await;
-    let floor_ids = |shard: &shardkeep_reference::shard::Shard| -> Vec<Uuid> {
-        let mut ids = Vec::new();
-        for zone in shard.zones() {
-            for floor in &zone.entities.floor {
-                floor.item.walk(&mut |i| ids.extend(i.id));
+    let sqlite = shardkeep_testkit::TestSqlite::new().await;
+    for stores in [
+        Stores::new(&pool, redis.backend()),
+        Stores::embedded(&sqlite),
+    ] {
+        let a = stores.new_character("Aria").await;
+        let mut config = shardkeep_reference::shard::ShardConfig::new("shard-a", "zone-0");
+        config.floor_lifetime_pulses = Some(60);
+        let mut shard = crate::support::boot_with(stores.shard_stores(), &stores, config, &[0], 1);
+        login(&stores, &mut shard, a, "sa").await;
+        let floor_ids = |shard: &shardkeep_reference::shard::Shard| -> Vec<Uuid> {
+            let mut ids = Vec::new();
+            for zone in shard.zones() {
+                for floor in &zone.entities.floor {
+                    floor.item.walk(&mut |i| ids.extend(i.id));
+                }
             }
+            ids
+        };
+        let spawned = floor_ids(&shard);
+        // To the chest the zone spawned in r2.
+        shard.walk(a, "north").unwrap();
+        shard.walk(a, "north").unwrap();
+        let container = shard
+            .zones()
+            .flat_map(|z| z.entities.floor.iter())
+            .find(|f| f.item.proto.proto_ref == "chest")
+            .and_then(|f| f.item.id)
+            .expect("zone 0 spawns a chest");
+        let (dropped, put) = (gem(&mut shard, a), gem(&mut shard, a));
+        shard.drop_item(a, dropped).unwrap();
+        shard.put_item(a, put, container).unwrap();
+        for _ in 0..40 {
+            shard.tick();
         }
-        ids
-    };
-    let spawned = floor_ids(&shard);
-    // To the chest the zone spawned in r2.
-    shard.walk(a, "north").unwrap();
-    shard.walk(a, "north").unwrap();
-    let container = shard
-        .zones()
-        .flat_map(|z| z.entities.floor.iter())
-        .find(|f| f.item.proto.proto_ref == "chest")
-        .and_then(|f| f.item.id)
-        .expect("zone 0 spawns a chest");
-    let (dropped, put) = (gem(&mut shard, a), gem(&mut shard, a));
-    shard.drop_item(a, dropped).unwrap();
-    shard.put_item(a, put, container).unwrap();
-    for _ in 0..40 {
-        shard.tick();
+        assert!(shard.take_decayed_items().is_empty(), "too early");
+        let ids = floor_ids(&shard);
+        assert!(ids.contains(&dropped) && ids.contains(&put));
+        for _ in 0..40 {
+            shard.tick();
+        }
+        let mut decayed = shard.take_decayed_items();
+        decayed.sort();
+        let mut expected = vec![dropped, put];
+        expected.sort();
+        assert_eq!(decayed, expected);
+        let ids = floor_ids(&shard);
+        assert!(
+            !ids.contains(&dropped) && !ids.contains(&put),
+            "gone from the floor"
+        );
+        assert!(
+            spawned.iter().all(|id| ids.contains(id)),
+            "the zone's own items stay"
+        );
     }
-    assert!(shard.take_decayed_items().is_empty(), "too early");
-    let ids = floor_ids(&shard);
-    assert!(ids.contains(&dropped) && ids.contains(&put));
-    for _ in 0..40 {
-        shard.tick();
-    }
-    let mut decayed = shard.take_decayed_items();
-    decayed.sort();
-    let mut expected = vec![dropped, put];
-    expected.sort();
-    assert_eq!(decayed, expected);
-    let ids = floor_ids(&shard);
-    assert!(
-        !ids.contains(&dropped) && !ids.contains(&put),
-        "gone from the floor"
-    );
-    assert!(
-        spawned.iter().all(|id| ids.contains(id)),
-        "the zone's own items stay"
-    );
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
@@ -1067,46 +1072,51 @@ async fn a_copy_that_replaced_the_acquirer_is_not_handed_the_item_again(pool: Pg
 async fn a_save_dumped_before_the_release_cannot_land_after_the_pickup(pool: PgPool) {
     use shardkeep::character::{Releaser, SaveOutcome, TransferCommit};
     let redis = TestRedis::new().await;
-    let stores = Stores::new(&pool, redis.backend());
-    let a = stores.new_character("Aria").await;
-    let b = stores.new_character("Bran").await;
-    let item = Uuid::now_v7();
-    // A's flush, dumped while A still carried the gem, is still on its way.
-    let mut late_flush = stores.characters.load(a).await.unwrap().unwrap();
-    late_flush.state = json!({ "inventory": [{ "proto": "gem", "id": item }] }).into();
-    let mut acquirer = stores.characters.load(b).await.unwrap().unwrap();
-    acquirer.state = json!({ "inventory": [{ "proto": "gem", "id": item }] }).into();
-    let event = AuditEvent::item_transferred(b, a, Uuid::now_v7(), json!({ "item_id": item }));
-    let side = Releaser::Departed {
-        character_id: a,
-        item_id: item,
-        released_epoch: late_flush.owner_epoch,
-    };
-    let outcome = stores
-        .characters
-        .commit_transfer(
-            &shardkeep_reference::game::ReferenceModel::handle(),
-            side,
-            &acquirer,
-            &event,
-        )
-        .await
-        .unwrap();
-    assert!(
-        matches!(
-            outcome,
-            TransferCommit::Committed {
-                releaser_version: Some(1),
-                ..
-            }
-        ),
-        "{outcome:?}"
-    );
-    assert_eq!(
-        stores.characters.save(&late_flush).await.unwrap(),
-        SaveOutcome::VersionConflict(1)
-    );
-    assert_eq!(rows_holding(&stores, &[a, b], item).await, vec![b]);
+    let sqlite = shardkeep_testkit::TestSqlite::new().await;
+    for stores in [
+        Stores::new(&pool, redis.backend()),
+        Stores::embedded(&sqlite),
+    ] {
+        let a = stores.new_character("Aria").await;
+        let b = stores.new_character("Bran").await;
+        let item = Uuid::now_v7();
+        // A's flush, dumped while A still carried the gem, is still on its way.
+        let mut late_flush = stores.characters.load(a).await.unwrap().unwrap();
+        late_flush.state = json!({ "inventory": [{ "proto": "gem", "id": item }] }).into();
+        let mut acquirer = stores.characters.load(b).await.unwrap().unwrap();
+        acquirer.state = json!({ "inventory": [{ "proto": "gem", "id": item }] }).into();
+        let event = AuditEvent::item_transferred(b, a, Uuid::now_v7(), json!({ "item_id": item }));
+        let side = Releaser::Departed {
+            character_id: a,
+            item_id: item,
+            released_epoch: late_flush.owner_epoch,
+        };
+        let outcome = stores
+            .characters
+            .commit_transfer(
+                &shardkeep_reference::game::ReferenceModel::handle(),
+                side,
+                &acquirer,
+                &event,
+            )
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                outcome,
+                TransferCommit::Committed {
+                    releaser_version: Some(1),
+                    ..
+                }
+            ),
+            "{outcome:?}"
+        );
+        assert_eq!(
+            stores.characters.save(&late_flush).await.unwrap(),
+            SaveOutcome::VersionConflict(1)
+        );
+        assert_eq!(rows_holding(&stores, &[a, b], item).await, vec![b]);
+    }
 }
 
 /// A's copy flushed and checkpointed the gem, dropped it and left the shard; its final save was
@@ -1117,48 +1127,53 @@ async fn a_save_dumped_before_the_release_cannot_land_after_the_pickup(pool: PgP
 async fn a_departed_releasers_checkpoint_cannot_bring_a_taken_item_back(pool: PgPool) {
     use shardkeep::character::{Releaser, SaveOutcome, TransferCommit};
     let redis = TestRedis::new().await;
-    let stores = Stores::new(&pool, redis.backend());
-    let a = stores.new_character("Aria").await;
-    let b = stores.new_character("Bran").await;
-    let item = Uuid::now_v7();
-    let mut copy = stores.loader().claim_and_load(a, 0).await.unwrap().snapshot;
-    copy.state = json!({ "inventory": [{ "proto": "gem", "id": item }] }).into();
-    let SaveOutcome::Saved(version) = stores.characters.save(&copy).await.unwrap() else {
-        panic!("the flush did not land");
-    };
-    copy.state_version = version;
-    stores.checkpoints.write(&copy).await.unwrap();
-    let mut acquirer = stores.characters.load(b).await.unwrap().unwrap();
-    acquirer.state = json!({ "inventory": [{ "proto": "gem", "id": item }] }).into();
-    let event = AuditEvent::item_transferred(b, a, Uuid::now_v7(), json!({ "item_id": item }));
-    let outcome = stores
-        .characters
-        .commit_transfer(
-            &shardkeep_reference::game::ReferenceModel::handle(),
-            Releaser::Departed {
-                character_id: a,
-                item_id: item,
-                released_epoch: copy.owner_epoch,
-            },
-            &acquirer,
-            &event,
-        )
-        .await
-        .unwrap();
-    assert!(
-        matches!(outcome, TransferCommit::Committed { .. }),
-        "{outcome:?}"
-    );
-    assert_eq!(rows_holding(&stores, &[a, b], item).await, vec![b]);
-    // A logs in again, from whichever of the row and the checkpoint is fresher.
-    let again = stores.loader().claim_and_load(a, 0).await.unwrap();
-    let doc: shardkeep_reference::game::StateDocument = again.snapshot.state.decode().unwrap();
-    let mut doc = doc;
-    assert!(
-        !shardkeep_reference::game::state::remove_stored_item(&mut doc, item),
-        "A's new copy holds the gem B picked up (loaded from {:?})",
-        again.source
-    );
+    let sqlite = shardkeep_testkit::TestSqlite::new().await;
+    for stores in [
+        Stores::new(&pool, redis.backend()),
+        Stores::embedded(&sqlite),
+    ] {
+        let a = stores.new_character("Aria").await;
+        let b = stores.new_character("Bran").await;
+        let item = Uuid::now_v7();
+        let mut copy = stores.loader().claim_and_load(a, 0).await.unwrap().snapshot;
+        copy.state = json!({ "inventory": [{ "proto": "gem", "id": item }] }).into();
+        let SaveOutcome::Saved(version) = stores.characters.save(&copy).await.unwrap() else {
+            panic!("the flush did not land");
+        };
+        copy.state_version = version;
+        stores.checkpoints.write(&copy).await.unwrap();
+        let mut acquirer = stores.characters.load(b).await.unwrap().unwrap();
+        acquirer.state = json!({ "inventory": [{ "proto": "gem", "id": item }] }).into();
+        let event = AuditEvent::item_transferred(b, a, Uuid::now_v7(), json!({ "item_id": item }));
+        let outcome = stores
+            .characters
+            .commit_transfer(
+                &shardkeep_reference::game::ReferenceModel::handle(),
+                Releaser::Departed {
+                    character_id: a,
+                    item_id: item,
+                    released_epoch: copy.owner_epoch,
+                },
+                &acquirer,
+                &event,
+            )
+            .await
+            .unwrap();
+        assert!(
+            matches!(outcome, TransferCommit::Committed { .. }),
+            "{outcome:?}"
+        );
+        assert_eq!(rows_holding(&stores, &[a, b], item).await, vec![b]);
+        // A logs in again, from whichever of the row and the checkpoint is fresher.
+        let again = stores.loader().claim_and_load(a, 0).await.unwrap();
+        let doc: shardkeep_reference::game::StateDocument = again.snapshot.state.decode().unwrap();
+        let mut doc = doc;
+        assert!(
+            !shardkeep_reference::game::state::remove_stored_item(&mut doc, item),
+            "A's new copy holds the gem B picked up (loaded from {:?})",
+            again.source
+        );
+    }
 }
 
 /// A fight's loot is in the copy's memory at once and in its reward job, which the worker may
