@@ -178,8 +178,48 @@ UPDATE characters
  WHERE id = ?1 AND state_version = ?2 AND owner_epoch <= ?3 AND schema_version <= ?9
 RETURNING state_version";
 
+/// Most snapshots one batched compare-and-swap statement saves (nine parameters each).
+const SAVES_PER_STATEMENT: usize = 128;
+
+/// The fenced update of several rows at once (`?1`: now, then nine parameters a snapshot: id,
+/// expected version, epoch, state, chargen, zone, room, issue mark, schema), each row decided as
+/// [`SAVE`] decides one; the rows saved come back with their new version.
+fn save_batch(rows: usize) -> String {
+    let mut values = String::new();
+    for row in 0..rows {
+        let first = 2 + row * 9;
+        if row > 0 {
+            values.push_str(", ");
+        }
+        let params: Vec<String> = (first..first + 9).map(|n| format!("?{n}")).collect();
+        values.push('(');
+        values.push_str(&params.join(", "));
+        values.push(')');
+    }
+    // VALUES columns are `column1` … `column9` in SQLite (a subquery takes no column list).
+    format!(
+        "UPDATE characters
+            SET state = v.column4,
+                chargen = v.column5,
+                zone_ref = COALESCE(NULLIF(v.column6, ''), characters.zone_ref),
+                room_ref = CASE WHEN NULLIF(v.column6, '') IS NULL THEN characters.room_ref
+                                ELSE v.column7 END,
+                state_version = characters.state_version + 1,
+                live_version = characters.state_version + 1,
+                live_issue_epoch = v.column3,
+                live_issue_mark = v.column8,
+                schema_version = v.column9,
+                updated_at = ?1
+           FROM (VALUES {values}) AS v
+          WHERE characters.id = v.column1 AND characters.state_version = v.column2
+            AND characters.owner_epoch <= v.column3 AND characters.schema_version <= v.column9
+      RETURNING id, state_version"
+    )
+}
+
 /// Compare-and-swap saves of `snapshots` (distinct ids, checked by the caller) in one
-/// transaction, one outcome each, in order.
+/// transaction, one outcome each, in order: many rows to a statement, and a read only for a
+/// row a save did not land on (what it was refused for).
 pub(super) async fn save_many(
     db: &SqliteBackend,
     clock: &dyn Clock,
@@ -188,14 +228,65 @@ pub(super) async fn save_many(
     let mut tx = db.begin().await?;
     let now = micros(clock);
     let mut outcomes = Vec::with_capacity(snapshots.len());
-    for snapshot in snapshots {
+    if let [snapshot] = snapshots {
         outcomes.push((
             snapshot.character_id,
             save_on(&mut tx, now, snapshot).await?,
         ));
+    } else {
+        for chunk in snapshots.chunks(SAVES_PER_STATEMENT) {
+            save_chunk(&mut tx, now, chunk, &mut outcomes).await?;
+        }
     }
     tx.commit().await?;
     Ok(outcomes)
+}
+
+/// One statement of [`save_many`], its outcomes appended in order.
+async fn save_chunk(
+    conn: &mut sqlx::SqliteConnection,
+    now: i64,
+    chunk: &[&CharacterSnapshot],
+    outcomes: &mut Vec<(Uuid, SaveOutcome)>,
+) -> Result<(), StoreError> {
+    // Only the full statement stays prepared: shorter ones are the tails of batches.
+    let mut statement = sqlx::query_as(sqlx::AssertSqlSafe(save_batch(chunk.len())))
+        .persistent(chunk.len() == SAVES_PER_STATEMENT)
+        .bind(now);
+    for snapshot in chunk {
+        let zone_ref = snapshot.zone_ref.as_deref().filter(|z| !z.is_empty());
+        statement = statement
+            .bind(snapshot.character_id)
+            .bind(snapshot.state_version)
+            .bind(snapshot.owner_epoch)
+            .bind(snapshot.state.as_str())
+            .bind(chargen_text(snapshot.chargen.as_ref()))
+            .bind(zone_ref)
+            .bind(zone_ref.and(snapshot.room_ref.as_deref()))
+            .bind(mark_of(snapshot))
+            .bind(schema_of(snapshot));
+    }
+    let saved: Vec<(Uuid, i64)> = statement.fetch_all(&mut *conn).await?;
+    let saved: std::collections::HashMap<Uuid, i64> = saved.into_iter().collect();
+    for snapshot in chunk {
+        let id = snapshot.character_id;
+        let landed = saved.get(&id).copied();
+        let current: Option<(i64, i64, i32)> = match landed {
+            Some(_) => None,
+            None => {
+                sqlx::query_as(
+                    "SELECT state_version, owner_epoch, schema_version FROM characters
+                      WHERE id = ?1",
+                )
+                .bind(id)
+                .fetch_optional(&mut *conn)
+                .await?
+            }
+        };
+        let writer = (snapshot.owner_epoch, schema_of(snapshot));
+        outcomes.push((id, classify_save(current, landed, writer)));
+    }
+    Ok(())
 }
 
 /// The compare-and-swap save of `snapshot` on `conn` (inside the caller's write transaction),

@@ -685,3 +685,40 @@ async fn a_departed_releaser_gives_the_item_up_only_within_its_lineage(pool: PgP
         );
     }
 }
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_batch_larger_than_one_statement_keeps_each_outcome_in_order(pool: PgPool) {
+    let drivers = CharacterDrivers::new(&pool).await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let mut snaps = Vec::new();
+        for n in 0..300 {
+            let row = created(&store, &format!("Many{n}")).await;
+            snaps.push(CharacterSnapshot {
+                owner_epoch: 1,
+                state: json!({ "n": n }).into(),
+                ..row
+            });
+        }
+        // Every seventh was dumped from a version the row never had.
+        for (n, snap) in snaps.iter_mut().enumerate() {
+            if n % 7 == 3 {
+                snap.state_version = 5;
+            }
+        }
+        let refs: Vec<&CharacterSnapshot> = snaps.iter().collect();
+        let outcomes = store.save_many(&refs).await.unwrap();
+        assert_eq!(outcomes.len(), 300, "{driver}");
+        for (n, (id, outcome)) in outcomes.iter().enumerate() {
+            assert_eq!(*id, snaps[n].character_id, "{driver}: in input order");
+            let expected = if n % 7 == 3 {
+                SaveOutcome::VersionConflict(0)
+            } else {
+                SaveOutcome::Saved(1)
+            };
+            assert_eq!(*outcome, expected, "{driver}: snapshot {n}");
+        }
+        let landed = store.load(snaps[200].character_id).await.unwrap().unwrap();
+        assert_eq!(landed.state["n"], 200, "{driver}");
+    }
+}
