@@ -58,7 +58,7 @@ impl AllConfig {
             aging_logins: 1_000,
             capacity_fresh: 500_000,
             capacity_realistic: 100_000,
-            capacity_embedded: 100_000,
+            capacity_embedded: 200_000,
             sustain: Duration::from_secs(70),
             queue: QueueBenchConfig {
                 entries: 100_000,
