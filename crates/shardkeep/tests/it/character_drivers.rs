@@ -722,3 +722,44 @@ async fn a_batch_larger_than_one_statement_keeps_each_outcome_in_order(pool: PgP
         assert_eq!(landed.state["n"], 200, "{driver}");
     }
 }
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_batched_instance_save_keeps_the_zone_anchor_and_a_zoned_one_moves_it(pool: PgPool) {
+    let drivers = CharacterDrivers::new(&pool).await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let mut snaps = Vec::new();
+        for (n, zone_ref) in [None, Some(String::new()), Some("darkwood".to_owned())]
+            .into_iter()
+            .enumerate()
+        {
+            let row = created(&store, &format!("Inst{n}")).await;
+            snaps.push(CharacterSnapshot {
+                owner_epoch: 1,
+                zone_ref,
+                room_ref: Some(format!("room-{n}")),
+                chargen: None,
+                ..row
+            });
+        }
+        let refs: Vec<&CharacterSnapshot> = snaps.iter().collect();
+        for (_, outcome) in store.save_many(&refs).await.unwrap() {
+            assert_eq!(outcome, SaveOutcome::Saved(1), "{driver}");
+        }
+        let mut places = Vec::new();
+        for snap in &snaps {
+            let row = store.load(snap.character_id).await.unwrap().unwrap();
+            assert_eq!(row.chargen, None, "{driver}: chargen cleared");
+            places.push((row.zone_ref, row.room_ref));
+        }
+        assert_eq!(
+            places,
+            vec![
+                (Some("midgaard".into()), Some("market".into())),
+                (Some("midgaard".into()), Some("market".into())),
+                (Some("darkwood".into()), Some("room-2".into())),
+            ],
+            "{driver}"
+        );
+    }
+}
