@@ -763,3 +763,58 @@ async fn a_batched_instance_save_keeps_the_zone_anchor_and_a_zoned_one_moves_it(
         );
     }
 }
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_batched_save_writes_every_field_and_refuses_an_older_schema(pool: PgPool) {
+    let drivers = CharacterDrivers::new(&pool).await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let kept = created(&store, "Full").await;
+        let epoch = store.claim(kept.character_id, 0).await.unwrap().new_epoch;
+        let full = CharacterSnapshot {
+            zone_ref: Some("darkwood".into()),
+            room_ref: Some("clearing".into()),
+            state: json!({ "attributes": { "str": 14 } }).into(),
+            chargen: Some(json!({ "pending": true })),
+            owner_epoch: epoch,
+            issue_mark: 7,
+            schema_version: 3,
+            ..kept.clone()
+        };
+        let newer = created(&store, "Newer").await;
+        let upgraded = CharacterSnapshot {
+            owner_epoch: 1,
+            schema_version: 2,
+            ..newer.clone()
+        };
+        assert_eq!(store.save(&upgraded).await.unwrap(), SaveOutcome::Saved(1));
+        let older = CharacterSnapshot {
+            owner_epoch: 1,
+            state_version: 1,
+            schema_version: 1,
+            ..newer.clone()
+        };
+        let outcomes = store.save_many(&[&full, &older]).await.unwrap();
+        assert_eq!(
+            outcomes.iter().map(|(_, o)| *o).collect::<Vec<_>>(),
+            vec![SaveOutcome::Saved(1), SaveOutcome::SchemaOutdated(2)],
+            "{driver}"
+        );
+        let back = store.load(kept.character_id).await.unwrap().unwrap();
+        assert_eq!(
+            back,
+            CharacterSnapshot {
+                state_version: 1,
+                ..full.clone()
+            },
+            "{driver}: every field, the issue mark of the row's owner included"
+        );
+        let claimed = store.claim(kept.character_id, 0).await.unwrap();
+        assert_eq!(claimed.live_version, 1, "{driver}: the live version moved");
+        assert_eq!(
+            (claimed.content_mark.epoch, claimed.content_mark.seq),
+            (epoch, 7),
+            "{driver}"
+        );
+    }
+}
