@@ -76,10 +76,21 @@ pub struct BookkeepingSizes {
     pub transfer_activations: i64,
 }
 
-/// Handle on the bookkeeping tables. Cheap to clone.
+/// Handle on the bookkeeping tables, in Postgres or in the embedded store's file. Cheap to
+/// clone.
 #[derive(Debug, Clone)]
 pub struct Bookkeeping {
-    pg: PostgresBackend,
+    tables: Tables,
+}
+
+/// Where the tables are.
+#[derive(Debug, Clone)]
+enum Tables {
+    Postgres(PostgresBackend),
+    Embedded {
+        db: crate::backend::SqliteBackend,
+        clock: std::sync::Arc<dyn crate::clock::Clock>,
+    },
 }
 
 // A sequenced effect is superseded once the row holds a live write that holds it (same copy,
@@ -135,7 +146,28 @@ DELETE FROM transfer_activations a
 impl Bookkeeping {
     /// A handle over `pg`.
     pub fn new(pg: PostgresBackend) -> Self {
-        Self { pg }
+        Self {
+            tables: Tables::Postgres(pg),
+        }
+    }
+
+    /// A handle over the embedded store's file, ages read against the system clock.
+    pub fn embedded(db: crate::backend::SqliteBackend) -> Self {
+        Self {
+            tables: Tables::Embedded {
+                db,
+                clock: std::sync::Arc::new(crate::clock::SystemClock),
+            },
+        }
+    }
+
+    /// The same handle reading ages against `clock` (the embedded store's only; Postgres reads
+    /// its own time).
+    pub fn with_clock(mut self, clock: std::sync::Arc<dyn crate::clock::Clock>) -> Self {
+        if let Tables::Embedded { clock: held, .. } = &mut self.tables {
+            *held = clock;
+        }
+        self
     }
 
     /// One pass: at most [`PRUNE_BATCH`] rows from each table.
@@ -143,38 +175,52 @@ impl Bookkeeping {
         &self,
         retention: BookkeepingRetention,
     ) -> Result<PruneReport, sqlx::Error> {
+        let report = match &self.tables {
+            Tables::Postgres(pg) => Self::prune_postgres(pg, retention).await?,
+            Tables::Embedded { db, clock } => {
+                super::bookkeeping_sqlite::prune_once(db, clock.as_ref(), retention).await?
+            }
+        };
+        for (table, rows) in [
+            ("character_job_effects", report.effects),
+            ("item_loads", report.item_loads),
+            ("item_releases", report.item_releases),
+            ("transfer_activations", report.transfer_activations),
+        ] {
+            metrics::counter!(crate::telemetry::BOOKKEEPING_PRUNED_TOTAL, "table" => table)
+                .increment(rows);
+        }
+        Ok(report)
+    }
+
+    async fn prune_postgres(
+        pg: &PostgresBackend,
+        retention: BookkeepingRetention,
+    ) -> Result<PruneReport, sqlx::Error> {
         let effects = sqlx::query(PRUNE_EFFECTS)
             .bind(retention.unsequenced_effects.as_secs_f64())
             .bind(PRUNE_BATCH)
-            .execute(self.pg.exec())
+            .execute(pg.exec())
             .await?
             .rows_affected();
         let item_loads = sqlx::query(PRUNE_ITEM_LOADS)
             .bind((retention.item_loads + retention.item_load_refresh()).as_secs_f64())
             .bind(PRUNE_BATCH)
-            .execute(self.pg.exec())
+            .execute(pg.exec())
             .await?
             .rows_affected();
         let item_releases = sqlx::query(PRUNE_ITEM_RELEASES)
             .bind(retention.item_loads.as_secs_f64())
             .bind(PRUNE_BATCH)
-            .execute(self.pg.exec())
+            .execute(pg.exec())
             .await?
             .rows_affected();
         let transfer_activations = sqlx::query(PRUNE_ACTIVATIONS)
             .bind(retention.transfer_activations.as_secs_f64())
             .bind(PRUNE_BATCH)
-            .execute(self.pg.exec())
+            .execute(pg.exec())
             .await?
             .rows_affected();
-        metrics::counter!(crate::telemetry::BOOKKEEPING_PRUNED_TOTAL, "table" => "character_job_effects")
-            .increment(effects);
-        metrics::counter!(crate::telemetry::BOOKKEEPING_PRUNED_TOTAL, "table" => "item_loads")
-            .increment(item_loads);
-        metrics::counter!(crate::telemetry::BOOKKEEPING_PRUNED_TOTAL, "table" => "item_releases")
-            .increment(item_releases);
-        metrics::counter!(crate::telemetry::BOOKKEEPING_PRUNED_TOTAL, "table" => "transfer_activations")
-            .increment(transfer_activations);
         Ok(PruneReport {
             effects,
             item_loads,
@@ -185,11 +231,15 @@ impl Bookkeeping {
 
     /// How many rows each table holds (a full count: for tests and occasional inspection).
     pub async fn sizes(&self) -> Result<BookkeepingSizes, sqlx::Error> {
+        let pg = match &self.tables {
+            Tables::Postgres(pg) => pg,
+            Tables::Embedded { db, .. } => return super::bookkeeping_sqlite::sizes(db).await,
+        };
         let (effects, item_loads, item_releases, transfer_activations) = sqlx::query_as(
             "SELECT (SELECT count(*) FROM character_job_effects), (SELECT count(*) FROM item_loads),
                     (SELECT count(*) FROM item_releases), (SELECT count(*) FROM transfer_activations)",
         )
-        .fetch_one(self.pg.exec())
+        .fetch_one(pg.exec())
         .await?;
         Ok(BookkeepingSizes {
             effects,

@@ -13,6 +13,7 @@
 //! - [`bookkeeping`] — pruning the job effects and item-load ledger kept beside the rows.
 
 pub mod bookkeeping;
+mod bookkeeping_sqlite;
 pub mod checkpoint;
 mod checkpoint_sqlite;
 mod claim_batch;

@@ -818,3 +818,66 @@ async fn a_batched_save_writes_every_field_and_refuses_an_older_schema(pool: PgP
         );
     }
 }
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn the_bookkeeping_prune_takes_only_what_is_past_its_retention(pool: PgPool) {
+    use shardkeep::character::{Bookkeeping, BookkeepingRetention, Releaser, TransferCommit};
+    let model = shardkeep_testkit::model::LedgerModel::handle();
+    let drivers = CharacterDrivers::new(&pool).await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let bookkeeping = match driver {
+            "postgres" => Bookkeeping::new(shardkeep_testkit::pg(&pool)),
+            _ => Bookkeeping::embedded(drivers.sqlite.backend()),
+        };
+        let (gem, ring) = (Uuid::now_v7(), Uuid::now_v7());
+        let giver = holding(&store, "Aria", &[gem]).await;
+        let taker = holding(&store, "Bryn", &[]).await;
+        let committed = store
+            .commit_transfer(
+                &model,
+                Releaser::Held {
+                    snapshot: &with_items(&giver, &[]),
+                    item_id: Some(gem),
+                    released_epoch: giver.owner_epoch,
+                },
+                &with_items(&taker, &[gem]),
+                &pickup(&taker, &giver),
+            )
+            .await
+            .unwrap();
+        assert!(
+            matches!(committed, TransferCommit::Committed { .. }),
+            "{driver}"
+        );
+        store
+            .record_item_loads(taker.character_id, taker.owner_epoch, &[gem, ring])
+            .await
+            .unwrap();
+        let before = bookkeeping.sizes().await.unwrap();
+        assert_eq!(
+            (before.item_loads, before.item_releases),
+            (2, 1),
+            "{driver}"
+        );
+        let kept = bookkeeping
+            .prune_once(BookkeepingRetention::default())
+            .await
+            .unwrap();
+        assert_eq!((kept.item_loads, kept.item_releases), (0, 0), "{driver}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let none = BookkeepingRetention {
+            unsequenced_effects: Duration::ZERO,
+            item_loads: Duration::ZERO,
+            transfer_activations: Duration::ZERO,
+        };
+        let pruned = bookkeeping.prune_once(none).await.unwrap();
+        assert_eq!(
+            (pruned.item_loads, pruned.item_releases),
+            (2, 1),
+            "{driver}"
+        );
+        let after = bookkeeping.sizes().await.unwrap();
+        assert_eq!((after.item_loads, after.item_releases), (0, 0), "{driver}");
+    }
+}
