@@ -160,30 +160,14 @@ pub(super) async fn version_of(
     )
 }
 
-// The fenced update: only the version the snapshot was dumped from, only an owner at or below
-// the writer's epoch, only a document at or below the writer's schema. (The right-hand sides
-// read the row as it was, so `live_version` takes the new version.)
-const SAVE: &str = "
-UPDATE characters
-   SET state = ?4,
-       chargen = ?5,
-       zone_ref = COALESCE(NULLIF(?6, ''), zone_ref),
-       room_ref = CASE WHEN NULLIF(?6, '') IS NULL THEN room_ref ELSE ?7 END,
-       state_version = state_version + 1,
-       live_version = state_version + 1,
-       live_issue_epoch = ?3,
-       live_issue_mark = ?8,
-       schema_version = ?9,
-       updated_at = ?10
- WHERE id = ?1 AND state_version = ?2 AND owner_epoch <= ?3 AND schema_version <= ?9
-RETURNING state_version";
-
 /// Most snapshots one batched compare-and-swap statement saves (nine parameters each).
 const SAVES_PER_STATEMENT: usize = 128;
 
-/// The fenced update of several rows at once (`?1`: now, then nine parameters a snapshot: id,
-/// expected version, epoch, state, chargen, zone, room, issue mark, schema), each row decided as
-/// [`SAVE`] decides one; the rows saved come back with their new version.
+/// The fenced update of one or more rows (`?1`: now, then nine parameters a snapshot: id,
+/// expected version, epoch, state, chargen, zone, room, issue mark, schema): a row is written
+/// only at the version the snapshot was dumped from, by an owner at or above its epoch, with a
+/// document at or above its schema. The rows saved come back with their new version (the
+/// right-hand sides read the row as it was, so `live_version` takes the new one).
 fn save_batch(rows: usize) -> String {
     let mut values = String::new();
     for row in 0..rows {
@@ -228,30 +212,24 @@ pub(super) async fn save_many(
     let mut tx = db.begin().await?;
     let now = micros(clock);
     let mut outcomes = Vec::with_capacity(snapshots.len());
-    if let [snapshot] = snapshots {
-        outcomes.push((
-            snapshot.character_id,
-            save_on(&mut tx, now, snapshot).await?,
-        ));
-    } else {
-        for chunk in snapshots.chunks(SAVES_PER_STATEMENT) {
-            save_chunk(&mut tx, now, chunk, &mut outcomes).await?;
-        }
+    for chunk in snapshots.chunks(SAVES_PER_STATEMENT) {
+        save_chunk(&mut tx, now, chunk, &mut outcomes).await?;
     }
     tx.commit().await?;
     Ok(outcomes)
 }
 
-/// One statement of [`save_many`], its outcomes appended in order.
+/// One statement of [`save_many`] (or [`save_on`]'s single row), its outcomes appended in order.
 async fn save_chunk(
     conn: &mut sqlx::SqliteConnection,
     now: i64,
     chunk: &[&CharacterSnapshot],
     outcomes: &mut Vec<(Uuid, SaveOutcome)>,
 ) -> Result<(), StoreError> {
-    // Only the full statement stays prepared: shorter ones are the tails of batches.
+    // Only the one-row and the full statement stay prepared: other lengths are the tails of
+    // batches, and would crowd the connection's statement cache with a shape per length.
     let mut statement = sqlx::query_as(sqlx::AssertSqlSafe(save_batch(chunk.len())))
-        .persistent(chunk.len() == SAVES_PER_STATEMENT)
+        .persistent(chunk.len() == 1 || chunk.len() == SAVES_PER_STATEMENT)
         .bind(now);
     for snapshot in chunk {
         let zone_ref = snapshot.zone_ref.as_deref().filter(|z| !z.is_empty());
@@ -296,34 +274,11 @@ pub(super) async fn save_on(
     now: i64,
     snapshot: &CharacterSnapshot,
 ) -> Result<SaveOutcome, StoreError> {
-    let zone_ref = snapshot.zone_ref.as_deref().filter(|z| !z.is_empty());
-    let saved: Option<i64> = sqlx::query_scalar(SAVE)
-        .bind(snapshot.character_id)
-        .bind(snapshot.state_version)
-        .bind(snapshot.owner_epoch)
-        .bind(snapshot.state.as_str())
-        .bind(chargen_text(snapshot.chargen.as_ref()))
-        .bind(zone_ref)
-        .bind(zone_ref.and(snapshot.room_ref.as_deref()))
-        .bind(mark_of(snapshot))
-        .bind(schema_of(snapshot))
-        .bind(now)
-        .fetch_optional(&mut *conn)
-        .await?;
-    let current: Option<(i64, i64, i32)> = match saved {
-        Some(_) => None,
-        None => {
-            sqlx::query_as(
-                "SELECT state_version, owner_epoch, schema_version FROM characters
-                  WHERE id = ?1",
-            )
-            .bind(snapshot.character_id)
-            .fetch_optional(&mut *conn)
-            .await?
-        }
-    };
-    let writer = (snapshot.owner_epoch, schema_of(snapshot));
-    Ok(classify_save(current, saved, writer))
+    let mut outcomes = Vec::with_capacity(1);
+    save_chunk(conn, now, &[snapshot], &mut outcomes).await?;
+    Ok(outcomes
+        .pop()
+        .map_or(SaveOutcome::NotFound, |(_, outcome)| outcome))
 }
 
 /// The claimed row's columns the claim's answer takes from the update.
