@@ -88,32 +88,29 @@ impl TransferTx {
         item_id: Uuid,
         released_epoch: i64,
     ) -> Result<bool, StoreError> {
-        let sql = match self {
-            Self::Postgres(_) => {
-                "SELECT EXISTS (SELECT 1 FROM item_loads
-                                 WHERE item_id = $1 AND character_id = $2 AND loaded_epoch > $3)"
-            }
-            Self::Embedded { .. } => {
-                "SELECT EXISTS (SELECT 1 FROM item_loads
-                                 WHERE item_id = ?1 AND character_id = ?2 AND loaded_epoch > ?3)"
-            }
-        };
+        // The same statement on both drivers but for its parameter marks.
         Ok(match self {
             Self::Postgres(tx) => {
-                sqlx::query_scalar(sql)
-                    .bind(item_id)
-                    .bind(character_id)
-                    .bind(released_epoch)
-                    .fetch_one(&mut **tx)
-                    .await?
+                sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM item_loads
+                                     WHERE item_id = $1 AND character_id = $2 AND loaded_epoch > $3)",
+                )
+                .bind(item_id)
+                .bind(character_id)
+                .bind(released_epoch)
+                .fetch_one(&mut **tx)
+                .await?
             }
             Self::Embedded { tx, .. } => {
-                sqlx::query_scalar(sql)
-                    .bind(item_id)
-                    .bind(character_id)
-                    .bind(released_epoch)
-                    .fetch_one(&mut **tx)
-                    .await?
+                sqlx::query_scalar(
+                    "SELECT EXISTS (SELECT 1 FROM item_loads
+                                     WHERE item_id = ?1 AND character_id = ?2 AND loaded_epoch > ?3)",
+                )
+                .bind(item_id)
+                .bind(character_id)
+                .bind(released_epoch)
+                .fetch_one(&mut **tx)
+                .await?
             }
         })
     }
