@@ -37,7 +37,6 @@ async fn a_handoff_adopts_its_content_only_while_the_dumping_copy_owns_the_row(p
         assert!(again.adopted, "{driver}: the handoff's own earlier claim");
         // The adopted handoffs continued the source's lineage: a release by the source copy
         // is still one of the row's own (its departed side gives the item up).
-        let model = shardkeep_testkit::model::LedgerModel::handle();
         let gem = Uuid::now_v7();
         let holder = CharacterSnapshot {
             owner_epoch: again.claimed.new_epoch,
@@ -46,19 +45,7 @@ async fn a_handoff_adopts_its_content_only_while_the_dumping_copy_owns_the_row(p
         };
         assert_eq!(store.save(&holder).await.unwrap(), SaveOutcome::Saved(1));
         let taker = holding(&store, "Bryn", &[gem]).await;
-        let committed = store
-            .commit_transfer(
-                &model,
-                shardkeep::character::Releaser::Departed {
-                    character_id: row.character_id,
-                    item_id: gem,
-                    released_epoch: source,
-                },
-                &taker,
-                &pickup(&taker, &row),
-            )
-            .await
-            .unwrap();
+        let committed = transfer(&store, departed(&row, gem, source), &taker, gem).await;
         assert!(
             matches!(
                 committed,
@@ -420,21 +407,60 @@ fn with_items(snapshot: &CharacterSnapshot, items: &[Uuid]) -> CharacterSnapshot
     }
 }
 
-fn pickup(
-    acquirer: &CharacterSnapshot,
-    releaser: &CharacterSnapshot,
-) -> shardkeep::audit::AuditEvent {
-    shardkeep::audit::AuditEvent::item_transferred(
-        acquirer.character_id,
-        releaser.character_id,
-        Uuid::now_v7(),
-        json!({}),
-    )
+/// The audit row of a new pickup by `acquirer` of what `releaser` put down.
+fn pickup(acquirer: Uuid, releaser: Uuid) -> shardkeep::audit::AuditEvent {
+    shardkeep::audit::AuditEvent::item_transferred(acquirer, releaser, Uuid::now_v7(), json!({}))
+}
+
+/// The releasing copy `snapshot`, holding no longer the `item` it put down.
+fn held(snapshot: &CharacterSnapshot, item: Uuid) -> shardkeep::character::Releaser<'_> {
+    shardkeep::character::Releaser::Held {
+        snapshot,
+        item_id: Some(item),
+        released_epoch: snapshot.owner_epoch,
+    }
+}
+
+/// The character of `row`, gone from the shard, whose copy at `released_epoch` put `item` down.
+fn departed(
+    row: &CharacterSnapshot,
+    item: Uuid,
+    released_epoch: i64,
+) -> shardkeep::character::Releaser<'static> {
+    shardkeep::character::Releaser::Departed {
+        character_id: row.character_id,
+        item_id: item,
+        released_epoch,
+    }
+}
+
+/// Commits `item` from `releaser` to `taker` (its snapshot then holding just that item), under a
+/// new pickup's audit row.
+async fn transfer(
+    store: &CharacterStore,
+    releaser: shardkeep::character::Releaser<'_>,
+    taker: &CharacterSnapshot,
+    item: Uuid,
+) -> shardkeep::character::TransferCommit {
+    let releaser_id = match releaser {
+        shardkeep::character::Releaser::Held { snapshot, .. } => snapshot.character_id,
+        shardkeep::character::Releaser::Departed { character_id, .. } => character_id,
+    };
+    let audit = pickup(taker.character_id, releaser_id);
+    store
+        .commit_transfer(
+            &shardkeep_testkit::model::LedgerModel::handle(),
+            releaser,
+            &with_items(taker, &[item]),
+            &audit,
+        )
+        .await
+        .unwrap()
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_transfer_commits_both_sides_once_and_refuses_a_phantom(pool: PgPool) {
-    use shardkeep::character::{Releaser, TransferCommit};
+    use shardkeep::character::TransferCommit;
     let model = shardkeep_testkit::model::LedgerModel::handle();
     let drivers = CharacterDrivers::new(&pool).await;
     for store in drivers.stores() {
@@ -444,15 +470,11 @@ async fn a_transfer_commits_both_sides_once_and_refuses_a_phantom(pool: PgPool) 
         let taker = holding(&store, "Bryn", &[]).await;
         let released = with_items(&giver, &[]);
         let picked = with_items(&taker, &[gem]);
-        let audit = pickup(&taker, &giver);
-        let held = Releaser::Held {
-            snapshot: &released,
-            item_id: Some(gem),
-            released_epoch: giver.owner_epoch,
-        };
+        let audit = pickup(taker.character_id, giver.character_id);
+        let release = held(&released, gem);
         assert_eq!(
             store
-                .commit_transfer(&model, held, &picked, &audit)
+                .commit_transfer(&model, release, &picked, &audit)
                 .await
                 .unwrap(),
             TransferCommit::Committed {
@@ -463,7 +485,7 @@ async fn a_transfer_commits_both_sides_once_and_refuses_a_phantom(pool: PgPool) 
         );
         assert_eq!(
             store
-                .commit_transfer(&model, held, &picked, &audit)
+                .commit_transfer(&model, release, &picked, &audit)
                 .await
                 .unwrap(),
             TransferCommit::AlreadyCommitted,
@@ -485,19 +507,7 @@ async fn a_transfer_commits_both_sides_once_and_refuses_a_phantom(pool: PgPool) 
         let ring = Uuid::now_v7();
         let liar = holding(&store, "Cato", &[ring]).await;
         let third = holding(&store, "Dara", &[]).await;
-        let refused = store
-            .commit_transfer(
-                &model,
-                Releaser::Held {
-                    snapshot: &liar,
-                    item_id: Some(ring),
-                    released_epoch: liar.owner_epoch,
-                },
-                &with_items(&third, &[ring]),
-                &pickup(&third, &liar),
-            )
-            .await
-            .unwrap();
+        let refused = transfer(&store, held(&liar, ring), &third, ring).await;
         assert!(
             matches!(refused, TransferCommit::ReleaserSuperseded { .. }),
             "{driver}: {refused:?}"
@@ -509,7 +519,7 @@ async fn a_transfer_commits_both_sides_once_and_refuses_a_phantom(pool: PgPool) 
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_transfer_whose_acquirer_raced_writes_neither_side(pool: PgPool) {
-    use shardkeep::character::{Releaser, TransferCommit};
+    use shardkeep::character::TransferCommit;
     let model = shardkeep_testkit::model::LedgerModel::handle();
     let drivers = CharacterDrivers::new(&pool).await;
     for store in drivers.stores() {
@@ -523,19 +533,7 @@ async fn a_transfer_whose_acquirer_raced_writes_neither_side(pool: PgPool) {
             SaveOutcome::Saved(2)
         ));
         let released = with_items(&giver, &[]);
-        let outcome = store
-            .commit_transfer(
-                &model,
-                Releaser::Held {
-                    snapshot: &released,
-                    item_id: Some(gem),
-                    released_epoch: giver.owner_epoch,
-                },
-                &with_items(&taker, &[gem]),
-                &pickup(&taker, &giver),
-            )
-            .await
-            .unwrap();
+        let outcome = transfer(&store, held(&released, gem), &taker, gem).await;
         assert_eq!(
             outcome,
             TransferCommit::VersionRace {
@@ -555,8 +553,7 @@ async fn a_transfer_whose_acquirer_raced_writes_neither_side(pool: PgPool) {
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_release_older_than_a_load_holding_the_item_is_a_phantom(pool: PgPool) {
-    use shardkeep::character::{Releaser, TransferCommit};
-    let model = shardkeep_testkit::model::LedgerModel::handle();
+    use shardkeep::character::TransferCommit;
     let drivers = CharacterDrivers::new(&pool).await;
     for store in drivers.stores() {
         let driver = store.driver();
@@ -568,19 +565,7 @@ async fn a_release_older_than_a_load_holding_the_item_is_a_phantom(pool: PgPool)
             .record_item_loads(giver.character_id, giver.owner_epoch + 1, &[gem])
             .await
             .unwrap();
-        let outcome = store
-            .commit_transfer(
-                &model,
-                Releaser::Held {
-                    snapshot: &giver,
-                    item_id: Some(gem),
-                    released_epoch: giver.owner_epoch,
-                },
-                &with_items(&taker, &[gem]),
-                &pickup(&taker, &giver),
-            )
-            .await
-            .unwrap();
+        let outcome = transfer(&store, held(&giver, gem), &taker, gem).await;
         assert!(
             matches!(outcome, TransferCommit::ReleaserSuperseded { .. }),
             "{driver}: {outcome:?}"
@@ -600,7 +585,7 @@ async fn a_release_older_than_a_load_holding_the_item_is_a_phantom(pool: PgPool)
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_departed_releaser_gives_the_item_up_only_within_its_lineage(pool: PgPool) {
-    use shardkeep::character::{Releaser, TransferCommit};
+    use shardkeep::character::TransferCommit;
     let model = shardkeep_testkit::model::LedgerModel::handle();
     let drivers = CharacterDrivers::new(&pool).await;
     for store in drivers.stores() {
@@ -610,20 +595,13 @@ async fn a_departed_releaser_gives_the_item_up_only_within_its_lineage(pool: PgP
         let gem = Uuid::now_v7();
         let giver = holding(&store, "Aria", &[gem]).await;
         let taker = holding(&store, "Bryn", &[]).await;
-        let departed = Releaser::Departed {
-            character_id: giver.character_id,
-            item_id: gem,
-            released_epoch: giver.owner_epoch,
-        };
-        let committed = store
-            .commit_transfer(
-                &model,
-                departed,
-                &with_items(&taker, &[gem]),
-                &pickup(&taker, &giver),
-            )
-            .await
-            .unwrap();
+        let committed = transfer(
+            &store,
+            departed(&giver, gem, giver.owner_epoch),
+            &taker,
+            gem,
+        )
+        .await;
         assert_eq!(
             committed,
             TransferCommit::Committed {
@@ -648,19 +626,7 @@ async fn a_departed_releaser_gives_the_item_up_only_within_its_lineage(pool: PgP
         let relogin = store.claim(old.character_id, 0).await.unwrap().new_epoch;
         assert!(relogin > old.owner_epoch);
         let third = holding(&store, "Dara", &[]).await;
-        let refused = store
-            .commit_transfer(
-                &model,
-                Releaser::Departed {
-                    character_id: old.character_id,
-                    item_id: ring,
-                    released_epoch: old.owner_epoch,
-                },
-                &with_items(&third, &[ring]),
-                &pickup(&third, &old),
-            )
-            .await
-            .unwrap();
+        let refused = transfer(&store, departed(&old, ring, old.owner_epoch), &third, ring).await;
         assert_eq!(
             refused,
             TransferCommit::ReleaserSuperseded {
@@ -821,8 +787,7 @@ async fn a_batched_save_writes_every_field_and_refuses_an_older_schema(pool: PgP
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn the_bookkeeping_prune_takes_only_what_is_past_its_retention(pool: PgPool) {
-    use shardkeep::character::{Bookkeeping, BookkeepingRetention, Releaser, TransferCommit};
-    let model = shardkeep_testkit::model::LedgerModel::handle();
+    use shardkeep::character::{Bookkeeping, BookkeepingRetention, TransferCommit};
     let drivers = CharacterDrivers::new(&pool).await;
     for store in drivers.stores() {
         let driver = store.driver();
@@ -833,19 +798,8 @@ async fn the_bookkeeping_prune_takes_only_what_is_past_its_retention(pool: PgPoo
         let (gem, ring) = (Uuid::now_v7(), Uuid::now_v7());
         let giver = holding(&store, "Aria", &[gem]).await;
         let taker = holding(&store, "Bryn", &[]).await;
-        let committed = store
-            .commit_transfer(
-                &model,
-                Releaser::Held {
-                    snapshot: &with_items(&giver, &[]),
-                    item_id: Some(gem),
-                    released_epoch: giver.owner_epoch,
-                },
-                &with_items(&taker, &[gem]),
-                &pickup(&taker, &giver),
-            )
-            .await
-            .unwrap();
+        let released = with_items(&giver, &[]);
+        let committed = transfer(&store, held(&released, gem), &taker, gem).await;
         assert!(
             matches!(committed, TransferCommit::Committed { .. }),
             "{driver}"
