@@ -61,6 +61,12 @@ impl WriteTransaction {
     pub async fn commit(self) -> Result<(), sqlx::Error> {
         self.tx.commit().await
     }
+
+    /// Rolls back now (dropped, it rolls back too, but only once the connection is next used),
+    /// then gives the write turn to the next writer.
+    pub async fn rollback(self) -> Result<(), sqlx::Error> {
+        self.tx.rollback().await
+    }
 }
 
 impl std::ops::Deref for WriteTransaction {

@@ -700,15 +700,18 @@ impl CharacterStore {
         let (pg, claims) = match &self.rows {
             Rows::Postgres { pg, claims, .. } => (pg, claims),
             Rows::Embedded { db, clock, .. } => {
+                let settles = self.model.as_ref().map(|m| (m, self.lease_expiry_limit));
                 let claimed = embedded::claim(
                     db,
                     clock.as_ref(),
                     (character_id, floor, handoff),
                     self.schema_ceiling,
-                    self.model.is_some(),
+                    settles,
                 )
                 .await?;
-                let (row, effects) = claimed.ok_or(StoreError::NotFound(character_id))?;
+                let (row, effects, settled) =
+                    claimed.ok_or(StoreError::NotFound(character_id))?;
+                settled.report(character_id);
                 return Ok(claimed_from(character_id, row, effects));
             }
         };
@@ -731,7 +734,7 @@ impl CharacterStore {
             }
             if queued {
                 settled = crate::retry::settle_before_claim(
-                    &mut tx,
+                    &mut crate::retry::job_tx::JobTx::Postgres(&mut tx),
                     model,
                     character_id,
                     self.lease_expiry_limit,

@@ -14,6 +14,8 @@ use super::store::{LocationOrder, LocationWrite, NewCharacter, StoreError, mark_
 use crate::audit::name_key;
 use crate::backend::SqliteBackend;
 use crate::clock::Clock;
+use crate::retry::SettledAtClaim;
+use crate::retry::job_tx::JobTx;
 
 /// A row as the embedded schema stores it: the state and chargen documents as text.
 type StoredRow = (
@@ -303,17 +305,17 @@ type Before = (i64, Option<String>, i64, i64);
 /// Postgres claim statement does: the claim's row and the effects since its content's dump, or
 /// `None` when there is no row. A handoff's content is adopted only when the copy that dumped
 /// it still owns the row, or this handoff's own earlier claim does. Refused, with nothing
-/// minted, when the row's document or owner is of a newer schema than `schema_ceiling`, and,
-/// for a claimant that plays a model (`settles_jobs`), when retry jobs are queued for the
-/// character: the embedded store does not settle them at a claim, and a claim must not
-/// supersede acknowledged writes.
+/// minted, when the row's document or owner is of a newer schema than `schema_ceiling`. A
+/// claimant that plays a model (`settles`: the model and the workers' lease-expiry limit) first
+/// settles the retry jobs still queued for the character, in the same transaction, as the
+/// Postgres claim does; what that did is reported once the claim commits.
 pub(super) async fn claim(
     db: &SqliteBackend,
     clock: &dyn Clock,
     (character_id, floor, handoff): (Uuid, i64, Option<(i64, &str)>),
     schema_ceiling: Option<u32>,
-    settles_jobs: bool,
-) -> Result<Option<(ClaimTuple, serde_json::Value)>, StoreError> {
+    settles: Option<(&crate::model::ModelHandle, u32)>,
+) -> Result<Option<(ClaimTuple, serde_json::Value, SettledAtClaim)>, StoreError> {
     let mut tx = db.begin().await?;
     let before: Option<Before> = sqlx::query_as(
         "SELECT owner_epoch, handoff_claim, max(schema_version, owner_schema_version),
@@ -336,11 +338,21 @@ pub(super) async fn claim(
             supported,
         });
     }
-    if settles_jobs && queued != 0 {
-        return Err(StoreError::InvalidInput(format!(
-            "retry jobs are queued for character {character_id}, and the embedded store does \
-             not settle them at a claim"
-        )));
+    let mut settled = SettledAtClaim::default();
+    if let Some((model, lease_expiry_limit)) = settles
+        && queued != 0
+    {
+        let now = clock.now();
+        settled = crate::retry::settle_before_claim(
+            &mut JobTx::embedded(&mut tx, now),
+            model,
+            character_id,
+            lease_expiry_limit,
+            now,
+        )
+        .await?;
+        // The settle writes documents and marks only, never the owner or the handoff claim:
+        // what was read above still decides the claim.
     }
     let adopt = handoff.is_some_and(|(dumped_under, token)| {
         dumped_under == previous || claimed_by.as_deref() == Some(token)
@@ -388,7 +400,7 @@ pub(super) async fn claim(
         mark,
         i32::try_from(schema).unwrap_or(i32::MAX),
     );
-    Ok(Some((tuple, effects)))
+    Ok(Some((tuple, effects, settled)))
 }
 
 /// The job effects applied to the row since its content was dumped, as the Postgres claim

@@ -24,6 +24,7 @@ use std::collections::HashSet;
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use super::job_tx::JobTx;
 use super::settle::{Claimed, JobOutcome, Policy, Reschedule, settle_owned};
 use super::settle_writes::write_job_outcomes;
 use super::store::ClaimedRow;
@@ -39,6 +40,17 @@ SELECT retry_job_id, job_kind, character_id, realm_id, zone_id, payload, session
  WHERE character_id = $1
  ORDER BY retry_job_id
    FOR UPDATE";
+
+/// Postgres: every job still queued for `character_id`, locked in id order.
+pub(super) async fn pending_for(
+    conn: &mut sqlx::PgConnection,
+    character_id: Uuid,
+) -> Result<Vec<ClaimedRow>, sqlx::Error> {
+    sqlx::query_as(PENDING_FOR_CHARACTER)
+        .bind(character_id)
+        .fetch_all(conn)
+        .await
+}
 
 /// A failure here is final (see the module doc): no reschedule is ever asked for.
 struct NoReschedule;
@@ -98,15 +110,30 @@ impl SettledAtClaim {
 /// Anything else (a timeout, a lost connection, a serialization failure) fails the claim, which
 /// can be retried with the jobs intact.
 fn caused_by_the_job(err: &sqlx::Error) -> bool {
+    use sqlx::error::ErrorKind;
     let sqlx::Error::Database(db) = err else {
         return false;
     };
-    db.code().is_some_and(|code| {
-        code.starts_with("22")
-            || code.starts_with("23")
-            || code.starts_with("54")
-            || code == "P0001"
-    })
+    if matches!(
+        db.kind(),
+        ErrorKind::UniqueViolation
+            | ErrorKind::ForeignKeyViolation
+            | ErrorKind::NotNullViolation
+            | ErrorKind::CheckViolation
+    ) {
+        return true;
+    }
+    let Some(code) = db.code() else {
+        return false;
+    };
+    if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+        // SQLite's primary result code is the extended code's low byte: CONSTRAINT (19),
+        // TOOBIG (18), MISMATCH (20), RANGE (25).
+        return code
+            .parse::<i32>()
+            .is_ok_and(|c| matches!(c & 0xff, 18 | 19 | 20 | 25));
+    }
+    code.starts_with("22") || code.starts_with("23") || code.starts_with("54") || code == "P0001"
 }
 
 /// Settles every job still queued for `character_id` inside the claim's transaction `tx`,
@@ -115,16 +142,13 @@ fn caused_by_the_job(err: &sqlx::Error) -> bool {
 /// lease held by a worker that has not reached its settle yet becomes stale: its settle then
 /// writes nothing.
 pub(crate) async fn settle_before_claim(
-    tx: &mut sqlx::PgConnection,
+    tx: &mut JobTx<'_>,
     model: &ModelHandle,
     character_id: Uuid,
     lease_expiry_limit: u32,
     now: DateTime<Utc>,
 ) -> Result<SettledAtClaim, sqlx::Error> {
-    let rows: Vec<ClaimedRow> = sqlx::query_as(PENDING_FOR_CHARACTER)
-        .bind(character_id)
-        .fetch_all(&mut *tx)
-        .await?;
+    let rows = tx.pending_for(character_id).await?;
     if rows.is_empty() {
         return Ok(SettledAtClaim::default());
     }
@@ -170,7 +194,7 @@ pub(crate) async fn settle_before_claim(
 }
 
 async fn settle_all(
-    tx: &mut sqlx::PgConnection,
+    tx: &mut JobTx<'_>,
     model: &ModelHandle,
     now: DateTime<Utc>,
     claimed: &[Claimed],
@@ -180,30 +204,22 @@ async fn settle_all(
 }
 
 /// Opens the savepoint a settle step runs under.
-async fn savepoint(tx: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
-    sqlx::query("SAVEPOINT claim_settle")
-        .execute(&mut *tx)
-        .await
-        .map(drop)
+async fn savepoint(tx: &mut JobTx<'_>) -> Result<(), sqlx::Error> {
+    tx.execute("SAVEPOINT claim_settle").await
 }
 
 /// Closes the savepoint, first undoing what the step wrote when it failed (`ok` false).
-async fn end_savepoint(tx: &mut sqlx::PgConnection, ok: bool) -> Result<(), sqlx::Error> {
+async fn end_savepoint(tx: &mut JobTx<'_>, ok: bool) -> Result<(), sqlx::Error> {
     if !ok {
-        sqlx::query("ROLLBACK TO SAVEPOINT claim_settle")
-            .execute(&mut *tx)
-            .await?;
+        tx.execute("ROLLBACK TO SAVEPOINT claim_settle").await?;
     }
-    sqlx::query("RELEASE SAVEPOINT claim_settle")
-        .execute(&mut *tx)
-        .await
-        .map(drop)
+    tx.execute("RELEASE SAVEPOINT claim_settle").await
 }
 
 /// Settles one job on its own; one the database refuses (for a reason of its own) is
 /// dead-lettered, and one that cannot even be dead-lettered is left (`None`).
 async fn settle_alone(
-    tx: &mut sqlx::PgConnection,
+    tx: &mut JobTx<'_>,
     model: &ModelHandle,
     now: DateTime<Utc>,
     one: &Claimed,

@@ -11,8 +11,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::job::PersistenceRetryJob;
-use super::store;
-use crate::backend::PostgresBackend;
+use super::job_tx::JobStore;
 use crate::batching::{BatchOp, Batcher, all_failed};
 
 /// Most insert tasks at once: the next batch gathers while one commits.
@@ -34,15 +33,15 @@ pub(crate) struct Insert {
 
 /// Inserts of retry jobs, many to a statement.
 pub(crate) struct InsertOp {
-    pg: PostgresBackend,
+    jobs: JobStore,
 }
 
 /// The jobs waiting to be stored, shared by a queue's clones.
 pub(crate) type Coalescer = Batcher<InsertOp>;
 
-/// Job inserts on `pg`.
-pub(crate) fn coalescer(pg: PostgresBackend) -> Arc<Coalescer> {
-    Batcher::new(InsertOp { pg }, MOST_INSERTING)
+/// Job inserts on `jobs`.
+pub(crate) fn coalescer(jobs: JobStore) -> Arc<Coalescer> {
+    Batcher::new(InsertOp { jobs }, MOST_INSERTING)
 }
 
 /// Stores `job` (due at `now`) with whatever else waits; resolves once it is committed or has
@@ -85,14 +84,14 @@ impl BatchOp for InsertOp {
     async fn run(&self, batch: &[Insert]) -> Vec<Outcome> {
         let rows: Vec<(&PersistenceRetryJob, DateTime<Utc>)> =
             batch.iter().map(|i| (&i.job, i.now)).collect();
-        match insert(&self.pg, &rows).await {
+        match self.jobs.insert(&rows).await {
             Ok(()) => batch.iter().map(|_| Ok(())).collect(),
             // Postgres refused the statement or a value would not encode: one of the jobs may
             // be at fault, so each is stored on its own.
             Err(sqlx::Error::Database(_) | sqlx::Error::Encode(_)) if batch.len() > 1 => {
                 let mut outcomes = Vec::with_capacity(batch.len());
                 for row in &rows {
-                    outcomes.push(insert(&self.pg, std::slice::from_ref(row)).await);
+                    outcomes.push(self.jobs.insert(std::slice::from_ref(row)).await);
                 }
                 outcomes
             }
@@ -105,10 +104,4 @@ impl BatchOp for InsertOp {
     fn lost(&self) -> Outcome {
         Err(sqlx::Error::WorkerCrashed)
     }
-}
-
-async fn insert(pg: &PostgresBackend, rows: &[(&PersistenceRetryJob, DateTime<Utc>)]) -> Outcome {
-    let mut conn = pg.session().await?;
-    store::insert_jobs(&mut conn, rows).await?;
-    conn.finish().await
 }

@@ -3,7 +3,7 @@
 //! live-row count of the table (its statistics, kept as rows come and go). Leased jobs are
 //! always counted exactly, through their own partial index (migration 15).
 
-use crate::backend::PostgresBackend;
+use super::job_tx::JobStore;
 
 /// Queues up to this many jobs are counted exactly.
 pub(crate) const EXACT_UP_TO: i64 = 10_000;
@@ -17,9 +17,20 @@ pub(crate) struct JobCounts {
     pub(crate) leased: i64,
 }
 
-/// Counts the queue's jobs in one statement: a scan of at most [`EXACT_UP_TO`] + 1 rows, the
-/// leased index, and the table's statistics row.
-pub(crate) async fn job_counts(pg: &PostgresBackend) -> Result<JobCounts, sqlx::Error> {
+/// Counts the queue's jobs in one statement: on Postgres a scan of at most [`EXACT_UP_TO`] + 1
+/// rows, the leased index, and the table's statistics row; the embedded store (which keeps no
+/// statistics) counts exactly.
+pub(crate) async fn job_counts(jobs: &JobStore) -> Result<JobCounts, sqlx::Error> {
+    let pg = match jobs {
+        JobStore::Postgres(pg) => pg,
+        JobStore::Embedded(db) => {
+            let (total, leased): (i64, i64) =
+                sqlx::query_as("SELECT count(*), count(lease_token) FROM persistence_retry_jobs")
+                    .fetch_one(db.reader()?)
+                    .await?;
+            return Ok(from_parts(total.min(EXACT_UP_TO), leased, Some(total)));
+        }
+    };
     let (seen, leased, live): (i64, i64, Option<i64>) = sqlx::query_as(
         "SELECT (SELECT count(*) FROM (SELECT 1 FROM persistence_retry_jobs LIMIT $1) s),
                 (SELECT count(*) FROM persistence_retry_jobs WHERE lease_token IS NOT NULL),

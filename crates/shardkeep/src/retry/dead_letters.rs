@@ -4,6 +4,8 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use super::job_tx::JobStore;
+use super::sqlite_dead_letters as embedded;
 use crate::backend::PostgresBackend;
 use crate::operator::CharacterFilter;
 use crate::queue::DeadLetterRetention;
@@ -11,7 +13,7 @@ use crate::queue::DeadLetterRetention;
 /// Largest page of dead letters.
 pub const MAX_INSPECT_LIMIT: i64 = 500;
 /// Dead letters one retention pass deletes at most.
-const PRUNE_BATCH: i64 = 1_000;
+pub(super) const PRUNE_BATCH: i64 = 1_000;
 
 /// One dead letter, as operators see it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, sqlx::FromRow)]
@@ -77,8 +79,12 @@ macro_rules! summary_columns {
 
 /// Retry jobs waiting or leased (exact up to 10,000, then Postgres's live-row estimate), and
 /// active dead letters.
-pub(crate) async fn counts(pg: &PostgresBackend) -> Result<(i64, i64), sqlx::Error> {
-    let jobs = super::counts::job_counts(pg).await?;
+pub(crate) async fn counts(store: &JobStore) -> Result<(i64, i64), sqlx::Error> {
+    let pg = match store {
+        JobStore::Postgres(pg) => pg,
+        JobStore::Embedded(db) => return embedded::counts(db).await,
+    };
+    let jobs = super::counts::job_counts(store).await?;
     let dead: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM persistence_job_dead_letters WHERE requeued_at IS NULL",
     )
@@ -90,19 +96,38 @@ pub(crate) async fn counts(pg: &PostgresBackend) -> Result<(i64, i64), sqlx::Err
 /// Pending jobs, active dead letters and a page of the active ones, newest first: `limit`
 /// (clamped to 1..=500) after skipping `offset`, only `character`'s when given.
 pub(crate) async fn inspect(
-    pg: &PostgresBackend,
+    jobs: &JobStore,
     offset: i64,
     limit: i64,
     character: Option<&CharacterFilter>,
 ) -> Result<DeadLetterInspection, sqlx::Error> {
     let limit = limit.clamp(1, MAX_INSPECT_LIMIT);
-    let (pending_retry_jobs, active_dead_letters) = counts(pg).await?;
+    let (pending_retry_jobs, active_dead_letters) = counts(jobs).await?;
     let (id, name) = match character {
         Some(CharacterFilter::Id(id)) => (Some(*id), None),
         Some(CharacterFilter::Name(name)) => (None, Some(name.as_str())),
         None => (None, None),
     };
-    let dead_letters = sqlx::query_as(concat!(
+    let dead_letters = match jobs {
+        JobStore::Postgres(pg) => page(pg, offset, limit, id, name).await?,
+        JobStore::Embedded(db) => embedded::page(db, offset, limit, id, name).await?,
+    };
+    Ok(DeadLetterInspection {
+        pending_retry_jobs,
+        active_dead_letters,
+        dead_letters,
+    })
+}
+
+/// Postgres: a page of active dead letters, newest first, filtered by character id or name.
+async fn page(
+    pg: &PostgresBackend,
+    offset: i64,
+    limit: i64,
+    id: Option<Uuid>,
+    name: Option<&str>,
+) -> Result<Vec<DeadLetterSummary>, sqlx::Error> {
+    sqlx::query_as(concat!(
         summary_columns!(),
         "
            FROM persistence_job_dead_letters d
@@ -118,19 +143,18 @@ pub(crate) async fn inspect(
     .bind(id)
     .bind(name)
     .fetch_all(pg.exec())
-    .await?;
-    Ok(DeadLetterInspection {
-        pending_retry_jobs,
-        active_dead_letters,
-        dead_letters,
-    })
+    .await
 }
 
 /// The active dead letter `dead_letter_id`, with its payload.
 pub(crate) async fn detail(
-    pg: &PostgresBackend,
+    jobs: &JobStore,
     dead_letter_id: Uuid,
 ) -> Result<Option<DeadLetterDetail>, sqlx::Error> {
+    let pg = match jobs {
+        JobStore::Postgres(pg) => pg,
+        JobStore::Embedded(db) => return embedded::detail(db, dead_letter_id).await,
+    };
     #[derive(sqlx::FromRow)]
     struct DetailRow {
         #[sqlx(flatten)]
@@ -177,7 +201,7 @@ pub(crate) async fn detail(
 /// One retention pass: deletes (at most 2,000: 1,000 by age, 1,000 by count) dead letters, requeued or not, older than
 /// `max_age` or beyond the newest `max_count`. Returns how many went.
 pub(crate) async fn prune(
-    pg: &PostgresBackend,
+    jobs: &JobStore,
     retention: DeadLetterRetention,
     now: DateTime<Utc>,
 ) -> Result<u64, sqlx::Error> {
@@ -186,6 +210,10 @@ pub(crate) async fn prune(
         .checked_sub_signed(age)
         .unwrap_or(DateTime::<Utc>::MIN_UTC);
     let keep = i64::try_from(retention.max_count).unwrap_or(i64::MAX);
+    let pg = match jobs {
+        JobStore::Postgres(pg) => pg,
+        JobStore::Embedded(db) => return embedded::prune(db, cutoff, keep).await,
+    };
     let done = sqlx::query(
         "DELETE FROM persistence_job_dead_letters
           WHERE dead_letter_id IN (

@@ -1,4 +1,5 @@
-//! Persistence retry jobs on Postgres: writes that could not finish synchronously.
+//! Persistence retry jobs: writes that could not finish synchronously, kept on Postgres or in
+//! the embedded store's file (`job_tx`: one settle, two drivers).
 //!
 //! Durable first, then signal: [`RetryQueue::enqueue`] inserts the row and only then offers its
 //! id to the worker's bounded channel; a full or closed channel leaves the row to the poll. The
@@ -14,6 +15,9 @@
 //! - `apply` — how each payload changes a character row (pure).
 //! - `coalesce` — concurrent enqueues stored in one statement.
 //! - `store` — insert, claim, inspect, requeue.
+//! - `job_tx` — the driver: where jobs are kept, and a settle's transaction step by step;
+//!   `sqlite_jobs`, `sqlite_settle` and `sqlite_dead_letters` are the embedded store's
+//!   statements.
 //! - `settle` — one batch's transaction; `settle_writes` — the batched writes that end it.
 //! - [`worker`] — the worker loop.
 
@@ -25,10 +29,14 @@ mod counts;
 mod dead_letters;
 pub(crate) mod effects;
 pub mod job;
+pub(crate) mod job_tx;
 pub mod payload;
 pub mod policy;
 mod settle;
 mod settle_writes;
+mod sqlite_dead_letters;
+mod sqlite_jobs;
+mod sqlite_settle;
 mod store;
 pub mod worker;
 
@@ -37,8 +45,9 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use crate::backend::PostgresBackend;
+use crate::backend::{PostgresBackend, SqliteBackend};
 use crate::clock::Clock;
+use job_tx::JobStore;
 use crate::telemetry;
 
 pub(crate) use at_claim::{SettledAtClaim, settle_before_claim};
@@ -74,7 +83,7 @@ pub enum EnqueueOutcome {
 /// A retry call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RetryError {
-    /// Postgres failed; for an enqueue, nothing was queued.
+    /// The store failed; for an enqueue, nothing was queued.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
     /// A requeue failed.
@@ -85,7 +94,7 @@ pub enum RetryError {
 /// Producer handle on the retry jobs. Cheap to clone; clones store concurrent enqueues together.
 #[derive(Debug, Clone)]
 pub struct RetryQueue {
-    pg: PostgresBackend,
+    jobs: JobStore,
     signal: mpsc::Sender<Uuid>,
     clock: Arc<dyn Clock>,
     waiting: Arc<coalesce::Coalescer>,
@@ -105,14 +114,7 @@ impl RetryQueue {
         character_id: Uuid,
         token: &str,
     ) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM transfer_activations
-                             WHERE character_id = $1 AND transfer_token = $2)",
-        )
-        .bind(character_id)
-        .bind(token)
-        .fetch_one(self.pg.exec())
-        .await
+        self.jobs.activation_recorded(character_id, token).await
     }
 
     /// A queue over `pg` whose signal channel holds `signal_depth` ids.
@@ -121,11 +123,24 @@ impl RetryQueue {
         signal_depth: usize,
         clock: Arc<dyn Clock>,
     ) -> (Self, RetrySignals) {
+        Self::over(JobStore::Postgres(pg), signal_depth, clock)
+    }
+
+    /// A queue in the embedded store's file `db`, whose signal channel holds `signal_depth` ids.
+    pub fn embedded(
+        db: SqliteBackend,
+        signal_depth: usize,
+        clock: Arc<dyn Clock>,
+    ) -> (Self, RetrySignals) {
+        Self::over(JobStore::Embedded(db), signal_depth, clock)
+    }
+
+    fn over(jobs: JobStore, signal_depth: usize, clock: Arc<dyn Clock>) -> (Self, RetrySignals) {
         let (signal, receiver) = mpsc::channel(signal_depth.max(1));
-        let waiting = coalesce::coalescer(pg.clone());
+        let waiting = coalesce::coalescer(jobs.clone());
         (
             Self {
-                pg,
+                jobs,
                 signal,
                 clock,
                 waiting,
@@ -172,12 +187,12 @@ impl RetryQueue {
         &self,
         limit: i64,
     ) -> Result<DeadLetterInspection, RetryError> {
-        Ok(dead_letters::inspect(&self.pg, 0, limit, None).await?)
+        Ok(dead_letters::inspect(&self.jobs, 0, limit, None).await?)
     }
 
     /// Retry jobs waiting or leased, and active dead letters (no rows read).
     pub async fn depths(&self) -> Result<(i64, i64), RetryError> {
-        Ok(dead_letters::counts(&self.pg).await?)
+        Ok(dead_letters::counts(&self.jobs).await?)
     }
 
     /// Like [`RetryQueue::dead_letters_inspect`], a page of `limit` after skipping `offset`,
@@ -188,7 +203,7 @@ impl RetryQueue {
         limit: i64,
         character: Option<&crate::operator::CharacterFilter>,
     ) -> Result<DeadLetterInspection, RetryError> {
-        Ok(dead_letters::inspect(&self.pg, offset, limit, character).await?)
+        Ok(dead_letters::inspect(&self.jobs, offset, limit, character).await?)
     }
 
     /// One retention pass over the dead letters (see [`crate::queue::DeadLetterRetention`]).
@@ -196,7 +211,7 @@ impl RetryQueue {
         &self,
         retention: crate::queue::DeadLetterRetention,
     ) -> Result<u64, RetryError> {
-        let removed = dead_letters::prune(&self.pg, retention, self.clock.now()).await?;
+        let removed = dead_letters::prune(&self.jobs, retention, self.clock.now()).await?;
         metrics::counter!(telemetry::DEAD_LETTERS_PRUNED_TOTAL, "kind" => "retry")
             .increment(removed);
         Ok(removed)
@@ -208,7 +223,7 @@ impl RetryQueue {
         &self,
         dead_letter_id: Uuid,
     ) -> Result<Option<DeadLetterDetail>, RetryError> {
-        Ok(dead_letters::detail(&self.pg, dead_letter_id).await?)
+        Ok(dead_letters::detail(&self.jobs, dead_letter_id).await?)
     }
 
     /// Restores an active dead letter as a fresh job (new id, no attempts) and signals the
@@ -217,7 +232,7 @@ impl RetryQueue {
         &self,
         dead_letter_id: Uuid,
     ) -> Result<RequeueOutcome, RetryError> {
-        let outcome = store::requeue(&self.pg, dead_letter_id, self.clock.now()).await?;
+        let outcome = store::requeue(&self.jobs, dead_letter_id, self.clock.now()).await?;
         if let RequeueOutcome::Requeued { retry_job_id } = outcome {
             metrics::counter!(telemetry::RETRY_REQUEUED_TOTAL).increment(1);
             self.signal(retry_job_id);

@@ -16,9 +16,9 @@ use super::apply::{
 use super::effects;
 use super::job::PersistenceRetryJob;
 use super::payload::CoreWrite;
-use super::settle_writes::{write_activations, write_characters, write_job_outcomes};
+use super::job_tx::{JobStore, JobTx};
+use super::settle_writes::{write_characters, write_job_outcomes};
 use super::store::ClaimedRow;
-use crate::backend::PostgresBackend;
 use crate::model::ModelHandle;
 
 /// What became of one job.
@@ -98,23 +98,10 @@ pub(super) struct Locked {
     released: Vec<Uuid>,
 }
 
-type CharacterRow = (
-    Uuid,
-    i64,
-    i64,
-    serde_json::Value,
-    Option<String>,
-    Option<String>,
-    i64,
-    i64,
-    i32,
-    i32,
-);
-
 /// Settles `claimed` (leased under `token`) in one transaction, returning an outcome per job in
 /// input order. Jobs whose lease was reclaimed meanwhile are `Stale`.
 pub(crate) async fn settle(
-    pg: &PostgresBackend,
+    jobs: &JobStore,
     model: &ModelHandle,
     token: Uuid,
     now: DateTime<Utc>,
@@ -122,20 +109,10 @@ pub(crate) async fn settle(
     retry_limit: u32,
     reschedule: &mut impl Reschedule,
 ) -> Result<Vec<JobOutcome>, sqlx::Error> {
-    let mut tx = pg.begin().await?;
+    let mut open = jobs.begin().await?;
+    let mut tx = open.steps(now);
     let ids: Vec<Uuid> = claimed.iter().map(|c| c.row.stored.retry_job_id).collect();
-    let owned: HashSet<Uuid> = sqlx::query_scalar(
-        "SELECT retry_job_id FROM persistence_retry_jobs
-          WHERE retry_job_id = ANY($1) AND lease_token = $2
-          ORDER BY retry_job_id
-            FOR UPDATE",
-    )
-    .bind(&ids)
-    .bind(token)
-    .fetch_all(&mut *tx)
-    .await?
-    .into_iter()
-    .collect();
+    let owned = tx.leased_to(&ids, token).await?;
     let outcomes = settle_owned(
         &mut tx,
         model,
@@ -146,7 +123,7 @@ pub(crate) async fn settle(
         reschedule,
     )
     .await?;
-    tx.commit().await?;
+    open.commit().await?;
     Ok(outcomes)
 }
 
@@ -157,7 +134,7 @@ pub(crate) async fn settle(
 /// claims it under a counted lease instead. Returns the claimed jobs with their outcomes, in
 /// order, without those left alone.
 pub(crate) async fn claim_and_settle(
-    pg: &PostgresBackend,
+    jobs: &JobStore,
     model: &ModelHandle,
     ids: Option<&[Uuid]>,
     limit: i64,
@@ -165,12 +142,13 @@ pub(crate) async fn claim_and_settle(
     retry_limit: u32,
     reschedule: &mut impl Reschedule,
 ) -> Result<OneTransaction, sqlx::Error> {
-    let mut tx = pg.begin().await?;
-    let (expired, fresh): (Vec<ClaimedRow>, Vec<ClaimedRow>) =
-        super::store::lock_due(&mut tx, ids, limit, now)
-            .await?
-            .into_iter()
-            .partition(|row| row.lease_expired);
+    let mut open = jobs.begin().await?;
+    let (expired, fresh): (Vec<ClaimedRow>, Vec<ClaimedRow>) = open
+        .steps(now)
+        .lock_due(ids, limit, now)
+        .await?
+        .into_iter()
+        .partition(|row| row.lease_expired);
     let lease_ran_out = expired.iter().map(|r| r.stored.retry_job_id).collect();
     let claimed: Vec<Claimed> = fresh
         .into_iter()
@@ -179,7 +157,7 @@ pub(crate) async fn claim_and_settle(
     if claimed.is_empty() {
         // Ended here, not on drop: a dropped transaction rolls back later, and until then its
         // row locks would hide the jobs with a lapsed lease from the claim that follows.
-        tx.rollback().await?;
+        open.rollback().await?;
         return Ok(OneTransaction {
             claimed,
             outcomes: Vec::new(),
@@ -188,7 +166,7 @@ pub(crate) async fn claim_and_settle(
     }
     let owned: HashSet<Uuid> = claimed.iter().map(|c| c.row.stored.retry_job_id).collect();
     let outcomes = settle_owned(
-        &mut tx,
+        &mut open.steps(now),
         model,
         now,
         &claimed,
@@ -197,7 +175,7 @@ pub(crate) async fn claim_and_settle(
         reschedule,
     )
     .await?;
-    tx.commit().await?;
+    open.commit().await?;
     Ok(OneTransaction {
         claimed,
         outcomes,
@@ -218,7 +196,7 @@ pub(crate) struct OneTransaction {
 /// The settle itself, inside the caller's transaction, for the jobs in `owned` (the rest of
 /// `claimed` are `Stale`).
 pub(super) async fn settle_owned(
-    tx: &mut sqlx::PgConnection,
+    tx: &mut JobTx<'_>,
     model: &ModelHandle,
     now: DateTime<Utc>,
     claimed: &[Claimed],
@@ -242,7 +220,7 @@ pub(super) async fn settle_owned(
             )
         })
         .collect();
-    let recorded = effects::recorded_keys(tx, &pairs).await?;
+    let recorded = tx.recorded_keys(&pairs).await?;
 
     let mut seen = HashSet::new();
     let mut outcomes = Vec::with_capacity(claimed.len());
@@ -352,8 +330,8 @@ pub(super) async fn settle_owned(
     }
 
     let versions = write_characters(tx, &characters, &dirty).await?;
-    effects::insert(tx, &records, &versions).await?;
-    write_activations(tx, &activations).await?;
+    tx.insert_effects(&records, &versions).await?;
+    tx.insert_activations(&activations).await?;
     write_job_outcomes(tx, claimed, &outcomes, now, reschedule).await?;
     Ok(outcomes)
 }
@@ -361,7 +339,7 @@ pub(super) async fn settle_owned(
 /// Locks the characters `jobs` apply to (in id order), with the sequenced effects of those that
 /// have a sequenced job whose order matters (a value set outright).
 async fn lock_characters(
-    tx: &mut sqlx::PgConnection,
+    tx: &mut JobTx<'_>,
     model: &ModelHandle,
     jobs: &[&PersistenceRetryJob],
 ) -> Result<HashMap<Uuid, Locked>, sqlx::Error> {
@@ -371,14 +349,7 @@ async fn lock_characters(
         .collect::<HashSet<_>>()
         .into_iter()
         .collect();
-    let rows: Vec<CharacterRow> = sqlx::query_as(
-        "SELECT id, owner_epoch, state_version, state, zone_ref, room_ref, live_issue_epoch,
-                live_issue_mark, schema_version, owner_schema_version
-           FROM characters WHERE id = ANY($1) ORDER BY id FOR UPDATE",
-    )
-    .bind(&ids)
-    .fetch_all(&mut *tx)
-    .await?;
+    let rows = tx.character_rows(&ids).await?;
     let mut characters: HashMap<Uuid, Locked> = rows
         .into_iter()
         .map(
@@ -423,18 +394,12 @@ async fn lock_characters(
         .collect::<HashSet<_>>()
         .into_iter()
         .collect();
-    for (id, found) in effects::sequenced(tx, &ordered).await? {
+    for (id, found) in tx.sequenced(&ordered).await? {
         if let Some(locked) = characters.get_mut(&id) {
             locked.sequenced = found;
         }
     }
-    let released: Vec<(Uuid, Uuid)> = sqlx::query_as(
-        "SELECT character_id, item_id FROM item_releases WHERE character_id = ANY($1)",
-    )
-    .bind(&ids)
-    .fetch_all(&mut *tx)
-    .await?;
-    for (id, item) in released {
+    for (id, item) in tx.released(&ids).await? {
         if let Some(locked) = characters.get_mut(&id) {
             locked.released.push(item);
         }
@@ -547,7 +512,7 @@ fn failure(c: &Claimed, error: String, retry_limit: u32) -> JobOutcome {
 /// Records a failure for one job outside any batch (its batch could not settle), fenced by the
 /// lease: rescheduled, or dead-lettered at the limit.
 pub(crate) async fn fail_alone(
-    pg: &PostgresBackend,
+    jobs: &JobStore,
     token: Uuid,
     now: DateTime<Utc>,
     claimed: &Claimed,
@@ -555,15 +520,12 @@ pub(crate) async fn fail_alone(
     retry_limit: u32,
     reschedule: &mut impl Reschedule,
 ) -> Result<JobOutcome, sqlx::Error> {
-    let mut tx = pg.begin().await?;
-    let owned: Option<Uuid> = sqlx::query_scalar(
-        "SELECT retry_job_id FROM persistence_retry_jobs WHERE retry_job_id = $1 AND lease_token = $2 FOR UPDATE",
-    )
-    .bind(claimed.row.stored.retry_job_id)
-    .bind(token)
-    .fetch_optional(&mut *tx)
-    .await?;
-    if owned.is_none() {
+    let mut open = jobs.begin().await?;
+    let mut tx = open.steps(now);
+    let owned = tx
+        .leased_to(&[claimed.row.stored.retry_job_id], token)
+        .await?;
+    if owned.is_empty() {
         return Ok(JobOutcome::Stale);
     }
     let outcome = failure(claimed, error, retry_limit);
@@ -575,6 +537,6 @@ pub(crate) async fn fail_alone(
         reschedule,
     )
     .await?;
-    tx.commit().await?;
+    open.commit().await?;
     Ok(outcome)
 }

@@ -1,11 +1,14 @@
 //! The writes that end a settle, batched: the changed character rows (chunked by size), the
 //! transfer activations, and the jobs' own outcomes (deleted, rescheduled or dead-lettered).
+//! What to write is decided here for both drivers; the Postgres statements are here too (the
+//! embedded store's are in `sqlite_settle` and `sqlite_jobs`).
 
 use std::collections::{HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
+use super::job_tx::JobTx;
 use super::settle::{Claimed, JobOutcome, Locked, Reschedule};
 
 /// Most bytes of state documents sent in one UPDATE. sqlx does not set TCP_NODELAY, and a bind
@@ -16,7 +19,7 @@ const UPDATE_CHUNK_BYTES: usize = 12 * 1024;
 /// Writes the changed rows (chunked by size), each moving one version on; returns every locked
 /// character's row version after the batch.
 pub(super) async fn write_characters(
-    tx: &mut sqlx::PgConnection,
+    tx: &mut JobTx<'_>,
     characters: &HashMap<Uuid, Locked>,
     dirty: &HashSet<Uuid>,
 ) -> Result<HashMap<Uuid, i64>, sqlx::Error> {
@@ -31,7 +34,7 @@ pub(super) async fn write_characters(
         }
         let last = n + 1 == sorted.len();
         if !chunk.ids.is_empty() && (bytes >= UPDATE_CHUNK_BYTES || last) {
-            update_characters(tx, &chunk).await?;
+            tx.update_characters(&chunk).await?;
             chunk = RowChunk::default();
             bytes = 0;
         }
@@ -45,16 +48,17 @@ pub(super) async fn write_characters(
         .collect())
 }
 
+/// Rows to write, one column per vector.
 #[derive(Default)]
-struct RowChunk<'a> {
-    ids: Vec<Uuid>,
-    states: Vec<&'a serde_json::Value>,
-    zones: Vec<Option<&'a str>>,
-    rooms: Vec<Option<&'a str>>,
-    mark_epochs: Vec<i64>,
-    marks: Vec<i64>,
-    live: Vec<bool>,
-    schemas: Vec<i32>,
+pub(super) struct RowChunk<'a> {
+    pub(super) ids: Vec<Uuid>,
+    pub(super) states: Vec<&'a serde_json::Value>,
+    pub(super) zones: Vec<Option<&'a str>>,
+    pub(super) rooms: Vec<Option<&'a str>>,
+    pub(super) mark_epochs: Vec<i64>,
+    pub(super) marks: Vec<i64>,
+    pub(super) live: Vec<bool>,
+    pub(super) schemas: Vec<i32>,
 }
 
 impl<'a> RowChunk<'a> {
@@ -72,7 +76,8 @@ impl<'a> RowChunk<'a> {
     }
 }
 
-async fn update_characters(
+/// Postgres: writes the rows of `chunk` in one statement.
+pub(super) async fn update_characters(
     tx: &mut sqlx::PgConnection,
     chunk: &RowChunk<'_>,
 ) -> Result<(), sqlx::Error> {
@@ -104,15 +109,14 @@ async fn update_characters(
     Ok(())
 }
 
+/// A transfer activation to record: token, character, target shard, target zone, owner epoch.
 pub(super) type Activation = (String, Uuid, String, String, i64);
 
-pub(super) async fn write_activations(
+/// Postgres: records `activations` in one statement.
+pub(super) async fn insert_activations(
     tx: &mut sqlx::PgConnection,
     activations: &[Activation],
 ) -> Result<(), sqlx::Error> {
-    if activations.is_empty() {
-        return Ok(());
-    }
     let tokens: Vec<&str> = activations.iter().map(|a| a.0.as_str()).collect();
     let characters: Vec<Uuid> = activations.iter().map(|a| a.1).collect();
     let shards: Vec<&str> = activations.iter().map(|a| a.2.as_str()).collect();
@@ -133,46 +137,88 @@ pub(super) async fn write_activations(
     Ok(())
 }
 
-/// Deletes finished jobs, reschedules retries and moves dead ones — batched, one statement each.
+/// What a settle writes for its jobs, one list per kind of ending.
+#[derive(Debug, Default)]
+pub(super) struct OutcomeWrites {
+    /// Applied, already applied or superseded: deleted.
+    pub(super) done: Vec<Uuid>,
+    /// Failed: rescheduled with one more attempt (id, error, next attempt).
+    pub(super) retry: Vec<(Uuid, String, DateTime<Utc>)>,
+    /// Failed for the last time: moved to the dead letters (id, error, dead letter id).
+    pub(super) dead: Vec<(Uuid, String, Uuid)>,
+    /// Left for a newer release (id, why), due again at `deferred_until`.
+    pub(super) deferred: Vec<(Uuid, String)>,
+    /// When deferred jobs are due again.
+    pub(super) deferred_until: DateTime<Utc>,
+}
+
+/// Deletes finished jobs, reschedules retries and moves dead ones — batched.
 pub(super) async fn write_job_outcomes(
-    tx: &mut sqlx::PgConnection,
+    tx: &mut JobTx<'_>,
     claimed: &[Claimed],
     outcomes: &[JobOutcome],
     now: DateTime<Utc>,
     reschedule: &mut impl Reschedule,
 ) -> Result<(), sqlx::Error> {
-    let mut done = Vec::new();
-    let (mut retry_ids, mut retry_errors, mut retry_at) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut dead_ids, mut dead_errors, mut dead_letter_ids) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut deferred_ids, mut deferred_errors) = (Vec::new(), Vec::new());
+    let mut writes = OutcomeWrites {
+        deferred_until: now
+            + chrono::Duration::from_std(super::settle::DEFERRED_FOR).unwrap_or_default(),
+        ..OutcomeWrites::default()
+    };
     for (c, outcome) in claimed.iter().zip(outcomes) {
         let id = c.row.stored.retry_job_id;
         match outcome {
             JobOutcome::Applied | JobOutcome::AlreadyApplied | JobOutcome::Superseded => {
-                done.push(id)
+                writes.done.push(id)
             }
             JobOutcome::Retrying(err) => {
                 let attempt = u32::try_from(c.row.attempt_count).unwrap_or(0) + 1;
-                retry_ids.push(id);
-                retry_errors.push(err.clone());
-                retry_at.push(reschedule.next_attempt(attempt, now));
+                writes
+                    .retry
+                    .push((id, err.clone(), reschedule.next_attempt(attempt, now)));
             }
             JobOutcome::DeadLettered(err) => {
-                dead_ids.push(id);
-                dead_errors.push(err.clone());
-                dead_letter_ids.push(Uuid::now_v7());
+                writes.dead.push((id, err.clone(), Uuid::now_v7()));
             }
-            JobOutcome::Deferred(err) => {
-                deferred_ids.push(id);
-                deferred_errors.push(err.clone());
-            }
+            JobOutcome::Deferred(err) => writes.deferred.push((id, err.clone())),
             JobOutcome::Stale | JobOutcome::Unsettled(_) => {}
         }
     }
+    tx.write_outcomes(&writes, now).await
+}
+
+/// Postgres: the writes of [`OutcomeWrites`], one statement per kind.
+pub(super) async fn write_outcomes(
+    tx: &mut sqlx::PgConnection,
+    writes: &OutcomeWrites,
+    now: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    fn ids<T>(rows: &[(Uuid, String, T)]) -> Vec<Uuid> {
+        rows.iter().map(|r| r.0).collect()
+    }
+    fn errors<T>(rows: &[(Uuid, String, T)]) -> Vec<&str> {
+        rows.iter().map(|r| r.1.as_str()).collect()
+    }
+    fn thirds<T: Copy>(rows: &[(Uuid, String, T)]) -> Vec<T> {
+        rows.iter().map(|r| r.2).collect()
+    }
+    let done = &writes.done;
+    let deferred_ids: Vec<Uuid> = writes.deferred.iter().map(|d| d.0).collect();
+    let deferred_errors: Vec<&str> = writes.deferred.iter().map(|d| d.1.as_str()).collect();
+    let (retry_ids, retry_errors, retry_at) = (
+        ids(&writes.retry),
+        errors(&writes.retry),
+        thirds(&writes.retry),
+    );
+    let (dead_ids, dead_errors, dead_letter_ids) = (
+        ids(&writes.dead),
+        errors(&writes.dead),
+        thirds(&writes.dead),
+    );
     // A deferral keeps the count of leases that ran out: a job that crashes the workers of one
     // release is not forgiven by passing through another's.
     if !deferred_ids.is_empty() {
-        let at = now + chrono::Duration::from_std(super::settle::DEFERRED_FOR).unwrap_or_default();
+        let at = writes.deferred_until;
         sqlx::query(
             "UPDATE persistence_retry_jobs j
                 SET last_error = v.err, next_attempt_at = $3,
@@ -189,7 +235,7 @@ pub(super) async fn write_job_outcomes(
     }
     if !done.is_empty() {
         sqlx::query("DELETE FROM persistence_retry_jobs WHERE retry_job_id = ANY($1)")
-            .bind(&done)
+            .bind(done)
             .execute(&mut *tx)
             .await?;
     }

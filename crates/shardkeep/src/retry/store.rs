@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::job::{PersistenceRetryJob, StoredJob};
+use super::job_tx::JobStore;
 use crate::backend::PostgresBackend;
 
 /// A job row as claimed: what is stored, plus its attempt count.
@@ -249,38 +250,58 @@ pub enum RequeueError {
 
 /// Restores an active dead letter as a fresh job, all or nothing.
 pub(crate) async fn requeue(
-    pg: &PostgresBackend,
+    jobs: &JobStore,
     dead_letter_id: Uuid,
     now: DateTime<Utc>,
 ) -> Result<RequeueOutcome, RequeueError> {
-    let mut tx = pg.begin().await?;
-    let sql = sqlx::AssertSqlSafe(format!(
-        "SELECT {JOB_COLUMNS} FROM persistence_job_dead_letters
-          WHERE dead_letter_id = $1 AND requeued_at IS NULL
-            FOR UPDATE"
-    ));
-    let stored: Option<StoredJob> = sqlx::query_as(sql)
-        .bind(dead_letter_id)
-        .fetch_optional(&mut *tx)
-        .await?;
-    let Some(stored) = stored else {
+    let mut open = jobs.begin().await?;
+    let mut tx = open.steps(now);
+    let Some(stored) = tx.active_dead_letter(dead_letter_id).await? else {
         return Ok(RequeueOutcome::NotRequeued);
     };
     let job = PersistenceRetryJob::restore(stored)
         .map_err(RequeueError::Undecodable)?
         .renewed();
-    insert_jobs(&mut tx, &[(&job, now)]).await?;
+    tx.insert_jobs(&[(&job, now)]).await?;
+    tx.mark_requeued(dead_letter_id, job.retry_job_id(), now)
+        .await?;
+    open.commit().await?;
+    Ok(RequeueOutcome::Requeued {
+        retry_job_id: job.retry_job_id(),
+    })
+}
+
+/// Postgres: the job saved in the active dead letter `dead_letter_id`, locked.
+pub(super) async fn active_dead_letter(
+    conn: &mut sqlx::PgConnection,
+    dead_letter_id: Uuid,
+) -> Result<Option<StoredJob>, sqlx::Error> {
+    let sql = sqlx::AssertSqlSafe(format!(
+        "SELECT {JOB_COLUMNS} FROM persistence_job_dead_letters
+          WHERE dead_letter_id = $1 AND requeued_at IS NULL
+            FOR UPDATE"
+    ));
+    sqlx::query_as(sql)
+        .bind(dead_letter_id)
+        .fetch_optional(conn)
+        .await
+}
+
+/// Postgres: marks the dead letter requeued as `retry_job_id`.
+pub(super) async fn mark_requeued(
+    conn: &mut sqlx::PgConnection,
+    dead_letter_id: Uuid,
+    retry_job_id: Uuid,
+    now: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
     sqlx::query(
         "UPDATE persistence_job_dead_letters SET requeued_at = $2, requeued_retry_job_id = $3
           WHERE dead_letter_id = $1",
     )
     .bind(dead_letter_id)
     .bind(now)
-    .bind(job.retry_job_id())
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(RequeueOutcome::Requeued {
-        retry_job_id: job.retry_job_id(),
-    })
+    .bind(retry_job_id)
+    .execute(conn)
+    .await
+    .map(drop)
 }

@@ -12,8 +12,9 @@ use uuid::Uuid;
 
 use super::backoff::Backoff;
 use super::settle::{Claimed, JobOutcome, Reschedule, claim_and_settle, fail_alone, settle};
-use super::{RetrySignals, store};
-use crate::backend::PostgresBackend;
+use super::RetrySignals;
+use super::job_tx::JobStore;
+use crate::backend::{PostgresBackend, SqliteBackend};
 use crate::backend::postgres::connection_lost;
 use crate::clock::Clock;
 use crate::model::ModelHandle;
@@ -218,7 +219,7 @@ impl Settler {
 
     async fn report_depths(&self) {
         if let Ok(super::counts::JobCounts { pending, leased }) =
-            super::counts::job_counts(&self.pg).await
+            super::counts::job_counts(&self.jobs).await
         {
             metrics::gauge!(telemetry::RETRY_ROWS, "state" => "pending").set(pending as f64);
             metrics::gauge!(telemetry::RETRY_ROWS, "state" => "leased").set(leased as f64);
@@ -232,7 +233,7 @@ impl Settler {
         let mut jitter = Jitter(self.backoff);
         let now = self.clock.now();
         let one_transaction = claim_and_settle(
-            &self.pg,
+            &self.jobs,
             &self.model,
             ids,
             self.claim_limit,
@@ -278,8 +279,7 @@ impl Settler {
     /// Claims up to the claim limit of due jobs (only `ids`, when given) under a fresh lease.
     async fn claim_leased(&self, ids: Option<&[Uuid]>) -> Result<ClaimedBatch, sqlx::Error> {
         let token = Uuid::now_v7();
-        let rows = store::claim(
-            &self.pg,
+        let rows = self.jobs.claim(
             ids,
             self.claim_limit,
             &self.owner,
@@ -320,7 +320,7 @@ impl Settler {
         let now = self.clock.now();
         let limit = self.retry_limit;
         let outcomes = match settle(
-            &self.pg,
+            &self.jobs,
             &self.model,
             token,
             now,
@@ -338,7 +338,7 @@ impl Settler {
                 for one in claimed {
                     let single = std::slice::from_ref(one);
                     let outcome = match settle(
-                        &self.pg,
+                        &self.jobs,
                         &self.model,
                         token,
                         now,
@@ -355,7 +355,7 @@ impl Settler {
                             Some(JobOutcome::Unsettled(err.to_string()))
                         }
                         Err(err) => fail_alone(
-                            &self.pg,
+                            &self.jobs,
                             token,
                             now,
                             one,
@@ -436,7 +436,7 @@ fn log_and_record(stats: &RetryStats, outcome: &JobOutcome) {
 /// What settling a batch needs; cheap to clone into a settle task.
 #[derive(Debug, Clone)]
 struct Settler {
-    pg: PostgresBackend,
+    jobs: JobStore,
     model: ModelHandle,
     clock: Arc<dyn Clock>,
     stats: Arc<RetryStats>,
@@ -458,8 +458,29 @@ impl RetryWorker {
         config: RetryWorkerConfig,
         clock: Arc<dyn Clock>,
     ) -> Self {
+        Self::over(JobStore::Postgres(pg), model, signals, config, clock)
+    }
+
+    /// A worker over the embedded store's file `db` (see [`RetryWorker::new`]).
+    pub fn embedded(
+        db: SqliteBackend,
+        model: ModelHandle,
+        signals: RetrySignals,
+        config: RetryWorkerConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        Self::over(JobStore::Embedded(db), model, signals, config, clock)
+    }
+
+    fn over(
+        jobs: JobStore,
+        model: ModelHandle,
+        signals: RetrySignals,
+        config: RetryWorkerConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         let settler = Settler {
-            pg,
+            jobs,
             model,
             clock,
             stats: Arc::new(RetryStats::default()),

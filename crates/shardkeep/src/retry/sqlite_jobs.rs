@@ -1,0 +1,365 @@
+//! Retry jobs and their dead letters in the embedded store's file: insert, the claim (due rows,
+//! oldest first, under a lease fenced by its token), the writes that end a settle, and requeue.
+//!
+//! Every write runs in a transaction holding the file's write lock, so a claim's read and its
+//! lease are one atomic step, as `FOR UPDATE SKIP LOCKED` makes them on Postgres. Instants are
+//! microseconds since the epoch; ids are 16-byte blobs.
+
+use chrono::{DateTime, Utc};
+use sqlx::Row;
+use sqlx::sqlite::SqliteRow;
+use uuid::Uuid;
+
+use super::job::{PersistenceRetryJob, StoredJob};
+use super::settle_writes::OutcomeWrites;
+use super::store::ClaimedRow;
+use crate::backend::SqliteBackend;
+
+/// When a job can next be claimed: written exactly as the `persistence_retry_jobs_claimable`
+/// index's expression, so the claim walks that index.
+const CLAIMABLE_AT: &str = "CASE WHEN lease_token IS NULL THEN next_attempt_at \
+     ELSE max(next_attempt_at, lease_expires_at) END";
+
+/// The columns of a job as a claim reads it.
+const CLAIM_COLUMNS: &str = "retry_job_id, job_kind, character_id, realm_id, zone_id, payload, \
+     session_token, session_impact, source, idempotency_key, owner_epoch, origin, issued_at, \
+     issue_seq, attempt_count, next_attempt_at, created_at, lease_expiries";
+
+/// `?start, ?start+1, …` for `n` parameters.
+pub(super) fn marks(start: usize, n: usize) -> String {
+    (start..start + n)
+        .map(|i| format!("?{i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// An instant as the file stores it.
+fn micros(at: DateTime<Utc>) -> i64 {
+    at.timestamp_micros()
+}
+
+/// An instant the file stores, or a decode error naming the column.
+pub(super) fn instant(column: &str, value: i64) -> Result<DateTime<Utc>, sqlx::Error> {
+    DateTime::from_timestamp_micros(value).ok_or_else(|| {
+        sqlx::Error::Decode(format!("{column} {value} is not an instant (microseconds)").into())
+    })
+}
+
+/// A stored JSON text as a value; text that does not parse is kept as a JSON string, so the
+/// job's decode fails and the job is dead-lettered as undecodable (its raw text stays in the row).
+pub(super) fn json_or_raw(text: String) -> serde_json::Value {
+    serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text))
+}
+
+/// The job columns of `row` (`JOB_COLUMNS` order, by name).
+fn stored_job(row: &SqliteRow) -> Result<StoredJob, sqlx::Error> {
+    Ok(StoredJob {
+        retry_job_id: row.try_get("retry_job_id")?,
+        job_kind: row.try_get("job_kind")?,
+        character_id: row.try_get("character_id")?,
+        realm_id: row.try_get("realm_id")?,
+        zone_id: row.try_get("zone_id")?,
+        payload: json_or_raw(row.try_get("payload")?),
+        session_token: row.try_get("session_token")?,
+        session_impact: row.try_get("session_impact")?,
+        source: row.try_get("source")?,
+        idempotency_key: row.try_get("idempotency_key")?,
+        owner_epoch: row.try_get("owner_epoch")?,
+        origin: row.try_get("origin")?,
+        issued_at: instant("issued_at", row.try_get("issued_at")?)?,
+        issue_seq: row.try_get("issue_seq")?,
+    })
+}
+
+/// A claimed row (`CLAIM_COLUMNS` plus `lease_expired`).
+fn claimed_row(row: &SqliteRow) -> Result<ClaimedRow, sqlx::Error> {
+    Ok(ClaimedRow {
+        stored: stored_job(row)?,
+        attempt_count: row.try_get("attempt_count")?,
+        next_attempt_at: instant("next_attempt_at", row.try_get("next_attempt_at")?)?,
+        created_at: instant("created_at", row.try_get("created_at")?)?,
+        lease_expiries: row.try_get("lease_expiries")?,
+        lease_expired: row.try_get("lease_expired")?,
+    })
+}
+
+/// Stores `jobs` (each due at the instant given with it) in the caller's write transaction; a
+/// job stored already (the same id) stays as it is.
+pub(super) async fn insert_jobs(
+    conn: &mut sqlx::SqliteConnection,
+    jobs: &[(&PersistenceRetryJob, DateTime<Utc>)],
+) -> Result<(), sqlx::Error> {
+    for (job, due) in jobs {
+        let envelope = job.envelope();
+        let payload = serde_json::to_string(job.payload())
+            .map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+        sqlx::query(
+            "INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, realm_id,
+                 zone_id, payload, next_attempt_at, session_token, session_impact, source,
+                 idempotency_key, owner_epoch, origin, issued_at, issue_seq, created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?7, ?7)
+             ON CONFLICT (character_id, retry_job_id) DO NOTHING",
+        )
+        .bind(job.retry_job_id())
+        .bind(job.payload().kind())
+        .bind(job.payload().character_id())
+        .bind(job.realm_id())
+        .bind(job.payload().zone_id())
+        .bind(payload)
+        .bind(micros(*due))
+        .bind(job.session_token())
+        .bind(job.session_impact().as_str())
+        .bind(job.source())
+        .bind(&envelope.idempotency_key)
+        .bind(envelope.owner_epoch)
+        .bind(envelope.origin.as_str())
+        .bind(micros(envelope.issued_at))
+        .bind(i64::try_from(envelope.issue_seq).unwrap_or(i64::MAX))
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Up to `limit` jobs claimable at `now` (only `ids` when given), oldest first, inside the
+/// caller's write transaction (which locks them: the file has one writer).
+pub(super) async fn due(
+    conn: &mut sqlx::SqliteConnection,
+    ids: Option<&[Uuid]>,
+    limit: i64,
+    now: DateTime<Utc>,
+) -> Result<Vec<ClaimedRow>, sqlx::Error> {
+    let which = match ids {
+        Some([]) => return Ok(Vec::new()),
+        Some(ids) => format!("retry_job_id IN ({}) AND", marks(3, ids.len())),
+        None => String::new(),
+    };
+    let sql = format!(
+        "SELECT {CLAIM_COLUMNS}, lease_token IS NOT NULL AS lease_expired
+           FROM persistence_retry_jobs
+          WHERE {which} {CLAIMABLE_AT} <= ?1
+          ORDER BY {CLAIMABLE_AT}, created_at
+          LIMIT ?2"
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(micros(now))
+        .bind(limit);
+    for id in ids.unwrap_or_default() {
+        query = query.bind(*id);
+    }
+    query
+        .fetch_all(&mut *conn)
+        .await?
+        .iter()
+        .map(claimed_row)
+        .collect()
+}
+
+/// Claims up to `limit` due jobs (only `ids` when given) under a new lease (`token`, held by
+/// `owner` for `lease`), in one write transaction; a lease that had run out is counted.
+pub(super) async fn claim(
+    db: &SqliteBackend,
+    ids: Option<&[Uuid]>,
+    limit: i64,
+    owner: &str,
+    token: Uuid,
+    now: DateTime<Utc>,
+    lease: std::time::Duration,
+) -> Result<Vec<ClaimedRow>, sqlx::Error> {
+    let mut tx = db.begin().await?;
+    let mut rows = due(&mut tx, ids, limit, now).await?;
+    if rows.is_empty() {
+        tx.rollback().await?;
+        return Ok(rows);
+    }
+    let lease_micros = i64::try_from(lease.as_micros()).unwrap_or(i64::MAX);
+    for row in &mut rows {
+        sqlx::query(
+            "UPDATE persistence_retry_jobs
+                SET lease_token = ?2, lease_owner = ?3, lease_expires_at = ?4, updated_at = ?5,
+                    lease_expiries = lease_expiries + (lease_token IS NOT NULL)
+              WHERE retry_job_id = ?1",
+        )
+        .bind(row.stored.retry_job_id)
+        .bind(token)
+        .bind(owner)
+        .bind(micros(now).saturating_add(lease_micros))
+        .bind(micros(now))
+        .execute(&mut *tx)
+        .await?;
+        row.lease_expiries += i32::from(row.lease_expired);
+    }
+    tx.commit().await?;
+    rows.sort_by_key(|r| (r.next_attempt_at, r.created_at));
+    Ok(rows)
+}
+
+/// Those of `ids` still leased under `token`.
+pub(super) async fn leased_to(
+    conn: &mut sqlx::SqliteConnection,
+    ids: &[Uuid],
+    token: Uuid,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = format!(
+        "SELECT retry_job_id FROM persistence_retry_jobs
+          WHERE lease_token = ?1 AND retry_job_id IN ({})",
+        marks(2, ids.len())
+    );
+    let mut query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(token);
+    for id in ids {
+        query = query.bind(*id);
+    }
+    query.fetch_all(&mut *conn).await
+}
+
+/// Every job queued for `character_id`, in id order, whatever its due time or lease.
+pub(super) async fn pending_for(
+    conn: &mut sqlx::SqliteConnection,
+    character_id: Uuid,
+) -> Result<Vec<ClaimedRow>, sqlx::Error> {
+    let sql = format!(
+        "SELECT {CLAIM_COLUMNS}, 0 AS lease_expired FROM persistence_retry_jobs
+          WHERE character_id = ?1 ORDER BY retry_job_id"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(character_id)
+        .fetch_all(&mut *conn)
+        .await?
+        .iter()
+        .map(claimed_row)
+        .collect()
+}
+
+/// The writes of [`OutcomeWrites`], one statement per job.
+pub(super) async fn write_outcomes(
+    conn: &mut sqlx::SqliteConnection,
+    writes: &OutcomeWrites,
+    now: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    let now = micros(now);
+    // A deferral keeps the count of leases that ran out (see the Postgres statements).
+    for (id, error) in &writes.deferred {
+        sqlx::query(
+            "UPDATE persistence_retry_jobs
+                SET last_error = ?2, next_attempt_at = ?3, lease_token = NULL, lease_owner = NULL,
+                    lease_expires_at = NULL, updated_at = ?4
+              WHERE retry_job_id = ?1",
+        )
+        .bind(id)
+        .bind(error)
+        .bind(micros(writes.deferred_until))
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    }
+    for id in &writes.done {
+        sqlx::query("DELETE FROM persistence_retry_jobs WHERE retry_job_id = ?1")
+            .bind(id)
+            .execute(&mut *conn)
+            .await?;
+    }
+    for (id, error, at) in &writes.retry {
+        sqlx::query(
+            "UPDATE persistence_retry_jobs
+                SET last_error = ?2, attempt_count = attempt_count + 1, next_attempt_at = ?3,
+                    lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL,
+                    updated_at = ?4, lease_expiries = 0
+              WHERE retry_job_id = ?1",
+        )
+        .bind(id)
+        .bind(error)
+        .bind(micros(*at))
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    }
+    for (id, error, dead_letter_id) in &writes.dead {
+        sqlx::query(
+            "INSERT INTO persistence_job_dead_letters (dead_letter_id, retry_job_id, job_kind,
+                 character_id, realm_id, zone_id, payload, failed_attempts, last_error, failed_at,
+                 session_token, source, session_impact, idempotency_key, owner_epoch, origin,
+                 issued_at, issue_seq)
+             SELECT ?2, retry_job_id, job_kind, character_id, realm_id, zone_id, payload,
+                    attempt_count + 1, ?3, ?4, session_token, source, session_impact,
+                    idempotency_key, owner_epoch, origin, issued_at, issue_seq
+               FROM persistence_retry_jobs WHERE retry_job_id = ?1",
+        )
+        .bind(id)
+        .bind(dead_letter_id)
+        .bind(error)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+        sqlx::query("DELETE FROM persistence_retry_jobs WHERE retry_job_id = ?1")
+            .bind(id)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+/// The job saved in the active dead letter `dead_letter_id`.
+pub(super) async fn active_dead_letter(
+    conn: &mut sqlx::SqliteConnection,
+    dead_letter_id: Uuid,
+) -> Result<Option<StoredJob>, sqlx::Error> {
+    sqlx::query(
+        "SELECT retry_job_id, job_kind, character_id, realm_id, zone_id, payload, session_token,
+                session_impact, source, idempotency_key, owner_epoch, origin, issued_at, issue_seq
+           FROM persistence_job_dead_letters
+          WHERE dead_letter_id = ?1 AND requeued_at IS NULL",
+    )
+    .bind(dead_letter_id)
+    .fetch_optional(&mut *conn)
+    .await?
+    .as_ref()
+    .map(stored_job)
+    .transpose()
+}
+
+/// Marks the dead letter `dead_letter_id` requeued as `retry_job_id` at `now` (microseconds).
+pub(super) async fn mark_requeued(
+    conn: &mut sqlx::SqliteConnection,
+    dead_letter_id: Uuid,
+    retry_job_id: Uuid,
+    now: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE persistence_job_dead_letters SET requeued_at = ?2, requeued_retry_job_id = ?3
+          WHERE dead_letter_id = ?1",
+    )
+    .bind(dead_letter_id)
+    .bind(now)
+    .bind(retry_job_id)
+    .execute(&mut *conn)
+    .await
+    .map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_marks_are_numbered_from_their_start() {
+        assert_eq!(marks(3, 2), "?3, ?4");
+        assert_eq!(marks(1, 0), "");
+    }
+
+    #[test]
+    fn an_instant_out_of_range_is_a_decode_error_naming_its_column() {
+        let err = instant("issued_at", i64::MAX).unwrap_err().to_string();
+        assert!(err.contains("issued_at"), "{err}");
+        let at = instant("issued_at", 1_700_000_000_000_000).unwrap();
+        assert_eq!(micros(at), 1_700_000_000_000_000);
+    }
+
+    #[test]
+    fn text_that_is_not_json_is_kept_as_a_string() {
+        assert_eq!(json_or_raw("{\"a\":1}".into()), serde_json::json!({"a": 1}));
+        assert_eq!(json_or_raw("{oops".into()), serde_json::json!("{oops"));
+    }
+}
