@@ -18,10 +18,12 @@ pub mod cluster;
 pub mod embedded;
 pub mod faults;
 pub mod fixtures;
+pub mod job_drivers;
 pub mod model;
 pub mod pgbouncer;
 
 pub use embedded::{AuditDrivers, CharacterDrivers, CheckpointDrivers, TestSqlite};
+pub use job_drivers::{JobDriver, JobDrivers};
 pub use pgbouncer::pg;
 
 use shardkeep::backend::redis::{RedisConn, RedisTimeouts, ScanCursor};

@@ -709,8 +709,7 @@ impl CharacterStore {
                     settles,
                 )
                 .await?;
-                let (row, effects, settled) =
-                    claimed.ok_or(StoreError::NotFound(character_id))?;
+                let (row, effects, settled) = claimed.ok_or(StoreError::NotFound(character_id))?;
                 settled.report(character_id);
                 return Ok(claimed_from(character_id, row, effects));
             }

@@ -264,7 +264,10 @@ impl<'t> JobTx<'t> {
     }
 
     /// The items transfer commits took from each of `ids` (`(character, item)`).
-    pub(super) async fn released(&mut self, ids: &[Uuid]) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
+    pub(super) async fn released(
+        &mut self,
+        ids: &[Uuid],
+    ) -> Result<Vec<(Uuid, Uuid)>, sqlx::Error> {
         match self {
             Self::Postgres(conn) => {
                 sqlx::query_as(
@@ -336,7 +339,9 @@ impl<'t> JobTx<'t> {
             return Ok(());
         }
         match self {
-            Self::Postgres(conn) => super::settle_writes::insert_activations(conn, activations).await,
+            Self::Postgres(conn) => {
+                super::settle_writes::insert_activations(conn, activations).await
+            }
             Self::Embedded { conn, now } => {
                 sqlite_settle::insert_activations(conn, *now, activations).await
             }

@@ -47,8 +47,8 @@ use uuid::Uuid;
 
 use crate::backend::{PostgresBackend, SqliteBackend};
 use crate::clock::Clock;
-use job_tx::JobStore;
 use crate::telemetry;
+use job_tx::JobStore;
 
 pub(crate) use at_claim::{SettledAtClaim, settle_before_claim};
 pub use backoff::Backoff;

@@ -15,8 +15,8 @@ use super::apply::{
 };
 use super::effects;
 use super::job::PersistenceRetryJob;
-use super::payload::CoreWrite;
 use super::job_tx::{JobStore, JobTx};
+use super::payload::CoreWrite;
 use super::settle_writes::{write_characters, write_job_outcomes};
 use super::store::ClaimedRow;
 use crate::model::ModelHandle;

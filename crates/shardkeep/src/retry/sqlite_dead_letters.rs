@@ -31,8 +31,21 @@ type SummaryRow = (
 );
 
 fn summary(row: SummaryRow) -> Result<DeadLetterSummary, sqlx::Error> {
-    let (id, job, kind, character, name, realm, zone, attempts, error, failed_at, session, source, impact) =
-        row;
+    let (
+        id,
+        job,
+        kind,
+        character,
+        name,
+        realm,
+        zone,
+        attempts,
+        error,
+        failed_at,
+        session,
+        source,
+        impact,
+    ) = row;
     Ok(DeadLetterSummary {
         dead_letter_id: id,
         retry_job_id: job,

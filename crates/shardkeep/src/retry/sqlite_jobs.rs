@@ -91,8 +91,8 @@ pub(super) async fn insert_jobs(
 ) -> Result<(), sqlx::Error> {
     for (job, due) in jobs {
         let envelope = job.envelope();
-        let payload = serde_json::to_string(job.payload())
-            .map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+        let payload =
+            serde_json::to_string(job.payload()).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
         sqlx::query(
             "INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, realm_id,
                  zone_id, payload, next_attempt_at, session_token, session_impact, source,

@@ -48,17 +48,21 @@ pub(super) async fn character_rows(
     }
     let rows: Vec<StoredRow> = query.fetch_all(&mut *conn).await?;
     rows.into_iter()
-        .map(|(id, epoch, version, state, zone, room, mark_epoch, mark, schema, owner)| {
-            let state = serde_json::from_str(&state).map_err(|e| {
-                sqlx::Error::Decode(
-                    format!("the state of character {id} in the embedded store is not JSON: {e}")
+        .map(
+            |(id, epoch, version, state, zone, room, mark_epoch, mark, schema, owner)| {
+                let state = serde_json::from_str(&state).map_err(|e| {
+                    sqlx::Error::Decode(
+                        format!(
+                            "the state of character {id} in the embedded store is not JSON: {e}"
+                        )
                         .into(),
-                )
-            })?;
-            Ok((
-                id, epoch, version, state, zone, room, mark_epoch, mark, schema, owner,
-            ))
-        })
+                    )
+                })?;
+                Ok((
+                    id, epoch, version, state, zone, room, mark_epoch, mark, schema, owner,
+                ))
+            },
+        )
         .collect()
 }
 
@@ -144,8 +148,8 @@ pub(super) async fn update_characters(
     chunk: &RowChunk<'_>,
 ) -> Result<(), sqlx::Error> {
     for (n, id) in chunk.ids.iter().enumerate() {
-        let state = serde_json::to_string(chunk.states[n])
-            .map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+        let state =
+            serde_json::to_string(chunk.states[n]).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
         sqlx::query(
             "UPDATE characters
                 SET state = ?2, zone_ref = COALESCE(NULLIF(?3, ''), zone_ref),

@@ -10,12 +10,12 @@ use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::backoff::Backoff;
-use super::settle::{Claimed, JobOutcome, Reschedule, claim_and_settle, fail_alone, settle};
 use super::RetrySignals;
+use super::backoff::Backoff;
 use super::job_tx::JobStore;
-use crate::backend::{PostgresBackend, SqliteBackend};
+use super::settle::{Claimed, JobOutcome, Reschedule, claim_and_settle, fail_alone, settle};
 use crate::backend::postgres::connection_lost;
+use crate::backend::{PostgresBackend, SqliteBackend};
 use crate::clock::Clock;
 use crate::model::ModelHandle;
 use crate::telemetry;
@@ -279,15 +279,17 @@ impl Settler {
     /// Claims up to the claim limit of due jobs (only `ids`, when given) under a fresh lease.
     async fn claim_leased(&self, ids: Option<&[Uuid]>) -> Result<ClaimedBatch, sqlx::Error> {
         let token = Uuid::now_v7();
-        let rows = self.jobs.claim(
-            ids,
-            self.claim_limit,
-            &self.owner,
-            token,
-            self.clock.now(),
-            self.lease,
-        )
-        .await?;
+        let rows = self
+            .jobs
+            .claim(
+                ids,
+                self.claim_limit,
+                &self.owner,
+                token,
+                self.clock.now(),
+                self.lease,
+            )
+            .await?;
         self.count_claimed(rows.len());
         let ran_out = rows.iter().filter(|r| r.lease_expired).count();
         if ran_out > 0 {
