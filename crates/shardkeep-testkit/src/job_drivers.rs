@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use shardkeep::SqliteBackend;
-use shardkeep::character::{CharacterStore, NewCharacter};
+use shardkeep::character::{CharacterStore, CheckpointStore, NewCharacter};
 use shardkeep::clock::Clock;
 use shardkeep::retry::{RetryQueue, RetrySignals, RetryWorker, RetryWorkerConfig};
 use sqlx::postgres::PgRow;
@@ -62,6 +62,15 @@ impl JobDriver {
         match self {
             Self::Postgres(pool) => CharacterStore::new(crate::pg(pool)),
             Self::Embedded(db) => CharacterStore::embedded(db.clone()),
+        }
+    }
+
+    /// The checkpoint tier that goes with this driver: Redis under `redis` beside Postgres, the
+    /// same file beside the embedded store.
+    pub fn checkpoints(&self, redis: &crate::TestRedis) -> CheckpointStore {
+        match self {
+            Self::Postgres(_) => CheckpointStore::new(redis.backend()),
+            Self::Embedded(db) => CheckpointStore::embedded(db.clone()),
         }
     }
 

@@ -139,9 +139,9 @@ impl OpenTx {
     /// The transaction's steps, writes stamped with `now`.
     pub(super) fn steps(&mut self, now: DateTime<Utc>) -> JobTx<'_> {
         match self {
-            Self::Postgres(tx) => JobTx::Postgres(&mut **tx),
+            Self::Postgres(tx) => JobTx::Postgres(tx),
             Self::Embedded(tx) => JobTx::Embedded {
-                conn: &mut **tx,
+                conn: tx,
                 now: now.timestamp_micros(),
             },
         }

@@ -339,7 +339,7 @@ async fn the_embedded_store_refuses_a_corrupt_row_and_answers_nothing_in_an_outa
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
-async fn a_claim_for_a_model_refuses_a_character_with_jobs_the_embedded_store_cannot_settle(
+async fn an_embedded_claim_for_a_model_dead_letters_a_queued_job_that_does_not_decode(
     _pool: PgPool,
 ) {
     let sqlite = shardkeep_testkit::TestSqlite::new().await;
@@ -348,8 +348,8 @@ async fn a_claim_for_a_model_refuses_a_character_with_jobs_the_embedded_store_ca
         .clone()
         .for_model(shardkeep_testkit::model::LedgerModel::handle());
     let row = created(&store, "Aria").await;
-    // A job queued for the character (none of the embedded store's own callers queues one
-    // yet): a claim for a model must settle it first, which the embedded store cannot.
+    // A job queued for the character whose payload does not decode: the claim settles it first,
+    // as a dead letter (after the claim it could never apply), and goes on.
     let now = Utc::now().timestamp_micros();
     sqlx::query(
         "INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, payload,
@@ -363,18 +363,17 @@ async fn a_claim_for_a_model_refuses_a_character_with_jobs_the_embedded_store_ca
     .execute(sqlite.backend().pool())
     .await
     .unwrap();
-    let refused = store.claim(row.character_id, 0).await.unwrap_err();
-    assert!(
-        refused.to_string().contains("retry jobs are queued"),
-        "{refused}"
-    );
-    assert_eq!(
-        store.version_of(row.character_id).await.unwrap(),
-        Some((0, 0)),
-        "nothing minted"
-    );
-    // A claim that settles nothing goes on (it supersedes queued jobs, as on Postgres).
-    assert_eq!(plain.claim(row.character_id, 0).await.unwrap().new_epoch, 1);
+    assert_eq!(store.claim(row.character_id, 0).await.unwrap().new_epoch, 1);
+    let (queued, dead): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM persistence_retry_jobs),
+                (SELECT count(*) FROM persistence_job_dead_letters WHERE idempotency_key = 'k-1')",
+    )
+    .fetch_one(sqlite.backend().pool())
+    .await
+    .unwrap();
+    assert_eq!((queued, dead), (0, 1));
+    // A claim that settles nothing goes on as well.
+    assert_eq!(plain.claim(row.character_id, 0).await.unwrap().new_epoch, 2);
 }
 
 /// A live copy of a new character holding `items` (ids in the ledger model's inventory),
