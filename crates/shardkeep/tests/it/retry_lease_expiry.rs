@@ -1,5 +1,7 @@
 //! Jobs that crash or hang the worker holding them: every lease that runs out is counted, and a
 //! job over the limit is dead-lettered with a clear error instead of being leased forever.
+//! Tests that hold a Postgres row lock to stand for a hung settle run on Postgres only; the
+//! others run on each driver.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,74 +11,75 @@ use shardkeep::retry::{RetryQueue, RetryWorker};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use shardkeep_testkit::JobDrivers;
+
 use super::retry_jobs::{character, config, experience, pg, reward};
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_job_whose_lease_keeps_running_out_is_dead_lettered(pool: PgPool) {
-    let id = character(&pool, "Crashy").await;
-    let (queue, signals) = RetryQueue::new(pg(&pool), 16, Arc::new(SystemClock));
-    queue.enqueue(&reward(id, "crash-1", 0, 5)).await.unwrap();
-    let mut settings = config("w");
-    settings.lease = Duration::from_millis(50);
-    settings.lease_expiry_limit = 2;
-    let mut worker = RetryWorker::new(
-        pg(&pool),
-        shardkeep_testkit::model::LedgerModel::handle(),
-        signals,
-        settings,
-        Arc::new(SystemClock),
-    );
-    // Three workers in turn take the job and die holding it (the batch is never settled).
-    for _ in 0..3 {
-        let held = worker.claim(None).await.unwrap();
-        assert_eq!(held.len(), 1);
-        drop(held);
-        tokio::time::sleep(Duration::from_millis(80)).await;
+    let drivers = JobDrivers::new(&pool).await;
+    for d in drivers.drivers() {
+        let id = d.character("Crashy").await;
+        let (queue, signals) = d.queue(16, Arc::new(SystemClock));
+        queue.enqueue(&reward(id, "crash-1", 0, 5)).await.unwrap();
+        let mut settings = config("w");
+        settings.lease = Duration::from_millis(50);
+        settings.lease_expiry_limit = 2;
+        let mut worker = d.worker(signals, settings, Arc::new(SystemClock));
+        // Three workers in turn take the job and die holding it (the batch is never settled).
+        for _ in 0..3 {
+            let held = worker.claim(None).await.unwrap();
+            assert_eq!(held.len(), 1, "{}", d.name());
+            drop(held);
+            tokio::time::sleep(Duration::from_millis(80)).await;
+        }
+        // The next claim finds its lease run out a third time: over the limit of two.
+        worker.run_until_idle().await.unwrap();
+        assert_eq!(
+            d.experience(id).await,
+            0,
+            "{}: the job is not run again",
+            d.name()
+        );
+        let (jobs, error): (i64, Option<String>) = d
+            .fetch_one(
+                "SELECT (SELECT count(*) FROM persistence_retry_jobs),
+                        (SELECT last_error FROM persistence_job_dead_letters LIMIT 1)",
+                None,
+            )
+            .await;
+        assert_eq!(jobs, 0, "{}", d.name());
+        let error = error.expect("a dead letter");
+        assert!(
+            error.contains("lease ran out 3 times"),
+            "{}: a clear error: {error}",
+            d.name()
+        );
     }
-    // The next claim finds its lease run out a third time: over the limit of two.
-    worker.run_until_idle().await.unwrap();
-    assert_eq!(experience(&pool, id).await, 0, "the job is not run again");
-    let (jobs, error): (i64, Option<String>) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM persistence_retry_jobs),
-                (SELECT last_error FROM persistence_job_dead_letters LIMIT 1)",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(jobs, 0);
-    let error = error.expect("a dead letter");
-    assert!(
-        error.contains("lease ran out 3 times"),
-        "a clear error: {error}"
-    );
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn each_lease_that_runs_out_is_counted(pool: PgPool) {
-    let id = character(&pool, "Hangs").await;
-    let (queue, signals) = RetryQueue::new(pg(&pool), 16, Arc::new(SystemClock));
-    queue.enqueue(&reward(id, "hang-1", 0, 5)).await.unwrap();
-    let mut settings = config("w");
-    settings.lease = Duration::from_millis(50);
-    let mut worker = RetryWorker::new(
-        pg(&pool),
-        shardkeep_testkit::model::LedgerModel::handle(),
-        signals,
-        settings,
-        Arc::new(SystemClock),
-    );
-    drop(worker.claim(None).await.unwrap());
-    tokio::time::sleep(Duration::from_millis(80)).await;
-    drop(worker.claim(None).await.unwrap());
-    let expiries: i32 = sqlx::query_scalar("SELECT lease_expiries FROM persistence_retry_jobs")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(expiries, 1);
-    // Under the limit the job still runs.
-    tokio::time::sleep(Duration::from_millis(80)).await;
-    worker.run_until_idle().await.unwrap();
-    assert_eq!(experience(&pool, id).await, 5);
+    let drivers = JobDrivers::new(&pool).await;
+    for d in drivers.drivers() {
+        let id = d.character("Hangs").await;
+        let (queue, signals) = d.queue(16, Arc::new(SystemClock));
+        queue.enqueue(&reward(id, "hang-1", 0, 5)).await.unwrap();
+        let mut settings = config("w");
+        settings.lease = Duration::from_millis(50);
+        let mut worker = d.worker(signals, settings, Arc::new(SystemClock));
+        drop(worker.claim(None).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        drop(worker.claim(None).await.unwrap());
+        let (expiries,): (i32,) = d
+            .fetch_one("SELECT lease_expiries FROM persistence_retry_jobs", None)
+            .await;
+        assert_eq!(expiries, 1, "{}", d.name());
+        // Under the limit the job still runs.
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        worker.run_until_idle().await.unwrap();
+        assert_eq!(d.experience(id).await, 5, "{}", d.name());
+    }
 }
 
 /// A worker that starts claims the jobs already due under a committed lease, so a job that
@@ -195,29 +198,27 @@ async fn jobs_from_a_lapsed_batch_are_claimed_again_one_per_lease(pool: PgPool) 
 /// character) starts it again, so expiries spread over a long life never add up to a limit.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_settled_attempt_resets_the_lease_expiry_count(pool: PgPool) {
-    let (queue, signals) = RetryQueue::new(pg(&pool), 16, Arc::new(SystemClock));
-    queue
-        .enqueue(&reward(uuid::Uuid::now_v7(), "gone-1", 0, 5))
-        .await
-        .unwrap();
-    let mut settings = config("w");
-    settings.lease = Duration::from_millis(50);
-    let mut worker = RetryWorker::new(
-        pg(&pool),
-        shardkeep_testkit::model::LedgerModel::handle(),
-        signals,
-        settings,
-        Arc::new(SystemClock),
-    );
-    for _ in 0..2 {
-        drop(worker.claim(None).await.unwrap());
-        tokio::time::sleep(Duration::from_millis(80)).await;
-    }
-    worker.poll_once().await.unwrap();
-    let (attempts, expiries): (i32, i32) =
-        sqlx::query_as("SELECT attempt_count, lease_expiries FROM persistence_retry_jobs")
-            .fetch_one(&pool)
+    let drivers = JobDrivers::new(&pool).await;
+    for d in drivers.drivers() {
+        let (queue, signals) = d.queue(16, Arc::new(SystemClock));
+        queue
+            .enqueue(&reward(uuid::Uuid::now_v7(), "gone-1", 0, 5))
             .await
             .unwrap();
-    assert_eq!((attempts, expiries), (1, 0));
+        let mut settings = config("w");
+        settings.lease = Duration::from_millis(50);
+        let mut worker = d.worker(signals, settings, Arc::new(SystemClock));
+        for _ in 0..2 {
+            drop(worker.claim(None).await.unwrap());
+            tokio::time::sleep(Duration::from_millis(80)).await;
+        }
+        worker.poll_once().await.unwrap();
+        let (attempts, expiries): (i32, i32) = d
+            .fetch_one(
+                "SELECT attempt_count, lease_expiries FROM persistence_retry_jobs",
+                None,
+            )
+            .await;
+        assert_eq!((attempts, expiries), (1, 0), "{}", d.name());
+    }
 }
