@@ -13,7 +13,6 @@ use uuid::Uuid;
 use super::report::Invariant;
 use super::rewards::RewardLedger;
 use shardkeep::PostgresBackend;
-use shardkeep::backend::redis::ScanCursor;
 use shardkeep::character::ContentOrigin;
 use shardkeep::coord::Coordination;
 use shardkeep::queue::QueueDepths;
@@ -384,19 +383,7 @@ pub(super) async fn transfer_leftovers(
 }
 
 async fn scan(coord: &Coordination, pattern: &str) -> Result<Vec<String>, shardkeep::CoordError> {
-    let mut found = Vec::new();
-    let mut cursor = ScanCursor::START;
-    loop {
-        let (next, keys) = coord
-            .redis_backend()
-            .scan_page(cursor, pattern, 1000)
-            .await?;
-        found.extend(keys);
-        cursor = next;
-        if cursor.is_start() {
-            return Ok(found);
-        }
-    }
+    coord.keys_matching(pattern, usize::MAX).await
 }
 
 #[cfg(test)]

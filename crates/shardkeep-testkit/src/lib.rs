@@ -8,6 +8,7 @@
 
 //!
 //! - [`faults`] — a TCP proxy that stalls or cuts a store connection (tests and the simulator).
+//! - [`coord_drivers`] — coordination records on each driver, for the conformance tests.
 //! - [`embedded`] — the embedded store on a temporary file, and the drivers of each tier.
 //! - [`fixtures`] — characters for tests.
 //! - [`model`] — a small game model for tests of the core that need one.
@@ -15,6 +16,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod cluster;
+pub mod coord_drivers;
 pub mod embedded;
 pub mod faults;
 pub mod fixtures;
@@ -22,6 +24,7 @@ pub mod job_drivers;
 pub mod model;
 pub mod pgbouncer;
 
+pub use coord_drivers::{CoordDriver, coord_drivers};
 pub use embedded::{AuditDrivers, CharacterDrivers, CheckpointDrivers, TestSqlite};
 pub use job_drivers::{JobDriver, JobDrivers};
 pub use pgbouncer::pg;

@@ -11,20 +11,29 @@ impl Coordination {
     /// Stores the console session whose token digests to `digest`, for `ttl`.
     pub async fn console_session_store(&self, digest: &str, ttl: Ttl) -> Result<(), CoordError> {
         let key = self.keys().console_session(digest)?;
-        let _: () = self.conn().pset_ex(key, 1, ttl.as_millis()).await?;
+        if let Some(file) = self.file() {
+            return file.set(&key, b"1", ttl).await;
+        }
+        let _: () = self.conn()?.pset_ex(key, 1, ttl.as_millis()).await?;
         Ok(())
     }
 
     /// Whether the console session `digest` is live.
     pub async fn console_session_exists(&self, digest: &str) -> Result<bool, CoordError> {
         let key = self.keys().console_session(digest)?;
-        Ok(self.conn().exists(key).await?)
+        if let Some(file) = self.file() {
+            return file.exists(&key).await;
+        }
+        Ok(self.conn()?.exists(key).await?)
     }
 
     /// Ends the console session `digest` (no-op when already gone).
     pub async fn console_session_delete(&self, digest: &str) -> Result<(), CoordError> {
         let key = self.keys().console_session(digest)?;
-        let _: i64 = self.conn().del(key).await?;
+        if let Some(file) = self.file() {
+            return file.delete(&[&key]).await.map(drop);
+        }
+        let _: i64 = self.conn()?.del(key).await?;
         Ok(())
     }
 }

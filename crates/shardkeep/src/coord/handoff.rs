@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use redis::{AsyncCommands, Script, Value};
 
+use super::embedded::{self, RecordFile};
 use super::{CoordError, Coordination, check_payload};
 use crate::keyspace::HandoffScope;
 use crate::telemetry;
@@ -58,7 +59,10 @@ impl Coordination {
     ) -> Result<(), CoordError> {
         check_payload("handoff payload", payload.len())?;
         let key = self.keys().handoff(token, scope)?;
-        let mut conn = self.conn();
+        if let Some(file) = self.file() {
+            return file.set(&key, payload, ttl).await;
+        }
+        let mut conn = self.conn()?;
         let () = conn.pset_ex(key, payload, ttl.as_millis()).await?;
         Ok(())
     }
@@ -79,17 +83,10 @@ impl Coordination {
         let mut ordered = scopes.to_vec();
         ordered.sort_by_key(HandoffScope::rank);
         ordered.dedup();
-        let mut call = TAKE.prepare_invoke();
-        call.key(self.keys().handoff_consumed(token)?);
-        for scope in &ordered {
-            call.key(self.keys().handoff(token, scope)?);
-        }
-        call.arg(self.config().consumed_marker_ttl.as_millis());
-        // A take a failover loses would bring the payload back for a second take: on a cluster
-        // the consumed marker must reach a replica before the payload is handed out.
-        // Unconfirmed, the take fails closed (the token stays consumed on the master).
-        let reply: Vec<Value> = self.redis().invoke_confirmed(&TAKE, &call).await?;
-        let outcome = decode_take(&reply, &ordered)?;
+        let outcome = match self.file() {
+            Some(file) => self.take_from_file(file, token, ordered).await?,
+            None => self.take_from_redis(token, &ordered).await?,
+        };
         let label = match &outcome {
             HandoffTake::Taken { .. } => "taken",
             HandoffTake::AlreadyConsumed => "already_consumed",
@@ -99,6 +96,62 @@ impl Coordination {
         Ok(outcome)
     }
 
+    /// The take on Redis: one script.
+    async fn take_from_redis(
+        &self,
+        token: &str,
+        ordered: &[HandoffScope],
+    ) -> Result<HandoffTake, CoordError> {
+        let mut call = TAKE.prepare_invoke();
+        call.key(self.keys().handoff_consumed(token)?);
+        for scope in ordered {
+            call.key(self.keys().handoff(token, scope)?);
+        }
+        call.arg(self.config().consumed_marker_ttl.as_millis());
+        // A take a failover loses would bring the payload back for a second take: on a cluster
+        // the consumed marker must reach a replica before the payload is handed out.
+        // Unconfirmed, the take fails closed (the token stays consumed on the master).
+        let reply: Vec<Value> = self.redis()?.invoke_confirmed(&TAKE, &call).await?;
+        decode_take(&reply, ordered)
+    }
+
+    /// The take in the embedded store's file: one write transaction deciding as the script
+    /// does (consumed first; else the first scope holding a payload, every scope's payload
+    /// removed and the token marked consumed).
+    async fn take_from_file(
+        &self,
+        file: &RecordFile,
+        token: &str,
+        ordered: Vec<HandoffScope>,
+    ) -> Result<HandoffTake, CoordError> {
+        let consumed = self.keys().handoff_consumed(token)?;
+        let keys = ordered
+            .iter()
+            .map(|scope| self.keys().handoff(token, scope))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (mut tx, now) = file.begin().await?;
+        if embedded::read(&mut tx, &consumed, now).await?.is_some() {
+            return Ok(HandoffTake::AlreadyConsumed);
+        }
+        let mut found = None;
+        for (scope, key) in ordered.into_iter().zip(&keys) {
+            if let Some((payload, _)) = embedded::read(&mut tx, key, now).await? {
+                found = Some((scope, payload));
+                break;
+            }
+        }
+        let Some((scope, payload)) = found else {
+            return Ok(HandoffTake::NotFound);
+        };
+        for key in &keys {
+            embedded::remove(&mut tx, key, now).await?;
+        }
+        let marker_expiry = embedded::expiry(now, self.config().consumed_marker_ttl);
+        embedded::put(&mut tx, &consumed, b"1", Some(marker_expiry)).await?;
+        tx.commit().await?;
+        Ok(HandoffTake::Taken { scope, payload })
+    }
+
     /// Moves `token`'s handoff from `from` to `to`, keeping its remaining TTL, atomically.
     pub async fn handoff_move(
         &self,
@@ -106,11 +159,14 @@ impl Coordination {
         from: &HandoffScope,
         to: &HandoffScope,
     ) -> Result<HandoffMove, CoordError> {
+        if let Some(file) = self.file() {
+            return self.move_in_file(file, token, from, to).await;
+        }
         let reply: Vec<Value> = MOVE
             .key(self.keys().handoff_consumed(token)?)
             .key(self.keys().handoff(token, from)?)
             .key(self.keys().handoff(token, to)?)
-            .invoke_async(&mut self.conn())
+            .invoke_async(&mut self.conn()?)
             .await?;
         match reply.as_slice() {
             [tag] if is(tag, "consumed") => Ok(HandoffMove::AlreadyConsumed),
@@ -122,10 +178,46 @@ impl Coordination {
         }
     }
 
+    /// The move in the embedded store's file, deciding as the script does.
+    async fn move_in_file(
+        &self,
+        file: &RecordFile,
+        token: &str,
+        from: &HandoffScope,
+        to: &HandoffScope,
+    ) -> Result<HandoffMove, CoordError> {
+        let consumed = self.keys().handoff_consumed(token)?;
+        let (source, destination) = (
+            self.keys().handoff(token, from)?,
+            self.keys().handoff(token, to)?,
+        );
+        let (mut tx, now) = file.begin().await?;
+        if embedded::read(&mut tx, &consumed, now).await?.is_some() {
+            return Ok(HandoffMove::AlreadyConsumed);
+        }
+        let Some((payload, remaining)) = embedded::read(&mut tx, &source, now).await? else {
+            return Ok(HandoffMove::NotFound);
+        };
+        if source != destination {
+            let expires = remaining.map(|ms| now.saturating_add(ms.saturating_mul(1000)));
+            embedded::put(&mut tx, &destination, &payload, expires).await?;
+            embedded::remove(&mut tx, &source, now).await?;
+            tx.commit().await?;
+        }
+        Ok(HandoffMove::Moved {
+            remaining: Duration::from_millis(
+                remaining.and_then(|ms| u64::try_from(ms).ok()).unwrap_or(0),
+            ),
+        })
+    }
+
     /// True when `token` has been consumed.
     pub async fn handoff_is_consumed(&self, token: &str) -> Result<bool, CoordError> {
         let key = self.keys().handoff_consumed(token)?;
-        Ok(self.conn().exists(key).await?)
+        if let Some(file) = self.file() {
+            return file.exists(&key).await;
+        }
+        Ok(self.conn()?.exists(key).await?)
     }
 }
 

@@ -1,6 +1,6 @@
 //! The periodic keyspace upkeep every long-running instance does: keep its registry entry
 //! alive, remove transfer markers of transfers no longer pending, and prune presence and registry
-//! index members whose records expired. Each step is bounded and independent: one failing (a Redis
+//! index members whose records expired; in the embedded store, delete expired records. Each step is bounded and independent: one failing (a Redis
 //! hiccup) is logged and the others still run.
 
 use std::time::Duration;
@@ -24,12 +24,15 @@ pub struct MaintenancePass {
     pub presence_pruned: usize,
     /// Registry index members removed.
     pub registry_pruned: usize,
+    /// Expired records deleted from the embedded store's file (Redis expires its own keys).
+    pub expired_swept: u64,
     /// Steps that failed (logged).
     pub failed_steps: u32,
 }
 
 /// One pass: heartbeat (registering again when the entry lapsed), reconcile transfer markers
-/// against pending transfers, prune presence, list (and so prune) the registry.
+/// against pending transfers, prune presence, list (and so prune) the registry, and in the
+/// embedded store sweep expired records.
 pub async fn maintain_once(
     coord: &Coordination,
     record: &InstanceRecord,
@@ -68,6 +71,13 @@ pub async fn maintain_once(
         Err(err) => {
             pass.failed_steps += 1;
             tracing::warn!(event = "registry_prune_failed", error = %err);
+        }
+    }
+    match coord.sweep_expired(MAINTENANCE_MAX_EXAMINED).await {
+        Ok(swept) => pass.expired_swept = swept,
+        Err(err) => {
+            pass.failed_steps += 1;
+            tracing::warn!(event = "expired_sweep_failed", error = %err);
         }
     }
     if pass.markers_removed > 0 {

@@ -1,13 +1,15 @@
-//! Coordination primitives on Redis: handoffs and consumed markers, transfer activation markers,
+//! Coordination primitives: handoffs and consumed markers, transfer activation markers,
 //! presence, the service registry, login throttles, internal-request nonces, resume-ledger
-//! records and admin cleanup.
+//! records and admin cleanup — on Redis, or in the embedded store's file (`embedded`).
 //!
-//! Every key comes from [`crate::keyspace`]; every multi-key write is one Lua script (run through
-//! `EVALSHA`, reloaded on `NOSCRIPT`) or one `MULTI` over keys that share a hash tag. Input is
-//! validated before anything is sent, so a rejected call writes nothing.
+//! Every key comes from [`crate::keyspace`]; on Redis every multi-key write is one Lua script
+//! (run through `EVALSHA`, reloaded on `NOSCRIPT`) or one `MULTI` over keys that share a hash
+//! tag, and in the file one write transaction. Input is validated before anything is sent, so a
+//! rejected call writes nothing.
 
 pub mod cleanup;
 pub mod console;
+mod embedded;
 pub mod handoff;
 pub mod maintenance;
 pub mod nonce;
@@ -19,7 +21,7 @@ pub mod session_order;
 pub mod throttle;
 pub mod transfer;
 
-use crate::backend::RedisBackend;
+use crate::backend::{RedisBackend, SqliteBackend};
 use crate::keyspace::{DEFAULT_CONSUMED_MARKER_TTL, KeyError, Keyspace};
 use crate::ttl::{Ttl, TtlError};
 
@@ -60,6 +62,9 @@ pub enum CoordError {
     /// Redis failed or could not be reached.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// The embedded store's file failed.
+    #[error("embedded store: {0}")]
+    Embedded(#[from] sqlx::Error),
     /// A script answered something this version does not understand.
     #[error("unexpected script reply: {0}")]
     Protocol(String),
@@ -86,19 +91,46 @@ impl Default for CoordinationConfig {
 /// Handle on the coordination primitives. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Coordination {
-    redis: RedisBackend,
+    records: Records,
+    keys: Keyspace,
     config: CoordinationConfig,
+}
+
+/// Where the records are kept.
+#[derive(Debug, Clone)]
+enum Records {
+    Redis(std::sync::Arc<RedisBackend>),
+    Embedded(embedded::RecordFile),
 }
 
 impl Coordination {
     /// Coordination over `redis` with the given tunables.
     pub fn new(redis: RedisBackend, config: CoordinationConfig) -> Self {
-        Self { redis, config }
+        Self {
+            keys: redis.keys().clone(),
+            records: Records::Redis(std::sync::Arc::new(redis)),
+            config,
+        }
+    }
+
+    /// Coordination in the embedded store's file `db`, its records named by `keys` and their
+    /// expiries read from `clock`.
+    pub fn embedded(
+        db: SqliteBackend,
+        keys: Keyspace,
+        config: CoordinationConfig,
+        clock: std::sync::Arc<dyn crate::clock::Clock>,
+    ) -> Self {
+        Self {
+            records: Records::Embedded(embedded::RecordFile::new(db, clock)),
+            keys,
+            config,
+        }
     }
 
     /// The keyspace in use.
     pub fn keys(&self) -> &Keyspace {
-        self.redis.keys()
+        &self.keys
     }
 
     /// The tunables in use.
@@ -106,22 +138,52 @@ impl Coordination {
         &self.config
     }
 
-    /// Checks that Redis answers.
+    /// Checks that the store answers.
     pub async fn ping(&self) -> Result<(), CoordError> {
-        Ok(self.redis.ping().await?)
+        match &self.records {
+            Records::Redis(redis) => Ok(redis.ping().await?),
+            Records::Embedded(file) => file.ping().await,
+        }
     }
 
-    pub(crate) fn conn(&self) -> crate::backend::redis::RedisConn {
-        self.redis.conn()
+    /// Deletes up to `limit` expired records from the embedded store's file; how many went.
+    /// Expired records are already invisible to every read; this reclaims their space. On Redis,
+    /// which expires its own keys, it does nothing.
+    pub async fn sweep_expired(&self, limit: usize) -> Result<u64, CoordError> {
+        match &self.records {
+            Records::Redis(_) => Ok(0),
+            Records::Embedded(file) => file.sweep("", limit).await,
+        }
     }
 
-    pub(crate) fn redis(&self) -> &RedisBackend {
-        &self.redis
+    /// The file, when the records are in the embedded store.
+    fn file(&self) -> Option<&embedded::RecordFile> {
+        match &self.records {
+            Records::Embedded(file) => Some(file),
+            Records::Redis(_) => None,
+        }
     }
 
-    /// The backend these primitives run on.
-    pub fn redis_backend(&self) -> &RedisBackend {
-        &self.redis
+    /// Redis, for the calls that reach it (each embedded arm returns before asking).
+    fn redis(&self) -> Result<&RedisBackend, CoordError> {
+        match &self.records {
+            Records::Redis(redis) => Ok(redis),
+            Records::Embedded(_) => Err(CoordError::InvalidInput(
+                "this coordination call has no embedded form".into(),
+            )),
+        }
+    }
+
+    fn conn(&self) -> Result<crate::backend::redis::RedisConn, CoordError> {
+        Ok(self.redis()?.conn())
+    }
+
+    /// The Redis backend these primitives run on (none in the embedded store).
+    pub fn redis_backend(&self) -> Option<&RedisBackend> {
+        match &self.records {
+            Records::Redis(redis) => Some(redis),
+            Records::Embedded(_) => None,
+        }
     }
 }
 

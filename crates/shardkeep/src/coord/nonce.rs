@@ -33,17 +33,17 @@ impl Coordination {
     ) -> Result<NonceRegistration, CoordError> {
         let key = self.keys().internal_nonce(key_id, nonce)?;
         let lifetime_ms = u64::try_from(nonce_lifetime(skew).as_millis()).unwrap_or(u64::MAX);
-        let set: Option<String> = redis::cmd("SET")
-            .arg(key)
-            .arg("1")
-            .arg("NX")
-            .arg("PX")
-            .arg(lifetime_ms)
-            .query_async(&mut self.conn())
-            .await?;
-        let outcome = match set {
-            Some(_) => NonceRegistration::Registered,
-            None => NonceRegistration::Replayed,
+        let registered = match self.file() {
+            Some(file) => {
+                let lifetime = crate::ttl::Ttl::try_from(nonce_lifetime(skew))?;
+                file.set_new(&key, b"1", lifetime).await?
+            }
+            None => self.nonce_set_new(&key, lifetime_ms).await?,
+        };
+        let outcome = if registered {
+            NonceRegistration::Registered
+        } else {
+            NonceRegistration::Replayed
         };
         let label = match outcome {
             NonceRegistration::Registered => "registered",
@@ -52,6 +52,19 @@ impl Coordination {
         metrics::counter!(crate::telemetry::NONCE_REGISTRATIONS_TOTAL, "outcome" => label)
             .increment(1);
         Ok(outcome)
+    }
+
+    /// `SET NX PX` on Redis; true when the nonce was new.
+    async fn nonce_set_new(&self, key: &str, lifetime_ms: u64) -> Result<bool, CoordError> {
+        let set: Option<String> = redis::cmd("SET")
+            .arg(key)
+            .arg("1")
+            .arg("NX")
+            .arg("PX")
+            .arg(lifetime_ms)
+            .query_async(&mut self.conn()?)
+            .await?;
+        Ok(set.is_some())
     }
 }
 

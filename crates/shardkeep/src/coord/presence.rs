@@ -10,6 +10,7 @@ use std::sync::LazyLock;
 use chrono::{DateTime, Utc};
 use redis::{AsyncCommands, Script, Value};
 
+use super::embedded::{self, RecordFile};
 use super::handoff::is;
 use super::{CoordError, Coordination, decode, encode};
 use crate::ttl::Ttl;
@@ -69,6 +70,11 @@ impl Coordination {
         let account_key = self.keys().presence_account(&record.account_id)?;
         let character_key = self.keys().presence_character(&record.character_id)?;
         let body = encode(record)?;
+        if let Some(file) = self.file() {
+            return file
+                .set_many(&[(&account_key, &body), (&character_key, &body)], ttl)
+                .await;
+        }
         let () = redis::pipe()
             .atomic()
             .pset_ex(&account_key, &body, ttl.as_millis())
@@ -79,7 +85,7 @@ impl Coordination {
             .ignore()
             .sadd(self.keys().presence_character_index(), &record.character_id)
             .ignore()
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn()?)
             .await?;
         Ok(())
     }
@@ -115,7 +121,10 @@ impl Coordination {
                 self.keys().presence_character_index(),
             ),
         };
-        let mut conn = self.conn();
+        if let Some(file) = self.file() {
+            return self.presence_read_in_file(file, side, &key).await;
+        }
+        let mut conn = self.conn()?;
         for _ in 0..READ_ATTEMPTS {
             let raw: Option<Vec<u8>> = conn.get(&key).await?;
             let Some(raw) = raw else {
@@ -161,9 +170,65 @@ impl Coordination {
         ))
     }
 
+    /// The read in the embedded store's file, in one write transaction: a record that does not
+    /// decode, or whose counterpart disagrees, is deleted, as the Redis read deletes it.
+    async fn presence_read_in_file(
+        &self,
+        file: &RecordFile,
+        side: Side,
+        key: &str,
+    ) -> Result<Option<PresenceRecord>, CoordError> {
+        let (mut tx, now) = file.begin().await?;
+        let Some((raw, _)) = embedded::read(&mut tx, key, now).await? else {
+            return Ok(None);
+        };
+        let record: Option<PresenceRecord> = match decode(key, &raw) {
+            Ok(record) => Some(record),
+            Err(err) => {
+                tracing::warn!(event = "presence_corrupt", key = %key, error = %err);
+                None
+            }
+        };
+        let consistent = match &record {
+            Some(record) => {
+                let counterpart = match side {
+                    Side::Account => self.keys().presence_character(&record.character_id)?,
+                    Side::Character => self.keys().presence_account(&record.account_id)?,
+                };
+                embedded::read(&mut tx, &counterpart, now)
+                    .await?
+                    .and_then(|(other, _)| decode::<PresenceRecord>(&counterpart, &other).ok())
+                    .is_some_and(|other| {
+                        other.account_id == record.account_id
+                            && other.character_id == record.character_id
+                            && other.session_token == record.session_token
+                    })
+            }
+            None => false,
+        };
+        if consistent {
+            return Ok(record);
+        }
+        embedded::remove(&mut tx, key, now).await?;
+        tx.commit().await?;
+        Ok(None)
+    }
+
     /// Removes index members whose record has expired, examining at most `max_examined`
-    /// members per index set.
+    /// members per index set (in the embedded store, which keeps no index sets: deletes up to
+    /// `max_examined` expired presence records).
     pub async fn presence_prune(&self, max_examined: usize) -> Result<PresencePrune, CoordError> {
+        if let Some(file) = self.file() {
+            let removed = file
+                .sweep(&self.keys().presence_prefix(), max_examined)
+                .await?;
+            let removed = usize::try_from(removed).unwrap_or(usize::MAX);
+            metrics::counter!(crate::telemetry::PRESENCE_PRUNED_TOTAL).increment(removed as u64);
+            return Ok(PresencePrune {
+                examined: removed,
+                removed,
+            });
+        }
         let mut total = PresencePrune::default();
         for side in [Side::Account, Side::Character] {
             let index = match side {
@@ -191,7 +256,7 @@ impl Coordination {
         key_of: impl Fn(&str) -> Result<String, crate::keyspace::KeyError>,
     ) -> Result<PresencePrune, CoordError> {
         let mut report = PresencePrune::default();
-        let mut conn = self.conn();
+        let mut conn = self.conn()?;
         let mut cursor: u64 = 0;
         loop {
             let (next, members): (u64, Vec<String>) = redis::cmd("SSCAN")

@@ -6,6 +6,7 @@ use std::sync::LazyLock;
 use chrono::{DateTime, Utc};
 use redis::{AsyncCommands, Script};
 
+use super::embedded::RecordFile;
 use super::{CoordError, Coordination, decode, encode};
 use crate::ttl::Ttl;
 
@@ -50,13 +51,16 @@ impl Coordination {
     ) -> Result<(), CoordError> {
         let key = self.keys().registry_instance(&record.instance_id)?;
         let body = encode(record)?;
+        if let Some(file) = self.file() {
+            return file.set(&key, &body, ttl).await;
+        }
         let () = redis::pipe()
             .atomic()
             .pset_ex(&key, body, ttl.as_millis())
             .ignore()
             .sadd(self.keys().registry_index(), &record.instance_id)
             .ignore()
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn()?)
             .await?;
         Ok(())
     }
@@ -68,12 +72,17 @@ impl Coordination {
         instance_id: &str,
         ttl: Ttl,
     ) -> Result<bool, CoordError> {
+        if let Some(file) = self.file() {
+            return file
+                .refresh(&self.keys().registry_instance(instance_id)?, ttl)
+                .await;
+        }
         let refreshed: i64 = HEARTBEAT
             .key(self.keys().registry_instance(instance_id)?)
             .key(self.keys().registry_index())
             .arg(ttl.as_millis())
             .arg(instance_id)
-            .invoke_async(&mut self.conn())
+            .invoke_async(&mut self.conn()?)
             .await?;
         Ok(refreshed == 1)
     }
@@ -81,19 +90,25 @@ impl Coordination {
     /// Removes `instance_id` (a clean shutdown).
     pub async fn registry_deregister(&self, instance_id: &str) -> Result<(), CoordError> {
         let key = self.keys().registry_instance(instance_id)?;
+        if let Some(file) = self.file() {
+            return file.delete(&[&key]).await.map(drop);
+        }
         let () = redis::pipe()
             .atomic()
             .del(&key)
             .ignore()
             .srem(self.keys().registry_index(), instance_id)
             .ignore()
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn()?)
             .await?;
         Ok(())
     }
 
     /// Lists live instances (at most [`MAX_LISTED_INSTANCES`]), pruning stale index members.
     pub async fn registry_list(&self) -> Result<RegistryListing, CoordError> {
+        if let Some(file) = self.file() {
+            return self.registry_list_in_file(file).await;
+        }
         let index = self.keys().registry_index();
         let pruned = self
             .prune_index(&index, MAX_LISTED_INSTANCES, |id| {
@@ -106,7 +121,7 @@ impl Coordination {
             pruned,
             ..RegistryListing::default()
         };
-        let mut conn = self.conn();
+        let mut conn = self.conn()?;
         let mut cursor: u64 = 0;
         loop {
             let (next, ids): (u64, Vec<String>) = redis::cmd("SSCAN")
@@ -145,6 +160,35 @@ impl Coordination {
             .instances
             .dedup_by(|a, b| a.instance_id == b.instance_id);
         listing.instances.truncate(MAX_LISTED_INSTANCES);
+        Ok(listing)
+    }
+
+    /// The listing in the embedded store's file: expired registrations swept (counted as
+    /// pruned), then the live ones read in instance order.
+    async fn registry_list_in_file(
+        &self,
+        file: &RecordFile,
+    ) -> Result<RegistryListing, CoordError> {
+        let prefix = self.keys().registry_instance_prefix();
+        let pruned =
+            usize::try_from(file.sweep(&prefix, MAX_LISTED_INSTANCES).await?).unwrap_or(usize::MAX);
+        metrics::counter!(crate::telemetry::REGISTRY_PRUNED_TOTAL).increment(pruned as u64);
+        let mut listing = RegistryListing {
+            pruned,
+            ..RegistryListing::default()
+        };
+        for (key, body) in file.page(&prefix, None, MAX_LISTED_INSTANCES).await? {
+            match decode::<InstanceRecord>(&key, &body) {
+                Ok(record) => listing.instances.push(record),
+                Err(err) => {
+                    listing.undecodable += 1;
+                    tracing::warn!(event = "registry_record_corrupt", error = %err);
+                }
+            }
+        }
+        listing
+            .instances
+            .sort_by(|a, b| a.instance_id.cmp(&b.instance_id));
         Ok(listing)
     }
 }

@@ -30,7 +30,10 @@ impl Coordination {
     ) -> Result<(), CoordError> {
         let key = self.keys().resume_ledger(&record.session_token)?;
         let body = encode(record)?;
-        let () = self.conn().pset_ex(key, body, ttl.as_millis()).await?;
+        if let Some(file) = self.file() {
+            return file.set(&key, &body, ttl).await;
+        }
+        let () = self.conn()?.pset_ex(key, body, ttl.as_millis()).await?;
         Ok(())
     }
 
@@ -40,14 +43,20 @@ impl Coordination {
         session_token: &str,
     ) -> Result<Option<ResumeLedgerRecord>, CoordError> {
         let key = self.keys().resume_ledger(session_token)?;
-        let raw: Option<Vec<u8>> = self.conn().get(&key).await?;
+        let raw: Option<Vec<u8>> = match self.file() {
+            Some(file) => file.get(&key).await?,
+            None => self.conn()?.get(&key).await?,
+        };
         raw.map(|raw| decode(&key, &raw)).transpose()
     }
 
     /// Deletes the record for `session_token`; true when one existed.
     pub async fn resume_delete(&self, session_token: &str) -> Result<bool, CoordError> {
         let key = self.keys().resume_ledger(session_token)?;
-        let removed: i64 = self.conn().del(key).await?;
+        if let Some(file) = self.file() {
+            return Ok(file.delete(&[&key]).await? > 0);
+        }
+        let removed: i64 = self.conn()?.del(key).await?;
         Ok(removed > 0)
     }
 }

@@ -11,20 +11,29 @@ impl Coordination {
     /// Marks `session_token` active for `ttl` (refresh it while the session lives).
     pub async fn session_activate(&self, session_token: &str, ttl: Ttl) -> Result<(), CoordError> {
         let key = self.keys().active_session(session_token)?;
-        let () = self.conn().pset_ex(key, 1, ttl.as_millis()).await?;
+        if let Some(file) = self.file() {
+            return file.set(&key, b"1", ttl).await;
+        }
+        let () = self.conn()?.pset_ex(key, 1, ttl.as_millis()).await?;
         Ok(())
     }
 
     /// Clears the marker of `session_token`.
     pub async fn session_deactivate(&self, session_token: &str) -> Result<(), CoordError> {
         let key = self.keys().active_session(session_token)?;
-        let _: i64 = self.conn().del(key).await?;
+        if let Some(file) = self.file() {
+            return file.delete(&[&key]).await.map(drop);
+        }
+        let _: i64 = self.conn()?.del(key).await?;
         Ok(())
     }
 
     /// True while `session_token` is marked active.
     pub async fn session_is_active(&self, session_token: &str) -> Result<bool, CoordError> {
         let key = self.keys().active_session(session_token)?;
-        Ok(self.conn().exists(key).await?)
+        if let Some(file) = self.file() {
+            return file.exists(&key).await;
+        }
+        Ok(self.conn()?.exists(key).await?)
     }
 }

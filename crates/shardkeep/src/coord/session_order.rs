@@ -12,6 +12,7 @@ use chrono::{DateTime, Utc};
 use redis::Script;
 use uuid::Uuid;
 
+use super::embedded::{self, RecordFile};
 use super::presence::PresenceRecord;
 use super::resume::ResumeLedgerRecord;
 use super::{CoordError, Coordination, encode};
@@ -60,6 +61,9 @@ impl Coordination {
         order: &SessionOrder,
     ) -> Result<OrderCheck, CoordError> {
         let mark = self.keys().presence_session_order(character_id)?;
+        if let Some(file) = self.file() {
+            return order_in_file(file, &mark, order, None).await;
+        }
         let mut call = ORDER.key(mark);
         call.arg(order.owner_epoch)
             .arg(order.at.timestamp_micros())
@@ -67,7 +71,7 @@ impl Coordination {
             .arg(SESSION_ORDER_TTL.as_millis());
         // The mark is what makes an older event stale: one a failover lost would let an older
         // cleanup apply after a newer one. On a cluster it counts once a replica holds it.
-        let current: i64 = self.redis().invoke_confirmed(&ORDER, &call).await?;
+        let current: i64 = self.redis()?.invoke_confirmed(&ORDER, &call).await?;
         Ok(check(current))
     }
 
@@ -82,6 +86,18 @@ impl Coordination {
     ) -> Result<OrderCheck, CoordError> {
         let ttl = Ttl::from_millis((record.expires_at - Utc::now()).num_milliseconds())?;
         let keys = self.keys();
+        if let Some(file) = self.file() {
+            let presence = PresenceWrite {
+                keys: [
+                    keys.presence_account(&record.account_id)?,
+                    keys.presence_character(&record.character_id)?,
+                ],
+                body: encode(record)?,
+                ttl,
+            };
+            let mark = keys.presence_session_order(&record.character_id)?;
+            return order_in_file(file, &mark, order, Some(presence)).await;
+        }
         let mut call = ORDER.key(keys.presence_session_order(&record.character_id)?);
         call.key(keys.presence_account(&record.account_id)?)
             .key(keys.presence_character(&record.character_id)?)
@@ -96,7 +112,7 @@ impl Coordination {
             .arg(&record.account_id)
             .arg(&record.character_id);
         // It takes the session-order mark too: confirmed like `session_order_claim`.
-        let current: i64 = self.redis().invoke_confirmed(&ORDER, &call).await?;
+        let current: i64 = self.redis()?.invoke_confirmed(&ORDER, &call).await?;
         Ok(check(current))
     }
 }
@@ -124,6 +140,10 @@ impl Coordination {
                 ]),
             );
         }
+        if let Some(file) = self.file() {
+            let key = self.keys().resume_ledger(&record.session_token)?;
+            return resume_in_file(file, &key, order, Some((encode(&body)?, ttl))).await;
+        }
         let stored: i64 = RESUME
             .key(self.keys().resume_ledger(&record.session_token)?)
             .arg("store")
@@ -132,7 +152,7 @@ impl Coordination {
             .arg(order.event_id.to_string())
             .arg(encode(&body)?)
             .arg(ttl.as_millis())
-            .invoke_async(&mut self.conn())
+            .invoke_async(&mut self.conn()?)
             .await?;
         Ok(check(stored))
     }
@@ -144,16 +164,113 @@ impl Coordination {
         session_token: &str,
         order: &SessionOrder,
     ) -> Result<bool, CoordError> {
+        if let Some(file) = self.file() {
+            let key = self.keys().resume_ledger(session_token)?;
+            let done = resume_in_file(file, &key, order, None).await?;
+            return Ok(done == OrderCheck::Current);
+        }
         let taken: i64 = RESUME
             .key(self.keys().resume_ledger(session_token)?)
             .arg("take_back")
             .arg(order.owner_epoch)
             .arg(order.at.timestamp_micros())
             .arg(order.event_id.to_string())
-            .invoke_async(&mut self.conn())
+            .invoke_async(&mut self.conn()?)
             .await?;
         Ok(taken == 1)
     }
+}
+
+/// A place in a character's order of session events, comparable: epoch, then time, then id.
+type Place = (i64, i64, String);
+
+fn place_of(order: &SessionOrder) -> Place {
+    (
+        order.owner_epoch,
+        order.at.timestamp_micros(),
+        order.event_id.to_string(),
+    )
+}
+
+/// A stored place, when it decodes (`[epoch, micros, id]`); a corrupt one is taken over like a
+/// missing one, never compared.
+fn stored_place(value: &serde_json::Value) -> Option<Place> {
+    let [epoch, at, id] = value.as_array()?.as_slice() else {
+        return None;
+    };
+    Some((epoch.as_i64()?, at.as_i64()?, id.as_str()?.to_owned()))
+}
+
+/// The presence records an ordered presence write stores with the mark.
+struct PresenceWrite {
+    keys: [String; 2],
+    body: Vec<u8>,
+    ttl: Ttl,
+}
+
+/// The order claim in the embedded store's file, in one write transaction deciding as the
+/// script does: an event at or after the mark takes it (and writes `presence`, when given); an
+/// older one is stale and writes nothing.
+async fn order_in_file(
+    file: &RecordFile,
+    mark: &str,
+    order: &SessionOrder,
+    presence: Option<PresenceWrite>,
+) -> Result<OrderCheck, CoordError> {
+    let mine = place_of(order);
+    let (mut tx, now) = file.begin().await?;
+    let stored = embedded::read(&mut tx, mark, now)
+        .await?
+        .and_then(|(raw, _)| serde_json::from_slice(&raw).ok())
+        .and_then(|value: serde_json::Value| stored_place(&value));
+    if stored.is_some_and(|stored| mine < stored) {
+        return Ok(OrderCheck::Stale);
+    }
+    let value = serde_json::json!([mine.0, mine.1, mine.2]).to_string();
+    let mark_expiry = embedded::expiry(now, SESSION_ORDER_TTL);
+    embedded::put(&mut tx, mark, value.as_bytes(), Some(mark_expiry)).await?;
+    if let Some(presence) = presence {
+        let expires = embedded::expiry(now, presence.ttl);
+        for key in &presence.keys {
+            embedded::put(&mut tx, key, &presence.body, Some(expires)).await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(OrderCheck::Current)
+}
+
+/// The ordered resume ledger in the embedded store's file, deciding as the script does. With
+/// `store` (the record and its TTL): stored unless a newer event stored the present one
+/// (`Current` when stored). Without: the record is deleted only if this very event stored it
+/// (`Current` when deleted).
+async fn resume_in_file(
+    file: &RecordFile,
+    key: &str,
+    order: &SessionOrder,
+    store: Option<(Vec<u8>, Ttl)>,
+) -> Result<OrderCheck, CoordError> {
+    let mine = place_of(order);
+    let (mut tx, now) = file.begin().await?;
+    let stored = embedded::read(&mut tx, key, now)
+        .await?
+        .and_then(|(raw, _)| serde_json::from_slice::<serde_json::Value>(&raw).ok())
+        .and_then(|value| value.get("order").and_then(stored_place));
+    let done = match store {
+        Some((body, ttl)) => {
+            if stored.is_some_and(|stored| mine < stored) {
+                return Ok(OrderCheck::Stale);
+            }
+            embedded::put(&mut tx, key, &body, Some(embedded::expiry(now, ttl))).await?;
+            true
+        }
+        None => stored.as_ref() == Some(&mine) && embedded::remove(&mut tx, key, now).await?,
+    };
+    tx.commit().await?;
+    Ok(if done {
+        OrderCheck::Current
+    } else {
+        OrderCheck::Stale
+    })
 }
 
 fn check(current: i64) -> OrderCheck {

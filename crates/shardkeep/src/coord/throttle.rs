@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use redis::{AsyncCommands, Script};
 
+use super::embedded::{self, RecordFile};
 use super::{CoordError, Coordination};
 use crate::ttl::Ttl;
 
@@ -64,10 +65,14 @@ impl Coordination {
             ));
         }
         let key = self.keys().login_throttle(subject)?;
+        if let Some(file) = self.file() {
+            let (count, ttl) = hit_in_file(file, &key, policy.window).await?;
+            return Ok(policy.status(count, ttl));
+        }
         let (count, ttl): (u64, i64) = HIT
             .key(key)
             .arg(policy.window.as_millis())
-            .invoke_async(&mut self.conn())
+            .invoke_async(&mut self.conn()?)
             .await?;
         Ok(policy.status(count, ttl))
     }
@@ -79,10 +84,16 @@ impl Coordination {
         policy: ThrottlePolicy,
     ) -> Result<ThrottleStatus, CoordError> {
         let key = self.keys().login_throttle(subject)?;
+        if let Some(file) = self.file() {
+            let live = file.get_live(&key).await?;
+            let (count, ttl) =
+                live.map_or((0, -2), |(raw, ttl)| (counter(&raw), ttl.unwrap_or(-1)));
+            return Ok(policy.status(count.saturating_add(1), ttl));
+        }
         let (count, ttl): (Option<u64>, i64) = redis::pipe()
             .get(&key)
             .pttl(&key)
-            .query_async(&mut self.conn())
+            .query_async(&mut self.conn()?)
             .await?;
         Ok(policy.status(count.unwrap_or(0).saturating_add(1), ttl))
     }
@@ -90,9 +101,41 @@ impl Coordination {
     /// Clears the attempts of `subject` (after a successful login).
     pub async fn login_throttle_reset(&self, subject: &str) -> Result<(), CoordError> {
         let key = self.keys().login_throttle(subject)?;
-        let _: i64 = self.conn().del(key).await?;
+        if let Some(file) = self.file() {
+            return file.delete(&[&key]).await.map(drop);
+        }
+        let _: i64 = self.conn()?.del(key).await?;
         Ok(())
     }
+}
+
+/// A stored attempt counter (decimal text); anything else counts as none.
+fn counter(raw: &[u8]) -> u64 {
+    std::str::from_utf8(raw)
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Counts one attempt in the embedded store's file, as the script does: the window starts at
+/// the first attempt and keeps its expiry. Returns the count and the window's remaining
+/// milliseconds.
+async fn hit_in_file(file: &RecordFile, key: &str, window: Ttl) -> Result<(u64, i64), CoordError> {
+    let (mut tx, now) = file.begin().await?;
+    let (count, ttl) = match embedded::read(&mut tx, key, now).await? {
+        Some((raw, Some(ttl))) => {
+            let count = counter(&raw).saturating_add(1);
+            embedded::replace_value(&mut tx, key, count.to_string().as_bytes()).await?;
+            (count, ttl)
+        }
+        _ => {
+            let expires = embedded::expiry(now, window);
+            embedded::put(&mut tx, key, b"1", Some(expires)).await?;
+            (1, i64::try_from(window.as_millis()).unwrap_or(i64::MAX))
+        }
+    };
+    tx.commit().await?;
+    Ok((count, ttl))
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use chrono::{DateTime, Utc};
 use redis::AsyncCommands;
 
+use super::embedded::{self, RecordFile};
 use super::{CoordError, Coordination, decode, encode};
 use crate::backend::redis::ScanCursor;
 use crate::ttl::Ttl;
@@ -40,18 +41,24 @@ impl Coordination {
     /// handoff, so no marker can exist for a transfer that is not pending.
     pub async fn transfer_begin(&self, token: &str, ttl: Ttl) -> Result<(), CoordError> {
         let key = self.keys().transfer_pending(token)?;
+        if let Some(file) = self.file() {
+            return file.set(&key, b"1", ttl).await;
+        }
         // A pending record a failover lost would leave the marker of a transfer that is not
         // pending: on a cluster it counts once a replica holds it.
         let mut pipe = redis::pipe();
         pipe.pset_ex(key, 1, ttl.as_millis()).ignore();
-        let () = self.redis().query_confirmed(pipe).await?;
+        let () = self.redis()?.query_confirmed(pipe).await?;
         Ok(())
     }
 
     /// True while transfer `token` is pending.
     pub async fn transfer_is_pending(&self, token: &str) -> Result<bool, CoordError> {
         let key = self.keys().transfer_pending(token)?;
-        Ok(self.conn().exists(key).await?)
+        if let Some(file) = self.file() {
+            return file.exists(&key).await;
+        }
+        Ok(self.conn()?.exists(key).await?)
     }
 
     /// The source completes transfer `token` (it has seen the activation): the transfer is no
@@ -60,11 +67,14 @@ impl Coordination {
     pub async fn transfer_complete(&self, token: &str) -> Result<(), CoordError> {
         let pending = self.keys().transfer_pending(token)?;
         let marker = self.keys().transfer_activated(token)?;
+        if let Some(file) = self.file() {
+            return file.delete(&[&pending, &marker]).await.map(drop);
+        }
         // A completion a failover undid would leave the transfer pending until its TTL: on a
         // cluster it counts once a replica has it.
         let mut pipe = redis::pipe();
         pipe.unlink(&pending).ignore().unlink(&marker).ignore();
-        let () = self.redis().query_confirmed(pipe).await?;
+        let () = self.redis()?.query_confirmed(pipe).await?;
         Ok(())
     }
 
@@ -76,12 +86,15 @@ impl Coordination {
     ) -> Result<(), CoordError> {
         let key = self.keys().transfer_activated(&activation.transfer_token)?;
         let body = encode(activation)?;
+        if let Some(file) = self.file() {
+            return file.set(&key, &body, ttl).await;
+        }
         // The source waits for this marker: one a failover lost would keep it waiting (and the
         // transfer pending) until the pending record's TTL. On a cluster it counts once a
         // replica has it.
         let mut pipe = redis::pipe();
         pipe.pset_ex(&key, body, ttl.as_millis()).ignore();
-        let () = self.redis().query_confirmed(pipe).await?;
+        let () = self.redis()?.query_confirmed(pipe).await?;
         Ok(())
     }
 
@@ -91,7 +104,10 @@ impl Coordination {
         token: &str,
     ) -> Result<Option<TransferActivation>, CoordError> {
         let key = self.keys().transfer_activated(token)?;
-        let raw: Option<Vec<u8>> = self.conn().get(&key).await?;
+        let raw: Option<Vec<u8>> = match self.file() {
+            Some(file) => file.get(&key).await?,
+            None => self.conn()?.get(&key).await?,
+        };
         raw.map(|raw| decode(&key, &raw)).transpose()
     }
 
@@ -128,13 +144,16 @@ impl Coordination {
         liveness: Liveness<'_>,
         max_examined: usize,
     ) -> Result<TransferReconcile, CoordError> {
+        if let Some(file) = self.file() {
+            return self.reconcile_in_file(file, liveness, max_examined).await;
+        }
         let pattern = self.keys().transfer_activated_pattern();
         let mut report = TransferReconcile::default();
-        let mut conn = self.conn();
+        let mut conn = self.conn()?;
         let mut cursor = ScanCursor::START;
         loop {
             let (next, keys) = self
-                .redis()
+                .redis()?
                 .scan_page(cursor, &pattern, self.config().scan_count)
                 .await?;
             report.examined += keys.len();
@@ -163,6 +182,58 @@ impl Coordination {
                 break;
             }
         }
+        metrics::counter!(crate::telemetry::TRANSFER_MARKERS_REMOVED_TOTAL)
+            .increment(report.removed.len() as u64);
+        Ok(report)
+    }
+
+    /// The reconciliation in the embedded store's file: pages of markers in key order, each
+    /// judged and cleaned in one write transaction (so a pending record written meanwhile is
+    /// seen by the page it concerns), expired markers swept as well.
+    async fn reconcile_in_file(
+        &self,
+        file: &RecordFile,
+        liveness: Liveness<'_>,
+        max_examined: usize,
+    ) -> Result<TransferReconcile, CoordError> {
+        let pattern = self.keys().transfer_activated_pattern();
+        let prefix = pattern.trim_end_matches('*');
+        let mut report = TransferReconcile::default();
+        let mut after: Option<String> = None;
+        loop {
+            let page = file
+                .page(prefix, after.as_deref(), self.config().scan_count.max(1))
+                .await?;
+            let Some((last, _)) = page.last() else {
+                report.complete = true;
+                break;
+            };
+            after = Some(last.clone());
+            report.examined += page.len();
+            let (mut tx, now) = file.begin().await?;
+            for (key, _) in &page {
+                let token = self.keys().transfer_token_of(key);
+                let live = match (&token, &liveness) {
+                    (None, _) => false,
+                    (Some(token), Liveness::Listed(live)) => live.contains(token),
+                    (Some(token), Liveness::Pending) => {
+                        let pending = self.keys().transfer_pending(token)?;
+                        embedded::read(&mut tx, &pending, now).await?.is_some()
+                    }
+                };
+                if !live && embedded::remove(&mut tx, key, now).await? {
+                    let token = token.unwrap_or_else(|| key.clone());
+                    if !report.removed.contains(&token) {
+                        report.removed.push(token);
+                    }
+                }
+            }
+            tx.commit().await?;
+            if report.examined >= max_examined {
+                break;
+            }
+        }
+        file.sweep(prefix, max_examined).await?;
         metrics::counter!(crate::telemetry::TRANSFER_MARKERS_REMOVED_TOTAL)
             .increment(report.removed.len() as u64);
         Ok(report)

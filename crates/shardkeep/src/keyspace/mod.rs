@@ -252,6 +252,11 @@ impl Keyspace {
         format!("{{{}:presence}}", self.ns)
     }
 
+    /// What every presence record's key (account, character and order mark) starts with.
+    pub fn presence_prefix(&self) -> String {
+        format!("{}:", self.presence_tag())
+    }
+
     /// Presence record of one account.
     pub fn presence_account(&self, account_id: &str) -> Result<String, KeyError> {
         Ok(format!(
@@ -292,6 +297,11 @@ impl Keyspace {
 
     fn registry_tag(&self) -> String {
         format!("{{{}:registry}}", self.ns)
+    }
+
+    /// What every registration record's key starts with.
+    pub fn registry_instance_prefix(&self) -> String {
+        format!("{}:instance:", self.registry_tag())
     }
 
     /// Registration record of one service instance.

@@ -3,7 +3,7 @@ use redis::AsyncCommands;
 use shardkeep::backend::redis::RedisTimeouts;
 use shardkeep::coord::{CleanupMode, Coordination, InstanceRecord, PresenceRecord};
 use shardkeep::{CoordinationConfig, HandoffScope, RedisBackend, Ttl};
-use shardkeep_testkit::TestRedis;
+use shardkeep_testkit::{CoordDriver, TestRedis, coord_drivers};
 
 /// Writes one of everything: the three cleanup targets and keys no target may touch.
 async fn populate(coord: &Coordination) {
@@ -60,59 +60,90 @@ async fn populate(coord: &Coordination) {
         .unwrap();
 }
 
+/// Index sets the target holds beside its records: Redis keeps `on_redis`, the embedded store
+/// none (it finds records by key range).
+fn index_sets(d: &CoordDriver, on_redis: u64) -> u64 {
+    if d.redis().is_some() { on_redis } else { 0 }
+}
+
 #[tokio::test]
 async fn dry_run_counts_and_changes_nothing() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
-    populate(&coord).await;
-    let before = redis.all_keys().await;
-    let presence = coord
-        .cleanup_run("presence", CleanupMode::DryRun, 10)
-        .await
-        .unwrap();
-    assert_eq!(
-        presence.matched, 62,
-        "30 account + 30 character records + 2 index sets"
-    );
-    assert_eq!(presence.deleted, 0);
-    assert!(presence.complete);
-    let handoff = coord
-        .cleanup_run("handoff", CleanupMode::DryRun, 10)
-        .await
-        .unwrap();
-    assert_eq!(handoff.matched, 31);
-    let registry = coord
-        .cleanup_run("registry", CleanupMode::DryRun, 10)
-        .await
-        .unwrap();
-    assert_eq!(registry.matched, 6);
-    assert_eq!(redis.all_keys().await, before);
+    for d in coord_drivers().await {
+        let coord = d.coordination();
+        populate(&coord).await;
+        let before = d.all_keys().await;
+        let presence = coord
+            .cleanup_run("presence", CleanupMode::DryRun, 10)
+            .await
+            .unwrap();
+        assert_eq!(
+            presence.matched,
+            60 + index_sets(&d, 2),
+            "30 account + 30 character records and the index sets ({})",
+            d.name()
+        );
+        assert_eq!(presence.deleted, 0);
+        assert!(presence.complete);
+        let handoff = coord
+            .cleanup_run("handoff", CleanupMode::DryRun, 10)
+            .await
+            .unwrap();
+        assert_eq!(handoff.matched, 31, "{}", d.name());
+        let registry = coord
+            .cleanup_run("registry", CleanupMode::DryRun, 10)
+            .await
+            .unwrap();
+        assert_eq!(registry.matched, 5 + index_sets(&d, 1), "{}", d.name());
+        assert_eq!(d.all_keys().await, before, "{}", d.name());
+    }
+}
+
+#[tokio::test]
+async fn a_dry_run_over_more_than_one_page_counts_every_key() {
+    for d in coord_drivers().await {
+        let coord = d.coordination_with(CoordinationConfig {
+            scan_count: 7,
+            ..CoordinationConfig::default()
+        });
+        populate(&coord).await;
+        let presence = coord
+            .cleanup_run("presence", CleanupMode::DryRun, 10)
+            .await
+            .unwrap();
+        assert_eq!(presence.matched, 60 + index_sets(&d, 2), "{}", d.name());
+        assert!(presence.complete);
+    }
 }
 
 #[tokio::test]
 async fn delete_removes_exactly_the_matching_keys() {
-    let redis = TestRedis::new().await;
-    let neighbour = TestRedis::new().await;
-    let coord = redis.coordination();
+    for d in coord_drivers().await {
+        delete_exactly_on(&d).await;
+    }
+}
+
+async fn delete_exactly_on(d: &CoordDriver) {
+    let neighbour = d.neighbour().await;
+    let coord = d.coordination();
     populate(&coord).await;
     populate(&neighbour.coordination()).await;
     let neighbour_before = neighbour.all_keys().await;
-    let before = redis.all_keys().await;
+    let before = d.all_keys().await;
 
     let report = coord
         .cleanup_run("handoff", CleanupMode::Delete, 10_000)
         .await
         .unwrap();
     assert!(report.complete);
-    assert_eq!(report.deleted, 31);
-    let after = redis.all_keys().await;
+    assert_eq!(report.deleted, 31, "{}", d.name());
+    let after = d.all_keys().await;
     let mut expected: Vec<String> = before
         .iter()
         .filter(|k| !report.deleted_keys.contains(k))
         .cloned()
         .collect();
     expected.sort();
-    assert_eq!(after, expected);
+    assert_eq!(after, expected, "{}", d.name());
     assert!(
         report
             .deleted_keys
@@ -120,42 +151,45 @@ async fn delete_removes_exactly_the_matching_keys() {
             .all(|k| k.contains(":handoff:") && !k.ends_with(":consumed"))
     );
     assert!(
-        after.contains(&redis.keys().handoff_consumed("taken").unwrap()),
-        "consumed markers stay"
+        after.contains(&d.keys().handoff_consumed("taken").unwrap()),
+        "consumed markers stay ({})",
+        d.name()
     );
     assert_eq!(
         neighbour.all_keys().await,
         neighbour_before,
-        "another namespace is untouched"
+        "another namespace is untouched ({})",
+        d.name()
     );
 }
 
 #[tokio::test]
 async fn delete_is_bounded_per_call_and_resumable() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
-    populate(&coord).await;
-    let first = coord
-        .cleanup_run("presence", CleanupMode::Delete, 25)
-        .await
-        .unwrap();
-    assert_eq!(first.deleted, 25);
-    assert!(!first.complete);
-    let mut total = first.deleted;
-    for _ in 0..10 {
-        let next = coord
+    for d in coord_drivers().await {
+        let coord = d.coordination();
+        populate(&coord).await;
+        let first = coord
             .cleanup_run("presence", CleanupMode::Delete, 25)
             .await
             .unwrap();
-        total += next.deleted;
-        if next.complete {
-            break;
+        assert_eq!(first.deleted, 25, "{}", d.name());
+        assert!(!first.complete);
+        let mut total = first.deleted;
+        for _ in 0..10 {
+            let next = coord
+                .cleanup_run("presence", CleanupMode::Delete, 25)
+                .await
+                .unwrap();
+            total += next.deleted;
+            if next.complete {
+                break;
+            }
         }
+        assert_eq!(total, 60 + index_sets(&d, 2), "{}", d.name());
+        let left = d.all_keys().await;
+        assert!(left.iter().all(|k| !k.contains(":presence}")), "{left:?}");
+        assert_eq!(coord.registry_list().await.unwrap().instances.len(), 5);
     }
-    assert_eq!(total, 62);
-    let left = redis.all_keys().await;
-    assert!(left.iter().all(|k| !k.contains(":presence}")), "{left:?}");
-    assert_eq!(coord.registry_list().await.unwrap().instances.len(), 5);
 }
 
 #[tokio::test]
@@ -213,11 +247,13 @@ async fn cleanup_runs_as_a_user_denied_keys() {
 
 #[tokio::test]
 async fn an_unknown_target_is_rejected() {
-    let redis = TestRedis::new().await;
-    let err = redis
-        .coordination()
-        .cleanup_run("everything", CleanupMode::Delete, 10)
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("unknown cleanup target"));
+    for d in coord_drivers().await {
+        let err = d
+            .coordination()
+            .cleanup_run("everything", CleanupMode::Delete, 10)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("unknown cleanup target"));
+        assert!(d.all_keys().await.is_empty(), "{}", d.name());
+    }
 }

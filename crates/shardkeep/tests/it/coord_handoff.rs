@@ -1,9 +1,8 @@
 use std::time::Duration;
 
-use redis::AsyncCommands;
 use shardkeep::coord::{CoordError, HandoffMove, HandoffTake};
 use shardkeep::{HandoffScope, KeyError, Ttl};
-use shardkeep_testkit::TestRedis;
+use shardkeep_testkit::{CoordDriver, coord_drivers};
 
 fn instance(id: &str) -> HandoffScope {
     HandoffScope::Instance(id.into())
@@ -15,8 +14,13 @@ fn placement(id: &str) -> HandoffScope {
 
 #[tokio::test]
 async fn second_take_of_a_handoff_is_already_consumed() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
+    for d in coord_drivers().await {
+        second_take_of_a_handoff_is_already_consumed_on(&d).await;
+    }
+}
+
+async fn second_take_of_a_handoff_is_already_consumed_on(d: &CoordDriver) {
+    let coord = d.coordination();
     let ttl = Ttl::from_secs(60).unwrap();
     coord
         .handoff_put("tok", &instance("i-1"), b"snapshot", ttl)
@@ -35,23 +39,28 @@ async fn second_take_of_a_handoff_is_already_consumed() {
     assert_eq!(second, HandoffTake::AlreadyConsumed);
     assert!(coord.handoff_is_consumed("tok").await.unwrap());
     // The payload is gone and the marker carries the default TTL.
-    let mut raw = redis.raw().await;
-    let payload_key = redis.keys().handoff("tok", &instance("i-1")).unwrap();
-    assert!(!raw.exists::<_, bool>(&payload_key).await.unwrap());
-    let marker_ttl: i64 = raw
-        .ttl(redis.keys().handoff_consumed("tok").unwrap())
+    let payload_key = d.keys().handoff("tok", &instance("i-1")).unwrap();
+    assert!(!d.exists(&payload_key).await, "{}", d.name());
+    let marker_ttl = d
+        .pttl(&d.keys().handoff_consumed("tok").unwrap())
         .await
         .unwrap();
     assert!(
-        (24 * 3600 - 5..=24 * 3600).contains(&marker_ttl),
-        "{marker_ttl}"
+        ((24 * 3600 - 5) * 1000..=24 * 3600 * 1000).contains(&marker_ttl),
+        "{} {marker_ttl}",
+        d.name()
     );
 }
 
 #[tokio::test]
 async fn take_after_payload_ttl_ran_out_still_answers_already_consumed() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
+    for d in coord_drivers().await {
+        take_after_payload_ttl_ran_out_still_answers_already_consumed_on(&d).await;
+    }
+}
+
+async fn take_after_payload_ttl_ran_out_still_answers_already_consumed_on(d: &CoordDriver) {
+    let coord = d.coordination();
     let short = Ttl::from_millis(150).unwrap();
     coord
         .handoff_put("tok", &instance("i-1"), b"a", short)
@@ -84,8 +93,13 @@ async fn take_after_payload_ttl_ran_out_still_answers_already_consumed() {
 
 #[tokio::test]
 async fn an_untaken_expired_handoff_is_not_found() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
+    for d in coord_drivers().await {
+        an_untaken_expired_handoff_is_not_found_on(&d).await;
+    }
+}
+
+async fn an_untaken_expired_handoff_is_not_found_on(d: &CoordDriver) {
+    let coord = d.coordination();
     coord
         .handoff_put("tok", &instance("i-1"), b"a", Ttl::from_millis(50).unwrap())
         .await
@@ -100,8 +114,13 @@ async fn an_untaken_expired_handoff_is_not_found() {
 
 #[tokio::test]
 async fn take_tries_scopes_in_documented_order() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
+    for d in coord_drivers().await {
+        take_tries_scopes_in_documented_order_on(&d).await;
+    }
+}
+
+async fn take_tries_scopes_in_documented_order_on(d: &CoordDriver) {
+    let coord = d.coordination();
     let ttl = Ttl::from_secs(60).unwrap();
     coord
         .handoff_put("tok", &HandoffScope::Port(7777), b"port", ttl)
@@ -126,19 +145,18 @@ async fn take_tries_scopes_in_documented_order() {
         }
     );
     // Every scope of the token was cleared with the take.
-    assert!(
-        redis
-            .all_keys()
-            .await
-            .iter()
-            .all(|k| k.ends_with(":consumed"))
-    );
+    assert!(d.all_keys().await.iter().all(|k| k.ends_with(":consumed")));
 }
 
 #[tokio::test]
 async fn concurrent_takes_of_one_token_yield_one_winner() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
+    for d in coord_drivers().await {
+        concurrent_takes_of_one_token_yield_one_winner_on(&d).await;
+    }
+}
+
+async fn concurrent_takes_of_one_token_yield_one_winner_on(d: &CoordDriver) {
+    let coord = d.coordination();
     coord
         .handoff_put("race", &instance("i-1"), b"x", Ttl::from_secs(60).unwrap())
         .await
@@ -162,8 +180,13 @@ async fn concurrent_takes_of_one_token_yield_one_winner() {
 
 #[tokio::test]
 async fn move_keeps_the_remaining_ttl() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
+    for d in coord_drivers().await {
+        move_keeps_the_remaining_ttl_on(&d).await;
+    }
+}
+
+async fn move_keeps_the_remaining_ttl_on(d: &CoordDriver) {
+    let coord = d.coordination();
     coord
         .handoff_put(
             "tok",
@@ -181,15 +204,15 @@ async fn move_keeps_the_remaining_ttl() {
         panic!("expected a move, got {moved:?}");
     };
     assert!(remaining <= Duration::from_secs(40) && remaining > Duration::from_secs(39));
-    let mut raw = redis.raw().await;
-    let new_key = redis.keys().handoff("tok", &instance("new")).unwrap();
-    let pttl: i64 = raw.pttl(&new_key).await.unwrap();
+    let new_key = d.keys().handoff("tok", &instance("new")).unwrap();
+    let pttl = d.pttl(&new_key).await.unwrap();
     assert!(
         (39_000..=40_000).contains(&pttl),
-        "destination TTL {pttl} ms"
+        "destination TTL {pttl} ms ({})",
+        d.name()
     );
-    let old_key = redis.keys().handoff("tok", &instance("old")).unwrap();
-    assert!(!raw.exists::<_, bool>(&old_key).await.unwrap());
+    let old_key = d.keys().handoff("tok", &instance("old")).unwrap();
+    assert!(!d.exists(&old_key).await, "{}", d.name());
     // The moved payload is what a take returns.
     let taken = coord.handoff_take("tok", &[instance("new")]).await.unwrap();
     assert_eq!(
@@ -218,8 +241,13 @@ async fn move_keeps_the_remaining_ttl() {
 
 #[tokio::test]
 async fn glob_characters_in_a_token_cannot_reach_another_token() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
+    for d in coord_drivers().await {
+        glob_characters_in_a_token_cannot_reach_another_token_on(&d).await;
+    }
+}
+
+async fn glob_characters_in_a_token_cannot_reach_another_token_on(d: &CoordDriver) {
+    let coord = d.coordination();
     let ttl = Ttl::from_secs(60).unwrap();
     coord
         .handoff_put("ab", &instance("i"), b"victim", ttl)
@@ -249,8 +277,13 @@ async fn glob_characters_in_a_token_cannot_reach_another_token() {
 
 #[tokio::test]
 async fn bad_handoff_input_is_a_typed_error_and_writes_nothing() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
+    for d in coord_drivers().await {
+        bad_handoff_input_is_a_typed_error_and_writes_nothing_on(&d).await;
+    }
+}
+
+async fn bad_handoff_input_is_a_typed_error_and_writes_nothing_on(d: &CoordDriver) {
+    let coord = d.coordination();
     let ttl = Ttl::from_secs(60).unwrap();
     let err = coord
         .handoff_put("", &instance("i"), b"x", ttl)
@@ -289,7 +322,7 @@ async fn bad_handoff_input_is_a_typed_error_and_writes_nothing() {
     let err = coord.handoff_take("tok", &[]).await.unwrap_err();
     assert!(matches!(err, CoordError::InvalidInput(_)));
     assert!(Ttl::from_secs(0).is_err() && Ttl::from_secs(-3).is_err());
-    assert!(redis.all_keys().await.is_empty());
+    assert!(d.all_keys().await.is_empty());
 }
 
 #[tokio::test]

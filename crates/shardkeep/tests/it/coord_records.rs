@@ -3,12 +3,13 @@ use std::time::Duration;
 
 use chrono::Utc;
 use redis::AsyncCommands;
+use shardkeep::coord::maintain_once;
 use shardkeep::coord::{
     CoordError, InstanceRecord, NonceRegistration, PresenceRecord, ResumeLedgerRecord,
     ThrottlePolicy, ThrottleStatus, TransferActivation,
 };
 use shardkeep::{Ttl, TtlError};
-use shardkeep_testkit::TestRedis;
+use shardkeep_testkit::{CoordDriver, coord_drivers};
 
 fn presence(account: &str, character: &str, session: &str, ttl_ms: i64) -> PresenceRecord {
     PresenceRecord {
@@ -23,30 +24,37 @@ fn presence(account: &str, character: &str, session: &str, ttl_ms: i64) -> Prese
 
 #[tokio::test]
 async fn presence_reads_by_account_and_character_with_derived_ttl() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
-    let record = presence("acc-1", "chr-1", "s-1", 30_000);
-    coord.presence_put(&record).await.unwrap();
-    assert_eq!(
-        coord.presence_by_account("acc-1").await.unwrap(),
-        Some(record.clone())
-    );
-    assert_eq!(
-        coord.presence_by_character("chr-1").await.unwrap(),
-        Some(record)
-    );
-    let mut raw = redis.raw().await;
-    let pttl: i64 = raw
-        .pttl(redis.keys().presence_account("acc-1").unwrap())
-        .await
-        .unwrap();
-    assert!((28_000..=30_000).contains(&pttl), "{pttl}");
+    for d in coord_drivers().await {
+        let coord = d.coordination();
+        let record = presence("acc-1", "chr-1", "s-1", 30_000);
+        coord.presence_put(&record).await.unwrap();
+        assert_eq!(
+            coord.presence_by_account("acc-1").await.unwrap(),
+            Some(record.clone()),
+            "{}",
+            d.name()
+        );
+        assert_eq!(
+            coord.presence_by_character("chr-1").await.unwrap(),
+            Some(record)
+        );
+        let pttl = d
+            .pttl(&d.keys().presence_account("acc-1").unwrap())
+            .await
+            .unwrap();
+        assert!((28_000..=30_000).contains(&pttl), "{} {pttl}", d.name());
+    }
 }
 
 #[tokio::test]
 async fn presence_in_the_past_is_rejected_and_nothing_written() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
+    for d in coord_drivers().await {
+        presence_in_the_past_on(&d).await;
+    }
+}
+
+async fn presence_in_the_past_on(d: &CoordDriver) {
+    let coord = d.coordination();
     let err = coord
         .presence_put(&presence("acc", "chr", "s", -1_000))
         .await
@@ -60,57 +68,96 @@ async fn presence_in_the_past_is_rejected_and_nothing_written() {
         .await
         .unwrap_err();
     assert!(matches!(err, CoordError::InvalidKey(_)));
-    assert!(redis.all_keys().await.is_empty());
+    assert!(d.all_keys().await.is_empty(), "{}", d.name());
 }
 
 #[tokio::test]
 async fn presence_reads_prune_expired_index_members() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
-    coord
-        .presence_put(&presence("acc-1", "chr-1", "s-1", 100))
-        .await
-        .unwrap();
-    coord
-        .presence_put(&presence("acc-2", "chr-2", "s-2", 100))
-        .await
-        .unwrap();
-    coord
-        .presence_put(&presence("acc-3", "chr-3", "s-3", 60_000))
-        .await
-        .unwrap();
+    for d in coord_drivers().await {
+        presence_prune_on(&d).await;
+    }
+}
+
+async fn presence_prune_on(d: &CoordDriver) {
+    let coord = d.coordination();
+    for (account, character, ttl) in [
+        ("acc-1", "chr-1", 100),
+        ("acc-2", "chr-2", 100),
+        ("acc-3", "chr-3", 60_000),
+    ] {
+        let session = format!("s-{account}");
+        coord
+            .presence_put(&presence(account, character, &session, ttl))
+            .await
+            .unwrap();
+    }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let mut raw = redis.raw().await;
-    let accounts = redis.keys().presence_account_index();
-    assert_eq!(
-        raw.scard::<_, usize>(&accounts).await.unwrap(),
-        3,
-        "members outlive records"
-    );
+    let accounts = d.keys().presence_account_index();
+    if let Some(redis) = d.redis() {
+        let mut raw = redis.raw().await;
+        assert_eq!(
+            raw.scard::<_, usize>(&accounts).await.unwrap(),
+            3,
+            "members outlive records"
+        );
+    } else {
+        assert_eq!(d.stored_rows().await, 6, "expired rows stay until swept");
+    }
 
     assert_eq!(coord.presence_by_account("acc-1").await.unwrap(), None);
-    assert!(
-        !raw.sismember::<_, _, bool>(&accounts, "acc-1")
-            .await
-            .unwrap()
-    );
+    if let Some(redis) = d.redis() {
+        let mut raw = redis.raw().await;
+        assert!(
+            !raw.sismember::<_, _, bool>(&accounts, "acc-1")
+                .await
+                .unwrap()
+        );
+    }
 
     let pruned = coord.presence_prune(1000).await.unwrap();
-    assert_eq!(pruned.removed, 3, "acc-2, chr-1 and chr-2 were stale");
-    let mut left: Vec<String> = raw.smembers(&accounts).await.unwrap();
+    let stale = if d.redis().is_some() {
+        "acc-2, chr-1 and chr-2 were stale (acc-1 went on read)"
+    } else {
+        "acc-1, acc-2, chr-1 and chr-2 had expired"
+    };
+    let expected = if d.redis().is_some() { 3 } else { 4 };
+    assert_eq!(pruned.removed, expected, "{stale}");
+    let mut left = vec![
+        d.keys().presence_account("acc-3").unwrap(),
+        d.keys().presence_character("chr-3").unwrap(),
+    ];
+    if d.redis().is_some() {
+        left.extend([accounts.clone(), d.keys().presence_character_index()]);
+    }
     left.sort();
-    assert_eq!(left, vec!["acc-3".to_string()]);
-    let characters: Vec<String> = raw
-        .smembers(redis.keys().presence_character_index())
-        .await
-        .unwrap();
-    assert_eq!(characters, vec!["chr-3".to_string()]);
+    assert_eq!(d.all_keys().await, left, "{}", d.name());
+    assert_eq!(
+        d.stored_rows().await,
+        d.all_keys().await.len(),
+        "{}",
+        d.name()
+    );
+    if let Some(redis) = d.redis() {
+        let mut raw = redis.raw().await;
+        let left: Vec<String> = raw.smembers(&accounts).await.unwrap();
+        assert_eq!(left, vec!["acc-3".to_string()]);
+        let characters: Vec<String> = raw
+            .smembers(redis.keys().presence_character_index())
+            .await
+            .unwrap();
+        assert_eq!(characters, vec!["chr-3".to_string()]);
+    }
 }
 
 #[tokio::test]
 async fn presence_reads_delete_mismatched_records() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
+    for d in coord_drivers().await {
+        presence_mismatch_on(&d).await;
+    }
+}
+
+async fn presence_mismatch_on(d: &CoordDriver) {
+    let coord = d.coordination();
     coord
         .presence_put(&presence("acc-1", "chr-1", "s-1", 60_000))
         .await
@@ -119,11 +166,11 @@ async fn presence_reads_delete_mismatched_records() {
     let newer = presence("acc-1", "chr-2", "s-2", 60_000);
     coord.presence_put(&newer).await.unwrap();
     assert_eq!(coord.presence_by_character("chr-1").await.unwrap(), None);
-    let mut raw = redis.raw().await;
     assert!(
-        !raw.exists::<_, bool>(redis.keys().presence_character("chr-1").unwrap())
-            .await
-            .unwrap()
+        !d.exists(&d.keys().presence_character("chr-1").unwrap())
+            .await,
+        "{}",
+        d.name()
     );
     assert_eq!(
         coord.presence_by_account("acc-1").await.unwrap(),
@@ -144,9 +191,9 @@ async fn presence_reads_delete_mismatched_records() {
     coord.presence_put(&drifted).await.unwrap();
     assert_eq!(coord.presence_by_account("acc-9").await.unwrap(), None);
     assert!(
-        !raw.exists::<_, bool>(redis.keys().presence_account("acc-9").unwrap())
-            .await
-            .unwrap()
+        !d.exists(&d.keys().presence_account("acc-9").unwrap()).await,
+        "{}",
+        d.name()
     );
 }
 
@@ -162,8 +209,13 @@ fn instance(id: &str) -> InstanceRecord {
 
 #[tokio::test]
 async fn registry_listing_prunes_lapsed_instances() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
+    for d in coord_drivers().await {
+        registry_on(&d).await;
+    }
+}
+
+async fn registry_on(d: &CoordDriver) {
+    let coord = d.coordination();
     coord
         .registry_register(&instance("a"), Ttl::from_secs(60).unwrap())
         .await
@@ -173,7 +225,7 @@ async fn registry_listing_prunes_lapsed_instances() {
         .await
         .unwrap();
     let listed = coord.registry_list().await.unwrap();
-    assert_eq!(listed.instances.len(), 2);
+    assert_eq!(listed.instances.len(), 2, "{}", d.name());
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
         !coord
@@ -188,19 +240,27 @@ async fn registry_listing_prunes_lapsed_instances() {
             .unwrap()
     );
     let listed = coord.registry_list().await.unwrap();
-    assert_eq!(listed.pruned, 1);
+    assert_eq!(listed.pruned, 1, "{}", d.name());
     assert_eq!(
         listed.instances,
         vec![instance_with_time("a", &listed.instances[0])]
     );
-    let mut raw = redis.raw().await;
-    let members: Vec<String> = raw.smembers(redis.keys().registry_index()).await.unwrap();
-    assert_eq!(members, vec!["a".to_string()]);
-    let ttl: i64 = raw
-        .ttl(redis.keys().registry_instance("a").unwrap())
+    if let Some(redis) = d.redis() {
+        let mut raw = redis.raw().await;
+        let members: Vec<String> = raw.smembers(redis.keys().registry_index()).await.unwrap();
+        assert_eq!(members, vec!["a".to_string()]);
+    }
+    assert_eq!(
+        d.stored_rows().await,
+        d.all_keys().await.len(),
+        "{}",
+        d.name()
+    );
+    let ttl = d
+        .pttl(&d.keys().registry_instance("a").unwrap())
         .await
         .unwrap();
-    assert!(ttl > 60, "heartbeat extended the registration: {ttl}");
+    assert!(ttl > 60_000, "heartbeat extended the registration: {ttl}");
     coord.registry_deregister("a").await.unwrap();
     assert!(coord.registry_list().await.unwrap().instances.is_empty());
 }
@@ -214,46 +274,76 @@ fn instance_with_time(id: &str, listed: &InstanceRecord) -> InstanceRecord {
 
 #[tokio::test]
 async fn a_nonce_registers_once_inside_the_skew_window() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
-    let nonce = "n0nce-0123456789abcdef";
-    assert_eq!(
-        coord
-            .nonce_register("ops", nonce, Duration::from_secs(300))
+    for d in coord_drivers().await {
+        let coord = d.coordination();
+        let nonce = "n0nce-0123456789abcdef";
+        let register = |key_id: &'static str| {
+            let coord = coord.clone();
+            async move {
+                coord
+                    .nonce_register(key_id, nonce, Duration::from_secs(300))
+                    .await
+                    .unwrap()
+            }
+        };
+        assert_eq!(register("ops").await, NonceRegistration::Registered);
+        assert_eq!(
+            register("ops").await,
+            NonceRegistration::Replayed,
+            "{}",
+            d.name()
+        );
+        // The same nonce under another key id is a different request.
+        assert_eq!(register("ci").await, NonceRegistration::Registered);
+        let ttl = d
+            .pttl(&d.keys().internal_nonce("ops", nonce).unwrap())
             .await
-            .unwrap(),
-        NonceRegistration::Registered
-    );
-    assert_eq!(
-        coord
-            .nonce_register("ops", nonce, Duration::from_secs(300))
-            .await
-            .unwrap(),
-        NonceRegistration::Replayed
-    );
-    // The same nonce under another key id is a different request.
-    assert_eq!(
-        coord
-            .nonce_register("ci", nonce, Duration::from_secs(300))
-            .await
-            .unwrap(),
-        NonceRegistration::Registered
-    );
-    let mut raw = redis.raw().await;
-    let ttl: i64 = raw
-        .ttl(redis.keys().internal_nonce("ops", nonce).unwrap())
-        .await
-        .unwrap();
-    assert!(
-        (596..=601).contains(&ttl),
-        "a nonce lives twice the skew window plus a second: {ttl}"
-    );
+            .unwrap();
+        assert!(
+            (596_000..=601_000).contains(&ttl),
+            "a nonce lives twice the skew window plus a second: {} {ttl}",
+            d.name()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_nonce_registers_again_once_its_record_expired() {
+    for d in coord_drivers().await {
+        let coord = d.coordination();
+        let key = d.keys().internal_nonce("ops", "n-1").unwrap();
+        d.set_raw(&key, b"1").await;
+        assert_eq!(
+            coord
+                .nonce_register("ops", "n-1", Duration::from_secs(1))
+                .await
+                .unwrap(),
+            NonceRegistration::Replayed,
+            "{}",
+            d.name()
+        );
+        d.delete_raw(&key).await;
+        assert_eq!(
+            coord
+                .nonce_register("ops", "n-1", Duration::from_secs(1))
+                .await
+                .unwrap(),
+            NonceRegistration::Registered,
+            "{}",
+            d.name()
+        );
+    }
 }
 
 #[tokio::test]
 async fn the_throttle_admits_exactly_max_attempts_in_a_window() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
+    for d in coord_drivers().await {
+        throttle_on(&d).await;
+    }
+}
+
+async fn throttle_on(d: &CoordDriver) {
+    let coord = d.coordination();
     let policy = ThrottlePolicy {
         max_attempts: 3,
         window: Ttl::from_millis(400).unwrap(),
@@ -261,13 +351,15 @@ async fn the_throttle_admits_exactly_max_attempts_in_a_window() {
     for remaining in [2, 1, 0] {
         assert_eq!(
             coord.login_attempt("acc-1", policy).await.unwrap(),
-            ThrottleStatus::Allowed { remaining }
+            ThrottleStatus::Allowed { remaining },
+            "{}",
+            d.name()
         );
     }
     let ThrottleStatus::Throttled { retry_after } =
         coord.login_attempt("acc-1", policy).await.unwrap()
     else {
-        panic!("the fourth attempt must throttle");
+        panic!("the fourth attempt must throttle on {}", d.name());
     };
     assert!(retry_after <= Duration::from_millis(400) && retry_after > Duration::ZERO);
     assert!(matches!(
@@ -283,7 +375,8 @@ async fn the_throttle_admits_exactly_max_attempts_in_a_window() {
     assert_eq!(
         coord.login_attempt("acc-1", policy).await.unwrap(),
         ThrottleStatus::Allowed { remaining: 2 },
-        "a new window starts after the old one ends"
+        "a new window starts after the old one ends ({})",
+        d.name()
     );
     coord.login_throttle_reset("acc-1").await.unwrap();
     assert_eq!(
@@ -302,38 +395,46 @@ async fn the_throttle_admits_exactly_max_attempts_in_a_window() {
 
 #[tokio::test]
 async fn resume_ledger_store_load_delete() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
-    let record = ResumeLedgerRecord {
-        session_token: "s-1".into(),
-        character_id: "chr-1".into(),
-        last_applied_seq: 42,
-        zone_id: "darkwood".into(),
-        recorded_at: Utc::now(),
-    };
-    coord
-        .resume_store(&record, Ttl::from_secs(120).unwrap())
-        .await
-        .unwrap();
-    assert_eq!(coord.resume_load("s-1").await.unwrap(), Some(record));
-    assert!(coord.resume_delete("s-1").await.unwrap());
-    assert!(!coord.resume_delete("s-1").await.unwrap());
-    assert_eq!(coord.resume_load("s-1").await.unwrap(), None);
+    for d in coord_drivers().await {
+        let coord = d.coordination();
+        let record = ResumeLedgerRecord {
+            session_token: "s-1".into(),
+            character_id: "chr-1".into(),
+            last_applied_seq: 42,
+            zone_id: "darkwood".into(),
+            recorded_at: Utc::now(),
+        };
+        coord
+            .resume_store(&record, Ttl::from_secs(120).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(
+            coord.resume_load("s-1").await.unwrap(),
+            Some(record),
+            "{}",
+            d.name()
+        );
+        assert!(coord.resume_delete("s-1").await.unwrap());
+        assert!(!coord.resume_delete("s-1").await.unwrap());
+        assert_eq!(coord.resume_load("s-1").await.unwrap(), None);
+    }
 }
 
 #[tokio::test]
 async fn a_corrupt_resume_record_is_a_decode_error() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
-    let mut raw = redis.raw().await;
-    let () = raw
-        .set(redis.keys().resume_ledger("s-1").unwrap(), "{not json")
-        .await
-        .unwrap();
-    assert!(matches!(
-        coord.resume_load("s-1").await.unwrap_err(),
-        CoordError::Decode { .. }
-    ));
+    for d in coord_drivers().await {
+        let coord = d.coordination();
+        d.set_raw(&d.keys().resume_ledger("s-1").unwrap(), b"{not json")
+            .await;
+        assert!(
+            matches!(
+                coord.resume_load("s-1").await.unwrap_err(),
+                CoordError::Decode { .. }
+            ),
+            "{}",
+            d.name()
+        );
+    }
 }
 
 fn activation(token: &str) -> TransferActivation {
@@ -347,9 +448,14 @@ fn activation(token: &str) -> TransferActivation {
 
 #[tokio::test]
 async fn reconcile_removes_markers_without_a_live_pending_token() {
-    let redis = TestRedis::new().await;
-    let neighbour = TestRedis::new().await;
-    let coord = redis.coordination();
+    for d in coord_drivers().await {
+        reconcile_on(&d).await;
+    }
+}
+
+async fn reconcile_on(d: &CoordDriver) {
+    let neighbour = d.neighbour().await;
+    let coord = d.coordination();
     let ttl = Ttl::from_secs(600).unwrap();
     for token in ["t-live", "t-stale-1", "t*stale"] {
         coord
@@ -371,7 +477,9 @@ async fn reconcile_removes_markers_without_a_live_pending_token() {
     removed.sort();
     assert_eq!(
         removed,
-        vec!["t*stale".to_string(), "t-stale-1".to_string()]
+        vec!["t*stale".to_string(), "t-stale-1".to_string()],
+        "{}",
+        d.name()
     );
     assert!(report.complete);
     assert!(coord.transfer_marker_get("t-live").await.unwrap().is_some());
@@ -389,15 +497,16 @@ async fn reconcile_removes_markers_without_a_live_pending_token() {
             .await
             .unwrap()
             .is_some(),
-        "another namespace is never touched"
+        "another namespace is never touched ({})",
+        d.name()
     );
 }
 
 /// Markers for two transfers whose handoffs were both taken: "pending" (its source has not
 /// completed it) and "done" (no longer pending: its record is gone).
-async fn pending_and_done_markers(redis: &TestRedis) {
+async fn pending_and_done_markers(d: &CoordDriver) {
     use shardkeep::HandoffScope;
-    let coord = redis.coordination();
+    let coord = d.coordination();
     let ttl = Ttl::from_secs(600).unwrap();
     for token in ["pending", "done"] {
         coord.transfer_begin(token, ttl).await.unwrap();
@@ -414,38 +523,40 @@ async fn pending_and_done_markers(redis: &TestRedis) {
             .await
             .unwrap();
     }
-    let mut raw = redis.raw().await;
-    let _: i64 = raw
-        .del(redis.keys().transfer_pending("done").unwrap())
-        .await
-        .unwrap();
+    d.delete_raw(&d.keys().transfer_pending("done").unwrap())
+        .await;
 }
 
 #[tokio::test]
 async fn reconcile_as_a_game_server_keeps_pending_transfers_only() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
-    pending_and_done_markers(&redis).await;
-    let report = coord
-        .transfer_markers_reconcile_pending(1000)
-        .await
-        .unwrap();
-    assert_eq!(report.removed, vec!["done".to_string()]);
-    assert!(
-        coord
-            .transfer_marker_get("pending")
+    for d in coord_drivers().await {
+        let coord = d.coordination();
+        pending_and_done_markers(&d).await;
+        let report = coord
+            .transfer_markers_reconcile_pending(1000)
             .await
-            .unwrap()
-            .is_some()
-    );
+            .unwrap();
+        assert_eq!(report.removed, vec!["done".to_string()], "{}", d.name());
+        assert!(
+            coord
+                .transfer_marker_get("pending")
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
 }
 
 #[tokio::test]
 async fn a_maintenance_pass_registers_reconciles_and_prunes() {
-    use shardkeep::coord::maintain_once;
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
-    pending_and_done_markers(&redis).await;
+    for d in coord_drivers().await {
+        maintenance_on(&d).await;
+    }
+}
+
+async fn maintenance_on(d: &CoordDriver) {
+    let coord = d.coordination();
+    pending_and_done_markers(d).await;
     coord
         .presence_put(&presence("acc-1", "chr-1", "s-1", 100))
         .await
@@ -454,15 +565,41 @@ async fn a_maintenance_pass_registers_reconciles_and_prunes() {
         .registry_register(&instance("lapsed"), Ttl::from_millis(100).unwrap())
         .await
         .unwrap();
+    coord
+        .resume_store(
+            &ResumeLedgerRecord {
+                session_token: "s-gone".into(),
+                character_id: "chr-1".into(),
+                last_applied_seq: 1,
+                zone_id: "darkwood".into(),
+                recorded_at: Utc::now(),
+            },
+            Ttl::from_millis(100).unwrap(),
+        )
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     let me = instance("me");
     let first = maintain_once(&coord, &me, Ttl::from_secs(30).unwrap()).await;
     assert!(first.registered, "not registered yet");
-    assert_eq!(first.markers_removed, 1);
+    assert_eq!(first.markers_removed, 1, "{}", d.name());
     assert_eq!(first.presence_pruned, 2, "account and character members");
     assert_eq!(first.registry_pruned, 1);
     assert_eq!(first.failed_steps, 0);
+    let swept = if d.redis().is_some() { 0 } else { 1 };
+    assert_eq!(
+        first.expired_swept,
+        swept,
+        "the expired resume record is deleted from the file ({})",
+        d.name()
+    );
+    assert_eq!(
+        d.stored_rows().await,
+        d.all_keys().await.len(),
+        "{}",
+        d.name()
+    );
     assert!(
         coord
             .transfer_marker_get("pending")
@@ -477,30 +614,58 @@ async fn a_maintenance_pass_registers_reconciles_and_prunes() {
     assert_eq!(
         second,
         shardkeep::coord::MaintenancePass::default(),
-        "a heartbeat keeps it; nothing left to remove"
+        "a heartbeat keeps it; nothing left to remove ({})",
+        d.name()
     );
 }
 
 #[tokio::test]
-async fn a_maintenance_pass_with_redis_cut_off_reports_every_step_failed() {
-    use shardkeep::backend::redis::RedisTimeouts;
-    use shardkeep::coord::maintain_once;
-    use shardkeep_testkit::faults::{ProxyControl, ProxyMode};
-    let redis = TestRedis::new().await;
-    let timeouts = RedisTimeouts {
-        connect: Duration::from_millis(300),
-        response: Duration::from_millis(300),
-    };
-    let (proxy, cut) = shardkeep_testkit::faults::proxied_redis(
-        &shardkeep_testkit::redis_url(),
-        redis.keys().clone(),
-        timeouts,
-    )
-    .await
-    .unwrap();
-    let coord = shardkeep::Coordination::new(cut, shardkeep::CoordinationConfig::default());
-    proxy.set_mode(ProxyMode::Cut);
-    let pass = maintain_once(&coord, &instance("me"), Ttl::from_secs(30).unwrap()).await;
-    assert_eq!(pass.failed_steps, 4);
-    assert!(!pass.registered);
+async fn a_maintenance_pass_with_the_store_cut_off_reports_every_step_failed() {
+    for d in coord_drivers().await {
+        let (coord, _guard) = d.cut_off(Duration::from_secs(30)).await;
+        let pass = maintain_once(&coord, &instance("me"), Ttl::from_secs(30).unwrap()).await;
+        let steps = if d.redis().is_some() { 4 } else { 5 };
+        assert_eq!(pass.failed_steps, steps, "{}", d.name());
+        assert!(!pass.registered);
+    }
+}
+
+#[tokio::test]
+async fn sessions_and_console_sessions_live_until_deleted_or_expired() {
+    for d in coord_drivers().await {
+        let coord = d.coordination();
+        let short = Ttl::from_millis(100).unwrap();
+        coord
+            .session_activate("s-1", Ttl::from_secs(60).unwrap())
+            .await
+            .unwrap();
+        coord.session_activate("s-2", short).await.unwrap();
+        coord
+            .console_session_store("digest-1", short)
+            .await
+            .unwrap();
+        coord
+            .console_session_store("digest-2", Ttl::from_secs(60).unwrap())
+            .await
+            .unwrap();
+        assert!(
+            coord.session_is_active("s-1").await.unwrap(),
+            "{}",
+            d.name()
+        );
+        assert!(coord.console_session_exists("digest-1").await.unwrap());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !coord.session_is_active("s-2").await.unwrap(),
+            "an expired session is inactive at once ({})",
+            d.name()
+        );
+        assert!(!coord.console_session_exists("digest-1").await.unwrap());
+        coord.session_deactivate("s-1").await.unwrap();
+        coord.console_session_delete("digest-2").await.unwrap();
+        assert!(!coord.session_is_active("s-1").await.unwrap());
+        assert!(!coord.console_session_exists("digest-2").await.unwrap());
+        assert!(coord.session_activate("", short).await.is_err());
+        assert!(d.all_keys().await.is_empty(), "{}", d.name());
+    }
 }

@@ -10,6 +10,7 @@ mod claims_together;
 mod coord_cleanup;
 mod coord_handoff;
 mod coord_records;
+mod coord_session_order;
 mod corrupt_fences;
 mod fuzz_checkpoints;
 mod fuzz_decoders;

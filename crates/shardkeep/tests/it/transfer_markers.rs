@@ -8,7 +8,7 @@ use chrono::Utc;
 use shardkeep::HandoffScope;
 use shardkeep::coord::{HandoffTake, InstanceRecord, TransferActivation, maintain_once};
 use shardkeep::{Coordination, Ttl};
-use shardkeep_testkit::TestRedis;
+use shardkeep_testkit::{CoordDriver, coord_drivers};
 
 fn activation(token: &str) -> TransferActivation {
     TransferActivation {
@@ -37,8 +37,13 @@ async fn upkeep(coord: &Coordination) -> usize {
 
 #[tokio::test]
 async fn a_marker_outlives_its_taken_handoff_until_the_transfer_completes() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
+    for d in coord_drivers().await {
+        a_marker_outlives_its_taken_handoff_until_the_transfer_completes_on(&d).await;
+    }
+}
+
+async fn a_marker_outlives_its_taken_handoff_until_the_transfer_completes_on(d: &CoordDriver) {
+    let coord = d.coordination();
     let ttl = Ttl::from_secs(600).unwrap();
     let scope = HandoffScope::Placement("shard-2".into());
     // The source starts the transfer and stores the handoff; the destination takes it and
@@ -69,8 +74,13 @@ async fn a_marker_outlives_its_taken_handoff_until_the_transfer_completes() {
 
 #[tokio::test]
 async fn markers_of_transfers_no_longer_pending_are_reconciled_away() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
+    for d in coord_drivers().await {
+        markers_of_transfers_no_longer_pending_are_reconciled_away_on(&d).await;
+    }
+}
+
+async fn markers_of_transfers_no_longer_pending_are_reconciled_away_on(d: &CoordDriver) {
+    let coord = d.coordination();
     let long = Ttl::from_secs(600).unwrap();
     coord.transfer_begin("t-live", long).await.unwrap();
     coord
@@ -93,42 +103,45 @@ async fn markers_of_transfers_no_longer_pending_are_reconciled_away() {
 
 #[tokio::test]
 async fn bad_transfer_tokens_are_typed_errors() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
+    for d in coord_drivers().await {
+        bad_transfer_tokens_are_typed_errors_on(&d).await;
+    }
+}
+
+async fn bad_transfer_tokens_are_typed_errors_on(d: &CoordDriver) {
+    let coord = d.coordination();
     let ttl = Ttl::from_secs(60).unwrap();
     assert!(coord.transfer_begin("", ttl).await.is_err());
     assert!(coord.transfer_complete("").await.is_err());
     let long = "t".repeat(300);
     assert!(coord.transfer_begin(&long, ttl).await.is_err());
     assert!(coord.transfer_is_pending(&long).await.is_err());
-    let mut raw = redis.raw().await;
-    let written: Vec<String> =
-        redis::AsyncCommands::keys(&mut raw, format!("*{}*", redis.keys().namespace()))
-            .await
-            .unwrap();
-    assert!(written.is_empty(), "{written:?}");
+    let written = d.all_keys().await;
+    assert!(written.is_empty(), "{} {written:?}", d.name());
 }
 
 /// Transfers begun and activated while a reconciliation pass walks the markers keep their
 /// markers: each is judged by its own pending record.
 #[tokio::test]
 async fn markers_written_during_a_reconciliation_pass_survive_it() {
-    let redis = TestRedis::new().await;
-    let coord = redis.coordination();
+    for d in coord_drivers().await {
+        markers_written_during_a_reconciliation_pass_survive_it_on(&d).await;
+    }
+}
+
+async fn markers_written_during_a_reconciliation_pass_survive_it_on(d: &CoordDriver) {
+    let coord = d.coordination();
     let long = Ttl::from_secs(600).unwrap();
     // Plenty of stale markers, so the pass takes many SCAN pages.
-    let mut pipe = redis::pipe();
     for n in 0..3000 {
         let key = coord
             .keys()
             .transfer_activated(&format!("stale-{n}"))
             .unwrap();
-        pipe.set(key, "{}").ignore();
+        d.set_raw(&key, b"{}").await;
     }
-    let mut raw = redis.raw().await;
-    let () = pipe.query_async(&mut raw).await.unwrap();
     let writer = {
-        let coord = redis.coordination();
+        let coord = d.coordination();
         tokio::spawn(async move {
             let mut tokens = Vec::new();
             for n in 0..200 {
@@ -159,7 +172,7 @@ async fn markers_written_during_a_reconciliation_pass_survive_it() {
         .unwrap()
         .removed
         .len();
-    assert_eq!(removed, 3000, "exactly the stale markers go");
+    assert_eq!(removed, 3000, "exactly the stale markers go ({})", d.name());
     for token in tokens {
         assert!(
             coord.transfer_marker_get(&token).await.unwrap().is_some(),
