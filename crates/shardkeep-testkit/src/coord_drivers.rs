@@ -71,6 +71,18 @@ impl CoordDriver {
         }
     }
 
+    /// Placement records in this namespace.
+    pub fn placement(&self) -> shardkeep::placement::PlacementStore {
+        match self {
+            Self::Redis(redis) => shardkeep::placement::PlacementStore::new(redis.backend()),
+            Self::Embedded { file, keys } => shardkeep::placement::PlacementStore::embedded(
+                file.backend(),
+                keys.clone(),
+                Arc::new(SystemClock),
+            ),
+        }
+    }
+
     /// Another namespace on the same engine (the same Redis server, the same file).
     pub async fn neighbour(&self) -> Self {
         match self {

@@ -9,7 +9,7 @@
 
 pub mod cleanup;
 pub mod console;
-mod embedded;
+pub(crate) mod embedded;
 pub mod handoff;
 pub mod maintenance;
 pub mod nonce;

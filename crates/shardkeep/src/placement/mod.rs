@@ -14,9 +14,10 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::backend::RedisBackend;
+use crate::coord::embedded::{self, RecordFile};
 use crate::coord::handoff::is;
 use crate::drain::{BarrierOutcome, BatchHandler, DrainQueue};
-use crate::keyspace::{KeyError, PLACEMENT_TTL};
+use crate::keyspace::{KeyError, Keyspace, PLACEMENT_TTL};
 use crate::telemetry;
 
 static WRITE: LazyLock<Script> = LazyLock::new(|| {
@@ -60,6 +61,18 @@ pub enum PlacementError {
     /// A stored record is not valid.
     #[error("placement record is corrupt: {0}")]
     Corrupt(String),
+    /// The embedded store's file failed.
+    #[error("embedded store: {0}")]
+    Embedded(String),
+}
+
+impl From<crate::coord::CoordError> for PlacementError {
+    fn from(err: crate::coord::CoordError) -> Self {
+        match err {
+            crate::coord::CoordError::InvalidKey(key) => Self::InvalidKey(key),
+            other => Self::Embedded(other.to_string()),
+        }
+    }
 }
 
 /// How a placement write ended.
@@ -77,16 +90,41 @@ pub enum PlacementWrite {
 /// Handle on placement records. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct PlacementStore {
-    redis: RedisBackend,
+    place: Place,
+}
+
+/// Where the records are kept.
+#[derive(Debug, Clone)]
+enum Place {
+    Redis(Box<RedisBackend>),
+    Embedded { file: RecordFile, keys: Keyspace },
 }
 
 impl PlacementStore {
     /// Placement records over `redis`.
     pub fn new(redis: RedisBackend) -> Self {
-        Self { redis }
+        Self {
+            place: Place::Redis(Box::new(redis)),
+        }
     }
 
-    /// Writes many records in one pipelined round trip, one result each, in order.
+    /// Placement records in the embedded store's file `db`, named by `keys`, their expiry read
+    /// from `clock`.
+    pub fn embedded(
+        db: crate::backend::SqliteBackend,
+        keys: Keyspace,
+        clock: std::sync::Arc<dyn crate::clock::Clock>,
+    ) -> Self {
+        Self {
+            place: Place::Embedded {
+                file: RecordFile::new(db, clock),
+                keys,
+            },
+        }
+    }
+
+    /// Writes many records in one pipelined round trip (one transaction in the embedded
+    /// store), one result each, in order.
     pub async fn write_many(
         &self,
         records: &[PlacementRecord],
@@ -94,19 +132,19 @@ impl PlacementStore {
         if records.is_empty() {
             return Ok(Vec::new());
         }
+        let redis = match &self.place {
+            Place::Redis(redis) => redis,
+            Place::Embedded { file, keys } => return write_in_file(file, keys, records).await,
+        };
         let mut calls = Vec::with_capacity(records.len());
         for record in records {
             let body =
                 serde_json::to_vec(record).map_err(|e| PlacementError::Corrupt(e.to_string()))?;
             let mut call = WRITE.prepare_invoke();
-            call.key(
-                self.redis
-                    .keys()
-                    .placement(&record.character_id.to_string())?,
-            )
-            .arg(record.owner_epoch)
-            .arg(body)
-            .arg(PLACEMENT_TTL.as_millis());
+            call.key(redis.keys().placement(&record.character_id.to_string())?)
+                .arg(record.owner_epoch)
+                .arg(body)
+                .arg(PLACEMENT_TTL.as_millis());
             calls.push(call);
         }
         let mut pipe = redis::pipe();
@@ -114,7 +152,7 @@ impl PlacementStore {
         for call in &calls {
             pipe.invoke_script(call);
         }
-        let replies: Vec<Vec<Value>> = pipe.query_async(&mut self.redis.conn()).await?;
+        let replies: Vec<Vec<Value>> = pipe.query_async(&mut redis.conn()).await?;
         replies
             .iter()
             .map(|reply| match reply.as_slice() {
@@ -142,15 +180,61 @@ impl PlacementStore {
         &self,
         character_id: Uuid,
     ) -> Result<Option<PlacementRecord>, PlacementError> {
-        let key = self.redis.keys().placement(&character_id.to_string())?;
-        let body: Option<Vec<u8>> = redis::cmd("HGET")
-            .arg(&key)
-            .arg("record")
-            .query_async(&mut self.redis.conn())
-            .await?;
+        let body: Option<Vec<u8>> = match &self.place {
+            Place::Redis(redis) => {
+                let key = redis.keys().placement(&character_id.to_string())?;
+                redis::cmd("HGET")
+                    .arg(&key)
+                    .arg("record")
+                    .query_async(&mut redis.conn())
+                    .await?
+            }
+            Place::Embedded { file, keys } => {
+                file.get(&keys.placement(&character_id.to_string())?)
+                    .await?
+            }
+        };
         body.map(|b| serde_json::from_slice(&b).map_err(|e| PlacementError::Corrupt(e.to_string())))
             .transpose()
     }
+}
+
+/// The fenced write in the embedded store's file, every record in one transaction: a record
+/// whose stored epoch is newer is refused; a stored record that does not decode is replaced.
+async fn write_in_file(
+    file: &RecordFile,
+    keys: &Keyspace,
+    records: &[PlacementRecord],
+) -> Result<Vec<PlacementWrite>, PlacementError> {
+    let mut bodies = Vec::with_capacity(records.len());
+    for record in records {
+        let key = keys.placement(&record.character_id.to_string())?;
+        let body =
+            serde_json::to_vec(record).map_err(|e| PlacementError::Corrupt(e.to_string()))?;
+        bodies.push((key, body));
+    }
+    let (mut tx, now) = file.begin().await?;
+    let mut writes = Vec::with_capacity(records.len());
+    for (record, (key, body)) in records.iter().zip(&bodies) {
+        let stored_epoch = embedded::read(&mut tx, key, now)
+            .await?
+            .and_then(|(raw, _)| serde_json::from_slice::<PlacementRecord>(&raw).ok())
+            .map(|stored| stored.owner_epoch);
+        match stored_epoch {
+            Some(stored_epoch) if stored_epoch > record.owner_epoch => {
+                writes.push(PlacementWrite::Stale { stored_epoch });
+            }
+            _ => {
+                let expires = embedded::expiry(now, PLACEMENT_TTL);
+                embedded::put(&mut tx, key, body, Some(expires)).await?;
+                writes.push(PlacementWrite::Written);
+            }
+        }
+    }
+    tx.commit()
+        .await
+        .map_err(|e| PlacementError::Embedded(e.to_string()))?;
+    Ok(writes)
 }
 
 struct PlacementWorker {

@@ -21,6 +21,7 @@ mod lock_order;
 mod migrate;
 mod pending_at_claim;
 mod pg_pooler;
+mod placement_records;
 mod queue;
 mod queue_depths;
 mod queue_identity;
