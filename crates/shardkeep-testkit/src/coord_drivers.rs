@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use shardkeep::clock::SystemClock;
+use shardkeep::queue::{QueueError, WorkQueue, WorkQueueConfig};
 use shardkeep::{Coordination, CoordinationConfig, Keyspace};
 
 use crate::{TestRedis, TestSqlite};
@@ -80,6 +81,110 @@ impl CoordDriver {
                 keys.clone(),
                 Arc::new(SystemClock),
             ),
+        }
+    }
+
+    /// The work queue `name` in this namespace.
+    pub fn queue<T>(&self, name: &str, config: WorkQueueConfig) -> Result<WorkQueue<T>, QueueError>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned + Send + Sync + 'static,
+    {
+        match self {
+            Self::Redis(redis) => WorkQueue::new(redis.backend(), name, config),
+            Self::Embedded { file, keys } => {
+                WorkQueue::embedded(file.backend(), keys, name, config, Arc::new(SystemClock))
+            }
+        }
+    }
+
+    /// The consumers registered with queue `name`, sorted.
+    pub async fn queue_consumers(&self, name: &str) -> Vec<String> {
+        let mut ids: Vec<String> = match self {
+            Self::Redis(redis) => {
+                let keys = redis.keys().queue(name).unwrap();
+                redis.raw().await.smembers(&keys.consumers).await.unwrap()
+            }
+            Self::Embedded { file, .. } => {
+                sqlx::query_scalar("SELECT id FROM queue_consumers WHERE queue = ?1")
+                    .bind(name)
+                    .fetch_all(file.backend().pool())
+                    .await
+                    .unwrap()
+            }
+        };
+        ids.sort();
+        ids
+    }
+
+    /// Makes consumer `id` of queue `name` look stalled past its heartbeat.
+    pub async fn lapse_consumer(&self, name: &str, id: &str) {
+        match self {
+            Self::Redis(redis) => {
+                let keys = redis.keys().queue(name).unwrap();
+                let heartbeat = keys.consumer_heartbeat(id).unwrap();
+                let _: i64 = redis.raw().await.del(heartbeat).await.unwrap();
+            }
+            Self::Embedded { file, .. } => {
+                sqlx::query(
+                    "UPDATE queue_consumers SET beat_until = 0 WHERE queue = ?1 AND id = ?2",
+                )
+                .bind(name)
+                .bind(id)
+                .execute(file.backend().pool())
+                .await
+                .unwrap();
+            }
+        }
+    }
+
+    /// Puts `body` underneath queue `name`: pending at the newest end (`holder` none), or held
+    /// by consumer `holder` (registered or not).
+    pub async fn push_raw_entry(&self, name: &str, holder: Option<&str>, body: &[u8]) {
+        match self {
+            Self::Redis(redis) => {
+                let keys = redis.keys().queue(name).unwrap();
+                let list = match holder {
+                    Some(id) => keys.processing(id).unwrap(),
+                    None => keys.pending,
+                };
+                let _: i64 = redis.raw().await.lpush(list, body).await.unwrap();
+            }
+            Self::Embedded { file, .. } => {
+                sqlx::query("INSERT INTO queue_entries (queue, body, holder) VALUES (?1, ?2, ?3)")
+                    .bind(name)
+                    .bind(body)
+                    .bind(holder)
+                    .execute(file.backend().pool())
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+
+    /// Entries of queue `name` that consumer `id` holds.
+    pub async fn held_by(&self, name: &str, id: &str) -> usize {
+        match self {
+            Self::Redis(redis) => {
+                let keys = redis.keys().queue(name).unwrap();
+                let len: usize = redis
+                    .raw()
+                    .await
+                    .llen(keys.processing(id).unwrap())
+                    .await
+                    .unwrap();
+                len
+            }
+            Self::Embedded { file, .. } => {
+                let n: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM queue_entries WHERE queue = ?1 AND holder = ?2",
+                )
+                .bind(name)
+                .bind(id)
+                .fetch_one(file.backend().pool())
+                .await
+                .unwrap();
+                usize::try_from(n).unwrap()
+            }
         }
     }
 

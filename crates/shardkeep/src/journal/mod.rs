@@ -143,6 +143,20 @@ impl SessionJournal {
         })
     }
 
+    /// The journal in the embedded store's file `db`, named by `keys`, its consumers'
+    /// heartbeats timed by `clock`.
+    pub fn embedded(
+        db: crate::backend::SqliteBackend,
+        keys: &crate::keyspace::Keyspace,
+        config: WorkQueueConfig,
+        clock: Arc<dyn crate::clock::Clock>,
+    ) -> Result<Self, QueueError> {
+        Ok(Self {
+            queue: WorkQueue::embedded(db, keys, JOURNAL_QUEUE, config, clock)?,
+            wake: Arc::new(Notify::new()),
+        })
+    }
+
     /// The underlying queue.
     pub fn queue(&self) -> &WorkQueue<RealtimeStreamCleanup> {
         &self.queue

@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::counting_script;
+use super::embedded::{Destination, QueueFile};
 use super::identity::Incarnation;
 use super::{DurableDeadLetterEntry, DurableWorkQueueEntry, QueueError, WorkQueue};
 use crate::telemetry;
@@ -111,11 +112,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
     ) -> Result<Self, QueueError> {
         let processing = queue.keys().processing(&incarnation.id)?;
         let stop = CancellationToken::new();
-        tokio::spawn(
-            incarnation
-                .clone()
-                .beat(queue.redis().clone(), stop.clone()),
-        );
+        tokio::spawn(incarnation.clone().beat(queue.clone(), stop.clone()));
         Ok(Self {
             queue: queue.clone(),
             incarnation,
@@ -155,10 +152,28 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
     ) -> Result<Option<Leased<T>>, QueueError> {
         // Registered (with a fresh heartbeat) before blocking; a stall while blocked is covered
         // by the beat and, failing that, by recovery's backstop.
-        self.incarnation.refresh_if_due(self.queue.redis()).await?;
+        self.incarnation.refresh_if_due(&self.queue).await?;
+        if let Some(file) = self.queue.file().cloned() {
+            let deadline = tokio::time::Instant::now() + timeout;
+            loop {
+                // Registered before waiting, so an append that lands meanwhile wakes this wait.
+                let woken = file.wake().notified();
+                if let Some(leased) = self.lease().await? {
+                    return Ok(Some(leased));
+                }
+                let now = tokio::time::Instant::now();
+                if now >= deadline {
+                    return Ok(None);
+                }
+                // Another process on the same file cannot wake this one: look again at least
+                // every 100 ms.
+                let nap = (deadline - now).min(Duration::from_millis(100));
+                let _ = tokio::time::timeout(nap, woken).await;
+            }
+        }
         if self.blocking.is_none() {
             let response = timeout + Duration::from_secs(5);
-            self.blocking = Some(self.queue.redis().dedicated_conn(response).await?);
+            self.blocking = Some(self.queue.redis()?.dedicated_conn(response).await?);
         }
         for _ in 0..MAX_POISON_PER_LEASE {
             let Some(conn) = self.blocking.as_mut() else {
@@ -208,6 +223,12 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
         max: usize,
     ) -> Result<(Vec<AckOutcome>, Vec<Leased<T>>), QueueError> {
         self.incarnation.check()?;
+        if let Some(file) = self.queue.file() {
+            let raws: Vec<&[u8]> = done.iter().map(|entry| entry.raw.as_slice()).collect();
+            let (acked, leased) = self.lease_in_file(file, &raws, max).await?;
+            let leased = self.decode_all(leased).await?;
+            return Ok((acked.into_iter().map(ack_flag).collect(), leased));
+        }
         let keys = self.queue.keys();
         let mut call = ACK_LEASE.prepare_invoke();
         call.key(&keys.pending)
@@ -223,7 +244,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
         for entry in done {
             call.arg(&entry.raw);
         }
-        let reply = call.invoke_async(&mut self.queue.redis().conn()).await;
+        let reply = call.invoke_async(&mut self.queue.redis()?.conn()).await;
         let (flags, raws): (Vec<i64>, Vec<Vec<u8>>) = self.refreshed(reply)?;
         let leased = self.decode_all(raws).await?;
         Ok((flags.into_iter().map(ack_outcome).collect(), leased))
@@ -257,6 +278,9 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
     /// refreshing its heartbeat and registration in the same script.
     async fn lease_raw(&self, max: usize) -> Result<Vec<Vec<u8>>, QueueError> {
         self.incarnation.check()?;
+        if let Some(file) = self.queue.file() {
+            return Ok(self.lease_in_file(file, &[], max).await?.1);
+        }
         let keys = self.queue.keys();
         let leased: redis::RedisResult<Vec<Vec<u8>>> = LEASE_BATCH
             .key(&keys.pending)
@@ -269,15 +293,41 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
             .arg(&self.incarnation.id)
             .arg(&self.incarnation.token)
             .arg(self.queue.config().heartbeat_ttl.as_millis())
-            .invoke_async(&mut self.queue.redis().conn())
+            .invoke_async(&mut self.queue.redis()?.conn())
             .await;
         self.refreshed(leased)
+    }
+
+    /// Acks `done` and leases up to `max` in the embedded store's file, refreshing the heartbeat.
+    async fn lease_in_file(
+        &self,
+        file: &QueueFile,
+        done: &[&[u8]],
+        max: usize,
+    ) -> Result<(Vec<bool>, Vec<Vec<u8>>), QueueError> {
+        let me = (
+            self.incarnation.id.as_str(),
+            self.incarnation.token.as_str(),
+            self.queue.config().heartbeat_ttl,
+        );
+        match file.ack_and_lease(me, done, max).await? {
+            Some(outcome) => {
+                self.incarnation.mark_refreshed();
+                Ok(outcome)
+            }
+            None => Err(self.incarnation.lost()),
+        }
     }
 
     /// Acks many entries in one round trip; one outcome each, in order.
     pub async fn ack_batch(&self, leased: &[Leased<T>]) -> Result<Vec<AckOutcome>, QueueError> {
         if leased.is_empty() {
             return Ok(Vec::new());
+        }
+        if let Some(file) = self.queue.file() {
+            let raws: Vec<&[u8]> = leased.iter().map(|entry| entry.raw.as_slice()).collect();
+            let acked = file.ack(&self.incarnation.id, &raws).await?;
+            return Ok(acked.into_iter().map(ack_flag).collect());
         }
         let keys = self.queue.keys();
         let mut call = ACK_BATCH.prepare_invoke();
@@ -288,7 +338,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
         for entry in leased {
             call.arg(&entry.raw);
         }
-        let flags: Vec<i64> = call.invoke_async(&mut self.queue.redis().conn()).await?;
+        let flags: Vec<i64> = call.invoke_async(&mut self.queue.redis()?.conn()).await?;
         Ok(flags.into_iter().map(ack_outcome).collect())
     }
 
@@ -327,12 +377,11 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
     async fn move_to<S: Serialize>(
         &self,
         raw: &[u8],
-        destination: &str,
+        destination: Destination,
         successor: &S,
-        place: Place,
     ) -> Result<bool, QueueError> {
         let body = serde_json::to_vec(successor).map_err(QueueError::Encode)?;
-        self.settle(raw, destination, &body, place, None).await
+        self.settle(raw, destination, &body).await
     }
 
     /// Moves `raw` to the dead letters as `dead`, indexed by its id.
@@ -342,26 +391,29 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
         dead: &DurableDeadLetterEntry<S>,
     ) -> Result<bool, QueueError> {
         let body = serde_json::to_vec(dead).map_err(QueueError::Encode)?;
-        let keys = self.queue.keys();
-        self.settle(
-            raw,
-            &keys.dead,
-            &body,
-            Place::Newest,
-            Some(dead.dead_letter_id),
-        )
-        .await
+        self.settle(raw, Destination::Dead(dead.dead_letter_id), &body)
+            .await
     }
 
+    /// Moves the held entry `raw` to `destination` as `body`; false when this consumer no
+    /// longer holds it.
     async fn settle(
         &self,
         raw: &[u8],
-        destination: &str,
+        destination: Destination,
         body: &[u8],
-        place: Place,
-        dead_letter_id: Option<Uuid>,
     ) -> Result<bool, QueueError> {
+        if let Some(file) = self.queue.file() {
+            return file
+                .settle(&self.incarnation.id, raw, destination, body)
+                .await;
+        }
         let keys = self.queue.keys();
+        let (destination, place, dead_letter_id) = match destination {
+            Destination::Pending => (keys.pending.as_str(), Place::Front, None),
+            Destination::Held => (self.processing.as_str(), Place::Newest, None),
+            Destination::Dead(id) => (keys.dead.as_str(), Place::Newest, Some(id)),
+        };
         let moved: i64 = SETTLE
             .key(&self.processing)
             .key(destination)
@@ -373,7 +425,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
             .arg(place.as_arg())
             .arg(dead_letter_id.map(|id| id.to_string()).unwrap_or_default())
             .arg(&self.incarnation.id)
-            .invoke_async(&mut self.queue.redis().conn())
+            .invoke_async(&mut self.queue.redis()?.conn())
             .await?;
         Ok(moved == 1)
     }
@@ -386,7 +438,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
             .key(&keys.processing_held)
             .key(&keys.processing_total)
             .arg(&self.incarnation.id)
-            .invoke_async(&mut self.queue.redis().conn())
+            .invoke_async(&mut self.queue.redis()?.conn())
             .await?;
         Ok(())
     }
@@ -427,12 +479,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
             ..leased.entry.clone()
         };
         if !self
-            .move_to(
-                &leased.raw,
-                &self.queue.keys().pending,
-                &retry,
-                Place::Front,
-            )
+            .move_to(&leased.raw, Destination::Pending, &retry)
             .await?
         {
             return Ok(FailOutcome::Stale);
@@ -460,10 +507,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
             attempts,
             ..leased.entry.clone()
         };
-        if !self
-            .move_to(&leased.raw, &self.processing, &retry, Place::Newest)
-            .await?
-        {
+        if !self.move_to(&leased.raw, Destination::Held, &retry).await? {
             return Ok(FailOutcome::Stale);
         }
         Ok(FailOutcome::Retried { attempts })
@@ -472,14 +516,8 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
     /// Hands `leased` back to the front of pending unchanged (no attempt counted): used to end
     /// a pass without spinning on an entry that already failed in it.
     pub async fn release(&self, leased: &Leased<T>) -> Result<bool, QueueError> {
-        self.settle(
-            &leased.raw,
-            &self.queue.keys().pending,
-            &leased.raw,
-            Place::Front,
-            None,
-        )
-        .await
+        self.settle(&leased.raw, Destination::Pending, &leased.raw)
+            .await
     }
 
     /// Moves every entry this consumer's processing list holds back to the front of pending, in
@@ -488,6 +526,13 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
     /// left its entry here, and no recovery would find it while this consumer lives. Work may
     /// run twice, so handlers must be idempotent (the queue is at-least-once anyway).
     pub async fn requeue_held(&self) -> Result<usize, QueueError> {
+        if let Some(file) = self.queue.file() {
+            let (id, token) = (&self.incarnation.id, &self.incarnation.token);
+            return match file.hand_back(id, token, false).await? {
+                Some(moved) => Ok(moved),
+                None => Err(self.incarnation.lost()),
+            };
+        }
         let keys = self.queue.keys();
         let moved: i64 = REQUEUE_HELD
             .key(&self.processing)
@@ -498,7 +543,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
             .arg(MAX_REQUEUE_HELD)
             .arg(&self.incarnation.token)
             .arg(&self.incarnation.id)
-            .invoke_async(&mut self.queue.redis().conn())
+            .invoke_async(&mut self.queue.redis()?.conn())
             .await?;
         if moved < 0 {
             return Err(self.incarnation.lost());
@@ -509,7 +554,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
     /// Refreshes the heartbeat and registration now (the background beat does this every third
     /// of the TTL).
     pub async fn heartbeat(&self) -> Result<(), QueueError> {
-        self.incarnation.refresh(self.queue.redis()).await
+        self.incarnation.refresh(&self.queue).await
     }
 
     /// Stops heartbeating without a trace, as a crashed process would (tests and the simulator).
@@ -522,6 +567,13 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
     /// another incarnation took over touches nothing: those entries are the new holder's.
     pub async fn shutdown(self) -> Result<(), QueueError> {
         self.stop.cancel();
+        if let Some(file) = self.queue.file() {
+            let (id, token) = (&self.incarnation.id, &self.incarnation.token);
+            return match file.hand_back(id, token, true).await? {
+                Some(_) => Ok(()),
+                None => Err(QueueError::IdentityLost(id.clone())),
+            };
+        }
         let keys = self.queue.keys();
         let moved: i64 = LEAVE
             .key(&self.processing)
@@ -533,12 +585,20 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
             .arg(&self.incarnation.id)
             .arg(&self.incarnation.token)
             .arg(MAX_REQUEUE_HELD)
-            .invoke_async(&mut self.queue.redis().conn())
+            .invoke_async(&mut self.queue.redis()?.conn())
             .await?;
         if moved < 0 {
             return Err(QueueError::IdentityLost(self.incarnation.id.clone()));
         }
         Ok(())
+    }
+}
+
+fn ack_flag(acked: bool) -> AckOutcome {
+    if acked {
+        AckOutcome::Acked
+    } else {
+        AckOutcome::Stale
     }
 }
 

@@ -74,12 +74,18 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         offset: usize,
         limit: usize,
     ) -> Result<Vec<DeadLetterView<T>>, QueueError> {
+        if let Some(file) = self.file() {
+            let raws = file
+                .dead_page(offset, limit.clamp(1, MAX_DEAD_LETTER_LIST))
+                .await?;
+            return Ok(raws.iter().filter_map(|raw| view(raw)).collect());
+        }
         let limit = limit.clamp(1, MAX_DEAD_LETTER_LIST) as isize;
         let start = isize::try_from(offset)
             .unwrap_or(isize::MAX)
             .min(isize::MAX - limit);
         let raws: Vec<Vec<u8>> = self
-            .redis()
+            .redis()?
             .conn()
             .lrange(&self.keys().dead, start, start + limit - 1)
             .await?;
@@ -95,12 +101,20 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         keep: impl Fn(&DeadLetterView<T>) -> bool,
     ) -> Result<Vec<DeadLetterView<T>>, QueueError> {
         let limit = limit.clamp(1, MAX_DEAD_LETTER_LIST);
-        let mut conn = self.redis().conn();
         let (mut start, mut skipped, mut found) = (0isize, 0usize, Vec::new());
         loop {
-            let raws: Vec<Vec<u8>> = conn
-                .lrange(&self.keys().dead, start, start + PAGE - 1)
-                .await?;
+            let raws: Vec<Vec<u8>> = match self.file() {
+                Some(file) => {
+                    let from = usize::try_from(start).unwrap_or(usize::MAX);
+                    file.dead_page(from, PAGE as usize).await?
+                }
+                None => {
+                    self.redis()?
+                        .conn()
+                        .lrange(&self.keys().dead, start, start + PAGE - 1)
+                        .await?
+                }
+            };
             for letter in raws.iter().filter_map(|raw| view(raw)) {
                 if !keep(&letter) {
                     continue;
@@ -123,7 +137,10 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
     /// The dead letter `dead_letter_id` as stored, through the index; a letter written before
     /// the index existed is found by walking the newest 10,000.
     async fn dead_letter_raw(&self, dead_letter_id: Uuid) -> Result<Option<Vec<u8>>, QueueError> {
-        let mut conn = self.redis().conn();
+        if let Some(file) = self.file() {
+            return file.dead_by_id(dead_letter_id).await;
+        }
+        let mut conn = self.redis()?.conn();
         let indexed: Option<Vec<u8>> = conn
             .hget(&self.keys().dead_index, dead_letter_id.to_string())
             .await?;
@@ -180,15 +197,19 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
             item: record.item,
         };
         let body = serde_json::to_vec(&entry).map_err(QueueError::Encode)?;
-        let moved: i64 = REQUEUE
-            .key(&self.keys().dead)
-            .key(&self.keys().pending)
-            .key(&self.keys().dead_index)
-            .arg(&raw)
-            .arg(body)
-            .arg(dead_letter_id.to_string())
-            .invoke_async(&mut self.redis().conn())
-            .await?;
+        let moved: i64 = if let Some(file) = self.file() {
+            i64::from(file.requeue(dead_letter_id, &raw, &body).await?)
+        } else {
+            REQUEUE
+                .key(&self.keys().dead)
+                .key(&self.keys().pending)
+                .key(&self.keys().dead_index)
+                .arg(&raw)
+                .arg(body)
+                .arg(dead_letter_id.to_string())
+                .invoke_async(&mut self.redis()?.conn())
+                .await?
+        };
         if moved == 1 {
             metrics::counter!(telemetry::QUEUE_REQUEUED_TOTAL, "queue" => self.name().to_owned())
                 .increment(1);
@@ -203,7 +224,16 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         &self,
         retention: DeadLetterRetention,
     ) -> Result<u64, QueueError> {
-        let mut conn = self.redis().conn();
+        if let Some(file) = self.file() {
+            let age =
+                chrono::Duration::from_std(retention.max_age).unwrap_or(chrono::Duration::MAX);
+            let cutoff = Utc::now()
+                .checked_sub_signed(age)
+                .unwrap_or(chrono::DateTime::<Utc>::MIN_UTC);
+            let batch = usize::try_from(PRUNE_BATCH).unwrap_or(1_000);
+            return file.prune(retention.max_count, cutoff, batch).await;
+        }
+        let mut conn = self.redis()?.conn();
         let len: isize = conn.llen(&self.keys().dead).await?;
         let keep = isize::try_from(retention.max_count).unwrap_or(isize::MAX);
         let over_count = (len - keep).clamp(0, PRUNE_BATCH);

@@ -21,8 +21,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::consumer::Consumer;
+use super::embedded::Beat;
 use super::{QueueError, WorkQueue};
-use crate::backend::RedisBackend;
 use crate::coord::handoff::is;
 use crate::ttl::Ttl;
 
@@ -85,16 +85,28 @@ impl Incarnation {
     }
 
     /// Refreshes the heartbeat and re-registers the id, unless another incarnation holds it.
-    pub(super) async fn refresh(&self, redis: &RedisBackend) -> Result<(), QueueError> {
+    pub(super) async fn refresh<T: Serialize + DeserializeOwned + Send + Sync + 'static>(
+        &self,
+        queue: &WorkQueue<T>,
+    ) -> Result<(), QueueError> {
         self.check()?;
-        let refreshed: i64 = HEARTBEAT
-            .key(&self.heartbeat)
-            .key(&self.consumers)
-            .arg(&self.id)
-            .arg(&self.token)
-            .arg(self.ttl.as_millis())
-            .invoke_async(&mut redis.conn())
-            .await?;
+        let refreshed: i64 = match queue.file() {
+            Some(file) => match file.heartbeat(&self.id, &self.token, self.ttl).await? {
+                Beat::Refreshed => 1,
+                Beat::Reregistered => 2,
+                Beat::Lost => 0,
+            },
+            None => {
+                HEARTBEAT
+                    .key(&self.heartbeat)
+                    .key(&self.consumers)
+                    .arg(&self.id)
+                    .arg(&self.token)
+                    .arg(self.ttl.as_millis())
+                    .invoke_async(&mut queue.redis()?.conn())
+                    .await?
+            }
+        };
         if refreshed >= 1 {
             if refreshed == 2 {
                 tracing::info!(event = "queue_consumer_reregistered", queue = %self.queue, consumer = %self.id);
@@ -119,25 +131,32 @@ impl Incarnation {
     /// Refreshes unless a refresh landed within the last third of the TTL (then the heartbeat,
     /// and so the registration, is certainly alive): what a blocking lease does first, so a
     /// consumer back from a stall is registered again before it can take anything.
-    pub(super) async fn refresh_if_due(&self, redis: &RedisBackend) -> Result<(), QueueError> {
+    pub(super) async fn refresh_if_due<T: Serialize + DeserializeOwned + Send + Sync + 'static>(
+        &self,
+        queue: &WorkQueue<T>,
+    ) -> Result<(), QueueError> {
         self.check()?;
         let last = Duration::from_millis(self.refreshed_ms.load(Ordering::Relaxed));
         let since = self.born.elapsed().saturating_sub(last);
         if self.refreshed_ms.load(Ordering::Relaxed) > 0 && since < self.ttl.duration() / 3 {
             return Ok(());
         }
-        self.refresh(redis).await
+        self.refresh(queue).await
     }
 
     /// The background heartbeat: every third of the TTL until `stop`, or until the id is lost.
-    pub(super) async fn beat(self, redis: RedisBackend, stop: CancellationToken) {
+    pub(super) async fn beat<T: Serialize + DeserializeOwned + Send + Sync + 'static>(
+        self,
+        queue: WorkQueue<T>,
+        stop: CancellationToken,
+    ) {
         let period = self.ttl.duration() / 3;
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
                 () = tokio::time::sleep(period) => {}
             }
-            match self.refresh(&redis).await {
+            match self.refresh(&queue).await {
                 Ok(()) => {}
                 Err(QueueError::IdentityLost(_)) => return,
                 Err(err) => tracing::warn!(event = "queue_heartbeat_failed", error = %err),
@@ -152,7 +171,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
     /// heartbeat TTL plus one recovery interval.
     pub async fn consumer(&self) -> Result<Consumer<T>, QueueError> {
         let incarnation = Incarnation::new(self, Uuid::now_v7().to_string())?;
-        incarnation.refresh(self.redis()).await?;
+        incarnation.refresh(self).await?;
         Consumer::start(self, incarnation)
     }
 
@@ -198,13 +217,28 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         let poll = (ttl / 10).clamp(Duration::from_millis(20), Duration::from_millis(500));
         let mut last_remaining: Option<i64> = None;
         loop {
+            if let Some(file) = self.file() {
+                let held = file
+                    .claim_identity(&incarnation.id, &incarnation.token, incarnation.ttl)
+                    .await?;
+                let Some(remaining) = held else {
+                    return Ok(());
+                };
+                let refreshed = last_remaining.is_some_and(|last| remaining > last);
+                if refreshed || tokio::time::Instant::now() >= deadline {
+                    return Err(QueueError::IdentityInUse(incarnation.id.clone()));
+                }
+                last_remaining = Some(remaining);
+                tokio::time::sleep(poll).await;
+                continue;
+            }
             let reply: Vec<Value> = CLAIM_IDENTITY
                 .key(&incarnation.heartbeat)
                 .key(&incarnation.consumers)
                 .arg(&incarnation.id)
                 .arg(&incarnation.token)
                 .arg(incarnation.ttl.as_millis())
-                .invoke_async(&mut self.redis().conn())
+                .invoke_async(&mut self.redis()?.conn())
                 .await?;
             let remaining = match reply.as_slice() {
                 [tag] if is(tag, "claimed") => return Ok(()),

@@ -1,4 +1,5 @@
-//! A generic durable work queue on Redis lists: `WorkQueue<T>`.
+//! A generic durable work queue on Redis lists, or in the embedded store's file (`embedded`):
+//! `WorkQueue<T>`.
 //!
 //! Producers `append` (LPUSH, optionally capped). Each consumer incarnation leases entries into a
 //! processing list of its own (LMOVE, or BLMOVE on a dedicated connection), then acks them (LREM)
@@ -21,11 +22,12 @@
 mod appender;
 mod consumer;
 mod dead;
+mod embedded;
 mod identity;
 mod recovery;
 
 use std::marker::PhantomData;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 use chrono::{DateTime, Utc};
 use redis::Script;
@@ -101,6 +103,9 @@ pub enum QueueError {
     /// Redis failed or could not be reached.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// The embedded store's file failed.
+    #[error("embedded store: {0}")]
+    Embedded(#[from] sqlx::Error),
     /// The queue or consumer name could not form a key.
     #[error("invalid queue key: {0}")]
     InvalidKey(#[from] KeyError),
@@ -163,27 +168,38 @@ pub struct QueueDepths {
 /// Handle on one named queue. Cheap to clone.
 #[derive(Debug)]
 pub struct WorkQueue<T> {
-    redis: RedisBackend,
+    store: QueueStore,
     name: String,
     keys: QueueKeys,
     config: WorkQueueConfig,
-    /// Where recovery's backstop SCAN goes on from (it walks the keyspace a bounded slice per
-    /// pass); shared by clones.
-    backstop_cursor: std::sync::Arc<std::sync::Mutex<crate::backend::redis::ScanCursor>>,
-    /// Appends that arrive together, sent together; shared by clones.
-    appender: std::sync::Arc<appender::Appender>,
     _item: PhantomData<fn() -> T>,
+}
+
+/// Where a queue's entries are kept.
+#[derive(Debug, Clone)]
+enum QueueStore {
+    Redis(Arc<RedisQueue>),
+    Embedded(embedded::QueueFile),
+}
+
+/// A queue's Redis side, shared by clones.
+#[derive(Debug)]
+struct RedisQueue {
+    redis: RedisBackend,
+    /// Where recovery's backstop SCAN goes on from (it walks the keyspace a bounded slice per
+    /// pass).
+    backstop_cursor: std::sync::Mutex<crate::backend::redis::ScanCursor>,
+    /// Appends that arrive together, sent together.
+    appender: Arc<appender::Appender>,
 }
 
 impl<T> Clone for WorkQueue<T> {
     fn clone(&self) -> Self {
         Self {
-            redis: self.redis.clone(),
+            store: self.store.clone(),
             name: self.name.clone(),
             keys: self.keys.clone(),
             config: self.config,
-            backstop_cursor: std::sync::Arc::clone(&self.backstop_cursor),
-            appender: std::sync::Arc::clone(&self.appender),
             _item: PhantomData,
         }
     }
@@ -204,12 +220,32 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
             &APPEND,
         );
         Ok(Self {
-            redis,
+            store: QueueStore::Redis(Arc::new(RedisQueue {
+                redis,
+                backstop_cursor: std::sync::Mutex::default(),
+                appender,
+            })),
             name: name.to_owned(),
             keys,
             config,
-            backstop_cursor: std::sync::Arc::default(),
-            appender,
+            _item: PhantomData,
+        })
+    }
+
+    /// The queue named `name` in the embedded store's file `db` (its consumer names checked
+    /// against `keys`, as on Redis), its heartbeats timed by `clock`.
+    pub fn embedded(
+        db: crate::backend::SqliteBackend,
+        keys: &crate::keyspace::Keyspace,
+        name: &str,
+        config: WorkQueueConfig,
+        clock: Arc<dyn crate::clock::Clock>,
+    ) -> Result<Self, QueueError> {
+        Ok(Self {
+            store: QueueStore::Embedded(embedded::QueueFile::new(db, clock, name)),
+            name: name.to_owned(),
+            keys: keys.queue(name)?,
+            config,
             _item: PhantomData,
         })
     }
@@ -235,7 +271,18 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
             item,
         };
         let body = serde_json::to_vec(&entry).map_err(QueueError::Encode)?;
-        match self.appender.submit(body).await {
+        let redis = match &self.store {
+            QueueStore::Redis(redis) => redis,
+            QueueStore::Embedded(file) => {
+                if file.append(&[body], self.config.max_pending).await? {
+                    return Ok(entry.entry_id);
+                }
+                metrics::counter!(telemetry::QUEUE_FULL_TOTAL, "queue" => self.name.clone())
+                    .increment(1);
+                return Err(QueueError::Full(self.name.clone()));
+            }
+        };
+        match redis.appender.submit(body).await {
             appender::Appended::Stored => Ok(entry.entry_id),
             appender::Appended::Full => {
                 metrics::counter!(telemetry::QUEUE_FULL_TOTAL, "queue" => self.name.clone())
@@ -252,12 +299,17 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
     /// whatever the number of consumers (processing is the total the moving scripts keep); also
     /// exported as gauges.
     pub async fn depths(&self) -> Result<QueueDepths, QueueError> {
-        let (pending, processing, dead): (u64, u64, u64) = DEPTHS
-            .key(&self.keys.pending)
-            .key(&self.keys.dead)
-            .key(&self.keys.processing_total)
-            .invoke_async(&mut self.redis.conn())
-            .await?;
+        let (pending, processing, dead): (u64, u64, u64) = match &self.store {
+            QueueStore::Embedded(file) => file.depths().await?,
+            QueueStore::Redis(redis) => {
+                DEPTHS
+                    .key(&self.keys.pending)
+                    .key(&self.keys.dead)
+                    .key(&self.keys.processing_total)
+                    .invoke_async(&mut redis.redis.conn())
+                    .await?
+            }
+        };
         let depths = QueueDepths {
             pending,
             processing,
@@ -278,11 +330,30 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         &self.keys
     }
 
-    pub(crate) fn redis(&self) -> &RedisBackend {
-        &self.redis
+    /// Redis, for the calls that reach it (each embedded arm returns before asking).
+    pub(crate) fn redis(&self) -> Result<&RedisBackend, QueueError> {
+        match &self.store {
+            QueueStore::Redis(redis) => Ok(&redis.redis),
+            QueueStore::Embedded(_) => Err(QueueError::Embedded(sqlx::Error::Protocol(
+                "this queue call has no embedded form".into(),
+            ))),
+        }
     }
 
-    pub(crate) fn backstop_cursor(&self) -> &std::sync::Mutex<crate::backend::redis::ScanCursor> {
-        &self.backstop_cursor
+    /// The file, when the queue is in the embedded store.
+    pub(crate) fn file(&self) -> Option<&embedded::QueueFile> {
+        match &self.store {
+            QueueStore::Embedded(file) => Some(file),
+            QueueStore::Redis(_) => None,
+        }
+    }
+
+    pub(crate) fn backstop_cursor(
+        &self,
+    ) -> Option<&std::sync::Mutex<crate::backend::redis::ScanCursor>> {
+        match &self.store {
+            QueueStore::Redis(redis) => Some(&redis.backstop_cursor),
+            QueueStore::Embedded(_) => None,
+        }
     }
 }

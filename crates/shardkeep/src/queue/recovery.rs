@@ -57,9 +57,14 @@ pub struct RecoveryReport {
 impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
     /// Returns the entries of dead consumers to pending, once, under the recovery lock.
     pub async fn recover(&self) -> Result<RecoveryReport, QueueError> {
+        if self.file().is_some() {
+            let report = self.recover_in_file().await?;
+            self.report_recovery(&report);
+            return Ok(report);
+        }
         let keys = self.keys();
         let token = Uuid::now_v7().to_string();
-        let mut conn = self.redis().conn();
+        let mut conn = self.redis()?.conn();
         let locked: Option<String> = redis::cmd("SET")
             .arg(&keys.recovery_lock)
             .arg(&token)
@@ -78,6 +83,12 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
             .invoke_async(&mut conn)
             .await;
         let report = result?;
+        self.report_recovery(&report);
+        Ok(report)
+    }
+
+    /// Counts and logs what a recovery pass returned.
+    fn report_recovery(&self, report: &RecoveryReport) {
         if report.returned + report.poisoned > 0 {
             metrics::counter!(telemetry::QUEUE_RECOVERED_TOTAL, "queue" => self.name().to_owned())
                 .increment(report.returned as u64);
@@ -91,12 +102,34 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
                 poisoned = report.poisoned
             );
         }
+    }
+
+    /// A recovery pass in the embedded store's file: each lapsed consumer's entries come back
+    /// in one transaction that checks the heartbeat again, so no lock is needed.
+    async fn recover_in_file(&self) -> Result<RecoveryReport, QueueError> {
+        let Some(file) = self.file() else {
+            return Ok(RecoveryReport::default());
+        };
+        let (consumers, lapsed, unregistered) = file.lapsed(MAX_CONSUMERS_PER_PASS).await?;
+        let mut report = RecoveryReport {
+            ran: true,
+            consumers,
+            unregistered,
+            ..RecoveryReport::default()
+        };
+        for consumer in lapsed {
+            if let Some((returned, poisoned)) = self.return_entries(&consumer, None).await? {
+                report.dead_consumers += 1;
+                report.returned += returned;
+                report.poisoned += poisoned;
+            }
+        }
         Ok(report)
     }
 
     async fn recover_locked(&self) -> Result<RecoveryReport, QueueError> {
         let keys = self.keys();
-        let mut conn = self.redis().conn();
+        let mut conn = self.redis()?.conn();
         let mut report = RecoveryReport {
             ran: true,
             ..RecoveryReport::default()
@@ -156,7 +189,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
     /// [`MAX_CONSUMERS_PER_PASS`] counts), after the counts themselves were put right above.
     async fn reconcile_total(&self) -> Result<(), QueueError> {
         let keys = self.keys();
-        let mut conn = self.redis().conn();
+        let mut conn = self.redis()?.conn();
         let (sum, was): (i64, i64) = RECONCILE_TOTAL
             .key(&keys.processing_held)
             .key(&keys.processing_total)
@@ -182,7 +215,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         registered: &HashSet<String>,
         found: &HashSet<String>,
     ) -> Result<Vec<String>, QueueError> {
-        let mut conn = self.redis().conn();
+        let mut conn = self.redis()?.conn();
         let mut ids = Vec::new();
         let mut cursor: u64 = 0;
         loop {
@@ -218,7 +251,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         let mut cursor = self.saved_backstop_cursor();
         for _ in 0..BACKSTOP_CALLS_PER_PASS {
             let (next, page) = self
-                .redis()
+                .redis()?
                 .scan_page(cursor, &pattern, BACKSTOP_SCAN_COUNT)
                 .await?;
             found.extend(
@@ -231,7 +264,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
                 break;
             }
         }
-        if let Ok(mut saved) = self.backstop_cursor().lock() {
+        if let Some(Ok(mut saved)) = self.backstop_cursor().map(std::sync::Mutex::lock) {
             *saved = cursor;
         }
         found.sort();
@@ -241,8 +274,7 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
 
     fn saved_backstop_cursor(&self) -> crate::backend::redis::ScanCursor {
         self.backstop_cursor()
-            .lock()
-            .map(|c| *c)
+            .and_then(|c| c.lock().ok().map(|c| *c))
             .unwrap_or(crate::backend::redis::ScanCursor::START)
     }
 
@@ -255,8 +287,13 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         consumer: &str,
         holder: Option<&str>,
     ) -> Result<Option<(usize, usize)>, QueueError> {
+        if let Some(file) = self.file() {
+            return file
+                .return_entries(consumer, holder, |raw| self.successor(raw))
+                .await;
+        }
         let keys = self.keys();
-        let mut conn = self.redis().conn();
+        let mut conn = self.redis()?.conn();
         let heartbeat = keys.consumer_heartbeat(consumer)?;
         let processing = keys.processing(consumer)?;
         let (mut returned, mut poisoned) = (0, 0);

@@ -1,12 +1,11 @@
 use std::time::Duration;
 
-use redis::AsyncCommands;
 use shardkeep::Ttl;
 use shardkeep::keyspace::slot::key_slot;
 use shardkeep::queue::{
     AckOutcome, FailOutcome, QueueDepths, QueueError, WorkQueue, WorkQueueConfig,
 };
-use shardkeep_testkit::TestRedis;
+use shardkeep_testkit::{CoordDriver, TestRedis, coord_drivers};
 
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 struct Job {
@@ -28,14 +27,19 @@ fn config() -> WorkQueueConfig {
     }
 }
 
-fn queue(redis: &TestRedis) -> WorkQueue<Job> {
-    WorkQueue::new(redis.backend(), "work", config()).unwrap()
+fn queue(d: &CoordDriver) -> WorkQueue<Job> {
+    d.queue("work", config()).unwrap()
 }
 
 #[tokio::test]
 async fn entries_flow_append_lease_ack_in_order() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis);
+    for d in coord_drivers().await {
+        entries_flow_append_lease_ack_in_order_on(&d).await;
+    }
+}
+
+async fn entries_flow_append_lease_ack_in_order_on(d: &CoordDriver) {
+    let queue = queue(d);
     for n in 0..3 {
         queue.append(job(n)).await.unwrap();
     }
@@ -53,16 +57,21 @@ async fn entries_flow_append_lease_ack_in_order() {
 
 #[tokio::test]
 async fn a_capped_queue_refuses_when_full_and_writes_nothing() {
-    let redis = TestRedis::new().await;
-    let capped: WorkQueue<Job> = WorkQueue::new(
-        redis.backend(),
-        "capped",
-        WorkQueueConfig {
-            max_pending: Some(2),
-            ..config()
-        },
-    )
-    .unwrap();
+    for d in coord_drivers().await {
+        a_capped_queue_refuses_when_full_and_writes_nothing_on(&d).await;
+    }
+}
+
+async fn a_capped_queue_refuses_when_full_and_writes_nothing_on(d: &CoordDriver) {
+    let capped: WorkQueue<Job> = d
+        .queue(
+            "capped",
+            WorkQueueConfig {
+                max_pending: Some(2),
+                ..config()
+            },
+        )
+        .unwrap();
     capped.append(job(1)).await.unwrap();
     capped.append(job(2)).await.unwrap();
     assert!(matches!(
@@ -74,8 +83,13 @@ async fn a_capped_queue_refuses_when_full_and_writes_nothing() {
 
 #[tokio::test]
 async fn failures_retry_then_dead_letter_after_eight_attempts_with_every_field() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis);
+    for d in coord_drivers().await {
+        failures_retry_then_dead_letter_after_eight_attempts_with_every_field_on(&d).await;
+    }
+}
+
+async fn failures_retry_then_dead_letter_after_eight_attempts_with_every_field_on(d: &CoordDriver) {
+    let queue = queue(d);
     let entry_id = queue.append(job(7)).await.unwrap();
     let mut consumer = queue.consumer().await.unwrap();
     for attempt in 1..8 {
@@ -105,16 +119,21 @@ async fn failures_retry_then_dead_letter_after_eight_attempts_with_every_field()
 
 #[tokio::test]
 async fn requeue_twice_makes_one_pending_entry() {
-    let redis = TestRedis::new().await;
-    let queue: WorkQueue<Job> = WorkQueue::new(
-        redis.backend(),
-        "work",
-        WorkQueueConfig {
-            max_attempts: 1,
-            ..config()
-        },
-    )
-    .unwrap();
+    for d in coord_drivers().await {
+        requeue_twice_makes_one_pending_entry_on(&d).await;
+    }
+}
+
+async fn requeue_twice_makes_one_pending_entry_on(d: &CoordDriver) {
+    let queue: WorkQueue<Job> = d
+        .queue(
+            "work",
+            WorkQueueConfig {
+                max_attempts: 1,
+                ..config()
+            },
+        )
+        .unwrap();
     let original = queue.append(job(1)).await.unwrap();
     let mut consumer = queue.consumer().await.unwrap();
     let leased = consumer.lease().await.unwrap().unwrap();
@@ -147,16 +166,21 @@ async fn requeue_twice_makes_one_pending_entry() {
 
 #[tokio::test]
 async fn dead_letter_listing_is_newest_first_and_clamped() {
-    let redis = TestRedis::new().await;
-    let queue: WorkQueue<Job> = WorkQueue::new(
-        redis.backend(),
-        "work",
-        WorkQueueConfig {
-            max_attempts: 1,
-            ..config()
-        },
-    )
-    .unwrap();
+    for d in coord_drivers().await {
+        dead_letter_listing_is_newest_first_and_clamped_on(&d).await;
+    }
+}
+
+async fn dead_letter_listing_is_newest_first_and_clamped_on(d: &CoordDriver) {
+    let queue: WorkQueue<Job> = d
+        .queue(
+            "work",
+            WorkQueueConfig {
+                max_attempts: 1,
+                ..config()
+            },
+        )
+        .unwrap();
     let mut consumer = queue.consumer().await.unwrap();
     for n in 0..5 {
         queue.append(job(n)).await.unwrap();
@@ -176,11 +200,14 @@ async fn dead_letter_listing_is_newest_first_and_clamped() {
 
 #[tokio::test]
 async fn an_undecodable_entry_is_dead_lettered_not_leased_forever() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis);
-    let pending = redis.keys().queue("work").unwrap().pending;
-    let mut raw = redis.raw().await;
-    let _: i64 = raw.lpush(&pending, "{not an entry").await.unwrap();
+    for d in coord_drivers().await {
+        an_undecodable_entry_is_dead_lettered_not_leased_forever_on(&d).await;
+    }
+}
+
+async fn an_undecodable_entry_is_dead_lettered_not_leased_forever_on(d: &CoordDriver) {
+    let queue = queue(d);
+    d.push_raw_entry("work", None, b"{not an entry").await;
     queue.append(job(9)).await.unwrap();
     let mut consumer = queue.consumer().await.unwrap();
     let leased = consumer.lease().await.unwrap().unwrap();
@@ -205,18 +232,23 @@ async fn an_undecodable_entry_is_dead_lettered_not_leased_forever() {
 
 #[tokio::test]
 async fn a_restart_does_not_steal_a_live_consumers_entries() {
-    let redis = TestRedis::new().await;
+    for d in coord_drivers().await {
+        a_restart_does_not_steal_a_live_consumers_entries_on(&d).await;
+    }
+}
+
+async fn a_restart_does_not_steal_a_live_consumers_entries_on(d: &CoordDriver) {
     // A heartbeat long enough that the early recovery surely comes before it lapses on a
     // loaded machine (with 300 ms it sometimes did not, and found the crashed consumer dead).
-    let queue = WorkQueue::<Job>::new(
-        redis.backend(),
-        "work",
-        WorkQueueConfig {
-            heartbeat_ttl: Ttl::from_millis(2_000).unwrap(),
-            ..WorkQueueConfig::default()
-        },
-    )
-    .unwrap();
+    let queue = d
+        .queue::<Job>(
+            "work",
+            WorkQueueConfig {
+                heartbeat_ttl: Ttl::from_millis(2_000).unwrap(),
+                ..WorkQueueConfig::default()
+            },
+        )
+        .unwrap();
     for n in 0..2 {
         queue.append(job(n)).await.unwrap();
     }
@@ -252,8 +284,13 @@ async fn a_restart_does_not_steal_a_live_consumers_entries() {
 
 #[tokio::test]
 async fn a_dead_consumers_entries_return_exactly_once() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis);
+    for d in coord_drivers().await {
+        a_dead_consumers_entries_return_exactly_once_on(&d).await;
+    }
+}
+
+async fn a_dead_consumers_entries_return_exactly_once_on(d: &CoordDriver) {
+    let queue = queue(d);
     for n in 0..50 {
         queue.append(job(n)).await.unwrap();
     }
@@ -274,12 +311,7 @@ async fn a_dead_consumers_entries_return_exactly_once() {
     assert_eq!(queue.recover().await.unwrap().returned, 0);
     let depths = queue.depths().await.unwrap();
     assert_eq!((depths.pending, depths.processing), (50, 0));
-    let consumers: Vec<String> = redis
-        .raw()
-        .await
-        .smembers(redis.keys().queue("work").unwrap().consumers)
-        .await
-        .unwrap();
+    let consumers = d.queue_consumers("work").await;
     assert!(
         !consumers.contains(&dying_id),
         "the dead consumer left the set"
@@ -289,8 +321,13 @@ async fn a_dead_consumers_entries_return_exactly_once() {
 
 #[tokio::test]
 async fn an_entry_that_keeps_killing_consumers_becomes_a_poison_pill() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis);
+    for d in coord_drivers().await {
+        an_entry_that_keeps_killing_consumers_becomes_a_poison_pill_on(&d).await;
+    }
+}
+
+async fn an_entry_that_keeps_killing_consumers_becomes_a_poison_pill_on(d: &CoordDriver) {
+    let queue = queue(d);
     queue.append(job(13)).await.unwrap();
     for crash in 1..=3 {
         let mut victim = queue.consumer().await.unwrap();
@@ -313,8 +350,13 @@ async fn an_entry_that_keeps_killing_consumers_becomes_a_poison_pill() {
 
 #[tokio::test]
 async fn a_clean_shutdown_returns_held_entries_and_leaves_the_set() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis);
+    for d in coord_drivers().await {
+        a_clean_shutdown_returns_held_entries_and_leaves_the_set_on(&d).await;
+    }
+}
+
+async fn a_clean_shutdown_returns_held_entries_and_leaves_the_set_on(d: &CoordDriver) {
+    let queue = queue(d);
     queue.append(job(1)).await.unwrap();
     let mut consumer = queue.consumer().await.unwrap();
     let _held = consumer.lease().await.unwrap().unwrap();
@@ -325,8 +367,13 @@ async fn a_clean_shutdown_returns_held_entries_and_leaves_the_set() {
 
 #[tokio::test]
 async fn a_blocking_lease_wakes_when_work_arrives() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis);
+    for d in coord_drivers().await {
+        a_blocking_lease_wakes_when_work_arrives_on(&d).await;
+    }
+}
+
+async fn a_blocking_lease_wakes_when_work_arrives_on(d: &CoordDriver) {
+    let queue = queue(d);
     let mut consumer = queue.consumer().await.unwrap();
     assert!(
         consumer
@@ -372,8 +419,13 @@ async fn every_key_a_queue_script_touches_shares_one_slot() {
 
 #[tokio::test]
 async fn batch_leases_take_the_oldest_and_batch_acks_report_each() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis);
+    for d in coord_drivers().await {
+        batch_leases_take_the_oldest_and_batch_acks_report_each_on(&d).await;
+    }
+}
+
+async fn batch_leases_take_the_oldest_and_batch_acks_report_each_on(d: &CoordDriver) {
+    let queue = queue(d);
     for n in 0..10 {
         queue.append(job(n)).await.unwrap();
     }
@@ -399,8 +451,13 @@ async fn batch_leases_take_the_oldest_and_batch_acks_report_each() {
 /// entries keep the order it appended them in.
 #[tokio::test]
 async fn concurrent_appends_are_each_stored_once_in_each_producers_order() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis);
+    for d in coord_drivers().await {
+        concurrent_appends_are_each_stored_once_in_each_producers_order_on(&d).await;
+    }
+}
+
+async fn concurrent_appends_are_each_stored_once_in_each_producers_order_on(d: &CoordDriver) {
+    let queue = queue(d);
     let mut producers = tokio::task::JoinSet::new();
     for p in 0..8u32 {
         let queue = queue.clone();
@@ -436,16 +493,21 @@ async fn concurrent_appends_are_each_stored_once_in_each_producers_order() {
 /// told which.
 #[tokio::test]
 async fn a_capped_queue_takes_what_fits_of_a_burst_and_refuses_the_rest() {
-    let redis = TestRedis::new().await;
-    let capped: WorkQueue<Job> = WorkQueue::new(
-        redis.backend(),
-        "burst",
-        WorkQueueConfig {
-            max_pending: Some(10),
-            ..config()
-        },
-    )
-    .unwrap();
+    for d in coord_drivers().await {
+        a_capped_queue_takes_what_fits_of_a_burst_and_refuses_the_rest_on(&d).await;
+    }
+}
+
+async fn a_capped_queue_takes_what_fits_of_a_burst_and_refuses_the_rest_on(d: &CoordDriver) {
+    let capped: WorkQueue<Job> = d
+        .queue(
+            "burst",
+            WorkQueueConfig {
+                max_pending: Some(10),
+                ..config()
+            },
+        )
+        .unwrap();
     let appends = (0..30).map(|n| {
         let capped = capped.clone();
         async move { capped.append(job(n)).await }
@@ -464,8 +526,13 @@ async fn a_capped_queue_takes_what_fits_of_a_burst_and_refuses_the_rest() {
 /// list, the new ones enter it, and acking an entry twice is stale.
 #[tokio::test]
 async fn ack_and_lease_acks_a_batch_and_leases_the_next_in_one_step() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis);
+    for d in coord_drivers().await {
+        ack_and_lease_acks_a_batch_and_leases_the_next_in_one_step_on(&d).await;
+    }
+}
+
+async fn ack_and_lease_acks_a_batch_and_leases_the_next_in_one_step_on(d: &CoordDriver) {
+    let queue = queue(d);
     for n in 0..5 {
         queue.append(job(n)).await.unwrap();
     }

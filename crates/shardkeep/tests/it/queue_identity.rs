@@ -5,19 +5,18 @@
 
 use std::time::{Duration, Instant};
 
-use redis::AsyncCommands;
 use shardkeep::Ttl;
 use shardkeep::queue::{QueueError, WorkQueue, WorkQueueConfig};
-use shardkeep_testkit::TestRedis;
+use shardkeep_testkit::{CoordDriver, coord_drivers};
 
 const HEARTBEAT: Duration = Duration::from_millis(600);
 
-fn queue(redis: &TestRedis) -> WorkQueue<u32> {
+fn queue(d: &CoordDriver) -> WorkQueue<u32> {
     let config = WorkQueueConfig {
         heartbeat_ttl: Ttl::try_from(HEARTBEAT).unwrap(),
         ..WorkQueueConfig::default()
     };
-    WorkQueue::new(redis.backend(), "identity", config).unwrap()
+    d.queue("identity", config).unwrap()
 }
 
 async fn append_all(queue: &WorkQueue<u32>, n: u32) {
@@ -28,8 +27,16 @@ async fn append_all(queue: &WorkQueue<u32>, n: u32) {
 
 #[tokio::test]
 async fn fresh_identities_are_unique_and_a_crash_is_recovered_after_the_heartbeat_lapses() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis);
+    for d in coord_drivers().await {
+        fresh_identities_are_unique_and_a_crash_is_recovered_after_the_heartbeat_lapses_on(&d)
+            .await;
+    }
+}
+
+async fn fresh_identities_are_unique_and_a_crash_is_recovered_after_the_heartbeat_lapses_on(
+    d: &CoordDriver,
+) {
+    let queue = queue(d);
     append_all(&queue, 3).await;
     let mut crashed = queue.consumer().await.unwrap();
     let other = queue.consumer().await.unwrap();
@@ -48,8 +55,13 @@ async fn fresh_identities_are_unique_and_a_crash_is_recovered_after_the_heartbea
 
 #[tokio::test]
 async fn a_clean_restart_under_a_stable_id_claims_it_at_once() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis);
+    for d in coord_drivers().await {
+        a_clean_restart_under_a_stable_id_claims_it_at_once_on(&d).await;
+    }
+}
+
+async fn a_clean_restart_under_a_stable_id_claims_it_at_once_on(d: &CoordDriver) {
+    let queue = queue(d);
     append_all(&queue, 2).await;
     let mut first = queue.consumer_with_id("serve-0").await.unwrap();
     assert_eq!(first.id(), "serve-0");
@@ -69,8 +81,13 @@ async fn a_clean_restart_under_a_stable_id_claims_it_at_once() {
 
 #[tokio::test]
 async fn a_restart_after_a_crash_takes_the_predecessors_entries_back_itself() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis);
+    for d in coord_drivers().await {
+        a_restart_after_a_crash_takes_the_predecessors_entries_back_itself_on(&d).await;
+    }
+}
+
+async fn a_restart_after_a_crash_takes_the_predecessors_entries_back_itself_on(d: &CoordDriver) {
+    let queue = queue(d);
     append_all(&queue, 5).await;
     let mut crashed = queue.consumer_with_id("serve-0").await.unwrap();
     crashed.lease_batch(3).await.unwrap();
@@ -99,8 +116,13 @@ async fn a_restart_after_a_crash_takes_the_predecessors_entries_back_itself() {
 
 #[tokio::test]
 async fn a_second_live_process_with_an_id_in_use_is_refused() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis);
+    for d in coord_drivers().await {
+        a_second_live_process_with_an_id_in_use_is_refused_on(&d).await;
+    }
+}
+
+async fn a_second_live_process_with_an_id_in_use_is_refused_on(d: &CoordDriver) {
+    let queue = queue(d);
     append_all(&queue, 2).await;
     let mut live = queue.consumer_with_id("serve-0").await.unwrap();
     let held = live.lease().await.unwrap().unwrap();
@@ -123,8 +145,13 @@ async fn a_second_live_process_with_an_id_in_use_is_refused() {
 
 #[tokio::test]
 async fn two_processes_started_together_with_one_id_get_one_consumer() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis);
+    for d in coord_drivers().await {
+        two_processes_started_together_with_one_id_get_one_consumer_on(&d).await;
+    }
+}
+
+async fn two_processes_started_together_with_one_id_get_one_consumer_on(d: &CoordDriver) {
+    let queue = queue(d);
     let (a, b) = tokio::join!(
         queue.consumer_with_id("serve-1"),
         queue.consumer_with_id("serve-1")
@@ -137,18 +164,18 @@ async fn two_processes_started_together_with_one_id_get_one_consumer() {
 
 #[tokio::test]
 async fn an_incarnation_whose_id_was_taken_over_stops_and_touches_nothing() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis);
+    for d in coord_drivers().await {
+        an_incarnation_whose_id_was_taken_over_stops_and_touches_nothing_on(&d).await;
+    }
+}
+
+async fn an_incarnation_whose_id_was_taken_over_stops_and_touches_nothing_on(d: &CoordDriver) {
+    let queue = queue(d);
     append_all(&queue, 3).await;
     let mut stalled = queue.consumer_with_id("serve-0").await.unwrap();
     stalled.lease().await.unwrap().unwrap();
     // It stalls past its heartbeat; a restart under its id takes over.
-    let keys = redis.keys().queue("identity").unwrap();
-    let mut raw = redis.raw().await;
-    let _: i64 = raw
-        .del(keys.consumer_heartbeat("serve-0").unwrap())
-        .await
-        .unwrap();
+    d.lapse_consumer("identity", "serve-0").await;
     let mut successor = queue.consumer_with_id("serve-0").await.unwrap();
     let taken = successor.lease().await.unwrap().unwrap();
     assert_eq!((taken.entry.item, taken.entry.crash_count), (0, 1));
@@ -178,9 +205,14 @@ async fn an_incarnation_whose_id_was_taken_over_stops_and_touches_nothing() {
 }
 
 #[tokio::test]
-async fn malformed_consumer_ids_are_refused_before_touching_redis() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis);
+async fn malformed_consumer_ids_are_refused_before_touching_the_store() {
+    for d in coord_drivers().await {
+        malformed_consumer_ids_are_refused_before_touching_the_store_on(&d).await;
+    }
+}
+
+async fn malformed_consumer_ids_are_refused_before_touching_the_store_on(d: &CoordDriver) {
+    let queue = queue(d);
     let long = "x".repeat(129);
     for bad in ["", "has space", "a:b", "{tag}", "é", long.as_str()] {
         assert!(
@@ -191,10 +223,10 @@ async fn malformed_consumer_ids_are_refused_before_touching_redis() {
             "{bad:?}"
         );
     }
-    let mut raw = redis.raw().await;
-    let keys: Vec<String> = raw
-        .keys(format!("*{}*", redis.keys().namespace()))
-        .await
-        .unwrap();
-    assert!(keys.is_empty(), "{keys:?}");
+    assert!(
+        d.queue_consumers("identity").await.is_empty(),
+        "{}",
+        d.name()
+    );
+    assert!(d.all_keys().await.is_empty(), "{}", d.name());
 }

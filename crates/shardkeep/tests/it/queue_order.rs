@@ -3,10 +3,9 @@
 
 use std::time::Duration;
 
-use redis::AsyncCommands;
 use shardkeep::Ttl;
 use shardkeep::queue::{DurableWorkQueueEntry, WorkQueue, WorkQueueConfig};
-use shardkeep_testkit::TestRedis;
+use shardkeep_testkit::{CoordDriver, coord_drivers};
 use uuid::Uuid;
 
 fn config(heartbeat: Ttl) -> WorkQueueConfig {
@@ -16,8 +15,8 @@ fn config(heartbeat: Ttl) -> WorkQueueConfig {
     }
 }
 
-fn queue(redis: &TestRedis, heartbeat: Ttl) -> WorkQueue<u32> {
-    WorkQueue::new(redis.backend(), "ordered", config(heartbeat)).unwrap()
+fn queue(d: &CoordDriver, heartbeat: Ttl) -> WorkQueue<u32> {
+    d.queue("ordered", config(heartbeat)).unwrap()
 }
 
 async fn append_all(queue: &WorkQueue<u32>, items: std::ops::Range<u32>) {
@@ -40,8 +39,13 @@ async fn drain_order(queue: &WorkQueue<u32>) -> Vec<u32> {
 
 #[tokio::test]
 async fn a_failed_entry_is_retried_before_later_entries() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis, Ttl::from_secs(15).unwrap());
+    for d in coord_drivers().await {
+        a_failed_entry_is_retried_before_later_entries_on(&d).await;
+    }
+}
+
+async fn a_failed_entry_is_retried_before_later_entries_on(d: &CoordDriver) {
+    let queue = queue(d, Ttl::from_secs(15).unwrap());
     append_all(&queue, 0..5).await;
     let mut consumer = queue.consumer().await.unwrap();
     let first = consumer.lease().await.unwrap().unwrap();
@@ -59,8 +63,13 @@ async fn a_failed_entry_is_retried_before_later_entries() {
 
 #[tokio::test]
 async fn a_dead_consumers_entries_return_in_order_ahead_of_later_work() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis, Ttl::from_millis(300).unwrap());
+    for d in coord_drivers().await {
+        a_dead_consumers_entries_return_in_order_ahead_of_later_work_on(&d).await;
+    }
+}
+
+async fn a_dead_consumers_entries_return_in_order_ahead_of_later_work_on(d: &CoordDriver) {
+    let queue = queue(d, Ttl::from_millis(300).unwrap());
     append_all(&queue, 0..600).await;
     let mut dying = queue.consumer().await.unwrap();
     // More than one recovery chunk (256), leased one by one and in batches.
@@ -79,8 +88,13 @@ async fn a_dead_consumers_entries_return_in_order_ahead_of_later_work() {
 
 #[tokio::test]
 async fn entries_of_lost_lease_replies_go_back_in_order() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis, Ttl::from_secs(15).unwrap());
+    for d in coord_drivers().await {
+        entries_of_lost_lease_replies_go_back_in_order_on(&d).await;
+    }
+}
+
+async fn entries_of_lost_lease_replies_go_back_in_order_on(d: &CoordDriver) {
+    let queue = queue(d, Ttl::from_secs(15).unwrap());
     append_all(&queue, 0..6).await;
     let mut consumer = queue.consumer().await.unwrap();
     // Three leases whose replies were "lost": the consumer does not know it holds them.
@@ -94,8 +108,13 @@ async fn entries_of_lost_lease_replies_go_back_in_order() {
 
 #[tokio::test]
 async fn a_clean_shutdown_hands_held_entries_back_in_order() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis, Ttl::from_secs(15).unwrap());
+    for d in coord_drivers().await {
+        a_clean_shutdown_hands_held_entries_back_in_order_on(&d).await;
+    }
+}
+
+async fn a_clean_shutdown_hands_held_entries_back_in_order_on(d: &CoordDriver) {
+    let queue = queue(d, Ttl::from_secs(15).unwrap());
     append_all(&queue, 0..6).await;
     let mut consumer = queue.consumer().await.unwrap();
     consumer.lease_batch(4).await.unwrap();
@@ -107,21 +126,21 @@ async fn a_clean_shutdown_hands_held_entries_back_in_order() {
 /// nothing), it comes back, leases, and dies: its entry must still be recovered.
 #[tokio::test]
 async fn a_consumer_that_fell_out_of_the_set_and_came_back_is_still_recovered() {
-    let redis = TestRedis::new().await;
+    for d in coord_drivers().await {
+        a_consumer_that_fell_out_of_the_set_and_came_back_is_still_recovered_on(&d).await;
+    }
+}
+
+async fn a_consumer_that_fell_out_of_the_set_and_came_back_is_still_recovered_on(d: &CoordDriver) {
     let heartbeat = Ttl::from_secs(3).unwrap();
-    let queue = queue(&redis, heartbeat);
-    let keys = redis.keys().queue("ordered").unwrap();
+    let queue = queue(d, heartbeat);
     let mut stalled = queue.consumer().await.unwrap();
     let id = stalled.id().to_owned();
     // The stall: its heartbeat lapses and a recovery pass removes it from the set.
-    let mut raw = redis.raw().await;
-    let _: i64 = raw
-        .del(keys.consumer_heartbeat(&id).unwrap())
-        .await
-        .unwrap();
+    d.lapse_consumer("ordered", &id).await;
     let report = queue.recover().await.unwrap();
-    assert_eq!(report.dead_consumers, 1);
-    let members: Vec<String> = raw.smembers(&keys.consumers).await.unwrap();
+    assert_eq!(report.dead_consumers, 1, "{}", d.name());
+    let members = d.queue_consumers("ordered").await;
     assert!(!members.contains(&id));
     // It comes back, leases an entry, and dies before anything else happens.
     append_all(&queue, 0..1).await;
@@ -142,10 +161,13 @@ async fn a_consumer_that_fell_out_of_the_set_and_came_back_is_still_recovered() 
 /// is found by the recovery backstop.
 #[tokio::test]
 async fn a_processing_list_with_no_registered_owner_is_recovered() {
-    let redis = TestRedis::new().await;
-    let queue = queue(&redis, Ttl::from_secs(15).unwrap());
-    let keys = redis.keys().queue("ordered").unwrap();
-    let orphan = keys.processing("vanished-consumer").unwrap();
+    for d in coord_drivers().await {
+        a_processing_list_with_no_registered_owner_is_recovered_on(&d).await;
+    }
+}
+
+async fn a_processing_list_with_no_registered_owner_is_recovered_on(d: &CoordDriver) {
+    let queue = queue(d, Ttl::from_secs(15).unwrap());
     let entry = DurableWorkQueueEntry {
         entry_id: Uuid::now_v7(),
         attempts: 0,
@@ -153,17 +175,14 @@ async fn a_processing_list_with_no_registered_owner_is_recovered() {
         enqueued_at: chrono::Utc::now(),
         item: 42u32,
     };
-    let mut raw = redis.raw().await;
-    let _: i64 = raw
-        .lpush(&orphan, serde_json::to_vec(&entry).unwrap())
-        .await
-        .unwrap();
+    let body = serde_json::to_vec(&entry).unwrap();
+    d.push_raw_entry("ordered", Some("vanished-consumer"), &body)
+        .await;
     let report = queue.recover().await.unwrap();
     assert_eq!(
         report.returned, 1,
         "an unregistered processing list was never walked"
     );
     assert_eq!(drain_order(&queue).await, vec![42]);
-    let left: i64 = raw.exists(&orphan).await.unwrap();
-    assert_eq!(left, 0);
+    assert_eq!(d.held_by("ordered", "vanished-consumer").await, 0);
 }
