@@ -143,5 +143,5 @@ pub mod ttl;
 pub use backend::{ConnectError, PostgresBackend, RedisBackend, SqliteBackend};
 pub use coord::{CoordError, Coordination, CoordinationConfig};
 pub use keyspace::{HandoffScope, KeyError, Keyspace};
-pub use services::{Services, ServicesConfig, ServicesError, Workers};
+pub use services::{Services, ServicesConfig, ServicesError, Stores, Workers};
 pub use ttl::{Ttl, TtlError};

@@ -1,6 +1,6 @@
-//! The composition root: every handle shardkeep offers, built once from a Postgres backend, a
-//! Redis backend and the game's model, and the background workers spawned under one
-//! cancellation token.
+//! The composition root: every handle shardkeep offers, built once from a Postgres backend and a
+//! Redis backend (or one SQLite file, in embedded mode) and the game's model, and the background
+//! workers spawned under one cancellation token.
 //!
 //! A game server builds [`Services`] at start, hands the handles to its shards, and (unless a
 //! separate `shardkeep serve` runs them) spawns the workers. `serve`, the simulator and the
@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::audit::AuditStore;
-use crate::backend::{PostgresBackend, RedisBackend};
+use crate::backend::{PostgresBackend, RedisBackend, SqliteBackend};
 use crate::character::{
     Bookkeeping, BookkeepingRetention, CharacterLoader, CharacterStore, CheckpointStore,
     run_bookkeeping_prune,
@@ -22,6 +22,7 @@ use crate::character::{
 use crate::clock::{Clock, SystemClock};
 use crate::coord::{Coordination, CoordinationConfig, InstanceRecord, run_maintenance};
 use crate::journal::{JournalStats, JournalWorker, JournalWorkerConfig, SessionJournal};
+use crate::keyspace::Keyspace;
 use crate::model::ModelHandle;
 use crate::placement::PlacementStore;
 use crate::queue::{DeadLetterRetention, QueueError, WorkQueueConfig};
@@ -85,10 +86,8 @@ impl ServicesConfig {
 /// here, for [`Services::spawn_workers`]).
 #[derive(Debug)]
 pub struct Services {
-    /// Postgres.
-    pub pg: PostgresBackend,
-    /// Redis.
-    pub redis: RedisBackend,
+    /// The engines everything is kept in.
+    pub stores: Stores,
     /// The game's model.
     pub model: ModelHandle,
     /// Character rows: claim, CAS save, load, transfers. Its claims are the loader's: bounded by
@@ -98,7 +97,7 @@ pub struct Services {
     pub checkpoints: CheckpointStore,
     /// Login-time loads: claim, then the freshest copy.
     pub loader: CharacterLoader,
-    /// Coordination records on Redis.
+    /// Coordination records.
     pub coord: Coordination,
     /// Durable retry jobs (producer side).
     pub retry: RetryQueue,
@@ -112,6 +111,23 @@ pub struct Services {
     pub clock: Arc<dyn Clock>,
     config: ServicesConfig,
     retry_signals: Option<RetrySignals>,
+}
+
+/// The engines the services keep everything in.
+// One value per process, built once and never moved on a hot path: the size of the Redis
+// handle is no cost worth an indirection.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone)]
+pub enum Stores {
+    /// Postgres for the durable store, Redis for the fast tier.
+    Servers {
+        /// Postgres.
+        pg: PostgresBackend,
+        /// Redis.
+        redis: RedisBackend,
+    },
+    /// One SQLite file for everything (embedded mode).
+    Embedded(SqliteBackend),
 }
 
 /// The services could not be built or the workers not started.
@@ -145,36 +161,100 @@ impl Services {
         config: ServicesConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, ServicesError> {
-        let characters = CharacterStore::new(pg.clone())
-            .with_item_load_retention(config.bookkeeping_retention.item_loads)
-            .with_lease_expiry_limit(config.retry.lease_expiry_limit)
-            .for_model(model.clone());
-        let checkpoints = CheckpointStore::new(redis.clone());
-        let loader = CharacterLoader::new(
-            characters.clone(),
-            Some(checkpoints.clone()),
-            model.clone(),
-            config.io_timeout,
-        );
+        let characters = CharacterStore::new(pg.clone());
         let (retry, signals) =
             RetryQueue::new(pg.clone(), config.retry_signal_depth, Arc::clone(&clock));
-        let journal = SessionJournal::new(redis.clone(), config.journal_queue)?;
-        Ok(Self {
+        let parts = Parts {
+            characters,
+            checkpoints: CheckpointStore::new(redis.clone()),
+            retry: (retry, signals),
+            journal: SessionJournal::new(redis.clone(), config.journal_queue)?,
             coord: Coordination::new(redis.clone(), config.coordination),
             audit: AuditStore::new(pg.clone()),
             placement: PlacementStore::new(redis.clone()),
+        };
+        Ok(Self::assemble(
+            Stores::Servers { pg, redis },
+            parts,
+            model,
+            config,
+            clock,
+        ))
+    }
+
+    /// Builds every handle in the embedded store's file `db` (embedded mode: no servers), its
+    /// coordination records and journal named by `keys`, reading time from `clock`.
+    pub fn embedded(
+        db: SqliteBackend,
+        keys: &Keyspace,
+        model: ModelHandle,
+        config: ServicesConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, ServicesError> {
+        let (retry, signals) =
+            RetryQueue::embedded(db.clone(), config.retry_signal_depth, Arc::clone(&clock));
+        let parts = Parts {
+            characters: CharacterStore::embedded(db.clone()),
+            checkpoints: CheckpointStore::embedded(db.clone()),
+            retry: (retry, signals),
+            journal: SessionJournal::embedded(
+                db.clone(),
+                keys,
+                config.journal_queue,
+                Arc::clone(&clock),
+            )?,
+            coord: Coordination::embedded(
+                db.clone(),
+                keys.clone(),
+                config.coordination,
+                Arc::clone(&clock),
+            ),
+            audit: AuditStore::embedded(db.clone()),
+            placement: PlacementStore::embedded(db.clone(), keys.clone(), Arc::clone(&clock)),
+        };
+        Ok(Self::assemble(
+            Stores::Embedded(db),
+            parts,
+            model,
+            config,
+            clock,
+        ))
+    }
+
+    fn assemble(
+        stores: Stores,
+        parts: Parts,
+        model: ModelHandle,
+        config: ServicesConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let characters = parts
+            .characters
+            .with_item_load_retention(config.bookkeeping_retention.item_loads)
+            .with_lease_expiry_limit(config.retry.lease_expiry_limit)
+            .for_model(model.clone());
+        let loader = CharacterLoader::new(
+            characters.clone(),
+            Some(parts.checkpoints.clone()),
+            model.clone(),
+            config.io_timeout,
+        );
+        let (retry, signals) = parts.retry;
+        Self {
+            coord: parts.coord,
+            audit: parts.audit,
+            placement: parts.placement,
             characters,
-            checkpoints,
+            checkpoints: parts.checkpoints,
             loader,
             retry,
-            journal,
-            pg,
-            redis,
+            journal: parts.journal,
+            stores,
             model,
             clock,
             config,
             retry_signals: Some(signals),
-        })
+        }
     }
 
     /// The configuration it was built with.
@@ -209,13 +289,21 @@ impl Services {
             .retry_signals
             .take()
             .ok_or(ServicesError::WorkersRunning)?;
-        let retry_worker = RetryWorker::new(
-            self.pg.clone(),
+        let (model, retry_config, clock) = (
             self.model.clone(),
-            signals,
             config.retry.clone(),
             Arc::clone(&self.clock),
         );
+        let (retry_worker, bookkeeping) = match &self.stores {
+            Stores::Servers { pg, .. } => (
+                RetryWorker::new(pg.clone(), model, signals, retry_config, clock),
+                Bookkeeping::new(pg.clone()),
+            ),
+            Stores::Embedded(db) => (
+                RetryWorker::embedded(db.clone(), model, signals, retry_config, clock),
+                Bookkeeping::embedded(db.clone()),
+            ),
+        };
         let retry_stats = retry_worker.stats();
         let retry_liveness = retry_worker.liveness();
         let retry_pause = retry_worker.pause_handle();
@@ -251,7 +339,7 @@ impl Services {
         tasks.push((
             "bookkeeping",
             tokio::spawn(run_bookkeeping_prune(
-                Bookkeeping::new(self.pg.clone()),
+                bookkeeping,
                 config.bookkeeping_retention,
                 every,
                 cancel.clone(),
@@ -291,6 +379,17 @@ impl Services {
             cancel,
         })
     }
+}
+
+/// The handles that differ by engine, before the shared wiring.
+struct Parts {
+    characters: CharacterStore,
+    checkpoints: CheckpointStore,
+    retry: (RetryQueue, RetrySignals),
+    journal: SessionJournal,
+    coord: Coordination,
+    audit: AuditStore,
+    placement: PlacementStore,
 }
 
 /// The spawned workers.

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use clap::Parser;
-use shardkeep::audit::{AuditStore, Auditor, AuditorConfig};
+use shardkeep::audit::{Auditor, AuditorConfig};
 use shardkeep::backend::redis::RedisTimeouts;
 use shardkeep::saver::{SaveReason, Saver, SaverConfig, SaverSinks};
 use shardkeep::{Keyspace, PostgresBackend, RedisBackend, Services, ServicesConfig};
@@ -141,7 +141,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         cancel.clone(),
     );
     let auditor = Auditor::spawn(
-        AuditStore::new(services.pg.clone()),
+        services.audit.clone(),
         AuditorConfig::default(),
         cancel.clone(),
     );

@@ -4,21 +4,44 @@
 use std::time::Duration;
 
 use shardkeep::{Services, ServicesConfig, ServicesError};
-use shardkeep_testkit::TestRedis;
+use std::sync::Arc;
+
+use shardkeep::clock::SystemClock;
 use shardkeep_testkit::model::LedgerModel;
+use shardkeep_testkit::{JobDriver, JobDrivers, TestRedis};
 use sqlx::PgPool;
 
-use super::retry_jobs::{character, experience, pg, reward};
+use super::retry_jobs::{character, pg, reward};
 use super::retry_worker_loop::wait_for_experience;
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn built_services_run_the_workers_until_shutdown(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
     let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        services_run_on(&d, &redis).await;
+    }
+}
+
+/// Every handle on one driver: built, its workers spawned, a retry job applied, the instance
+/// registered, a claim bounded by the model's schema, and a clean shutdown.
+async fn services_run_on(d: &JobDriver, redis: &TestRedis) {
     let mut config = ServicesConfig::new("it-services", "game_server");
     config.retry.poll_interval = Duration::from_millis(50);
-    let mut services =
-        Services::build(pg(&pool), redis.backend(), LedgerModel::handle(), config).unwrap();
-    let id = character(&pool, "A").await;
+    let mut services = match d {
+        JobDriver::Postgres(pool) => {
+            Services::build(pg(pool), redis.backend(), LedgerModel::handle(), config).unwrap()
+        }
+        JobDriver::Embedded(db) => Services::embedded(
+            db.clone(),
+            redis.keys(),
+            LedgerModel::handle(),
+            config,
+            Arc::new(SystemClock),
+        )
+        .unwrap(),
+    };
+    let id = d.character("A").await;
     let cancel = tokio_util::sync::CancellationToken::new();
     let workers = services.spawn_workers(cancel.clone()).await.unwrap();
     assert!(matches!(
@@ -30,34 +53,49 @@ async fn built_services_run_the_workers_until_shutdown(pool: PgPool) {
         .enqueue(&reward(id, "k", 0, 7))
         .await
         .unwrap();
-    wait_for_experience(&pool, id, 7, "the services' retry worker applied the job").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while d.experience(id).await != 7 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the services' retry worker applied the job ({})",
+            d.name()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let registered = services.coord.registry_list().await.unwrap().instances;
     assert!(
         registered.iter().any(|r| r.instance_id == "it-services"),
-        "maintenance registered the instance: {registered:?}"
+        "maintenance registered the instance: {registered:?} ({})",
+        d.name()
     );
     let loaded = services.loader.claim_and_load(id, 0).await.unwrap();
     assert_eq!(loaded.snapshot.state["experience"], 7);
+    // The journal takes a cleanup durably in the same store.
+    assert_eq!(services.journal.queue().depths().await.unwrap().pending, 0);
     // The character store's claims are bounded by the model's schema, like the loader's.
-    sqlx::query("UPDATE characters SET schema_version = 2 WHERE id = $1")
-        .bind(id)
-        .execute(&pool)
-        .await
-        .unwrap();
+    d.execute(
+        "UPDATE characters SET schema_version = 2 WHERE id = $1",
+        Some(id),
+    )
+    .await
+    .unwrap();
     let refused = services.characters.claim(id, 0).await;
     assert!(
         matches!(
             refused,
             Err(shardkeep::character::StoreError::SchemaNewer { .. })
         ),
-        "{refused:?}"
+        "{refused:?} ({})",
+        d.name()
     );
     assert_eq!(
         workers.shutdown(Duration::from_secs(10)).await,
-        Vec::<&str>::new()
+        Vec::<&str>::new(),
+        "{}",
+        d.name()
     );
     assert!(cancel.is_cancelled());
-    assert_eq!(experience(&pool, id).await, 7);
+    assert_eq!(d.experience(id).await, 7);
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
