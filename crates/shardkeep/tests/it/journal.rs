@@ -13,8 +13,11 @@ use shardkeep::journal::{
 };
 use shardkeep::queue::WorkQueueConfig;
 use shardkeep::{Coordination, CoordinationConfig, PostgresBackend, Ttl};
-use shardkeep_testkit::TestRedis;
+use std::sync::Arc;
+
+use shardkeep::clock::{Clock, SystemClock};
 use shardkeep_testkit::faults::{FaultProxy, ProxyControl, ProxyMode};
+use shardkeep_testkit::{TestRedis, TestSqlite};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -23,9 +26,12 @@ pub(crate) struct Env {
     pub(crate) store: CharacterStore,
     pub(crate) coord: Coordination,
     pub(crate) journal: SessionJournal,
+    /// The embedded store's file, when the journal, records and rows are kept there.
+    _file: Option<TestSqlite>,
 }
 
 impl Env {
+    /// The journal on Redis, the rows in Postgres.
     pub(crate) async fn new(pool: &PgPool) -> Self {
         let redis = TestRedis::new().await;
         let journal = SessionJournal::new(redis.backend(), WorkQueueConfig::default()).unwrap();
@@ -34,6 +40,42 @@ impl Env {
             coord: redis.coordination(),
             journal,
             redis,
+            _file: None,
+        }
+    }
+
+    /// Everything in one fresh embedded store's file (named by a Redis namespace's keys).
+    pub(crate) async fn embedded() -> Self {
+        let redis = TestRedis::new().await;
+        let file = TestSqlite::new().await;
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let db = file.backend();
+        Self {
+            store: CharacterStore::embedded(db.clone()),
+            coord: Coordination::embedded(
+                db.clone(),
+                redis.keys().clone(),
+                CoordinationConfig::default(),
+                Arc::clone(&clock),
+            ),
+            journal: SessionJournal::embedded(db, redis.keys(), WorkQueueConfig::default(), clock)
+                .unwrap(),
+            redis,
+            _file: Some(file),
+        }
+    }
+
+    /// One environment per driver.
+    pub(crate) async fn drivers(pool: &PgPool) -> Vec<Self> {
+        vec![Self::new(pool).await, Self::embedded().await]
+    }
+
+    /// The driver's name, for assertion messages.
+    pub(crate) fn name(&self) -> &'static str {
+        if self._file.is_some() {
+            "sqlite"
+        } else {
+            "redis"
         }
     }
 
@@ -116,7 +158,13 @@ pub(crate) async fn location(store: &CharacterStore, id: Uuid) -> (Option<String
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_reconnectable_cleanup_persists_ledger_location_and_presence(pool: PgPool) {
-    let env = Env::new(&pool).await;
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        a_reconnectable_cleanup_persists_ledger_location_and_presence_on(&env).await;
+    }
+}
+
+async fn a_reconnectable_cleanup_persists_ledger_location_and_presence_on(env: &Env) {
     let player = env.character().await;
     let item = cleanup(&player, "s-1", SessionLifecycleEffectPlan::Reconnectable);
     let worker = env.worker();
@@ -151,7 +199,13 @@ async fn a_reconnectable_cleanup_persists_ledger_location_and_presence(pool: PgP
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_permanent_removal_deletes_the_ledger_and_persists_location_only(pool: PgPool) {
-    let env = Env::new(&pool).await;
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        a_permanent_removal_deletes_the_ledger_and_persists_location_only_on(&env).await;
+    }
+}
+
+async fn a_permanent_removal_deletes_the_ledger_and_persists_location_only_on(env: &Env) {
     let player = env.character().await;
     let item = cleanup(&player, "s-2", SessionLifecycleEffectPlan::PermanentRemoval);
     env.coord
@@ -178,7 +232,13 @@ async fn a_permanent_removal_deletes_the_ledger_and_persists_location_only(pool:
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_confirmed_transfer_deletes_the_ledger_and_touches_nothing_else(pool: PgPool) {
-    let env = Env::new(&pool).await;
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        a_confirmed_transfer_deletes_the_ledger_and_touches_nothing_else_on(&env).await;
+    }
+}
+
+async fn a_confirmed_transfer_deletes_the_ledger_and_touches_nothing_else_on(env: &Env) {
     let player = env.character().await;
     let mut item = cleanup(&player, "s-3", SessionLifecycleEffectPlan::Reconnectable);
     item.transfer_confirmed = true;
@@ -212,7 +272,13 @@ async fn a_confirmed_transfer_deletes_the_ledger_and_touches_nothing_else(pool: 
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn stale_cleanup_of_a_reconnected_session_is_skipped(pool: PgPool) {
-    let env = Env::new(&pool).await;
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        stale_cleanup_of_a_reconnected_session_is_skipped_on(&env).await;
+    }
+}
+
+async fn stale_cleanup_of_a_reconnected_session_is_skipped_on(env: &Env) {
     let player = env.character().await;
     let item = cleanup(&player, "s-4", SessionLifecycleEffectPlan::Reconnectable);
     env.coord
@@ -239,7 +305,13 @@ async fn stale_cleanup_of_a_reconnected_session_is_skipped(pool: PgPool) {
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn cleanup_appends_before_removing_the_session(pool: PgPool) {
-    let env = Env::new(&pool).await;
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        cleanup_appends_before_removing_the_session_on(&env).await;
+    }
+}
+
+async fn cleanup_appends_before_removing_the_session_on(env: &Env) {
     let player = env.character().await;
     let sessions = ActiveSessions::default();
     sessions.insert(
@@ -307,7 +379,13 @@ async fn an_append_failure_leaves_the_session_active_with_the_error(pool: PgPool
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_lost_wake_signal_is_covered_by_the_interval(pool: PgPool) {
-    let env = Env::new(&pool).await;
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        a_lost_wake_signal_is_covered_by_the_interval_on(&env).await;
+    }
+}
+
+async fn a_lost_wake_signal_is_covered_by_the_interval_on(env: &Env) {
     let player = env.character().await;
     let worker = env.worker();
     let stats = worker.stats();
@@ -344,7 +422,13 @@ async fn a_lost_wake_signal_is_covered_by_the_interval(pool: PgPool) {
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_failing_effect_dead_letters_after_eight_attempts_with_its_summary(pool: PgPool) {
-    let env = Env::new(&pool).await;
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        a_failing_effect_dead_letters_after_eight_attempts_with_its_summary_on(&env).await;
+    }
+}
+
+async fn a_failing_effect_dead_letters_after_eight_attempts_with_its_summary_on(env: &Env) {
     let mut player = env.character().await;
     player.character_id = Uuid::now_v7(); // a character the store does not have
     let worker = env.worker();
@@ -454,7 +538,13 @@ async fn a_failed_location_write_fails_the_entry_to_retry_in_order(pool: PgPool)
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn an_entry_leased_by_a_call_whose_reply_was_lost_is_processed_next_pass(pool: PgPool) {
-    let env = Env::new(&pool).await;
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        an_entry_leased_by_a_call_whose_reply_was_lost_is_processed_next_pass_on(&env).await;
+    }
+}
+
+async fn an_entry_leased_by_a_call_whose_reply_was_lost_is_processed_next_pass_on(env: &Env) {
     let player = env.character().await;
     env.journal
         .append(cleanup(
