@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
+use shardkeep::Coordination;
 use shardkeep::audit::AuditReader;
 use shardkeep::journal::SessionJournal;
 use shardkeep::retry::RetryQueue;
-use shardkeep::{Coordination, PostgresBackend};
 
 use crate::signing::InternalKeys;
 
@@ -56,8 +56,8 @@ pub struct AppState {
     pub coord: Coordination,
     /// Audit reads.
     pub audit: AuditReader,
-    /// Postgres, for readiness and previews.
-    pub pg: PostgresBackend,
+    /// The engines (Postgres and Redis, or the embedded store's file), for readiness.
+    pub stores: shardkeep::Stores,
     /// Signing keys.
     pub keys: Arc<InternalKeys>,
     /// Settings.

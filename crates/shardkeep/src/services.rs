@@ -130,6 +130,16 @@ pub enum Stores {
     Embedded(SqliteBackend),
 }
 
+impl Stores {
+    /// Closes the pools (Postgres, or the file) once the work in hand is done.
+    pub async fn close(&self) {
+        match self {
+            Self::Servers { pg, .. } => pg.close().await,
+            Self::Embedded(db) => db.close().await,
+        }
+    }
+}
+
 /// The services could not be built or the workers not started.
 #[derive(Debug, thiserror::Error)]
 pub enum ServicesError {

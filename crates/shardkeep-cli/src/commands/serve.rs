@@ -19,13 +19,33 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cli::ServeArgs;
 
-/// Runs until a signal, then drains.
-pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let keys = InternalKeys::parse(
-        args.internal_keys
-            .as_deref()
-            .ok_or_else(|| anyhow!("SHARDKEEP_INTERNAL_KEYS is not set; pass --internal-keys or set SHARDKEEP_INTERNAL_KEYS"))?,
-    )?;
+/// Connects to the engines `DATABASE_URL` (and `REDIS_URL`) name and builds the services: on
+/// Postgres and Redis, or on one SQLite file in embedded mode. serve applies the reference
+/// game's effects; a game with its own model runs these workers in its own process through
+/// `Services`.
+async fn connect_services(args: &ServeArgs, config: ServicesConfig) -> anyhow::Result<Services> {
+    let url = super::database_url(&args.postgres)?;
+    if shardkeep::backend::sqlite::is_sqlite_url(url) {
+        super::refuse_mixed_stores()?;
+        let db = shardkeep::SqliteBackend::connect("DATABASE_URL", url).await?;
+        if !db.migrations_current().await.unwrap_or(false) {
+            tracing::warn!(
+                event = "migrations_pending",
+                "run `shardkeep migrate`; /readyz reports not ready until then"
+            );
+        }
+        let keys =
+            shardkeep::Keyspace::new(&args.redis.namespace).context("SHARDKEEP_NAMESPACE")?;
+        println!("serve: embedded mode, everything in {}", db.path());
+        let clock = Arc::new(shardkeep::clock::SystemClock);
+        return Ok(Services::embedded(
+            db,
+            &keys,
+            ReferenceModel::handle(),
+            config,
+            clock,
+        )?);
+    }
     let pg = super::connect_postgres(&args.postgres, 16).await?;
     if !pg.migrations_current().await.unwrap_or(false) {
         tracing::warn!(
@@ -41,6 +61,21 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let redis = super::connect_redis(&args.redis).await?;
+    Ok(Services::build(
+        pg,
+        redis,
+        ReferenceModel::handle(),
+        config,
+    )?)
+}
+
+/// Runs until a signal, then drains.
+pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let keys = InternalKeys::parse(
+        args.internal_keys
+            .as_deref()
+            .ok_or_else(|| anyhow!("SHARDKEEP_INTERNAL_KEYS is not set; pass --internal-keys or set SHARDKEEP_INTERNAL_KEYS"))?,
+    )?;
     let metrics =
         shardkeep_ops::telemetry::install().map_err(|e| anyhow!("metrics exporter: {e}"))?;
     let instance_id = format!("serve-{}", uuid::Uuid::now_v7());
@@ -56,9 +91,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         max_age: Duration::from_secs(u64::from(args.dead_letter_max_age_days) * 86_400),
         max_count: args.dead_letter_max_count as usize,
     };
-    // serve applies the reference game's effects; a game with its own model runs these
-    // workers in its own process through `Services`.
-    let mut services = Services::build(pg.clone(), redis, ReferenceModel::handle(), config)?;
+    let mut services = connect_services(&args, config).await?;
     let cancel = CancellationToken::new();
     // The journal consumer is claimed before anything is served: an id held by a live process
     // stops the start-up here.
@@ -67,13 +100,14 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .await
         .context("starting the workers")?;
     let coord = services.coord.clone();
+    let stores = services.stores.clone();
 
     let state = AppState {
         retry: services.retry.clone(),
         journal: services.journal.clone(),
         coord: coord.clone(),
         audit: AuditReader::new(services.audit.clone(), StaffReadLimit::default()),
-        pg: pg.clone(),
+        stores: services.stores.clone(),
         keys: Arc::new(keys),
         settings: Arc::new(ApiSettings {
             skew_seconds: i64::from(args.skew_seconds),
@@ -138,7 +172,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if let Err(err) = coord.registry_deregister(&instance_id).await {
         tracing::warn!(event = "deregister_failed", error = %err);
     }
-    pg.close().await;
+    stores.close().await;
     println!("serve: stopped");
     Ok(ExitCode::SUCCESS)
 }

@@ -18,9 +18,9 @@ pub async fn healthz() -> Json<serde_json::Value> {
 pub struct Readiness {
     /// Everything below holds.
     pub ready: bool,
-    /// Postgres answers.
+    /// The durable store answers (Postgres, or the embedded store's file).
     pub postgres: bool,
-    /// Redis answers.
+    /// The fast tier answers (Redis, or the embedded store's file).
     pub redis: bool,
     /// The migrations are current.
     #[serde(rename = "migrations_current")]
@@ -32,8 +32,16 @@ pub struct Readiness {
 /// Checks readiness (Postgres and Redis answer, migrations current, no worker of this process
 /// stalled with work waiting) and exports it as `shardkeep_ready`.
 pub async fn check(state: &AppState) -> Readiness {
-    let postgres = state.pg.ping().await.is_ok();
-    let migrations = postgres && state.pg.migrations_current().await.unwrap_or(false);
+    let (postgres, migrations) = match &state.stores {
+        shardkeep::Stores::Servers { pg, .. } => {
+            let up = pg.ping().await.is_ok();
+            (up, up && pg.migrations_current().await.unwrap_or(false))
+        }
+        shardkeep::Stores::Embedded(db) => {
+            let up = db.ping().await.is_ok();
+            (up, up && db.migrations_current().await.unwrap_or(false))
+        }
+    };
     let redis = state.coord.ping().await.is_ok();
     let stalled_workers = stalled(state).await;
     let ready = postgres && redis && migrations && stalled_workers.is_empty();

@@ -32,6 +32,8 @@ pub(crate) struct TestApp {
     pub(crate) client: SignedClient,
     pub(crate) http: reqwest::Client,
     pub(crate) state: AppState,
+    /// Postgres, for reading and writing rows underneath the API.
+    pub(crate) pg: shardkeep::PostgresBackend,
     /// Kept alive so the namespace is removed when the test ends.
     pub(crate) redis: TestRedis,
     pub(crate) signals: Option<shardkeep::retry::RetrySignals>,
@@ -104,7 +106,10 @@ pub(crate) async fn spawn_app_with(pool: PgPool, settings: ApiSettings) -> TestA
         journal,
         coord: redis.coordination(),
         audit: AuditReader::new(AuditStore::new(pg.clone()), StaffReadLimit::default()),
-        pg,
+        stores: shardkeep::Stores::Servers {
+            pg: pg.clone(),
+            redis: redis.backend(),
+        },
         keys: Arc::new(InternalKeys::parse(KEYS).unwrap()),
         settings: Arc::new(settings),
         metrics: Some(metrics_handle()),
@@ -116,6 +121,7 @@ pub(crate) async fn spawn_app_with(pool: PgPool, settings: ApiSettings) -> TestA
         http: reqwest::Client::new(),
         base: server.base.clone(),
         state,
+        pg,
         redis,
         signals: Some(signals),
         _server: server,
@@ -214,9 +220,9 @@ pub(crate) async fn retry_dead_letter(app: &mut TestApp) -> Uuid {
     let signals = app
         .signals
         .take()
-        .unwrap_or_else(|| RetryQueue::new(app.state.pg.clone(), 1, Arc::new(SystemClock)).1);
+        .unwrap_or_else(|| RetryQueue::new(app.pg.clone(), 1, Arc::new(SystemClock)).1);
     let mut worker = RetryWorker::new(
-        app.state.pg.clone(),
+        app.pg.clone(),
         shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         config,
@@ -295,7 +301,7 @@ pub(crate) async fn saver_and_auditor_workload(app: &TestApp) {
             true
         }
     }
-    let store = CharacterStore::new(app.state.pg.clone());
+    let store = CharacterStore::new(app.pg.clone());
     let id = Uuid::now_v7();
     store
         .create(&NewCharacter {
@@ -333,7 +339,7 @@ pub(crate) async fn saver_and_auditor_workload(app: &TestApp) {
     // The crash-window gauge, as a shard exports it for its residents.
     saver.landed().export("metrics-shard", &[id]);
     let auditor = Auditor::spawn(
-        AuditStore::new(app.state.pg.clone()),
+        AuditStore::new(app.pg.clone()),
         AuditorConfig::default(),
         cancel.clone(),
     );
