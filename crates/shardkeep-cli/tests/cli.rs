@@ -484,6 +484,47 @@ async fn serve_runs_in_embedded_mode_on_a_sqlite_file() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `bench all` on a SQLite file runs the embedded report (scratch files, no servers) and prints
+/// its rows against the engine's own batched update; the benchmarks that compare against the
+/// servers are refused with one line.
+#[test]
+fn bench_all_in_embedded_mode_prints_the_embedded_report() {
+    let dir = std::env::temp_dir().join(format!("shardkeep-bench-sqlite-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite:{}", dir.join("store.db").display());
+    let json = dir.join("report.json");
+    let out = shardkeep(
+        &[
+            "bench",
+            "all",
+            "--size",
+            "smoke",
+            "--json",
+            &json.display().to_string(),
+        ],
+        &[("DATABASE_URL", &url)],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{stdout}{}", stderr(&out));
+    assert!(
+        stdout.contains("batched CAS saves, rows, embedded SQLite (fresh doc"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("UPDATE … FROM (VALUES …) on SQLite"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("capacity  embedded, 960 online"),
+        "{stdout}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(report["mode"], "embedded");
+    let out = shardkeep(&["bench", "ladder"], &[("DATABASE_URL", &url)]);
+    assert_one_line_failure(&out, "only `bench all` runs on it");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn malformed_simulate_arguments_are_rejected() {
     for args in [

@@ -8,7 +8,7 @@ use anyhow::Context;
 use shardkeep_sim::bench::all::{self, AllConfig, Engines};
 use shardkeep_sim::bench::documents::{self, DocumentKind};
 use shardkeep_sim::bench::{
-    Progress, Table, audit, backlog, capacity, depth, ladder, login, queue, retry,
+    Progress, Table, audit, backlog, capacity, depth, embedded_report, ladder, login, queue, retry,
 };
 
 use crate::cli::{BenchArgs, BenchCommand, BenchSize, LadderBenchArgs};
@@ -18,6 +18,10 @@ const GOALS_NOT_MET: u8 = 4;
 
 /// Runs the chosen benchmark.
 pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
+    let url = super::database_url(&args.postgres)?;
+    if shardkeep::backend::sqlite::is_sqlite_url(url) {
+        return run_embedded(args).await;
+    }
     let database_url = super::postgres_url(&args.postgres)?;
     let redis_url = super::redis_url(args.redis_url.as_deref())?;
     if shardkeep::backend::redis::redis_seeds(redis_url).is_ok_and(|s| s.len() > 1) {
@@ -72,7 +76,7 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
                     embedded,
                 };
                 let env = engines.env().await?;
-                let r = capacity::run(&env, config, kind, &state, &progress).await;
+                let r = capacity::run(Some(&env), config, kind, &state, &progress).await;
                 env.teardown().await;
                 table.rows.extend(capacity::rows(&r?));
             }
@@ -185,4 +189,36 @@ async fn run_ladder(
     .await?;
     table.extend(report.table);
     Ok(())
+}
+
+/// `bench all` in embedded mode (`DATABASE_URL=sqlite:…`, no Redis): the embedded report, on
+/// scratch files beside nothing else. The other benchmarks compare against the servers and
+/// need them.
+async fn run_embedded(args: &BenchArgs) -> anyhow::Result<ExitCode> {
+    super::refuse_mixed_stores()?;
+    let BenchCommand::All(all_args) = &args.which else {
+        anyhow::bail!(
+            "DATABASE_URL names a SQLite file (embedded mode): only `bench all` runs on it (the \
+             embedded report); the other benchmarks need postgres:// and REDIS_URL"
+        );
+    };
+    let config = match all_args.size {
+        BenchSize::Full => embedded_report::EmbeddedBenchConfig::full(),
+        BenchSize::Smoke => embedded_report::EmbeddedBenchConfig::smoke(),
+    };
+    let progress = Progress::stderr();
+    let table = embedded_report::run(config, &progress).await?;
+    print!("{}", table.render());
+    if let Some(path) = &all_args.json {
+        let json = serde_json::to_vec_pretty(&serde_json::json!({
+            "mode": "embedded",
+            "rows": table.rows,
+        }))?;
+        std::fs::write(path, json)
+            .with_context(|| format!("writing the report to {}", path.display()))?;
+    }
+    if all_args.require_goals && table.unmet().count() > 0 {
+        return Ok(ExitCode::from(GOALS_NOT_MET));
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -305,7 +305,7 @@ pub async fn run(
             embedded,
         };
         let c = engines
-            .scoped(async |env| capacity::run(env, run, kind, &state, progress).await)
+            .scoped(async |env| capacity::run(Some(env), run, kind, &state, progress).await)
             .await?;
         report.table.rows.extend(capacity::rows(&c));
         report.capacity.push(c);

@@ -83,7 +83,7 @@ pub fn resident_bytes() -> Option<u64> {
 /// Boots one shard with `config.online` characters holding `state` and runs it at real pulse
 /// speed.
 pub async fn run(
-    env: &BenchEnv,
+    env: Option<&BenchEnv>,
     config: CapacityConfig,
     document: DocumentKind,
     state: &serde_json::Value,
@@ -119,6 +119,9 @@ pub async fn run(
         };
         (rows, stores, Some(scratch))
     } else {
+        let env = env.ok_or_else(|| {
+            BenchError::other("a capacity run on the servers needs Postgres and Redis")
+        })?;
         let rows = insert_rows(&env.pool, config.online, &prefix, state).await?;
         let stores = ShardStores {
             characters: Some(CharacterStore::new(env.pg.clone())),

@@ -105,3 +105,80 @@ pub async fn cas_batched(
     db.close().await;
     Ok(measured)
 }
+
+/// Rows per second a plain batched update of the same rows and columns writes on a scratch file
+/// of its own: `UPDATE … FROM (VALUES …)` with no version, epoch or schema check and nothing
+/// returned, `batch` rows to a transaction, the statements the same size as the store's. The
+/// engine's limit for what [`cas_batched`] does.
+pub async fn raw_update_batched(
+    snapshots: &[CharacterSnapshot],
+    batch: usize,
+    window: std::time::Duration,
+    progress: &Progress,
+) -> Result<f64, BenchError> {
+    progress.step(BENCH, "plain batched UPDATE on the embedded store's file");
+    let scratch = ScratchFile::new().await?;
+    scratch.insert(snapshots).await?;
+    let db = &scratch.db;
+    let batch = batch.clamp(1, snapshots.len().max(1));
+    let (mut cursor, mut done) = (0usize, 0u64);
+    let started = Instant::now();
+    while started.elapsed() < window && !snapshots.is_empty() {
+        let start = (cursor * batch) % snapshots.len();
+        let rows = &snapshots[start..(start + batch).min(snapshots.len())];
+        cursor += 1;
+        let mut tx = db.begin().await.map_err(BenchError::other)?;
+        for chunk in rows.chunks(RAW_ROWS_PER_STATEMENT) {
+            let sql = raw_update(chunk.len());
+            let mut statement = sqlx::query(sqlx::AssertSqlSafe(sql))
+                .persistent(chunk.len() == RAW_ROWS_PER_STATEMENT)
+                .bind(chrono::Utc::now().timestamp_micros());
+            for s in chunk {
+                statement = statement
+                    .bind(s.character_id)
+                    .bind(s.state.as_str())
+                    .bind(s.chargen.as_ref().map(|c| c.to_string()))
+                    .bind(&s.zone_ref)
+                    .bind(&s.room_ref)
+                    .bind(s.owner_epoch)
+                    .bind(i64::try_from(s.issue_mark).unwrap_or(i64::MAX))
+                    .bind(s.schema_version);
+            }
+            done += statement
+                .execute(&mut *tx)
+                .await
+                .map_err(BenchError::other)?
+                .rows_affected();
+        }
+        tx.commit().await.map_err(BenchError::other)?;
+    }
+    let measured = rate(done, started.elapsed());
+    db.close().await;
+    Ok(measured)
+}
+
+/// Rows to one statement of [`raw_update_batched`], as many as the store puts in one.
+const RAW_ROWS_PER_STATEMENT: usize = 128;
+
+fn raw_update(rows: usize) -> String {
+    let values: Vec<String> = (0..rows)
+        .map(|row| {
+            let first = 2 + row * 8;
+            let params: Vec<String> = (first..first + 8).map(|n| format!("?{n}")).collect();
+            format!("({})", params.join(", "))
+        })
+        .collect();
+    format!(
+        "UPDATE characters
+            SET state = v.column2, chargen = v.column3, zone_ref = v.column4,
+                room_ref = v.column5,
+                state_version = characters.state_version + 1,
+                live_version = characters.state_version + 1,
+                live_issue_epoch = v.column6, live_issue_mark = v.column7,
+                schema_version = v.column8,
+                updated_at = ?1
+           FROM (VALUES {}) AS v
+          WHERE characters.id = v.column1",
+        values.join(", ")
+    )
+}

@@ -26,6 +26,7 @@ pub mod capacity;
 pub mod depth;
 pub mod documents;
 pub mod embedded_cas;
+pub mod embedded_report;
 pub mod ladder;
 pub mod login;
 pub mod progress;
