@@ -33,6 +33,19 @@ pub(super) fn marks(start: usize, n: usize) -> String {
         .join(", ")
 }
 
+/// The integer column `$c`, or 0 when a foreign writer stored something else there.
+macro_rules! int_or_zero {
+    ($c:literal) => {
+        concat!(
+            "(CASE WHEN typeof(",
+            $c,
+            ") = 'integer' THEN ",
+            $c,
+            " ELSE 0 END)"
+        )
+    };
+}
+
 /// An instant as the file stores it.
 fn micros(at: DateTime<Utc>) -> i64 {
     at.timestamp_micros()
@@ -80,6 +93,67 @@ fn claimed_row(row: &SqliteRow) -> Result<ClaimedRow, sqlx::Error> {
         created_at: instant("created_at", row.try_get("created_at")?)?,
         lease_expiries: row.try_get("lease_expiries")?,
         lease_expired: row.try_get("lease_expired")?,
+    })
+}
+
+/// The claimed rows of `rows`, each decoded on its own: the file's columns are loosely typed, so
+/// a row written by hand or by a foreign tool can hold a value of the wrong type. Such a row is
+/// claimed as undecodable (its payload replaced by a text naming the failure and keeping the
+/// stored payload), so the settle dead-letters it and the jobs behind it go on; one whose ids do
+/// not decode cannot be addressed at all and is skipped with a warning.
+fn claimed_rows(rows: &[SqliteRow]) -> Vec<ClaimedRow> {
+    rows.iter()
+        .filter_map(|row| match claimed_row(row) {
+            Ok(claimed) => Some(claimed),
+            Err(err) => undecodable_row(row, &err),
+        })
+        .collect()
+}
+
+/// A row that does not decode, as a claim of an undecodable job (see [`claimed_rows`]).
+fn undecodable_row(row: &SqliteRow, err: &sqlx::Error) -> Option<ClaimedRow> {
+    let ids = (
+        row.try_get::<Uuid, _>("retry_job_id"),
+        row.try_get::<Uuid, _>("character_id"),
+    );
+    let (Ok(retry_job_id), Ok(character_id)) = ids else {
+        tracing::warn!(event = "retry_row_unaddressable", error = %err,
+            "a retry job row whose ids do not decode is skipped; delete it by hand");
+        return None;
+    };
+    tracing::warn!(event = "retry_row_undecodable", job = %retry_job_id, error = %err);
+    let text = |column: &str| row.try_get::<String, _>(column).ok();
+    let at = |column: &str| {
+        row.try_get::<i64, _>(column)
+            .ok()
+            .and_then(DateTime::from_timestamp_micros)
+            .unwrap_or(DateTime::UNIX_EPOCH)
+    };
+    let stored_payload = text("payload").unwrap_or_default();
+    Some(ClaimedRow {
+        stored: StoredJob {
+            retry_job_id,
+            job_kind: text("job_kind").unwrap_or_else(|| "undecodable".into()),
+            character_id,
+            realm_id: text("realm_id"),
+            zone_id: text("zone_id"),
+            payload: serde_json::Value::String(format!(
+                "the stored row does not decode ({err}); its payload: {stored_payload}"
+            )),
+            session_token: text("session_token"),
+            session_impact: text("session_impact").unwrap_or_default(),
+            source: text("source").unwrap_or_default(),
+            idempotency_key: text("idempotency_key").unwrap_or_default(),
+            owner_epoch: row.try_get("owner_epoch").unwrap_or(0),
+            origin: text("origin").unwrap_or_default(),
+            issued_at: at("issued_at"),
+            issue_seq: row.try_get("issue_seq").unwrap_or(0),
+        },
+        attempt_count: row.try_get("attempt_count").unwrap_or(0),
+        next_attempt_at: at("next_attempt_at"),
+        created_at: at("created_at"),
+        lease_expiries: row.try_get("lease_expiries").unwrap_or(0),
+        lease_expired: row.try_get("lease_expired").unwrap_or(false),
     })
 }
 
@@ -147,12 +221,7 @@ pub(super) async fn due(
     for id in ids.unwrap_or_default() {
         query = query.bind(*id);
     }
-    query
-        .fetch_all(&mut *conn)
-        .await?
-        .iter()
-        .map(claimed_row)
-        .collect()
+    Ok(claimed_rows(&query.fetch_all(&mut *conn).await?))
 }
 
 /// Claims up to `limit` due jobs (only `ids` when given) under a new lease (`token`, held by
@@ -224,13 +293,11 @@ pub(super) async fn pending_for(
         "SELECT {CLAIM_COLUMNS}, 0 AS lease_expired FROM persistence_retry_jobs
           WHERE character_id = ?1 ORDER BY retry_job_id"
     );
-    sqlx::query(sqlx::AssertSqlSafe(sql))
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
         .bind(character_id)
         .fetch_all(&mut *conn)
-        .await?
-        .iter()
-        .map(claimed_row)
-        .collect()
+        .await?;
+    Ok(claimed_rows(&rows))
 }
 
 /// The writes of [`OutcomeWrites`], one statement per job.
@@ -277,16 +344,26 @@ pub(super) async fn write_outcomes(
         .await?;
     }
     for (id, error, dead_letter_id) in &writes.dead {
-        sqlx::query(
+        // A row a foreign writer gave a value of the wrong type (see `claimed_rows`) becomes a
+        // dead letter that still reads back: text columns as text, numbers that are not
+        // integers as 0.
+        sqlx::query(concat!(
             "INSERT INTO persistence_job_dead_letters (dead_letter_id, retry_job_id, job_kind,
                  character_id, realm_id, zone_id, payload, failed_attempts, last_error, failed_at,
                  session_token, source, session_impact, idempotency_key, owner_epoch, origin,
                  issued_at, issue_seq)
-             SELECT ?2, retry_job_id, job_kind, character_id, realm_id, zone_id, payload,
-                    attempt_count + 1, ?3, ?4, session_token, source, session_impact,
-                    idempotency_key, owner_epoch, origin, issued_at, issue_seq
-               FROM persistence_retry_jobs WHERE retry_job_id = ?1",
-        )
+             SELECT ?2, retry_job_id, CAST(job_kind AS TEXT), character_id,
+                    CAST(realm_id AS TEXT), CAST(zone_id AS TEXT), CAST(payload AS TEXT), ",
+            int_or_zero!("attempt_count"),
+            " + 1, ?3, ?4, CAST(session_token AS TEXT), CAST(source AS TEXT),
+                    CAST(session_impact AS TEXT), CAST(idempotency_key AS TEXT), ",
+            int_or_zero!("owner_epoch"),
+            ", CAST(origin AS TEXT), ",
+            int_or_zero!("issued_at"),
+            ", ",
+            int_or_zero!("issue_seq"),
+            " FROM persistence_retry_jobs WHERE retry_job_id = ?1"
+        ))
         .bind(id)
         .bind(dead_letter_id)
         .bind(error)

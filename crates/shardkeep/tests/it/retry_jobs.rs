@@ -473,6 +473,20 @@ async fn a_poison_payload_is_dead_lettered_at_once_and_cannot_be_requeued(pool: 
         for (n, poison) in poisons.iter().enumerate() {
             insert_raw_job(&d, good, &format!("poison-{n}"), poison).await;
         }
+        if let JobDriver::Embedded(db) = &d {
+            // The file's columns are loosely typed: a sound job whose epoch a foreign writer
+            // made text is dead-lettered too, and does not stall the claim.
+            let payload = serde_json::to_string(reward(good, "typed", 0, 5).payload()).unwrap();
+            insert_raw_job(&d, good, "poison-typed", &payload).await;
+            sqlx::query(
+                "UPDATE persistence_retry_jobs SET owner_epoch = 'not a number'
+                  WHERE idempotency_key = 'poison-typed'",
+            )
+            .execute(db.pool())
+            .await
+            .unwrap();
+            poisons.push("typed");
+        }
         let mut worker = d.worker(signals, config("w"), clock);
         worker.poll_once().await.unwrap();
         assert_eq!(
@@ -491,22 +505,26 @@ async fn a_poison_payload_is_dead_lettered_at_once_and_cannot_be_requeued(pool: 
             "{}",
             d.name()
         );
+        // Every poison refuses a requeue, except the row whose payload was sound: an operator
+        // may requeue that one once they have looked.
+        let sound = i64::from(matches!(d, JobDriver::Embedded(_)));
+        let mut requeued = 0;
         for letter in &inspection.dead_letters {
             assert_eq!(letter.failed_attempts, 1);
             assert!(letter.error.contains("does not decode"), "{}", letter.error);
-            let err = queue
-                .dead_letters_requeue(letter.dead_letter_id)
-                .await
-                .unwrap_err();
-            assert!(err.to_string().contains("does not decode"));
+            match queue.dead_letters_requeue(letter.dead_letter_id).await {
+                Ok(_) => requeued += 1,
+                Err(err) => assert!(err.to_string().contains("does not decode"), "{err}"),
+            }
         }
+        assert_eq!(requeued, sound, "{}", d.name());
         assert_eq!(
             queue
                 .dead_letters_inspect(10)
                 .await
                 .unwrap()
                 .active_dead_letters,
-            poisons.len() as i64,
+            poisons.len() as i64 - sound,
             "{}: still dead",
             d.name()
         );
