@@ -107,6 +107,12 @@ pub(crate) struct SimulateArgs {
     /// Keep the scratch database and Redis keys after the run (for inspection).
     #[arg(long)]
     pub(crate) keep: bool,
+
+    /// Run in embedded mode: everything in a scratch SQLite file, no Postgres or Redis (the
+    /// default when DATABASE_URL names a `sqlite:` file). The store outages fail every call of
+    /// the file for their stretch; redis-failover, kill-serve and `--serves` need the servers.
+    #[arg(long)]
+    pub(crate) embedded: bool,
 }
 
 /// Parses `90`, `90s`, `1500ms` or `2m` (1 s to 24 h).

@@ -632,6 +632,53 @@ fn simulate_runs_prints_the_table_and_writes_the_json_report() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `simulate --embedded` runs the whole simulation on a scratch SQLite file with no Postgres or
+/// Redis (neither variable set), its store outages failing every call of the file: every
+/// invariant holds and the report says where the stores were.
+#[test]
+fn simulate_runs_in_embedded_mode_without_servers() {
+    let dir = std::env::temp_dir().join(format!("shardkeep-sim-embedded-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let report = dir.join("report.json");
+    let out = shardkeep(
+        &[
+            "simulate",
+            "--embedded",
+            "--duration",
+            "4s",
+            "--players",
+            "60",
+            "--shards",
+            "2",
+            "--faults",
+            "all",
+            "--report",
+            report.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", stderr(&out));
+    for needle in [
+        "checkpoint (file)",
+        "row (file CAS)",
+        "every invariant holds",
+    ] {
+        assert!(stdout.contains(needle), "table lacks {needle}: {stdout}");
+    }
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(json["passed"], true);
+    assert!(
+        json["run"]["stores"]
+            .as_str()
+            .unwrap()
+            .starts_with("embedded"),
+        "{}",
+        json["run"]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `--serves 2` runs the workers in two `serve` processes beside the run; `kill-serve` SIGKILLs
 /// one mid-run and starts it again; every invariant holds, the live one's work included, and
 /// the report's counts come from their /metrics.
@@ -856,8 +903,14 @@ async fn migrate_on_a_sqlite_file_creates_it_and_refuses_bad_files() {
         &[("DATABASE_URL", &url), ("REDIS_URL", "redis://127.0.0.1:1")],
     );
     assert_one_line_failure(&out, "but REDIS_URL is set");
-    // What embedded mode does not run yet says so, rather than failing on the URL's form.
-    let out = shardkeep(&["simulate"], &[("DATABASE_URL", &url)]);
-    assert_one_line_failure(&out, "simulate and bench need postgres://");
+    // What embedded mode cannot run says so, rather than failing on the URL's form.
+    let out = shardkeep(&["simulate", "--serves", "1"], &[("DATABASE_URL", &url)]);
+    assert_one_line_failure(&out, "serve processes need Postgres and Redis");
+    let out = shardkeep(
+        &["simulate", "--faults", "redis-failover"],
+        &[("DATABASE_URL", &url)],
+    );
+    assert_one_line_failure(&out, "needs a Redis Cluster, not embedded mode");
+
     std::fs::remove_dir_all(&dir).unwrap();
 }

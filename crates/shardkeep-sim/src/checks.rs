@@ -31,9 +31,9 @@ pub(super) struct RowView {
 
 use shardkeep_reference::game::state::stored_item_ids;
 
-type RowTuple = (Uuid, i64, Value, i64, i64, Vec<i64>, Vec<i64>);
+pub(super) type RowTuple = (Uuid, i64, Value, i64, i64, Vec<i64>, Vec<i64>);
 
-fn view((id, version, state, epoch, mark, beyond_epochs, beyond): RowTuple) -> RowView {
+pub(super) fn view((id, version, state, epoch, mark, beyond_epochs, beyond): RowTuple) -> RowView {
     let (experience, currency) = super::rewards::amounts_of(&state);
     let seq = |n: i64| u64::try_from(n).unwrap_or(0);
     RowView {
@@ -72,20 +72,6 @@ pub(super) async fn read_rows(pg: &PostgresBackend) -> Result<Vec<RowView>, sqlx
     .fetch_all(pg.exec())
     .await?;
     Ok(rows.into_iter().map(view).collect())
-}
-
-/// The item-load ledger: (item, character) → the highest epoch that loaded holding it.
-pub(super) async fn read_item_loads(
-    pg: &PostgresBackend,
-) -> Result<HashMap<(Uuid, Uuid), i64>, sqlx::Error> {
-    let rows: Vec<(Uuid, Uuid, i64)> =
-        sqlx::query_as("SELECT item_id, character_id, loaded_epoch FROM item_loads")
-            .fetch_all(pg.exec())
-            .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(item, character, epoch)| ((item, character), epoch))
-        .collect())
 }
 
 /// What the scans have seen so far.

@@ -11,10 +11,10 @@ use rand::{RngExt, SeedableRng};
 use serde::Serialize;
 use uuid::Uuid;
 
+use super::env::{Engines, Outage};
 use super::inbound::Inbound;
 use super::world::{World, bump};
 use super::{Fault, FaultSet};
-use shardkeep_testkit::faults::{ProxyControl, ProxyMode};
 
 /// One planned fault.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -125,8 +125,8 @@ pub(super) async fn inject(
 async fn apply(world: &Arc<World>, fault: &PlannedFault) {
     let shard = World::shard_id(fault.shard.unwrap_or(0));
     match fault.fault {
-        Fault::RedisOutage => outage(world, &world.env.redis_proxy, fault.length).await,
-        Fault::PostgresOutage => outage(world, &world.env.pg_proxy, fault.length).await,
+        Fault::RedisOutage => outage(world, Outage::Redis, fault.length).await,
+        Fault::PostgresOutage => outage(world, Outage::Postgres, fault.length).await,
         Fault::QueueFull => {
             world.hold_retry_worker(true);
             hold(world, fault.length).await;
@@ -177,7 +177,10 @@ async fn kill_a_serve(world: &World) {
 /// what the old master had not passed on is gone.
 async fn fail_over_a_master(world: &World) {
     let pick = world.counters.redis_failovers.load(Ordering::Relaxed) as usize;
-    match shardkeep_testkit::cluster::fail_over(&world.env.redis_direct, pick).await {
+    let Some(servers) = world.env.servers() else {
+        return;
+    };
+    match shardkeep_testkit::cluster::fail_over(&servers.redis_direct, pick).await {
         Ok(promoted) => {
             bump(&world.counters.redis_failovers);
             tracing::info!(event = "sim_redis_failover", promoted = %promoted);
@@ -221,51 +224,55 @@ async fn hold(world: &World, length: Duration) {
     }
 }
 
-async fn outage(world: &World, proxy: &impl ProxyControl, length: Duration) {
-    proxy.set_mode(ProxyMode::Cut);
+async fn outage(world: &World, which: Outage, length: Duration) {
+    world.env.outage_begin(which, length);
     hold(world, length).await;
-    proxy.set_mode(ProxyMode::Pass);
+    world.env.outage_end(which);
 }
 
 /// Plants retry rows whose payload does not decode and journal entries that are not entries,
 /// straight into the stores (the way a bad deploy or a corrupted write would).
 async fn plant_poison(world: &World) {
-    let character: Option<Uuid> = sqlx::query_scalar("SELECT id FROM characters LIMIT 1")
-        .fetch_optional(world.env.pg_direct.exec())
-        .await
-        .ok()
-        .flatten();
-    if let Some(character) = character {
+    let probe = world.env.probe();
+    if let Some(character) = probe.any_character().await {
         for n in 0..POISON_PER_FAULT {
-            let planted = sqlx::query(
-                "INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, payload,
-                     next_attempt_at, session_impact, source, idempotency_key, owner_epoch, origin, issued_at)
-                 VALUES ($1, 'combat_rewards', $2, $3, now(), 'none', 'sim-poison', $4, 0,
-                     'combat_rewards', now())",
-            )
-            .bind(Uuid::now_v7())
-            .bind(character)
-            .bind(serde_json::json!({ "kind": "combat_rewards", "experience": "a lot" }))
-            .bind(format!("poison:{}:{n}", Uuid::now_v7()))
-            .execute(world.env.pg_direct.exec())
-            .await;
-            if planted.is_ok() {
+            let key = format!("poison:{}:{n}", Uuid::now_v7());
+            if probe.plant_poison_job(character, &key).await {
                 bump(&world.counters.poison_planted);
             }
         }
     }
-    let Ok(keys) = world.env.keys.queue(shardkeep::journal::JOURNAL_QUEUE) else {
-        return;
-    };
-    let mut conn = world.env.redis_conn.clone();
     for n in 0..POISON_PER_FAULT {
-        let planted: redis::RedisResult<i64> = redis::cmd("LPUSH")
-            .arg(&keys.pending)
-            .arg(format!("{{\"not\": \"an entry {n}\""))
-            .query_async(&mut conn)
-            .await;
-        if planted.is_ok() {
+        let body = format!("{{\"not\": \"an entry {n}\"");
+        if plant_poison_entry(world, body.as_bytes()).await {
             bump(&world.counters.poison_planted);
+        }
+    }
+}
+
+/// Puts `body` at the newest end of the journal's pending entries, underneath the queue.
+async fn plant_poison_entry(world: &World, body: &[u8]) -> bool {
+    let queue = shardkeep::journal::JOURNAL_QUEUE;
+    match &world.env.engines {
+        Engines::Servers(s) => {
+            let Ok(keys) = world.env.keys.queue(queue) else {
+                return false;
+            };
+            let mut conn = s.redis_conn.clone();
+            let planted: redis::RedisResult<i64> = redis::cmd("LPUSH")
+                .arg(&keys.pending)
+                .arg(body)
+                .query_async(&mut conn)
+                .await;
+            planted.is_ok()
+        }
+        Engines::Embedded(f) => {
+            sqlx::query("INSERT INTO queue_entries (queue, body) VALUES (?1, ?2)")
+                .bind(queue)
+                .bind(body)
+                .execute(f.direct.pool())
+                .await
+                .is_ok()
         }
     }
 }

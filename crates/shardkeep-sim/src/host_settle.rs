@@ -12,7 +12,6 @@ use super::inbound::SettleStep;
 use super::travel;
 use super::world::add_saver_stats;
 use shardkeep::journal::SessionLifecycleEffectPlan;
-use shardkeep::placement::PlacementStore;
 use shardkeep::saver::SaveReason;
 use shardkeep_reference::shard::Link;
 
@@ -41,7 +40,7 @@ impl Host {
     /// Live sessions (attached or link-dead) whose placement record is missing or names another
     /// copy, and zombie copies still playing.
     async fn check_placements(&self) -> (u64, Vec<String>) {
-        let placement = PlacementStore::new(self.world.env.redis_direct.clone());
+        let placement = self.world.env.direct_placement();
         let mut problems = Vec::new();
         let mut checked = 0;
         for (id, body) in &self.bodies {

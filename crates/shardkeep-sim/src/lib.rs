@@ -38,6 +38,7 @@ mod inbound;
 mod order_checks;
 mod play;
 pub mod plot;
+mod probe;
 pub mod report;
 mod rewards;
 mod run;
@@ -55,7 +56,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 pub use report::{Invariant, SimReport};
-pub use run::run;
+pub use run::{run, run_embedded};
 
 /// A fault the simulator can inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -230,6 +231,9 @@ pub struct SimConfig {
     pub serves: usize,
     /// The `shardkeep` binary those processes run (needed when `serves` is not 0).
     pub serve_binary: Option<std::path::PathBuf>,
+    /// Run on a scratch SQLite file (embedded mode: no Postgres, no Redis); the store-outage
+    /// faults become the file's outage hook.
+    pub embedded: bool,
 }
 
 impl Default for SimConfig {
@@ -248,6 +252,7 @@ impl Default for SimConfig {
             pg_pooler: shardkeep::backend::postgres::PgPooler::None,
             serves: 0,
             serve_binary: None,
+            embedded: false,
         }
     }
 }
@@ -296,6 +301,19 @@ impl SimConfig {
         }
         if self.faults.contains(Fault::KillServe) && self.serves == 0 {
             return bad("the kill-serve fault needs serve processes (--serves 1 or more)".into());
+        }
+        if self.embedded {
+            if self.serves > 0 {
+                return bad("serve processes need Postgres and Redis, not embedded mode".into());
+            }
+            if self.faults.contains(Fault::RedisFailover) {
+                return bad(
+                    "the redis-failover fault needs a Redis Cluster, not embedded mode".into(),
+                );
+            }
+            if self.pg_pooler != shardkeep::backend::postgres::PgPooler::None {
+                return bad("a Postgres pooler has no meaning in embedded mode".into());
+            }
         }
         Ok(())
     }

@@ -8,12 +8,14 @@
 
 use std::collections::HashMap;
 
-use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::report::Invariant;
+use shardkeep::RedisBackend;
 use shardkeep::coord::{Coordination, SessionOrder};
-use shardkeep::{PostgresBackend, RedisBackend};
+
+use super::env::SimEnv;
+use super::probe::Probe;
 
 /// One session event: a session started, or a cleanup appended to the journal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,16 +86,12 @@ impl OrderObserved {
 
 /// One scan: every row's cleanup location order, and every character's mark.
 pub(super) async fn scan(
-    pg: &PostgresBackend,
+    env: &SimEnv,
+    probe: &Probe,
     coord: &Coordination,
-    redis: &RedisBackend,
     observed: &std::sync::Mutex<OrderObserved>,
 ) {
-    let rows: Result<Vec<LocationOrderRow>, _> =
-        sqlx::query_as("SELECT id, journal_location_epoch, journal_location_at FROM characters")
-            .fetch_all(pg.exec())
-            .await;
-    let Ok(rows) = rows else {
+    let Ok(rows) = probe.location_orders().await else {
         return;
     };
     let ids: Vec<Uuid> = rows.iter().map(|(id, _, _)| *id).collect();
@@ -101,13 +99,18 @@ pub(super) async fn scan(
         observed.scans += 1;
         for (id, epoch, at) in rows {
             if let (Some(epoch), Some(at)) = (epoch, at) {
-                observed.see_row(id, (epoch, at.timestamp_micros()));
+                observed.see_row(id, (epoch, at));
             }
         }
     }
     // Only marks a replica holds count: a mark still unreplicated when its master failed over
-    // is lost with it, and the claim that wrote it failed (its cleanup applied nothing).
-    let Ok(marks) = read_confirmed_marks(coord, redis, &ids).await else {
+    // is lost with it, and the claim that wrote it failed (its cleanup applied nothing). The
+    // embedded store's file has no replicas: what it holds is read as it is.
+    let marks = match env.servers() {
+        Some(s) => read_confirmed_marks(coord, &s.redis_direct, &ids).await,
+        None => read_marks_through(coord, &ids).await,
+    };
+    let Ok(marks) = marks else {
         return;
     };
     let Ok(mut observed) = observed.lock() else {
@@ -164,9 +167,6 @@ async fn read_confirmed_marks(
     Ok(out)
 }
 
-/// A row's id and the order of its last cleanup location.
-type LocationOrderRow = (Uuid, Option<i64>, Option<DateTime<Utc>>);
-
 /// The cleanup order mark of each of `ids`, in order (`None`: no mark).
 async fn read_marks(
     coord: &Coordination,
@@ -197,18 +197,39 @@ async fn read_marks(
     Ok(out)
 }
 
+/// The cleanup order mark of each of `ids`, read through the coordination handle one by one
+/// (the embedded store's file, where a read is a local query).
+async fn read_marks_through(
+    coord: &Coordination,
+    ids: &[Uuid],
+) -> Result<Vec<Option<Place>>, String> {
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        let mark = coord
+            .session_order_mark(&id.to_string())
+            .await
+            .map_err(|e| e.to_string())?;
+        out.push(mark);
+    }
+    Ok(out)
+}
+
 /// No step backwards was seen, and each character's mark names one of its recorded events, no
 /// older than its newest cleanup.
 pub(super) async fn journal_order_kept(
+    env: &SimEnv,
     coord: &Coordination,
-    conn: &shardkeep::backend::redis::RedisConn,
     events: &[SessionEvent],
     observed: &OrderObserved,
 ) -> Invariant {
     let expected = expectations(events);
     let mut details = observed.backwards.clone();
     let ids: Vec<Uuid> = expected.keys().copied().collect();
-    match read_marks(coord, conn, &ids).await {
+    let marks = match env.servers() {
+        Some(s) => read_marks(coord, &s.redis_conn, &ids).await,
+        None => read_marks_through(coord, &ids).await,
+    };
+    match marks {
         Err(err) => details.push(format!("order marks unreadable: {err}")),
         Ok(marks) => {
             for (id, mark) in ids.iter().zip(marks) {
@@ -237,6 +258,7 @@ pub(super) async fn journal_order_kept(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::{DateTime, Utc};
 
     #[test]
     fn a_mark_or_row_order_going_back_is_recorded() {

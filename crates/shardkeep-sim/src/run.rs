@@ -22,17 +22,14 @@ use super::series;
 use super::summary::{audit_counts, build_report, transfer_audit};
 use super::world::{World, get};
 use super::{SimConfig, SimError, SimProgress};
-use shardkeep::character::{CharacterStore, NewCharacter};
-use shardkeep::coord::{Coordination, CoordinationConfig};
+use shardkeep::character::NewCharacter;
 use shardkeep::journal::{JournalStats, SessionJournal};
-use shardkeep::queue::WorkQueueConfig;
 use shardkeep::retry::RetryStats;
 use shardkeep_reference::game::Catalog;
 use shardkeep_reference::game::items::ItemJson;
 use shardkeep_reference::game::state::StateDocument;
 use shardkeep_reference::game::world::{instance_entrance, reference_world};
 use shardkeep_reference::shard::ZoneDirectory;
-use shardkeep_testkit::faults::{ProxyControl, ProxyMode};
 
 /// Signal channel depth of the retry queue (small, so the queue-full fault saturates it).
 const SIGNAL_DEPTH: usize = 64;
@@ -74,6 +71,34 @@ pub async fn run(
         SIGNAL_DEPTH,
     )
     .await?;
+    run_in(config, env, progress).await
+}
+
+/// Runs a simulation in embedded mode: everything in a scratch SQLite file under the system's
+/// temporary directory (removed afterwards unless kept), no Postgres or Redis. The store-outage
+/// faults fail every call of the file for their stretch.
+pub async fn run_embedded(
+    mut config: SimConfig,
+    progress: impl Fn(&SimProgress) + Send + Sync + 'static,
+) -> Result<SimReport, SimError> {
+    config.embedded = true;
+    config.validate()?;
+    progress(&SimProgress {
+        phase: "setup",
+        duration: config.duration,
+        ..SimProgress::default()
+    });
+    let run_id = Uuid::now_v7().simple().to_string()[20..].to_owned();
+    let env = SimEnv::embedded(&run_id, SIGNAL_DEPTH).await?;
+    run_in(config, env, progress).await
+}
+
+/// Runs the simulation in `env`, then tears it down.
+async fn run_in(
+    config: SimConfig,
+    env: SimEnv,
+    progress: impl Fn(&SimProgress) + Send + Sync + 'static,
+) -> Result<SimReport, SimError> {
     let keep = config.keep;
     let world = match prepare(config, env).await {
         Ok(world) => world,
@@ -140,7 +165,7 @@ async fn prepare(config: SimConfig, env: SimEnv) -> Result<Arc<World>, (SimError
             shard_zones[host].push(instance);
         }
     }
-    let store = CharacterStore::new(env.pg_direct.clone());
+    let store = env.direct_characters();
     for index in 0..config.players {
         let agent = Agent::new(index, config.seed, config.shards);
         let created = store
@@ -193,8 +218,7 @@ async fn play(
     let plan = faults::plan(config.seed, config.duration, &config.faults, config.shards);
     let start = Instant::now();
     let injector = tokio::spawn(faults::inject(Arc::clone(&world), plan.clone(), start));
-    let direct_journal =
-        SessionJournal::new(world.env.redis_direct.clone(), WorkQueueConfig::default()).ok();
+    let direct_journal = world.env.direct_journal();
     // The live rate is taken over the last few seconds: the hosts copy their savers' counters
     // once a second, all at once, so a half-second window read 0 every other time.
     let mut recent: std::collections::VecDeque<(Instant, u64)> = std::collections::VecDeque::new();
@@ -218,8 +242,7 @@ async fn play(
         let journal_depth = journal_depth(direct_journal.as_ref()).await;
         if start.elapsed() >= next_sample {
             next_sample += interval;
-            let (table_bytes, redis_memory_bytes) =
-                series::read_store_sizes(&world.env.pg_direct, &world.env.redis_direct).await;
+            let (table_bytes, redis_memory_bytes) = series::read_store_sizes(&world.env).await;
             let readings = series::StoreReadings {
                 retry_depth,
                 journal_depth,
@@ -275,9 +298,8 @@ async fn play(
         None => None,
     };
     report_progress("check");
-    let rows = checks::read_rows(&world.env.pg_direct)
-        .await
-        .unwrap_or_default();
+    let probe = world.env.probe();
+    let rows = probe.read_rows().await.unwrap_or_default();
     let observed = {
         let mut observed = observed
             .lock()
@@ -286,17 +308,8 @@ async fn play(
         observed.record(&rows);
         observed
     };
-    let direct = Coordination::new(
-        world.env.redis_direct.clone(),
-        CoordinationConfig::default(),
-    );
-    order_checks::scan(
-        &world.env.pg_direct,
-        &direct,
-        &world.env.redis_direct,
-        &order_observed,
-    )
-    .await;
+    let direct = world.env.direct_coord();
+    order_checks::scan(&world.env, &probe, &direct, &order_observed).await;
     let order_observed = order_observed
         .lock()
         .map(|mut o| std::mem::take(&mut *o))
@@ -318,9 +331,7 @@ async fn play(
     let rewards = world
         .with_ledger(|l| std::mem::take(&mut l.rewards))
         .unwrap_or_default();
-    let item_loads = checks::read_item_loads(&world.env.pg_direct)
-        .await
-        .unwrap_or_default();
+    let item_loads = probe.read_item_loads().await.unwrap_or_default();
     let end = EndState {
         rows: &rows,
         observed: &observed,
@@ -340,13 +351,8 @@ async fn play(
         checks::sessions_placed(&end, settled.sessions_checked),
         checks::nothing_dangling(&end),
         super::claims::no_superseded_handoff_adopted(&claims),
-        order_checks::journal_order_kept(
-            &direct,
-            &world.env.redis_conn,
-            &session_events,
-            &order_observed,
-        )
-        .await,
+        order_checks::journal_order_kept(&world.env, &direct, &session_events, &order_observed)
+            .await,
     ];
     let invariants: Vec<_> = invariants.into_iter().chain(serves).collect();
     let passed = invariants.iter().all(|i| i.holds) && rows.len() == config.players;
@@ -366,10 +372,10 @@ async fn play(
         .max(settled.dangling.journal.dead);
     // A claim settles the jobs still queued for the character it claims, dead-lettering what
     // cannot apply, outside any worker's counters: the table holds them all.
-    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM persistence_job_dead_letters")
-        .fetch_one(world.env.pg_direct.exec())
+    let stored = probe
+        .count("SELECT count(*) FROM persistence_job_dead_letters")
         .await
-        .unwrap_or(0);
+        .max(0);
     report.retry.dead_lettered = report
         .retry
         .dead_lettered
@@ -386,37 +392,31 @@ fn spawn_scanner(
     let world = Arc::clone(world);
     let observed = Arc::clone(observed);
     let order_observed = Arc::clone(order_observed);
-    let coord = Coordination::new(
-        world.env.redis_direct.clone(),
-        CoordinationConfig::default(),
-    );
+    let coord = world.env.direct_coord();
+    let probe = world.env.probe();
     tokio::spawn(async move {
         loop {
             tokio::select! {
                 () = world.halt.cancelled() => return,
                 () = tokio::time::sleep(SCAN_INTERVAL) => {}
             }
-            if let Ok(rows) = checks::read_rows(&world.env.pg_direct).await
+            if let Ok(rows) = probe.read_rows().await
                 && let Ok(mut observed) = observed.lock()
             {
                 observed.record(&rows);
             }
-            order_checks::scan(
-                &world.env.pg_direct,
-                &coord,
-                &world.env.redis_direct,
-                &order_observed,
-            )
-            .await;
+            order_checks::scan(&world.env, &probe, &coord, &order_observed).await;
         }
     })
 }
 
 async fn retry_depth(world: &World) -> u64 {
-    sqlx::query_scalar::<_, i64>("SELECT count(*) FROM persistence_retry_jobs")
-        .fetch_one(world.env.pg_direct.exec())
-        .await
-        .map_or(0, |n| n.max(0) as u64)
+    let n = world
+        .env
+        .probe()
+        .count("SELECT count(*) FROM persistence_retry_jobs")
+        .await;
+    u64::try_from(n).unwrap_or(0)
 }
 
 async fn journal_depth(journal: Option<&SessionJournal>) -> u64 {
@@ -469,8 +469,7 @@ async fn wait_until(bound: Duration, mut done: impl AsyncFnMut() -> bool) -> boo
 /// checked, shards shut down, workers drained, consumed markers reconciled.
 async fn settle(world: &Arc<World>, journal: Option<&SessionJournal>) -> Settled {
     world.settling.store(true, Ordering::Relaxed);
-    world.env.pg_proxy.set_mode(ProxyMode::Pass);
-    world.env.redis_proxy.set_mode(ProxyMode::Pass);
+    world.env.heal();
     world.hold_retry_worker(false);
     wait_until(SETTLE_BOUND, async || {
         world.in_transit.load(Ordering::Relaxed) == 0
@@ -490,19 +489,15 @@ async fn settle(world: &Arc<World>, journal: Option<&SessionJournal>) -> Settled
         world.in_transit.load(Ordering::Relaxed) == 0
     })
     .await;
-    let pg = world.env.pg_direct.clone();
+    let probe = world.env.probe();
     wait_until(SETTLE_BOUND, async || {
-        let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM persistence_retry_jobs")
-            .fetch_one(pg.exec())
-            .await
-            .unwrap_or(1);
+        let pending = probe
+            .count("SELECT count(*) FROM persistence_retry_jobs")
+            .await;
         pending == 0 && journal_depth(journal).await == 0
     })
     .await;
-    let coord = Coordination::new(
-        world.env.redis_direct.clone(),
-        CoordinationConfig::default(),
-    );
+    let coord = world.env.direct_coord();
     wait_until(SETTLE_BOUND, async || {
         world.counters.transfers_awaiting.load(Ordering::Relaxed) == 0
     })
@@ -514,13 +509,8 @@ async fn settle(world: &Arc<World>, journal: Option<&SessionJournal>) -> Settled
         .await
         .unwrap_or((usize::MAX, usize::MAX));
     let count = |sql: &'static str| {
-        let pg = pg.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>(sql)
-                .fetch_one(pg.exec())
-                .await
-                .unwrap_or(-1)
-        }
+        let probe = probe.clone();
+        async move { probe.count(sql).await }
     };
     let dangling = Dangling {
         retry_leased: count(

@@ -322,25 +322,17 @@ pub(super) struct StoreReadings {
     pub(super) table_bytes: BTreeMap<String, u64>,
 }
 
-/// Reads the table sizes of `pg`'s database and Redis's memory (every master of a cluster).
+/// Reads the table sizes of the run's durable store and Redis's memory (every master of a
+/// cluster; none in embedded mode, where the file's tables hold everything).
 pub(super) async fn read_store_sizes(
-    pg: &shardkeep::backend::postgres::PostgresBackend,
-    redis: &shardkeep::backend::redis::RedisBackend,
+    env: &super::env::SimEnv,
 ) -> (BTreeMap<String, u64>, Option<u64>) {
-    let tables: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT c.relname::text, pg_total_relation_size(c.oid)
-           FROM pg_class c
-          WHERE c.relkind = 'r' AND c.relnamespace = 'public'::regnamespace
-            AND c.relname <> '_sqlx_migrations'",
-    )
-    .fetch_all(pg.exec())
-    .await
-    .unwrap_or_default();
-    let tables = tables
-        .into_iter()
-        .map(|(name, bytes)| (name, u64::try_from(bytes).unwrap_or(0)))
-        .collect();
-    (tables, redis_used_memory(redis).await)
+    let tables = env.probe().table_bytes().await;
+    let memory = match env.servers() {
+        Some(s) => redis_used_memory(&s.redis_direct).await,
+        None => None,
+    };
+    (tables, memory)
 }
 
 async fn redis_used_memory(redis: &shardkeep::backend::redis::RedisBackend) -> Option<u64> {

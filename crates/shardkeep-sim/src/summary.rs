@@ -14,30 +14,14 @@ use shardkeep::journal::JournalStats;
 use shardkeep::retry::RetryStats;
 
 pub(super) async fn audit_counts(world: &World) -> BTreeMap<String, u64> {
-    let rows: Vec<(String, i64)> =
-        sqlx::query_as("SELECT event_kind, count(*) FROM character_audit GROUP BY event_kind")
-            .fetch_all(world.env.pg_direct.exec())
-            .await
-            .unwrap_or_default();
-    rows.into_iter()
-        .map(|(k, n)| (k, n.max(0) as u64))
-        .collect()
+    world.env.probe().audit_counts().await
 }
 
 /// (acquirer, item) of every `item_transferred` audit row that moved an item between two
 /// characters: a character taking back what an earlier copy of it put down is on the record
 /// too (subject and actor alike), but it explains no move into that character's row.
 pub(super) async fn transfer_audit(world: &World) -> HashSet<(Uuid, Uuid)> {
-    let rows: Vec<(Uuid, Option<String>)> = sqlx::query_as(
-        "SELECT subject_id, payload->>'item_id' FROM character_audit
-          WHERE event_kind = 'item_transferred' AND actor_id IS DISTINCT FROM subject_id",
-    )
-    .fetch_all(world.env.pg_direct.exec())
-    .await
-    .unwrap_or_default();
-    rows.into_iter()
-        .filter_map(|(subject, item)| Some((subject, item?.parse().ok()?)))
-        .collect()
+    world.env.probe().transfer_audit().await
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -107,9 +91,20 @@ pub(super) fn build_report(
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
+    let embedded = world.env.servers().is_none();
+    let (checkpoint_tier, row_tier) = if embedded {
+        ("checkpoint (file)", "row (file CAS)")
+    } else {
+        ("checkpoint (Redis)", "row (Postgres CAS)")
+    };
     SimReport {
         run: json!({
-            "scratch_database": world.env.db_url.rsplit('/').next().unwrap_or_default(),
+            "stores": if embedded {
+                "embedded: one SQLite file; store outages fail every call of it for their stretch"
+            } else {
+                "Postgres and Redis, each behind a fault proxy"
+            },
+            "scratch_database": world.env.scratch_name(),
             "redis_namespace": world.env.keys.namespace(),
             "duration_secs": config.duration.as_secs_f64(),
             "shards": config.shards,
@@ -131,7 +126,9 @@ pub(super) fn build_report(
             },
             "floor items decay after": format!("{} s", super::host_faults::FLOOR_LIFETIME.as_secs()),
             "inventory holds at most": format!("{} items", super::play::INVENTORY_CAP),
-            "autovacuum": if c.autovacuum_off.load(Ordering::Relaxed) {
+            "autovacuum": if embedded {
+                "n/a (embedded: the file reuses its freed pages)".to_owned()
+            } else if c.autovacuum_off.load(Ordering::Relaxed) {
                 format!(
                     "off on this server: the simulator vacuumed the churned tables itself ({} passes, one a minute)",
                     get(&c.stand_in_vacuums)
@@ -142,14 +139,14 @@ pub(super) fn build_report(
         }),
         tiers: vec![
             TierCounts {
-                tier: "checkpoint (Redis)".into(),
+                tier: checkpoint_tier.into(),
                 attempted: saver.checkpoint_attempted,
                 landed: saver.checkpoint_landed,
                 dropped: saver.dropped_checkpoint,
                 failed: saver.checkpoint_failed,
             },
             TierCounts {
-                tier: "row (Postgres CAS)".into(),
+                tier: row_tier.into(),
                 attempted: saver.row_attempted,
                 landed: saver.row_landed,
                 dropped: saver.dropped_row + saver.final_dropped,

@@ -24,7 +24,11 @@ const CHURNED: [&str; 6] = [
 
 /// Vacuums the churned tables every [`PASS_EVERY`] until the run halts, when autovacuum is off.
 pub(super) async fn spawn_if_needed(world: &Arc<World>) {
-    if world.env.pg_direct.autovacuum_on().await.ok() != Some(false) {
+    // The embedded store's file has no autovacuum to be off (its freed pages are reused).
+    let Some(pg) = world.env.servers().map(|s| s.pg_direct.clone()) else {
+        return;
+    };
+    if pg.autovacuum_on().await.ok() != Some(false) {
         return;
     }
     world.counters.autovacuum_off.store(true, Ordering::Relaxed);
@@ -40,7 +44,7 @@ pub(super) async fn spawn_if_needed(world: &Arc<World>) {
             for table in CHURNED {
                 let statement = format!("VACUUM (ANALYZE) {table}");
                 if let Err(err) = sqlx::query(sqlx::AssertSqlSafe(statement))
-                    .execute(world.env.pg_direct.exec())
+                    .execute(pg.exec())
                     .await
                 {
                     vacuumed = false;

@@ -21,7 +21,11 @@ pub(super) async fn start_serves(world: &Arc<World>) -> Result<(), super::SimErr
     if count == 0 {
         return Ok(());
     }
-    let (database_url, redis_url) = world.env.serve_urls();
+    let Some((database_url, redis_url)) = world.env.serve_urls() else {
+        return Err(super::SimError::Setup(
+            "serve processes need Postgres and Redis (not embedded mode)".into(),
+        ));
+    };
     let launch = super::serves::ServeLaunch {
         binary,
         database_url,

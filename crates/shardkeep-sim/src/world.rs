@@ -219,8 +219,8 @@ impl World {
         Self {
             services: Mutex::new(env.services.take()),
             bookkeeping_pruned: std::sync::OnceLock::new(),
-            store: CharacterStore::new(env.pg.clone()),
-            placement: PlacementStore::new(env.redis.clone()),
+            store: env.sut_characters(),
+            placement: env.sut_placement(),
             loader: env.loader(),
             config,
             env,

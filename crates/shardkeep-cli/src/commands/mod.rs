@@ -56,8 +56,8 @@ pub(crate) fn postgres_url(args: &PostgresArgs) -> anyhow::Result<&str> {
     let url = database_url(args)?;
     if shardkeep::backend::sqlite::is_sqlite_url(url) {
         return Err(anyhow!(
-            "DATABASE_URL names a SQLite file (embedded mode); migrate, serve, dead-letters and \
-             cleanup run on it, but simulate and bench need postgres:// and REDIS_URL so far"
+            "DATABASE_URL names a SQLite file (embedded mode); this command needs postgres:// \
+             and REDIS_URL"
         ));
     }
     Ok(url)

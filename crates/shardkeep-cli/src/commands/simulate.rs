@@ -19,8 +19,22 @@ const UNSTABLE: u8 = 4;
 
 /// Runs the simulation.
 pub(crate) async fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
-    let database_url = super::postgres_url(&args.postgres)?;
-    let redis_url = super::redis_url(args.redis_url.as_deref())?;
+    let sqlite_url = args
+        .postgres
+        .database_url
+        .as_deref()
+        .is_some_and(shardkeep::backend::sqlite::is_sqlite_url);
+    if sqlite_url {
+        super::refuse_mixed_stores()?;
+    }
+    let embedded = args.embedded || sqlite_url;
+    let servers = if embedded {
+        None
+    } else {
+        let database_url = super::postgres_url(&args.postgres)?;
+        let redis_url = super::redis_url(args.redis_url.as_deref())?;
+        Some((database_url, redis_url))
+    };
     // Fail before a long run rather than after it (an aborted run leaves valid empty files).
     for (path, placeholder) in [(&args.report, &b"{}"[..]), (&args.plot, &b""[..])] {
         if let Some(path) = path {
@@ -42,6 +56,7 @@ pub(crate) async fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
         } else {
             None
         },
+        embedded,
         ..SimConfig::default()
     };
     // A run that cannot start says so on one line, before anything else.
@@ -51,7 +66,15 @@ pub(crate) async fn run(args: &SimulateArgs) -> anyhow::Result<ExitCode> {
         config.players, config.shards, config.duration, config.seed, config.faults
     );
     let display = Display::new();
-    let report = sim::run(config, database_url, redis_url, move |p| display.show(p)).await?;
+    let report = match servers {
+        Some((database_url, redis_url)) => {
+            sim::run(config, database_url, redis_url, move |p| display.show(p)).await?
+        }
+        None => {
+            eprintln!("embedded mode: everything in a scratch SQLite file, no Postgres or Redis");
+            sim::run_embedded(config, move |p| display.show(p)).await?
+        }
+    };
     println!("{report}");
     if let Some(path) = &args.report {
         let json = serde_json::to_vec_pretty(&report)?;

@@ -118,6 +118,33 @@ impl Coordination {
 }
 
 impl Coordination {
+    /// The newest session event seen for `character_id` — (owner epoch, microseconds, event
+    /// id) — when a mark is stored and reads as one (checks and diagnostics).
+    pub async fn session_order_mark(
+        &self,
+        character_id: &str,
+    ) -> Result<Option<(i64, i64, String)>, CoordError> {
+        let mark = self.keys().presence_session_order(character_id)?;
+        if let Some(file) = self.file() {
+            return Ok(file
+                .get(&mark)
+                .await?
+                .and_then(|raw| serde_json::from_slice::<serde_json::Value>(&raw).ok())
+                .and_then(|value| stored_place(&value)));
+        }
+        let (epoch, at, entry): (Option<i64>, Option<i64>, Option<String>) = redis::cmd("HMGET")
+            .arg(&mark)
+            .arg("epoch")
+            .arg("at")
+            .arg("entry")
+            .query_async(&mut self.conn()?)
+            .await?;
+        Ok(match (epoch, at, entry) {
+            (Some(epoch), Some(at), Some(entry)) => Some((epoch, at, entry)),
+            _ => None,
+        })
+    }
+
     /// Stores `record` (expiring after `ttl`) as the resume ledger written by the session event
     /// at `order`, unless a newer event's ledger is stored under the same session token.
     pub async fn resume_store_ordered(

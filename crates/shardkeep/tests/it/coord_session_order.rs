@@ -75,6 +75,20 @@ async fn presence_ordered_on(d: &CoordDriver) {
         d.name()
     );
     assert_eq!(claim(newer).await, OrderCheck::Stale, "{}", d.name());
+    assert_eq!(
+        coord.session_order_mark(&character).await.unwrap(),
+        Some((
+            4,
+            later_copy.at.timestamp_micros(),
+            later_copy.event_id.to_string()
+        )),
+        "the mark names the newest event ({})",
+        d.name()
+    );
+    assert_eq!(
+        coord.session_order_mark("no-such-character").await.unwrap(),
+        None
+    );
     assert!(
         coord.session_order_claim("", &older).await.is_err(),
         "an empty character id is a typed error"
