@@ -645,13 +645,13 @@ fn simulate_runs_in_embedded_mode_without_servers() {
             "simulate",
             "--embedded",
             "--duration",
-            "4s",
+            "8s",
             "--players",
             "60",
             "--shards",
             "2",
             "--faults",
-            "all",
+            "postgres-outage,redis-outage,zombie,poison",
             "--report",
             report.to_str().unwrap(),
         ],
@@ -675,6 +675,20 @@ fn simulate_runs_in_embedded_mode_without_servers() {
             .starts_with("embedded"),
         "{}",
         json["run"]
+    );
+    // The outage faults reached the system under test: writes failed while they lasted.
+    let planned = json["faults"]["planned"].to_string();
+    assert!(planned.contains("outage"), "{planned}");
+    let failed: u64 = json["tiers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["failed"].as_u64().unwrap())
+        .sum();
+    assert!(
+        failed > 0,
+        "no write failed during the outages: {}",
+        json["tiers"]
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -268,7 +268,10 @@ async fn plant_poison_entry(world: &World, body: &[u8]) -> bool {
         }
         Engines::Embedded(f) => {
             sqlx::query("INSERT INTO queue_entries (queue, body) VALUES (?1, ?2)")
-                .bind(queue)
+                .bind(shardkeep::queue::embedded_queue_name(
+                    &world.env.keys,
+                    queue,
+                ))
                 .bind(body)
                 .execute(f.direct.pool())
                 .await

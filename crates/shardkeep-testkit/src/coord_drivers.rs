@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 use shardkeep::clock::SystemClock;
-use shardkeep::queue::{QueueError, WorkQueue, WorkQueueConfig};
+use shardkeep::queue::{QueueError, WorkQueue, WorkQueueConfig, embedded_queue_name};
 use shardkeep::{Coordination, CoordinationConfig, Keyspace};
 
 use crate::{TestRedis, TestSqlite};
@@ -104,9 +104,9 @@ impl CoordDriver {
                 let keys = redis.keys().queue(name).unwrap();
                 redis.raw().await.smembers(&keys.consumers).await.unwrap()
             }
-            Self::Embedded { file, .. } => {
+            Self::Embedded { file, keys } => {
                 sqlx::query_scalar("SELECT id FROM queue_consumers WHERE queue = ?1")
-                    .bind(name)
+                    .bind(embedded_queue_name(keys, name))
                     .fetch_all(file.backend().pool())
                     .await
                     .unwrap()
@@ -124,11 +124,11 @@ impl CoordDriver {
                 let heartbeat = keys.consumer_heartbeat(id).unwrap();
                 let _: i64 = redis.raw().await.del(heartbeat).await.unwrap();
             }
-            Self::Embedded { file, .. } => {
+            Self::Embedded { file, keys } => {
                 sqlx::query(
                     "UPDATE queue_consumers SET beat_until = 0 WHERE queue = ?1 AND id = ?2",
                 )
-                .bind(name)
+                .bind(embedded_queue_name(keys, name))
                 .bind(id)
                 .execute(file.backend().pool())
                 .await
@@ -149,9 +149,9 @@ impl CoordDriver {
                 };
                 let _: i64 = redis.raw().await.lpush(list, body).await.unwrap();
             }
-            Self::Embedded { file, .. } => {
+            Self::Embedded { file, keys } => {
                 sqlx::query("INSERT INTO queue_entries (queue, body, holder) VALUES (?1, ?2, ?3)")
-                    .bind(name)
+                    .bind(embedded_queue_name(keys, name))
                     .bind(body)
                     .bind(holder)
                     .execute(file.backend().pool())
@@ -174,11 +174,11 @@ impl CoordDriver {
                     .unwrap();
                 len
             }
-            Self::Embedded { file, .. } => {
+            Self::Embedded { file, keys } => {
                 let n: i64 = sqlx::query_scalar(
                     "SELECT count(*) FROM queue_entries WHERE queue = ?1 AND holder = ?2",
                 )
-                .bind(name)
+                .bind(embedded_queue_name(keys, name))
                 .bind(id)
                 .fetch_one(file.backend().pool())
                 .await

@@ -89,7 +89,17 @@ impl JobDriver {
         config: RetryWorkerConfig,
         clock: Arc<dyn Clock>,
     ) -> RetryWorker {
-        let model = crate::model::LedgerModel::handle();
+        self.worker_for(crate::model::LedgerModel::handle(), signals, config, clock)
+    }
+
+    /// A retry worker applying effects through `model`.
+    pub fn worker_for(
+        &self,
+        model: shardkeep::model::ModelHandle,
+        signals: RetrySignals,
+        config: RetryWorkerConfig,
+        clock: Arc<dyn Clock>,
+    ) -> RetryWorker {
         match self {
             Self::Postgres(pool) => {
                 RetryWorker::new(crate::pg(pool), model, signals, config, clock)

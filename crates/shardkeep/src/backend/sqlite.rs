@@ -49,23 +49,53 @@ pub struct SqliteBackend {
 }
 
 /// A write transaction of the embedded store, holding this process's write turn until it
-/// commits or is dropped (rolled back). Dereferences to the connection it runs on.
+/// commits or rolls back. Dereferences to the connection it runs on.
+///
+/// Dropped unfinished (a refused or read-only exit), it rolls back on a task of its own that
+/// keeps the write turn until the rollback is done: the next writer of this process never
+/// finds the file's write lock still held by it and waits in SQLite's busy handler.
 #[derive(Debug)]
 pub struct WriteTransaction {
-    tx: SqliteTransaction<'static>,
-    _turn: tokio::sync::OwnedMutexGuard<()>,
+    /// `Some` until commit or rollback.
+    tx: Option<SqliteTransaction<'static>>,
+    turn: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 impl WriteTransaction {
     /// Commits, then gives the write turn to the next writer.
-    pub async fn commit(self) -> Result<(), sqlx::Error> {
-        self.tx.commit().await
+    pub async fn commit(mut self) -> Result<(), sqlx::Error> {
+        match self.tx.take() {
+            Some(tx) => tx.commit().await,
+            None => Ok(()),
+        }
     }
 
-    /// Rolls back now (dropped, it rolls back too, but only once the connection is next used),
-    /// then gives the write turn to the next writer.
-    pub async fn rollback(self) -> Result<(), sqlx::Error> {
-        self.tx.rollback().await
+    /// Rolls back now, then gives the write turn to the next writer.
+    pub async fn rollback(mut self) -> Result<(), sqlx::Error> {
+        match self.tx.take() {
+            Some(tx) => tx.rollback().await,
+            None => Ok(()),
+        }
+    }
+
+    fn open(&self) -> &SqliteTransaction<'static> {
+        self.tx
+            .as_ref()
+            .expect("a write transaction is open until it ends")
+    }
+}
+
+impl Drop for WriteTransaction {
+    fn drop(&mut self) {
+        let (Some(tx), turn) = (self.tx.take(), self.turn.take()) else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = tx.rollback().await;
+                drop(turn);
+            });
+        }
     }
 }
 
@@ -73,13 +103,15 @@ impl std::ops::Deref for WriteTransaction {
     type Target = sqlx::SqliteConnection;
 
     fn deref(&self) -> &Self::Target {
-        &self.tx
+        self.open()
     }
 }
 
 impl std::ops::DerefMut for WriteTransaction {
     fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.tx
+        self.tx
+            .as_mut()
+            .expect("a write transaction is open until it ends")
     }
 }
 
@@ -179,7 +211,10 @@ impl SqliteBackend {
         let turn = self.write_turn.clone().lock_owned().await;
         self.available()?;
         let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        Ok(WriteTransaction { tx, _turn: turn })
+        Ok(WriteTransaction {
+            tx: Some(tx),
+            turn: Some(turn),
+        })
     }
 
     /// The store-outage fault hook: every call of the store adapters (through [`Self::reader`]
@@ -237,10 +272,11 @@ impl SqliteBackend {
             .all(|m| applied.contains(&m.version)))
     }
 
-    /// Checks that the file answers a query.
+    /// Checks that the file answers a query (failing while an outage is injected, as every
+    /// call of the store adapters does).
     pub async fn ping(&self) -> Result<(), sqlx::Error> {
         sqlx::query("SELECT 1")
-            .execute(&self.pool)
+            .execute(self.reader()?)
             .await
             .map(|_| ())
     }

@@ -211,24 +211,41 @@ impl RecordFile {
     }
 
     /// Deletes up to `limit` expired records whose key starts with `prefix` (every family when
-    /// empty); how many went.
+    /// empty), in batches of [`SWEEP_BATCH`], each its own short write transaction (a large
+    /// backlog never holds the file's write lock for long), stopping early at a batch that
+    /// comes back short or after [`SWEEP_BUDGET`]; how many went.
     pub(crate) async fn sweep(&self, prefix: &str, limit: usize) -> Result<u64, CoordError> {
-        let (mut tx, now) = self.begin().await?;
-        let done = sqlx::query(
-            "DELETE FROM coord_records WHERE key IN (
-                 SELECT key FROM coord_records
-                  WHERE expires_at <= ?1 AND key >= ?2 AND key < ?2 || x'FF'
-                  LIMIT ?3)",
-        )
-        .bind(now)
-        .bind(prefix)
-        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(done.rows_affected())
+        let started = std::time::Instant::now();
+        let mut swept = 0u64;
+        while (swept as usize) < limit && started.elapsed() < SWEEP_BUDGET {
+            let batch = SWEEP_BATCH.min(limit - swept as usize);
+            let (mut tx, now) = self.begin().await?;
+            let done = sqlx::query(
+                "DELETE FROM coord_records WHERE key IN (
+                     SELECT key FROM coord_records
+                      WHERE expires_at <= ?1 AND key >= ?2 AND key < ?2 || x'FF'
+                      LIMIT ?3)",
+            )
+            .bind(now)
+            .bind(prefix)
+            .bind(i64::try_from(batch).unwrap_or(i64::MAX))
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            tx.commit().await?;
+            swept += done;
+            if (done as usize) < batch {
+                break;
+            }
+        }
+        Ok(swept)
     }
 }
+
+/// Expired records one sweep transaction deletes.
+pub(crate) const SWEEP_BATCH: usize = 500;
+/// Longest one sweep call goes on.
+pub(crate) const SWEEP_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The part of a glob pattern before its first wildcard.
 pub(crate) fn literal_prefix(pattern: &str) -> &str {
@@ -240,6 +257,23 @@ pub(crate) fn literal_prefix(pattern: &str) -> &str {
 pub(crate) fn expiry(now: i64, ttl: Ttl) -> i64 {
     let micros = i64::try_from(ttl.as_millis().saturating_mul(1000)).unwrap_or(i64::MAX);
     now.saturating_add(micros)
+}
+
+/// The live record at `key` with its absolute expiry (microseconds; `None`: never), inside a
+/// transaction.
+pub(crate) async fn read_expiring(
+    conn: &mut SqliteConnection,
+    key: &str,
+    now: i64,
+) -> Result<Option<(Vec<u8>, Option<i64>)>, CoordError> {
+    Ok(sqlx::query_as(concat!(
+        "SELECT value, expires_at FROM coord_records WHERE key = ?1 AND ",
+        live!("?2")
+    ))
+    .bind(key)
+    .bind(now)
+    .fetch_optional(&mut *conn)
+    .await?)
 }
 
 /// The live record at `key` with its remaining lifetime in milliseconds, inside a transaction.

@@ -195,11 +195,12 @@ impl Coordination {
         if embedded::read(&mut tx, &consumed, now).await?.is_some() {
             return Ok(HandoffMove::AlreadyConsumed);
         }
-        let Some((payload, remaining)) = embedded::read(&mut tx, &source, now).await? else {
+        let Some((payload, expires)) = embedded::read_expiring(&mut tx, &source, now).await? else {
             return Ok(HandoffMove::NotFound);
         };
+        // The destination keeps the very instant the source expires at.
+        let remaining = expires.map(|at| (at - now).max(0) / 1000);
         if source != destination {
-            let expires = remaining.map(|ms| now.saturating_add(ms.saturating_mul(1000)));
             embedded::put(&mut tx, &destination, &payload, expires).await?;
             embedded::remove(&mut tx, &source, now).await?;
             tx.commit().await?;

@@ -73,7 +73,9 @@ pub async fn maintain_once(
             tracing::warn!(event = "registry_prune_failed", error = %err);
         }
     }
-    match coord.sweep_expired(MAINTENANCE_MAX_EXAMINED).await {
+    // Expired records go in short batches until none is left or the sweep's time budget
+    // runs out, so the backlog cannot outgrow a fixed count per pass.
+    match coord.sweep_expired(usize::MAX).await {
         Ok(swept) => pass.expired_swept = swept,
         Err(err) => {
             pass.failed_steps += 1;

@@ -128,7 +128,15 @@ async fn hit_in_file(file: &RecordFile, key: &str, window: Ttl) -> Result<(u64, 
             embedded::replace_value(&mut tx, key, count.to_string().as_bytes()).await?;
             (count, ttl)
         }
-        _ => {
+        // A counter left without an expiry counts on and gets the window's, as INCR then
+        // PEXPIRE do on Redis.
+        Some((raw, None)) => {
+            let count = counter(&raw).saturating_add(1);
+            let expires = embedded::expiry(now, window);
+            embedded::put(&mut tx, key, count.to_string().as_bytes(), Some(expires)).await?;
+            (count, i64::try_from(window.as_millis()).unwrap_or(i64::MAX))
+        }
+        None => {
             let expires = embedded::expiry(now, window);
             embedded::put(&mut tx, key, b"1", Some(expires)).await?;
             (1, i64::try_from(window.as_millis()).unwrap_or(i64::MAX))

@@ -199,6 +199,12 @@ impl PlacementStore {
     }
 }
 
+/// Just the fence of a stored record: a record of a newer shape still fences by its epoch.
+#[derive(serde::Deserialize)]
+struct StoredEpoch {
+    owner_epoch: i64,
+}
+
 /// The fenced write in the embedded store's file, every record in one transaction: a record
 /// whose stored epoch is newer is refused; a stored record that does not decode is replaced.
 async fn write_in_file(
@@ -218,7 +224,7 @@ async fn write_in_file(
     for (record, (key, body)) in records.iter().zip(&bodies) {
         let stored_epoch = embedded::read(&mut tx, key, now)
             .await?
-            .and_then(|(raw, _)| serde_json::from_slice::<PlacementRecord>(&raw).ok())
+            .and_then(|(raw, _)| serde_json::from_slice::<StoredEpoch>(&raw).ok())
             .map(|stored| stored.owner_epoch);
         match stored_epoch {
             Some(stored_epoch) if stored_epoch > record.owner_epoch => {

@@ -158,7 +158,11 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> Consumer<T> {
             loop {
                 // Registered before waiting, so an append that lands meanwhile wakes this wait.
                 let woken = file.wake().notified();
-                if let Some(leased) = self.lease().await? {
+                // A read first: waiting writes nothing (the background beat keeps the
+                // registration alive).
+                if file.has_pending().await?
+                    && let Some(leased) = self.lease().await?
+                {
                     return Ok(Some(leased));
                 }
                 let now = tokio::time::Instant::now();

@@ -113,6 +113,16 @@ impl QueueFile {
         Ok(true)
     }
 
+    /// Whether any entry is pending (a read: a blocking lease asks before it writes).
+    pub(super) async fn has_pending(&self) -> Result<bool, QueueError> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM queue_entries WHERE queue = ?1 AND holder IS NULL)",
+        )
+        .bind(&self.queue)
+        .fetch_one(self.db.reader()?)
+        .await?)
+    }
+
     /// Pending, held and dead counts.
     pub(super) async fn depths(&self) -> Result<(u64, u64, u64), QueueError> {
         let (pending, held, dead): (i64, i64, i64) = sqlx::query_as(
@@ -460,7 +470,8 @@ impl QueueFile {
     ) -> Result<bool, QueueError> {
         let mut tx = self.begin().await?;
         let removed = sqlx::query(
-            "DELETE FROM queue_dead_letters WHERE queue = ?1 AND dead_letter_id = ?2 AND body = ?3",
+            "DELETE FROM queue_dead_letters
+              WHERE queue = ?1 AND dead_letter_id = ?2 AND CAST(body AS BLOB) = ?3",
         )
         .bind(&self.queue)
         .bind(dead_letter_id)
@@ -556,7 +567,8 @@ async fn held_seq(
     raw: &[u8],
 ) -> Result<Option<i64>, QueueError> {
     Ok(sqlx::query_scalar(
-        "SELECT seq FROM queue_entries WHERE queue = ?1 AND holder = ?2 AND body = ?3 LIMIT 1",
+        "SELECT seq FROM queue_entries
+          WHERE queue = ?1 AND holder = ?2 AND CAST(body AS BLOB) = ?3 LIMIT 1",
     )
     .bind(queue)
     .bind(id)

@@ -62,6 +62,12 @@ pub(crate) use counting_script;
 static APPEND: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/append.lua")));
 static DEPTHS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("lua/depths.lua")));
 
+/// The name the embedded store's queue tables file queue `name` of namespace `keys` under:
+/// queues of two namespaces sharing one file never see each other's entries.
+pub fn embedded_queue_name(keys: &crate::keyspace::Keyspace, name: &str) -> String {
+    format!("{}:{name}", keys.namespace())
+}
+
 /// One queued piece of work.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DurableWorkQueueEntry<T> {
@@ -242,7 +248,11 @@ impl<T: Serialize + DeserializeOwned + Send + Sync + 'static> WorkQueue<T> {
         clock: Arc<dyn crate::clock::Clock>,
     ) -> Result<Self, QueueError> {
         Ok(Self {
-            store: QueueStore::Embedded(embedded::QueueFile::new(db, clock, name)),
+            store: QueueStore::Embedded(embedded::QueueFile::new(
+                db,
+                clock,
+                &embedded_queue_name(keys, name),
+            )),
             name: name.to_owned(),
             keys: keys.queue(name)?,
             config,

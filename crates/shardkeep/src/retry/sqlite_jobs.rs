@@ -99,8 +99,9 @@ fn claimed_row(row: &SqliteRow) -> Result<ClaimedRow, sqlx::Error> {
 /// The claimed rows of `rows`, each decoded on its own: the file's columns are loosely typed, so
 /// a row written by hand or by a foreign tool can hold a value of the wrong type. Such a row is
 /// claimed as undecodable (its payload replaced by a text naming the failure and keeping the
-/// stored payload), so the settle dead-letters it and the jobs behind it go on; one whose ids do
-/// not decode cannot be addressed at all and is skipped with a warning.
+/// stored payload), so the settle dead-letters it and the jobs behind it go on. A row whose ids
+/// are not blobs cannot be addressed at all: the claim's query leaves it out (it would hold a
+/// slot of every batch), and one of a wrong length is skipped here with a warning.
 fn claimed_rows(rows: &[SqliteRow]) -> Vec<ClaimedRow> {
     rows.iter()
         .filter_map(|row| match claimed_row(row) {
@@ -212,6 +213,7 @@ pub(super) async fn due(
         "SELECT {CLAIM_COLUMNS}, lease_token IS NOT NULL AS lease_expired
            FROM persistence_retry_jobs
           WHERE {which} {CLAIMABLE_AT} <= ?1
+            AND typeof(retry_job_id) = 'blob' AND typeof(character_id) = 'blob'
           ORDER BY {CLAIMABLE_AT}, created_at
           LIMIT ?2"
     );

@@ -550,3 +550,24 @@ async fn ack_and_lease_acks_a_batch_and_leases_the_next_in_one_step_on(d: &Coord
     assert_eq!(acked, vec![AckOutcome::Acked; 2]);
     assert_eq!(queue.depths().await.unwrap(), QueueDepths::default());
 }
+
+/// Queues of the same name in two namespaces on one engine (one Redis, one file) are apart: a
+/// consumer of one never leases, recovers or counts the other's entries.
+#[tokio::test]
+async fn queues_of_two_namespaces_on_one_engine_never_mix() {
+    for d in coord_drivers().await {
+        let neighbour = d.neighbour().await;
+        let (mine, theirs) = (queue(&d), queue(&neighbour));
+        theirs.append(job(1)).await.unwrap();
+        mine.append(job(2)).await.unwrap();
+        let mut consumer = mine.consumer().await.unwrap();
+        let leased = consumer.lease().await.unwrap().unwrap();
+        assert_eq!(leased.entry.item, job(2), "{}", d.name());
+        assert!(consumer.lease().await.unwrap().is_none(), "{}", d.name());
+        assert_eq!(theirs.depths().await.unwrap().pending, 1, "{}", d.name());
+        consumer.abandon();
+        tokio::time::sleep(Duration::from_millis(450)).await;
+        assert_eq!(theirs.recover().await.unwrap().returned, 0, "{}", d.name());
+        assert_eq!(mine.recover().await.unwrap().returned, 1, "{}", d.name());
+    }
+}

@@ -14,12 +14,12 @@ use shardkeep::character::{
 use shardkeep::clock::{Clock, SystemClock};
 use shardkeep::model::{Anchor, GameModel, ModelHandle};
 use shardkeep::retry::{
-    IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
-    RetryStats, RetryWorker, RetryWorkerConfig,
+    IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryStats,
+    RetryWorkerConfig,
 };
-use shardkeep_testkit::TestRedis;
 use shardkeep_testkit::fixtures::new_character;
 use shardkeep_testkit::model::{LedgerEffect, LedgerModel};
+use shardkeep_testkit::{JobDriver, TestRedis};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -267,8 +267,30 @@ async fn an_older_checkpoint_never_replaces_a_newer_one_and_an_older_model_refus
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn retry_jobs_apply_only_under_a_model_that_reads_the_row(pool: PgPool) {
+    let drivers = shardkeep_testkit::JobDrivers::new(&pool).await;
+    for d in drivers.drivers() {
+        retry_jobs_by_model_on(&d).await;
+    }
+}
+
+/// The character's stored schema version and document, on either driver.
+async fn stored_on(d: &JobDriver, id: Uuid) -> (i32, serde_json::Value) {
+    let (schema,): (i32,) = d
+        .fetch_one(
+            "SELECT schema_version FROM characters WHERE id = $1",
+            Some(id),
+        )
+        .await;
+    (schema, d.state(id).await)
+}
+
+async fn retry_jobs_by_model_on(d: &JobDriver) {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let id = v1_character(&pool).await;
+    let id = {
+        let new = new_character("Aria");
+        d.characters().create(&new).await.unwrap();
+        new.character_id
+    };
     let envelope = |key: &str| IdempotencyEnvelope {
         idempotency_key: key.into(),
         owner_epoch: 0,
@@ -292,9 +314,8 @@ async fn retry_jobs_apply_only_under_a_model_that_reads_the_row(pool: PgPool) {
     )
     .unwrap();
     // A v2 worker upgrades the v1 row as it applies the grant.
-    let (queue, signals) = RetryQueue::new(pg(&pool), 8, Arc::clone(&clock));
-    let mut worker = RetryWorker::new(
-        pg(&pool),
+    let (queue, signals) = d.queue(8, Arc::clone(&clock));
+    let mut worker = d.worker_for(
         v2(),
         signals,
         RetryWorkerConfig::new("v2"),
@@ -302,10 +323,12 @@ async fn retry_jobs_apply_only_under_a_model_that_reads_the_row(pool: PgPool) {
     );
     queue.enqueue(&grant).await.unwrap();
     worker.run_until_idle().await.unwrap();
-    let (schema, _, state) = stored(&pool, id).await;
+    let (schema, state) = stored_on(d, id).await;
     assert_eq!(
         (schema, &state["coins"], &state["experience"]),
-        (2, &json!(1), &json!(3))
+        (2, &json!(1), &json!(3)),
+        "{}",
+        d.name()
     );
     // A v1 worker must not rewrite the v2 row: the job fails and waits for a newer worker.
     let again = PersistenceRetryJob::new(
@@ -323,29 +346,23 @@ async fn retry_jobs_apply_only_under_a_model_that_reads_the_row(pool: PgPool) {
         None,
     )
     .unwrap();
-    let (old_queue, old_signals) = RetryQueue::new(pg(&pool), 8, Arc::clone(&clock));
-    let mut old_worker = RetryWorker::new(
-        pg(&pool),
-        v1(),
-        old_signals,
-        RetryWorkerConfig::new("v1"),
-        clock,
-    );
+    let (old_queue, old_signals) = d.queue(8, Arc::clone(&clock));
+    let mut old_worker = d.worker_for(v1(), old_signals, RetryWorkerConfig::new("v1"), clock);
     old_queue.enqueue(&again).await.unwrap();
     old_worker.run_until_idle().await.unwrap();
-    let (schema, _, state) = stored(&pool, id).await;
+    let (schema, state) = stored_on(d, id).await;
     assert_eq!(
         (schema, &state["experience"]),
         (2, &json!(3)),
         "not applied by v1"
     );
-    let (error, attempts): (String, i32) = sqlx::query_as(
-        "SELECT last_error, attempt_count FROM persistence_retry_jobs
-          WHERE idempotency_key = 'grant-2'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let (error, attempts): (String, i32) = d
+        .fetch_one(
+            "SELECT last_error, attempt_count FROM persistence_retry_jobs
+              WHERE idempotency_key = 'grant-2'",
+            None,
+        )
+        .await;
     assert!(error.contains("newer release"), "{error}");
     assert_eq!(
         attempts, 0,
@@ -369,6 +386,6 @@ async fn retry_jobs_apply_only_under_a_model_that_reads_the_row(pool: PgPool) {
     .unwrap();
     queue.enqueue(&dump).await.unwrap();
     worker.run_until_idle().await.unwrap();
-    let (schema, _, state) = stored(&pool, id).await;
+    let (schema, state) = stored_on(d, id).await;
     assert_eq!((schema, &state["coins"]), (2, &json!(9)), "{state}");
 }
