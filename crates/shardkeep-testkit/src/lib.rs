@@ -8,7 +8,7 @@
 
 //!
 //! - [`faults`] — a TCP proxy that stalls or cuts a store connection (tests and the simulator).
-//! - [`coord_drivers`] — coordination records on each driver, for the conformance tests.
+//! - [`mod@coord_drivers`] — coordination records on each driver, for the conformance tests.
 //! - [`embedded`] — the embedded store on a temporary file, and the drivers of each tier.
 //! - [`fixtures`] — characters for tests.
 //! - [`model`] — a small game model for tests of the core that need one.
