@@ -14,7 +14,13 @@ use super::journal::{Env, cleanup, location};
 /// the presence of a session that is gone.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn an_older_reconnectable_cleanup_after_a_newer_removal_changes_nothing(pool: PgPool) {
-    let env = Env::new(&pool).await;
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        an_older_reconnectable_cleanup_after_a_newer_removal_changes_nothing_on(&env).await;
+    }
+}
+
+async fn an_older_reconnectable_cleanup_after_a_newer_removal_changes_nothing_on(env: &Env) {
     let player = env.character().await;
     let mut older = cleanup(&player, "s-1", SessionLifecycleEffectPlan::Reconnectable);
     older.closed_at = Utc::now() - ChronoDuration::seconds(30);
@@ -51,7 +57,13 @@ async fn an_older_reconnectable_cleanup_after_a_newer_removal_changes_nothing(po
 /// cleanup's location is older than what the row holds and is left alone.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_cleanup_older_than_the_rows_last_live_write_leaves_the_location(pool: PgPool) {
-    let env = Env::new(&pool).await;
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        a_cleanup_older_than_the_rows_last_live_write_leaves_the_location_on(&env).await;
+    }
+}
+
+async fn a_cleanup_older_than_the_rows_last_live_write_leaves_the_location_on(env: &Env) {
     let player = env.character().await;
     let mut item = cleanup(&player, "s-1", SessionLifecycleEffectPlan::Reconnectable);
     item.player.state_version = Some(0);
@@ -75,8 +87,14 @@ async fn a_cleanup_older_than_the_rows_last_live_write_leaves_the_location(pool:
 /// presence write: the write is refused in the same script that would have made it.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_presence_refresh_checks_the_order_in_the_write_itself(pool: PgPool) {
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        a_presence_refresh_checks_the_order_in_the_write_itself_on(&env).await;
+    }
+}
+
+async fn a_presence_refresh_checks_the_order_in_the_write_itself_on(env: &Env) {
     use shardkeep::coord::{OrderCheck, PresenceRecord, SessionOrder};
-    let env = Env::new(&pool).await;
     let character = Uuid::now_v7().to_string();
     let older = SessionOrder {
         owner_epoch: 3,
@@ -161,8 +179,14 @@ async fn a_presence_refresh_checks_the_order_in_the_write_itself(pool: PgPool) {
 /// session order: the cleanup of the earlier session, delivered late, leaves its presence alone.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_cleanup_of_a_session_closed_before_the_next_one_started_is_stale(pool: PgPool) {
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        a_cleanup_of_a_session_closed_before_the_next_one_started_is_stale_on(&env).await;
+    }
+}
+
+async fn a_cleanup_of_a_session_closed_before_the_next_one_started_is_stale_on(env: &Env) {
     use shardkeep::coord::{OrderCheck, PresenceRecord, SessionOrder};
-    let env = Env::new(&pool).await;
     let player = env.character().await;
     let mut older = cleanup(&player, "s-1", SessionLifecycleEffectPlan::Reconnectable);
     older.closed_at = Utc::now() - ChronoDuration::seconds(10);
@@ -204,7 +228,13 @@ async fn a_cleanup_of_a_session_closed_before_the_next_one_started_is_stale(pool
 /// cleanup, recovered late, stores neither its presence nor its resume ledger.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_cleanup_whose_copy_was_superseded_leaves_presence_and_ledger_alone(pool: PgPool) {
-    let env = Env::new(&pool).await;
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        a_cleanup_whose_copy_was_superseded_leaves_presence_and_ledger_alone_on(&env).await;
+    }
+}
+
+async fn a_cleanup_whose_copy_was_superseded_leaves_presence_and_ledger_alone_on(env: &Env) {
     let player = env.character().await;
     let item = cleanup(&player, "s-1", SessionLifecycleEffectPlan::Reconnectable);
     env.store.claim(player.character_id, 0).await.unwrap();
@@ -230,7 +260,13 @@ async fn a_cleanup_whose_copy_was_superseded_leaves_presence_and_ledger_alone(po
 /// then goes back to the front, in its place, for the next pass.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_failing_entry_does_not_stall_the_entries_behind_it(pool: PgPool) {
-    let env = Env::new(&pool).await;
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        a_failing_entry_does_not_stall_the_entries_behind_it_on(&env).await;
+    }
+}
+
+async fn a_failing_entry_does_not_stall_the_entries_behind_it_on(env: &Env) {
     let mut missing = env.character().await;
     missing.character_id = Uuid::now_v7();
     let player = env.character().await;
@@ -315,8 +351,14 @@ async fn a_store_outage_charges_only_the_entry_at_the_head(pool: PgPool) {
 /// write, and a retry of the cleanup that wrote is not taken for a newer one.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_stale_location_write_says_whether_a_newer_cleanup_wrote(pool: PgPool) {
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        a_stale_location_write_says_whether_a_newer_cleanup_wrote_on(&env).await;
+    }
+}
+
+async fn a_stale_location_write_says_whether_a_newer_cleanup_wrote_on(env: &Env) {
     use shardkeep::character::{LocationOrder, LocationWrite};
-    let env = Env::new(&pool).await;
     let player = env.character().await;
     let at = |secs_ago: i64| Utc::now() - ChronoDuration::seconds(secs_ago);
     let order = |closed_at, known_version| LocationOrder {
@@ -365,9 +407,15 @@ async fn a_stale_location_write_says_whether_a_newer_cleanup_wrote(pool: PgPool)
 /// take-back removes only the record that very cleanup stored.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn resume_ledgers_are_stored_and_taken_back_in_order(pool: PgPool) {
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        resume_ledgers_are_stored_and_taken_back_in_order_on(&env).await;
+    }
+}
+
+async fn resume_ledgers_are_stored_and_taken_back_in_order_on(env: &Env) {
     use shardkeep::Ttl;
     use shardkeep::coord::{OrderCheck, ResumeLedgerRecord, SessionOrder};
-    let env = Env::new(&pool).await;
     let record = |seq| ResumeLedgerRecord {
         session_token: "s-1".into(),
         character_id: "c".into(),
