@@ -7,15 +7,13 @@ use std::time::Duration;
 
 use chrono::Utc;
 use shardkeep::character::{CharacterLoader, CharacterStore, CheckpointStore, StoreError};
-use shardkeep::retry::{
-    IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
-};
-use shardkeep_testkit::TestRedis;
+use shardkeep::retry::{IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload};
 use shardkeep_testkit::model::{LedgerEffect, LedgerModel};
+use shardkeep_testkit::{JobDriver, JobDrivers, TestRedis};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::retry_jobs::{character, experience, pg};
+use super::retry_jobs::{character, pg};
 
 fn reward(id: Uuid, epoch: i64, xp: i64) -> PersistenceRetryJob {
     PersistenceRetryJob::new(
@@ -62,15 +60,30 @@ async fn characters(pool: &PgPool, prefix: &str, count: usize) -> Vec<Uuid> {
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_burst_of_claims_mints_one_epoch_per_claim(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
     let redis = TestRedis::new().await;
-    let loader = loader(&pool, &redis);
-    let ids = characters(&pool, "burst", 150).await;
+    for d in drivers.drivers() {
+        burst_on(&d, &redis).await;
+    }
+}
+
+async fn burst_on(d: &JobDriver, redis: &TestRedis) {
+    let loader = CharacterLoader::new(
+        d.characters(),
+        Some(d.checkpoints(redis)),
+        LedgerModel::handle(),
+        Duration::from_secs(10),
+    );
+    let mut ids = Vec::new();
+    for n in 0..150 {
+        ids.push(d.character(&format!("burst{n}")).await);
+    }
     // One of them left a reward queued under its first epoch, which no worker has run.
     let queued = ids[7];
     let first = loader.claim_and_load(queued, 0).await.unwrap().snapshot;
     let clock: std::sync::Arc<dyn shardkeep::clock::Clock> =
         std::sync::Arc::new(shardkeep::clock::SystemClock);
-    let (queue, _signals) = RetryQueue::new(pg(&pool), 8, clock);
+    let (queue, _signals) = d.queue(8, clock);
     queue
         .enqueue(&reward(queued, first.owner_epoch, 5))
         .await
@@ -113,24 +126,27 @@ async fn a_burst_of_claims_mints_one_epoch_per_claim(pool: PgPool) {
         let mut minted = epochs.remove(id).unwrap_or_default();
         minted.sort_unstable();
         let base = if *id == queued { 1 } else { 0 };
-        assert_eq!(minted, vec![base + 1, base + 2], "two claims, two epochs");
-        let stored: i64 = sqlx::query_scalar("SELECT owner_epoch FROM characters WHERE id = $1")
-            .bind(id)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+        assert_eq!(
+            minted,
+            vec![base + 1, base + 2],
+            "two claims, two epochs ({})",
+            d.name()
+        );
+        let (stored,): (i64,) = d
+            .fetch_one(
+                "SELECT owner_epoch FROM characters WHERE id = $1",
+                Some(*id),
+            )
+            .await;
         assert_eq!(stored, base + 2);
     }
     assert_eq!(
-        experience(&pool, queued).await,
+        d.experience(queued).await,
         5,
-        "settled before the claim"
+        "settled before the claim ({})",
+        d.name()
     );
-    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM persistence_retry_jobs")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(left, 0);
+    assert_eq!(d.count("persistence_retry_jobs").await, 0, "{}", d.name());
 }
 
 /// A character whose row another transaction holds does not hold up the claims made with it:
