@@ -71,16 +71,6 @@ fn unknown_kind(id: Uuid, key: &str, epoch: i64) -> PersistenceRetryJob {
     job(id, payload, key, epoch, 0)
 }
 
-async fn attempts_of(pool: &PgPool, key: &str) -> i32 {
-    sqlx::query_scalar(
-        "SELECT attempt_count FROM persistence_retry_jobs WHERE idempotency_key = $1",
-    )
-    .bind(key)
-    .fetch_one(pool)
-    .await
-    .unwrap()
-}
-
 fn worker(pool: &PgPool, model: ModelHandle, name: &str) -> (RetryQueue, RetryWorker) {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let (queue, signals) = RetryQueue::new(pg(pool), 8, Arc::clone(&clock));
@@ -96,11 +86,41 @@ fn worker(pool: &PgPool, model: ModelHandle, name: &str) -> (RetryQueue, RetryWo
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn an_older_worker_leaves_a_newer_releases_characters_uncounted(pool: PgPool) {
+    let drivers = shardkeep_testkit::JobDrivers::new(&pool).await;
     let redis = TestRedis::new().await;
-    let (queue, mut old_worker) = worker(&pool, v1(), "v1");
+    for d in drivers.drivers() {
+        older_worker_on(&d, &redis).await;
+    }
+}
+
+async fn older_worker_on(d: &shardkeep_testkit::JobDriver, redis: &TestRedis) {
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let (queue, signals) = d.queue(8, Arc::clone(&clock));
+    let mut old_worker = d.worker_for(v1(), signals, RetryWorkerConfig::new("v1"), clock);
+    let loader = |model: ModelHandle| {
+        shardkeep::character::CharacterLoader::new(
+            d.characters(),
+            Some(d.checkpoints(redis)),
+            model,
+            std::time::Duration::from_secs(5),
+        )
+    };
+    let attempts_of = async |key: &str| {
+        let (n,): (i32,) = d
+            .fetch_one(
+                &format!(
+                    "SELECT attempt_count FROM persistence_retry_jobs WHERE idempotency_key = '{key}'"
+                ),
+                None,
+            )
+            .await;
+        n
+    };
     // Owned by a v1 copy: a kind the v1 model does not know is a bad job, and counts.
-    let old_owned = v1_character(&pool).await;
-    let epoch = loader(&pool, &redis, v1())
+    let old_owned = new_character("Aria");
+    d.characters().create(&old_owned).await.unwrap();
+    let old_owned = old_owned.character_id;
+    let epoch = loader(v1())
         .claim_and_load(old_owned, 0)
         .await
         .unwrap()
@@ -113,11 +133,8 @@ async fn an_older_worker_leaves_a_newer_releases_characters_uncounted(pool: PgPo
     // Owned by a v2 copy that has not saved yet (its row still holds the v1 document): the job
     // may be of a kind only v2 knows, so the v1 worker leaves it to a v2 one.
     let new_owned = new_character("Brin");
-    CharacterStore::new(pg(&pool))
-        .create(&new_owned)
-        .await
-        .unwrap();
-    let epoch = loader(&pool, &redis, v2())
+    d.characters().create(&new_owned).await.unwrap();
+    let epoch = loader(v2())
         .claim_and_load(new_owned.character_id, 0)
         .await
         .unwrap()
@@ -128,9 +145,24 @@ async fn an_older_worker_leaves_a_newer_releases_characters_uncounted(pool: PgPo
         .await
         .unwrap();
     old_worker.run_until_idle().await.unwrap();
-    assert_eq!(attempts_of(&pool, "bad").await, 1, "a bad job counts");
-    assert_eq!(attempts_of(&pool, "newer").await, 0, "left uncounted");
-    assert_eq!(RetryStats::get(&old_worker.stats().deferred), 1);
+    assert_eq!(
+        attempts_of("bad").await,
+        1,
+        "a bad job counts ({})",
+        d.name()
+    );
+    assert_eq!(
+        attempts_of("newer").await,
+        0,
+        "left uncounted ({})",
+        d.name()
+    );
+    assert_eq!(
+        RetryStats::get(&old_worker.stats().deferred),
+        1,
+        "{}",
+        d.name()
+    );
 }
 
 /// Collects the saver's events.
