@@ -24,7 +24,7 @@ pub(crate) struct Stores {
     stop: tokio_util::sync::CancellationToken,
     pub(crate) characters: CharacterStore,
     pub(crate) checkpoints: CheckpointStore,
-    /// Placement records (`None` on the embedded store, which has none yet).
+    /// Placement records.
     pub(crate) placement: Option<PlacementStore>,
     pub(crate) audit: shardkeep::audit::AuditStore,
     pub(crate) directory: ZoneDirectory,
@@ -54,24 +54,28 @@ impl Stores {
         }
     }
 
-    /// The handles over the embedded store's file `sqlite`: rows, checkpoints and the audit
-    /// trail in it, no placement records.
+    /// The handles of services built over the embedded store's file `sqlite` (rows,
+    /// checkpoints, placement records and the audit trail all in it), as a game server in
+    /// embedded mode builds them.
     pub(crate) fn embedded(sqlite: &shardkeep_testkit::TestSqlite) -> Self {
-        let characters = CharacterStore::embedded(sqlite.backend());
-        let checkpoints = CheckpointStore::embedded(sqlite.backend());
+        let keys = shardkeep::Keyspace::new(&format!("t-{}", Uuid::now_v7().simple()))
+            .expect("a test namespace");
+        let services = Services::embedded(
+            sqlite.backend(),
+            &keys,
+            ReferenceModel::handle(),
+            ServicesConfig::new("it-shard", "game_server"),
+            Arc::new(shardkeep::clock::SystemClock),
+        )
+        .unwrap();
         Self {
             stop: tokio_util::sync::CancellationToken::new(),
-            loader: CharacterLoader::new(
-                characters.clone(),
-                Some(checkpoints.clone()),
-                ReferenceModel::handle(),
-                Duration::from_secs(5),
-            ),
-            characters,
-            checkpoints,
-            placement: None,
-            audit: shardkeep::audit::AuditStore::embedded(sqlite.backend()),
+            characters: services.characters.clone(),
+            checkpoints: services.checkpoints.clone(),
+            placement: Some(services.placement.clone()),
+            audit: services.audit.clone(),
             directory: ZoneDirectory::new(),
+            loader: services.loader.clone(),
         }
     }
 
