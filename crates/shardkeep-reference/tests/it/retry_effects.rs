@@ -4,48 +4,31 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use serde_json::json;
-use shardkeep::PostgresBackend;
-use shardkeep::character::{CharacterStore, NewCharacter};
 use shardkeep::clock::{Clock, SystemClock};
 use shardkeep::retry::{
-    IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
-    RetryWorker, RetryWorkerConfig,
+    IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryWorkerConfig,
 };
 use sqlx::PgPool;
-use uuid::Uuid;
-
-fn pg(pool: &PgPool) -> PostgresBackend {
-    shardkeep_testkit::pg(pool)
-}
 
 fn config(owner: &str) -> RetryWorkerConfig {
     RetryWorkerConfig::new(owner)
 }
 
-async fn character(pool: &PgPool, name: &str) -> Uuid {
-    let id = Uuid::now_v7();
-    CharacterStore::new(pg(pool))
-        .create(&NewCharacter {
-            character_id: id,
-            account_id: Uuid::now_v7(),
-            name: name.into(),
-            zone_ref: Some("zone-0".into()),
-            room_ref: Some("r0".into()),
-            state: json!({ "experience": 0, "currency": 0 }).into(),
-            chargen: None,
-            schema_version: 1,
-        })
-        .await
-        .unwrap();
-    id
-}
-
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn each_payload_kind_applies_to_the_character_store(pool: PgPool) {
+    let drivers = shardkeep_testkit::JobDrivers::new(&pool).await;
+    for d in drivers.drivers() {
+        each_payload_kind_on(&d).await;
+    }
+}
+
+/// Location, appearance, equipment, a transfer activation and a whole-state flush, applied by
+/// the retry worker on one driver.
+async fn each_payload_kind_on(d: &shardkeep_testkit::JobDriver) {
     use shardkeep_reference::game::state::Appearance;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let (queue, signals) = RetryQueue::new(pg(&pool), 64, Arc::clone(&clock));
-    let id = character(&pool, "A").await;
+    let (queue, signals) = d.queue(64, Arc::clone(&clock));
+    let id = d.character("A").await;
     let envelope = |key: &str, origin| IdempotencyEnvelope {
         idempotency_key: key.into(),
         owner_epoch: 0,
@@ -110,32 +93,31 @@ async fn each_payload_kind_applies_to_the_character_store(pool: PgPool) {
     for job in jobs {
         queue.enqueue(&job.unwrap()).await.unwrap();
     }
-    let mut worker = RetryWorker::new(
-        pg(&pool),
+    let mut worker = d.worker_for(
         shardkeep_reference::game::ReferenceModel::handle(),
         signals,
         config("w"),
         clock,
     );
     worker.run_until_idle().await.unwrap();
-    let row = CharacterStore::new(pg(&pool))
-        .load(id)
-        .await
-        .unwrap()
-        .unwrap();
+    let row = d.characters().load(id).await.unwrap().unwrap();
     assert_eq!(
         (row.zone_ref.as_deref(), row.room_ref.as_deref()),
-        (Some("zone-3"), Some("r2"))
+        (Some("zone-3"), Some("r2")),
+        "{}",
+        d.name()
     );
     assert_eq!(row.state["position"], json!([5, 6]));
     assert_eq!(row.state["appearance"]["hair"], "silver");
     assert_eq!(row.state["equipment"]["head"]["proto"], "helm");
     assert!(row.state_version >= 1);
-    let (shard, zone): (String, String) =
-        sqlx::query_as("SELECT target_shard, target_zone FROM transfer_activations WHERE transfer_token = 'xfer-1'")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let (shard, zone): (String, String) = d
+        .fetch_one(
+            "SELECT target_shard, target_zone FROM transfer_activations
+              WHERE transfer_token = 'xfer-1'",
+            None,
+        )
+        .await;
     assert_eq!((shard.as_str(), zone.as_str()), ("shard-2", "zone-5"));
 
     let state = json!({ "experience": 999, "currency": 3 });
@@ -148,11 +130,7 @@ async fn each_payload_kind_applies_to_the_character_store(pool: PgPool) {
     .unwrap();
     queue.enqueue(&job).await.unwrap();
     worker.run_until_idle().await.unwrap();
-    let row = CharacterStore::new(pg(&pool))
-        .load(id)
-        .await
-        .unwrap()
-        .unwrap();
+    let row = d.characters().load(id).await.unwrap().unwrap();
     assert_eq!(row.state["experience"], 999);
     assert_eq!(
         row.zone_ref.as_deref(),
