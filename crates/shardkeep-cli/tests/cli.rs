@@ -29,6 +29,29 @@ async fn listening(port: u16) -> bool {
     false
 }
 
+/// Sends SIGTERM to a running `serve` and waits for it: its exit status and what it printed.
+async fn terminate(mut serve: std::process::Child) -> (std::process::ExitStatus, String) {
+    let status = Command::new("kill")
+        .args(["-TERM", &serve.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    tokio::task::spawn_blocking(move || {
+        let status = serve.wait().unwrap();
+        let mut out = String::new();
+        use std::io::Read;
+        serve
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        (status, out)
+    })
+    .await
+    .unwrap()
+}
+
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -294,7 +317,7 @@ async fn serve_answers_the_cli_and_stops_gracefully_on_sigterm(pool: PgPool) {
     let namespace = test_redis.keys().namespace().to_owned();
     let keys = "ops:0123456789abcdef0123";
     let redis = test_redis.url().to_owned();
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_shardkeep"))
+    let serve = Command::new(env!("CARGO_BIN_EXE_shardkeep"))
         .args([
             "serve",
             "--listen",
@@ -394,25 +417,7 @@ async fn serve_answers_the_cli_and_stops_gracefully_on_sigterm(pool: PgPool) {
     let bad_target = shardkeep(&["cleanup", "--target", "everything", "--delete"], &env);
     assert_eq!(bad_target.status.code(), Some(3));
     assert!(stderr(&bad_target).contains("unknown_target"));
-    let status = Command::new("kill")
-        .args(["-TERM", &serve.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let output = tokio::task::spawn_blocking(move || {
-        let status = serve.wait().unwrap();
-        let mut out = String::new();
-        use std::io::Read;
-        serve
-            .stdout
-            .take()
-            .unwrap()
-            .read_to_string(&mut out)
-            .unwrap();
-        (status, out)
-    })
-    .await
-    .unwrap();
+    let output = terminate(serve).await;
     assert!(output.0.success(), "serve exits cleanly on SIGTERM");
     assert!(output.1.contains("serve: stopped"), "{}", output.1);
 }
@@ -433,7 +438,7 @@ async fn serve_runs_in_embedded_mode_on_a_sqlite_file() {
         .port();
     let api = format!("http://127.0.0.1:{port}");
     let keys = "ops:0123456789abcdef0123";
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_shardkeep"))
+    let serve = Command::new(env!("CARGO_BIN_EXE_shardkeep"))
         .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
         .env("DATABASE_URL", &url)
         .env_remove("REDIS_URL")
@@ -459,25 +464,7 @@ async fn serve_runs_in_embedded_mode_on_a_sqlite_file() {
     assert!(cleanup.status.success(), "{}", stderr(&cleanup));
     let table = String::from_utf8_lossy(&cleanup.stdout).into_owned();
     assert!(table.contains("registry"), "{table}");
-    let status = Command::new("kill")
-        .args(["-TERM", &serve.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let output = tokio::task::spawn_blocking(move || {
-        let status = serve.wait().unwrap();
-        let mut out = String::new();
-        use std::io::Read;
-        serve
-            .stdout
-            .take()
-            .unwrap()
-            .read_to_string(&mut out)
-            .unwrap();
-        (status, out)
-    })
-    .await
-    .unwrap();
+    let output = terminate(serve).await;
     assert!(output.0.success(), "serve exits cleanly on SIGTERM");
     assert!(output.1.contains("embedded mode"), "{}", output.1);
     assert!(output.1.contains("serve: stopped"), "{}", output.1);

@@ -295,14 +295,7 @@ impl QueueFile {
         leave: bool,
     ) -> Result<Option<usize>, QueueError> {
         let mut tx = self.begin().await?;
-        let holder: Option<String> = sqlx::query_scalar(
-            "SELECT token FROM queue_consumers WHERE queue = ?1 AND id = ?2 AND beat_until > ?3",
-        )
-        .bind(&self.queue)
-        .bind(id)
-        .bind(self.now())
-        .fetch_optional(&mut *tx)
-        .await?;
+        let holder = live_token(&mut tx, &self.queue, id, self.now()).await?;
         if holder.is_some_and(|holder| holder != token) {
             return Ok(None);
         }
@@ -376,14 +369,7 @@ impl QueueFile {
         successor: impl Fn(&[u8]) -> Result<(Vec<u8>, Option<Uuid>), QueueError>,
     ) -> Result<Option<(usize, usize)>, QueueError> {
         let mut tx = self.begin().await?;
-        let live: Option<String> = sqlx::query_scalar(
-            "SELECT token FROM queue_consumers WHERE queue = ?1 AND id = ?2 AND beat_until > ?3",
-        )
-        .bind(&self.queue)
-        .bind(consumer)
-        .bind(self.now())
-        .fetch_optional(&mut *tx)
-        .await?;
+        let live = live_token(&mut tx, &self.queue, consumer, self.now()).await?;
         if live.as_deref() != holder {
             return Ok(None);
         }
@@ -592,6 +578,23 @@ async fn remove_held(
         .execute(&mut *conn)
         .await?;
     Ok(Some(seq))
+}
+
+/// The token of the incarnation whose live registration holds consumer id `id`.
+async fn live_token(
+    conn: &mut SqliteConnection,
+    queue: &str,
+    id: &str,
+    now: i64,
+) -> Result<Option<String>, QueueError> {
+    Ok(sqlx::query_scalar(
+        "SELECT token FROM queue_consumers WHERE queue = ?1 AND id = ?2 AND beat_until > ?3",
+    )
+    .bind(queue)
+    .bind(id)
+    .bind(now)
+    .fetch_optional(&mut *conn)
+    .await?)
 }
 
 /// Writes the registration of `id` for `token` with heartbeat deadline `until`.
