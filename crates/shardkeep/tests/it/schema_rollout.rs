@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use shardkeep::audit::AuditEvent;
-use shardkeep::character::{CharacterStore, CheckpointStore, Releaser, TransferCommit};
+use shardkeep::character::{Releaser, TransferCommit};
 use shardkeep::clock::{Clock, SystemClock};
 use shardkeep::model::ModelHandle;
 use shardkeep::retry::{
@@ -16,13 +16,13 @@ use shardkeep::retry::{
     RetryStats, RetryWorker, RetryWorkerConfig,
 };
 use shardkeep::saver::{SaveFeedback, SaveReason, Saver, SaverConfig, SaverEvent, SaverSinks};
-use shardkeep_testkit::TestRedis;
 use shardkeep_testkit::fixtures::new_character;
 use shardkeep_testkit::model::LedgerEffect;
+use shardkeep_testkit::{JobDriver, TestRedis};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::schema_versions::{loader, pg, stored, stored_version, v1, v1_character, v2};
+use super::schema_versions::{loader, stored, stored_version, v1, v1_character, v2};
 
 fn job(
     id: Uuid,
@@ -71,16 +71,10 @@ fn unknown_kind(id: Uuid, key: &str, epoch: i64) -> PersistenceRetryJob {
     job(id, payload, key, epoch, 0)
 }
 
-fn worker(pool: &PgPool, model: ModelHandle, name: &str) -> (RetryQueue, RetryWorker) {
+fn worker(d: &JobDriver, model: ModelHandle, name: &str) -> (RetryQueue, RetryWorker) {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let (queue, signals) = RetryQueue::new(pg(pool), 8, Arc::clone(&clock));
-    let worker = RetryWorker::new(
-        pg(pool),
-        model,
-        signals,
-        RetryWorkerConfig::new(name),
-        clock,
-    );
+    let (queue, signals) = d.queue(8, Arc::clone(&clock));
+    let worker = d.worker_for(model, signals, RetryWorkerConfig::new(name), clock);
     (queue, worker)
 }
 
@@ -93,18 +87,10 @@ async fn an_older_worker_leaves_a_newer_releases_characters_uncounted(pool: PgPo
     }
 }
 
-async fn older_worker_on(d: &shardkeep_testkit::JobDriver, redis: &TestRedis) {
+async fn older_worker_on(d: &JobDriver, redis: &TestRedis) {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let (queue, signals) = d.queue(8, Arc::clone(&clock));
     let mut old_worker = d.worker_for(v1(), signals, RetryWorkerConfig::new("v1"), clock);
-    let loader = |model: ModelHandle| {
-        shardkeep::character::CharacterLoader::new(
-            d.characters(),
-            Some(d.checkpoints(redis)),
-            model,
-            std::time::Duration::from_secs(5),
-        )
-    };
     let attempts_of = async |key: &str| {
         let (n,): (i32,) = d
             .fetch_one(
@@ -120,7 +106,7 @@ async fn older_worker_on(d: &shardkeep_testkit::JobDriver, redis: &TestRedis) {
     let old_owned = new_character("Aria");
     d.characters().create(&old_owned).await.unwrap();
     let old_owned = old_owned.character_id;
-    let epoch = loader(v1())
+    let epoch = loader(d, redis, v1())
         .claim_and_load(old_owned, 0)
         .await
         .unwrap()
@@ -134,7 +120,7 @@ async fn older_worker_on(d: &shardkeep_testkit::JobDriver, redis: &TestRedis) {
     // may be of a kind only v2 knows, so the v1 worker leaves it to a v2 one.
     let new_owned = new_character("Brin");
     d.characters().create(&new_owned).await.unwrap();
-    let epoch = loader(v2())
+    let epoch = loader(d, redis, v2())
         .claim_and_load(new_owned.character_id, 0)
         .await
         .unwrap()
@@ -181,27 +167,34 @@ impl SaveFeedback for Events {
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_live_older_copy_keeps_saving_after_a_newer_worker_upgraded_its_row(pool: PgPool) {
+    let drivers = shardkeep_testkit::JobDrivers::new(&pool).await;
     let redis = TestRedis::new().await;
-    let id = v1_character(&pool).await;
-    let mut live = loader(&pool, &redis, v1())
+    for d in drivers.drivers() {
+        older_copy_on(&d, &redis).await;
+    }
+}
+
+async fn older_copy_on(d: &JobDriver, redis: &TestRedis) {
+    let id = v1_character(d).await;
+    let mut live = loader(d, redis, v1())
         .claim_and_load(id, 0)
         .await
         .unwrap()
         .snapshot;
     // Mid-deploy, a v2 worker applies a reward the v1 copy issued: the row is v2 now, its
     // owner still the live v1 copy (3 experience, held by the copy too).
-    let (queue, mut new_worker) = worker(&pool, v2(), "v2");
+    let (queue, mut new_worker) = worker(d, v2(), "v2");
     queue
         .enqueue(&reward(id, "reward", live.owner_epoch, 1, 3))
         .await
         .unwrap();
     new_worker.run_until_idle().await.unwrap();
-    assert_eq!(stored(&pool, id).await.0, 2);
+    assert_eq!(stored(d, id).await.0, 2);
     let events = Arc::new(Events::default());
     let saver = Saver::spawn(
         SaverSinks {
-            rows: Some(CharacterStore::new(pg(&pool))),
-            checkpoints: Some(CheckpointStore::new(redis.backend())),
+            rows: Some(d.characters()),
+            checkpoints: Some(d.checkpoints(redis)),
             retry: Some(queue.clone()),
         },
         events.clone(),
@@ -216,7 +209,7 @@ async fn a_live_older_copy_keeps_saving_after_a_newer_worker_upgraded_its_row(po
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         new_worker.run_until_idle().await.unwrap();
-        if stored(&pool, id).await.2["experience"] == 20 {
+        if stored(d, id).await.2["experience"] == 20 {
             break;
         }
         assert!(
@@ -227,7 +220,7 @@ async fn a_live_older_copy_keeps_saving_after_a_newer_worker_upgraded_its_row(po
     }
     // The player logs out with 43: the final save goes the same way.
     live.state.set_field("experience", json!(43));
-    live.state_version = stored_version(&pool, id).await;
+    live.state_version = stored_version(d, id).await;
     saver.enqueue(SaveReason::Final, live.clone());
     let _ = saver.barrier(Duration::from_secs(10)).await;
     let seen = events.0.lock().unwrap().clone();
@@ -244,7 +237,7 @@ async fn a_live_older_copy_keeps_saving_after_a_newer_worker_upgraded_its_row(po
         "never an eviction: {seen:?}"
     );
     new_worker.run_until_idle().await.unwrap();
-    let (schema, _, state) = stored(&pool, id).await;
+    let (schema, _, state) = stored(d, id).await;
     assert_eq!(
         (
             schema,
@@ -260,7 +253,7 @@ async fn a_live_older_copy_keeps_saving_after_a_newer_worker_upgraded_its_row(po
 /// A character holding `item`, loaded by a copy of `model`, which then departs: its id and
 /// that copy's loaded snapshot.
 async fn releaser(
-    pool: &PgPool,
+    d: &JobDriver,
     redis: &TestRedis,
     name: &str,
     item: Uuid,
@@ -268,8 +261,8 @@ async fn releaser(
 ) -> (Uuid, shardkeep::character::CharacterSnapshot) {
     let mut new = new_character(name);
     new.state = json!({ "gold": 4, "inventory": [{ "id": item }] }).into();
-    CharacterStore::new(pg(pool)).create(&new).await.unwrap();
-    let copy = loader(pool, redis, model)
+    d.characters().create(&new).await.unwrap();
+    let copy = loader(d, redis, model)
         .claim_and_load(new.character_id, 0)
         .await
         .unwrap()
@@ -279,14 +272,14 @@ async fn releaser(
 
 /// A v2 acquirer's pickup of `item` released by `(releaser, epoch)`.
 async fn pick_up(
-    pool: &PgPool,
+    d: &JobDriver,
     redis: &TestRedis,
     acquirer: Uuid,
     model: ModelHandle,
     (from, epoch): (Uuid, i64),
     item: Uuid,
 ) -> TransferCommit {
-    let mut picked = loader(pool, redis, model.clone())
+    let mut picked = loader(d, redis, model.clone())
         .claim_and_load(acquirer, 0)
         .await
         .unwrap()
@@ -299,7 +292,7 @@ async fn pick_up(
         item_id: item,
         released_epoch: epoch,
     };
-    CharacterStore::new(pg(pool))
+    d.characters()
         .commit_transfer(&model, departed, &picked, &audit)
         .await
         .unwrap()
@@ -307,45 +300,52 @@ async fn pick_up(
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_transfer_never_rewrites_a_newer_releaser_and_upgrades_an_older_one(pool: PgPool) {
+    let drivers = shardkeep_testkit::JobDrivers::new(&pool).await;
     let redis = TestRedis::new().await;
-    let acquirer = v1_character(&pool).await;
+    for d in drivers.drivers() {
+        transfer_on(&d, &redis).await;
+    }
+}
+
+async fn transfer_on(d: &JobDriver, redis: &TestRedis) {
+    let acquirer = v1_character(d).await;
     // A v2 copy dropped the item and departed, after saving its v2 document: a v1 pickup must
     // not rewrite that row.
     let item = Uuid::now_v7();
-    let (id, copy) = releaser(&pool, &redis, "Cato", item, v2()).await;
-    CharacterStore::new(pg(&pool)).save(&copy).await.unwrap();
+    let (id, copy) = releaser(d, redis, "Cato", item, v2()).await;
+    d.characters().save(&copy).await.unwrap();
     let newer = (id, copy.owner_epoch);
-    let outcome = pick_up(&pool, &redis, acquirer, v1(), newer, item).await;
+    let outcome = pick_up(d, redis, acquirer, v1(), newer, item).await;
     assert!(
         matches!(&outcome, TransferCommit::Rejected(r) if r.contains("schema version 2")),
         "{outcome:?}"
     );
-    let (schema, _, state) = stored(&pool, newer.0).await;
+    let (schema, _, state) = stored(d, newer.0).await;
     assert_eq!((schema, &state["inventory"][0]["id"]), (2, &json!(item)));
     // A v1 copy's item: a v2 pickup upgrades the v1 row as it takes the item (the copy, if it
     // still lives, then saves through state jobs).
     let other = Uuid::now_v7();
-    let (id, copy) = releaser(&pool, &redis, "Dara", other, v1()).await;
-    let outcome = pick_up(&pool, &redis, acquirer, v2(), (id, copy.owner_epoch), other).await;
+    let (id, copy) = releaser(d, redis, "Dara", other, v1()).await;
+    let outcome = pick_up(d, redis, acquirer, v2(), (id, copy.owner_epoch), other).await;
     assert!(
         matches!(outcome, TransferCommit::Committed { .. }),
         "{outcome:?}"
     );
-    let (schema, _, state) = stored(&pool, id).await;
+    let (schema, _, state) = stored(d, id).await;
     assert_eq!(
         (schema, &state["coins"], &state["inventory"]),
         (2, &json!(4), &json!([]))
     );
     // A v2 copy whose row still holds the v1 document: the v2 pickup upgrades it as it takes.
     let third = Uuid::now_v7();
-    let (id, copy) = releaser(&pool, &redis, "Edda", third, v2()).await;
+    let (id, copy) = releaser(d, redis, "Edda", third, v2()).await;
     let fresh = (id, copy.owner_epoch);
-    let outcome = pick_up(&pool, &redis, acquirer, v2(), fresh, third).await;
+    let outcome = pick_up(d, redis, acquirer, v2(), fresh, third).await;
     assert!(
         matches!(outcome, TransferCommit::Committed { .. }),
         "{outcome:?}"
     );
-    let (schema, _, state) = stored(&pool, fresh.0).await;
+    let (schema, _, state) = stored(d, fresh.0).await;
     assert_eq!(
         (schema, &state["coins"], &state["inventory"]),
         (2, &json!(4), &json!([])),

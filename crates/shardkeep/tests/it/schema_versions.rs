@@ -6,10 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use shardkeep::PostgresBackend;
 use shardkeep::character::{
-    CharacterLoader, CharacterStore, CheckpointStore, CheckpointWrite, HandoffPayload, LoadError,
-    SaveOutcome, StoreError,
+    CharacterLoader, CheckpointWrite, HandoffPayload, LoadError, SaveOutcome, StoreError,
 };
 use shardkeep::clock::{Clock, SystemClock};
 use shardkeep::model::{Anchor, GameModel, ModelHandle};
@@ -67,72 +65,75 @@ pub(crate) fn v2() -> ModelHandle {
     ModelHandle::new(LedgerV2)
 }
 
-pub(crate) fn pg(pool: &PgPool) -> PostgresBackend {
-    shardkeep_testkit::pg(pool)
-}
-
-pub(crate) fn loader(pool: &PgPool, redis: &TestRedis, model: ModelHandle) -> CharacterLoader {
+/// A loader of `model` over the driver's rows and checkpoints (Redis under `redis` beside
+/// Postgres, the same file beside the embedded store).
+pub(crate) fn loader(d: &JobDriver, redis: &TestRedis, model: ModelHandle) -> CharacterLoader {
     CharacterLoader::new(
-        CharacterStore::new(pg(pool)),
-        Some(CheckpointStore::new(redis.backend())),
+        d.characters(),
+        Some(d.checkpoints(redis)),
         model,
         Duration::from_secs(5),
     )
 }
 
-pub(crate) async fn stored(pool: &PgPool, id: Uuid) -> (i32, i64, serde_json::Value) {
-    sqlx::query_as("SELECT schema_version, owner_epoch, state FROM characters WHERE id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap()
+/// The character's stored schema version, owner epoch and document.
+pub(crate) async fn stored(d: &JobDriver, id: Uuid) -> (i32, i64, serde_json::Value) {
+    let (schema, epoch): (i32, i64) = d
+        .fetch_one(
+            "SELECT schema_version, owner_epoch FROM characters WHERE id = $1",
+            Some(id),
+        )
+        .await;
+    (schema, epoch, d.state(id).await)
 }
 
 /// A character created by the first release (`gold`, schema 1).
-pub(crate) async fn v1_character(pool: &PgPool) -> Uuid {
+pub(crate) async fn v1_character(d: &JobDriver) -> Uuid {
     let new = new_character("Aria");
-    CharacterStore::new(pg(pool)).create(&new).await.unwrap();
+    d.characters().create(&new).await.unwrap();
     new.character_id
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_newer_model_upgrades_on_load_and_the_next_save_persists_the_version(pool: PgPool) {
+    let drivers = shardkeep_testkit::JobDrivers::new(&pool).await;
     let redis = TestRedis::new().await;
-    let id = v1_character(&pool).await;
-    let loaded = loader(&pool, &redis, v2())
-        .claim_and_load(id, 0)
-        .await
-        .unwrap();
+    for d in drivers.drivers() {
+        upgrade_on(&d, &redis).await;
+    }
+}
+
+async fn upgrade_on(d: &JobDriver, redis: &TestRedis) {
+    let id = v1_character(d).await;
+    let loaded = loader(d, redis, v2()).claim_and_load(id, 0).await.unwrap();
     assert_eq!(loaded.snapshot.schema_version, 2);
     assert_eq!(
         loaded.snapshot.state["coins"], 1,
         "upgraded: {}",
         loaded.snapshot.state
     );
-    assert_eq!(stored(&pool, id).await.0, 1, "loading alone writes nothing");
-    let outcome = CharacterStore::new(pg(&pool))
-        .save(&loaded.snapshot)
-        .await
-        .unwrap();
+    assert_eq!(stored(d, id).await.0, 1, "loading alone writes nothing");
+    let outcome = d.characters().save(&loaded.snapshot).await.unwrap();
     assert!(matches!(outcome, SaveOutcome::Saved(_)), "{outcome:?}");
-    let (schema, _, state) = stored(&pool, id).await;
+    let (schema, _, state) = stored(d, id).await;
     assert_eq!((schema, &state["coins"]), (2, &json!(1)));
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn an_older_model_refuses_a_newer_character_without_claiming_it(pool: PgPool) {
+    let drivers = shardkeep_testkit::JobDrivers::new(&pool).await;
     let redis = TestRedis::new().await;
-    let id = v1_character(&pool).await;
-    let loaded = loader(&pool, &redis, v2())
-        .claim_and_load(id, 0)
-        .await
-        .unwrap();
-    CharacterStore::new(pg(&pool))
-        .save(&loaded.snapshot)
-        .await
-        .unwrap();
-    let epoch_before = stored(&pool, id).await.1;
-    let refused = loader(&pool, &redis, v1()).claim_and_load(id, 0).await;
+    for d in drivers.drivers() {
+        refusal_on(&d, &redis).await;
+    }
+}
+
+async fn refusal_on(d: &JobDriver, redis: &TestRedis) {
+    let id = v1_character(d).await;
+    let loaded = loader(d, redis, v2()).claim_and_load(id, 0).await.unwrap();
+    d.characters().save(&loaded.snapshot).await.unwrap();
+    let epoch_before = stored(d, id).await.1;
+    let refused = loader(d, redis, v1()).claim_and_load(id, 0).await;
     match refused {
         Err(LoadError::Store {
             source:
@@ -145,39 +146,36 @@ async fn an_older_model_refuses_a_newer_character_without_claiming_it(pool: PgPo
         }) => {}
         other => panic!("expected a schema refusal, got {other:?}"),
     }
-    assert_eq!(
-        stored(&pool, id).await.1,
-        epoch_before,
-        "no epoch was minted"
-    );
+    assert_eq!(stored(d, id).await.1, epoch_before, "no epoch was minted");
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn an_older_models_save_over_a_newer_row_is_fenced(pool: PgPool) {
+    let drivers = shardkeep_testkit::JobDrivers::new(&pool).await;
     let redis = TestRedis::new().await;
-    let store = CharacterStore::new(pg(&pool));
-    let id = v1_character(&pool).await;
+    for d in drivers.drivers() {
+        fenced_save_on(&d, &redis).await;
+    }
+}
+
+async fn fenced_save_on(d: &JobDriver, redis: &TestRedis) {
+    let store = d.characters();
+    let id = v1_character(d).await;
     // A v1 copy loaded first (a zombie of the old release), then the new release took over
     // and saved at v2 under the same epoch lineage rules.
-    let old = loader(&pool, &redis, v1())
-        .claim_and_load(id, 0)
-        .await
-        .unwrap();
-    let new = loader(&pool, &redis, v2())
-        .claim_and_load(id, 0)
-        .await
-        .unwrap();
+    let old = loader(d, redis, v1()).claim_and_load(id, 0).await.unwrap();
+    let new = loader(d, redis, v2()).claim_and_load(id, 0).await.unwrap();
     store.save(&new.snapshot).await.unwrap();
     let mut stale = old.snapshot.clone();
     stale.owner_epoch = new.snapshot.owner_epoch;
-    stale.state_version = stored_version(&pool, id).await;
+    stale.state_version = stored_version(d, id).await;
     assert_eq!(
         store.save(&stale).await.unwrap(),
         SaveOutcome::SchemaOutdated(2)
     );
     let batch = store.save_many(&[&stale]).await.unwrap();
     assert_eq!(batch[0].1, SaveOutcome::SchemaOutdated(2));
-    let (schema, _, state) = stored(&pool, id).await;
+    let (schema, _, state) = stored(d, id).await;
     assert_eq!(
         (schema, state.get("gold")),
         (2, None),
@@ -185,25 +183,32 @@ async fn an_older_models_save_over_a_newer_row_is_fenced(pool: PgPool) {
     );
 }
 
-pub(crate) async fn stored_version(pool: &PgPool, id: Uuid) -> i64 {
-    sqlx::query_scalar("SELECT state_version FROM characters WHERE id = $1")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap()
+/// The character's stored row version.
+pub(crate) async fn stored_version(d: &JobDriver, id: Uuid) -> i64 {
+    let (version,): (i64,) = d
+        .fetch_one(
+            "SELECT state_version FROM characters WHERE id = $1",
+            Some(id),
+        )
+        .await;
+    version
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn an_older_checkpoint_never_replaces_a_newer_one_and_an_older_model_refuses_it(
     pool: PgPool,
 ) {
+    let drivers = shardkeep_testkit::JobDrivers::new(&pool).await;
     let redis = TestRedis::new().await;
-    let checkpoints = CheckpointStore::new(redis.backend());
-    let id = v1_character(&pool).await;
-    let new = loader(&pool, &redis, v2())
-        .claim_and_load(id, 0)
-        .await
-        .unwrap();
+    for d in drivers.drivers() {
+        older_checkpoint_on(&d, &redis).await;
+    }
+}
+
+async fn older_checkpoint_on(d: &JobDriver, redis: &TestRedis) {
+    let checkpoints = d.checkpoints(redis);
+    let id = v1_character(d).await;
+    let new = loader(d, redis, v2()).claim_and_load(id, 0).await.unwrap();
     assert_eq!(
         checkpoints.write(&new.snapshot).await.unwrap(),
         CheckpointWrite::Written
@@ -221,8 +226,8 @@ async fn an_older_checkpoint_never_replaces_a_newer_one_and_an_older_model_refus
     let mut live = new.snapshot.clone();
     live.state.set_field("coins", json!(50));
     checkpoints.write(&live).await.unwrap();
-    let epoch_before = stored(&pool, id).await.1;
-    match loader(&pool, &redis, v1()).claim_and_load(id, 0).await {
+    let epoch_before = stored(d, id).await.1;
+    match loader(d, redis, v1()).claim_and_load(id, 0).await {
         Err(LoadError::Store {
             source:
                 StoreError::SchemaNewer {
@@ -234,13 +239,13 @@ async fn an_older_checkpoint_never_replaces_a_newer_one_and_an_older_model_refus
         }) => {}
         other => panic!("expected a schema refusal, got {other:?}"),
     }
-    assert_eq!(stored(&pool, id).await.1, epoch_before, "no epoch minted");
+    assert_eq!(stored(d, id).await.1, epoch_before, "no epoch minted");
     // The same for a handoff of that copy to a v1 shard.
     let carried = HandoffPayload {
         dumped_under_epoch: live.owner_epoch,
         snapshot: live.clone(),
     };
-    let refused = loader(&pool, &redis, v1())
+    let refused = loader(d, redis, v1())
         .claim_for_handoff(carried, "handoff-1", 0)
         .await;
     assert!(
@@ -253,11 +258,8 @@ async fn an_older_checkpoint_never_replaces_a_newer_one_and_an_older_model_refus
         ),
         "{refused:?}"
     );
-    assert_eq!(stored(&pool, id).await.1, epoch_before, "no epoch minted");
-    let back = loader(&pool, &redis, v2())
-        .claim_and_load(id, 0)
-        .await
-        .unwrap();
+    assert_eq!(stored(d, id).await.1, epoch_before, "no epoch minted");
+    let back = loader(d, redis, v2()).claim_and_load(id, 0).await.unwrap();
     assert_eq!(
         back.snapshot.state["coins"], 50,
         "the v2 copy's checkpoint still wins: {}",
@@ -271,17 +273,6 @@ async fn retry_jobs_apply_only_under_a_model_that_reads_the_row(pool: PgPool) {
     for d in drivers.drivers() {
         retry_jobs_by_model_on(&d).await;
     }
-}
-
-/// The character's stored schema version and document, on either driver.
-async fn stored_on(d: &JobDriver, id: Uuid) -> (i32, serde_json::Value) {
-    let (schema,): (i32,) = d
-        .fetch_one(
-            "SELECT schema_version FROM characters WHERE id = $1",
-            Some(id),
-        )
-        .await;
-    (schema, d.state(id).await)
 }
 
 async fn retry_jobs_by_model_on(d: &JobDriver) {
@@ -323,7 +314,7 @@ async fn retry_jobs_by_model_on(d: &JobDriver) {
     );
     queue.enqueue(&grant).await.unwrap();
     worker.run_until_idle().await.unwrap();
-    let (schema, state) = stored_on(d, id).await;
+    let (schema, _, state) = stored(d, id).await;
     assert_eq!(
         (schema, &state["coins"], &state["experience"]),
         (2, &json!(1), &json!(3)),
@@ -350,7 +341,7 @@ async fn retry_jobs_by_model_on(d: &JobDriver) {
     let mut old_worker = d.worker_for(v1(), old_signals, RetryWorkerConfig::new("v1"), clock);
     old_queue.enqueue(&again).await.unwrap();
     old_worker.run_until_idle().await.unwrap();
-    let (schema, state) = stored_on(d, id).await;
+    let (schema, _, state) = stored(d, id).await;
     assert_eq!(
         (schema, &state["experience"]),
         (2, &json!(3)),
@@ -386,6 +377,6 @@ async fn retry_jobs_by_model_on(d: &JobDriver) {
     .unwrap();
     queue.enqueue(&dump).await.unwrap();
     worker.run_until_idle().await.unwrap();
-    let (schema, state) = stored_on(d, id).await;
+    let (schema, _, state) = stored(d, id).await;
     assert_eq!((schema, &state["coins"]), (2, &json!(9)), "{state}");
 }
