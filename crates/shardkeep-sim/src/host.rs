@@ -52,6 +52,8 @@ pub(super) struct Leaving {
 
 /// Pulses a logout waits for its final save's outcome (longer than the saver's outage budget).
 const FINAL_WAIT_PULSES: u64 = 650;
+/// How long a login put off by its character's logout save still in flight waits to try again.
+const FINAL_WAIT_RETRY_MS: u64 = 250;
 
 /// One shard's task.
 pub(super) struct Host {
@@ -200,6 +202,8 @@ impl Host {
         if self.shard.logout(character_id).is_err() {
             return;
         }
+        tracing::debug!(event = "sim_logout", shard = %self.id, character = %character_id,
+            epoch = player.owner_epoch);
         bump(&self.world.counters.logouts);
         self.leaving.insert(
             character_id,
@@ -243,6 +247,7 @@ impl Host {
         let Some(mut leaving) = self.leaving.remove(&character_id) else {
             return;
         };
+        tracing::debug!(event = "sim_logout_done", shard = %self.id, character = %character_id);
         travel::close_stream(
             &self.world,
             leaving.session,
@@ -259,6 +264,12 @@ impl Host {
     pub(super) fn record_outcomes(&mut self) {
         let mut finals = Vec::new();
         let events = self.shard.take_saver_events();
+        for event in &events {
+            let routine = matches!(event, SaverEvent::Saved { reason, .. } if !reason.writes_row());
+            if !routine {
+                tracing::debug!(event = "sim_saver_event", shard = %self.id, outcome = ?event);
+            }
+        }
         self.world.with_ledger(|ledger| {
             for event in &events {
                 match *event {
@@ -371,6 +382,13 @@ impl Host {
                 self.attach(id, agent, token);
                 return;
             }
+        }
+        if self.shard.final_save_in_flight(id) {
+            // The logout that ended the last session is still saving here: claiming now would
+            // load the older row and fence that save out. The player tries again shortly.
+            bump(&self.world.counters.logins_waiting_for_final);
+            travel::go_offline(&self.world, agent, FINAL_WAIT_RETRY_MS);
+            return;
         }
         travel::claim(&self.world, self.id.clone(), agent, floor);
     }

@@ -45,6 +45,10 @@ pub(super) fn build_report(
     let activity = [
         ("logins", get(&c.logins)),
         ("login retries", get(&c.login_retries)),
+        (
+            "logins waiting for a logout save",
+            get(&c.logins_waiting_for_final),
+        ),
         ("resumes", get(&c.resumes)),
         ("logouts", get(&c.logouts)),
         ("disconnects", get(&c.disconnects)),

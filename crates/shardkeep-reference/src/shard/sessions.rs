@@ -281,6 +281,17 @@ impl Shard {
         self.deferred_finals.len()
     }
 
+    /// True while this shard still holds a logout's final save of `character_id` (waiting for
+    /// room in the saver's queue, queued, or retrying through an outage): its changes are in
+    /// neither the row nor a retry job yet. A login of the character must wait until this is
+    /// false before it claims, or the claim loads the older row and fences the save out.
+    pub fn final_save_in_flight(&self, character_id: Uuid) -> bool {
+        self.deferred_finals
+            .iter()
+            .any(|s| s.character_id == character_id)
+            || self.saver.final_in_flight(character_id)
+    }
+
     /// Removes a leaving character from its zone and tombstones its placement; returns its final
     /// snapshot (none for a frozen or pending copy) for the caller to queue.
     fn depart(&mut self, character_id: Uuid) -> Result<Option<CharacterSnapshot>, AdmitError> {

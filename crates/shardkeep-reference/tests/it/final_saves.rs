@@ -14,6 +14,45 @@ use shardkeep::saver::UnsavedFinals;
 
 use crate::support::{Stores, boot_with, login, pg_addr, proxied_pg, rows_checkpoints_and_jobs};
 
+/// A player whose session ended (a link-dead timeout) logs in again at once, on the same shard,
+/// while Postgres stalls the logout's final save and no checkpoint holds it: the login waits for
+/// the save instead of claiming over it, so the new copy has the logout's changes.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_login_waits_for_its_characters_final_save_still_in_flight(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let stores = Stores::new(&pool, redis.backend());
+    let proxy = FaultProxy::start(pg_addr()).await.unwrap();
+    let proxied = proxied_pg(&pool, &proxy).await;
+    let mut rows_and_jobs = rows_checkpoints_and_jobs(proxied, redis.backend());
+    rows_and_jobs.checkpoints = None;
+    let mut shard = boot_with(rows_and_jobs, &stores, config(), &[0], 1);
+    let id = stores.new_character("Aria").await;
+    login(&stores, &mut shard, id, "s-1").await;
+    shard.player_mut(id).unwrap().character.currency = 42;
+    proxy.set_mode(ProxyMode::Stall);
+    shard.logout(id).unwrap();
+    assert!(
+        shard.final_save_in_flight(id),
+        "the logout's save is queued"
+    );
+    let proxy = std::sync::Arc::new(proxy);
+    let heal = {
+        let proxy = std::sync::Arc::clone(&proxy);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+            proxy.set_mode(ProxyMode::Pass);
+        })
+    };
+    login(&stores, &mut shard, id, "s-2").await;
+    heal.await.unwrap();
+    assert_eq!(
+        shard.player(id).unwrap().character.currency,
+        42,
+        "the new copy loaded the logout's changes"
+    );
+    assert!(!shard.final_save_in_flight(id));
+}
+
 fn config() -> ShardConfig {
     let mut config = ShardConfig::new("shard-a", "zone-0");
     config.saver.io_timeout = Duration::from_millis(500);

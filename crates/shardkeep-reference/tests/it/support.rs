@@ -166,6 +166,11 @@ pub(crate) async fn login(stores: &Stores, shard: &mut Shard, id: Uuid, session:
     if let Some(resumed) = shard.resume(id, session) {
         return resumed;
     }
+    // A logout's final save of this character still on its way here: the claim waits for it.
+    pump_until(shard, Duration::from_secs(20), |s| {
+        !s.final_save_in_flight(id)
+    })
+    .await;
     let route = route_login(
         stores.placement.as_ref(),
         &stores.characters,

@@ -387,13 +387,13 @@ impl Saver {
             .collect();
         let unwrap =
             |requests: Vec<SaveRequest>| requests.into_iter().map(|r| r.snapshot).collect();
-        let finals = if reason == SaveReason::Final {
-            requests.len()
+        let finals: Vec<Uuid> = if reason == SaveReason::Final {
+            requests.iter().map(|r| r.snapshot.character_id).collect()
         } else {
-            0
+            Vec::new()
         };
         // Counted before the drainer can see them, taken back if the queue refuses them.
-        self.pending.queued(finals);
+        self.pending.queued(finals.iter().copied());
         let result = match self.queue.try_enqueue(requests) {
             Ok(()) => Ok(()),
             Err(EnqueueError::Full(requests)) => {
@@ -444,6 +444,14 @@ impl Saver {
     /// become a job.
     pub fn unsaved_finals(&self) -> UnsavedFinals {
         self.pending.unsaved()
+    }
+
+    /// True while a logout save of `character_id` is still in this saver: queued, or retrying
+    /// through an outage, or waiting to become a retry job. Its changes are in neither the row
+    /// nor a job yet, so a login must not claim the character until this turns false: the claim
+    /// would load the older row and fence the save out.
+    pub fn final_in_flight(&self, character_id: Uuid) -> bool {
+        self.pending.in_flight(character_id)
     }
 
     /// Stops the saver at once; queued saves are abandoned.

@@ -3,7 +3,6 @@
 //! them, so a shutdown never reports `Drained` while a logout's changes are not yet durable.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
@@ -41,14 +40,18 @@ struct Entries {
     next: u64,
     /// Ticket → (character, whether its checkpoint was written).
     live: HashMap<u64, (Uuid, bool)>,
+    /// Final saves still in the saver's queue, per character.
+    queued: HashMap<Uuid, usize>,
+    /// Their total.
+    queued_total: usize,
 }
 
-/// The registry of pending final saves, and a count of those still queued. Cheap to clone.
+/// The registry of pending final saves, and of those still queued, by character. Cheap to
+/// clone.
 #[derive(Debug, Clone)]
 pub(super) struct PendingFinals {
     entries: Arc<Mutex<Entries>>,
     count: Arc<watch::Sender<usize>>,
-    queued: Arc<AtomicUsize>,
 }
 
 impl Default for PendingFinals {
@@ -56,7 +59,6 @@ impl Default for PendingFinals {
         Self {
             entries: Arc::default(),
             count: Arc::new(watch::channel(0).0),
-            queued: Arc::default(),
         }
     }
 }
@@ -76,18 +78,40 @@ impl Drop for PendingTicket {
 }
 
 impl PendingFinals {
-    /// `n` final saves entered the saver's queue.
-    pub(super) fn queued(&self, n: usize) {
-        self.queued.fetch_add(n, Ordering::Relaxed);
+    /// Final saves of `characters` entered the saver's queue.
+    pub(super) fn queued(&self, characters: impl IntoIterator<Item = Uuid>) {
+        if let Ok(mut entries) = self.entries.lock() {
+            for character in characters {
+                *entries.queued.entry(character).or_default() += 1;
+                entries.queued_total += 1;
+            }
+        }
     }
 
-    /// `n` queued final saves were taken off the queue by the drainer.
-    pub(super) fn dequeued(&self, n: usize) {
-        let _ = self
-            .queued
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| {
-                Some(q.saturating_sub(n))
-            });
+    /// Queued final saves of `characters` were taken off the queue (by the drainer, or handed
+    /// back by a full queue).
+    pub(super) fn dequeued(&self, characters: impl IntoIterator<Item = Uuid>) {
+        if let Ok(mut entries) = self.entries.lock() {
+            for character in characters {
+                let Some(n) = entries.queued.get_mut(&character) else {
+                    continue;
+                };
+                *n -= 1;
+                if *n == 0 {
+                    entries.queued.remove(&character);
+                }
+                entries.queued_total -= 1;
+            }
+        }
+    }
+
+    /// True while a final save of `character_id` is queued or pending: its changes are in
+    /// neither its row nor a retry job yet, so a claim now would load without them.
+    pub(super) fn in_flight(&self, character_id: Uuid) -> bool {
+        self.entries.lock().is_ok_and(|entries| {
+            entries.queued.contains_key(&character_id)
+                || entries.live.values().any(|(c, _)| *c == character_id)
+        })
     }
 
     /// Registers a final save of `character_id`; `None` when [`MAX_PENDING_FINALS`] are pending.
@@ -117,19 +141,15 @@ impl PendingFinals {
 
     /// What is queued and pending now.
     pub(super) fn unsaved(&self) -> UnsavedFinals {
-        let queued = self.queued.load(Ordering::Relaxed);
         self.entries
             .lock()
             .map(|entries| UnsavedFinals {
-                queued,
+                queued: entries.queued_total,
                 pending: entries.live.len(),
                 checkpointed: entries.live.values().filter(|(_, c)| *c).count(),
                 dropped: 0,
             })
-            .unwrap_or(UnsavedFinals {
-                queued,
-                ..UnsavedFinals::default()
-            })
+            .unwrap_or_default()
     }
 
     /// Waits until nothing is pending or `deadline` passes; true when nothing is pending.
@@ -150,10 +170,13 @@ mod tests {
     #[tokio::test]
     async fn tickets_count_until_dropped_and_the_wait_sees_the_last_one_go() {
         let pending = PendingFinals::default();
-        let a = pending.begin(Uuid::from_u128(1), true);
-        let b = pending.begin(Uuid::from_u128(1), false);
-        pending.queued(3);
-        pending.dequeued(1);
+        let (one, two) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        let a = pending.begin(one, true);
+        let b = pending.begin(one, false);
+        pending.queued([two, two, Uuid::from_u128(3)]);
+        pending.dequeued([Uuid::from_u128(3)]);
+        assert!(pending.in_flight(one) && pending.in_flight(two));
+        assert!(!pending.in_flight(Uuid::from_u128(3)));
         assert_eq!(
             pending.unsaved(),
             UnsavedFinals {
@@ -163,7 +186,11 @@ mod tests {
                 dropped: 0,
             }
         );
-        pending.dequeued(5);
+        pending.dequeued([two, two, two]);
+        assert!(
+            !pending.in_flight(two),
+            "dequeued more than queued is not negative"
+        );
         let soon = Instant::now() + Duration::from_millis(20);
         assert!(!pending.settled_by(soon).await);
         drop(a);
@@ -175,8 +202,10 @@ mod tests {
                     .await
             })
         };
+        assert!(pending.in_flight(one), "one ticket of it is still pending");
         drop(b);
         assert!(waiter.await.unwrap());
+        assert!(!pending.in_flight(one));
         assert_eq!(pending.unsaved(), UnsavedFinals::default());
     }
 

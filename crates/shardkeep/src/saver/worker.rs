@@ -32,9 +32,9 @@ pub(super) struct SaverWorker {
 }
 
 impl SaverWorker {
-    fn count_dequeued(&self, n: usize) {
+    fn count_dequeued(&self, finals: Vec<Uuid>) {
         if let Some(pending) = &self.queued_finals {
-            pending.dequeued(n);
+            pending.dequeued(finals);
         }
     }
 
@@ -77,11 +77,18 @@ type Unlanded = (SaveRequest, Start);
 impl BatchHandler<Vec<SaveRequest>> for SaverWorker {
     async fn handle(&mut self, batch: Vec<Vec<SaveRequest>>) {
         let requests: Vec<SaveRequest> = batch.into_iter().flatten().collect();
-        let finals = requests
+        let finals: Vec<Uuid> = requests
             .iter()
             .filter(|r| r.reason == SaveReason::Final)
-            .count();
-        let requests = coalesce(requests);
+            .map(|r| r.snapshot.character_id)
+            .collect();
+        let Coalesced {
+            requests,
+            superseded_finals,
+        } = coalesce(requests);
+        for (request, current_epoch) in &superseded_finals {
+            self.ownership_lost(&request.snapshot, *current_epoch);
+        }
         // The two tiers are independent: write them concurrently, each as fast as it goes.
         let (checkpointed, unlanded) = tokio::join!(
             self.write_checkpoints(&requests),
@@ -132,32 +139,56 @@ fn row_schema_newer(request: &SaveRequest, stored_schema: u32) -> Option<Unlande
     (request.reason == SaveReason::Final).then(|| (request.clone(), Start::Job))
 }
 
-/// Keeps one request per character: the latest snapshot (unless it is from an older owner) and
-/// the strongest reason.
-pub(super) fn coalesce(batch: Vec<SaveRequest>) -> Vec<SaveRequest> {
+/// A batch coalesced to one request per character, and the logout saves it set aside because
+/// a newer owner's snapshot of the same character is in the batch too.
+pub(super) struct Coalesced {
+    /// One request per character, in first-seen order.
+    pub(super) requests: Vec<SaveRequest>,
+    /// Final saves of an owner a newer copy has superseded, each with the newer owner's epoch.
+    pub(super) superseded_finals: Vec<(SaveRequest, i64)>,
+}
+
+/// Keeps one request per character. Requests of one owner merge: the latest snapshot and the
+/// strongest reason. A newer owner's request replaces an older owner's outright, reason and
+/// all: an older copy's logout must not lend its final-save treatment (rebase over conflicts,
+/// background retry, a state job) to a live copy's snapshot, which would then overwrite the
+/// live copy's later saves. An older owner's final set aside so is in `superseded_finals` (its
+/// row write would be fenced anyway); any other older request is simply dropped.
+pub(super) fn coalesce(batch: Vec<SaveRequest>) -> Coalesced {
     let mut order: Vec<Uuid> = Vec::new();
     let mut merged: HashMap<Uuid, SaveRequest> = HashMap::new();
+    let mut superseded_finals = Vec::new();
     for request in batch {
         let id = request.snapshot.character_id;
-        match merged.get_mut(&id) {
-            None => {
-                order.push(id);
-                merged.insert(id, request);
-            }
-            Some(kept) => {
-                let reason = kept.reason.max(request.reason);
-                if request.snapshot.owner_epoch >= kept.snapshot.owner_epoch {
-                    kept.snapshot = request.snapshot;
-                    kept.dumped_at = request.dumped_at;
-                }
-                kept.reason = reason;
-            }
+        let Some(kept) = merged.get_mut(&id) else {
+            order.push(id);
+            merged.insert(id, request);
+            continue;
+        };
+        let (kept_epoch, epoch) = (kept.snapshot.owner_epoch, request.snapshot.owner_epoch);
+        if epoch == kept_epoch {
+            kept.reason = kept.reason.max(request.reason);
+            kept.snapshot = request.snapshot;
+            kept.dumped_at = request.dumped_at;
+            continue;
+        }
+        let (older, newer_epoch) = if epoch > kept_epoch {
+            (std::mem::replace(kept, request), epoch)
+        } else {
+            (request, kept_epoch)
+        };
+        if older.reason == SaveReason::Final {
+            superseded_finals.push((older, newer_epoch));
         }
     }
-    order
+    let requests = order
         .into_iter()
         .filter_map(|id| merged.remove(&id))
-        .collect()
+        .collect();
+    Coalesced {
+        requests,
+        superseded_finals,
+    }
 }
 
 impl SaverWorker {
@@ -475,7 +506,8 @@ mod tests {
             request(b, SaveReason::Checkpoint, 3, 2),
             request(a, SaveReason::Checkpoint, 3, 3),
             request(a, SaveReason::Checkpoint, 2, 4),
-        ]);
+        ])
+        .requests;
         assert_eq!(merged.len(), 2);
         assert_eq!(merged[0].snapshot.character_id, a);
         assert_eq!(merged[0].reason, SaveReason::Final);
@@ -484,5 +516,44 @@ mod tests {
             "an older owner's later dump never wins"
         );
         assert_eq!(merged[1].reason, SaveReason::Checkpoint);
+    }
+
+    /// A logout of one copy and a later save of the copy a re-login claimed, in one batch: the
+    /// live copy's snapshot keeps its own reason (a final's rebase would overwrite its later
+    /// saves), and the superseded logout is set aside with the newer epoch, in either order.
+    #[test]
+    fn a_newer_owners_snapshot_never_inherits_an_older_owners_final() {
+        let a = Uuid::from_u128(1);
+        for batch in [
+            vec![
+                request(a, SaveReason::Final, 6, 1),
+                request(a, SaveReason::Checkpoint, 7, 2),
+            ],
+            vec![
+                request(a, SaveReason::Checkpoint, 7, 2),
+                request(a, SaveReason::Final, 6, 1),
+            ],
+        ] {
+            let merged = coalesce(batch);
+            assert_eq!(merged.requests.len(), 1);
+            let kept = &merged.requests[0];
+            assert_eq!(
+                (
+                    kept.reason,
+                    kept.snapshot.owner_epoch,
+                    &kept.snapshot.state["m"]
+                ),
+                (SaveReason::Checkpoint, 7, &json!(2))
+            );
+            assert_eq!(merged.superseded_finals.len(), 1);
+            let (final_save, newer) = &merged.superseded_finals[0];
+            assert_eq!((final_save.snapshot.owner_epoch, *newer), (6, 7));
+        }
+        let plain = coalesce(vec![
+            request(a, SaveReason::Flush, 6, 1),
+            request(a, SaveReason::Checkpoint, 7, 2),
+        ]);
+        assert_eq!(plain.requests[0].reason, SaveReason::Checkpoint);
+        assert!(plain.superseded_finals.is_empty());
     }
 }
