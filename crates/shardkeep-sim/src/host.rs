@@ -362,11 +362,7 @@ impl Host {
 
     fn login(&mut self, mut agent: Agent, floor: i64, held: bool) {
         let id = agent.character_id;
-        // A login reaching the shard that still holds its link-dead copy resumes it, also when
-        // the placement could not say so (Redis unreachable): a claim would supersede a copy
-        // about to make its logout save, and fence that save out.
-        let holds_copy = self.shard.player(id).is_some();
-        let reconnectable = (held || holds_copy)
+        let reconnectable = held
             && self
                 .bodies
                 .get(&id)
