@@ -48,6 +48,9 @@ pub(super) struct Leaving {
     since: u64,
     session: String,
     player: PlayerSnapshot,
+    /// What the copy held as it left: only its final save carries these until that save has
+    /// an outcome (a shard killed before then takes them with it).
+    pub(super) items: Vec<Uuid>,
 }
 
 /// Pulses a logout waits for its final save's outcome (longer than the saver's outage budget).
@@ -199,6 +202,11 @@ impl Host {
         let Some(player) = self.player_snapshot(character_id) else {
             return;
         };
+        let items = self
+            .shard
+            .player(character_id)
+            .map(|e| e.character.items().iter().filter_map(|i| i.id).collect())
+            .unwrap_or_default();
         if self.shard.logout(character_id).is_err() {
             return;
         }
@@ -212,6 +220,7 @@ impl Host {
                 since: self.pulse,
                 session: body.session,
                 player,
+                items,
             },
         );
     }
@@ -383,9 +392,10 @@ impl Host {
                 return;
             }
         }
-        if self.shard.final_save_in_flight(id) {
-            // The logout that ended the last session is still saving here: claiming now would
-            // load the older row and fence that save out. The player tries again shortly.
+        if self.shard.final_save_in_flight(id) || self.shard.player(id).is_some() {
+            // The last session's copy is still here (link-dead, its placement unreadable) or its
+            // logout is still saving: claiming now would load the older row and fence that copy's
+            // save out. The player tries again shortly.
             bump(&self.world.counters.logins_waiting_for_final);
             travel::go_offline(&self.world, agent, FINAL_WAIT_RETRY_MS);
             return;

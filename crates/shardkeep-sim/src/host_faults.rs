@@ -87,6 +87,11 @@ impl Host {
             }
         }
         destroyed.extend(self.shard.pending_transfer_items());
+        // Logouts whose final save has no outcome yet: what it carried dies with the shard
+        // unless its checkpoint landed (then the next login holds it again).
+        for leaving in self.leaving.values() {
+            destroyed.extend(leaving.items.iter().copied());
+        }
         destroyed.extend(self.shard.take_voided_items());
         let stats = self.shard.saver().stats();
         let transfers = self.shard.transfer_counts();

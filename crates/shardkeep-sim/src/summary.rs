@@ -46,7 +46,7 @@ pub(super) fn build_report(
         ("logins", get(&c.logins)),
         ("login retries", get(&c.login_retries)),
         (
-            "logins waiting for a logout save",
+            "logins waiting for the last copy to leave",
             get(&c.logins_waiting_for_final),
         ),
         ("resumes", get(&c.resumes)),
