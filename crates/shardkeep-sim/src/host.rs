@@ -392,10 +392,15 @@ impl Host {
                 return;
             }
         }
-        if self.shard.final_save_in_flight(id) || self.shard.player(id).is_some() {
+        let link_dead_here = self
+            .bodies
+            .get(&id)
+            .is_some_and(|b| matches!(b.phase, Phase::LinkDead { .. }));
+        if self.shard.final_save_in_flight(id) || link_dead_here {
             // The last session's copy is still here (link-dead, its placement unreadable) or its
             // logout is still saving: claiming now would load the older row and fence that copy's
-            // save out. The player tries again shortly.
+            // save out. The player tries again shortly. (A zombie's ghost is no such copy: the
+            // claim supersedes it.)
             bump(&self.world.counters.logins_waiting_for_final);
             travel::go_offline(&self.world, agent, FINAL_WAIT_RETRY_MS);
             return;
