@@ -17,7 +17,7 @@ use shardkeep::retry::{
     IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
     RetryStats, RetryWorker, RetryWorkerConfig,
 };
-use shardkeep_testkit::TestRedis;
+use shardkeep_testkit::{JobDriver, TestRedis};
 use sqlx::PgPool;
 
 use shardkeep_testkit::fixtures::created;
@@ -57,9 +57,16 @@ fn appearance_job(
 /// checkpoint's content when the loader prefers the checkpoint and replays the row's effects.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn an_effect_issued_before_a_newer_checkpoint_is_not_replayed_over_it(pool: PgPool) {
+    let drivers = shardkeep_testkit::JobDrivers::new(&pool).await;
     let redis = TestRedis::new().await;
-    let store = CharacterStore::new(pg(&pool));
-    let checkpoints = CheckpointStore::new(redis.backend());
+    for d in drivers.drivers() {
+        older_effect_on(&d, &redis).await;
+    }
+}
+
+async fn older_effect_on(d: &JobDriver, redis: &TestRedis) {
+    let store = d.characters();
+    let checkpoints = d.checkpoints(redis);
     let row = created(&store, "Aria").await;
     let epoch = store.claim(row.character_id, 0).await.unwrap().new_epoch;
     let mut live = CharacterSnapshot {
@@ -80,10 +87,9 @@ async fn an_effect_issued_before_a_newer_checkpoint_is_not_replayed_over_it(pool
 
     // The job for red lands on the row after the checkpoint was dumped; then the shard dies.
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let (queue, signals) = RetryQueue::new(pg(&pool), 8, Arc::clone(&clock));
+    let (queue, signals) = d.queue(8, Arc::clone(&clock));
     queue.enqueue(&red).await.unwrap();
-    let mut worker = RetryWorker::new(
-        pg(&pool),
+    let mut worker = d.worker_for(
         shardkeep_reference::game::ReferenceModel::handle(),
         signals,
         RetryWorkerConfig::new("w"),
@@ -100,8 +106,10 @@ async fn an_effect_issued_before_a_newer_checkpoint_is_not_replayed_over_it(pool
     let loaded = loader.claim_and_load(row.character_id, 0).await.unwrap();
     assert_eq!(loaded.source, LoadSource::Checkpoint);
     assert_eq!(
-        loaded.snapshot.state["appearance"]["hair"], "blue",
-        "the older red replayed over the newer checkpoint"
+        loaded.snapshot.state["appearance"]["hair"],
+        "blue",
+        "the older red replayed over the newer checkpoint ({})",
+        d.name()
     );
 }
 
@@ -112,10 +120,13 @@ struct Retry {
 
 impl Retry {
     fn new(pool: &PgPool) -> Self {
+        Self::on(&JobDriver::Postgres(pool.clone()))
+    }
+
+    fn on(d: &JobDriver) -> Self {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let (queue, signals) = RetryQueue::new(pg(pool), 64, Arc::clone(&clock));
-        let worker = RetryWorker::new(
-            pg(pool),
+        let (queue, signals) = d.queue(64, Arc::clone(&clock));
+        let worker = d.worker_for(
             shardkeep_reference::game::ReferenceModel::handle(),
             signals,
             RetryWorkerConfig::new("w"),
@@ -204,9 +215,16 @@ async fn live_copy(store: &CharacterStore, name: &str) -> CharacterSnapshot {
 /// after the flush, finds the row's issue mark past it.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_reward_a_live_write_already_holds_is_not_granted_again(pool: PgPool) {
-    let store = CharacterStore::new(pg(&pool));
+    let drivers = shardkeep_testkit::JobDrivers::new(&pool).await;
+    for d in drivers.drivers() {
+        reward_held_on(&d).await;
+    }
+}
+
+async fn reward_held_on(d: &JobDriver) {
+    let store = d.characters();
     let mut live = live_copy(&store, "Aria").await;
-    let mut retry = Retry::new(&pool);
+    let mut retry = Retry::on(d);
     live.state = json!({ "experience": 30 }).into();
     live.issue_mark = 1;
     assert!(matches!(
@@ -229,10 +247,17 @@ async fn a_reward_a_live_write_already_holds_is_not_granted_again(pool: PgPool) 
 /// arrives after a newer one of its kind does not overwrite it.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn state_and_value_jobs_keep_issue_order_whatever_order_they_apply_in(pool: PgPool) {
-    let store = CharacterStore::new(pg(&pool));
+    let drivers = shardkeep_testkit::JobDrivers::new(&pool).await;
+    for d in drivers.drivers() {
+        issue_order_on(&d).await;
+    }
+}
+
+async fn issue_order_on(d: &JobDriver) {
+    let store = d.characters();
     let live = live_copy(&store, "Aria").await;
     let id = live.character_id;
-    let mut retry = Retry::new(&pool);
+    let mut retry = Retry::on(d);
     // Issued 3: a reward; applied first.
     assert_eq!(retry.run(&[reward(&live, 3, 7)]).await, (1, 0));
     // Issued 2 (before the reward): the final dump, holding 20 experience.
