@@ -401,7 +401,7 @@ impl Host {
             // logout is still saving: claiming now would load the older row and fence that copy's
             // save out. The player tries again shortly. (A zombie's ghost is no such copy: the
             // claim supersedes it.)
-            bump(&self.world.counters.logins_waiting_for_final);
+            bump(&self.world.counters.logins_waiting_for_last_copy);
             travel::go_offline(&self.world, agent, FINAL_WAIT_RETRY_MS);
             return;
         }

@@ -47,7 +47,7 @@ pub(super) fn build_report(
         ("login retries", get(&c.login_retries)),
         (
             "logins waiting for the last copy to leave",
-            get(&c.logins_waiting_for_final),
+            get(&c.logins_waiting_for_last_copy),
         ),
         ("resumes", get(&c.resumes)),
         ("logouts", get(&c.logouts)),

@@ -26,8 +26,8 @@ use shardkeep_reference::shard::ZoneDirectory;
 pub(super) struct Counters {
     pub(super) logins: AtomicU64,
     pub(super) login_retries: AtomicU64,
-    /// Logins put off because the shard still held the character's logout save.
-    pub(super) logins_waiting_for_final: AtomicU64,
+    /// Logins put off while the shard still held the character's link-dead copy or its logout save.
+    pub(super) logins_waiting_for_last_copy: AtomicU64,
     pub(super) resumes: AtomicU64,
     pub(super) logouts: AtomicU64,
     pub(super) disconnects: AtomicU64,

@@ -14,45 +14,6 @@ use shardkeep::saver::UnsavedFinals;
 
 use crate::support::{Stores, boot_with, login, pg_addr, proxied_pg, rows_checkpoints_and_jobs};
 
-/// A player whose session ended (a link-dead timeout) logs in again at once, on the same shard,
-/// while Postgres stalls the logout's final save and no checkpoint holds it: the login waits for
-/// the save instead of claiming over it, so the new copy has the logout's changes.
-#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
-async fn a_login_waits_for_its_characters_final_save_still_in_flight(pool: PgPool) {
-    let redis = TestRedis::new().await;
-    let stores = Stores::new(&pool, redis.backend());
-    let proxy = FaultProxy::start(pg_addr()).await.unwrap();
-    let proxied = proxied_pg(&pool, &proxy).await;
-    let mut rows_and_jobs = rows_checkpoints_and_jobs(proxied, redis.backend());
-    rows_and_jobs.checkpoints = None;
-    let mut shard = boot_with(rows_and_jobs, &stores, config(), &[0], 1);
-    let id = stores.new_character("Aria").await;
-    login(&stores, &mut shard, id, "s-1").await;
-    shard.player_mut(id).unwrap().character.currency = 42;
-    proxy.set_mode(ProxyMode::Stall);
-    shard.logout(id).unwrap();
-    assert!(
-        shard.final_save_in_flight(id),
-        "the logout's save is queued"
-    );
-    let proxy = std::sync::Arc::new(proxy);
-    let heal = {
-        let proxy = std::sync::Arc::clone(&proxy);
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(1000)).await;
-            proxy.set_mode(ProxyMode::Pass);
-        })
-    };
-    login(&stores, &mut shard, id, "s-2").await;
-    heal.await.unwrap();
-    assert_eq!(
-        shard.player(id).unwrap().character.currency,
-        42,
-        "the new copy loaded the logout's changes"
-    );
-    assert!(!shard.final_save_in_flight(id));
-}
-
 fn config() -> ShardConfig {
     let mut config = ShardConfig::new("shard-a", "zone-0");
     config.saver.io_timeout = Duration::from_millis(500);
@@ -90,17 +51,21 @@ struct Scene {
 
 impl Scene {
     async fn logged_in(pool: &PgPool, config: ShardConfig) -> Self {
+        Self::logged_in_with(pool, config, true).await
+    }
+
+    /// As [`Scene::logged_in`]; without `checkpoints` the shard writes rows and jobs only, so
+    /// nothing but the row can carry a logout's changes.
+    async fn logged_in_with(pool: &PgPool, config: ShardConfig, checkpoints: bool) -> Self {
         let redis = TestRedis::new().await;
         let stores = Stores::new(pool, redis.backend());
         let proxy = FaultProxy::start(pg_addr()).await.unwrap();
         let proxied = proxied_pg(pool, &proxy).await;
-        let mut shard = boot_with(
-            rows_checkpoints_and_jobs(proxied, redis.backend()),
-            &stores,
-            config,
-            &[0],
-            1,
-        );
+        let mut shard_stores = rows_checkpoints_and_jobs(proxied, redis.backend());
+        if !checkpoints {
+            shard_stores.checkpoints = None;
+        }
+        let mut shard = boot_with(shard_stores, &stores, config, &[0], 1);
         let id = stores.new_character("Aria").await;
         login(&stores, &mut shard, id, "s").await;
         Self {
@@ -111,6 +76,20 @@ impl Scene {
             id,
         }
     }
+}
+
+/// Lets traffic through `proxy` again after `millis`.
+fn heal_after(
+    proxy: FaultProxy,
+    millis: u64,
+) -> (std::sync::Arc<FaultProxy>, tokio::task::JoinHandle<()>) {
+    let proxy = std::sync::Arc::new(proxy);
+    let healing = std::sync::Arc::clone(&proxy);
+    let heal = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(millis)).await;
+        healing.set_mode(ProxyMode::Pass);
+    });
+    (proxy, heal)
 }
 
 async fn currency_of(stores: &Stores, id: uuid::Uuid) -> serde_json::Value {
@@ -164,14 +143,7 @@ async fn shutdown_waits_for_a_final_save_that_lands_within_its_bound(pool: PgPoo
     shard.player_mut(id).unwrap().character.currency = 42;
     proxy.set_mode(ProxyMode::Cut);
     shard.logout(id).unwrap();
-    let proxy = std::sync::Arc::new(proxy);
-    let heal = {
-        let proxy = std::sync::Arc::clone(&proxy);
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(1500)).await;
-            proxy.set_mode(ProxyMode::Pass);
-        })
-    };
+    let (_proxy, heal) = heal_after(proxy, 1500);
     let report = shard.shutdown(Duration::from_secs(15)).await;
     heal.await.unwrap();
     assert_eq!(report.saver, BarrierOutcome::Drained);
@@ -296,4 +268,35 @@ async fn a_shutdown_bound_running_out_counts_saves_still_queued(pool: PgPool) {
         assert!(tokio::time::Instant::now() < deadline, "the save was lost");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A player whose session ended (a link-dead timeout) logs in again at once, on the same shard,
+/// while Postgres stalls the logout's final save and no checkpoint holds it: the login waits for
+/// the save instead of claiming over it, so the new copy and the row have the logout's changes.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_login_waits_for_its_characters_final_save_still_in_flight(pool: PgPool) {
+    let Scene {
+        _redis,
+        stores,
+        proxy,
+        mut shard,
+        id,
+    } = Scene::logged_in_with(&pool, config(), false).await;
+    shard.player_mut(id).unwrap().character.currency = 42;
+    proxy.set_mode(ProxyMode::Stall);
+    shard.logout(id).unwrap();
+    assert!(
+        shard.final_save_in_flight(id),
+        "the logout's save is queued"
+    );
+    let (_proxy, heal) = heal_after(proxy, 1000);
+    login(&stores, &mut shard, id, "s-2").await;
+    heal.await.unwrap();
+    assert_eq!(
+        shard.player(id).unwrap().character.currency,
+        42,
+        "the new copy loaded the logout's changes"
+    );
+    assert!(!shard.final_save_in_flight(id));
+    assert_eq!(currency_of(&stores, id).await, 42, "the row holds them");
 }
