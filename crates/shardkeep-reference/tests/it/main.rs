@@ -7,6 +7,7 @@
 mod audit;
 mod bookkeeping;
 mod crash_window;
+mod faultable;
 mod final_saves;
 mod handoff_fencing;
 mod instance_anchor;

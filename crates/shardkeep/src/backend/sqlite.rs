@@ -41,6 +41,8 @@ pub struct SqliteBackend {
     path: String,
     /// Until when every call fails (the outage fault hook), shared by clones.
     outage_until: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+    /// Until when every write hangs before it starts (the stall fault hook), shared by clones.
+    stall_until: std::sync::Arc<std::sync::Mutex<Option<std::time::Instant>>>,
     /// Taken before a write transaction borrows a connection: writers of this process queue
     /// here, in order, instead of each holding a pooled connection while SQLite's busy handler
     /// waits for the file's write lock (four waiting writers would leave no connection for a
@@ -164,6 +166,7 @@ impl SqliteBackend {
             pool,
             path,
             outage_until: Default::default(),
+            stall_until: Default::default(),
             write_turn: Default::default(),
         };
         // Reading the schema catalogue is what tells a file that is not a database.
@@ -208,6 +211,7 @@ impl SqliteBackend {
     /// writes never fails on a lock upgrade. An error while an outage is injected.
     pub async fn begin(&self) -> Result<WriteTransaction, sqlx::Error> {
         self.available()?;
+        self.wait_out_stall().await;
         let turn = self.write_turn.clone().lock_owned().await;
         self.available()?;
         let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
@@ -226,10 +230,36 @@ impl SqliteBackend {
         }
     }
 
-    /// Ends an injected outage at once.
+    /// The stall fault hook: every write transaction opened in the next `stretch` hangs until
+    /// the stretch ends (a disk that stops taking writes; callers see their own timeouts), then
+    /// goes on. Reads are not held. Shared by every clone of this backend.
+    pub fn stall_writes_for(&self, stretch: Duration) {
+        if let Ok(mut until) = self.stall_until.lock() {
+            *until = std::time::Instant::now().checked_add(stretch);
+        }
+    }
+
+    /// Ends an injected outage or stall at once.
     pub fn end_outage(&self) {
-        if let Ok(mut until) = self.outage_until.lock() {
-            *until = None;
+        for hook in [&self.outage_until, &self.stall_until] {
+            if let Ok(mut until) = hook.lock() {
+                *until = None;
+            }
+        }
+    }
+
+    /// Waits while a stall is injected, checking often so that [`Self::end_outage`] ends it.
+    async fn wait_out_stall(&self) {
+        loop {
+            let stalled = self
+                .stall_until
+                .lock()
+                .map(|until| until.is_some_and(|t| std::time::Instant::now() < t))
+                .unwrap_or(false);
+            if !stalled {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 

@@ -1,0 +1,169 @@
+//! Stores of either driver with a path for the shard that a test can cut or stall while its own
+//! reads go on: a fault proxy in front of Postgres (checkpoints straight to Redis), or a second
+//! connection to the embedded file with the file's fault hooks (rows, checkpoints and jobs all
+//! behind it).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use shardkeep::SqliteBackend;
+use shardkeep::character::{CharacterStore, CheckpointStore};
+use shardkeep::clock::SystemClock;
+use shardkeep::retry::{RetryQueue, RetryStats, RetryWorkerConfig};
+use shardkeep_reference::game::ReferenceModel;
+use shardkeep_reference::shard::ShardStores;
+use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
+use shardkeep_testkit::{JobDriver, TestRedis, TestSqlite};
+use sqlx::PgPool;
+
+use crate::support::{Stores, pg_addr, proxied_pg, rows_checkpoints_and_jobs};
+
+/// Which stores a test runs on.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Driver {
+    /// Postgres and Redis.
+    Servers,
+    /// One embedded file.
+    Embedded,
+}
+
+impl Driver {
+    /// Every driver, in the order the tests run them.
+    pub(crate) const ALL: [Driver; 2] = [Driver::Servers, Driver::Embedded];
+}
+
+/// A store outage a test turns on and off on the shard's path only.
+pub(crate) enum Outage {
+    /// A proxy in front of Postgres.
+    Proxy(FaultProxy),
+    /// The shard's own connection to the embedded file.
+    File(SqliteBackend),
+}
+
+/// Longer than any test: an outage lasts until [`Outage::heal`].
+const UNTIL_HEALED: Duration = Duration::from_secs(3_600);
+
+impl Outage {
+    /// Every call fails at once (Postgres: the connections are cut).
+    pub(crate) fn cut(&self) {
+        match self {
+            Self::Proxy(proxy) => proxy.set_mode(ProxyMode::Cut),
+            Self::File(db) => db.fail_for(UNTIL_HEALED),
+        }
+    }
+
+    /// Calls hang (Postgres: every call; the file: every write).
+    pub(crate) fn stall(&self) {
+        match self {
+            Self::Proxy(proxy) => proxy.set_mode(ProxyMode::Stall),
+            Self::File(db) => db.stall_writes_for(UNTIL_HEALED),
+        }
+    }
+
+    /// Calls go through again.
+    pub(crate) fn heal(&self) {
+        match self {
+            Self::Proxy(proxy) => proxy.set_mode(ProxyMode::Pass),
+            Self::File(db) => db.end_outage(),
+        }
+    }
+
+    /// Heals after `millis`, on a task of its own.
+    pub(crate) fn heal_after(self, millis: u64) -> (Arc<Outage>, tokio::task::JoinHandle<()>) {
+        let outage = Arc::new(self);
+        let healing = Arc::clone(&outage);
+        let heal = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(millis)).await;
+            healing.heal();
+        });
+        (outage, heal)
+    }
+}
+
+/// What keeps a driver's stores alive for the test (held, never read).
+#[allow(dead_code)]
+enum Keep {
+    Redis(TestRedis),
+    File(TestSqlite),
+}
+
+/// One driver's stores, the shard's faultable path to them, and the jobs' driver.
+pub(crate) struct Faultable {
+    _keep: Keep,
+    /// The test's own handles (never faulted).
+    pub(crate) stores: Stores,
+    /// Switches the shard's path off and on.
+    pub(crate) outage: Outage,
+    /// The shard's rows, checkpoints and retry jobs, over the faultable path. No worker takes
+    /// the retry signals; jobs wait in their table.
+    pub(crate) shard_stores: ShardStores,
+    /// The retry jobs' store (never faulted), to read them and to run a worker.
+    pub(crate) jobs: JobDriver,
+}
+
+impl Faultable {
+    /// Fresh stores of `driver` (Postgres: the test's database `pool`).
+    pub(crate) async fn new(pool: &PgPool, driver: Driver) -> Self {
+        match driver {
+            Driver::Servers => {
+                let redis = TestRedis::new().await;
+                let stores = Stores::new(pool, redis.backend());
+                let proxy = FaultProxy::start(pg_addr()).await.unwrap();
+                let proxied = proxied_pg(pool, &proxy).await;
+                let shard_stores = rows_checkpoints_and_jobs(proxied, redis.backend());
+                Self {
+                    _keep: Keep::Redis(redis),
+                    stores,
+                    outage: Outage::Proxy(proxy),
+                    shard_stores,
+                    jobs: JobDriver::Postgres(pool.clone()),
+                }
+            }
+            Driver::Embedded => {
+                let sqlite = TestSqlite::new().await;
+                let stores = Stores::embedded(&sqlite);
+                let shard_db = SqliteBackend::connect("DATABASE_URL", sqlite.url())
+                    .await
+                    .unwrap();
+                let (retry, _signals) =
+                    RetryQueue::embedded(shard_db.clone(), 16, Arc::new(SystemClock));
+                let shard_stores = ShardStores {
+                    characters: Some(CharacterStore::embedded(shard_db.clone())),
+                    checkpoints: Some(CheckpointStore::embedded(shard_db.clone())),
+                    placement: None,
+                    audit: None,
+                    retry: Some(retry),
+                };
+                let jobs = JobDriver::Embedded(sqlite.backend());
+                Self {
+                    _keep: Keep::File(sqlite),
+                    stores,
+                    outage: Outage::File(shard_db),
+                    shard_stores,
+                    jobs,
+                }
+            }
+        }
+    }
+
+    /// Whether the checkpoints share the rows' faultable path (the embedded file).
+    pub(crate) fn checkpoints_share_the_outage(&self) -> bool {
+        matches!(self.outage, Outage::File(_))
+    }
+
+    /// Runs a retry worker of the reference game until no job is due; returns the jobs it
+    /// settled and how many of them were superseded.
+    pub(crate) async fn run_retry_worker(&self) -> (usize, u64) {
+        let clock = Arc::new(SystemClock);
+        let (_, signals) = self.jobs.queue(4, clock.clone());
+        let mut worker = self.jobs.worker_for(
+            ReferenceModel::handle(),
+            signals,
+            RetryWorkerConfig::new("w"),
+            clock,
+        );
+        let stats = worker.stats();
+        let settled = worker.run_until_idle().await.unwrap();
+        (settled, RetryStats::get(&stats.superseded))
+    }
+}
