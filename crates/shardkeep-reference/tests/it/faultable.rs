@@ -83,7 +83,7 @@ impl Outage {
 /// What keeps a driver's stores alive for the test (held, never read).
 #[allow(dead_code)]
 enum Keep {
-    Redis(TestRedis),
+    Redis(Box<TestRedis>),
     File(TestSqlite),
 }
 
@@ -112,7 +112,7 @@ impl Faultable {
                 let proxied = proxied_pg(pool, &proxy).await;
                 let shard_stores = rows_checkpoints_and_jobs(proxied, redis.backend());
                 Self {
-                    _keep: Keep::Redis(redis),
+                    _keep: Keep::Redis(Box::new(redis)),
                     stores,
                     outage: Outage::Proxy(proxy),
                     shard_stores,
