@@ -70,6 +70,11 @@ impl Env {
         vec![Self::new(pool).await, Self::embedded().await]
     }
 
+    /// The embedded store's file URL (`None` on Postgres + Redis), to open it again.
+    pub(crate) fn file_url(&self) -> Option<&str> {
+        self._file.as_ref().map(TestSqlite::url)
+    }
+
     /// The driver's name, for assertion messages.
     pub(crate) fn name(&self) -> &'static str {
         if self._file.is_some() {

@@ -307,17 +307,20 @@ async fn a_failing_entry_does_not_stall_the_entries_behind_it_on(env: &Env) {
 }
 
 /// A store outage fails the entry at the head once and ends the pass: the entries behind it
-/// are not charged an attempt each (a long outage would dead-letter the whole backlog).
+/// are not charged an attempt each (a long outage would dead-letter the whole backlog). The
+/// rows' path alone goes down: a proxy before Postgres, or a second connection to the file.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_store_outage_charges_only_the_entry_at_the_head(pool: PgPool) {
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        a_store_outage_charges_only_the_entry_at_the_head_on(&env, &pool).await;
+    }
+}
+
+async fn a_store_outage_charges_only_the_entry_at_the_head_on(env: &Env, pool: &PgPool) {
     use shardkeep::character::CharacterStore;
     use shardkeep::journal::{JournalWorker, JournalWorkerConfig};
     use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
-    let env = Env::new(&pool).await;
-    let proxy = FaultProxy::start(shardkeep_testkit::pg_addr())
-        .await
-        .unwrap();
-    let cut = shardkeep_testkit::proxied_pg(&pool, &proxy).await;
     for n in 0..3 {
         let player = env.character().await;
         env.journal
@@ -329,22 +332,43 @@ async fn a_store_outage_charges_only_the_entry_at_the_head(pool: PgPool) {
             .await
             .unwrap();
     }
-    proxy.set_mode(ProxyMode::Cut);
+    let (rows, proxy, file) = match env.file_url() {
+        None => {
+            let proxy = FaultProxy::start(shardkeep_testkit::pg_addr())
+                .await
+                .unwrap();
+            let cut = shardkeep_testkit::proxied_pg(pool, &proxy).await;
+            proxy.set_mode(ProxyMode::Cut);
+            (CharacterStore::new(cut), Some(proxy), None)
+        }
+        Some(url) => {
+            let db = shardkeep::SqliteBackend::connect("DATABASE_URL", url)
+                .await
+                .unwrap();
+            db.fail_for(std::time::Duration::from_secs(60));
+            (CharacterStore::embedded(db.clone()), None, Some(db))
+        }
+    };
     let worker = JournalWorker::new(
         env.journal.clone(),
         env.coord.clone(),
-        CharacterStore::new(cut),
+        rows,
         JournalWorkerConfig::default(),
     );
     let mut consumer = env.journal.queue().consumer().await.unwrap();
     let pass = worker.drain_pass(&mut consumer).await.unwrap();
-    assert_eq!((pass.handled, pass.failed), (1, 1));
+    assert_eq!((pass.handled, pass.failed), (1, 1), "{}", env.name());
     let mut attempts = Vec::new();
     while let Some(leased) = consumer.lease().await.unwrap() {
         attempts.push(leased.entry.attempts);
     }
-    assert_eq!(attempts, vec![1, 0, 0]);
-    proxy.set_mode(ProxyMode::Pass);
+    assert_eq!(attempts, vec![1, 0, 0], "{}", env.name());
+    if let Some(proxy) = proxy {
+        proxy.set_mode(ProxyMode::Pass);
+    }
+    if let Some(db) = file {
+        db.end_outage();
+    }
 }
 
 /// The row tells a cleanup older than one already written apart from one older than a live

@@ -1,19 +1,19 @@
 //! Jobs that crash or hang the worker holding them: every lease that runs out is counted, and a
 //! job over the limit is dead-lettered with a clear error instead of being leased forever.
-//! Tests that hold a Postgres row lock to stand for a hung settle run on Postgres only; the
-//! others run on each driver.
+//! Every test runs on each driver; a model that panics inside the settle stands for a job that
+//! crashes its worker.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use shardkeep::clock::SystemClock;
-use shardkeep::retry::{RetryQueue, RetryWorker};
+use shardkeep::model::{Anchor, GameModel, ModelHandle};
+use shardkeep_testkit::JobDrivers;
+use shardkeep_testkit::model::{LedgerEffect, LedgerModel};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use shardkeep_testkit::JobDrivers;
-
-use super::retry_jobs::{character, config, experience, pg, reward};
+use super::retry_jobs::{config, reward};
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_job_whose_lease_keeps_running_out_is_dead_lettered(pool: PgPool) {
@@ -82,116 +82,177 @@ async fn each_lease_that_runs_out_is_counted(pool: PgPool) {
     }
 }
 
+/// The ledger model, except that a reward of [`CRASHING_GRANT`] experience panics inside the
+/// settle: the job kills the worker task holding it, as a job that crashes its process would.
+#[derive(Debug, Clone, Copy)]
+struct CrashingModel;
+
+/// The grant that crashes the worker applying it.
+const CRASHING_GRANT: i64 = 666;
+
+impl GameModel for CrashingModel {
+    type State = serde_json::Map<String, serde_json::Value>;
+    type Effect = LedgerEffect;
+
+    fn apply_effect(
+        &self,
+        state: &mut Self::State,
+        anchor: &mut Anchor,
+        effect: &LedgerEffect,
+    ) -> Result<bool, String> {
+        if let LedgerEffect::CombatRewards { experience, .. } = effect {
+            assert_ne!(*experience, CRASHING_GRANT, "the job crashes its worker");
+        }
+        LedgerModel.apply_effect(state, anchor, effect)
+    }
+}
+
+/// Runs `run` on a task of its own and expects it to die of the crashing job.
+async fn crashes<F: std::future::Future + Send + 'static>(run: F)
+where
+    F::Output: Send,
+{
+    let died = tokio::spawn(run).await;
+    assert!(
+        died.is_err_and(|e| e.is_panic()),
+        "the job crashed its worker"
+    );
+}
+
 /// A worker that starts claims the jobs already due under a committed lease, so a job that
 /// killed the previous process inside its one-transaction settle leaves a trace when it kills
 /// this one too.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_starting_worker_claims_due_jobs_under_a_lease(pool: PgPool) {
-    let id = character(&pool, "Restarted").await;
-    let (queue, _) = RetryQueue::new(pg(&pool), 16, Arc::new(SystemClock));
-    queue.enqueue(&reward(id, "start-1", 0, 5)).await.unwrap();
-    // The job's character is locked, so its settle waits: the worker is "in" the job.
-    let mut lock = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM characters WHERE id = $1 FOR UPDATE")
-        .bind(id)
-        .execute(&mut *lock)
-        .await
-        .unwrap();
-    let (_, signals) = RetryQueue::new(pg(&pool), 16, Arc::new(SystemClock));
-    let worker = RetryWorker::new(
-        pg(&pool),
-        shardkeep_testkit::model::LedgerModel::handle(),
-        signals,
-        config("w"),
-        Arc::new(SystemClock),
-    );
-    let cancel = CancellationToken::new();
-    let running = tokio::spawn(worker.run(cancel.clone()));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let leased: bool =
-            sqlx::query_scalar("SELECT lease_token IS NOT NULL FROM persistence_retry_jobs")
-                .fetch_one(&pool)
-                .await
-                .unwrap();
-        if leased {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the starting worker's first claim wrote no lease"
+    let drivers = JobDrivers::new(&pool).await;
+    for d in drivers.drivers() {
+        let id = d.character("Restarted").await;
+        let (queue, signals) = d.queue(16, Arc::new(SystemClock));
+        queue
+            .enqueue(&reward(id, "start-1", 0, CRASHING_GRANT))
+            .await
+            .unwrap();
+        let worker = d.worker_for(
+            ModelHandle::new(CrashingModel),
+            signals,
+            config("w"),
+            Arc::new(SystemClock),
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // The run loop outlives the panicking settle; the lease its first claim wrote stays.
+        let running = tokio::spawn(worker.run(CancellationToken::new()));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let expiries = loop {
+            let (leased, expiries): (bool, i32) = d
+                .fetch_one(
+                    "SELECT lease_token IS NOT NULL, lease_expiries FROM persistence_retry_jobs",
+                    None,
+                )
+                .await;
+            if leased {
+                break expiries;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{}: the starting worker's first claim wrote no lease that outlives its crash",
+                d.name()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        running.abort();
+        assert_eq!(expiries, 0, "{}", d.name());
+        assert_eq!(d.experience(id).await, 0, "{}", d.name());
     }
-    running.abort();
-    lock.rollback().await.unwrap();
 }
 
 /// Jobs whose shared lease ran out (one of them crashed the worker holding them all) are
 /// claimed again one per lease, so a second crash is counted against that job alone.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn jobs_from_a_lapsed_batch_are_claimed_again_one_per_lease(pool: PgPool) {
-    let (blocked, other) = (
-        character(&pool, "Blocked").await,
-        character(&pool, "Other").await,
-    );
-    let (queue, signals) = RetryQueue::new(pg(&pool), 16, Arc::new(SystemClock));
-    queue
-        .enqueue(&reward(blocked, "batch-1", 0, 5))
-        .await
-        .unwrap();
-    queue
-        .enqueue(&reward(other, "batch-2", 0, 5))
-        .await
-        .unwrap();
-    let mut settings = config("w");
-    settings.lease = Duration::from_millis(50);
-    let mut worker = RetryWorker::new(
-        pg(&pool),
-        shardkeep_testkit::model::LedgerModel::handle(),
-        signals,
-        settings,
-        Arc::new(SystemClock),
-    );
-    // One worker takes both under one lease and dies.
-    assert_eq!(worker.claim(None).await.unwrap().len(), 2);
-    tokio::time::sleep(Duration::from_millis(80)).await;
-    let old_token: uuid::Uuid =
-        sqlx::query_scalar("SELECT lease_token FROM persistence_retry_jobs LIMIT 1")
-            .fetch_one(&pool)
+    let drivers = JobDrivers::new(&pool).await;
+    for d in drivers.drivers() {
+        let (crashing, other) = (d.character("Crashing").await, d.character("Other").await);
+        let (queue, signals) = d.queue(16, Arc::new(SystemClock));
+        queue
+            .enqueue(&reward(crashing, "batch-1", 0, CRASHING_GRANT))
             .await
             .unwrap();
-    // The first job's settle waits on its character: the worker is "in" that job.
-    let mut lock = pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM characters WHERE id = $1 FOR UPDATE")
-        .bind(blocked)
-        .execute(&mut *lock)
-        .await
-        .unwrap();
-    let running = tokio::spawn(async move { worker.poll_once().await });
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    let tokens: Vec<Option<uuid::Uuid>> = loop {
-        let tokens: Vec<Option<uuid::Uuid>> = sqlx::query_scalar(
-            "SELECT lease_token FROM persistence_retry_jobs ORDER BY created_at",
-        )
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-        if tokens.first() != Some(&Some(old_token)) {
-            break tokens;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "never re-leased");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert_eq!(tokens.len(), 2);
-    assert_ne!(
-        tokens[0], tokens[1],
-        "the blocked job holds a lease of its own, not one shared with the other"
-    );
-    lock.rollback().await.unwrap();
-    running.await.unwrap().unwrap();
-    assert_eq!(experience(&pool, blocked).await, 5);
-    assert_eq!(experience(&pool, other).await, 5);
+        queue
+            .enqueue(&reward(other, "batch-2", 0, 5))
+            .await
+            .unwrap();
+        let mut settings = config("w");
+        settings.lease = Duration::from_millis(50);
+        let mut worker = d.worker_for(
+            ModelHandle::new(CrashingModel),
+            signals,
+            settings.clone(),
+            Arc::new(SystemClock),
+        );
+        // One worker takes both under one lease and dies.
+        assert_eq!(worker.claim(None).await.unwrap().len(), 2, "{}", d.name());
+        drop(worker);
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        assert_eq!(
+            shared_leases(&d, crashing).await,
+            1,
+            "{}: one lease holds both",
+            d.name()
+        );
+        // The next worker finds both lapsed, takes the crashing job first and dies in it.
+        let (_, signals) = d.queue(16, Arc::new(SystemClock));
+        let mut next = d.worker_for(
+            ModelHandle::new(CrashingModel),
+            signals,
+            settings.clone(),
+            Arc::new(SystemClock),
+        );
+        crashes(async move { next.poll_once().await }).await;
+        let (leased, expiries): (bool, i32) = d
+            .fetch_one(
+                "SELECT lease_token IS NOT NULL, lease_expiries FROM persistence_retry_jobs
+                  WHERE character_id = $1",
+                Some(crashing),
+            )
+            .await;
+        assert!(leased, "{}: the crashing job was leased again", d.name());
+        assert_eq!(expiries, 1, "{}", d.name());
+        assert_eq!(
+            shared_leases(&d, crashing).await,
+            0,
+            "{}: the crashing job holds a lease of its own, not one shared with the other",
+            d.name()
+        );
+        // Its lease runs out again: counted against it alone; the other job still lands.
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        let (_, signals) = d.queue(16, Arc::new(SystemClock));
+        let mut last = d.worker_for(
+            ModelHandle::new(CrashingModel),
+            signals,
+            settings,
+            Arc::new(SystemClock),
+        );
+        crashes(async move { last.run_until_idle().await }).await;
+        let (crashing_expiries,): (i32,) = d
+            .fetch_one(
+                "SELECT lease_expiries FROM persistence_retry_jobs WHERE character_id = $1",
+                Some(crashing),
+            )
+            .await;
+        assert_eq!(crashing_expiries, 2, "{}", d.name());
+        assert_eq!(d.experience(other).await, 5, "{}", d.name());
+    }
+}
+
+/// How many other jobs hold the same lease as the job of `character`.
+async fn shared_leases(d: &shardkeep_testkit::JobDriver, character: uuid::Uuid) -> i64 {
+    d.fetch_one::<(i64,)>(
+        "SELECT count(*) FROM persistence_retry_jobs a
+           JOIN persistence_retry_jobs b ON b.lease_token = a.lease_token
+          WHERE a.character_id = $1 AND b.character_id <> a.character_id",
+        Some(character),
+    )
+    .await
+    .0
 }
 
 /// The count is of lease expiries in a row: an attempt that ends (here, failing on a missing
