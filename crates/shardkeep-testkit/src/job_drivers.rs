@@ -202,6 +202,30 @@ impl JobDriver {
         }
     }
 
+    /// Runs `sql` (as [`Self::fetch_one`] reads it), with `id` bound as `$1` when given, and
+    /// decodes every row.
+    pub async fn fetch_all<T>(&self, sql: &str, id: Option<Uuid>) -> Vec<T>
+    where
+        T: for<'r> sqlx::FromRow<'r, PgRow> + for<'r> sqlx::FromRow<'r, SqliteRow> + Send + Unpin,
+    {
+        match self {
+            Self::Postgres(pool) => {
+                let mut query = sqlx::query_as(sqlx::AssertSqlSafe(sql.to_owned()));
+                if let Some(id) = id {
+                    query = query.bind(id);
+                }
+                query.fetch_all(pool).await.expect("read the rows")
+            }
+            Self::Embedded(db) => {
+                let mut query = sqlx::query_as(sqlx::AssertSqlSafe(Self::embedded_sql(sql)));
+                if let Some(id) = id {
+                    query = query.bind(id);
+                }
+                query.fetch_all(db.pool()).await.expect("read the rows")
+            }
+        }
+    }
+
     /// Runs `sql` (as [`Self::fetch_one`] reads it), with `id` bound as `$1` when given.
     pub async fn execute(&self, sql: &str, id: Option<Uuid>) -> Result<u64, sqlx::Error> {
         match self {

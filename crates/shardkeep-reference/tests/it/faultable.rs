@@ -16,21 +16,8 @@ use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
 use shardkeep_testkit::{JobDriver, TestRedis, TestSqlite};
 use sqlx::PgPool;
 
+pub(crate) use crate::scene::{Driver, Keep};
 use crate::support::{Stores, pg_addr, proxied_pg, rows_checkpoints_and_jobs};
-
-/// Which stores a test runs on.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Driver {
-    /// Postgres and Redis.
-    Servers,
-    /// One embedded file.
-    Embedded,
-}
-
-impl Driver {
-    /// Every driver, in the order the tests run them.
-    pub(crate) const ALL: [Driver; 2] = [Driver::Servers, Driver::Embedded];
-}
 
 /// A store outage a test turns on and off on the shard's path only.
 pub(crate) enum Outage {
@@ -78,13 +65,6 @@ impl Outage {
         });
         (outage, heal)
     }
-}
-
-/// What keeps a driver's stores alive for the test (held, never read).
-#[allow(dead_code)]
-enum Keep {
-    Redis(Box<TestRedis>),
-    File(TestSqlite),
 }
 
 /// One driver's stores, the shard's faultable path to them, and the jobs' driver.

@@ -16,4 +16,5 @@ mod item_transfers;
 mod ladder_shard;
 mod retry_effects;
 mod saver_backlog;
+mod scene;
 mod support;
