@@ -7,16 +7,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shardkeep::SqliteBackend;
+use shardkeep::backend::redis::RedisTimeouts;
 use shardkeep::character::{CharacterStore, CheckpointStore};
 use shardkeep::clock::SystemClock;
 use shardkeep::retry::{RetryQueue, RetryStats, RetryWorkerConfig};
 use shardkeep_reference::game::ReferenceModel;
 use shardkeep_reference::shard::ShardStores;
-use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
+use shardkeep_testkit::faults::{FaultProxy, ProxyControl, ProxyMode, ProxySet};
 use shardkeep_testkit::{JobDriver, TestRedis, TestSqlite};
 use sqlx::PgPool;
 
-pub(crate) use crate::scene::{Driver, Keep};
+pub(crate) use crate::scene::{Driver, Keep, Scene};
 use crate::support::{Stores, pg_addr, proxied_pg, rows_checkpoints_and_jobs};
 
 /// A store outage a test turns on and off on the shard's path only.
@@ -146,4 +147,73 @@ impl Faultable {
         let settled = worker.run_until_idle().await.unwrap();
         (settled, RetryStats::get(&stats.superseded))
     }
+}
+
+impl Faultable {
+    /// The shard's rows alone, over the faultable path (no checkpoints, placement or jobs).
+    pub(crate) fn rows_only(&self) -> ShardStores {
+        ShardStores {
+            characters: self.shard_stores.characters.clone(),
+            ..ShardStores::default()
+        }
+    }
+}
+
+/// An outage of the fast tier on the shard's path only.
+pub(crate) enum FastOutage {
+    /// A proxy before every Redis node.
+    Redis(ProxySet),
+    /// The shard's own connection to the embedded file.
+    File(SqliteBackend),
+}
+
+impl FastOutage {
+    /// Every call fails at once.
+    pub(crate) fn cut(&self) {
+        match self {
+            Self::Redis(proxies) => proxies.set_mode(ProxyMode::Cut),
+            Self::File(db) => db.fail_for(UNTIL_HEALED),
+        }
+    }
+
+    /// Calls go through again.
+    pub(crate) fn heal(&self) {
+        match self {
+            Self::Redis(proxies) => proxies.set_mode(ProxyMode::Pass),
+            Self::File(db) => db.end_outage(),
+        }
+    }
+}
+
+/// Fresh stores of `driver`, and a checkpoint tier over a path of the shard's own that the
+/// test can cut while its reads through the scene's stores go on: proxies before Redis, or a
+/// second connection to the embedded file.
+pub(crate) async fn faultable_checkpoints(
+    pool: &PgPool,
+    driver: Driver,
+) -> (Scene, CheckpointStore, FastOutage) {
+    let scene = Scene::new(pool, driver).await;
+    let (checkpoints, outage) = match &scene.keep {
+        Keep::Redis(redis) => {
+            let timeouts = RedisTimeouts {
+                connect: Duration::from_millis(300),
+                response: Duration::from_millis(300),
+            };
+            let (proxies, proxied) = shardkeep_testkit::faults::proxied_redis(
+                &shardkeep_testkit::redis_url(),
+                redis.keys().clone(),
+                timeouts,
+            )
+            .await
+            .unwrap();
+            (CheckpointStore::new(proxied), FastOutage::Redis(proxies))
+        }
+        Keep::File(sqlite) => {
+            let db = SqliteBackend::connect("DATABASE_URL", sqlite.url())
+                .await
+                .unwrap();
+            (CheckpointStore::embedded(db.clone()), FastOutage::File(db))
+        }
+    };
+    (scene, checkpoints, outage)
 }

@@ -213,18 +213,6 @@ pub(crate) async fn pump_until(
 
 pub(crate) use shardkeep_testkit::{pg_addr, proxied_pg};
 
-/// Shard stores with rows only (over `pool`, e.g. one behind a fault proxy): no checkpoints,
-/// placements or audit.
-pub(crate) fn rows_only(pg: PostgresBackend) -> ShardStores {
-    ShardStores {
-        characters: Some(CharacterStore::new(pg)),
-        checkpoints: None,
-        placement: None,
-        audit: None,
-        retry: None,
-    }
-}
-
 /// Rows, checkpoints and retry jobs: rows and jobs over `pool` (e.g. one behind a fault proxy),
 /// checkpoints in `redis`. No worker takes the retry signals; jobs wait in their table.
 pub(crate) fn rows_checkpoints_and_jobs(pg: PostgresBackend, redis: RedisBackend) -> ShardStores {
