@@ -7,15 +7,20 @@ use shardkeep::audit::{
 };
 use shardkeep::character::NewCharacter;
 use shardkeep::drain::BarrierOutcome;
-use shardkeep_testkit::{AuditDrivers, TestRedis};
+use shardkeep_testkit::{AuditDrivers, JobDriver};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::support::{Stores, boot, login};
+use crate::scene::{Driver, Scene};
+use crate::support::{boot, login};
 
-fn store(pool: &PgPool) -> AuditStore {
-    AuditStore::new(shardkeep_testkit::pg(pool))
+/// The account store over the scene's driver.
+fn accounts(scene: &Scene) -> AccountStore {
+    match &scene.rows {
+        JobDriver::Postgres(pool) => AccountStore::new(shardkeep_testkit::pg(pool)),
+        JobDriver::Embedded(db) => AccountStore::embedded(db.clone()),
+    }
 }
 
 /// An auditor with the default settings over `store`.
@@ -33,12 +38,17 @@ async fn kinds_in(store: &AuditStore, subject: Uuid) -> Vec<String> {
     page.rows.into_iter().rev().map(|r| r.event_kind).collect()
 }
 
-async fn kinds(pool: &PgPool, subject: Uuid) -> Vec<String> {
-    sqlx::query_scalar("SELECT event_kind FROM character_audit WHERE subject_id = $1 ORDER BY seq")
-        .bind(subject)
-        .fetch_all(pool)
-        .await
-        .unwrap()
+/// Every event kind of `subject` (a character or an account), in insertion order, read from
+/// the rows underneath.
+async fn kinds(rows: &JobDriver, subject: Uuid) -> Vec<String> {
+    rows.fetch_all::<(String,)>(
+        "SELECT event_kind FROM character_audit WHERE subject_id = $1 ORDER BY seq",
+        Some(subject),
+    )
+    .await
+    .into_iter()
+    .map(|(kind,)| kind)
+    .collect()
 }
 
 // The trail's conformance: each body below runs against every driver (Postgres, and the
@@ -257,33 +267,38 @@ async fn each_driver_folds_only_the_owning_accounts_tier_changes_into_the_staff_
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn two_deaths_in_separate_sessions_are_both_recorded(pool: PgPool) {
-    let redis = TestRedis::new().await;
-    let stores = Stores::new(&pool, redis.backend());
-    let id = stores.new_character("Aria").await;
-    let mut shard = boot(&stores, "shard-a", &[0], 1);
-    login(&stores, &mut shard, id, "s1").await;
-    assert!(shard.die(id, None).unwrap().is_some());
-    assert!(
-        shard.die(id, None).unwrap().is_none(),
-        "the latch holds until respawn"
-    );
-    shard.logout(id).unwrap();
-    assert_eq!(
-        shard.saver().barrier(Duration::from_secs(5)).await,
-        BarrierOutcome::Drained
-    );
-    login(&stores, &mut shard, id, "s2").await;
-    assert!(
-        shard.die(id, None).unwrap().is_some(),
-        "a fresh session starts unlatched"
-    );
-    shard.respawn(id).unwrap();
-    assert!(shard.die(id, None).unwrap().is_some());
-    assert_eq!(
-        shard.auditor().barrier(Duration::from_secs(5)).await,
-        BarrierOutcome::Drained
-    );
-    assert_eq!(kinds(&pool, id).await, vec!["died", "died", "died"]);
+    for driver in Driver::ALL {
+        let Scene {
+            stores,
+            rows,
+            keep: _keep,
+        } = Scene::new(&pool, driver).await;
+        let id = stores.new_character("Aria").await;
+        let mut shard = boot(&stores, "shard-a", &[0], 1);
+        login(&stores, &mut shard, id, "s1").await;
+        assert!(shard.die(id, None).unwrap().is_some());
+        assert!(
+            shard.die(id, None).unwrap().is_none(),
+            "the latch holds until respawn"
+        );
+        shard.logout(id).unwrap();
+        assert_eq!(
+            shard.saver().barrier(Duration::from_secs(5)).await,
+            BarrierOutcome::Drained
+        );
+        login(&stores, &mut shard, id, "s2").await;
+        assert!(
+            shard.die(id, None).unwrap().is_some(),
+            "a fresh session starts unlatched"
+        );
+        shard.respawn(id).unwrap();
+        assert!(shard.die(id, None).unwrap().is_some());
+        assert_eq!(
+            shard.auditor().barrier(Duration::from_secs(5)).await,
+            BarrierOutcome::Drained
+        );
+        assert_eq!(kinds(&rows, id).await, vec!["died", "died", "died"]);
+    }
 }
 
 async fn account_with_character(accounts: &AccountStore, name: &str) -> (Uuid, Uuid) {
@@ -314,153 +329,178 @@ async fn account_with_character(accounts: &AccountStore, name: &str) -> (Uuid, U
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn account_changes_are_recorded_in_the_same_transaction(pool: PgPool) {
-    let accounts = AccountStore::new(shardkeep_testkit::pg(&pool));
-    let (account, character) = account_with_character(&accounts, "Aria").await;
-    assert_eq!(kinds(&pool, account).await, vec!["created"]);
-    assert_eq!(kinds(&pool, character).await, vec!["created"]);
-    let change = accounts
-        .change_tier(account, Tier::Moderator, None)
-        .await
-        .unwrap();
-    let key: String = sqlx::query_scalar(
-        "SELECT dedup_key FROM character_audit WHERE event_kind = 'tier_changed'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(key, change.to_string(), "keyed by the role-change row");
-    let tier: String = sqlx::query_scalar("SELECT tier FROM accounts WHERE id = $1")
-        .bind(account)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(tier, "moderator");
-    // A failed change writes neither the change nor its audit row.
-    assert!(
-        accounts
-            .change_tier(Uuid::now_v7(), Tier::Admin, None)
-            .await
-            .is_err()
-    );
-    let count: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM character_audit WHERE event_kind = 'tier_changed'",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(count, 1);
-    // A taken name rolls back the character and its audit row together.
-    let err = accounts
-        .create_character(
-            &NewCharacter {
-                character_id: Uuid::now_v7(),
-                account_id: account,
-                name: "ARIA".into(),
-                zone_ref: None,
-                room_ref: None,
-                state: json!({}).into(),
-                chargen: None,
-                schema_version: 1,
-            },
-            None,
-        )
-        .await;
-    assert!(err.is_err());
-    let created: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM character_audit WHERE event_kind = 'created'")
-            .fetch_one(&pool)
+    for driver in Driver::ALL {
+        let scene = Scene::new(&pool, driver).await;
+        let accounts = accounts(&scene);
+        let (account, character) = account_with_character(&accounts, "Aria").await;
+        assert_eq!(kinds(&scene.rows, account).await, vec!["created"]);
+        assert_eq!(kinds(&scene.rows, character).await, vec!["created"]);
+        let change = accounts
+            .change_tier(account, Tier::Moderator, None)
             .await
             .unwrap();
-    assert_eq!(created, 2);
+        let (key,): (String,) = scene
+            .rows
+            .fetch_one(
+                "SELECT dedup_key FROM character_audit WHERE event_kind = 'tier_changed'",
+                None,
+            )
+            .await;
+        assert_eq!(key, change.to_string(), "keyed by the role-change row");
+        let (tier,): (String,) = scene
+            .rows
+            .fetch_one("SELECT tier FROM accounts WHERE id = $1", Some(account))
+            .await;
+        assert_eq!(tier, "moderator");
+        // A failed change writes neither the change nor its audit row.
+        assert!(
+            accounts
+                .change_tier(Uuid::now_v7(), Tier::Admin, None)
+                .await
+                .is_err()
+        );
+        let (count,): (i64,) = scene
+            .rows
+            .fetch_one(
+                "SELECT count(*) FROM character_audit WHERE event_kind = 'tier_changed'",
+                None,
+            )
+            .await;
+        assert_eq!(count, 1);
+        // A taken name rolls back the character and its audit row together.
+        let err = accounts
+            .create_character(
+                &NewCharacter {
+                    character_id: Uuid::now_v7(),
+                    account_id: account,
+                    name: "ARIA".into(),
+                    zone_ref: None,
+                    room_ref: None,
+                    state: json!({}).into(),
+                    chargen: None,
+                    schema_version: 1,
+                },
+                None,
+            )
+            .await;
+        assert!(err.is_err());
+        let (created,): (i64,) = scene
+            .rows
+            .fetch_one(
+                "SELECT count(*) FROM character_audit WHERE event_kind = 'created'",
+                None,
+            )
+            .await;
+        assert_eq!(created, 2);
+    }
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn the_staff_view_folds_in_only_the_owning_accounts_tier_changes(pool: PgPool) {
-    let accounts = AccountStore::new(shardkeep_testkit::pg(&pool));
-    let (a, a_char) = account_with_character(&accounts, "Aria").await;
-    let (b, _) = account_with_character(&accounts, "Bran").await;
-    accounts
-        .change_tier(a, Tier::Moderator, None)
-        .await
-        .unwrap();
-    accounts.change_tier(b, Tier::Admin, None).await.unwrap();
-    store(&pool)
-        .record(&[AuditEvent::track(a_char, "smithing", 1)])
-        .await
-        .unwrap();
-    let reader = AuditReader::new(store(&pool), StaffReadLimit::default());
-    let staff = Viewer {
-        account_id: Uuid::now_v7(),
-        tier: Tier::Admin,
-    };
-    let page = reader.staff_view(staff, "aria", None, 50).await.unwrap();
-    let subjects: Vec<(Uuid, String)> = page
-        .rows
-        .iter()
-        .map(|r| (r.subject_id, r.event_kind.clone()))
-        .collect();
-    assert_eq!(
-        subjects,
-        vec![
-            (a_char, "track".to_string()),
-            (a, "tier_changed".to_string()),
-            (a_char, "created".to_string())
-        ]
-    );
-    assert!(
-        page.rows.iter().all(|r| r.subject_id != b),
-        "nothing of another account"
-    );
-    // The self view never includes account rows.
-    let own = reader.self_view(a_char, None, 50).await.unwrap();
-    assert!(own.rows.iter().all(|r| r.subject_type == "character"));
-    assert!(matches!(
-        reader.staff_view(staff, "nobody", None, 10).await,
-        Err(AuditReadError::NotFound(_))
-    ));
+    for driver in Driver::ALL {
+        let scene = Scene::new(&pool, driver).await;
+        let accounts = accounts(&scene);
+        let (a, a_char) = account_with_character(&accounts, "Aria").await;
+        let (b, _) = account_with_character(&accounts, "Bran").await;
+        accounts
+            .change_tier(a, Tier::Moderator, None)
+            .await
+            .unwrap();
+        accounts.change_tier(b, Tier::Admin, None).await.unwrap();
+        scene
+            .stores
+            .audit
+            .record(&[AuditEvent::track(a_char, "smithing", 1)])
+            .await
+            .unwrap();
+        let reader = AuditReader::new(scene.stores.audit.clone(), StaffReadLimit::default());
+        let staff = Viewer {
+            account_id: Uuid::now_v7(),
+            tier: Tier::Admin,
+        };
+        let page = reader.staff_view(staff, "aria", None, 50).await.unwrap();
+        let subjects: Vec<(Uuid, String)> = page
+            .rows
+            .iter()
+            .map(|r| (r.subject_id, r.event_kind.clone()))
+            .collect();
+        assert_eq!(
+            subjects,
+            vec![
+                (a_char, "track".to_string()),
+                (a, "tier_changed".to_string()),
+                (a_char, "created".to_string())
+            ]
+        );
+        assert!(
+            page.rows.iter().all(|r| r.subject_id != b),
+            "nothing of another account"
+        );
+        // The self view never includes account rows.
+        let own = reader.self_view(a_char, None, 50).await.unwrap();
+        assert!(own.rows.iter().all(|r| r.subject_type == "character"));
+        assert!(matches!(
+            reader.staff_view(staff, "nobody", None, 10).await,
+            Err(AuditReadError::NotFound(_))
+        ));
+    }
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn non_staff_are_refused_before_any_store_call(pool: PgPool) {
-    let pg = shardkeep_testkit::pg(&pool);
-    let closed = AuditStore::new(pg.clone());
-    pg.close().await;
-    let reader = AuditReader::new(closed, StaffReadLimit::default());
-    let player = Viewer {
-        account_id: Uuid::now_v7(),
-        tier: Tier::Player,
-    };
-    assert!(matches!(
-        reader.staff_view(player, "aria", None, 10).await,
-        Err(AuditReadError::Forbidden)
-    ));
-    // The same call by staff does reach the (closed) store: the refusal came first.
-    let staff = Viewer {
-        account_id: Uuid::now_v7(),
-        tier: Tier::Moderator,
-    };
-    assert!(matches!(
-        reader.staff_view(staff, "aria", None, 10).await,
-        Err(AuditReadError::Database(_))
-    ));
+    for driver in Driver::ALL {
+        let scene = Scene::new(&pool, driver).await;
+        let closed = match &scene.rows {
+            JobDriver::Postgres(pool) => {
+                let pg = shardkeep_testkit::pg(pool);
+                pg.close().await;
+                AuditStore::new(pg)
+            }
+            JobDriver::Embedded(db) => {
+                db.close().await;
+                AuditStore::embedded(db.clone())
+            }
+        };
+        let reader = AuditReader::new(closed, StaffReadLimit::default());
+        let player = Viewer {
+            account_id: Uuid::now_v7(),
+            tier: Tier::Player,
+        };
+        assert!(matches!(
+            reader.staff_view(player, "aria", None, 10).await,
+            Err(AuditReadError::Forbidden)
+        ));
+        // The same call by staff does reach the (closed) store: the refusal came first.
+        let staff = Viewer {
+            account_id: Uuid::now_v7(),
+            tier: Tier::Moderator,
+        };
+        assert!(matches!(
+            reader.staff_view(staff, "aria", None, 10).await,
+            Err(AuditReadError::Database(_))
+        ));
+    }
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn staff_reads_are_rate_limited(pool: PgPool) {
-    let accounts = AccountStore::new(shardkeep_testkit::pg(&pool));
-    account_with_character(&accounts, "Aria").await;
-    let reader = AuditReader::new(
-        store(&pool),
-        StaffReadLimit::new(2, Duration::from_secs(60)),
-    );
-    let staff = Viewer {
-        account_id: Uuid::now_v7(),
-        tier: Tier::Admin,
-    };
-    reader.staff_view(staff, "Aria", None, 10).await.unwrap();
-    reader.staff_view(staff, "Aria", None, 10).await.unwrap();
-    assert!(matches!(
-        reader.staff_view(staff, "Aria", None, 10).await,
-        Err(AuditReadError::RateLimited { .. })
-    ));
+    for driver in Driver::ALL {
+        let scene = Scene::new(&pool, driver).await;
+        let accounts = accounts(&scene);
+        account_with_character(&accounts, "Aria").await;
+        let reader = AuditReader::new(
+            scene.stores.audit.clone(),
+            StaffReadLimit::new(2, Duration::from_secs(60)),
+        );
+        let staff = Viewer {
+            account_id: Uuid::now_v7(),
+            tier: Tier::Admin,
+        };
+        reader.staff_view(staff, "Aria", None, 10).await.unwrap();
+        reader.staff_view(staff, "Aria", None, 10).await.unwrap();
+        assert!(matches!(
+            reader.staff_view(staff, "Aria", None, 10).await,
+            Err(AuditReadError::RateLimited { .. })
+        ));
+    }
 }

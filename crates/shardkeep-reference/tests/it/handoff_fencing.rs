@@ -11,6 +11,7 @@ use shardkeep_reference::shard::{Arrival, WalkOutcome};
 use shardkeep_testkit::TestRedis;
 use sqlx::PgPool;
 
+use crate::scene::{Driver, Scene};
 use crate::support::{Stores, boot, login};
 
 const BARRIER: Duration = Duration::from_secs(5);
@@ -160,26 +161,31 @@ fn a_payload_whose_stated_epoch_is_not_its_snapshots_is_refused() {
 /// the player are caught up before the dump, as they are for every save.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_handoff_carries_the_timers_as_of_the_current_pulse(pool: PgPool) {
-    let redis = TestRedis::new().await;
-    let stores = Stores::new(&pool, redis.backend());
-    let id = stores.new_character("Aria").await;
-    let mut source = boot(&stores, "shard-a", &[0], 2);
-    login(&stores, &mut source, id, "s1").await;
-    source.player_mut(id).unwrap().character.affects.push(
-        shardkeep_reference::game::state::Affect {
-            name: "haste".into(),
-            remaining_pulses: 100,
-            attribute_mods: Default::default(),
-            pool_mods: Default::default(),
-        },
-    );
-    for _ in 0..5 {
-        source.tick();
+    for driver in Driver::ALL {
+        let Scene {
+            stores,
+            keep: _keep,
+            ..
+        } = Scene::new(&pool, driver).await;
+        let id = stores.new_character("Aria").await;
+        let mut source = boot(&stores, "shard-a", &[0], 2);
+        login(&stores, &mut source, id, "s1").await;
+        source.player_mut(id).unwrap().character.affects.push(
+            shardkeep_reference::game::state::Affect {
+                name: "haste".into(),
+                remaining_pulses: 100,
+                attribute_mods: Default::default(),
+                pool_mods: Default::default(),
+            },
+        );
+        for _ in 0..5 {
+            source.tick();
+        }
+        let WalkOutcome::Handoff(handoff) = source.walk(id, "east").unwrap() else {
+            panic!("zone-1 belongs to another shard");
+        };
+        let affects = &handoff.snapshot.state["affects"];
+        assert_eq!(affects[0]["name"], "haste");
+        assert_eq!(affects[0]["remaining_pulses"], 95, "{affects}");
     }
-    let WalkOutcome::Handoff(handoff) = source.walk(id, "east").unwrap() else {
-        panic!("zone-1 belongs to another shard");
-    };
-    let affects = &handoff.snapshot.state["affects"];
-    assert_eq!(affects[0]["name"], "haste");
-    assert_eq!(affects[0]["remaining_pulses"], 95, "{affects}");
 }

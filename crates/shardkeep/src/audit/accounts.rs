@@ -5,7 +5,7 @@ use uuid::Uuid;
 
 use super::event::{AuditEvent, SubjectType};
 use super::store::insert_many;
-use crate::backend::PostgresBackend;
+use crate::backend::{PostgresBackend, SqliteBackend};
 use crate::character::{CharacterStore, NewCharacter, StoreError};
 
 /// An account's tier.
@@ -46,29 +46,51 @@ impl Tier {
 /// Handle on account operations. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct AccountStore {
-    pg: PostgresBackend,
+    driver: Driver,
+}
+
+/// Where accounts are kept.
+#[derive(Debug, Clone)]
+enum Driver {
+    Postgres(PostgresBackend),
+    Embedded(SqliteBackend),
 }
 
 impl AccountStore {
     /// Accounts over `pg`.
     pub fn new(pg: PostgresBackend) -> Self {
-        Self { pg }
+        Self {
+            driver: Driver::Postgres(pg),
+        }
+    }
+
+    /// Accounts in the embedded store's file.
+    pub fn embedded(db: SqliteBackend) -> Self {
+        Self {
+            driver: Driver::Embedded(db),
+        }
     }
 
     /// Creates an account and its `created` audit row, together.
     pub async fn create_account(&self, account_id: Uuid, tier: Tier) -> Result<(), StoreError> {
-        let mut tx = self.pg.begin().await?;
-        sqlx::query("INSERT INTO accounts (id, tier) VALUES ($1, $2)")
-            .bind(account_id)
-            .bind(tier.as_str())
-            .execute(&mut *tx)
-            .await?;
         let event = AuditEvent::created(
             SubjectType::Account,
             account_id,
             None,
             serde_json::json!({ "tier": tier.as_str() }),
         );
+        let pg = match &self.driver {
+            Driver::Postgres(pg) => pg,
+            Driver::Embedded(db) => {
+                return embedded::create_account(db, account_id, tier, event).await;
+            }
+        };
+        let mut tx = pg.begin().await?;
+        sqlx::query("INSERT INTO accounts (id, tier) VALUES ($1, $2)")
+            .bind(account_id)
+            .bind(tier.as_str())
+            .execute(&mut *tx)
+            .await?;
         insert_many(&mut tx, &[event]).await?;
         tx.commit().await?;
         Ok(())
@@ -80,14 +102,18 @@ impl AccountStore {
         new: &NewCharacter,
         actor_id: Option<Uuid>,
     ) -> Result<(), StoreError> {
-        let mut tx = self.pg.begin().await?;
-        CharacterStore::create_in(&mut tx, new).await?;
         let event = AuditEvent::created(
             SubjectType::Character,
             new.character_id,
             actor_id,
             serde_json::json!({ "name": new.name.trim(), "account_id": new.account_id }),
         );
+        let pg = match &self.driver {
+            Driver::Postgres(pg) => pg,
+            Driver::Embedded(db) => return embedded::create_character(db, new, event).await,
+        };
+        let mut tx = pg.begin().await?;
+        CharacterStore::create_in(&mut tx, new).await?;
         insert_many(&mut tx, &[event]).await?;
         tx.commit().await?;
         Ok(())
@@ -101,7 +127,13 @@ impl AccountStore {
         to: Tier,
         actor_id: Option<Uuid>,
     ) -> Result<Uuid, StoreError> {
-        let mut tx = self.pg.begin().await?;
+        let pg = match &self.driver {
+            Driver::Postgres(pg) => pg,
+            Driver::Embedded(db) => {
+                return embedded::change_tier(db, account_id, to, actor_id).await;
+            }
+        };
+        let mut tx = pg.begin().await?;
         let from: Option<String> =
             sqlx::query_scalar("SELECT tier FROM accounts WHERE id = $1 FOR UPDATE")
                 .bind(account_id)
@@ -124,13 +156,111 @@ impl AccountStore {
         .bind(actor_id)
         .execute(&mut *tx)
         .await?;
-        let event = AuditEvent::tier_changed(
-            account_id,
-            change_id,
-            actor_id,
-            serde_json::json!({ "from": from, "to": to.as_str() }),
-        );
-        insert_many(&mut tx, &[event]).await?;
+        insert_many(
+            &mut tx,
+            &[tier_changed(account_id, change_id, actor_id, &from, to)],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(change_id)
+    }
+}
+
+/// The audit row of a tier change, keyed by the role change's id.
+fn tier_changed(
+    account_id: Uuid,
+    change_id: Uuid,
+    actor_id: Option<Uuid>,
+    from: &str,
+    to: Tier,
+) -> AuditEvent {
+    AuditEvent::tier_changed(
+        account_id,
+        change_id,
+        actor_id,
+        serde_json::json!({ "from": from, "to": to.as_str() }),
+    )
+}
+
+/// The account operations on the embedded store: each in one write transaction of the file.
+mod embedded {
+    use chrono::Utc;
+    use uuid::Uuid;
+
+    use super::{Tier, tier_changed};
+    use crate::audit::event::AuditEvent;
+    use crate::audit::store_sqlite::insert_on;
+    use crate::backend::SqliteBackend;
+    use crate::character::{CharacterStore, NewCharacter, StoreError};
+
+    pub(super) async fn create_account(
+        db: &SqliteBackend,
+        account_id: Uuid,
+        tier: Tier,
+        event: AuditEvent,
+    ) -> Result<(), StoreError> {
+        let mut tx = db.begin().await?;
+        let now = Utc::now().timestamp_micros();
+        sqlx::query("INSERT INTO accounts (id, tier, created_at) VALUES (?1, ?2, ?3)")
+            .bind(account_id)
+            .bind(tier.as_str())
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        insert_on(&mut tx, &[event], now).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub(super) async fn create_character(
+        db: &SqliteBackend,
+        new: &NewCharacter,
+        event: AuditEvent,
+    ) -> Result<(), StoreError> {
+        let mut tx = db.begin().await?;
+        let now = Utc::now().timestamp_micros();
+        CharacterStore::create_embedded_on(&mut tx, now, new).await?;
+        insert_on(&mut tx, &[event], now).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub(super) async fn change_tier(
+        db: &SqliteBackend,
+        account_id: Uuid,
+        to: Tier,
+        actor_id: Option<Uuid>,
+    ) -> Result<Uuid, StoreError> {
+        // The write transaction holds the file's one write lock: no other change of the tier
+        // reads in between, as the row lock does on Postgres.
+        let mut tx = db.begin().await?;
+        let from: Option<String> = sqlx::query_scalar("SELECT tier FROM accounts WHERE id = ?1")
+            .bind(account_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let from = from.ok_or(StoreError::NotFound(account_id))?;
+        let change_id = Uuid::now_v7();
+        let now = Utc::now().timestamp_micros();
+        sqlx::query("UPDATE accounts SET tier = ?2 WHERE id = ?1")
+            .bind(account_id)
+            .bind(to.as_str())
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO account_role_changes
+                 (id, account_id, from_tier, to_tier, actor_id, changed_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )
+        .bind(change_id)
+        .bind(account_id)
+        .bind(&from)
+        .bind(to.as_str())
+        .bind(actor_id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        let event = tier_changed(account_id, change_id, actor_id, &from, to);
+        insert_on(&mut tx, &[event], now).await?;
         tx.commit().await?;
         Ok(change_id)
     }

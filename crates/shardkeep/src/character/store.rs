@@ -585,6 +585,17 @@ impl CharacterStore {
         Ok(conn.finish().await?)
     }
 
+    /// Creates a character on `conn` of the embedded store (inside the caller's write
+    /// transaction), stamped `now` (microseconds).
+    pub(crate) async fn create_embedded_on(
+        conn: &mut sqlx::SqliteConnection,
+        now: i64,
+        new: &NewCharacter,
+    ) -> Result<(), StoreError> {
+        check_name(&new.name)?;
+        embedded::create_on(conn, now, new).await
+    }
+
     /// Creates a character on `conn` (inside the caller's transaction, when it has one).
     pub(crate) async fn create_in(
         conn: &mut sqlx::PgConnection,

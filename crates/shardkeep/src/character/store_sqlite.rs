@@ -94,10 +94,21 @@ pub(super) async fn create(
     clock: &dyn Clock,
     new: &NewCharacter,
 ) -> Result<(), StoreError> {
+    let mut tx = db.begin().await?;
+    create_on(&mut tx, micros(clock), new).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Creates a character at version 0 and epoch 0 on `conn` (inside the caller's write
+/// transaction), stamped `now` (microseconds).
+pub(super) async fn create_on(
+    conn: &mut sqlx::SqliteConnection,
+    now: i64,
+    new: &NewCharacter,
+) -> Result<(), StoreError> {
     let name = new.name.trim();
     let zone_ref = new.zone_ref.as_deref().filter(|z| !z.is_empty());
-    let mut tx = db.begin().await?;
-    let now = micros(clock);
     sqlx::query(
         "INSERT INTO characters (id, account_id, name, name_key, zone_ref, room_ref, state,
                                  chargen, schema_version, created_at, updated_at)
@@ -113,7 +124,7 @@ pub(super) async fn create(
     .bind(chargen_text(new.chargen.as_ref()))
     .bind(i32::try_from(new.schema_version.max(1)).unwrap_or(i32::MAX))
     .bind(now)
-    .execute(&mut *tx)
+    .execute(&mut *conn)
     .await
     .map_err(|e| match &e {
         sqlx::Error::Database(db) if db.is_unique_violation() && db.message().contains("name") => {
@@ -121,7 +132,6 @@ pub(super) async fn create(
         }
         _ => StoreError::Database(e),
     })?;
-    tx.commit().await?;
     Ok(())
 }
 
