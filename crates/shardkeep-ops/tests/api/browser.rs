@@ -312,7 +312,8 @@ async fn an_operator_logs_in_lists_and_requeues_in_a_browser(pool: PgPool) {
     run.await;
     browser.close().await.unwrap();
     assert_eq!(
-        crate::support::count(&pool, "SELECT count(*) FROM persistence_retry_jobs").await,
+        app.count("SELECT count(*) FROM persistence_retry_jobs")
+            .await,
         1
     );
     assert_eq!(app.state.journal.queue().depths().await.unwrap().pending, 1);

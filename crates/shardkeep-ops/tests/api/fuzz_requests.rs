@@ -50,7 +50,7 @@ async fn stores(app: &TestApp, allowed: Allowed) -> Stores {
         "SELECT table_name::text FROM information_schema.tables
           WHERE table_schema = 'public' AND table_type = 'BASE TABLE' ORDER BY 1",
     )
-    .fetch_all(app.pg.exec())
+    .fetch_all(app.pg().exec())
     .await
     .unwrap();
     let mut tables = BTreeMap::new();
@@ -60,14 +60,14 @@ async fn stores(app: &TestApp, allowed: Allowed) -> Stores {
                FROM \"{table}\" t"
         );
         let print: String = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .fetch_one(app.pg.exec())
+            .fetch_one(app.pg().exec())
             .await
             .unwrap();
         tables.insert(table, print);
     }
     let mut redis = BTreeMap::new();
-    let mut conn = app.redis.raw().await;
-    for key in app.redis.all_keys().await {
+    let mut conn = app.redis().raw().await;
+    for key in app.redis().all_keys().await {
         let by_design = key.contains(":nonce:") || key.contains(":login:throttle:");
         if by_design && allowed == Allowed::NoncesAndThrottles {
             continue;

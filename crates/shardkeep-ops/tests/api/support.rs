@@ -11,7 +11,7 @@ use shardkeep::journal::SessionJournal;
 use shardkeep::queue::WorkQueueConfig;
 use shardkeep::retry::{
     IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
-    RetryWorker, RetryWorkerConfig,
+    RetryWorkerConfig,
 };
 use shardkeep_ops::client::SignedClient;
 use shardkeep_ops::signing::{
@@ -19,7 +19,7 @@ use shardkeep_ops::signing::{
     new_nonce, sign,
 };
 use shardkeep_ops::{ApiSettings, AppState};
-use shardkeep_testkit::TestRedis;
+use shardkeep_testkit::{JobDriver, TestRedis, TestSqlite};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -32,10 +32,10 @@ pub(crate) struct TestApp {
     pub(crate) client: SignedClient,
     pub(crate) http: reqwest::Client,
     pub(crate) state: AppState,
-    /// Postgres, for reading and writing rows underneath the API.
-    pub(crate) pg: shardkeep::PostgresBackend,
-    /// Kept alive so the namespace is removed when the test ends.
-    pub(crate) redis: TestRedis,
+    /// The rows underneath the API (Postgres, or the embedded file), to read and write.
+    pub(crate) rows: JobDriver,
+    /// Kept alive so the namespace (or the file) is removed when the test ends.
+    keep: Keep,
     pub(crate) signals: Option<shardkeep::retry::RetrySignals>,
     /// Stops the server when the test ends (see [`Served`]).
     _server: Served,
@@ -48,15 +48,85 @@ fn metrics_handle() -> metrics_exporter_prometheus::PrometheusHandle {
         .clone()
 }
 
+/// Which stores an app serves.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Driver {
+    /// Postgres and Redis.
+    Servers,
+    /// One embedded file.
+    Embedded,
+}
+
+impl Driver {
+    /// Every driver, in the order the tests run them.
+    pub(crate) const ALL: [Driver; 2] = [Driver::Servers, Driver::Embedded];
+}
+
+/// What keeps an app's stores alive (the servers' handles are read by servers-only tests).
+enum Keep {
+    Servers {
+        pg: shardkeep::PostgresBackend,
+        redis: TestRedis,
+    },
+    File(#[allow(dead_code)] TestSqlite),
+}
+
+impl TestApp {
+    /// Postgres underneath a servers app (for tests that run on the servers only).
+    pub(crate) fn pg(&self) -> &shardkeep::PostgresBackend {
+        match &self.keep {
+            Keep::Servers { pg, .. } => pg,
+            Keep::File(_) => panic!("an embedded app has no Postgres"),
+        }
+    }
+
+    /// The Redis namespace underneath a servers app (for tests that run on the servers only).
+    pub(crate) fn redis(&self) -> &TestRedis {
+        match &self.keep {
+            Keep::Servers { redis, .. } => redis,
+            Keep::File(_) => panic!("an embedded app has no Redis"),
+        }
+    }
+
+    /// The audit trail underneath the app.
+    pub(crate) fn audit_store(&self) -> AuditStore {
+        match &self.rows {
+            JobDriver::Postgres(pool) => AuditStore::new(shardkeep_testkit::pg(pool)),
+            JobDriver::Embedded(db) => AuditStore::embedded(db.clone()),
+        }
+    }
+
+    /// The accounts underneath the app.
+    pub(crate) fn accounts(&self) -> shardkeep::audit::AccountStore {
+        match &self.rows {
+            JobDriver::Postgres(pool) => {
+                shardkeep::audit::AccountStore::new(shardkeep_testkit::pg(pool))
+            }
+            JobDriver::Embedded(db) => shardkeep::audit::AccountStore::embedded(db.clone()),
+        }
+    }
+
+    /// The one number `sql` (Postgres's dialect, as [`JobDriver::fetch_one`] reads it) counts.
+    pub(crate) async fn count(&self, sql: &str) -> i64 {
+        self.rows.fetch_one::<(i64,)>(sql, None).await.0
+    }
+}
+
+/// The settings every test app starts from: the console has a password.
+fn default_settings() -> ApiSettings {
+    ApiSettings {
+        console_password: Some(PASSWORD.into()),
+        ..ApiSettings::default()
+    }
+}
+
 pub(crate) async fn spawn_app(pool: PgPool) -> TestApp {
-    spawn_app_with(
-        pool,
-        ApiSettings {
-            console_password: Some(PASSWORD.into()),
-            ..ApiSettings::default()
-        },
-    )
-    .await
+    spawn_app_with(pool, default_settings()).await
+}
+
+/// An app over fresh stores of `driver` (Postgres: the test's database `pool`).
+pub(crate) async fn spawn_app_on(pool: PgPool, driver: Driver) -> TestApp {
+    spawn_app_of(pool, driver, default_settings()).await
 }
 
 /// An app served on a free port. Dropping it stops the accept loop, so the state it holds (and
@@ -90,26 +160,77 @@ pub(crate) async fn serve(state: AppState) -> Served {
 }
 
 pub(crate) async fn spawn_app_with(pool: PgPool, settings: ApiSettings) -> TestApp {
-    let redis = TestRedis::new().await;
-    let pg = shardkeep_testkit::pg(&pool);
-    let (retry, signals) = RetryQueue::new(pg.clone(), 64, Arc::new(SystemClock));
-    let journal = SessionJournal::new(
-        redis.backend(),
-        WorkQueueConfig {
-            max_attempts: 1,
-            ..WorkQueueConfig::default()
-        },
-    )
-    .unwrap();
+    spawn_app_of(pool, Driver::Servers, settings).await
+}
+
+/// An app over fresh stores of `driver` with `settings`: the journal allows one attempt, no
+/// worker runs (the test drives them).
+pub(crate) async fn spawn_app_of(pool: PgPool, driver: Driver, settings: ApiSettings) -> TestApp {
+    let journal_config = WorkQueueConfig {
+        max_attempts: 1,
+        ..WorkQueueConfig::default()
+    };
+    let clock: Arc<dyn shardkeep::clock::Clock> = Arc::new(SystemClock);
+    let (retry, signals, journal, coord, stores, rows, keep) = match driver {
+        Driver::Servers => {
+            let redis = TestRedis::new().await;
+            let pg = shardkeep_testkit::pg(&pool);
+            let (retry, signals) = RetryQueue::new(pg.clone(), 64, clock);
+            let journal = SessionJournal::new(redis.backend(), journal_config).unwrap();
+            let stores = shardkeep::Stores::Servers {
+                pg: pg.clone(),
+                redis: redis.backend(),
+            };
+            let coord = redis.coordination();
+            let rows = JobDriver::Postgres(pool.clone());
+            (
+                retry,
+                signals,
+                journal,
+                coord,
+                stores,
+                rows,
+                Keep::Servers { pg, redis },
+            )
+        }
+        Driver::Embedded => {
+            let sqlite = TestSqlite::new().await;
+            let db = sqlite.backend();
+            let keys = shardkeep::Keyspace::new(&format!("t-{}", Uuid::now_v7().simple()))
+                .expect("a test namespace");
+            let (retry, signals) = RetryQueue::embedded(db.clone(), 64, Arc::clone(&clock));
+            let journal =
+                SessionJournal::embedded(db.clone(), &keys, journal_config, Arc::clone(&clock))
+                    .unwrap();
+            let coord = shardkeep::coord::Coordination::embedded(
+                db.clone(),
+                keys,
+                shardkeep::coord::CoordinationConfig::default(),
+                clock,
+            );
+            let rows = JobDriver::Embedded(db.clone());
+            let stores = shardkeep::Stores::Embedded(db);
+            (
+                retry,
+                signals,
+                journal,
+                coord,
+                stores,
+                rows,
+                Keep::File(sqlite),
+            )
+        }
+    };
+    let audit = match &rows {
+        JobDriver::Postgres(pool) => AuditStore::new(shardkeep_testkit::pg(pool)),
+        JobDriver::Embedded(db) => AuditStore::embedded(db.clone()),
+    };
     let state = AppState {
         retry,
         journal,
-        coord: redis.coordination(),
-        audit: AuditReader::new(AuditStore::new(pg.clone()), StaffReadLimit::default()),
-        stores: shardkeep::Stores::Servers {
-            pg: pg.clone(),
-            redis: redis.backend(),
-        },
+        coord,
+        audit: AuditReader::new(audit, StaffReadLimit::default()),
+        stores,
         keys: Arc::new(InternalKeys::parse(KEYS).unwrap()),
         settings: Arc::new(settings),
         metrics: Some(metrics_handle()),
@@ -121,8 +242,8 @@ pub(crate) async fn spawn_app_with(pool: PgPool, settings: ApiSettings) -> TestA
         http: reqwest::Client::new(),
         base: server.base.clone(),
         state,
-        pg,
-        redis,
+        rows,
+        keep,
         signals: Some(signals),
         _server: server,
     }
@@ -220,9 +341,8 @@ pub(crate) async fn retry_dead_letter(app: &mut TestApp) -> Uuid {
     let signals = app
         .signals
         .take()
-        .unwrap_or_else(|| RetryQueue::new(app.pg.clone(), 1, Arc::new(SystemClock)).1);
-    let mut worker = RetryWorker::new(
-        app.pg.clone(),
+        .unwrap_or_else(|| app.rows.queue(1, Arc::new(SystemClock)).1);
+    let mut worker = app.rows.worker_for(
         shardkeep_testkit::model::LedgerModel::handle(),
         signals,
         config,
@@ -241,10 +361,6 @@ pub(crate) async fn retry_dead_letter(app: &mut TestApp) -> Uuid {
         .find(|l| l.retry_job_id == job.retry_job_id())
         .unwrap()
         .dead_letter_id
-}
-
-pub(crate) async fn count(pool: &PgPool, sql: &'static str) -> i64 {
-    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
 /// A stream-close cleanup of a character named Aria for session `token`.
@@ -292,7 +408,7 @@ pub(crate) async fn journal_dead_letter(app: &TestApp, token: &str) -> Uuid {
 /// saver queue, and an audit batch.
 pub(crate) async fn saver_and_auditor_workload(app: &TestApp) {
     use shardkeep::audit::{AuditEvent, Auditor, AuditorConfig};
-    use shardkeep::character::{CharacterSnapshot, CharacterStore, NewCharacter};
+    use shardkeep::character::{CharacterSnapshot, NewCharacter};
     use shardkeep::saver::{SaveFeedback, SaveReason, Saver, SaverConfig, SaverEvent, SaverSinks};
     struct Quiet;
     impl SaveFeedback for Quiet {
@@ -301,7 +417,7 @@ pub(crate) async fn saver_and_auditor_workload(app: &TestApp) {
             true
         }
     }
-    let store = CharacterStore::new(app.pg.clone());
+    let store = app.rows.characters();
     let id = Uuid::now_v7();
     store
         .create(&NewCharacter {
@@ -338,11 +454,7 @@ pub(crate) async fn saver_and_auditor_workload(app: &TestApp) {
     saver.barrier(std::time::Duration::from_secs(5)).await;
     // The crash-window gauge, as a shard exports it for its residents.
     saver.landed().export("metrics-shard", &[id]);
-    let auditor = Auditor::spawn(
-        AuditStore::new(app.pg.clone()),
-        AuditorConfig::default(),
-        cancel.clone(),
-    );
+    let auditor = Auditor::spawn(app.audit_store(), AuditorConfig::default(), cancel.clone());
     auditor.emit(AuditEvent::track(id, "metrics", 1));
     auditor.barrier(std::time::Duration::from_secs(5)).await;
     cancel.cancel();
