@@ -10,179 +10,198 @@ use shardkeep_ops::contract::{
 };
 use sqlx::PgPool;
 
-use crate::support::{SECRET, journal_dead_letter, retry_dead_letter, spawn_app};
+use crate::support::{
+    Driver, SECRET, journal_dead_letter, retry_dead_letter, spawn_app, spawn_app_on,
+};
 
 const RETRY: &str = "/v1/internal/persistence-retry/dead-letters";
 const JOURNAL: &str = "/v1/internal/session-lifecycle-journal/dead-letters";
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_dead_letter_shows_its_payload_and_every_check(pool: PgPool) {
-    let mut app = spawn_app(pool).await;
-    let retry_id = retry_dead_letter(&mut app).await;
-    let journal_id = journal_dead_letter(&app, "s-op").await;
-    app.state
-        .coord
-        .session_activate("s-op", shardkeep::Ttl::from_secs(60).unwrap())
-        .await
-        .unwrap();
-
-    let retry: RetryDeadLetterDetail = app
-        .client
-        .get(&format!("{RETRY}/{retry_id}"))
-        .await
-        .unwrap();
-    assert_eq!(retry.dead_letter.dead_letter_id, retry_id);
-    assert_eq!(retry.payload["room"], "r0");
-    assert_eq!(retry.checks.session_impact, "none");
-    assert_eq!(retry.checks.session_token.as_deref(), Some("session-9"));
-    assert!(!retry.checks.session_active_again);
-    assert_eq!(retry.checks.deletes_resume_ledger, Some(false));
-    assert_eq!(retry.checks.transfer_already_confirmed, Some(false));
-
-    let journal: JournalDeadLetterDetail = app
-        .client
-        .get(&format!("{JOURNAL}/{journal_id}"))
-        .await
-        .unwrap();
-    assert_eq!(journal.payload["player"]["character_name"], "Aria");
-    assert!(journal.checks.session_active_again);
-    assert_eq!(journal.checks.deletes_resume_ledger, Some(true));
-    assert_eq!(journal.checks.transfer_already_confirmed, Some(false));
-    let list: JournalDeadLetterList = app.client.get(JOURNAL).await.unwrap();
-    assert_eq!(
-        list.dead_letters[0].plan.as_deref(),
-        Some("permanent_removal")
-    );
-    assert_eq!(list.dead_letters[0].transfer_confirmed, Some(false));
-
-    let by_name: JournalDeadLetterList = app
-        .client
-        .get(&format!("{JOURNAL}?character=ARIA"))
-        .await
-        .unwrap();
-    assert_eq!(by_name.dead_letters.len(), 1);
-    let none: RetryDeadLetterList = app
-        .client
-        .get(&format!("{RETRY}?character={}", uuid::Uuid::now_v7()))
-        .await
-        .unwrap();
-    assert!(none.dead_letters.is_empty());
-    let skipped: RetryDeadLetterList = app.client.get(&format!("{RETRY}?offset=1")).await.unwrap();
-    assert!(skipped.dead_letters.is_empty());
-
-    for (path, code) in [
-        (format!("{RETRY}/not-a-uuid"), "invalid_dead_letter_id"),
-        (format!("{JOURNAL}/{}", uuid::Uuid::now_v7()), "not_found"),
-        (format!("{RETRY}/{}", uuid::Uuid::now_v7()), "not_found"),
-        (format!("{RETRY}?offset=-1"), "invalid_offset"),
-    ] {
-        let err = app
-            .client
-            .get::<serde_json::Value>(&path)
+    for driver in Driver::ALL {
+        let mut app = spawn_app_on(pool.clone(), driver).await;
+        let retry_id = retry_dead_letter(&mut app).await;
+        let journal_id = journal_dead_letter(&app, "s-op").await;
+        app.state
+            .coord
+            .session_activate("s-op", shardkeep::Ttl::from_secs(60).unwrap())
             .await
-            .unwrap_err();
-        assert!(err.to_string().starts_with(code), "{path}: {err}");
+            .unwrap();
+
+        let retry: RetryDeadLetterDetail = app
+            .client
+            .get(&format!("{RETRY}/{retry_id}"))
+            .await
+            .unwrap();
+        assert_eq!(retry.dead_letter.dead_letter_id, retry_id);
+        assert_eq!(retry.payload["room"], "r0");
+        assert_eq!(retry.checks.session_impact, "none");
+        assert_eq!(retry.checks.session_token.as_deref(), Some("session-9"));
+        assert!(!retry.checks.session_active_again);
+        assert_eq!(retry.checks.deletes_resume_ledger, Some(false));
+        assert_eq!(retry.checks.transfer_already_confirmed, Some(false));
+
+        let journal: JournalDeadLetterDetail = app
+            .client
+            .get(&format!("{JOURNAL}/{journal_id}"))
+            .await
+            .unwrap();
+        assert_eq!(journal.payload["player"]["character_name"], "Aria");
+        assert!(journal.checks.session_active_again);
+        assert_eq!(journal.checks.deletes_resume_ledger, Some(true));
+        assert_eq!(journal.checks.transfer_already_confirmed, Some(false));
+        let list: JournalDeadLetterList = app.client.get(JOURNAL).await.unwrap();
+        assert_eq!(
+            list.dead_letters[0].plan.as_deref(),
+            Some("permanent_removal")
+        );
+        assert_eq!(list.dead_letters[0].transfer_confirmed, Some(false));
+
+        let by_name: JournalDeadLetterList = app
+            .client
+            .get(&format!("{JOURNAL}?character=ARIA"))
+            .await
+            .unwrap();
+        assert_eq!(by_name.dead_letters.len(), 1);
+        let none: RetryDeadLetterList = app
+            .client
+            .get(&format!("{RETRY}?character={}", uuid::Uuid::now_v7()))
+            .await
+            .unwrap();
+        assert!(none.dead_letters.is_empty());
+        let skipped: RetryDeadLetterList =
+            app.client.get(&format!("{RETRY}?offset=1")).await.unwrap();
+        assert!(skipped.dead_letters.is_empty());
+
+        for (path, code) in [
+            (format!("{RETRY}/not-a-uuid"), "invalid_dead_letter_id"),
+            (format!("{JOURNAL}/{}", uuid::Uuid::now_v7()), "not_found"),
+            (format!("{RETRY}/{}", uuid::Uuid::now_v7()), "not_found"),
+            (format!("{RETRY}?offset=-1"), "invalid_offset"),
+        ] {
+            let err = app
+                .client
+                .get::<serde_json::Value>(&path)
+                .await
+                .unwrap_err();
+            assert!(err.to_string().starts_with(code), "{path}: {err}");
+        }
     }
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_journal_dead_letter_deep_in_the_list_is_found_and_requeued(pool: PgPool) {
-    let app = spawn_app(pool).await;
-    let oldest = journal_dead_letter(&app, "s-deep").await;
-    // Push it far below the newest 10,000 the old requeue searched.
-    let keys = app
-        .state
-        .coord
-        .keys()
-        .queue(shardkeep::journal::JOURNAL_QUEUE)
-        .unwrap();
-    let mut raw = shardkeep_testkit::redis_backend("raw").await.conn();
-    let filler: Vec<String> = (0..10_500).map(|i| format!("{{\"filler\":{i}}}")).collect();
-    let _: () = redis::cmd("LPUSH")
-        .arg(&keys.dead)
-        .arg(&filler)
-        .query_async(&mut raw)
-        .await
-        .unwrap();
-    let detail: JournalDeadLetterDetail = app
-        .client
-        .get(&format!("{JOURNAL}/{oldest}"))
-        .await
-        .unwrap();
-    assert_eq!(detail.dead_letter.dead_letter_id, oldest);
-    assert!(
-        app.state.journal.requeue(oldest).await.unwrap().is_some(),
-        "any retained dead letter can be requeued"
-    );
+    for driver in Driver::ALL {
+        let app = spawn_app_on(pool.clone(), driver).await;
+        let oldest = journal_dead_letter(&app, "s-deep").await;
+        // Push it far below the newest 10,000 the old requeue searched.
+        let keys = app
+            .state
+            .coord
+            .keys()
+            .queue(shardkeep::journal::JOURNAL_QUEUE)
+            .unwrap();
+        let mut raw = shardkeep_testkit::redis_backend("raw").await.conn();
+        let filler: Vec<String> = (0..10_500).map(|i| format!("{{\"filler\":{i}}}")).collect();
+        let _: () = redis::cmd("LPUSH")
+            .arg(&keys.dead)
+            .arg(&filler)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        let detail: JournalDeadLetterDetail = app
+            .client
+            .get(&format!("{JOURNAL}/{oldest}"))
+            .await
+            .unwrap();
+        assert_eq!(detail.dead_letter.dead_letter_id, oldest);
+        assert!(
+            app.state.journal.requeue(oldest).await.unwrap().is_some(),
+            "any retained dead letter can be requeued"
+        );
+    }
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn retention_bounds_both_kinds_of_dead_letters(pool: PgPool) {
-    let mut app = spawn_app(pool.clone()).await;
-    retry_dead_letter(&mut app).await;
-    let first = journal_dead_letter(&app, "s-r1").await;
-    let second = journal_dead_letter(&app, "s-r2").await;
-    let keep_one = DeadLetterRetention {
-        max_age: std::time::Duration::from_secs(86_400),
-        max_count: 1,
-    };
-    assert_eq!(
-        app.state
-            .journal
-            .dead_letters_prune(keep_one)
-            .await
-            .unwrap(),
-        1
-    );
-    assert!(
-        app.state
-            .journal
-            .queue()
-            .dead_letter(first)
-            .await
-            .unwrap()
-            .is_none()
-    );
-    assert!(
-        app.state
-            .journal
-            .queue()
-            .dead_letter(second)
-            .await
-            .unwrap()
-            .is_some()
-    );
-    let index_len: i64 = redis::cmd("HLEN")
-        .arg(
-            &app.state
-                .coord
-                .keys()
-                .queue(shardkeep::journal::JOURNAL_QUEUE)
-                .unwrap()
-                .dead_index,
-        )
-        .query_async(&mut shardkeep_testkit::redis_backend("raw").await.conn())
-        .await
-        .unwrap();
-    assert_eq!(index_len, 1, "the index is pruned with the list");
-    // By age: a retry dead letter a day and more old goes, the fresh one stays.
-    sqlx::query("UPDATE persistence_job_dead_letters SET failed_at = now() - interval '2 days'")
-        .execute(&pool)
-        .await
-        .unwrap();
-    retry_dead_letter(&mut app).await;
-    let pruned = app
-        .state
-        .retry
-        .dead_letters_prune(DeadLetterRetention {
+    for driver in Driver::ALL {
+        let mut app = spawn_app_on(pool.clone(), driver).await;
+        retry_dead_letter(&mut app).await;
+        let first = journal_dead_letter(&app, "s-r1").await;
+        let second = journal_dead_letter(&app, "s-r2").await;
+        let keep_one = DeadLetterRetention {
             max_age: std::time::Duration::from_secs(86_400),
-            max_count: 100,
-        })
-        .await
-        .unwrap();
-    assert_eq!(pruned, 1);
-    let left: RetryDeadLetterList = app.client.get(RETRY).await.unwrap();
-    assert_eq!(left.active_dead_letters, 1);
+            max_count: 1,
+        };
+        assert_eq!(
+            app.state
+                .journal
+                .dead_letters_prune(keep_one)
+                .await
+                .unwrap(),
+            1
+        );
+        assert!(
+            app.state
+                .journal
+                .queue()
+                .dead_letter(first)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            app.state
+                .journal
+                .queue()
+                .dead_letter(second)
+                .await
+                .unwrap()
+                .is_some()
+        );
+        if let Driver::Servers = driver {
+            // Redis keeps an index hash beside the list (the file's table is its own index).
+            let index_len: i64 = redis::cmd("HLEN")
+                .arg(
+                    &app.state
+                        .coord
+                        .keys()
+                        .queue(shardkeep::journal::JOURNAL_QUEUE)
+                        .unwrap()
+                        .dead_index,
+                )
+                .query_async(&mut shardkeep_testkit::redis_backend("raw").await.conn())
+                .await
+                .unwrap();
+            assert_eq!(index_len, 1, "the index is pruned with the list");
+        }
+        // By age: a retry dead letter a day and more old goes, the fresh one stays.
+        let two_days_ago = match driver {
+            Driver::Servers => "now() - interval '2 days'",
+            Driver::Embedded => "now() - 172800000000",
+        };
+        app.rows
+            .execute(
+                &format!("UPDATE persistence_job_dead_letters SET failed_at = {two_days_ago}"),
+                None,
+            )
+            .await
+            .unwrap();
+        retry_dead_letter(&mut app).await;
+        let pruned = app
+            .state
+            .retry
+            .dead_letters_prune(DeadLetterRetention {
+                max_age: std::time::Duration::from_secs(86_400),
+                max_count: 100,
+            })
+            .await
+            .unwrap();
+        assert_eq!(pruned, 1);
+        let left: RetryDeadLetterList = app.client.get(RETRY).await.unwrap();
+        assert_eq!(left.active_dead_letters, 1);
+    }
 }
 
 #[test]

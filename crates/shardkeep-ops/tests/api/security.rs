@@ -9,7 +9,9 @@ use serde_json::json;
 use shardkeep_ops::ApiSettings;
 use sqlx::PgPool;
 
-use crate::support::{PASSWORD, Raw, TestApp, serve, spawn_app, spawn_app_with};
+use crate::support::{
+    Driver, PASSWORD, Raw, TestApp, serve, spawn_app, spawn_app_of, spawn_app_on, spawn_app_with,
+};
 
 const LIST: &str = "/v1/internal/persistence-retry/dead-letters?limit=1";
 
@@ -23,25 +25,28 @@ fn settings() -> ApiSettings {
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_request_cannot_be_replayed_while_its_timestamp_is_still_accepted(pool: PgPool) {
-    let app = spawn_app_with(
-        pool,
-        ApiSettings {
-            skew_seconds: 1,
-            ..settings()
-        },
-    )
-    .await;
-    // Signed one second ahead: accepted now, and still accepted for up to two seconds more.
-    let mut raw = Raw::new(Method::GET, LIST, b"");
-    raw.timestamp += 1;
-    assert_eq!(raw.send(&app).await.0, 200);
-    tokio::time::sleep(Duration::from_millis(1_300)).await;
-    let (status, body) = raw.send(&app).await;
-    assert_eq!(
-        (status, body["error"]["code"].as_str()),
-        (401, Some("replayed_nonce")),
-        "a replay inside the accepted span must find its nonce"
-    );
+    for driver in Driver::ALL {
+        let app = spawn_app_of(
+            pool.clone(),
+            driver,
+            ApiSettings {
+                skew_seconds: 1,
+                ..settings()
+            },
+        )
+        .await;
+        // Signed one second ahead: accepted now, and still accepted for up to two seconds more.
+        let mut raw = Raw::new(Method::GET, LIST, b"");
+        raw.timestamp += 1;
+        assert_eq!(raw.send(&app).await.0, 200);
+        tokio::time::sleep(Duration::from_millis(1_300)).await;
+        let (status, body) = raw.send(&app).await;
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (401, Some("replayed_nonce")),
+            "a replay inside the accepted span must find its nonce"
+        );
+    }
 }
 
 async fn login_from(app: &TestApp, client: &str, password: &str) -> (u16, String, String) {
@@ -75,52 +80,61 @@ async fn login_at(
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_client_gets_exactly_ten_login_attempts_in_a_window(pool: PgPool) {
-    let app = spawn_app_with(pool, settings()).await;
-    for attempt in 1..=10 {
-        let (status, code, _) = login_from(&app, "10.0.0.1", "guess").await;
-        assert_eq!((status, code.as_str()), (401, "bad_password"), "{attempt}");
+    for driver in Driver::ALL {
+        let app = spawn_app_of(pool.clone(), driver, settings()).await;
+        for attempt in 1..=10 {
+            let (status, code, _) = login_from(&app, "10.0.0.1", "guess").await;
+            assert_eq!((status, code.as_str()), (401, "bad_password"), "{attempt}");
+        }
+        // The eleventh is refused before the password is looked at, even the right one.
+        let (status, code, _) = login_from(&app, "10.0.0.1", PASSWORD).await;
+        assert_eq!((status, code.as_str()), (429, "throttled"));
     }
-    // The eleventh is refused before the password is looked at, even the right one.
-    let (status, code, _) = login_from(&app, "10.0.0.1", PASSWORD).await;
-    assert_eq!((status, code.as_str()), (429, "throttled"));
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn parallel_guesses_cannot_pass_the_limit(pool: PgPool) {
-    let app = spawn_app_with(pool, settings()).await;
-    let guesses = (0..30).map(|_| login_from(&app, "10.0.0.2", "guess"));
-    let answers = futures::future::join_all(guesses).await;
-    let wrong = answers.iter().filter(|a| a.0 == 401).count();
-    let throttled = answers.iter().filter(|a| a.0 == 429).count();
-    assert_eq!((wrong, throttled), (10, 20));
+    for driver in Driver::ALL {
+        let app = spawn_app_of(pool.clone(), driver, settings()).await;
+        let guesses = (0..30).map(|_| login_from(&app, "10.0.0.2", "guess"));
+        let answers = futures::future::join_all(guesses).await;
+        let wrong = answers.iter().filter(|a| a.0 == 401).count();
+        let throttled = answers.iter().filter(|a| a.0 == 429).count();
+        assert_eq!((wrong, throttled), (10, 20));
+    }
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn one_client_guessing_does_not_lock_out_another(pool: PgPool) {
-    let app = spawn_app_with(pool, settings()).await;
-    for _ in 0..11 {
-        login_from(&app, "10.0.0.3", "guess").await;
+    for driver in Driver::ALL {
+        let app = spawn_app_of(pool.clone(), driver, settings()).await;
+        for _ in 0..11 {
+            login_from(&app, "10.0.0.3", "guess").await;
+        }
+        assert_eq!(login_from(&app, "10.0.0.3", PASSWORD).await.0, 429);
+        assert_eq!(login_from(&app, "10.0.0.4", PASSWORD).await.0, 200);
     }
-    assert_eq!(login_from(&app, "10.0.0.3", PASSWORD).await.0, 429);
-    assert_eq!(login_from(&app, "10.0.0.4", PASSWORD).await.0, 200);
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn many_clients_together_meet_a_global_ceiling(pool: PgPool) {
-    let app = spawn_app_with(
-        pool,
-        ApiSettings {
-            console_login_global_limit: 20,
-            ..settings()
-        },
-    )
-    .await;
-    for client in 0..20 {
-        let (status, _, _) = login_from(&app, &format!("10.1.0.{client}"), "guess").await;
-        assert_eq!(status, 401);
+    for driver in Driver::ALL {
+        let app = spawn_app_of(
+            pool.clone(),
+            driver,
+            ApiSettings {
+                console_login_global_limit: 20,
+                ..settings()
+            },
+        )
+        .await;
+        for client in 0..20 {
+            let (status, _, _) = login_from(&app, &format!("10.1.0.{client}"), "guess").await;
+            assert_eq!(status, 401);
+        }
+        let (status, code, _) = login_from(&app, "10.1.1.1", PASSWORD).await;
+        assert_eq!((status, code.as_str()), (429, "throttled"));
     }
-    let (status, code, _) = login_from(&app, "10.1.1.1", PASSWORD).await;
-    assert_eq!((status, code.as_str()), (429, "throttled"));
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
@@ -196,42 +210,44 @@ fn session(cookie: &str) -> String {
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn console_sessions_are_shared_and_logout_ends_them_everywhere(pool: PgPool) {
-    let app = spawn_app(pool).await;
-    let second = serve(app.state.clone()).await;
-    let (status, _, cookie) = login_from(&app, "10.0.0.9", PASSWORD).await;
-    assert_eq!(status, 200);
-    let cookie = session(&cookie);
-    let depths = |base: String| {
-        let http = app.http.clone();
-        let cookie = cookie.clone();
-        async move {
-            http.get(format!("{base}/console/api/depths"))
-                .header(COOKIE, cookie)
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
-        }
-    };
-    assert_eq!(
-        depths(second.base.clone()).await,
-        200,
-        "a session opened on one process"
-    );
-    let logout = app
-        .http
-        .post(format!("{}/console/logout", app.base))
-        .header(COOKIE, &cookie)
-        .header("x-shardkeep-console", "1")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(logout.status().as_u16(), 200);
-    assert_eq!(
-        depths(second.base.clone()).await,
-        401,
-        "logout ends the session on every process"
-    );
-    assert_eq!(depths(app.base.clone()).await, 401);
+    for driver in Driver::ALL {
+        let app = spawn_app_on(pool.clone(), driver).await;
+        let second = serve(app.state.clone()).await;
+        let (status, _, cookie) = login_from(&app, "10.0.0.9", PASSWORD).await;
+        assert_eq!(status, 200);
+        let cookie = session(&cookie);
+        let depths = |base: String| {
+            let http = app.http.clone();
+            let cookie = cookie.clone();
+            async move {
+                http.get(format!("{base}/console/api/depths"))
+                    .header(COOKIE, cookie)
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16()
+            }
+        };
+        assert_eq!(
+            depths(second.base.clone()).await,
+            200,
+            "a session opened on one process"
+        );
+        let logout = app
+            .http
+            .post(format!("{}/console/logout", app.base))
+            .header(COOKIE, &cookie)
+            .header("x-shardkeep-console", "1")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(logout.status().as_u16(), 200);
+        assert_eq!(
+            depths(second.base.clone()).await,
+            401,
+            "logout ends the session on every process"
+        );
+        assert_eq!(depths(app.base.clone()).await, 401);
+    }
 }
