@@ -17,7 +17,7 @@ use shardkeep::retry::{
     IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload, RetryQueue,
     RetryStats, RetryWorker, RetryWorkerConfig,
 };
-use shardkeep_testkit::{JobDriver, TestRedis};
+use shardkeep_testkit::{JobDriver, JobDrivers, TestRedis};
 use sqlx::PgPool;
 
 use shardkeep_testkit::fixtures::created;
@@ -299,95 +299,100 @@ async fn issue_order_on(d: &JobDriver) {
 /// floor copy released before that load is refused as a phantom.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_load_records_its_items_and_an_earlier_release_is_a_phantom(pool: PgPool) {
-    let store = CharacterStore::new(pg(&pool));
-    let row = created(&store, "Aria").await;
-    let gem = uuid::Uuid::now_v7();
-    let bag = uuid::Uuid::now_v7();
-    sqlx::query("UPDATE characters SET state = $2 WHERE id = $1")
-        .bind(row.character_id)
-        .bind(json!({ "inventory": [{ "proto": "bag", "id": bag,
-                                      "contents": [{ "proto": "gem", "id": gem }] }] }))
-        .execute(&pool)
-        .await
-        .unwrap();
-    let loader = CharacterLoader::new(
-        store.clone(),
-        None,
-        shardkeep_reference::game::ReferenceModel::handle(),
-        Duration::from_secs(5),
-    );
-    let first = loader.claim_and_load(row.character_id, 0).await.unwrap();
-    let second = loader.claim_and_load(row.character_id, 0).await.unwrap();
-    let loads: Vec<(uuid::Uuid, i64)> =
-        sqlx::query_as("SELECT item_id, loaded_epoch FROM item_loads ORDER BY item_id")
-            .fetch_all(&pool)
+    let drivers = JobDrivers::new(&pool).await;
+    for d in drivers.drivers() {
+        let store = d.characters();
+        let row = created(&store, "Aria").await;
+        let gem = uuid::Uuid::now_v7();
+        let bag = uuid::Uuid::now_v7();
+        d.set_state(
+            row.character_id,
+            json!({ "inventory": [{ "proto": "bag", "id": bag,
+                                "contents": [{ "proto": "gem", "id": gem }] }] }),
+        )
+        .await;
+        let loader = CharacterLoader::new(
+            store.clone(),
+            None,
+            shardkeep_reference::game::ReferenceModel::handle(),
+            Duration::from_secs(5),
+        );
+        let first = loader.claim_and_load(row.character_id, 0).await.unwrap();
+        let second = loader.claim_and_load(row.character_id, 0).await.unwrap();
+        let mut loads: Vec<(uuid::Uuid, i64)> = d
+            .fetch_all("SELECT item_id, loaded_epoch FROM item_loads", None)
+            .await;
+        loads.sort();
+        let mut expected = vec![
+            (bag, second.snapshot.owner_epoch),
+            (gem, second.snapshot.owner_epoch),
+        ];
+        expected.sort();
+        assert_eq!(
+            loads,
+            expected,
+            "{}: one row per item, at the newest load",
+            d.name()
+        );
+        assert!(first.snapshot.owner_epoch < second.snapshot.owner_epoch);
+
+        // The second copy moved the gem on (the row no longer holds it); a floor copy the first copy
+        // released (a crash rolled that release back) is picked up by Bran: refused, nothing written.
+        d.set_state(
+            row.character_id,
+            json!({ "inventory": [{ "proto": "bag", "id": bag }] }),
+        )
+        .await;
+        let bran = created(&store, "Bran").await;
+        let acquirer = CharacterSnapshot {
+            state: json!({ "inventory": [{ "proto": "gem", "id": gem }] }).into(),
+            ..bran.clone()
+        };
+        let event = AuditEvent::item_transferred(
+            bran.character_id,
+            row.character_id,
+            uuid::Uuid::now_v7(),
+            json!({ "item_id": gem }),
+        );
+        let phantom = Releaser::Departed {
+            character_id: row.character_id,
+            item_id: gem,
+            released_epoch: first.snapshot.owner_epoch,
+        };
+        let outcome = store
+            .commit_transfer(
+                &shardkeep_reference::game::ReferenceModel::handle(),
+                phantom,
+                &acquirer,
+                &event,
+            )
             .await
             .unwrap();
-    let mut expected = vec![
-        (bag, second.snapshot.owner_epoch),
-        (gem, second.snapshot.owner_epoch),
-    ];
-    expected.sort();
-    assert_eq!(loads, expected, "one row per item, at the newest load");
-    assert!(first.snapshot.owner_epoch < second.snapshot.owner_epoch);
-
-    // The second copy moved the gem on (the row no longer holds it); a floor copy the first copy
-    // released (a crash rolled that release back) is picked up by Bran: refused, nothing written.
-    sqlx::query("UPDATE characters SET state = $2 WHERE id = $1")
-        .bind(row.character_id)
-        .bind(json!({ "inventory": [{ "proto": "bag", "id": bag }] }))
-        .execute(&pool)
-        .await
-        .unwrap();
-    let bran = created(&store, "Bran").await;
-    let acquirer = CharacterSnapshot {
-        state: json!({ "inventory": [{ "proto": "gem", "id": gem }] }).into(),
-        ..bran.clone()
-    };
-    let event = AuditEvent::item_transferred(
-        bran.character_id,
-        row.character_id,
-        uuid::Uuid::now_v7(),
-        json!({ "item_id": gem }),
-    );
-    let phantom = Releaser::Departed {
-        character_id: row.character_id,
-        item_id: gem,
-        released_epoch: first.snapshot.owner_epoch,
-    };
-    let outcome = store
-        .commit_transfer(
-            &shardkeep_reference::game::ReferenceModel::handle(),
-            phantom,
-            &acquirer,
-            &event,
-        )
-        .await
-        .unwrap();
-    assert!(
-        matches!(outcome, TransferCommit::ReleaserSuperseded { .. }),
-        "{outcome:?}"
-    );
-    assert_eq!(bran.state, state_of(&store, bran.character_id).await);
-    // Released by the second copy itself (no load after it): the move commits.
-    let released = Releaser::Departed {
-        character_id: row.character_id,
-        item_id: gem,
-        released_epoch: second.snapshot.owner_epoch,
-    };
-    let outcome = store
-        .commit_transfer(
-            &shardkeep_reference::game::ReferenceModel::handle(),
-            released,
-            &acquirer,
-            &event,
-        )
-        .await
-        .unwrap();
-    assert!(
-        matches!(outcome, TransferCommit::Committed { .. }),
-        "{outcome:?}"
-    );
+        assert!(
+            matches!(outcome, TransferCommit::ReleaserSuperseded { .. }),
+            "{outcome:?}"
+        );
+        assert_eq!(bran.state, state_of(&store, bran.character_id).await);
+        // Released by the second copy itself (no load after it): the move commits.
+        let released = Releaser::Departed {
+            character_id: row.character_id,
+            item_id: gem,
+            released_epoch: second.snapshot.owner_epoch,
+        };
+        let outcome = store
+            .commit_transfer(
+                &shardkeep_reference::game::ReferenceModel::handle(),
+                released,
+                &acquirer,
+                &event,
+            )
+            .await
+            .unwrap();
+        assert!(
+            matches!(outcome, TransferCommit::Committed { .. }),
+            "{outcome:?}"
+        );
+    }
 }
 
 /// Under a steady workload — every session loads the character, issues rewards whose jobs land,
@@ -607,40 +612,45 @@ async fn activations_and_releases_past_their_retention_are_pruned(pool: PgPool) 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_state_job_outranks_a_checkpoint_dumped_before_it(pool: PgPool) {
     let redis = TestRedis::new().await;
-    let store = CharacterStore::new(pg(&pool));
-    let checkpoints = CheckpointStore::new(redis.backend());
-    let mut live = live_copy(&store, "Aria").await;
-    live.state = json!({ "experience": 10 }).into();
-    live.issue_mark = 4;
-    checkpoints.write(&live).await.unwrap();
-    // Rewards 5 and 6 granted (+30), then the final dump, whose save became a job.
-    let id = live.character_id;
-    let dump = PersistenceRetryPayload::gameplay_state(id, json!({ "experience": 40 }), None, None);
-    let mut retry = Retry::new(&pool);
-    assert_eq!(retry.run(&[job(&live, dump, "final-6", 6)]).await, (1, 0));
-    let (version, live_version): (i64, i64) =
-        sqlx::query_as("SELECT state_version, live_version FROM characters WHERE id = $1")
-            .bind(id)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!(
-        (version, live_version),
-        (2, 2),
-        "the state job is a live write"
-    );
-    let loader = CharacterLoader::new(
-        store,
-        Some(checkpoints),
-        shardkeep_reference::game::ReferenceModel::handle(),
-        Duration::from_secs(5),
-    );
-    let loaded = loader.claim_and_load(id, 0).await.unwrap();
-    assert_eq!(
-        loaded.snapshot.state["experience"], 40,
-        "the checkpoint dumped before the final save won ({:?})",
-        loaded.source
-    );
+    let drivers = JobDrivers::new(&pool).await;
+    for d in drivers.drivers() {
+        let store = d.characters();
+        let checkpoints = d.checkpoints(&redis);
+        let mut live = live_copy(&store, "Aria").await;
+        live.state = json!({ "experience": 10 }).into();
+        live.issue_mark = 4;
+        checkpoints.write(&live).await.unwrap();
+        // Rewards 5 and 6 granted (+30), then the final dump, whose save became a job.
+        let id = live.character_id;
+        let dump =
+            PersistenceRetryPayload::gameplay_state(id, json!({ "experience": 40 }), None, None);
+        let mut retry = Retry::on(&d);
+        assert_eq!(retry.run(&[job(&live, dump, "final-6", 6)]).await, (1, 0));
+        let (version, live_version): (i64, i64) = d
+            .fetch_one(
+                "SELECT state_version, live_version FROM characters WHERE id = $1",
+                Some(id),
+            )
+            .await;
+        assert_eq!(
+            (version, live_version),
+            (2, 2),
+            "{}: the state job is a live write",
+            d.name()
+        );
+        let loader = CharacterLoader::new(
+            store,
+            Some(checkpoints),
+            shardkeep_reference::game::ReferenceModel::handle(),
+            Duration::from_secs(5),
+        );
+        let loaded = loader.claim_and_load(id, 0).await.unwrap();
+        assert_eq!(
+            loaded.snapshot.state["experience"], 40,
+            "the checkpoint dumped before the final save won ({:?})",
+            loaded.source
+        );
+    }
 }
 
 /// The item-load ledger write comes after the claim minted the new epoch; refusing the load when
@@ -649,26 +659,26 @@ async fn a_state_job_outranks_a_checkpoint_dumped_before_it(pool: PgPool) {
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_load_whose_item_ledger_write_fails_still_loads_the_freshest_copy(pool: PgPool) {
     let redis = TestRedis::new().await;
-    let store = CharacterStore::new(pg(&pool));
-    let checkpoints = CheckpointStore::new(redis.backend());
-    let mut live = live_copy(&store, "Aria").await;
-    live.state = json!({ "experience": 99,
+    let drivers = JobDrivers::new(&pool).await;
+    for d in drivers.drivers() {
+        let store = d.characters();
+        let checkpoints = d.checkpoints(&redis);
+        let mut live = live_copy(&store, "Aria").await;
+        live.state = json!({ "experience": 99,
                          "inventory": [{ "proto": "gem", "id": uuid::Uuid::now_v7() }] })
-    .into();
-    checkpoints.write(&live).await.unwrap();
-    sqlx::query("DROP TABLE item_loads")
-        .execute(&pool)
-        .await
-        .unwrap();
-    let loader = CharacterLoader::new(
-        store,
-        Some(checkpoints),
-        shardkeep_reference::game::ReferenceModel::handle(),
-        Duration::from_secs(5),
-    );
-    let loaded = loader.claim_and_load(live.character_id, 0).await.unwrap();
-    assert_eq!(loaded.source, LoadSource::Checkpoint);
-    assert_eq!(loaded.snapshot.state["experience"], 99);
+        .into();
+        checkpoints.write(&live).await.unwrap();
+        d.execute("DROP TABLE item_loads", None).await.unwrap();
+        let loader = CharacterLoader::new(
+            store,
+            Some(checkpoints),
+            shardkeep_reference::game::ReferenceModel::handle(),
+            Duration::from_secs(5),
+        );
+        let loaded = loader.claim_and_load(live.character_id, 0).await.unwrap();
+        assert_eq!(loaded.source, LoadSource::Checkpoint);
+        assert_eq!(loaded.snapshot.state["experience"], 99);
+    }
 }
 
 /// An unsequenced state job (a producer with no live copy) never lowers the issue mark of the
@@ -676,48 +686,50 @@ async fn a_load_whose_item_ledger_write_fails_still_loads_the_freshest_copy(pool
 /// refuses an unsequenced grant it lists: neither lets a reward be granted twice.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn unsequenced_writes_never_reopen_a_granted_reward(pool: PgPool) {
-    let store = CharacterStore::new(pg(&pool));
-    let mut live = live_copy(&store, "Aria").await;
-    let id = live.character_id;
-    live.state = json!({ "experience": 30 }).into();
-    live.issue_mark = 50;
-    assert!(matches!(
-        store.save(&live).await.unwrap(),
-        SaveOutcome::Saved(_)
-    ));
-    let mut retry = Retry::new(&pool);
-    let outside = PersistenceRetryPayload::gameplay_state(
-        id,
-        json!({ "experience": 30, "appearance": { "hair": "red" } }),
-        None,
-        None,
-    );
-    assert_eq!(
-        retry.run(&[job(&live, outside, "outside", 0)]).await,
-        (1, 0)
-    );
-    // The copy's reward 30 (granted live, in the flush above) comes back as a requeued job.
-    assert_eq!(retry.run(&[reward(&live, 30, 30)]).await, (0, 1));
-    assert_eq!(state_of(&store, id).await["experience"], 30);
+    let drivers = JobDrivers::new(&pool).await;
+    for d in drivers.drivers() {
+        let store = d.characters();
+        let mut live = live_copy(&store, "Aria").await;
+        let id = live.character_id;
+        live.state = json!({ "experience": 30 }).into();
+        live.issue_mark = 50;
+        assert!(matches!(
+            store.save(&live).await.unwrap(),
+            SaveOutcome::Saved(_)
+        ));
+        let mut retry = Retry::on(&d);
+        let outside = PersistenceRetryPayload::gameplay_state(
+            id,
+            json!({ "experience": 30, "appearance": { "hair": "red" } }),
+            None,
+            None,
+        );
+        assert_eq!(
+            retry.run(&[job(&live, outside, "outside", 0)]).await,
+            (1, 0)
+        );
+        // The copy's reward 30 (granted live, in the flush above) comes back as a requeued job.
+        assert_eq!(retry.run(&[reward(&live, 30, 30)]).await, (0, 1));
+        assert_eq!(state_of(&store, id).await["experience"], 30);
 
-    // A document from the old code lists the reward keys it holds.
-    sqlx::query("UPDATE characters SET state = $2 WHERE id = $1")
-        .bind(id)
-        .bind(json!({ "experience": 40, "reward_keys": ["old-grant"] }))
-        .execute(&pool)
-        .await
+        // A document from the old code lists the reward keys it holds.
+        d.set_state(
+            id,
+            json!({ "experience": 40, "reward_keys": ["old-grant"] }),
+        )
+        .await;
+        let old = PersistenceRetryPayload::effect(
+            id,
+            &shardkeep_reference::game::ReferenceEffect::CombatRewards {
+                experience: 10,
+                currency: 0,
+                items: vec![],
+            },
+        )
         .unwrap();
-    let old = PersistenceRetryPayload::effect(
-        id,
-        &shardkeep_reference::game::ReferenceEffect::CombatRewards {
-            experience: 10,
-            currency: 0,
-            items: vec![],
-        },
-    )
-    .unwrap();
-    assert_eq!(retry.run(&[job(&live, old, "old-grant", 0)]).await, (0, 1));
-    assert_eq!(state_of(&store, id).await["experience"], 40);
+        assert_eq!(retry.run(&[job(&live, old, "old-grant", 0)]).await, (0, 1));
+        assert_eq!(state_of(&store, id).await["experience"], 40);
+    }
 }
 
 /// A login's claim that waits for a settle's row lock must see that settle's effect records, not
