@@ -151,6 +151,8 @@ async fn burst_on(d: &JobDriver, redis: &TestRedis) {
 
 /// A character whose row another transaction holds does not hold up the claims made with it:
 /// they are made at once, and its own claim waits for the lock, alone, as a claim always did.
+/// Postgres only: the embedded store has no row locks (one write transaction of the file at a
+/// time holds every row), so no claim can be held up by another character's row there.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_locked_row_holds_up_only_its_own_claim(pool: PgPool) {
     let redis = TestRedis::new().await;

@@ -1,6 +1,11 @@
 //! The retry worker's run loop: one slow batch (or a slow poll) never holds up the signaled
-//! jobs of other characters (Postgres: a held row lock stands for the slow settle), a quiet
-//! worker keeps polling and a held one claims nothing (on each driver).
+//! jobs of other characters, a quiet worker keeps polling and a held one claims nothing (on
+//! each driver).
+//!
+//! The two slow-settle tests run on Postgres only, where a held row lock stands for the slow
+//! settle and the settles of other rows go past it. The embedded store has one writer: a settle
+//! holds the file's write lock for its whole transaction, so every other settle waits for it
+//! by design, and there is no row-level hold-up to prove absent.
 
 use std::sync::Arc;
 use std::time::Duration;
