@@ -27,7 +27,7 @@ pub(crate) struct Env {
     pub(crate) coord: Coordination,
     pub(crate) journal: SessionJournal,
     /// The embedded store's file, when the journal, records and rows are kept there.
-    _file: Option<TestSqlite>,
+    pub(crate) file: Option<TestSqlite>,
 }
 
 impl Env {
@@ -40,7 +40,7 @@ impl Env {
             coord: redis.coordination(),
             journal,
             redis,
-            _file: None,
+            file: None,
         }
     }
 
@@ -61,7 +61,7 @@ impl Env {
             journal: SessionJournal::embedded(db, redis.keys(), WorkQueueConfig::default(), clock)
                 .unwrap(),
             redis,
-            _file: Some(file),
+            file: Some(file),
         }
     }
 
@@ -72,12 +72,12 @@ impl Env {
 
     /// The embedded store's file URL (`None` on Postgres + Redis), to open it again.
     pub(crate) fn file_url(&self) -> Option<&str> {
-        self._file.as_ref().map(TestSqlite::url)
+        self.file.as_ref().map(TestSqlite::url)
     }
 
     /// The driver's name, for assertion messages.
     pub(crate) fn name(&self) -> &'static str {
-        if self._file.is_some() {
+        if self.file.is_some() {
             "sqlite"
         } else {
             "redis"
@@ -346,22 +346,52 @@ async fn cleanup_appends_before_removing_the_session_on(env: &Env) {
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn an_append_failure_leaves_the_session_active_with_the_error(pool: PgPool) {
-    let env = Env::new(&pool).await;
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        an_append_failure_leaves_the_session_active_with_the_error_on(&env).await;
+    }
+}
+
+async fn an_append_failure_leaves_the_session_active_with_the_error_on(env: &Env) {
     let player = env.character().await;
-    let timeouts = RedisTimeouts {
-        connect: Duration::from_millis(300),
-        response: Duration::from_millis(300),
+    // The shard's own path to the journal, cut: a proxy before Redis, or a second connection
+    // to the file with its outage hook on.
+    let (journal, coord, _proxy) = match env.file_url() {
+        None => {
+            let timeouts = RedisTimeouts {
+                connect: Duration::from_millis(300),
+                response: Duration::from_millis(300),
+            };
+            let (proxy, cut) = shardkeep_testkit::faults::proxied_redis(
+                &shardkeep_testkit::redis_url(),
+                env.redis.keys().clone(),
+                timeouts,
+            )
+            .await
+            .unwrap();
+            proxy.set_mode(ProxyMode::Cut);
+            let journal = SessionJournal::new(cut.clone(), WorkQueueConfig::default()).unwrap();
+            let coord = Coordination::new(cut, CoordinationConfig::default());
+            (journal, coord, Some(proxy))
+        }
+        Some(url) => {
+            let db = shardkeep::SqliteBackend::connect("DATABASE_URL", url)
+                .await
+                .unwrap();
+            db.fail_for(Duration::from_secs(3_600));
+            let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+            let keys = env.redis.keys().clone();
+            let journal = SessionJournal::embedded(
+                db.clone(),
+                &keys,
+                WorkQueueConfig::default(),
+                Arc::clone(&clock),
+            )
+            .unwrap();
+            let coord = Coordination::embedded(db, keys, CoordinationConfig::default(), clock);
+            (journal, coord, None)
+        }
     };
-    let (proxy, cut) = shardkeep_testkit::faults::proxied_redis(
-        &shardkeep_testkit::redis_url(),
-        env.redis.keys().clone(),
-        timeouts,
-    )
-    .await
-    .unwrap();
-    let journal = SessionJournal::new(cut.clone(), WorkQueueConfig::default()).unwrap();
-    let coord = Coordination::new(cut, CoordinationConfig::default());
-    proxy.set_mode(ProxyMode::Cut);
     let sessions = ActiveSessions::default();
     sessions.insert(
         "s-6",
@@ -376,7 +406,7 @@ async fn an_append_failure_leaves_the_session_active_with_the_error(pool: PgPool
         cleanup(&player, "s-6", SessionLifecycleEffectPlan::Reconnectable),
     )
     .await;
-    assert!(outcome.enqueue_error.is_some());
+    assert!(outcome.enqueue_error.is_some(), "{}", env.name());
     assert!(!outcome.session_removed && outcome.entry_id.is_none());
     assert!(sessions.contains("s-6"), "the session stays active");
     assert_eq!(env.journal.queue().depths().await.unwrap().pending, 0);
@@ -479,58 +509,112 @@ async fn a_failing_effect_dead_letters_after_eight_attempts_with_its_summary_on(
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_poison_journal_entry_is_dead_lettered_with_its_error(pool: PgPool) {
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        a_poison_journal_entry_is_dead_lettered_with_its_error_on(&env).await;
+    }
+}
+
+async fn a_poison_journal_entry_is_dead_lettered_with_its_error_on(env: &Env) {
     use redis::AsyncCommands;
-    let env = Env::new(&pool).await;
-    let pending = env.redis.keys().queue("session-lifecycle").unwrap().pending;
-    let _: i64 = env
-        .redis
-        .raw()
-        .await
-        .lpush(&pending, r#"{"entry_id":"x","item":{}}"#)
-        .await
-        .unwrap();
+    // An entry whose item does not decode, put straight into the queue's storage.
+    let poison = r#"{"entry_id":"x","item":{}}"#;
+    match &env.file {
+        None => {
+            let pending = env.redis.keys().queue("session-lifecycle").unwrap().pending;
+            let _: i64 = env.redis.raw().await.lpush(&pending, poison).await.unwrap();
+        }
+        Some(file) => {
+            sqlx::query("INSERT INTO queue_entries (queue, body) VALUES (?1, ?2)")
+                .bind(shardkeep::queue::embedded_queue_name(
+                    env.redis.keys(),
+                    shardkeep::journal::JOURNAL_QUEUE,
+                ))
+                .bind(poison.as_bytes())
+                .execute(file.backend().pool())
+                .await
+                .unwrap();
+        }
+    }
     let mut consumer = env.journal.queue().consumer().await.unwrap();
     assert_eq!(env.worker().drain(&mut consumer).await.unwrap(), 0);
     let (depths, summaries) = env.journal.inspect(10).await.unwrap();
-    assert_eq!(depths.dead, 1);
-    assert!(summaries[0].error.contains("does not decode"));
+    assert_eq!(depths.dead, 1, "{}", env.name());
+    assert!(
+        summaries[0].error.contains("does not decode"),
+        "{}",
+        env.name()
+    );
     assert_eq!(summaries[0].session_token, None);
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_failed_location_write_fails_the_entry_to_retry_in_order(pool: PgPool) {
-    let env = Env::new(&pool).await;
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        a_failed_location_write_fails_the_entry_to_retry_in_order_on(&env, &pool).await;
+    }
+}
+
+async fn a_failed_location_write_fails_the_entry_to_retry_in_order_on(env: &Env, pool: &PgPool) {
     let player = env.character().await;
-    let proxy = FaultProxy::start(shardkeep_testkit::pg_addr())
-        .await
-        .unwrap();
-    let (cut_options, pooler) = shardkeep_testkit::proxied_options(&pool, &proxy);
-    let cut_pool = sqlx::postgres::PgPoolOptions::new()
-        .acquire_timeout(Duration::from_millis(500))
-        .connect_with(cut_options)
-        .await
-        .unwrap();
-    proxy.set_mode(ProxyMode::Cut);
-    let worker = JournalWorker::new(
-        env.journal.clone(),
-        env.coord.clone(),
-        CharacterStore::new(PostgresBackend::from_pool_through(cut_pool, pooler)),
-        config(),
-    );
+    // The worker's path to the rows, cut: a proxy before Postgres, or a second connection to
+    // the file with its outage hook on.
+    let (rows, proxy, file) = match env.file_url() {
+        None => {
+            let proxy = FaultProxy::start(shardkeep_testkit::pg_addr())
+                .await
+                .unwrap();
+            let (cut_options, pooler) = shardkeep_testkit::proxied_options(pool, &proxy);
+            let cut_pool = sqlx::postgres::PgPoolOptions::new()
+                .acquire_timeout(Duration::from_millis(500))
+                .connect_with(cut_options)
+                .await
+                .unwrap();
+            proxy.set_mode(ProxyMode::Cut);
+            let rows = CharacterStore::new(PostgresBackend::from_pool_through(cut_pool, pooler));
+            (rows, Some(proxy), None)
+        }
+        Some(url) => {
+            let db = shardkeep::SqliteBackend::connect("DATABASE_URL", url)
+                .await
+                .unwrap();
+            db.fail_for(Duration::from_secs(3_600));
+            (CharacterStore::embedded(db.clone()), None, Some(db))
+        }
+    };
+    let worker = JournalWorker::new(env.journal.clone(), env.coord.clone(), rows, config());
     let item = cleanup(&player, "s-9", SessionLifecycleEffectPlan::PermanentRemoval);
     let entry = Uuid::now_v7();
     let failed = worker.process(&item, entry).await;
     assert!(
         matches!(&failed, Err(e) if e.message.starts_with("location write") && e.unavailable),
-        "{failed:?}"
+        "{}: {failed:?}",
+        env.name()
     );
-    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM persistence_retry_jobs")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(jobs, 0, "no retry job jumps the journal's order");
-    // The entry's retry (the same entry, at the front of the queue) lands once Postgres is back.
-    proxy.set_mode(ProxyMode::Pass);
+    let jobs: i64 = match &env.file {
+        None => sqlx::query_scalar("SELECT count(*) FROM persistence_retry_jobs")
+            .fetch_one(pool)
+            .await
+            .unwrap(),
+        Some(file) => sqlx::query_scalar("SELECT count(*) FROM persistence_retry_jobs")
+            .fetch_one(file.backend().pool())
+            .await
+            .unwrap(),
+    };
+    assert_eq!(
+        jobs,
+        0,
+        "{}: no retry job jumps the journal's order",
+        env.name()
+    );
+    // The entry's retry (the same entry, at the front of the queue) lands once the store is back.
+    if let Some(proxy) = &proxy {
+        proxy.set_mode(ProxyMode::Pass);
+    }
+    if let Some(db) = &file {
+        db.end_outage();
+    }
     assert_eq!(
         worker.process(&item, entry).await.unwrap(),
         Processed::Applied
@@ -577,37 +661,98 @@ async fn an_entry_leased_by_a_call_whose_reply_was_lost_is_processed_next_pass_o
 /// a new incarnation and the next entry is applied within a few intervals.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_worker_whose_consumer_identity_is_lost_starts_over_and_keeps_processing(pool: PgPool) {
+    for env in Env::drivers(&pool).await {
+        eprintln!("driver: {}", env.name());
+        identity_lost_on(&env).await;
+    }
+}
+
+/// The consumers registered on `env`'s journal queue.
+async fn registered_consumers(env: &Env) -> Vec<String> {
     use redis::AsyncCommands;
-    let env = Env::new(&pool).await;
-    let worker = env.worker();
-    let stats = worker.stats();
-    let liveness = worker.liveness();
-    let cancel = tokio_util::sync::CancellationToken::new();
-    let running = tokio::spawn(worker.run(cancel.clone()));
     let keys = env
         .redis
         .keys()
         .queue(shardkeep::journal::JOURNAL_QUEUE)
         .unwrap();
-    let mut raw = env.redis.raw().await;
+    match &env.file {
+        None => env
+            .redis
+            .raw()
+            .await
+            .smembers(&keys.consumers)
+            .await
+            .unwrap(),
+        Some(file) => sqlx::query_scalar("SELECT id FROM queue_consumers WHERE queue = ?1")
+            .bind(shardkeep::queue::embedded_queue_name(
+                env.redis.keys(),
+                shardkeep::journal::JOURNAL_QUEUE,
+            ))
+            .fetch_all(file.backend().pool())
+            .await
+            .unwrap(),
+    }
+}
+
+/// What a lost write plus a takeover leaves: consumer `id`'s heartbeat held by another
+/// incarnation for a minute.
+async fn take_over_consumer(env: &Env, id: &str) {
+    use redis::AsyncCommands;
+    match &env.file {
+        None => {
+            let keys = env
+                .redis
+                .keys()
+                .queue(shardkeep::journal::JOURNAL_QUEUE)
+                .unwrap();
+            let () = env
+                .redis
+                .raw()
+                .await
+                .pset_ex(
+                    keys.consumer_heartbeat(id).unwrap(),
+                    "another-incarnation",
+                    60_000,
+                )
+                .await
+                .unwrap();
+        }
+        Some(file) => {
+            let minute_on = (Utc::now() + chrono::Duration::minutes(1)).timestamp_micros();
+            let taken = sqlx::query(
+                "UPDATE queue_consumers SET token = 'another-incarnation', beat_until = ?3
+                  WHERE queue = ?1 AND id = ?2",
+            )
+            .bind(shardkeep::queue::embedded_queue_name(
+                env.redis.keys(),
+                shardkeep::journal::JOURNAL_QUEUE,
+            ))
+            .bind(id)
+            .bind(minute_on)
+            .execute(file.backend().pool())
+            .await
+            .unwrap();
+            assert_eq!(taken.rows_affected(), 1);
+        }
+    }
+}
+
+async fn identity_lost_on(env: &Env) {
+    let worker = env.worker();
+    let stats = worker.stats();
+    let liveness = worker.liveness();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(worker.run(cancel.clone()));
     let mut first: Vec<String> = Vec::new();
     for _ in 0..50 {
-        first = raw.smembers(&keys.consumers).await.unwrap();
+        first = registered_consumers(env).await;
         if !first.is_empty() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(first.len(), 1, "the worker registered");
-    // What a lost write plus a takeover leaves: the heartbeat held by another incarnation.
-    let () = raw
-        .pset_ex(
-            keys.consumer_heartbeat(&first[0]).unwrap(),
-            "another-incarnation",
-            60_000,
-        )
-        .await
-        .unwrap();
+    assert_eq!(first.len(), 1, "{}: the worker registered", env.name());
+    take_over_consumer(env, &first[0]).await;
     let player = env.character().await;
     env.journal
         .append(cleanup(
@@ -621,7 +766,8 @@ async fn a_worker_whose_consumer_identity_is_lost_starts_over_and_keeps_processi
     while stats.processed.load(Ordering::Relaxed) == 0 {
         assert!(
             started.elapsed() < Duration::from_secs(5),
-            "processing resumes within 5 s"
+            "{}: processing resumes within 5 s",
+            env.name()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -629,10 +775,11 @@ async fn a_worker_whose_consumer_identity_is_lost_starts_over_and_keeps_processi
         liveness.idle_for() < Duration::from_secs(1),
         "passes finish again"
     );
-    let now: Vec<String> = raw.smembers(&keys.consumers).await.unwrap();
+    let now = registered_consumers(env).await;
     assert!(
         now.iter().any(|id| *id != first[0]),
-        "a new incarnation registered: {now:?}"
+        "{}: a new incarnation registered: {now:?}",
+        env.name()
     );
     cancel.cancel();
     running.await.unwrap();
