@@ -8,7 +8,7 @@ use shardkeep_testkit::{JobDriver, JobDrivers};
 use sqlx::PgPool;
 use tokio::task::JoinSet;
 
-use super::retry_jobs::{character, config, reward};
+use super::retry_jobs::{config, reward};
 
 /// 100 enqueues at once (one of them the same job twice) each return once stored, every job is
 /// stored once, and the worker applies every one.
@@ -123,67 +123,56 @@ async fn a_caller_that_stops_waiting_cuts_no_one_off(pool: PgPool) {
     }
 }
 
-/// With the embedded store failing every call (its outage fault hook), enqueues made together
-/// all fail at once, and nothing is stored.
-#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
-async fn an_embedded_outage_fails_a_batch_at_once(_pool: PgPool) {
-    let sqlite = shardkeep_testkit::TestSqlite::new().await;
-    let d = JobDriver::Embedded(sqlite.backend());
-    let id = d.character("Aria").await;
-    let (queue, _signals) = d.queue(64, Arc::new(SystemClock));
-    sqlite
-        .backend()
-        .fail_for(std::time::Duration::from_secs(60));
-    let mut enqueues = JoinSet::new();
-    for n in 0..20 {
-        let (queue, job) = (queue.clone(), reward(id, &format!("k{n}"), 0, 1));
-        enqueues.spawn(async move { queue.enqueue(&job).await.is_err() });
-    }
-    while let Some(done) = enqueues.join_next().await {
-        assert!(done.unwrap(), "nothing can be stored");
-    }
-    sqlite.backend().end_outage();
-    assert_eq!(d.count("persistence_retry_jobs").await, 0);
-}
-
-/// With Postgres out of reach (every connection attempt hangs), enqueues made together all fail
-/// within about one pool timeout (a failed batch used to be retried job by job, one pool
-/// timeout each).
+/// With the store out of reach (Postgres: every connection attempt hangs; the file: every
+/// call fails), enqueues made together all fail within about one pool timeout (a failed batch
+/// used to be retried job by job, one pool timeout each), and nothing is stored.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn an_outage_fails_a_batch_at_once(pool: PgPool) {
     use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
     use std::time::{Duration, Instant};
-    let id = character(&pool, "Aria").await;
-    let proxy = FaultProxy::start(shardkeep_testkit::pg_addr())
-        .await
-        .unwrap();
-    let (options, pooler) = shardkeep_testkit::proxied_options(&pool, &proxy);
-    let cut = shardkeep::PostgresBackend::pool_options(2)
-        .acquire_timeout(Duration::from_millis(300))
-        .connect_lazy_with(options);
-    proxy.set_mode(ProxyMode::Stall);
-    let (queue, _signals) = RetryQueue::new(
-        shardkeep::PostgresBackend::from_pool_through(cut, pooler),
-        64,
-        Arc::new(SystemClock),
-    );
-    let started = Instant::now();
-    let mut enqueues = JoinSet::new();
-    for n in 0..20 {
-        let (queue, job) = (queue.clone(), reward(id, &format!("k{n}"), 0, 1));
-        enqueues.spawn(async move { queue.enqueue(&job).await.is_err() });
+    let drivers = shardkeep_testkit::JobDrivers::new(&pool).await;
+    for d in drivers.drivers() {
+        let id = d.character("Aria").await;
+        let proxy = FaultProxy::start(shardkeep_testkit::pg_addr())
+            .await
+            .unwrap();
+        let queue = match &d {
+            shardkeep_testkit::JobDriver::Postgres(pool) => {
+                let (options, pooler) = shardkeep_testkit::proxied_options(pool, &proxy);
+                let cut = shardkeep::PostgresBackend::pool_options(2)
+                    .acquire_timeout(Duration::from_millis(300))
+                    .connect_lazy_with(options);
+                proxy.set_mode(ProxyMode::Stall);
+                RetryQueue::new(
+                    shardkeep::PostgresBackend::from_pool_through(cut, pooler),
+                    64,
+                    Arc::new(SystemClock),
+                )
+                .0
+            }
+            shardkeep_testkit::JobDriver::Embedded(_) => {
+                let cut = shardkeep::SqliteBackend::connect("DATABASE_URL", drivers.sqlite.url())
+                    .await
+                    .unwrap();
+                cut.fail_for(Duration::from_secs(3_600));
+                RetryQueue::embedded(cut, 64, Arc::new(SystemClock)).0
+            }
+        };
+        let started = Instant::now();
+        let mut enqueues = JoinSet::new();
+        for n in 0..20 {
+            let (queue, job) = (queue.clone(), reward(id, &format!("k{n}"), 0, 1));
+            enqueues.spawn(async move { queue.enqueue(&job).await.is_err() });
+        }
+        while let Some(done) = enqueues.join_next().await {
+            assert!(done.unwrap(), "{}: nothing can be stored", d.name());
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{}: failing took {:?}",
+            d.name(),
+            started.elapsed()
+        );
+        assert_eq!(d.count("persistence_retry_jobs").await, 0, "{}", d.name());
     }
-    while let Some(done) = enqueues.join_next().await {
-        assert!(done.unwrap(), "nothing can be stored");
-    }
-    assert!(
-        started.elapsed() < Duration::from_secs(3),
-        "failing took {:?}",
-        started.elapsed()
-    );
-    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM persistence_retry_jobs")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(stored, 0);
 }

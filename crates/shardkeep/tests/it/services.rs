@@ -11,8 +11,7 @@ use shardkeep_testkit::model::LedgerModel;
 use shardkeep_testkit::{JobDriver, JobDrivers, TestRedis};
 use sqlx::PgPool;
 
-use super::retry_jobs::{character, pg, reward};
-use super::retry_worker_loop::wait_for_experience;
+use super::retry_jobs::{pg, reward};
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn built_services_run_the_workers_until_shutdown(pool: PgPool) {
@@ -28,19 +27,7 @@ async fn built_services_run_the_workers_until_shutdown(pool: PgPool) {
 async fn services_run_on(d: &JobDriver, redis: &TestRedis) {
     let mut config = ServicesConfig::new("it-services", "game_server");
     config.retry.poll_interval = Duration::from_millis(50);
-    let mut services = match d {
-        JobDriver::Postgres(pool) => {
-            Services::build(pg(pool), redis.backend(), LedgerModel::handle(), config).unwrap()
-        }
-        JobDriver::Embedded(db) => Services::embedded(
-            db.clone(),
-            redis.keys(),
-            LedgerModel::handle(),
-            config,
-            Arc::new(SystemClock),
-        )
-        .unwrap(),
-    };
+    let mut services = services_on(d, redis, config);
     let id = d.character("A").await;
     let cancel = tokio_util::sync::CancellationToken::new();
     let workers = services.spawn_workers(cancel.clone()).await.unwrap();
@@ -98,9 +85,34 @@ async fn services_run_on(d: &JobDriver, redis: &TestRedis) {
     assert_eq!(d.experience(id).await, 7);
 }
 
+/// Services over `d`'s stores (the fast tier named by `redis`'s keys), as a game server builds
+/// them.
+fn services_on(d: &JobDriver, redis: &TestRedis, config: ServicesConfig) -> Services {
+    match d {
+        JobDriver::Postgres(pool) => {
+            Services::build(pg(pool), redis.backend(), LedgerModel::handle(), config).unwrap()
+        }
+        JobDriver::Embedded(db) => Services::embedded(
+            db.clone(),
+            redis.keys(),
+            LedgerModel::handle(),
+            config,
+            Arc::new(SystemClock),
+        )
+        .unwrap(),
+    }
+}
+
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn workers_that_failed_to_start_can_start_again_with_their_retry_signals(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
     let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        start_again_on(&d, &redis).await;
+    }
+}
+
+async fn start_again_on(d: &JobDriver, redis: &TestRedis) {
     let config = |instance: &str| {
         let mut config = ServicesConfig::new(instance, "game_server");
         config.retry.poll_interval = Duration::from_secs(3600);
@@ -108,20 +120,8 @@ async fn workers_that_failed_to_start_can_start_again_with_their_retry_signals(p
         config.journal_queue.heartbeat_ttl = shardkeep::ttl::Ttl::from_static_secs(1);
         config
     };
-    let mut first = Services::build(
-        pg(&pool),
-        redis.backend(),
-        LedgerModel::handle(),
-        config("first"),
-    )
-    .unwrap();
-    let mut second = Services::build(
-        pg(&pool),
-        redis.backend(),
-        LedgerModel::handle(),
-        config("second"),
-    )
-    .unwrap();
+    let mut first = services_on(d, redis, config("first"));
+    let mut second = services_on(d, redis, config("second"));
     let cancel = tokio_util::sync::CancellationToken::new();
     let running = first.spawn_workers(cancel.clone()).await.unwrap();
     // The journal consumer id is held by the first: the second cannot start yet, and keeps
@@ -130,7 +130,8 @@ async fn workers_that_failed_to_start_can_start_again_with_their_retry_signals(p
         let refused = second.spawn_workers(cancel.child_token()).await;
         assert!(
             matches!(refused, Err(ServicesError::Journal(_))),
-            "{refused:?}"
+            "{}: {refused:?}",
+            d.name()
         );
     }
     assert_eq!(
@@ -146,14 +147,16 @@ async fn workers_that_failed_to_start_can_start_again_with_their_retry_signals(p
         }
     };
     // The poll is an hour away: only the retry signal can wake the worker.
-    let id = character(&pool, "B").await;
+    let id = d.character("B").await;
     second.retry.enqueue(&reward(id, "k", 0, 5)).await.unwrap();
-    wait_for_experience(
-        &pool,
-        id,
-        5,
-        "the signal reached the worker that started late",
-    )
-    .await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while d.experience(id).await != 5 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{}: the signal reached the worker that started late",
+            d.name()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     started.shutdown(Duration::from_secs(10)).await;
 }
