@@ -2,8 +2,9 @@
 # Finds or starts the Postgres and Redis that shardkeep's scripts need.
 #
 # sk_services_up exports DATABASE_URL and REDIS_URL. It keeps a reachable server named by those
-# variables, else tries the conventional local addresses, else starts a private server from the
-# installed binaries in a temporary directory on a free port. sk_services_down stops whatever
+# variables, else tries the conventional local addresses (SHARDKEEP_LOCAL_PG_URLS and
+# SHARDKEEP_LOCAL_REDIS_URLS, space-separated, name others), else starts a private server from
+# the installed binaries in a temporary directory on a free port. sk_services_down stops whatever
 # sk_services_up started (and nothing else). Where the binaries are missing it says how to
 # install them.
 
@@ -350,7 +351,7 @@ sk_services_up() {
   else
     [ -n "${DATABASE_URL:-}" ] && sk_log "DATABASE_URL is set but not reachable; looking elsewhere"
     unset DATABASE_URL
-    for candidate in postgres://postgres@127.0.0.1:5432/postgres postgres://postgres@127.0.0.1:5432/test; do
+    for candidate in ${SHARDKEEP_LOCAL_PG_URLS:-postgres://postgres@127.0.0.1:5432/postgres postgres://postgres@127.0.0.1:5432/test}; do
       if sk_pg_reachable "$candidate"; then
         export DATABASE_URL=$candidate
         SK_PG_SOURCE=local
@@ -365,12 +366,16 @@ sk_services_up() {
   fi
   if [ -n "${REDIS_URL:-}" ] && sk_redis_reachable "$REDIS_URL"; then
     sk_log "using Redis from REDIS_URL"
-  elif sk_redis_reachable redis://127.0.0.1:6379; then
-    export REDIS_URL=redis://127.0.0.1:6379
-    sk_log "using the local Redis at $REDIS_URL"
-  else
-    sk_start_redis || return 1
+    return 0
   fi
+  for candidate in ${SHARDKEEP_LOCAL_REDIS_URLS:-redis://127.0.0.1:6379}; do
+    if sk_redis_reachable "$candidate"; then
+      export REDIS_URL=$candidate
+      sk_log "using the local Redis at $REDIS_URL"
+      return 0
+    fi
+  done
+  sk_start_redis || return 1
 }
 
 # What a test run may create and must remove: Redis keys of test, simulator and benchmark

@@ -196,6 +196,31 @@ pub(super) async fn insert_jobs(
     Ok(())
 }
 
+/// The claim's query: jobs claimable at `?1`, oldest first, at most `?2`; only the `n` ids
+/// bound from `?3` on when given.
+fn due_sql(ids: Option<usize>) -> String {
+    let which = match ids {
+        Some(n) => format!("retry_job_id IN ({}) AND", marks(3, n)),
+        None => String::new(),
+    };
+    format!(
+        "SELECT {CLAIM_COLUMNS}, lease_token IS NOT NULL AS lease_expired
+           FROM persistence_retry_jobs
+          WHERE {which} {CLAIMABLE_AT} <= ?1
+            AND typeof(retry_job_id) = 'blob' AND typeof(character_id) = 'blob'
+          ORDER BY {CLAIMABLE_AT}, created_at
+          LIMIT ?2"
+    )
+}
+
+/// The query of [`pending_for`].
+fn pending_sql() -> String {
+    format!(
+        "SELECT {CLAIM_COLUMNS}, 0 AS lease_expired FROM persistence_retry_jobs
+          WHERE character_id = ?1 ORDER BY retry_job_id"
+    )
+}
+
 /// Up to `limit` jobs claimable at `now` (only `ids` when given), oldest first, inside the
 /// caller's write transaction (which locks them: the file has one writer).
 pub(super) async fn due(
@@ -204,20 +229,10 @@ pub(super) async fn due(
     limit: i64,
     now: DateTime<Utc>,
 ) -> Result<Vec<ClaimedRow>, sqlx::Error> {
-    let which = match ids {
-        Some([]) => return Ok(Vec::new()),
-        Some(ids) => format!("retry_job_id IN ({}) AND", marks(3, ids.len())),
-        None => String::new(),
-    };
-    let sql = format!(
-        "SELECT {CLAIM_COLUMNS}, lease_token IS NOT NULL AS lease_expired
-           FROM persistence_retry_jobs
-          WHERE {which} {CLAIMABLE_AT} <= ?1
-            AND typeof(retry_job_id) = 'blob' AND typeof(character_id) = 'blob'
-          ORDER BY {CLAIMABLE_AT}, created_at
-          LIMIT ?2"
-    );
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql))
+    if ids.is_some_and(<[Uuid]>::is_empty) {
+        return Ok(Vec::new());
+    }
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(due_sql(ids.map(<[Uuid]>::len))))
         .bind(micros(now))
         .bind(limit);
     for id in ids.unwrap_or_default() {
@@ -291,11 +306,7 @@ pub(super) async fn pending_for(
     conn: &mut sqlx::SqliteConnection,
     character_id: Uuid,
 ) -> Result<Vec<ClaimedRow>, sqlx::Error> {
-    let sql = format!(
-        "SELECT {CLAIM_COLUMNS}, 0 AS lease_expired FROM persistence_retry_jobs
-          WHERE character_id = ?1 ORDER BY retry_job_id"
-    );
-    let rows = sqlx::query(sqlx::AssertSqlSafe(sql))
+    let rows = sqlx::query(sqlx::AssertSqlSafe(pending_sql()))
         .bind(character_id)
         .fetch_all(&mut *conn)
         .await?;
@@ -442,3 +453,7 @@ mod tests {
         assert_eq!(json_or_raw("{oops".into()), serde_json::json!("{oops"));
     }
 }
+
+#[cfg(test)]
+#[path = "sqlite_jobs_plans.rs"]
+mod plans;

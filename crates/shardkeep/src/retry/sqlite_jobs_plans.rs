@@ -1,0 +1,101 @@
+//! The embedded claim's statements stay on their indexes over a large backlog: SQLite's own
+//! query plans for them, on a file holding many jobs that are not due, never scan the table.
+
+use super::{due_sql, pending_sql};
+use crate::backend::SqliteBackend;
+
+/// A migrated file in a fresh temporary directory (removed by the caller).
+async fn file() -> (std::path::PathBuf, SqliteBackend) {
+    let dir = std::env::temp_dir().join(format!("shardkeep-plans-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let url = format!("sqlite:{}", dir.join("plans.db").display());
+    let db = SqliteBackend::connect("DATABASE_URL", &url)
+        .await
+        .expect("open the file");
+    db.migrate().await.expect("migrate the file");
+    (dir, db)
+}
+
+/// 20,000 jobs queued an hour from now, and the planner's statistics taken over them.
+async fn backlog(db: &SqliteBackend) {
+    let later = chrono::Utc::now().timestamp_micros() + 3_600_000_000;
+    sqlx::query(
+        "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 20000)
+         INSERT INTO persistence_retry_jobs
+                (retry_job_id, job_kind, character_id, payload, session_impact, source,
+                 idempotency_key, owner_epoch, origin, issued_at, next_attempt_at, created_at,
+                 updated_at)
+         SELECT randomblob(16), 'combat_rewards', randomblob(16), '{}', 'none', 'plans',
+                'k' || n, 0, 'combat_rewards', ?1, ?1, ?1, ?1
+           FROM g",
+    )
+    .bind(later)
+    .execute(db.pool())
+    .await
+    .expect("queue the backlog");
+    sqlx::query("ANALYZE")
+        .execute(db.pool())
+        .await
+        .expect("analyze");
+}
+
+/// The plan SQLite makes for `sql` with `binds` (integers) bound: one line per step.
+async fn plan(db: &SqliteBackend, sql: &str, binds: &[i64]) -> Vec<String> {
+    let explain = format!("EXPLAIN QUERY PLAN {sql}");
+    let mut query = sqlx::query_as::<_, (i64, i64, i64, String)>(sqlx::AssertSqlSafe(explain));
+    for bind in binds {
+        query = query.bind(*bind);
+    }
+    query
+        .fetch_all(db.pool())
+        .await
+        .expect("explain the statement")
+        .into_iter()
+        .map(|(_, _, _, detail)| detail)
+        .collect()
+}
+
+/// Whether a plan reads `persistence_retry_jobs` through one of its indexes only (a `SCAN` of
+/// the table itself reads every row).
+fn on_an_index(plan: &[String]) -> bool {
+    let steps: Vec<&String> = plan
+        .iter()
+        .filter(|s| s.contains("persistence_retry_jobs"))
+        .collect();
+    !steps.is_empty()
+        && steps
+            .iter()
+            .all(|s| s.starts_with("SEARCH") && s.contains("USING"))
+}
+
+#[tokio::test]
+async fn the_claims_read_the_queue_through_its_indexes() {
+    let (dir, db) = file().await;
+    backlog(&db).await;
+    let now = chrono::Utc::now().timestamp_micros();
+    let poll = plan(&db, &due_sql(None), &[now, 64]).await;
+    assert!(on_an_index(&poll), "the poll's claim: {poll:?}");
+    assert!(
+        poll.iter()
+            .any(|s| s.contains("persistence_retry_jobs_claimable")),
+        "the poll walks the claimable index in order: {poll:?}"
+    );
+    let signaled = plan(&db, &due_sql(Some(3)), &[now, 64, 1, 2, 3]).await;
+    assert!(on_an_index(&signaled), "a signaled claim: {signaled:?}");
+    let at_login = plan(&db, &pending_sql(), &[1]).await;
+    assert!(on_an_index(&at_login), "the login's claim: {at_login:?}");
+    db.close().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_plan_that_scans_the_table_is_not_on_an_index() {
+    let scan = vec!["SCAN persistence_retry_jobs".to_owned()];
+    assert!(!on_an_index(&scan));
+    let covering = vec![
+        "SEARCH persistence_retry_jobs USING INDEX persistence_retry_jobs_claimable (<expr><?)"
+            .to_owned(),
+    ];
+    assert!(on_an_index(&covering));
+    assert!(!on_an_index(&[]));
+}
