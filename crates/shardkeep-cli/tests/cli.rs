@@ -493,10 +493,15 @@ fn bench_all_in_embedded_mode_prints_the_embedded_report() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "{stdout}{}", stderr(&out));
-    assert!(
-        stdout.contains("batched CAS saves, rows, embedded SQLite (fresh doc"),
-        "{stdout}"
-    );
+    for row in [
+        "batched CAS saves, rows, embedded SQLite (fresh doc",
+        "batched CAS saves, rows, embedded SQLite (aged doc,",
+        "batched CAS saves, rows, embedded SQLite (aged doc) ",
+        "aged state document, embedded",
+        "aged character (embedded): 500 rewards",
+    ] {
+        assert!(stdout.contains(row), "{row}: {stdout}");
+    }
     assert!(
         stdout.contains("UPDATE … FROM (VALUES …) on SQLite"),
         "{stdout}"

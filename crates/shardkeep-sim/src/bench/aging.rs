@@ -90,11 +90,106 @@ fn move_item(character: &mut LiveCharacter) {
     }
 }
 
-/// Ages one new character by `plan` and returns its document.
+/// The stores an aging runs on: one driver's (Postgres and Redis, or an embedded file).
+pub struct AgingStores {
+    /// The character rows.
+    pub characters: CharacterStore,
+    /// The checkpoint tier.
+    pub checkpoints: CheckpointStore,
+    /// The retry queue the reward jobs go to.
+    pub queue: RetryQueue,
+    /// The worker that runs them.
+    pub worker: RetryWorker,
+    /// The bookkeeping tables' maintenance.
+    pub bookkeeping: Bookkeeping,
+    /// The same storage, to count the bookkeeping rows left.
+    pub rows: AgingRows,
+}
+
+/// The storage underneath an aging, for counting what it left.
+pub enum AgingRows {
+    /// Postgres.
+    Postgres(sqlx::PgPool),
+    /// An embedded file.
+    Embedded(shardkeep::SqliteBackend),
+}
+
+impl AgingRows {
+    /// The job-effect and item-load rows kept beside `id`'s row.
+    async fn bookkeeping_of(&self, id: Uuid) -> Result<i64, BenchError> {
+        let sql = "SELECT (SELECT count(*) FROM character_job_effects WHERE character_id = $1)
+                        + (SELECT count(*) FROM item_loads WHERE character_id = $1)";
+        Ok(match self {
+            Self::Postgres(pool) => sqlx::query_scalar(sql).bind(id).fetch_one(pool).await?,
+            Self::Embedded(db) => {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql.replace('$', "?")))
+                    .bind(id)
+                    .fetch_one(db.pool())
+                    .await?
+            }
+        })
+    }
+}
+
+impl AgingStores {
+    /// The stores of the scratch database and namespace `env`.
+    pub fn servers(env: &BenchEnv) -> Self {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let (queue, signals) = RetryQueue::new(env.pg.clone(), 1024, Arc::clone(&clock));
+        Self {
+            characters: CharacterStore::new(env.pg.clone()),
+            checkpoints: CheckpointStore::new(env.redis.clone()),
+            queue,
+            worker: RetryWorker::new(
+                env.pg.clone(),
+                shardkeep_reference::game::ReferenceModel::handle(),
+                signals,
+                RetryWorkerConfig::new("aging"),
+                clock,
+            ),
+            bookkeeping: Bookkeeping::new(env.pg.clone()),
+            rows: AgingRows::Postgres(env.pool.clone()),
+        }
+    }
+
+    /// The stores of the embedded file `db` (rows, checkpoints and jobs all in it).
+    pub fn embedded(db: &shardkeep::SqliteBackend) -> Self {
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let (queue, signals) = RetryQueue::embedded(db.clone(), 1024, Arc::clone(&clock));
+        Self {
+            characters: CharacterStore::embedded(db.clone()),
+            checkpoints: CheckpointStore::embedded(db.clone()),
+            queue,
+            worker: RetryWorker::embedded(
+                db.clone(),
+                shardkeep_reference::game::ReferenceModel::handle(),
+                signals,
+                RetryWorkerConfig::new("aging"),
+                clock,
+            ),
+            bookkeeping: Bookkeeping::embedded(db.clone()),
+            rows: AgingRows::Embedded(db.clone()),
+        }
+    }
+}
+
+/// Ages one new character by `plan` on the scratch database and namespace `env` and returns
+/// its document.
 pub async fn age_character(env: &BenchEnv, plan: AgingPlan) -> Result<AgedCharacter, BenchError> {
+    age_on(AgingStores::servers(env), plan).await
+}
+
+/// Ages one new character by `plan` on `stores` and returns its document.
+pub async fn age_on(stores: AgingStores, plan: AgingPlan) -> Result<AgedCharacter, BenchError> {
     let started = Instant::now();
-    let store = CharacterStore::new(env.pg.clone());
-    let checkpoints = CheckpointStore::new(env.redis.clone());
+    let AgingStores {
+        characters: store,
+        checkpoints,
+        queue,
+        mut worker,
+        bookkeeping,
+        rows,
+    } = stores;
     let loader = CharacterLoader::new(
         store.clone(),
         Some(checkpoints.clone()),
@@ -116,15 +211,6 @@ pub async fn age_character(env: &BenchEnv, plan: AgingPlan) -> Result<AgedCharac
             schema_version: 1,
         })
         .await?;
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let (queue, signals) = RetryQueue::new(env.pg.clone(), 1024, Arc::clone(&clock));
-    let mut worker = RetryWorker::new(
-        env.pg.clone(),
-        shardkeep_reference::game::ReferenceModel::handle(),
-        signals,
-        RetryWorkerConfig::new("aging"),
-        clock,
-    );
     let logins = plan.logins.max(1);
     let mut jobs = 0;
     let mut granted = 0;
@@ -164,7 +250,7 @@ pub async fn age_character(env: &BenchEnv, plan: AgingPlan) -> Result<AgedCharac
         flush(&store, &checkpoints, &character).await?;
     }
     worker.run_until_idle().await?;
-    Bookkeeping::new(env.pg.clone())
+    bookkeeping
         .prune_once(BookkeepingRetention::default())
         .await?;
     let state = store
@@ -172,13 +258,7 @@ pub async fn age_character(env: &BenchEnv, plan: AgingPlan) -> Result<AgedCharac
         .await?
         .ok_or_else(|| BenchError::Other("the aged character is gone".into()))?
         .state;
-    let bookkeeping_rows: i64 = sqlx::query_scalar(
-        "SELECT (SELECT count(*) FROM character_job_effects WHERE character_id = $1)
-              + (SELECT count(*) FROM item_loads WHERE character_id = $1)",
-    )
-    .bind(id)
-    .fetch_one(&env.pool)
-    .await?;
+    let bookkeeping_rows = rows.bookkeeping_of(id).await?;
     let mut fresh_same_items = fresh_state;
     fresh_same_items["inventory"] = state["inventory"].clone();
     fresh_same_items["equipment"] = state["equipment"].clone();
