@@ -96,20 +96,37 @@ async fn a_journal_dead_letter_deep_in_the_list_is_found_and_requeued(pool: PgPo
         let app = spawn_app_on(pool.clone(), driver).await;
         let oldest = journal_dead_letter(&app, "s-deep").await;
         // Push it far below the newest 10,000 the old requeue searched.
-        let keys = app
-            .state
-            .coord
-            .keys()
-            .queue(shardkeep::journal::JOURNAL_QUEUE)
-            .unwrap();
-        let mut raw = shardkeep_testkit::redis_backend("raw").await.conn();
-        let filler: Vec<String> = (0..10_500).map(|i| format!("{{\"filler\":{i}}}")).collect();
-        let _: () = redis::cmd("LPUSH")
-            .arg(&keys.dead)
-            .arg(&filler)
-            .query_async(&mut raw)
-            .await
-            .unwrap();
+        let keys = app.state.coord.keys();
+        match &app.rows {
+            shardkeep_testkit::JobDriver::Postgres(_) => {
+                let dead = keys.queue(shardkeep::journal::JOURNAL_QUEUE).unwrap().dead;
+                let mut raw = app.redis().raw().await;
+                let filler: Vec<String> =
+                    (0..10_500).map(|i| format!("{{\"filler\":{i}}}")).collect();
+                let _: () = redis::cmd("LPUSH")
+                    .arg(&dead)
+                    .arg(&filler)
+                    .query_async(&mut raw)
+                    .await
+                    .unwrap();
+            }
+            shardkeep_testkit::JobDriver::Embedded(db) => {
+                let queue =
+                    shardkeep::queue::embedded_queue_name(keys, shardkeep::journal::JOURNAL_QUEUE);
+                sqlx::query(
+                    "WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 10500)
+                     INSERT INTO queue_dead_letters (queue, dead_letter_id, body, failed_at)
+                     SELECT ?1, randomblob(16), '{\"filler\":' || n || '}', ?2 FROM g",
+                )
+                .bind(queue)
+                .bind(chrono::Utc::now().timestamp_micros())
+                .execute(db.pool())
+                .await
+                .unwrap();
+            }
+        }
+        let listed = app.state.journal.inspect(1).await.unwrap().0;
+        assert!(listed.dead > 10_000, "{driver:?}: {listed:?}");
         let detail: JournalDeadLetterDetail = app
             .client
             .get(&format!("{JOURNAL}/{oldest}"))

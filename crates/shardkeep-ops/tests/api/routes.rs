@@ -442,7 +442,9 @@ async fn health_readiness_and_metrics(pool: PgPool) {
             (Some(true), Some(true), Some(true))
         );
 
-        // A workload touching every family.
+        // A workload touching every family. The recorder is one per test process, so what
+        // this driver's workload adds is read as the counters' growth over it.
+        let before = metrics_text(&app).await;
         retry_dead_letter(&mut app).await;
         journal_dead_letter(&app, "s-m").await;
         app.state.journal.queue().depths().await.unwrap();
@@ -471,6 +473,21 @@ async fn health_readiness_and_metrics(pool: PgPool) {
             .text()
             .await
             .unwrap();
+        for counter in [
+            "shardkeep_retry_enqueued_total",
+            "shardkeep_retry_claimed_total",
+            "shardkeep_retry_outcomes_total",
+            "shardkeep_queue_dead_letters_total",
+            "shardkeep_saver_conflicts_total",
+            "shardkeep_saver_dropped_total",
+            "shardkeep_audit_batch_size_count",
+            "shardkeep_http_requests_total",
+        ] {
+            assert!(
+                family_total(&text, counter) > family_total(&before, counter),
+                "{driver:?}: the workload did not move {counter}"
+            );
+        }
         for family in [
             "shardkeep_retry_enqueued_total",
             "shardkeep_retry_claimed_total",
@@ -555,4 +572,28 @@ async fn readiness_fails_while_a_worker_makes_no_progress_with_work_waiting(pool
         200,
         "a held retry worker is drained on purpose"
     );
+}
+
+/// What `/metrics` shows now.
+async fn metrics_text(app: &crate::support::TestApp) -> String {
+    app.http
+        .get(format!("{}/metrics", app.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The sum of every sample of `family` (all label sets) in a Prometheus text exposition.
+fn family_total(text: &str, family: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(family)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }

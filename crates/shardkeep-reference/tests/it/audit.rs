@@ -5,7 +5,7 @@ use shardkeep::audit::{
     AccountStore, AuditEvent, AuditReadError, AuditReader, AuditStore, Auditor, AuditorConfig,
     StaffReadLimit, Tier, Viewer,
 };
-use shardkeep::character::NewCharacter;
+use shardkeep::character::{NewCharacter, StoreError};
 use shardkeep::drain::BarrierOutcome;
 use shardkeep_testkit::{AuditDrivers, JobDriver};
 use sqlx::PgPool;
@@ -353,11 +353,12 @@ async fn account_changes_are_recorded_in_the_same_transaction(pool: PgPool) {
             .await;
         assert_eq!(tier, "moderator");
         // A failed change writes neither the change nor its audit row.
+        let missing = accounts
+            .change_tier(Uuid::now_v7(), Tier::Admin, None)
+            .await;
         assert!(
-            accounts
-                .change_tier(Uuid::now_v7(), Tier::Admin, None)
-                .await
-                .is_err()
+            matches!(missing, Err(StoreError::NotFound(_))),
+            "{driver:?}: {missing:?}"
         );
         let (count,): (i64,) = scene
             .rows
@@ -383,7 +384,10 @@ async fn account_changes_are_recorded_in_the_same_transaction(pool: PgPool) {
                 None,
             )
             .await;
-        assert!(err.is_err());
+        assert!(
+            matches!(&err, Err(StoreError::NameTaken(name)) if name == "ARIA"),
+            "{driver:?}: {err:?}"
+        );
         let (created,): (i64,) = scene
             .rows
             .fetch_one(

@@ -127,11 +127,14 @@ async fn a_starting_worker_claims_due_jobs_under_a_lease(pool: PgPool) {
     let drivers = JobDrivers::new(&pool).await;
     for d in drivers.drivers() {
         let id = d.character("Restarted").await;
-        let (queue, signals) = d.queue(16, Arc::new(SystemClock));
+        let (queue, _) = d.queue(16, Arc::new(SystemClock));
         queue
             .enqueue(&reward(id, "start-1", 0, CRASHING_GRANT))
             .await
             .unwrap();
+        // A process starting after a crash: no signal of the job survived, its first poll finds
+        // it.
+        let (_, signals) = d.queue(16, Arc::new(SystemClock));
         let worker = d.worker_for(
             ModelHandle::new(CrashingModel),
             signals,
