@@ -66,7 +66,7 @@ impl Driver {
 enum Keep {
     Servers {
         pg: shardkeep::PostgresBackend,
-        redis: TestRedis,
+        redis: Box<TestRedis>,
     },
     File(#[allow(dead_code)] TestSqlite),
 }
@@ -190,7 +190,10 @@ pub(crate) async fn spawn_app_of(pool: PgPool, driver: Driver, settings: ApiSett
                 coord,
                 stores,
                 rows,
-                Keep::Servers { pg, redis },
+                Keep::Servers {
+                    pg,
+                    redis: Box::new(redis),
+                },
             )
         }
         Driver::Embedded => {

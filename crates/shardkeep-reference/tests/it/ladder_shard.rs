@@ -478,10 +478,10 @@ async fn a_saturated_saver_drops_without_blocking_and_the_zone_keeps_ticking(poo
             ..SaverConfig::default()
         };
         let shard_stores = faultable.rows_only();
-        let mut shard = boot_with(shard_stores, &stores, config, &[0], 1);
+        let mut shard = boot_with(shard_stores, stores, config, &[0], 1);
         for i in 0..20 {
             let id = stores.new_character(&format!("P{i}")).await;
-            login(&stores, &mut shard, id, "s").await;
+            login(stores, &mut shard, id, "s").await;
         }
         outage.stall();
         let pulses_before = shard.pulse_count();
@@ -513,9 +513,9 @@ async fn a_postgres_outage_during_a_flush_recovers_at_the_next_cadence(pool: PgP
         config.checkpoint_pulses = 1_000;
         config.flush_pulses = 3;
         let shard_stores = faultable.rows_only();
-        let mut shard = boot_with(shard_stores, &stores, config, &[0], 1);
+        let mut shard = boot_with(shard_stores, stores, config, &[0], 1);
         let id = stores.new_character("Aria").await;
-        login(&stores, &mut shard, id, "s").await;
+        login(stores, &mut shard, id, "s").await;
         shard.player_mut(id).unwrap().character.currency = 5;
         outage.cut();
         for _ in 0..3 {
@@ -554,9 +554,9 @@ async fn a_logout_during_a_postgres_outage_lands_its_final_save_once_it_heals(po
         let mut config = ShardConfig::new("shard-a", "zone-0");
         config.saver.io_timeout = Duration::from_secs(1);
         let shard_stores = faultable.rows_only();
-        let mut shard = boot_with(shard_stores, &stores, config, &[0], 1);
+        let mut shard = boot_with(shard_stores, stores, config, &[0], 1);
         let id = stores.new_character("Aria").await;
-        login(&stores, &mut shard, id, "s").await;
+        login(stores, &mut shard, id, "s").await;
         shard.player_mut(id).unwrap().character.currency = 42;
         outage.cut();
         shard.logout(id).unwrap();
@@ -626,9 +626,9 @@ async fn a_redis_outage_during_a_checkpoint_recovers_at_the_next_cadence(pool: P
             audit: None,
             retry: None,
         };
-        let mut shard = boot_with(shard_stores, &stores, config, &[0], 1);
+        let mut shard = boot_with(shard_stores, stores, config, &[0], 1);
         let id = stores.new_character("Aria").await;
-        login(&stores, &mut shard, id, "s").await;
+        login(stores, &mut shard, id, "s").await;
         shard.player_mut(id).unwrap().character.currency = 9;
         outage.cut();
         shard.tick();
