@@ -3,7 +3,10 @@
 //! paths and queries on every route, and console posts. No request gets a 5xx or kills the
 //! server, and every refused request leaves the stores as they were (rows fingerprinted, Redis
 //! values dumped); only what a refusal writes by design is set aside (nonces of accepted
-//! signatures, login throttle counters).
+//! signatures, login throttle counters). On Postgres and Redis only: what is fuzzed is the
+//! HTTP and signing layer above the stores, the same on either driver; the stored parts of it
+//! (nonces, throttles, requeues) are covered on both drivers by the auth, security and routes
+//! tests.
 
 use std::collections::BTreeMap;
 

@@ -137,28 +137,57 @@ async fn many_clients_together_meet_a_global_ceiling(pool: PgPool) {
     }
 }
 
+/// The login throttle lives in the fast tier: with it out of reach (Redis cut by a proxy, or
+/// the file failing every call on the app's own connection) a login is refused, never let
+/// through unthrottled.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_login_fails_closed_when_redis_is_down(pool: PgPool) {
     use shardkeep::backend::redis::RedisTimeouts;
     use shardkeep_testkit::faults::{ProxyControl, ProxyMode};
-    let app = spawn_app_with(pool, settings()).await;
-    let (proxy, cut) = shardkeep_testkit::faults::proxied_redis(
-        &shardkeep_testkit::redis_url(),
-        app.state.coord.keys().clone(),
-        RedisTimeouts {
-            connect: Duration::from_millis(300),
-            response: Duration::from_millis(300),
-        },
-    )
-    .await
-    .unwrap();
-    let mut state = app.state.clone();
-    state.coord = shardkeep::Coordination::new(cut, shardkeep::CoordinationConfig::default());
-    let served = serve(state).await;
-    proxy.set_mode(ProxyMode::Cut);
-    let (status, code, cookie) = login_at(&app.http, &served.base, "10.0.0.5", PASSWORD).await;
-    assert_eq!((status, code.as_str()), (503, "unavailable"));
-    assert!(cookie.is_empty(), "no session without the throttle");
+    for driver in Driver::ALL {
+        let app = spawn_app_of(pool.clone(), driver, settings()).await;
+        let mut state = app.state.clone();
+        let keys = app.state.coord.keys().clone();
+        let outage: Box<dyn std::any::Any> = match app.file_url() {
+            None => {
+                let (proxy, cut) = shardkeep_testkit::faults::proxied_redis(
+                    &shardkeep_testkit::redis_url(),
+                    keys,
+                    RedisTimeouts {
+                        connect: Duration::from_millis(300),
+                        response: Duration::from_millis(300),
+                    },
+                )
+                .await
+                .unwrap();
+                state.coord =
+                    shardkeep::Coordination::new(cut, shardkeep::CoordinationConfig::default());
+                proxy.set_mode(ProxyMode::Cut);
+                Box::new(proxy)
+            }
+            Some(url) => {
+                let cut = shardkeep::SqliteBackend::connect("DATABASE_URL", url)
+                    .await
+                    .unwrap();
+                cut.fail_for(Duration::from_secs(3_600));
+                state.coord = shardkeep::Coordination::embedded(
+                    cut.clone(),
+                    keys,
+                    shardkeep::CoordinationConfig::default(),
+                    std::sync::Arc::new(shardkeep::clock::SystemClock),
+                );
+                Box::new(cut)
+            }
+        };
+        let served = serve(state).await;
+        let (status, code, cookie) = login_at(&app.http, &served.base, "10.0.0.5", PASSWORD).await;
+        assert_eq!((status, code.as_str()), (503, "unavailable"), "{driver:?}");
+        assert!(
+            cookie.is_empty(),
+            "{driver:?}: no session without the throttle"
+        );
+        drop(outage);
+    }
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]

@@ -68,7 +68,7 @@ enum Keep {
         pg: shardkeep::PostgresBackend,
         redis: Box<TestRedis>,
     },
-    File(#[allow(dead_code)] TestSqlite),
+    File(TestSqlite),
 }
 
 impl TestApp {
@@ -85,6 +85,15 @@ impl TestApp {
         match &self.keep {
             Keep::Servers { redis, .. } => redis,
             Keep::File(_) => panic!("an embedded app has no Redis"),
+        }
+    }
+
+    /// The embedded file's `DATABASE_URL` (`None` on the servers), to open it again as another
+    /// connection would.
+    pub(crate) fn file_url(&self) -> Option<&str> {
+        match &self.keep {
+            Keep::Servers { .. } => None,
+            Keep::File(sqlite) => Some(sqlite.url()),
         }
     }
 

@@ -113,16 +113,28 @@ async fn older_effect_on(d: &JobDriver, redis: &TestRedis) {
     );
 }
 
+/// The bookkeeping maintenance over `d`'s store.
+fn bookkeeping_of(d: &JobDriver) -> Bookkeeping {
+    match d {
+        JobDriver::Postgres(pool) => Bookkeeping::new(pg(pool)),
+        JobDriver::Embedded(db) => Bookkeeping::embedded(db.clone()),
+    }
+}
+
+/// An instant `secs` seconds ago, in `d`'s SQL (the embedded file keeps microseconds).
+fn ago(d: &JobDriver, secs: i64) -> String {
+    match d {
+        JobDriver::Postgres(_) => format!("now() - make_interval(secs => {secs})"),
+        JobDriver::Embedded(_) => format!("now() - {}", secs * 1_000_000),
+    }
+}
+
 struct Retry {
     queue: RetryQueue,
     worker: RetryWorker,
 }
 
 impl Retry {
-    fn new(pool: &PgPool) -> Self {
-        Self::on(&JobDriver::Postgres(pool.clone()))
-    }
-
     fn on(d: &JobDriver) -> Self {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let (queue, signals) = d.queue(64, Arc::clone(&clock));
@@ -400,96 +412,108 @@ async fn a_load_records_its_items_and_an_earlier_release_is_a_phantom(pool: PgPo
 /// document stays the game's own size, and every reward is in it once.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn bookkeeping_stays_bounded_under_a_steady_workload(pool: PgPool) {
-    let store = CharacterStore::new(pg(&pool));
-    let bookkeeping = Bookkeeping::new(pg(&pool));
-    let retention = BookkeepingRetention::default();
-    let row = created(&store, "Aria").await;
-    let items: Vec<_> = (0..3).map(|_| uuid::Uuid::now_v7()).collect();
-    let inventory: Vec<_> = items
-        .iter()
-        .map(|id| json!({ "proto": "gem", "id": id }))
-        .collect();
-    sqlx::query("UPDATE characters SET state = $2 WHERE id = $1")
-        .bind(row.character_id)
-        .bind(json!({ "experience": 0, "inventory": inventory }))
-        .execute(&pool)
-        .await
-        .unwrap();
-    let loader = CharacterLoader::new(
-        store.clone(),
-        None,
-        shardkeep_reference::game::ReferenceModel::handle(),
-        Duration::from_secs(5),
-    );
-    let mut retry = Retry::new(&pool);
-    let mut doc_bytes = Vec::new();
-    for session in 0..20 {
-        let mut live = loader
-            .claim_and_load(row.character_id, 0)
-            .await
-            .unwrap()
-            .snapshot;
-        let mut jobs = Vec::new();
-        for seq in 1..=10 {
-            let xp = live.state["experience"].as_i64().unwrap() + 1;
-            live.state.set_field("experience", xp.into());
-            live.issue_mark = seq;
-            jobs.push(reward(&live, seq, 1));
-        }
-        assert_eq!(retry.run(&jobs).await, (10, 0), "session {session}");
-        // The flush conflicts with the jobs' versions, adopts the row's, and lands.
-        live.state_version = store.version_of(row.character_id).await.unwrap().unwrap().0;
-        assert!(matches!(
-            store.save(&live).await.unwrap(),
-            SaveOutcome::Saved(_)
-        ));
-        let before = bookkeeping.sizes().await.unwrap();
-        assert_eq!(before.effects, 10, "session {session}");
-        let pruned = bookkeeping.prune_once(retention).await.unwrap();
-        assert_eq!(pruned.effects, 10, "the flush superseded them");
-        let after = bookkeeping.sizes().await.unwrap();
-        assert_eq!(
-            (after.effects, after.item_loads),
-            (0, 3),
-            "session {session}"
+    let drivers = JobDrivers::new(&pool).await;
+    for d in drivers.drivers() {
+        let store = d.characters();
+        let bookkeeping = bookkeeping_of(&d);
+        let retention = BookkeepingRetention::default();
+        let row = created(&store, "Aria").await;
+        let items: Vec<_> = (0..3).map(|_| uuid::Uuid::now_v7()).collect();
+        let inventory: Vec<_> = items
+            .iter()
+            .map(|id| json!({ "proto": "gem", "id": id }))
+            .collect();
+        d.set_state(
+            row.character_id,
+            json!({ "experience": 0, "inventory": inventory }),
+        )
+        .await;
+        let loader = CharacterLoader::new(
+            store.clone(),
+            None,
+            shardkeep_reference::game::ReferenceModel::handle(),
+            Duration::from_secs(5),
         );
-        doc_bytes.push(state_of(&store, row.character_id).await.to_string().len());
-    }
-    assert_eq!(
-        state_of(&store, row.character_id).await["experience"],
-        200,
-        "every reward once"
-    );
-    let (first, last) = (doc_bytes[0], doc_bytes[doc_bytes.len() - 1]);
-    assert!(
-        last <= first + 2,
-        "the document grew: {first} → {last} bytes"
-    );
+        let mut retry = Retry::on(&d);
+        let mut doc_bytes = Vec::new();
+        for session in 0..20 {
+            let mut live = loader
+                .claim_and_load(row.character_id, 0)
+                .await
+                .unwrap()
+                .snapshot;
+            let mut jobs = Vec::new();
+            for seq in 1..=10 {
+                let xp = live.state["experience"].as_i64().unwrap() + 1;
+                live.state.set_field("experience", xp.into());
+                live.issue_mark = seq;
+                jobs.push(reward(&live, seq, 1));
+            }
+            assert_eq!(retry.run(&jobs).await, (10, 0), "session {session}");
+            // The flush conflicts with the jobs' versions, adopts the row's, and lands.
+            live.state_version = store.version_of(row.character_id).await.unwrap().unwrap().0;
+            assert!(matches!(
+                store.save(&live).await.unwrap(),
+                SaveOutcome::Saved(_)
+            ));
+            let before = bookkeeping.sizes().await.unwrap();
+            assert_eq!(before.effects, 10, "session {session}");
+            let pruned = bookkeeping.prune_once(retention).await.unwrap();
+            assert_eq!(pruned.effects, 10, "the flush superseded them");
+            let after = bookkeeping.sizes().await.unwrap();
+            assert_eq!(
+                (after.effects, after.item_loads),
+                (0, 3),
+                "session {session}"
+            );
+            doc_bytes.push(state_of(&store, row.character_id).await.to_string().len());
+        }
+        assert_eq!(
+            state_of(&store, row.character_id).await["experience"],
+            200,
+            "every reward once"
+        );
+        let (first, last) = (doc_bytes[0], doc_bytes[doc_bytes.len() - 1]);
+        assert!(
+            last <= first + 2,
+            "the document grew: {first} → {last} bytes"
+        );
 
-    // Unsequenced keys and item loads leave after their retention; newer ones stay.
-    sqlx::query(
-        "INSERT INTO character_job_effects
-                (character_id, idempotency_key, owner_epoch, issue_seq, job_kind, payload,
-                 row_version, applied_at)
-         VALUES ($1, 'old', 20, 0, 'combat_rewards', NULL, 1, now() - interval '8 days'),
-                ($1, 'new', 20, 0, 'combat_rewards', NULL, 1, now())",
-    )
-    .bind(row.character_id)
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::query("UPDATE item_loads SET loaded_at = now() - interval '35 days' WHERE item_id = $1")
-        .bind(items[0])
-        .execute(&pool)
+        // Unsequenced keys and item loads leave after their retention; newer ones stay.
+        // Postgres numbers applications with an identity column; the file's rows carry theirs.
+        let (column, old_order, new_order) = match d {
+            JobDriver::Postgres(_) => ("", "", ""),
+            JobDriver::Embedded(_) => (", applied_order", ", 1001", ", 1002"),
+        };
+        d.execute(
+            &format!(
+                "INSERT INTO character_job_effects
+                    (character_id, idempotency_key, owner_epoch, issue_seq, job_kind, payload,
+                     row_version, applied_at{column})
+             VALUES ($1, 'old', 20, 0, 'combat_rewards', NULL, 1, {}{old_order}),
+                    ($1, 'new', 20, 0, 'combat_rewards', NULL, 1, now(){new_order})",
+                ago(&d, 8 * 86_400),
+            ),
+            Some(row.character_id),
+        )
         .await
         .unwrap();
-    let pruned = bookkeeping.prune_once(retention).await.unwrap();
-    assert_eq!((pruned.effects, pruned.item_loads), (1, 1));
-    let keys: Vec<String> = sqlx::query_scalar("SELECT idempotency_key FROM character_job_effects")
-        .fetch_all(&pool)
+        d.execute(
+            &format!(
+                "UPDATE item_loads SET loaded_at = {} WHERE item_id = $1",
+                ago(&d, 35 * 86_400)
+            ),
+            Some(items[0]),
+        )
         .await
         .unwrap();
-    assert_eq!(keys, vec!["new".to_owned()]);
+        let pruned = bookkeeping.prune_once(retention).await.unwrap();
+        assert_eq!((pruned.effects, pruned.item_loads), (1, 1));
+        let keys: Vec<(String,)> = d
+            .fetch_all("SELECT idempotency_key FROM character_job_effects", None)
+            .await;
+        assert_eq!(keys, vec![("new".to_owned(),)], "{}", d.name());
+    }
 }
 
 /// A load only raises an item-load entry's epoch while its load time is fresh (an update that
@@ -497,61 +521,67 @@ async fn bookkeeping_stays_bounded_under_a_steady_workload(pool: PgPool) {
 /// prune keeps the entry until its last load is older than the retention.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn item_load_times_move_only_when_stale_and_the_prune_makes_up_for_it(pool: PgPool) {
-    let retention = BookkeepingRetention {
-        item_loads: Duration::from_secs(800),
-        ..BookkeepingRetention::default()
-    };
-    assert_eq!(retention.item_load_refresh(), Duration::from_secs(100));
-    let store = CharacterStore::new(pg(&pool)).with_item_load_retention(retention.item_loads);
-    let bookkeeping = Bookkeeping::new(pg(&pool));
-    let row = created(&store, "Tamsin").await;
-    let item = uuid::Uuid::now_v7();
-    let entry = async || -> (i64, f64) {
-        sqlx::query_as(
-            "SELECT loaded_epoch, extract(epoch FROM now() - loaded_at)::float8 FROM item_loads
-              WHERE item_id = $1",
-        )
-        .bind(item)
-        .fetch_one(&pool)
-        .await
-        .unwrap()
-    };
-    let age = |secs: i64| {
-        sqlx::query("UPDATE item_loads SET loaded_at = now() - make_interval(secs => $1)")
-            .bind(secs as f64)
-            .execute(&pool)
-    };
-    store
-        .record_item_loads(row.character_id, 1, &[item])
-        .await
-        .unwrap();
-    age(60).await.unwrap();
-    store
-        .record_item_loads(row.character_id, 2, &[item])
-        .await
-        .unwrap();
-    let (epoch, since) = entry().await;
-    assert_eq!(epoch, 2, "the epoch always rises");
-    assert!(since >= 59.0, "a fresh load time stays: {since}");
-    age(150).await.unwrap();
-    store
-        .record_item_loads(row.character_id, 3, &[item])
-        .await
-        .unwrap();
-    let (epoch, since) = entry().await;
-    assert_eq!(epoch, 3);
-    assert!(since < 30.0, "a stale load time moves: {since}");
-    // Kept until retention + refresh (900 s) have passed since the load time.
-    age(850).await.unwrap();
-    assert_eq!(
-        bookkeeping.prune_once(retention).await.unwrap().item_loads,
-        0
-    );
-    age(950).await.unwrap();
-    assert_eq!(
-        bookkeeping.prune_once(retention).await.unwrap().item_loads,
-        1
-    );
+    let drivers = JobDrivers::new(&pool).await;
+    for d in drivers.drivers() {
+        let retention = BookkeepingRetention {
+            item_loads: Duration::from_secs(800),
+            ..BookkeepingRetention::default()
+        };
+        assert_eq!(retention.item_load_refresh(), Duration::from_secs(100));
+        let store = d
+            .characters()
+            .with_item_load_retention(retention.item_loads);
+        let bookkeeping = bookkeeping_of(&d);
+        let row = created(&store, "Tamsin").await;
+        let item = uuid::Uuid::now_v7();
+        let since = match d {
+            JobDriver::Postgres(_) => "extract(epoch FROM now() - loaded_at)::float8",
+            JobDriver::Embedded(_) => "(now() - loaded_at) / 1000000.0",
+        };
+        let entry = async || -> (i64, f64) {
+            d.fetch_one(
+                &format!("SELECT loaded_epoch, {since} FROM item_loads WHERE item_id = $1"),
+                Some(item),
+            )
+            .await
+        };
+        let age = |secs: i64| {
+            let sql = format!("UPDATE item_loads SET loaded_at = {}", ago(&d, secs));
+            let d = d.clone();
+            async move { d.execute(&sql, None).await }
+        };
+        store
+            .record_item_loads(row.character_id, 1, &[item])
+            .await
+            .unwrap();
+        age(60).await.unwrap();
+        store
+            .record_item_loads(row.character_id, 2, &[item])
+            .await
+            .unwrap();
+        let (epoch, since) = entry().await;
+        assert_eq!(epoch, 2, "the epoch always rises");
+        assert!(since >= 59.0, "a fresh load time stays: {since}");
+        age(150).await.unwrap();
+        store
+            .record_item_loads(row.character_id, 3, &[item])
+            .await
+            .unwrap();
+        let (epoch, since) = entry().await;
+        assert_eq!(epoch, 3);
+        assert!(since < 30.0, "a stale load time moves: {since}");
+        // Kept until retention + refresh (900 s) have passed since the load time.
+        age(850).await.unwrap();
+        assert_eq!(
+            bookkeeping.prune_once(retention).await.unwrap().item_loads,
+            0
+        );
+        age(950).await.unwrap();
+        assert_eq!(
+            bookkeeping.prune_once(retention).await.unwrap().item_loads,
+            1
+        );
+    }
 }
 
 /// Transfer activations and item-release entries leave after their retention, newer ones stay:
@@ -559,51 +589,55 @@ async fn item_load_times_move_only_when_stale_and_the_prune_makes_up_for_it(pool
 /// game runs (the soak's `transfer_activations` grew without end).
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn activations_and_releases_past_their_retention_are_pruned(pool: PgPool) {
-    let store = CharacterStore::new(pg(&pool));
-    let bookkeeping = Bookkeeping::new(pg(&pool));
-    let row = created(&store, "Vela").await;
-    let retention = BookkeepingRetention::default();
-    let old = format!("{} seconds", retention.transfer_activations.as_secs() + 60);
-    sqlx::query(
-        "INSERT INTO transfer_activations
-                (transfer_token, character_id, target_shard, target_zone, owner_epoch, activated_at)
-         VALUES ('old', $1, 's', 'z', 1, now() - $2::interval),
-                ('new', $1, 's', 'z', 2, now())",
-    )
-    .bind(row.character_id)
-    .bind(&old)
-    .execute(&pool)
-    .await
-    .unwrap();
-    let old = format!("{} seconds", retention.item_loads.as_secs() + 60);
-    let (gone, kept) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
-    sqlx::query(
-        "INSERT INTO item_releases (character_id, item_id, released_epoch, released_at)
-         VALUES ($1, $2, 1, now() - $4::interval), ($1, $3, 2, now())",
-    )
-    .bind(row.character_id)
-    .bind(gone)
-    .bind(kept)
-    .bind(&old)
-    .execute(&pool)
-    .await
-    .unwrap();
-    assert_eq!(bookkeeping.sizes().await.unwrap().transfer_activations, 2);
+    let drivers = JobDrivers::new(&pool).await;
+    for d in drivers.drivers() {
+        let store = d.characters();
+        let bookkeeping = bookkeeping_of(&d);
+        let row = created(&store, "Vela").await;
+        let retention = BookkeepingRetention::default();
+        let old = ago(&d, retention.transfer_activations.as_secs() as i64 + 60);
+        d.execute(
+            &format!(
+                "INSERT INTO transfer_activations
+                    (transfer_token, character_id, target_shard, target_zone, owner_epoch,
+                     activated_at)
+             VALUES ('old', $1, 's', 'z', 1, {old}), ('new', $1, 's', 'z', 2, now())"
+            ),
+            Some(row.character_id),
+        )
+        .await
+        .unwrap();
+        // Two releases of the same character: the old one of the item released first.
+        let old = ago(&d, retention.item_loads.as_secs() as i64 + 60);
+        let store_release = |epoch: i64, at: String| {
+            let d = d.clone();
+            let sql = format!(
+                "INSERT INTO item_releases (character_id, item_id, released_epoch, released_at)
+             VALUES ($1, {}, {epoch}, {at})",
+                match d {
+                    JobDriver::Postgres(_) => "gen_random_uuid()",
+                    JobDriver::Embedded(_) => "randomblob(16)",
+                }
+            );
+            async move { d.execute(&sql, Some(row.character_id)).await.unwrap() }
+        };
+        store_release(1, old).await;
+        store_release(2, "now()".to_owned()).await;
+        assert_eq!(bookkeeping.sizes().await.unwrap().transfer_activations, 2);
 
-    let pruned = bookkeeping.prune_once(retention).await.unwrap();
-    assert_eq!((pruned.transfer_activations, pruned.item_releases), (1, 1));
-    let tokens: Vec<String> = sqlx::query_scalar("SELECT transfer_token FROM transfer_activations")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    assert_eq!(tokens, vec!["new".to_owned()]);
-    let items: Vec<uuid::Uuid> = sqlx::query_scalar("SELECT item_id FROM item_releases")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    assert_eq!(items, vec![kept]);
-    let sizes = bookkeeping.sizes().await.unwrap();
-    assert_eq!((sizes.transfer_activations, sizes.item_releases), (1, 1));
+        let pruned = bookkeeping.prune_once(retention).await.unwrap();
+        assert_eq!((pruned.transfer_activations, pruned.item_releases), (1, 1));
+        let tokens: Vec<(String,)> = d
+            .fetch_all("SELECT transfer_token FROM transfer_activations", None)
+            .await;
+        assert_eq!(tokens, vec![("new".to_owned(),)], "{}", d.name());
+        let epochs: Vec<(i64,)> = d
+            .fetch_all("SELECT released_epoch FROM item_releases", None)
+            .await;
+        assert_eq!(epochs, vec![(2,)], "{}: the newer release stays", d.name());
+        let sizes = bookkeeping.sizes().await.unwrap();
+        assert_eq!((sizes.transfer_activations, sizes.item_releases), (1, 1));
+    }
 }
 
 /// A logout save that became a state job is a live write: a checkpoint dumped before it (an
@@ -734,7 +768,8 @@ async fn unsequenced_writes_never_reopen_a_granted_reward(pool: PgPool) {
 
 /// A login's claim that waits for a settle's row lock must see that settle's effect records, not
 /// only its row: otherwise the checkpoint it prefers gets nothing replayed and the job's reward,
-/// already deleted as applied, is lost.
+/// already deleted as applied, is lost. Postgres only: the embedded store has no row locks
+/// (a settle holds the file's one write lock, so a claim never reads between its writes).
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_claim_that_waited_for_a_settle_replays_its_effects(pool: PgPool) {
     let redis = TestRedis::new().await;
@@ -794,7 +829,8 @@ async fn a_claim_that_waited_for_a_settle_replays_its_effects(pool: PgPool) {
 /// others briefly, so a few entries of every era outlive the rest. Keyed by item first, each
 /// era's index pages kept one of those survivors and were never given back (the soak's
 /// `item_loads` grew at a steady rate while its rows did not); keyed by character first, the
-/// pages a character's entries share are reused by its next loads.
+/// pages a character's entries share are reused by its next loads. Postgres only: it reads
+/// the index's size off Postgres (`pg_relation_size`); SQLite reuses a table's freed pages.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn the_item_load_index_follows_its_entries_not_the_servers_age(pool: PgPool) {
     use rand::rngs::Xoshiro256PlusPlus;
