@@ -15,6 +15,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+pub mod claim_plans;
 pub mod cluster;
 pub mod coord_drivers;
 pub mod embedded;

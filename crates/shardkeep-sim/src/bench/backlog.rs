@@ -29,7 +29,7 @@ pub struct BacklogConfig {
 }
 
 /// The two runs' rates.
-#[derive(Debug, Clone, Copy, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct BacklogReport {
     /// Jobs left waiting in the second run.
     pub queued: usize,
@@ -43,61 +43,9 @@ pub struct BacklogReport {
     pub backlog_first: f64,
     /// Seconds it took to queue the backlog.
     pub queue_seconds: f64,
-    /// Sequential scans of the job table during the compared backlog run.
-    pub seq_scans: i64,
-    /// Rows those sequential scans read.
-    pub seq_rows_read: i64,
-    /// Index scans of the job table during that run.
-    pub index_scans: i64,
-}
-
-/// The job table's scan counters as Postgres has flushed them so far.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, sqlx::FromRow)]
-struct TableScans {
-    seq_scan: i64,
-    seq_tup_read: i64,
-    idx_scan: i64,
-    n_tup_del: i64,
-}
-
-async fn table_scans(env: &BenchEnv) -> Result<TableScans, BenchError> {
-    let mut conn = env.pool.acquire().await?;
-    sqlx::query("SELECT pg_stat_clear_snapshot()")
-        .execute(&mut *conn)
-        .await?;
-    Ok(sqlx::query_as(
-        "SELECT COALESCE(seq_scan, 0) AS seq_scan, COALESCE(seq_tup_read, 0) AS seq_tup_read,
-                COALESCE(idx_scan, 0) AS idx_scan, COALESCE(n_tup_del, 0) AS n_tup_del
-           FROM pg_stat_user_tables WHERE relname = 'persistence_retry_jobs'",
-    )
-    .fetch_optional(&mut *conn)
-    .await?
-    .unwrap_or_default())
-}
-
-/// The counters once the run's `jobs` deletions are flushed. Every backend flushes all its
-/// counters together (at the latest when it exits, as the run's worker pool does), so the run's
-/// scans are in once its deletions are.
-async fn scans_after(
-    env: &BenchEnv,
-    before: TableScans,
-    jobs: usize,
-) -> Result<TableScans, BenchError> {
-    let deadline = Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let now = table_scans(env).await?;
-        if now.n_tup_del - before.n_tup_del >= i64::try_from(jobs).unwrap_or(i64::MAX) {
-            return Ok(now);
-        }
-        if Instant::now() > deadline {
-            return Err(BenchError::Other(format!(
-                "the job table's counters never showed the run's {jobs} deletions \
-                 ({} of them after 30 s)",
-                now.n_tup_del - before.n_tup_del
-            )));
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    /// What is wrong with the claim statements' generic plans over the queued backlog (empty
+    /// when every poll walks the claimable index in order and nothing scans the table).
+    pub plan_faults: Vec<String>,
 }
 
 /// Queues `count` jobs that stay out of reach for the run: 90 % due in an hour, 10 % under a
@@ -171,13 +119,17 @@ pub async fn run(
             config.queued
         ),
     );
-    let settled = table_scans(env).await?;
+    progress.step(BENCH, "the claim statements' plans over the backlog");
+    let plan_faults = {
+        let mut conn = env.pool.acquire().await?;
+        shardkeep_testkit::claim_plans::claim_plan_faults(&mut conn).await?
+    };
+    for fault in &plan_faults {
+        progress.step(BENCH, format!("claim plan: {fault}"));
+    }
     let backlog_first =
         shardkeep_run(env, "with backlog".into(), &chars, size, None, progress).await?;
-    // The first run's counters are in before the compared run starts.
-    let before = scans_after(env, settled, config.jobs).await?;
     let backlog = shardkeep_run(env, "with backlog".into(), &chars, size, None, progress).await?;
-    let after = scans_after(env, before, config.jobs).await?;
     let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM persistence_retry_jobs")
         .fetch_one(&env.pool)
         .await?;
@@ -194,9 +146,7 @@ pub async fn run(
         empty_first: empty_first.rate(),
         backlog_first: backlog_first.rate(),
         queue_seconds,
-        seq_scans: after.seq_scan - before.seq_scan,
-        seq_rows_read: after.seq_tup_read - before.seq_tup_read,
-        index_scans: after.idx_scan - before.idx_scan,
+        plan_faults,
     })
 }
 
@@ -224,13 +174,10 @@ pub fn rows(r: &BacklogReport) -> Vec<Row> {
         ),
         Row::higher_is_better(
             BENCH,
-            format!(
-                "rows the job table's sequential scans read, {queued} queued ({} scans, {} index scans)",
-                r.seq_scans, r.index_scans
-            ),
-            r.seq_rows_read as f64,
-            "jobs queued",
-            r.queued as f64,
+            format!("claim plans with a table scan or a poll's sort, {queued} queued"),
+            r.plan_faults.len() as f64,
+            "claim statements explained",
+            shardkeep::retry::CLAIM_STATEMENTS.len() as f64,
             Unit::Count,
             Goal::AtMost(0.0),
         ),

@@ -59,7 +59,7 @@ pub use job::{IdempotencyEnvelope, InvalidJob, PersistenceRetryJob};
 pub use payload::{CoreWrite, PersistenceRetryPayload};
 pub use policy::{Origin, SessionImpact, session_impact};
 pub use settle::{DEFERRED_FOR, JobOutcome};
-pub use store::{RequeueError, RequeueOutcome};
+pub use store::{CLAIM_STATEMENTS, ClaimStatement, RequeueError, RequeueOutcome};
 pub use worker::{ClaimedBatch, RetryPause, RetryStats, RetryWorker, RetryWorkerConfig};
 
 /// Why a job was left to polling.

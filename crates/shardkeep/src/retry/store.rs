@@ -85,7 +85,9 @@ macro_rules! any_due_rows {
 }
 
 /// Stamps a lease (`$4` token, `$5` owner, `$6` seconds) on the rows of `$due`, counting a lease
-/// that had run out.
+/// that had run out. The claimed rows are also named by id (`= ANY(ARRAY(…))`), so the update
+/// finds them through the primary key in every plan: a generic plan cannot know how few rows the
+/// limit lets through, and joined them against a scan of the whole table.
 macro_rules! lease {
     ($due:expr) => {
         concat!(
@@ -98,6 +100,7 @@ macro_rules! lease {
                     lease_expiries = j.lease_expiries + due.lease_expired::int
                FROM due
               WHERE j.retry_job_id = due.retry_job_id
+                AND j.retry_job_id = ANY (ARRAY(SELECT retry_job_id FROM due))
              RETURNING j.retry_job_id, j.job_kind, j.character_id, j.realm_id, j.zone_id, j.payload,
                        j.session_token, j.session_impact, j.source, j.idempotency_key,
                        j.owner_epoch, j.origin, j.issued_at, j.issue_seq, j.attempt_count,
@@ -126,6 +129,52 @@ const LOCK_DUE: &str = any_due_rows!(
      source, idempotency_key, owner_epoch, origin, issued_at, issue_seq, attempt_count,
      next_attempt_at, created_at, lease_expiries, lease_token IS NOT NULL AS lease_expired"
 );
+
+/// One statement a Postgres claim runs, for plan checks: the retry plan test and the backlog
+/// benchmark prepare each with its parameter types and explain its generic plan.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimStatement {
+    /// What it claims.
+    pub name: &'static str,
+    /// The statement: `$1` now, `$2` the signaled ids (null for a poll), `$3` the limit; a lease
+    /// also takes `$4` its token, `$5` its owner and `$6` its seconds.
+    pub sql: &'static str,
+    /// Its parameters' Postgres types, comma-separated, for `PREPARE`.
+    pub param_types: &'static str,
+    /// Whether it is a poll's form (any due row) rather than the signaled ids'.
+    pub poll: bool,
+}
+
+const LEASE_PARAMS: &str = "timestamptz, uuid[], bigint, uuid, text, double precision";
+const LOCK_PARAMS: &str = "timestamptz, uuid[], bigint";
+
+/// Every statement a Postgres claim runs.
+pub const CLAIM_STATEMENTS: [ClaimStatement; 4] = [
+    ClaimStatement {
+        name: "lease, poll",
+        sql: LEASE_DUE,
+        param_types: LEASE_PARAMS,
+        poll: true,
+    },
+    ClaimStatement {
+        name: "lease, signaled",
+        sql: LEASE_SIGNALED,
+        param_types: LEASE_PARAMS,
+        poll: false,
+    },
+    ClaimStatement {
+        name: "lock, poll",
+        sql: LOCK_DUE,
+        param_types: LOCK_PARAMS,
+        poll: true,
+    },
+    ClaimStatement {
+        name: "lock, signaled",
+        sql: LOCK_SIGNALED,
+        param_types: LOCK_PARAMS,
+        poll: false,
+    },
+];
 
 /// Locks up to `limit` due jobs (only `ids` when given) inside the caller's transaction.
 pub(crate) async fn lock_due(

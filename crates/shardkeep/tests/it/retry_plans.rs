@@ -186,6 +186,39 @@ async fn signaled_claims_never_scan_the_whole_queue(pool: PgPool) {
     );
 }
 
+/// Every claim statement's generic plan (the one a cached statement may run) walks an index
+/// over a large backlog: a poll reads the claimable index in its order, and the lease's update
+/// finds the claimed rows by id. With 100,000 jobs waiting, the lease's update used to join the
+/// claimed rows against a sequential scan of the whole table, since the generic plan cannot
+/// know how few rows the claim's limit lets through.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn every_claim_plan_walks_an_index_over_a_large_backlog(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, payload,
+             next_attempt_at, session_impact, source, idempotency_key, owner_epoch, origin,
+             issued_at, lease_token, lease_owner, lease_expires_at)
+         SELECT gen_random_uuid(), 'combat_rewards', gen_random_uuid(), '{}',
+                now() + interval '1 hour', 'none', 'backlog', 'b-' || g, 0, 'combat_rewards',
+                now(),
+                CASE WHEN g % 10 = 0 THEN gen_random_uuid() END,
+                CASE WHEN g % 10 = 0 THEN 'elsewhere' END,
+                CASE WHEN g % 10 = 0 THEN now() + interval '1 hour' END
+           FROM generate_series(1, 100000) g",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("ANALYZE persistence_retry_jobs")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    let faults = shardkeep_testkit::claim_plans::claim_plan_faults(&mut conn)
+        .await
+        .unwrap();
+    assert!(faults.is_empty(), "{faults:?}");
+}
+
 /// A poll finds its due rows through the partial indexes, however many jobs wait for later: the
 /// claim's `lease_token IS NULL OR lease_expires_at <= $1` matched neither index, so every poll
 /// scanned and sorted the whole queue (here 20,000 rows due in an hour and 200 leased rows whose
