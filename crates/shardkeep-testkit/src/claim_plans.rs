@@ -25,18 +25,22 @@ pub async fn claim_plan_faults(conn: &mut PgConnection) -> Result<Vec<String>, s
     Ok(faults)
 }
 
-/// The generic plan of `statement`, as Postgres's JSON.
+/// The generic plan of `statement`, as Postgres's JSON. One transaction under a name of its
+/// own, so a pooler in transaction mode keeps it on one server connection.
 async fn generic_plan(
     conn: &mut PgConnection,
     statement: &ClaimStatement,
 ) -> Result<Value, sqlx::Error> {
+    use sqlx::Connection;
+    let name = format!("shardkeep_claim_check_{}", uuid::Uuid::new_v4().simple());
+    let mut tx = conn.begin().await?;
     // The statement's own `$n` are PREPARE's parameters: it goes through the simple protocol.
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "SET plan_cache_mode = force_generic_plan;
-         PREPARE shardkeep_claim_check ({}) AS {}",
+        "SET LOCAL plan_cache_mode = force_generic_plan;
+         PREPARE {name} ({}) AS {}",
         statement.param_types, statement.sql
     )))
-    .execute(&mut *conn)
+    .execute(&mut *tx)
     .await?;
     let ids = if statement.poll {
         "NULL"
@@ -49,14 +53,15 @@ async fn generic_plan(
         ""
     };
     let plan = sqlx::query_scalar::<_, Value>(sqlx::AssertSqlSafe(format!(
-        "EXPLAIN (FORMAT JSON) EXECUTE shardkeep_claim_check (now(), {ids}, 128{lease})"
+        "EXPLAIN (FORMAT JSON) EXECUTE {name} (now(), {ids}, 128{lease})"
     )))
-    .fetch_one(&mut *conn)
-    .await;
-    sqlx::raw_sql("DEALLOCATE shardkeep_claim_check; RESET plan_cache_mode")
-        .execute(&mut *conn)
+    .fetch_one(&mut *tx)
+    .await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DEALLOCATE {name}")))
+        .execute(&mut *tx)
         .await?;
-    plan
+    tx.commit().await?;
+    Ok(plan)
 }
 
 /// What is wrong with one explained plan: a sequential scan of the job table, and for a poll
