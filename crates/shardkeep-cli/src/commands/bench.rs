@@ -156,7 +156,7 @@ pub(crate) async fn run(args: &BenchArgs) -> anyhow::Result<ExitCode> {
                 slowdown: Duration::from_millis(a.slowdown_ms),
             };
             let env = engines.env().await?;
-            let r = audit::run(&env, database_url, config).await;
+            let r = audit::run(&env, database_url, config, &progress).await;
             env.teardown().await;
             let r = r.map_err(anyhow::Error::msg)?;
             table.rows.extend(all::audit_rows(&r));

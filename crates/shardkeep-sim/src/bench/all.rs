@@ -279,10 +279,9 @@ pub async fn run(
     )
     .await?;
 
-    progress.step("audit", "a death storm through the batched auditor");
     let a = engines
         .scoped(async |env| {
-            audit::run(env, &engines.database_url, config.audit)
+            audit::run(env, &engines.database_url, config.audit, progress)
                 .await
                 .map_err(BenchError::Other)
         })

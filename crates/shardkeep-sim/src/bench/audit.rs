@@ -8,7 +8,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use super::{BenchEnv, rate};
+use super::{BenchEnv, Progress, rate};
 use shardkeep::audit::{AuditEvent, AuditStore, Auditor, AuditorConfig};
 use shardkeep::backend::PostgresBackend;
 use shardkeep_testkit::faults::{FaultProxy, ProxyMode};
@@ -53,7 +53,12 @@ pub async fn run(
     env: &BenchEnv,
     database_url: &str,
     config: AuditBenchConfig,
+    progress: &Progress,
 ) -> Result<AuditBenchReport, String> {
+    progress.step(
+        "audit",
+        format!("{} deaths through the batched auditor", config.events),
+    );
     let store = AuditStore::new(env.pg.clone());
     // Batched: keep the queue fed without overflowing it, and time until everything is written.
     let auditor = Auditor::spawn(
@@ -71,12 +76,24 @@ pub async fn run(
     auditor.barrier(Duration::from_secs(120)).await;
     let batched = rate(auditor.stats().recorded, started.elapsed());
 
+    progress.step(
+        "audit",
+        format!("{} deaths, one INSERT each", config.events),
+    );
     let started = Instant::now();
     for n in 0..config.events {
         store.record(&[death(n)]).await.map_err(|e| e.to_string())?;
     }
     let single_row = rate(config.events as u64, started.elapsed());
 
+    progress.step(
+        "audit",
+        format!(
+            "a burst of {} deaths against a store slowed by {} ms, batched and one row a write",
+            config.burst,
+            config.slowdown.as_millis()
+        ),
+    );
     let (batched_dropped, single_row_dropped) = slowed(env, database_url, config).await?;
     Ok(AuditBenchReport {
         batched,

@@ -473,10 +473,12 @@ impl Steps<'_> {
         Ok((raw_set, raw_set_pipelined))
     }
 
-    /// The checkpoint guard script issued raw, EVALSHA pipelined in batches with the bodies
-    /// encoded before the clock starts, `per_call` checkpoints to a call (grouped by slot on a
-    /// cluster, as the library groups them).
+    /// The checkpoint guard script issued raw, EVALSHA pipelined with the bodies encoded before
+    /// the clock starts, `per_call` checkpoints to a call (grouped by slot on a cluster, as the
+    /// library groups them), in pipelines of the library's size with as many in flight at once.
     async fn raw_guard(&mut self, per_call: usize) -> Result<f64, BenchError> {
+        use futures::{StreamExt, TryStreamExt};
+        use shardkeep::character::checkpoint::{PIPELINE_SNAPSHOTS, PIPELINES_IN_FLIGHT};
         let bodies = self.checkpoint_bodies()?;
         let mut conn = self.env.redis_conn.clone();
         let cluster = self.env.redis.is_cluster();
@@ -497,24 +499,39 @@ impl Steps<'_> {
         while started.elapsed() < self.config.window {
             let range = self.chunk(cursor);
             cursor += 1;
-            let range_keys: Vec<String> = range.clone().map(|i| bodies[i].0.clone()).collect();
-            let sizes: Vec<usize> = range.clone().map(|i| bodies[i].1.len()).collect();
-            let mut pipe = redis::pipe();
-            for group in call_groups(&range_keys, &sizes, cluster) {
-                for call in group.chunks(per_call) {
-                    let cmd = pipe.cmd("EVALSHA").arg(script.get_hash()).arg(call.len());
-                    for &k in call {
-                        cmd.arg(&range_keys[k]);
-                    }
-                    cmd.arg(ttl);
-                    for &k in call {
-                        let (s, body) =
-                            (&self.snapshots[range.start + k], &bodies[range.start + k].1);
-                        cmd.arg(s.owner_epoch).arg(body).arg(s.schema_version);
+            let mut pipes = Vec::new();
+            let mut start = range.start;
+            while start < range.end {
+                let part = start..(start + PIPELINE_SNAPSHOTS).min(range.end);
+                start = part.end;
+                let part_keys: Vec<String> = part.clone().map(|i| bodies[i].0.clone()).collect();
+                let sizes: Vec<usize> = part.clone().map(|i| bodies[i].1.len()).collect();
+                let mut pipe = redis::pipe();
+                for group in call_groups(&part_keys, &sizes, cluster) {
+                    for call in group.chunks(per_call) {
+                        let cmd = pipe.cmd("EVALSHA").arg(script.get_hash()).arg(call.len());
+                        for &k in call {
+                            cmd.arg(&part_keys[k]);
+                        }
+                        cmd.arg(ttl);
+                        for &k in call {
+                            let (s, body) =
+                                (&self.snapshots[part.start + k], &bodies[part.start + k].1);
+                            cmd.arg(s.owner_epoch).arg(body).arg(s.schema_version);
+                        }
                     }
                 }
+                pipes.push(pipe);
             }
-            let _: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
+            let sent = futures::stream::iter(pipes)
+                .map(|pipe| {
+                    let mut conn = conn.clone();
+                    async move { pipe.query_async::<Vec<redis::Value>>(&mut conn).await }
+                })
+                .buffer_unordered(PIPELINES_IN_FLIGHT)
+                .try_collect::<Vec<_>>()
+                .await?;
+            drop(sent);
             done += range.len() as u64;
         }
         Ok(rate(done, started.elapsed()))

@@ -25,7 +25,7 @@ pub const WRITE_SCRIPT: &str = concat!(
 static WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(WRITE_SCRIPT));
 
 /// Snapshots per pipeline of a large write.
-const PIPELINE_SNAPSHOTS: usize = 128;
+pub const PIPELINE_SNAPSHOTS: usize = 128;
 /// Most checkpoints one guard script call writes (fewer on a cluster, where one call holds
 /// the keys of one slot only): a call's own cost is paid once for all of them.
 pub const CHECKPOINTS_PER_CALL: usize = 32;
@@ -34,7 +34,7 @@ pub const CHECKPOINTS_PER_CALL: usize = 32;
 /// fills a client's query buffer, for long.
 pub const CALL_BYTES: usize = 256 * 1024;
 /// Pipelines of one write in flight at once.
-const PIPELINES_IN_FLIGHT: usize = 4;
+pub const PIPELINES_IN_FLIGHT: usize = 4;
 
 /// A checkpoint call failed.
 #[derive(Debug, thiserror::Error)]
