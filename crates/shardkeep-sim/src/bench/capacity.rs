@@ -238,9 +238,10 @@ pub async fn run(
             + before.checkpoint_refused
             + before.row_conflicts
             + before.row_ownership_lost);
-    // Pulses that never ran (the schedule slips past an overrun) count as overruns.
-    let expected_pulses = (seconds / pulse.as_secs_f64()).floor() as u64;
-    overruns += expected_pulses.saturating_sub(pulses + 1);
+    // Pulses that never ran (the schedule slips past an overrun) count as overruns: the
+    // ticker's first pulse is due at once, then one each period.
+    let expected_pulses = (seconds / pulse.as_secs_f64()).floor() as u64 + 1;
+    overruns += expected_pulses.saturating_sub(pulses);
     if barrier != shardkeep::drain::BarrierOutcome::Drained {
         failed += 1;
     }

@@ -142,7 +142,7 @@ async fn a_full_batch_never_scans_every_recorded_effect(pool: PgPool) {
     );
 }
 
-/// Signaled claims find their rows through the primary key, whatever the queue holds: the
+/// Signaled claims find their rows through the id index, whatever the queue holds: the
 /// statement they shared with the poll (`$2 IS NULL OR retry_job_id = ANY($2)`) had a cached
 /// plan that scanned the whole table, here 5,000 rows of a backlog due later.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
