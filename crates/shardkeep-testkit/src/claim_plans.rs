@@ -13,9 +13,18 @@ const CLAIMABLE_INDEX: &str = "persistence_retry_jobs_claimable";
 /// Each claim statement's faults, as `"<statement>: <fault>"`; empty when every plan is sound.
 /// Runs on `conn` (prepared statements are per session) and leaves it as it found it.
 pub async fn claim_plan_faults(conn: &mut PgConnection) -> Result<Vec<String>, sqlx::Error> {
+    statement_plan_faults(conn, &CLAIM_STATEMENTS).await
+}
+
+/// [`claim_plan_faults`] of the given statements. A statement Postgres cannot explain is an
+/// error, and it leaves nothing prepared on `conn` either.
+pub async fn statement_plan_faults(
+    conn: &mut PgConnection,
+    statements: &[ClaimStatement],
+) -> Result<Vec<String>, sqlx::Error> {
     let mut faults = Vec::new();
-    for statement in CLAIM_STATEMENTS {
-        let plan = generic_plan(conn, &statement).await?;
+    for statement in statements {
+        let plan = generic_plan(conn, statement).await?;
         faults.extend(
             plan_faults(&plan, statement.poll)
                 .into_iter()
@@ -52,16 +61,24 @@ async fn generic_plan(
     } else {
         ""
     };
+    // A prepared statement outlives a rolled-back transaction: the explain goes in a savepoint,
+    // so the statement is deallocated whether or not Postgres could explain it.
+    let mut savepoint = tx.begin().await?;
     let plan = sqlx::query_scalar::<_, Value>(sqlx::AssertSqlSafe(format!(
         "EXPLAIN (FORMAT JSON) EXECUTE {name} (now(), {ids}, 128{lease})"
     )))
-    .fetch_one(&mut *tx)
-    .await?;
+    .fetch_one(&mut *savepoint)
+    .await;
+    if plan.is_ok() {
+        savepoint.commit().await?;
+    } else {
+        savepoint.rollback().await?;
+    }
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DEALLOCATE {name}")))
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;
-    Ok(plan)
+    plan
 }
 
 /// What is wrong with one explained plan: a sequential scan of the job table, and for a poll

@@ -219,6 +219,29 @@ async fn every_claim_plan_walks_an_index_over_a_large_backlog(pool: PgPool) {
     assert!(faults.is_empty(), "{faults:?}");
 }
 
+/// A statement the plan check cannot explain is an error that leaves nothing prepared on the
+/// connection it borrowed (a pooled connection goes back to other users).
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_plan_check_that_fails_leaves_no_statement_prepared(pool: PgPool) {
+    let mut conn = pool.acquire().await.unwrap();
+    // Prepared with one parameter, executed with three: EXPLAIN EXECUTE refuses it.
+    let broken = shardkeep::retry::ClaimStatement {
+        name: "broken",
+        sql: "SELECT $1::timestamptz",
+        param_types: "timestamptz",
+        poll: false,
+    };
+    let outcome = shardkeep_testkit::claim_plans::statement_plan_faults(&mut conn, &[broken]).await;
+    assert!(outcome.is_err(), "{outcome:?}");
+    let prepared: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM pg_prepared_statements WHERE name LIKE 'shardkeep_claim_check_%'",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    assert!(prepared.is_empty(), "left prepared: {prepared:?}");
+}
+
 /// A poll finds its due rows through the partial indexes, however many jobs wait for later: the
 /// claim's `lease_token IS NULL OR lease_expires_at <= $1` matched neither index, so every poll
 /// scanned and sorted the whole queue (here 20,000 rows due in an hour and 200 leased rows whose
