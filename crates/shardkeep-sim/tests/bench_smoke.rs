@@ -125,7 +125,7 @@ async fn an_aged_character_weighs_what_a_fresh_one_with_its_items_does() {
         logins: 30,
         job_every: 10,
     };
-    let aged = shardkeep_sim::bench::aging::age_character(&env, plan)
+    let aged = shardkeep_sim::bench::aging::age_character(&env, plan, &Progress::quiet())
         .await
         .unwrap();
     assert_eq!(aged.jobs, 300);

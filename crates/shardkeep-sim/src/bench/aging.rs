@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::documents::{template_state, with_item_ids};
+use super::progress::Progress;
 use super::{BenchEnv, BenchError};
 use shardkeep::character::{
     Bookkeeping, BookkeepingRetention, CharacterLoader, CharacterStore, CheckpointStore,
@@ -174,13 +175,21 @@ impl AgingStores {
 }
 
 /// Ages one new character by `plan` on the scratch database and namespace `env` and returns
-/// its document.
-pub async fn age_character(env: &BenchEnv, plan: AgingPlan) -> Result<AgedCharacter, BenchError> {
-    age_on(AgingStores::servers(env), plan).await
+/// its document, with a status line on `progress` now and then.
+pub async fn age_character(
+    env: &BenchEnv,
+    plan: AgingPlan,
+    progress: &Progress,
+) -> Result<AgedCharacter, BenchError> {
+    age_on(AgingStores::servers(env), plan, progress).await
 }
 
 /// Ages one new character by `plan` on `stores` and returns its document.
-pub async fn age_on(stores: AgingStores, plan: AgingPlan) -> Result<AgedCharacter, BenchError> {
+pub async fn age_on(
+    stores: AgingStores,
+    plan: AgingPlan,
+    progress: &Progress,
+) -> Result<AgedCharacter, BenchError> {
     let started = Instant::now();
     let AgingStores {
         characters: store,
@@ -248,6 +257,12 @@ pub async fn age_on(stores: AgingStores, plan: AgingPlan) -> Result<AgedCharacte
         }
         worker.run_until_idle().await?;
         flush(&store, &checkpoints, &character).await?;
+        progress.tick("aging", || {
+            format!(
+                "{} of {logins} sessions: {granted} rewards ({jobs} as retry jobs), {moved} item moves",
+                session + 1
+            )
+        });
     }
     worker.run_until_idle().await?;
     bookkeeping

@@ -365,7 +365,7 @@ pub async fn ladder_all(
                     logins: aging_logins,
                     ..AgingPlan::default()
                 };
-                let aged = aging::age_character(env, plan).await?;
+                let aged = aging::age_character(env, plan, progress).await?;
                 report.table.note(format!(
                     "aged character: {} rewards ({} also as retry jobs), {} item moves, {} logins, \
                      aged in {:.1} s; {} bookkeeping rows left beside it",
@@ -443,7 +443,7 @@ pub async fn login_all(
                     "aging",
                     format!("a veteran for the login storm ({logins} sessions)"),
                 );
-                Ok(aging::age_character(env, plan).await?.state)
+                Ok(aging::age_character(env, plan, progress).await?.state)
             })
             .await?;
         documents.push((DocumentKind::Aged, aged));

@@ -72,6 +72,9 @@ pub async fn run(
             tokio::task::yield_now().await;
         }
         auditor.emit(death(n));
+        progress.tick("audit", || {
+            format!("{n} of {} deaths emitted, batched", config.events)
+        });
     }
     auditor.barrier(Duration::from_secs(120)).await;
     let batched = rate(auditor.stats().recorded, started.elapsed());
@@ -83,6 +86,9 @@ pub async fn run(
     let started = Instant::now();
     for n in 0..config.events {
         store.record(&[death(n)]).await.map_err(|e| e.to_string())?;
+        progress.tick("audit", || {
+            format!("{n} of {} deaths written, one INSERT each", config.events)
+        });
     }
     let single_row = rate(config.events as u64, started.elapsed());
 

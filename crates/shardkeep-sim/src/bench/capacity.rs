@@ -189,10 +189,12 @@ pub async fn run(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (mut max_pulse, mut overruns, mut max_depth) = (Duration::ZERO, 0, 0);
     let mut pulses = 0u64;
+    let mut first_and_last_due = None;
     while started.elapsed() < config.sustain {
         // A pulse is timed from when it was due, so a pulse that started late (its thread not
         // scheduled, or the one before it overran) counts its wait too.
         let due = ticker.tick().await;
+        first_and_last_due = Some(first_and_last_due.map_or((due, due), |(first, _)| (first, due)));
         shard.tick();
         // Events are the game's to read; the benchmark only keeps them from piling up.
         let _ = shard.take_saver_events();
@@ -238,10 +240,13 @@ pub async fn run(
             + before.checkpoint_refused
             + before.row_conflicts
             + before.row_ownership_lost);
-    // Pulses that never ran (the schedule slips past an overrun) count as overruns: the
-    // ticker's first pulse is due at once, then one each period.
-    let expected_pulses = (seconds / pulse.as_secs_f64()).floor() as u64 + 1;
-    overruns += expected_pulses.saturating_sub(pulses);
+    // Pulses that never ran (the schedule slips past an overrun) count as overruns: between the
+    // first pulse's due time and the last's, one pulse a period was due.
+    if let Some((first, last)) = first_and_last_due {
+        let periods = last.duration_since(first).as_nanos() / pulse.as_nanos().max(1);
+        let expected_pulses = u64::try_from(periods).unwrap_or(u64::MAX).saturating_add(1);
+        overruns += expected_pulses.saturating_sub(pulses);
+    }
     if barrier != shardkeep::drain::BarrierOutcome::Drained {
         failed += 1;
     }

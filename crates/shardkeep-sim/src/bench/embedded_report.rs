@@ -80,7 +80,7 @@ async fn aged_documents(
         logins,
         ..AgingPlan::default()
     };
-    let aged = aging::age_on(AgingStores::embedded(&scratch.db), plan).await?;
+    let aged = aging::age_on(AgingStores::embedded(&scratch.db), plan, progress).await?;
     table.note(format!(
         "aged character (embedded): {} rewards ({} also as retry jobs), {} item moves, {} \
          logins, aged in {:.1} s; {} bookkeeping rows left beside it",
