@@ -243,9 +243,7 @@ pub async fn run(
     // Pulses that never ran (the schedule slips past an overrun) count as overruns: between the
     // first pulse's due time and the last's, one pulse a period was due.
     if let Some((first, last)) = first_and_last_due {
-        let periods = last.duration_since(first).as_nanos() / pulse.as_nanos().max(1);
-        let expected_pulses = u64::try_from(periods).unwrap_or(u64::MAX).saturating_add(1);
-        overruns += expected_pulses.saturating_sub(pulses);
+        overruns += pulses_never_run(last.duration_since(first), pulse, pulses);
     }
     if barrier != shardkeep::drain::BarrierOutcome::Drained {
         failed += 1;
@@ -343,4 +341,38 @@ pub fn rows(r: &CapacityReport) -> Vec<Row> {
         ));
     }
     rows
+}
+
+/// Pulses a schedule of one every `pulse` would have run between the first pulse's due time and
+/// the last's (`span` apart) that did not run, when `ran` pulses ran.
+fn pulses_never_run(span: Duration, pulse: Duration, ran: u64) -> u64 {
+    let periods = span.as_nanos() / pulse.as_nanos().max(1);
+    let due = u64::try_from(periods).unwrap_or(u64::MAX).saturating_add(1);
+    due.saturating_sub(ran)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PULSE: Duration = Duration::from_millis(250);
+
+    #[test]
+    fn a_schedule_kept_misses_no_pulse() {
+        // 281 pulses due at 0, 250 ms, …, 70 s, however long the last one took.
+        assert_eq!(pulses_never_run(Duration::from_secs(70), PULSE, 281), 0);
+        assert_eq!(pulses_never_run(Duration::ZERO, PULSE, 1), 0);
+    }
+
+    #[test]
+    fn a_slip_of_whole_periods_counts_each_pulse_it_skipped() {
+        // The schedule slipped 600 ms in all: two pulses' worth never ran.
+        let span = Duration::from_millis(70_000 + 600);
+        assert_eq!(pulses_never_run(span, PULSE, 281), 2);
+        // A slip under a period loses none.
+        assert_eq!(
+            pulses_never_run(Duration::from_millis(70_200), PULSE, 281),
+            0
+        );
+    }
 }
