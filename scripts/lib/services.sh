@@ -11,6 +11,7 @@
 SK_TMP=""
 SK_PG_SOURCE=""
 SK_PG_DIR=""
+SK_PG_BINDIR=""
 SK_PG_USER=""
 SK_REDIS_PORT=""
 SK_CLUSTER_PORTS=""
@@ -100,21 +101,34 @@ sk_start_postgres() {
     return 1
   fi
   sk_tmpdir
-  port=$(sk_free_port) || { sk_log "no free port for Postgres"; return 1; }
   SK_PG_DIR="$SK_TMP/pg"
+  # Known before initdb, so that clean-up can stop a server whatever step failed.
+  SK_PG_BINDIR=$bindir
   mkdir -p "$SK_PG_DIR"
   if [ "$(id -u)" = "0" ]; then
     if id postgres >/dev/null 2>&1; then SK_PG_USER=postgres; else SK_PG_USER=nobody; fi
     chown -R "$SK_PG_USER" "$SK_PG_DIR"
   fi
-  sk_log "starting a private Postgres on 127.0.0.1:$port ($SK_PG_DIR)"
   sk_as_pg_user "$bindir/initdb" -D "$SK_PG_DIR/data" -U postgres -A trust -E UTF8 --no-sync >"$SK_TMP/initdb.log" 2>&1 \
     || { sk_log "initdb failed:"; cat "$SK_TMP/initdb.log" >&2; return 1; }
-  sk_as_pg_user "$bindir/pg_ctl" -D "$SK_PG_DIR/data" -l "$SK_PG_DIR/postgres.log" -w -t 60 \
-    -o "-p $port -k $SK_PG_DIR -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" \
-    start >/dev/null \
-    || { sk_log "Postgres did not start:"; cat "$SK_PG_DIR/postgres.log" >&2; return 1; }
-  SK_PG_BINDIR=$bindir
+  # A free port can be taken before the server binds it (tests run beside each other): another
+  # port is tried then.
+  local attempt log
+  for attempt in 1 2 3; do
+    port=$(sk_free_port) || { sk_log "no free port for Postgres"; return 1; }
+    sk_log "starting a private Postgres on 127.0.0.1:$port ($SK_PG_DIR)"
+    log="$SK_PG_DIR/postgres-$attempt.log"
+    if sk_as_pg_user "$bindir/pg_ctl" -D "$SK_PG_DIR/data" -l "$log" -w -t 60 \
+      -o "-p $port -k $SK_PG_DIR -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" \
+      start >/dev/null; then
+      break
+    fi
+    if [ "$attempt" = 3 ] || ! grep -q "Address already in use" "$log"; then
+      sk_log "Postgres did not start:"
+      cat "$log" >&2
+      return 1
+    fi
+  done
   export DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres"
 }
 
