@@ -67,6 +67,8 @@ async fn generic_plan(
     let plan = sqlx::query_scalar::<_, Value>(sqlx::AssertSqlSafe(format!(
         "EXPLAIN (FORMAT JSON) EXECUTE {name} (now(), {ids}, 128{lease})"
     )))
+    // Its text names this check's statement: cached, it would stay prepared on `conn`.
+    .persistent(false)
     .fetch_one(&mut *savepoint)
     .await;
     if plan.is_ok() {

@@ -73,7 +73,7 @@ pub async fn run(
         }
         auditor.emit(death(n));
         progress.tick("audit", || {
-            format!("{n} of {} deaths emitted, batched", config.events)
+            format!("{} of {} deaths emitted, batched", n + 1, config.events)
         });
     }
     auditor.barrier(Duration::from_secs(120)).await;
@@ -87,7 +87,11 @@ pub async fn run(
     for n in 0..config.events {
         store.record(&[death(n)]).await.map_err(|e| e.to_string())?;
         progress.tick("audit", || {
-            format!("{n} of {} deaths written, one INSERT each", config.events)
+            format!(
+                "{} of {} deaths written, one INSERT each",
+                n + 1,
+                config.events
+            )
         });
     }
     let single_row = rate(config.events as u64, started.elapsed());

@@ -219,6 +219,9 @@ pub async fn run(
         });
     }
     let seconds = started.elapsed().as_secs_f64();
+    // Pulses were due until the run's end, even when the last one ran past it.
+    let run_end =
+        tokio::time::Instant::from_std(started + config.sustain).min(tokio::time::Instant::now());
     // Rates count what was written while the shard ran, not what a queue that fell behind
     // writes after it (the drain below); drops and failures count both.
     let at_end = shard.saver().stats();
@@ -240,10 +243,14 @@ pub async fn run(
             + before.checkpoint_refused
             + before.row_conflicts
             + before.row_ownership_lost);
-    // Pulses that never ran (the schedule slips past an overrun) count as overruns: between the
-    // first pulse's due time and the last's, one pulse a period was due.
+    // Pulses that never ran (the schedule slips past an overrun) count as overruns.
     if let Some((first, last)) = first_and_last_due {
-        overruns += pulses_never_run(last.duration_since(first), pulse, pulses);
+        overruns += pulses_never_run(
+            last.duration_since(first),
+            run_end.saturating_duration_since(first),
+            pulse,
+            pulses,
+        );
     }
     if barrier != shardkeep::drain::BarrierOutcome::Drained {
         failed += 1;
@@ -343,11 +350,15 @@ pub fn rows(r: &CapacityReport) -> Vec<Row> {
     rows
 }
 
-/// Pulses a schedule of one every `pulse` would have run between the first pulse's due time and
-/// the last's (`span` apart) that did not run, when `ran` pulses ran.
-fn pulses_never_run(span: Duration, pulse: Duration, ran: u64) -> u64 {
-    let periods = span.as_nanos() / pulse.as_nanos().max(1);
-    let due = u64::try_from(periods).unwrap_or(u64::MAX).saturating_add(1);
+/// Pulses a schedule of one every `pulse` had due that did not run, when `ran` pulses ran: one
+/// due at the first pulse's due time and one each period until the last pulse's due time
+/// (`to_last` after it), or until the run's end (`to_end`) when that is later (the pulses a long
+/// last pulse kept from running).
+fn pulses_never_run(to_last: Duration, to_end: Duration, pulse: Duration, ran: u64) -> u64 {
+    let period = pulse.as_nanos().max(1);
+    let through_last = to_last.as_nanos() / period + 1;
+    let through_end = to_end.as_nanos().div_ceil(period);
+    let due = u64::try_from(through_last.max(through_end)).unwrap_or(u64::MAX);
     due.saturating_sub(ran)
 }
 
@@ -357,22 +368,37 @@ mod tests {
 
     const PULSE: Duration = Duration::from_millis(250);
 
+    const RUN: Duration = Duration::from_secs(70);
+
     #[test]
     fn a_schedule_kept_misses_no_pulse() {
         // 281 pulses due at 0, 250 ms, …, 70 s, however long the last one took.
-        assert_eq!(pulses_never_run(Duration::from_secs(70), PULSE, 281), 0);
-        assert_eq!(pulses_never_run(Duration::ZERO, PULSE, 1), 0);
+        assert_eq!(pulses_never_run(RUN, RUN, PULSE, 281), 0);
+        assert_eq!(
+            pulses_never_run(Duration::ZERO, Duration::ZERO, PULSE, 1),
+            0
+        );
     }
 
     #[test]
     fn a_slip_of_whole_periods_counts_each_pulse_it_skipped() {
         // The schedule slipped 600 ms in all: two pulses' worth never ran.
-        let span = Duration::from_millis(70_000 + 600);
-        assert_eq!(pulses_never_run(span, PULSE, 281), 2);
+        let to_last = Duration::from_millis(70_000 + 600);
+        assert_eq!(pulses_never_run(to_last, RUN, PULSE, 281), 2);
         // A slip under a period loses none.
         assert_eq!(
-            pulses_never_run(Duration::from_millis(70_200), PULSE, 281),
+            pulses_never_run(Duration::from_millis(70_200), RUN, PULSE, 281),
             0
+        );
+    }
+
+    #[test]
+    fn a_last_pulse_running_past_the_end_counts_the_pulses_it_kept_from_running() {
+        // 277 pulses ran on time up to the one due at 69 s, which took 1.05 s: the pulses due at
+        // 69.25, 69.5 and 69.75 s never ran.
+        assert_eq!(
+            pulses_never_run(Duration::from_secs(69), RUN, PULSE, 277),
+            3
         );
     }
 }

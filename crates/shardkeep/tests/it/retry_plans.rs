@@ -232,7 +232,11 @@ async fn a_plan_check_that_fails_leaves_no_statement_prepared(pool: PgPool) {
         poll: false,
     };
     let outcome = shardkeep_testkit::claim_plans::statement_plan_faults(&mut conn, &[broken]).await;
-    assert!(outcome.is_err(), "{outcome:?}");
+    // The explain is what failed (a statement that never got prepared would prove nothing).
+    let error = outcome
+        .expect_err("the explain of a mismatched EXECUTE fails")
+        .to_string();
+    assert!(error.contains("wrong number of parameters"), "{error}");
     let prepared: Vec<String> = sqlx::query_scalar(
         "SELECT name FROM pg_prepared_statements WHERE name LIKE 'shardkeep_claim_check_%'",
     )
