@@ -99,3 +99,71 @@ fn scripts_run_falls_back_to_embedded_mode_when_no_server_can_be_found_or_starte
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Runs `script` in bash with the test scripts' service helpers sourced, from the project root.
+fn with_services(script: &str, envs: &[(&str, String)]) -> std::process::Output {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "set -euo pipefail; source scripts/lib/services.sh; {script}"
+        ))
+        .current_dir(root)
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .expect("run bash")
+}
+
+/// A private Postgres whose port is taken before it binds it: with every port taken, the start
+/// fails and clean-up still stops and removes what it made (it died on an unset variable, so
+/// `scripts/run` never reached its fallback); with one port taken, it starts on another.
+#[test]
+fn a_private_postgres_whose_port_is_taken_fails_cleanly_or_moves_to_another() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = held.local_addr().unwrap().port().to_string();
+
+    let failed = with_services(
+        r#"sk_free_port() { echo "$TAKEN"; }
+           if sk_start_postgres; then echo "started on a taken port"; exit 9; fi
+           dir=$SK_TMP
+           sk_services_down
+           [ ! -e "$dir" ] && echo "cleaned up""#,
+        &[("TAKEN", taken.clone())],
+    );
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&failed.stdout),
+        String::from_utf8_lossy(&failed.stderr),
+    );
+    assert!(failed.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("cleaned up"), "{stdout}\n{stderr}");
+    assert_eq!(
+        stderr.matches("starting a private Postgres").count(),
+        3,
+        "{stderr}"
+    );
+
+    let dir = std::env::temp_dir().join(format!("shardkeep-port-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let moved = with_services(
+        r#"sk_free_port() {
+             if [ -e "$MARK" ]; then echo "$FREE"; else : >"$MARK"; echo "$TAKEN"; fi
+           }
+           sk_start_postgres
+           trap sk_services_down EXIT
+           psql "$DATABASE_URL" -Atc 'SELECT 41 + 1'
+           echo "$DATABASE_URL""#,
+        &[
+            ("TAKEN", taken),
+            ("FREE", closed_port().to_string()),
+            ("MARK", dir.join("asked").display().to_string()),
+        ],
+    );
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&moved.stdout),
+        String::from_utf8_lossy(&moved.stderr),
+    );
+    assert!(moved.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.lines().any(|l| l == "42"), "{stdout}\n{stderr}");
+    drop(held);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -47,9 +47,9 @@ macro_rules! claimable_at {
 
 /// The rows a claim takes: due, with no live lease, oldest first, skipping rows another worker
 /// is claiming. Two forms, so each gets a plan of its own: the signaled ids (`$2`) found through
-/// the id index `persistence_retry_jobs_id` (one statement for both let the planner scan the whole table), or any due
-/// row, found by walking the claimable index from its start (the scan stops at the first row
-/// not yet claimable, however many wait for later).
+/// the id index `persistence_retry_jobs_id` (one statement for both let the planner scan the
+/// whole table), or any due row, found by walking the claimable index from its start (the scan
+/// stops at the first row not yet claimable, however many wait for later).
 macro_rules! due_rows {
     ($columns:literal, $which:literal) => {
         concat!(
@@ -86,8 +86,9 @@ macro_rules! any_due_rows {
 
 /// Stamps a lease (`$4` token, `$5` owner, `$6` seconds) on the rows of `$due`, counting a lease
 /// that had run out. The claimed rows are also named by id (`= ANY(ARRAY(…))`), so the update
-/// finds them through the id index `persistence_retry_jobs_id` in every plan: a generic plan cannot know how few rows the
-/// limit lets through, and joined them against a scan of the whole table.
+/// finds them through the id index `persistence_retry_jobs_id` in every plan: a generic plan
+/// cannot know how few rows the limit lets through, and joined them against a scan of the whole
+/// table.
 macro_rules! lease {
     ($due:expr) => {
         concat!(
