@@ -24,6 +24,14 @@ pub const WRITE_SCRIPT: &str = concat!(
 
 static WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(WRITE_SCRIPT));
 
+/// The take-over script's source: a claimant raises the guard to its epoch, keeping the content.
+const TAKE_SCRIPT: &str = concat!(
+    include_str!("../lua/ints.lua"),
+    include_str!("lua/checkpoint_take.lua")
+);
+
+static TAKE: LazyLock<Script> = LazyLock::new(|| Script::new(TAKE_SCRIPT));
+
 /// Snapshots per pipeline of a large write.
 pub const PIPELINE_SNAPSHOTS: usize = 128;
 /// Most checkpoints one guard script call writes (fewer on a cluster, where one call holds
@@ -80,6 +88,20 @@ pub enum CheckpointWrite {
         /// The schema version stored.
         stored_schema: u32,
     },
+}
+
+/// A stored checkpoint and the epoch that guards it. The guard is the epoch of the newest copy
+/// that wrote the checkpoint or took it over at its load ([`CheckpointStore::take_over`]); the
+/// snapshot's own `owner_epoch` is that of the copy that dumped the content, never above the
+/// guard. A checkpoint whose guard is below the row's owner was fenced by a claim without being
+/// taken over, so it may hold a zombie's writes after that claim; one whose guard reaches the
+/// row's owner holds only content its chain of owners wrote before they were superseded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HeldCheckpoint {
+    /// The content, as its copy dumped it.
+    pub snapshot: CharacterSnapshot,
+    /// The guard epoch: no copy older than it can write the checkpoint.
+    pub held_by: i64,
 }
 
 /// What a write finds stored, as the guard reads it: `None` when no live checkpoint is stored,
@@ -214,12 +236,38 @@ impl CheckpointStore {
             .ok_or_else(|| CheckpointError::Protocol("empty reply".into()))
     }
 
+    /// Writes `snapshot` guarded by `held_by` (at least the snapshot's own epoch) instead of its
+    /// own epoch: a copy that adopted content another copy dumped (a handoff's carried snapshot)
+    /// stores it under its own claim, so the content outlives the copy's crash and no older copy
+    /// can write over it.
+    pub async fn write_held(
+        &self,
+        snapshot: &CharacterSnapshot,
+        held_by: i64,
+    ) -> Result<CheckpointWrite, CheckpointError> {
+        let guard = held_by.max(snapshot.owner_epoch);
+        let mut results = self.write_guarded(&[(snapshot, guard)]).await?;
+        results
+            .pop()
+            .ok_or_else(|| CheckpointError::Protocol("empty reply".into()))
+    }
+
     /// Writes many snapshots, pipelined, one result per snapshot in order. A large call goes
     /// out as several pipelines kept in flight together, so encoding the next one overlaps
     /// Redis running the last; a failure of any fails the call (some may have landed).
     pub async fn write_many(
         &self,
         snapshots: &[&CharacterSnapshot],
+    ) -> Result<Vec<CheckpointWrite>, CheckpointError> {
+        let guarded: Vec<(&CharacterSnapshot, i64)> =
+            snapshots.iter().map(|s| (*s, s.owner_epoch)).collect();
+        self.write_guarded(&guarded).await
+    }
+
+    /// [`Self::write_many`] with each snapshot's guard epoch given.
+    async fn write_guarded(
+        &self,
+        snapshots: &[(&CharacterSnapshot, i64)],
     ) -> Result<Vec<CheckpointWrite>, CheckpointError> {
         use futures::{StreamExt, TryStreamExt};
         let redis = match &self.tier {
@@ -245,15 +293,15 @@ impl CheckpointStore {
     async fn write_pipeline(
         &self,
         redis: &RedisBackend,
-        snapshots: &[&CharacterSnapshot],
+        snapshots: &[(&CharacterSnapshot, i64)],
     ) -> Result<Vec<CheckpointWrite>, CheckpointError> {
         let keys: Vec<String> = snapshots
             .iter()
-            .map(|s| redis.keys().checkpoint(s.character_id))
+            .map(|(s, _)| redis.keys().checkpoint(s.character_id))
             .collect();
         let bodies: Vec<Vec<u8>> = snapshots
             .iter()
-            .map(|s| serde_json::to_vec(s).map_err(CheckpointError::Encode))
+            .map(|(s, _)| serde_json::to_vec(s).map_err(CheckpointError::Encode))
             .collect::<Result<_, _>>()?;
         let sizes: Vec<usize> = bodies.iter().map(Vec::len).collect();
         let groups = call_groups(&keys, &sizes, redis.is_cluster());
@@ -262,9 +310,9 @@ impl CheckpointStore {
             let mut call = WRITE.prepare_invoke();
             call.arg(self.ttl.as_millis());
             for &i in group {
-                let snapshot = snapshots[i];
+                let (snapshot, guard) = snapshots[i];
                 call.key(&keys[i])
-                    .arg(snapshot.owner_epoch)
+                    .arg(guard)
                     .arg(&bodies[i])
                     .arg(snapshot.schema_version);
             }
@@ -313,6 +361,17 @@ impl CheckpointStore {
         &self,
         character_id: Uuid,
     ) -> Result<Option<CharacterSnapshot>, CheckpointError> {
+        Ok(self
+            .read_held(character_id)
+            .await?
+            .map(|held| held.snapshot))
+    }
+
+    /// The checkpoint of `character_id` with its guard epoch, if one is stored.
+    pub async fn read_held(
+        &self,
+        character_id: Uuid,
+    ) -> Result<Option<HeldCheckpoint>, CheckpointError> {
         let corrupt = |reason: String| CheckpointError::Corrupt {
             character_id,
             reason,
@@ -361,6 +420,61 @@ impl CheckpointStore {
         checked_snapshot(character_id, epoch, &body)
     }
 
+    /// The loader's step after a claim minted `claimant` for `character_id`: reads the
+    /// checkpoint (with its guard as it was, which is what freshness compares) and, in the same
+    /// step, raises its guard to `claimant`, keeping its content.
+    /// From then on no copy the claim superseded can write it (a zombie's later checkpoint is
+    /// refused and evicts it), and the content this claimant loaded stays what the checkpoint
+    /// holds until the claimant writes its own — so a claimant that dies before its first write
+    /// leaves the next one the same content, never the older row. The content outlives the
+    /// claimant by a full TTL from now.
+    pub async fn take_over(
+        &self,
+        character_id: Uuid,
+        claimant: i64,
+    ) -> Result<Option<HeldCheckpoint>, CheckpointError> {
+        let redis = match &self.tier {
+            Tier::Redis(redis) => redis,
+            Tier::Embedded { db, clock } => {
+                let (epoch, body) =
+                    match embedded::take_over(db, clock.as_ref(), self.ttl, character_id, claimant)
+                        .await?
+                    {
+                        Some(found) => found,
+                        None => return Ok(None),
+                    };
+                let corrupt = |reason: &str| CheckpointError::Corrupt {
+                    character_id,
+                    reason: reason.into(),
+                };
+                let epoch = epoch.ok_or_else(|| corrupt("guard epoch is not an integer"))?;
+                let body = body.ok_or_else(|| corrupt("snapshot is not text"))?;
+                return checked_snapshot(character_id, Some(epoch), body.as_bytes());
+            }
+        };
+        let key = redis.keys().checkpoint(character_id);
+        let mut pipe = redis::pipe();
+        pipe.load_script(&TAKE).ignore();
+        let mut call = TAKE.prepare_invoke();
+        call.key(&key).arg(self.ttl.as_millis()).arg(claimant);
+        pipe.invoke_script(&call);
+        // Confirmed like a write: a failover must not hand the old guard back to a zombie.
+        let (reply,): (Vec<Value>,) = redis.query_confirmed(pipe).await?;
+        match reply.as_slice() {
+            [tag] if is(tag, "none") => Ok(None),
+            [tag, Value::BulkString(why)] if is(tag, "corrupt") => Err(CheckpointError::Corrupt {
+                character_id,
+                reason: String::from_utf8_lossy(why).into_owned(),
+            }),
+            [tag, Value::BulkString(guard), Value::BulkString(body)] if is(tag, "held") => {
+                let guard = guard_int(guard)
+                    .ok_or_else(|| CheckpointError::Protocol("take-over guard".into()))?;
+                checked_snapshot(character_id, Some(guard), body)
+            }
+            other => Err(CheckpointError::Protocol(format!("{other:?}"))),
+        }
+    }
+
     /// Deletes the checkpoint of `character_id`.
     pub async fn delete(&self, character_id: Uuid) -> Result<(), CheckpointError> {
         let redis = match &self.tier {
@@ -377,12 +491,12 @@ impl CheckpointStore {
 }
 
 /// A stored checkpoint decoded and checked against its key and guard: it must hold the
-/// character it is stored under, at the epoch its guard names.
+/// character it is stored under, dumped by a copy no newer than the epoch its guard names.
 fn checked_snapshot(
     character_id: Uuid,
     epoch: Option<i64>,
     body: &[u8],
-) -> Result<Option<CharacterSnapshot>, CheckpointError> {
+) -> Result<Option<HeldCheckpoint>, CheckpointError> {
     let corrupt = |reason: String| CheckpointError::Corrupt {
         character_id,
         reason,
@@ -395,13 +509,15 @@ fn checked_snapshot(
             snapshot.character_id
         )));
     }
-    if epoch != Some(snapshot.owner_epoch) {
-        return Err(corrupt(format!(
-            "guard epoch {epoch:?} differs from snapshot epoch {}",
+    match epoch {
+        Some(held_by) if held_by >= snapshot.owner_epoch => {
+            Ok(Some(HeldCheckpoint { snapshot, held_by }))
+        }
+        _ => Err(corrupt(format!(
+            "guard epoch {epoch:?} is below snapshot epoch {}",
             snapshot.owner_epoch
-        )));
+        ))),
     }
-    Ok(Some(snapshot))
 }
 
 /// A guard field as every writer stores it: an i64 in canonical decimal (an optional `-`, no

@@ -67,11 +67,11 @@ fn guarded_upsert(rows: usize) -> String {
 
 /// Splits `snapshots` into the runs one guarded upsert writes: at most [`ROWS_PER_STATEMENT`],
 /// and no character twice in one (a later write of it must see the earlier one's row).
-fn statement_runs(snapshots: &[&CharacterSnapshot]) -> Vec<std::ops::Range<usize>> {
+fn statement_runs(snapshots: &[(&CharacterSnapshot, i64)]) -> Vec<std::ops::Range<usize>> {
     let mut runs = Vec::new();
     let mut start = 0;
     let mut seen = std::collections::HashSet::new();
-    for (at, snapshot) in snapshots.iter().enumerate() {
+    for (at, (snapshot, _)) in snapshots.iter().enumerate() {
         if at - start == ROWS_PER_STATEMENT || !seen.insert(snapshot.character_id) {
             runs.push(start..at);
             start = at;
@@ -85,20 +85,21 @@ fn statement_runs(snapshots: &[&CharacterSnapshot]) -> Vec<std::ops::Range<usize
     runs
 }
 
-/// Writes each snapshot unless a newer owner's (or newer schema's) live checkpoint is stored,
-/// all in one transaction; one result per snapshot, in order. The guard is decided in the
+/// Writes each snapshot, guarded by the epoch given with it, unless a newer owner's (or newer
+/// schema's) live checkpoint is stored, all in one transaction; one result per snapshot, in
+/// order. The guard is decided in the
 /// statement that writes; only a refused write reads the stored guard, for its reason.
 pub(super) async fn write_many(
     db: &SqliteBackend,
     clock: &dyn Clock,
     ttl: Ttl,
-    snapshots: &[&CharacterSnapshot],
+    snapshots: &[(&CharacterSnapshot, i64)],
 ) -> Result<Vec<CheckpointWrite>, CheckpointError> {
     // Encoded before the write lock is taken: a snapshot that cannot be encoded fails the call
     // with nothing written.
     let bodies = snapshots
         .iter()
-        .map(|snapshot| serde_json::to_string(snapshot).map_err(CheckpointError::Encode))
+        .map(|(snapshot, _)| serde_json::to_string(snapshot).map_err(CheckpointError::Encode))
         .collect::<Result<Vec<_>, _>>()?;
     // The clock is read once the write lock is held: a wait for it must neither keep an
     // expired row guarding nor shorten the new rows' time.
@@ -118,16 +119,16 @@ pub(super) async fn write_many(
             .bind(now)
             .bind(expires_at);
         for at in run.clone() {
-            let snapshot = snapshots[at];
+            let (snapshot, guard) = snapshots[at];
             statement = statement
                 .bind(snapshot.character_id)
-                .bind(snapshot.owner_epoch)
+                .bind(guard)
                 .bind(i64::from(snapshot.schema_version))
                 .bind(bodies[at].as_str());
         }
         let written: std::collections::HashSet<Uuid> =
             statement.fetch_all(&mut *tx).await?.into_iter().collect();
-        for snapshot in &snapshots[run] {
+        for &(snapshot, guard) in &snapshots[run] {
             if written.contains(&snapshot.character_id) {
                 results.push(CheckpointWrite::Written);
                 continue;
@@ -138,7 +139,7 @@ pub(super) async fn write_many(
                 .fetch_optional(&mut *tx)
                 .await?;
             let schema = i64::from(snapshot.schema_version);
-            match decide_guard(stored, snapshot.owner_epoch, schema) {
+            match decide_guard(stored, guard, schema) {
                 GuardDecision::Refuse(refusal) => results.push(refusal),
                 GuardDecision::Write => {
                     return Err(CheckpointError::Protocol(format!(
@@ -169,6 +170,44 @@ pub(super) async fn read(
     .bind(micros(clock))
     .fetch_optional(db.reader()?)
     .await?;
+    Ok(row)
+}
+
+/// The take-over of a claimant at `claimant` (see `CheckpointStore::take_over`), in one write
+/// transaction: the live row is read as [`read`] reads it (its guard as it was), then, when its
+/// guard is an integer below the claimant's epoch, it gets the claimant's epoch and a full TTL.
+pub(super) async fn take_over(
+    db: &SqliteBackend,
+    clock: &dyn Clock,
+    ttl: Ttl,
+    character_id: Uuid,
+    claimant: i64,
+) -> Result<Option<(Option<i64>, Option<String>)>, CheckpointError> {
+    let mut tx = db.begin().await?;
+    let now = micros(clock);
+    let ttl_micros = i64::try_from(ttl.duration().as_micros()).unwrap_or(i64::MAX);
+    let row: Option<(Option<i64>, Option<String>)> = sqlx::query_as(
+        "SELECT CASE WHEN typeof(owner_epoch) = 'integer' THEN owner_epoch END,
+                CASE WHEN typeof(snapshot) = 'text' THEN snapshot END
+           FROM checkpoints WHERE character_id = ?1 AND expires_at > ?2",
+    )
+    .bind(character_id)
+    .bind(now)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if let Some((Some(guard), Some(_))) = &row
+        && *guard < claimant
+    {
+        sqlx::query(
+            "UPDATE checkpoints SET owner_epoch = ?2, expires_at = ?3 WHERE character_id = ?1",
+        )
+        .bind(character_id)
+        .bind(claimant)
+        .bind(now.saturating_add(ttl_micros))
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
     Ok(row)
 }
 
@@ -227,10 +266,10 @@ mod tests {
     #[test]
     fn a_statement_holds_each_character_once_and_at_most_its_bound() {
         let snapshots = of(&[1, 2, 1, 3, 3]);
-        let refs: Vec<&CharacterSnapshot> = snapshots.iter().collect();
+        let refs: Vec<(&CharacterSnapshot, i64)> = snapshots.iter().map(|s| (s, 1)).collect();
         assert_eq!(statement_runs(&refs), vec![0..2, 2..4, 4..5]);
         let many = of(&(0..300).collect::<Vec<u128>>());
-        let refs: Vec<&CharacterSnapshot> = many.iter().collect();
+        let refs: Vec<(&CharacterSnapshot, i64)> = many.iter().map(|s| (s, 1)).collect();
         assert_eq!(statement_runs(&refs), vec![0..128, 128..256, 256..300]);
         assert!(statement_runs(&[]).is_empty());
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::checkpoint::CheckpointStore;
+use super::checkpoint::{CheckpointStore, CheckpointWrite, HeldCheckpoint};
 use super::handoff::HandoffPayload;
 use super::snapshot::{CharacterSnapshot, Freshest, freshest};
 use super::store::{CharacterStore, ClaimedRow, StoreError};
@@ -165,7 +165,7 @@ impl CharacterLoader {
                 character_id,
                 source,
             })?;
-        let checkpoint = self.read_checkpoint(character_id).await;
+        let checkpoint = self.take_over(character_id, claimed.new_epoch).await;
         let loaded = self.upgraded(choose(&self.model, claimed, checkpoint))?;
         self.record_item_loads(&loaded).await;
         Ok(loaded)
@@ -270,7 +270,7 @@ impl CharacterLoader {
                 dumped_under_epoch = carried.dumped_under_epoch, owner_epoch,
                 "a superseded copy's handoff was refused; loading the freshest durable copy");
             metrics::counter!(crate::telemetry::HANDOFF_SUPERSEDED_TOTAL).increment(1);
-            let checkpoint = self.read_checkpoint(character_id).await;
+            let checkpoint = self.take_over(character_id, claimed.new_epoch).await;
             let loaded = self.upgraded(choose(&self.model, claimed, checkpoint))?;
             self.record_item_loads(&loaded).await;
             return Ok(HandoffLoad::Superseded {
@@ -284,6 +284,8 @@ impl CharacterLoader {
             mark: carried.snapshot.issue_mark,
             beyond_mark: Vec::new(),
         };
+        self.keep_adopted(&carried.snapshot, claimed.new_epoch)
+            .await;
         let snapshot = CharacterSnapshot {
             state_version: claimed.row.state_version,
             owner_epoch: claimed.new_epoch,
@@ -332,41 +334,70 @@ impl CharacterLoader {
             })
     }
 
-    async fn read_checkpoint(&self, character_id: Uuid) -> Option<CharacterSnapshot> {
+    /// The checkpoint, taken over for the claim that minted `claimant` (see
+    /// [`CheckpointStore::take_over`]). One that cannot be read (Redis down, a corrupt value)
+    /// only costs the crash-window shortening: the row is used.
+    async fn take_over(&self, character_id: Uuid, claimant: i64) -> Option<HeldCheckpoint> {
         let checkpoints = self.checkpoints.as_ref()?;
-        match tokio::time::timeout(self.io_timeout, checkpoints.read(character_id)).await {
+        let failed = |error: String| {
+            tracing::warn!(event = "checkpoint_read_failed", character = %character_id, error,
+                "loading from the row");
+            metrics::counter!(crate::telemetry::CHECKPOINT_READ_FAILURES_TOTAL).increment(1);
+            None
+        };
+        match tokio::time::timeout(
+            self.io_timeout,
+            checkpoints.take_over(character_id, claimant),
+        )
+        .await
+        {
             Ok(Ok(found)) => found,
+            Ok(Err(err)) => failed(err.to_string()),
+            Err(_) => failed("timeout".into()),
+        }
+    }
+
+    /// Stores a handoff's adopted content as the checkpoint, under the destination's claim: the
+    /// carried snapshot lives nowhere else once its handoff was taken, so a destination that
+    /// dies before its first write would otherwise leave the next login an older copy. A
+    /// failure is logged: the content then lives in this copy alone until its first checkpoint.
+    async fn keep_adopted(&self, carried: &CharacterSnapshot, claimant: i64) {
+        let Some(checkpoints) = &self.checkpoints else {
+            return;
+        };
+        let kept =
+            tokio::time::timeout(self.io_timeout, checkpoints.write_held(carried, claimant)).await;
+        match kept {
+            Ok(Ok(CheckpointWrite::Written)) => {}
+            Ok(Ok(refused)) => {
+                tracing::warn!(event = "handoff_content_unkept", character = %carried.character_id,
+                    ?refused, "a newer owner holds the checkpoint");
+            }
             Ok(Err(err)) => {
-                tracing::warn!(event = "checkpoint_read_failed", character = %character_id, error = %err,
-                    "loading from the row");
-                metrics::counter!(crate::telemetry::CHECKPOINT_READ_FAILURES_TOTAL).increment(1);
-                None
+                tracing::warn!(event = "handoff_content_unkept", character = %carried.character_id,
+                    error = %err, "the adopted content is in this copy only until its checkpoint");
             }
             Err(_) => {
-                tracing::warn!(
-                    event = "checkpoint_read_failed",
-                    character = %character_id,
-                    error = "timeout",
-                    "loading from the row"
-                );
-                metrics::counter!(crate::telemetry::CHECKPOINT_READ_FAILURES_TOTAL).increment(1);
-                None
+                tracing::warn!(event = "handoff_content_unkept", character = %carried.character_id,
+                    error = "timeout", "the adopted content is in this copy only until its checkpoint");
             }
         }
     }
 }
 
 /// Combines a claimed row (with its pre-claim epoch, the version of its last live write and the
-/// previous owner's job effects) and an optional checkpoint into the snapshot a session starts
-/// from. Identity always comes from the row; so does the CAS token. When the checkpoint wins, the
-/// previous owner's job effects it does not hold are replayed on it — sequenced ones issued after
-/// its dump (past its issue mark), unsequenced ones applied since the row's last live write — so
-/// neither the checkpoint's newer content nor a durable job's effect is lost, and nothing older
-/// overwrites it.
+/// job effects applied since its content was dumped) and an optional checkpoint (with its guard
+/// epoch) into the snapshot a session starts from. Identity always comes from the row; so does
+/// the CAS token. When the checkpoint wins (see [`freshest`]), the job effects it does not hold
+/// are replayed on it: sequenced ones issued after its dump — past its mark by the copy that
+/// dumped it, or by any later copy of the chain (one that loaded it and crashed before writing)
+/// — and unsequenced ones applied past both the row's last live write and the checkpoint's own
+/// version. So neither the checkpoint's newer content nor a durable job's effect is lost, and
+/// nothing older overwrites it.
 pub fn choose(
     model: &ModelHandle,
     claimed: ClaimedRow,
-    checkpoint: Option<CharacterSnapshot>,
+    checkpoint: Option<HeldCheckpoint>,
 ) -> LoadedCharacter {
     let ClaimedRow {
         new_epoch,
@@ -376,16 +407,15 @@ pub fn choose(
         effects,
     } = claimed;
     let brand_new = row.zone_ref.is_none();
-    let previous = row.owner_epoch;
     let pick = checkpoint
-        .filter(|c| c.character_id == row.character_id)
+        .filter(|c| c.snapshot.character_id == row.character_id)
         .map(|c| {
             let which = freshest(
-                (row.owner_epoch, row.state_version),
+                row.owner_epoch,
                 live_version,
-                (c.owner_epoch, c.state_version),
+                (c.held_by, c.snapshot.state_version),
             );
-            (which, c)
+            (which, c.snapshot)
         });
     // The row holds its last live writer's dump, then every job applied since.
     let from_row = || {
@@ -414,19 +444,19 @@ pub fn choose(
                 mark: s.issue_mark,
                 beyond_mark: Vec::new(),
             };
+            let holds_through = live_version.max(s.state_version);
             // A checkpoint dumped before shardkeep's bookkeeping left the document still lists
             // the rewards it holds: an unsequenced grant it names is not granted again.
             let newer: Vec<&RecordedEffect> = effects
                 .iter()
                 .filter(|e| {
-                    s.owner_epoch == previous
-                        && e.owner_epoch == previous
-                        && if e.issue_seq == 0 {
-                            e.row_version > live_version
-                                && !lists_legacy_reward_key(s.state.value(), &e.key)
-                        } else {
-                            e.issue_seq > origin.mark
-                        }
+                    if e.issue_seq == 0 {
+                        e.row_version > holds_through
+                            && !lists_legacy_reward_key(s.state.value(), &e.key)
+                    } else {
+                        e.owner_epoch > origin.epoch
+                            || (e.owner_epoch == origin.epoch && e.issue_seq > origin.mark)
+                    }
                 })
                 .collect();
             // Only a checkpoint missing effects is decoded and encoded again. One whose
@@ -504,6 +534,14 @@ mod tests {
         }
     }
 
+    /// A checkpoint as its own copy wrote it (never taken over).
+    fn held(snapshot: CharacterSnapshot) -> Option<HeldCheckpoint> {
+        Some(HeldCheckpoint {
+            held_by: snapshot.owner_epoch,
+            snapshot,
+        })
+    }
+
     fn claimed(row: CharacterSnapshot, live_version: i64, new_epoch: i64) -> ClaimedRow {
         ClaimedRow {
             new_epoch,
@@ -522,7 +560,7 @@ mod tests {
         let loaded = choose(
             &crate::model::test_model::handle(),
             claimed(snap(3, 7, Some("a"), "row"), 7, 4),
-            Some(snap(3, 7, Some("b"), "ckpt")),
+            held(snap(3, 7, Some("b"), "ckpt")),
         );
         assert_eq!(loaded.source, LoadSource::Checkpoint);
         assert_eq!(loaded.snapshot.state["marker"], "ckpt");
@@ -538,7 +576,7 @@ mod tests {
         let loaded = choose(
             &crate::model::test_model::handle(),
             claimed(snap(5, 2, Some("a"), "row"), 2, 6),
-            Some(snap(4, 40, Some("b"), "zombie")),
+            held(snap(4, 40, Some("b"), "zombie")),
         );
         assert_eq!(loaded.source, LoadSource::Row);
         assert_eq!(loaded.snapshot.state["marker"], "row");
@@ -553,7 +591,7 @@ mod tests {
         let loaded = choose(
             &crate::model::test_model::handle(),
             claimed(snap(3, 7, Some("a"), "row"), 7, 4),
-            Some(snap(3, 7, None, "ckpt")),
+            held(snap(3, 7, None, "ckpt")),
         );
         assert_eq!(loaded.snapshot.state["marker"], "ckpt");
         assert_eq!(loaded.snapshot.zone_ref.as_deref(), Some("a"));
@@ -601,7 +639,7 @@ mod tests {
         )];
         let mut checkpoint = snap(3, 7, Some("a"), "ckpt");
         checkpoint.state = too_deep();
-        let loaded = choose(&crate::model::test_model::handle(), claim, Some(checkpoint));
+        let loaded = choose(&crate::model::test_model::handle(), claim, held(checkpoint));
         assert_eq!(loaded.source, LoadSource::Row);
         assert_eq!(
             loaded.snapshot.state["experience"], 35,
@@ -617,7 +655,7 @@ mod tests {
         let loaded = choose(
             &crate::model::test_model::handle(),
             claimed(snap(3, 7, Some("a"), "row"), 7, 4),
-            Some(checkpoint),
+            held(checkpoint),
         );
         assert_eq!(loaded.source, LoadSource::Checkpoint);
         assert_eq!(loaded.snapshot.state.as_str(), text);
@@ -656,7 +694,7 @@ mod tests {
         let loaded = choose(
             &crate::model::test_model::handle(),
             claim.clone(),
-            Some(checkpoint.clone()),
+            held(checkpoint.clone()),
         );
         assert_eq!(loaded.source, LoadSource::Checkpoint);
         assert_eq!(loaded.snapshot.state["experience"], 35, "the reward once");
@@ -683,7 +721,7 @@ mod tests {
         let loaded = choose(
             &crate::model::test_model::handle(),
             claim.clone(),
-            Some(checkpoint),
+            held(checkpoint),
         );
         assert_eq!(loaded.snapshot.state["appearance"]["hair"], "blue");
         assert_eq!(loaded.snapshot.state["experience"], 35);
@@ -693,7 +731,7 @@ mod tests {
         let loaded = choose(
             &crate::model::test_model::handle(),
             newer,
-            Some(snap(3, 7, Some("a"), "ckpt")),
+            held(snap(3, 7, Some("a"), "ckpt")),
         );
         assert_eq!(loaded.source, LoadSource::Row);
         assert_eq!(
@@ -704,6 +742,45 @@ mod tests {
                 beyond_mark: vec![(3, 3), (3, 4)]
             }
         );
+    }
+
+    /// Copy 3 checkpointed (mark 2), copy 4 loaded it, issued a reward that a job applied to the
+    /// row, and died before writing: copy 5 loads copy 3's checkpoint (taken over by copy 4)
+    /// with copy 3's later reward and copy 4's, each once.
+    #[test]
+    fn a_checkpoint_of_an_earlier_copy_in_the_chain_gets_every_later_copys_effects() {
+        let nil = Uuid::nil();
+        let reward = |epoch: i64, seq: u64, experience: i64| RecordedEffect {
+            key: format!("k-{epoch}-{seq}"),
+            owner_epoch: epoch,
+            issue_seq: seq,
+            row_version: 8,
+            payload: serde_json::from_value(serde_json::json!({ "kind": "combat_rewards",
+                "character_id": nil, "experience": experience, "currency": 0, "items": [] }))
+            .unwrap_or_else(|e| panic!("{e}")),
+        };
+        let mut row = snap(4, 8, Some("a"), "row");
+        row.state = serde_json::json!({ "experience": 1 }).into();
+        let mut claim = claimed(row, 7, 5);
+        claim.content_mark = crate::character::IssueMark { epoch: 3, seq: 1 };
+        claim.effects = vec![reward(3, 2, 10), reward(3, 3, 100), reward(4, 1, 1000)];
+        let mut checkpoint = snap(3, 7, Some("a"), "ckpt");
+        checkpoint.issue_mark = 2;
+        checkpoint.state = serde_json::json!({ "experience": 11 }).into();
+        let taken = Some(HeldCheckpoint {
+            snapshot: checkpoint,
+            held_by: 4,
+        });
+        let loaded = choose(&crate::model::test_model::handle(), claim.clone(), taken);
+        assert_eq!(loaded.source, LoadSource::Checkpoint);
+        assert_eq!(loaded.snapshot.state["experience"], 1111);
+        assert_eq!(loaded.origin.beyond_mark, vec![(3, 3), (4, 1)]);
+        // Not taken over by copy 4 (its claim fenced it unread): a zombie may have written it,
+        // so the row stands.
+        let mut fenced = snap(3, 7, Some("a"), "zombie");
+        fenced.issue_mark = 2;
+        let loaded = choose(&crate::model::test_model::handle(), claim, held(fenced));
+        assert_eq!(loaded.source, LoadSource::Row);
     }
 
     #[test]
@@ -724,20 +801,20 @@ mod tests {
         let loaded = choose(
             &crate::model::test_model::handle(),
             claim.clone(),
-            Some(checkpoint.clone()),
+            held(checkpoint.clone()),
         );
         assert_eq!(loaded.snapshot.state["experience"], 15);
         claim.effects = vec![reward(7)];
         let loaded = choose(
             &crate::model::test_model::handle(),
             claim.clone(),
-            Some(checkpoint.clone()),
+            held(checkpoint.clone()),
         );
         assert_eq!(loaded.snapshot.state["experience"], 10);
         // A checkpoint from before the upgrade lists the rewards it holds: not granted twice.
         claim.effects = vec![reward(8)];
         checkpoint.state = serde_json::json!({ "experience": 15, "reward_keys": ["k-0-8"] }).into();
-        let loaded = choose(&crate::model::test_model::handle(), claim, Some(checkpoint));
+        let loaded = choose(&crate::model::test_model::handle(), claim, held(checkpoint));
         assert_eq!(loaded.snapshot.state["experience"], 15);
     }
 }

@@ -31,7 +31,8 @@ pub use bookkeeping::{
     Bookkeeping, BookkeepingRetention, BookkeepingSizes, PruneReport, run_bookkeeping_prune,
 };
 pub use checkpoint::{
-    CheckpointError, CheckpointStore, CheckpointWrite, GuardDecision, StoredGuard, decide_guard,
+    CheckpointError, CheckpointStore, CheckpointWrite, GuardDecision, HeldCheckpoint, StoredGuard,
+    decide_guard,
 };
 pub use handoff::{HandoffPayload, HandoffPayloadError};
 pub use load::{

@@ -96,17 +96,24 @@ pub enum Freshest {
     Checkpoint,
 }
 
-/// Picks the fresher of a row and a checkpoint. Ownership first: the higher `owner_epoch` wins,
-/// so a stale owner's checkpoint never outranks the live owner's row. Within one owner, the
-/// checkpoint wins when it was dumped at or after the row's last live write
-/// (`checkpoint version >= row_live_version`): a copy only learns a version once its write
-/// landed, so such a checkpoint holds newer live content. Versions that retry jobs or location
-/// writes added since do not count against it (their effects are replayed on it).
-pub fn freshest(row: (i64, i64), row_live_version: i64, checkpoint: (i64, i64)) -> Freshest {
-    let (row_epoch, _) = row;
-    let (checkpoint_epoch, checkpoint_version) = checkpoint;
-    if checkpoint_epoch != row_epoch {
-        return if checkpoint_epoch > row_epoch {
+/// Picks the fresher of a row and a checkpoint, from the row's owner epoch before the claim and
+/// the version of its last live write, and the checkpoint's guard epoch and content version.
+///
+/// | checkpoint guard | rule |
+/// | --- | --- |
+/// | below the row's owner | the row: a claim fenced the checkpoint without taking it over, so a zombie may have written it after that claim |
+/// | the row's owner | the checkpoint when dumped at or after the row's last live write (`version >= live`), else the row |
+/// | above the row's owner | the checkpoint: a newer claim holds it |
+///
+/// A copy only learns a version once its write landed (or once it merged what landed since), so
+/// a checkpoint dumped at or past the row's last live write holds newer live content; versions
+/// that retry jobs or location writes added since do not count against it (their effects are
+/// replayed on it). The guard is what lets a chain of owners that crashed before writing keep
+/// the content they loaded: each claimant takes the checkpoint over at its load.
+pub fn freshest(row_owner: i64, row_live_version: i64, checkpoint: (i64, i64)) -> Freshest {
+    let (held_by, checkpoint_version) = checkpoint;
+    if held_by != row_owner {
+        return if held_by > row_owner {
             Freshest::Checkpoint
         } else {
             Freshest::Row
@@ -147,7 +154,7 @@ mod tests {
 
     #[test]
     fn a_tie_goes_to_the_checkpoint() {
-        assert_eq!(freshest((3, 7), 7, (3, 7)), Freshest::Checkpoint);
+        assert_eq!(freshest(3, 7, (3, 7)), Freshest::Checkpoint);
     }
 
     /// The snapshot as a build from before schema versions reads it.
@@ -201,28 +208,39 @@ mod tests {
 
     #[test]
     fn a_newer_live_write_wins() {
-        assert_eq!(freshest((3, 8), 8, (3, 7)), Freshest::Row);
+        assert_eq!(freshest(3, 8, (3, 7)), Freshest::Row);
     }
 
     #[test]
     fn versions_added_by_jobs_do_not_outrank_newer_live_content() {
         // Live write at 7; two retry jobs took the row to 9; the checkpoint was dumped at 7.
-        assert_eq!(freshest((3, 9), 7, (3, 7)), Freshest::Checkpoint);
+        assert_eq!(freshest(3, 7, (3, 7)), Freshest::Checkpoint);
     }
 
     #[test]
     fn a_higher_checkpoint_version_wins() {
-        assert_eq!(freshest((3, 7), 7, (3, 8)), Freshest::Checkpoint);
+        assert_eq!(freshest(3, 7, (3, 8)), Freshest::Checkpoint);
     }
 
     #[test]
     fn a_stale_owners_checkpoint_loses_to_the_live_row_despite_a_higher_version() {
-        assert_eq!(freshest((4, 2), 2, (3, 50)), Freshest::Row);
+        assert_eq!(freshest(4, 2, (3, 50)), Freshest::Row);
     }
 
     #[test]
     fn a_newer_owners_checkpoint_beats_an_older_row() {
-        assert_eq!(freshest((3, 9), 9, (4, 1)), Freshest::Checkpoint);
+        assert_eq!(freshest(3, 9, (4, 1)), Freshest::Checkpoint);
+    }
+
+    #[test]
+    fn a_checkpoint_taken_over_by_the_rows_owner_competes_on_versions() {
+        // Copy 1 checkpointed at version 5; copy 2 claimed and took it over, then died. The
+        // checkpoint's guard is the row's owner now, its content still copy 1's.
+        assert_eq!(freshest(2, 5, (2, 5)), Freshest::Checkpoint);
+        // A live write since (by copy 2) is newer.
+        assert_eq!(freshest(2, 6, (2, 5)), Freshest::Row);
+        // Fenced by copy 2's claim without a take-over: a zombie may have written it.
+        assert_eq!(freshest(2, 5, (1, 9)), Freshest::Row);
     }
 
     #[test]

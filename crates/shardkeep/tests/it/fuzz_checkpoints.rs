@@ -271,16 +271,19 @@ async fn fuzzed_checkpoint_hashes_are_read_typed_skipped_at_login_and_never_half
             }
         }
         let what = format!("case {case}: {plant:?}");
-        match checkpoints.read(id).await {
-            Ok(Some(snapshot)) => {
+        match checkpoints.read_held(id).await {
+            Ok(Some(held)) => {
                 read_ok += 1;
+                let snapshot = held.snapshot;
                 assert_eq!(snapshot.character_id, id, "{what}");
+                // The guard never trails the content it guards.
+                assert!(held.held_by >= snapshot.owner_epoch, "{what}");
                 match &plant {
                     Planted::Hash {
                         epoch: Some(epoch), ..
                     } => {
                         let epoch = epoch.parse::<i64>().ok();
-                        assert_eq!(epoch, Some(snapshot.owner_epoch), "{what}");
+                        assert_eq!(epoch, Some(held.held_by), "{what}");
                     }
                     Planted::Sound => assert_eq!(snapshot, own, "{what}"),
                     _ => panic!("{what}: a snapshot read without a guard epoch"),
@@ -473,11 +476,12 @@ async fn fuzzed_embedded_checkpoint_rows_are_read_typed_and_never_half_overwritt
         .await
         .unwrap();
         let what = format!("case {case}: {plant:?} (stored epoch {epoch:?}, schema {schema:?})");
-        match checkpoints.read(id).await {
-            Ok(Some(snapshot)) => {
+        match checkpoints.read_held(id).await {
+            Ok(Some(held)) => {
                 read_ok += 1;
-                assert_eq!(snapshot.character_id, id, "{what}");
-                assert_eq!(Some(snapshot.owner_epoch), epoch, "{what}");
+                assert_eq!(held.snapshot.character_id, id, "{what}");
+                assert_eq!(Some(held.held_by), epoch, "{what}");
+                assert!(held.held_by >= held.snapshot.owner_epoch, "{what}");
             }
             Ok(None) => panic!("{what}: a live row read as absent"),
             Err(CheckpointError::Corrupt { character_id, .. }) => {

@@ -12,6 +12,7 @@ mod coord_handoff;
 mod coord_records;
 mod coord_session_order;
 mod corrupt_fences;
+mod crash_chains;
 mod fuzz_checkpoints;
 mod fuzz_decoders;
 mod journal;

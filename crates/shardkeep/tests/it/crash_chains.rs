@@ -1,0 +1,143 @@
+//! Chains of crashes: a copy claims a character and dies before writing anything, and the next
+//! copy must still load what the dead copy loaded (its crash window is its own, not a rollback of
+//! the copy before it). Each body runs on both drivers: Postgres rows with Redis checkpoints, and
+//! the embedded store's file.
+
+use std::time::Duration;
+
+use serde_json::json;
+use shardkeep::character::{
+    CharacterLoader, CharacterSnapshot, CharacterStore, CheckpointStore, CheckpointWrite,
+    HandoffPayload, LoadSource,
+};
+use shardkeep_testkit::model::LedgerModel;
+use shardkeep_testkit::{CharacterDrivers, TestRedis};
+use sqlx::PgPool;
+
+use super::ladder_store::created;
+
+fn loader(store: &CharacterStore, checkpoints: &CheckpointStore) -> CharacterLoader {
+    CharacterLoader::new(
+        store.clone(),
+        Some(checkpoints.clone()),
+        LedgerModel::handle(),
+        Duration::from_secs(5),
+    )
+}
+
+/// The copy's content with `coins` in its document.
+fn holding(copy: &CharacterSnapshot, coins: i64) -> CharacterSnapshot {
+    CharacterSnapshot {
+        state: json!({ "currency": coins }).into(),
+        ..copy.clone()
+    }
+}
+
+fn coins(snapshot: &CharacterSnapshot) -> i64 {
+    snapshot.state["currency"].as_i64().unwrap_or(-1)
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_replacement_that_dies_before_writing_does_not_roll_the_character_back(pool: PgPool) {
+    let drivers = CharacterDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let checkpoints = drivers.checkpoints_for(&store, &redis);
+        let loader = loader(&store, &checkpoints);
+        let row = created(&store, "Aria").await;
+        let id = row.character_id;
+
+        // Copy A flushes 15 coins, then checkpoints 65, and dies.
+        let a = loader.claim_and_load(id, 0).await.unwrap().snapshot;
+        let flushed = store.save(&holding(&a, 15)).await.unwrap();
+        let version = match flushed {
+            shardkeep::character::SaveOutcome::Saved(v) => v,
+            other => panic!("{driver}: {other:?}"),
+        };
+        let a = CharacterSnapshot {
+            state_version: version,
+            ..a
+        };
+        let written = checkpoints.write(&holding(&a, 65)).await.unwrap();
+        assert_eq!(written, CheckpointWrite::Written, "{driver}");
+
+        // Copy B loads the checkpoint and dies before writing anything.
+        let b = loader.claim_and_load(id, 0).await.unwrap();
+        assert_eq!(b.source, LoadSource::Checkpoint, "{driver}");
+        assert_eq!(coins(&b.snapshot), 65, "{driver}: B loads A's checkpoint");
+
+        // Copy C must not load less than B did.
+        let c = loader.claim_and_load(id, 0).await.unwrap();
+        assert_eq!(
+            coins(&c.snapshot),
+            65,
+            "{driver}: C loads what B loaded, not the older row ({:?})",
+            c.source
+        );
+        assert!(c.snapshot.owner_epoch > b.snapshot.owner_epoch, "{driver}");
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_zombie_checkpoint_after_the_replacements_load_is_never_adopted(pool: PgPool) {
+    let drivers = CharacterDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let checkpoints = drivers.checkpoints_for(&store, &redis);
+        let loader = loader(&store, &checkpoints);
+        let row = created(&store, "Bryn").await;
+        let id = row.character_id;
+
+        // Copy A checkpoints 65 over a row of its first load.
+        let a = loader.claim_and_load(id, 0).await.unwrap().snapshot;
+        let written = checkpoints.write(&holding(&a, 65)).await.unwrap();
+        assert_eq!(written, CheckpointWrite::Written, "{driver}");
+
+        // Copy B takes over and loads 65; A plays on as a zombie and checkpoints 999: refused.
+        let b = loader.claim_and_load(id, 0).await.unwrap();
+        assert_eq!(coins(&b.snapshot), 65, "{driver}");
+        let zombie = checkpoints.write(&holding(&a, 999)).await.unwrap();
+        assert_eq!(
+            zombie,
+            CheckpointWrite::NotOwner {
+                stored_epoch: b.snapshot.owner_epoch
+            },
+            "{driver}: the zombie's checkpoint after B's load is refused"
+        );
+
+        // B dies before writing; C loads B's content, never the zombie's nor the older row.
+        let c = loader.claim_and_load(id, 0).await.unwrap();
+        assert_eq!(coins(&c.snapshot), 65, "{driver}: {:?}", c.source);
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_handoff_destination_that_dies_before_writing_keeps_what_it_adopted(pool: PgPool) {
+    let drivers = CharacterDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let checkpoints = drivers.checkpoints_for(&store, &redis);
+        let loader = loader(&store, &checkpoints);
+        let row = created(&store, "Cato").await;
+        let id = row.character_id;
+
+        // The source checkpoints 40, then hands the character off holding 80.
+        let source = loader.claim_and_load(id, 0).await.unwrap().snapshot;
+        let written = checkpoints.write(&holding(&source, 40)).await.unwrap();
+        assert_eq!(written, CheckpointWrite::Written, "{driver}");
+        let carried = HandoffPayload::new(holding(&source, 80));
+        let arrived = loader
+            .claim_for_handoff(carried, "h-cato", 0)
+            .await
+            .unwrap();
+        assert!(!arrived.is_superseded(), "{driver}");
+        assert_eq!(coins(&arrived.into_loaded().snapshot), 80, "{driver}");
+
+        // The destination dies before its first write: the next login loads 80.
+        let next = loader.claim_and_load(id, 0).await.unwrap();
+        assert_eq!(coins(&next.snapshot), 80, "{driver}: {:?}", next.source);
+    }
+}
