@@ -129,6 +129,7 @@ pub mod coord;
 pub mod drain;
 pub mod journal;
 pub mod keyspace;
+pub mod live;
 pub mod liveness;
 pub mod model;
 pub mod operator;

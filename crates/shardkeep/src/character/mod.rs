@@ -17,6 +17,7 @@ mod bookkeeping_sqlite;
 pub mod checkpoint;
 mod checkpoint_sqlite;
 mod claim_batch;
+mod effects_since;
 pub mod handoff;
 mod item_loads;
 mod item_moves;

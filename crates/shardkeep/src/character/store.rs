@@ -817,6 +817,23 @@ impl CharacterStore {
         Ok(row.map(snapshot_of))
     }
 
+    /// The job effects recorded for `character_id` at a row version past `after`, oldest
+    /// first: what landed under a live copy that last learned version `after`.
+    pub(crate) async fn effects_applied_since(
+        &self,
+        character_id: Uuid,
+        after: i64,
+    ) -> Result<Vec<RecordedEffect>, StoreError> {
+        match &self.rows {
+            Rows::Postgres { pg, .. } => {
+                super::effects_since::on_postgres(pg, character_id, after).await
+            }
+            Rows::Embedded { db, .. } => {
+                super::effects_since::on_sqlite(db, character_id, after).await
+            }
+        }
+    }
+
     /// The row of the character named `name` (any case), if it exists.
     pub async fn load_by_name(&self, name: &str) -> Result<Option<CharacterSnapshot>, StoreError> {
         let pg = match &self.rows {

@@ -275,6 +275,19 @@ fn state_job(
     )
 }
 
+/// A logout's final save as the durable `gameplay_state` job the saver makes of it (for a save
+/// the saver gave up, which the live-copy runtime stores itself).
+pub(crate) fn final_job(
+    snapshot: &CharacterSnapshot,
+) -> Result<PersistenceRetryJob, crate::retry::InvalidJob> {
+    let request = SaveRequest {
+        reason: SaveReason::Final,
+        snapshot: snapshot.clone(),
+        dumped_at: std::time::Instant::now(),
+    };
+    state_job(&request, "final")
+}
+
 /// Counts, logs and reports a logout save given up: written to neither its row nor a retry job
 /// (its checkpoint still holds it).
 pub(super) fn final_dropped(

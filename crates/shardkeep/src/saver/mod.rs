@@ -28,6 +28,7 @@ use crate::character::{CharacterSnapshot, CharacterStore, CheckpointStore};
 use crate::drain::{BarrierOutcome, DrainQueue, EnqueueError};
 use crate::retry::RetryQueue;
 use crate::telemetry;
+pub(crate) use final_retry::final_job;
 pub use landed::{LandedWrites, UnsavedAges};
 pub use pending::{MAX_PENDING_FINALS, UnsavedFinals};
 pub use stats::{LatencyCounts, SaverStats, SaverStatsSnapshot};

@@ -1,0 +1,218 @@
+//! The save cadences (pure): a checkpoint every ~10 s and a flush every ~60 s per live copy,
+//! staggered so a shard's saves spread evenly over the pulses instead of arriving together, and
+//! the rules a configuration must keep.
+
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use crate::saver::SaveReason;
+
+/// How often the runtime saves each live copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cadence {
+    /// The runtime's pulse: how often it looks for copies that are due (the seeds' 250 ms).
+    pub pulse: Duration,
+    /// Between two checkpoints of a copy (Redis): the crash window.
+    pub checkpoint_every: Duration,
+    /// Between two flushes of a copy (Postgres).
+    pub flush_every: Duration,
+}
+
+impl Default for Cadence {
+    fn default() -> Self {
+        Self {
+            pulse: Duration::from_millis(250),
+            checkpoint_every: Duration::from_secs(10),
+            flush_every: Duration::from_secs(60),
+        }
+    }
+}
+
+/// A cadence the runtime refuses to run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CadenceError {
+    /// The pulse is zero, or longer than the checkpoint period.
+    #[error("the pulse ({pulse:?}) must be above zero and at most the checkpoint period ({checkpoint:?})")]
+    Pulse {
+        /// The pulse given.
+        pulse: Duration,
+        /// The checkpoint period given.
+        checkpoint: Duration,
+    },
+    /// Flushes come more often than checkpoints (every flush writes a checkpoint too).
+    #[error("the flush period ({flush:?}) must be at least the checkpoint period ({checkpoint:?})")]
+    FlushBeforeCheckpoint {
+        /// The flush period given.
+        flush: Duration,
+        /// The checkpoint period given.
+        checkpoint: Duration,
+    },
+    /// A checkpoint would expire before the copy writes enough new ones: one missed cadence
+    /// (Redis cut for a moment) would leave the copy with no checkpoint, and a crash then rolls
+    /// it back to the row.
+    #[error(
+        "checkpoints live {ttl:?}: the checkpoint period ({checkpoint:?}) must be at most a \
+         quarter of that, and the flush period ({flush:?}) at most half"
+    )]
+    OutlivesCheckpoints {
+        /// The checkpoint TTL.
+        ttl: Duration,
+        /// The checkpoint period given.
+        checkpoint: Duration,
+        /// The flush period given.
+        flush: Duration,
+    },
+}
+
+impl Cadence {
+    /// Refuses a cadence whose checkpoints would lapse between writes (`ttl`: how long the
+    /// checkpoint tier keeps one), or whose periods are out of order.
+    pub fn validate(&self, ttl: Duration) -> Result<(), CadenceError> {
+        let (pulse, checkpoint, flush) = (self.pulse, self.checkpoint_every, self.flush_every);
+        if pulse.is_zero() || pulse > checkpoint {
+            return Err(CadenceError::Pulse { pulse, checkpoint });
+        }
+        if flush < checkpoint {
+            return Err(CadenceError::FlushBeforeCheckpoint { flush, checkpoint });
+        }
+        if checkpoint > ttl / 4 || flush > ttl / 2 {
+            return Err(CadenceError::OutlivesCheckpoints {
+                ttl,
+                checkpoint,
+                flush,
+            });
+        }
+        Ok(())
+    }
+
+    /// The periods in pulses (checkpoint, flush), each at least one.
+    pub fn periods(&self) -> (u64, u64) {
+        let pulses = |every: Duration| {
+            let n = every.as_nanos() / self.pulse.as_nanos().max(1);
+            u64::try_from(n).unwrap_or(u64::MAX).max(1)
+        };
+        (pulses(self.checkpoint_every), pulses(self.flush_every))
+    }
+}
+
+/// A copy's fixed places in both periods: the pulses it is due on, from its id, so copies of one
+/// shard spread evenly and a copy keeps its place for as long as it lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Phase {
+    checkpoint: u64,
+    flush: u64,
+    spread: u64,
+}
+
+impl Phase {
+    /// The phase of `character_id` for periods of `(checkpoint, flush)` pulses.
+    pub fn of(character_id: Uuid, (checkpoint, flush): (u64, u64)) -> Self {
+        let (hi, lo) = character_id.as_u64_pair();
+        let spread = hi ^ lo.rotate_left(29);
+        Self {
+            checkpoint: spread % checkpoint.max(1),
+            flush: spread.rotate_right(17) % flush.max(1),
+            spread: spread.rotate_left(7),
+        }
+    }
+
+    /// True on the pulses, one in `every`, on which the copy's session records are refreshed.
+    pub fn refresh_due(&self, pulse: u64, every: u64) -> bool {
+        let every = every.max(1);
+        (pulse % every + self.spread % every).is_multiple_of(every)
+    }
+
+    /// What the copy is due for on `pulse`: a flush once per flush period, a checkpoint once per
+    /// checkpoint period, the flush when both fall on one pulse (it writes both tiers).
+    pub fn due(&self, pulse: u64, (checkpoint, flush): (u64, u64)) -> Option<SaveReason> {
+        if (pulse + self.flush).is_multiple_of(flush.max(1)) {
+            Some(SaveReason::Flush)
+        } else if (pulse + self.checkpoint).is_multiple_of(checkpoint.max(1)) {
+            Some(SaveReason::Checkpoint)
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_cadence_is_the_seeds_and_fits_an_hours_checkpoint() {
+        let cadence = Cadence::default();
+        assert_eq!(cadence.periods(), (40, 240));
+        assert_eq!(cadence.validate(Duration::from_secs(3600)), Ok(()));
+    }
+
+    #[test]
+    fn cadences_that_outlive_their_checkpoints_or_run_backwards_are_refused() {
+        let ttl = Duration::from_secs(3600);
+        let mut cadence = Cadence {
+            checkpoint_every: Duration::from_secs(901),
+            flush_every: Duration::from_secs(1200),
+            ..Cadence::default()
+        };
+        assert!(matches!(
+            cadence.validate(ttl),
+            Err(CadenceError::OutlivesCheckpoints { .. })
+        ));
+        cadence.checkpoint_every = Duration::from_secs(60);
+        cadence.flush_every = Duration::from_secs(1801);
+        assert!(matches!(
+            cadence.validate(ttl),
+            Err(CadenceError::OutlivesCheckpoints { .. })
+        ));
+        cadence.flush_every = Duration::from_secs(30);
+        assert!(matches!(
+            cadence.validate(ttl),
+            Err(CadenceError::FlushBeforeCheckpoint { .. })
+        ));
+        cadence.flush_every = Duration::from_secs(60);
+        cadence.pulse = Duration::ZERO;
+        assert!(matches!(
+            cadence.validate(ttl),
+            Err(CadenceError::Pulse { .. })
+        ));
+        cadence.pulse = Duration::from_secs(61);
+        assert!(matches!(
+            cadence.validate(ttl),
+            Err(CadenceError::Pulse { .. })
+        ));
+    }
+
+    #[test]
+    fn every_copy_is_flushed_once_and_checkpointed_every_period_and_shards_spread() {
+        let periods = (40, 240);
+        let copies: Vec<Uuid> = (0..2000).map(|_| Uuid::now_v7()).collect();
+        let mut per_pulse = vec![0usize; 240];
+        for id in &copies {
+            let phase = Phase::of(*id, periods);
+            let dues: Vec<Option<SaveReason>> =
+                (0..240).map(|pulse| phase.due(pulse, periods)).collect();
+            let flushes = dues
+                .iter()
+                .filter(|d| **d == Some(SaveReason::Flush))
+                .count();
+            assert_eq!(flushes, 1, "one flush per flush period");
+            // Between two saves never more than a checkpoint period.
+            let saves: Vec<usize> = (0..240 * 2)
+                .filter(|p| phase.due(*p as u64, periods).is_some())
+                .collect();
+            assert!(saves.windows(2).all(|w| w[1] - w[0] <= 40), "{saves:?}");
+            for (pulse, due) in dues.iter().enumerate() {
+                if due.is_some() {
+                    per_pulse[pulse] += 1;
+                }
+            }
+        }
+        // 2000 copies, each saved 6 times per 240 pulses: 50 a pulse on average.
+        let (low, high) = (
+            per_pulse.iter().min().copied().unwrap_or(0),
+            per_pulse.iter().max().copied().unwrap_or(0),
+        );
+        assert!(low >= 20 && high <= 90, "uneven: {low}..{high}");
+    }
+}

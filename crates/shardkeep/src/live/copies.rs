@@ -1,0 +1,195 @@
+//! The live copies a runtime holds: one per character, each with the bookkeeping that makes its
+//! writes safe — the epoch its claim minted, the row version it last learned, its issue
+//! sequence — beside the game's character. Kept in stripes, so the cadence's dumps of one stripe
+//! never hold up play in another.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use uuid::Uuid;
+
+use super::cadence::Phase;
+use crate::character::{CharacterSnapshot, StateJson};
+use crate::model::Anchor;
+
+/// Stripes of the registry.
+const STRIPES: usize = 64;
+
+/// Names one live copy: the character, and the epoch its claim minted. Every call about a copy
+/// takes it, so a call meant for a copy that was evicted or left never reaches a later copy of
+/// the same character.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CopyId {
+    /// The character.
+    pub character_id: Uuid,
+    /// The copy's owner epoch.
+    pub owner_epoch: i64,
+}
+
+impl std::fmt::Display for CopyId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (epoch {})", self.character_id, self.owner_epoch)
+    }
+}
+
+/// Where a copy's session stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Link {
+    /// A client is attached with this session token.
+    Attached(String),
+    /// The stream closed; the copy waits for a reconnect until `until`.
+    LinkDead {
+        token: String,
+        until: tokio::time::Instant,
+    },
+}
+
+impl Link {
+    /// The session token, attached or not.
+    pub(crate) fn token(&self) -> &str {
+        match self {
+            Self::Attached(token) | Self::LinkDead { token, .. } => token,
+        }
+    }
+}
+
+/// One live copy.
+pub(crate) struct LiveCopy<C> {
+    pub(crate) character: C,
+    pub(crate) account_id: Uuid,
+    pub(crate) name: String,
+    pub(crate) epoch: i64,
+    /// The row version the copy's content is based on: every write that landed up to it is in
+    /// the copy (its own, or merged from the row).
+    pub(crate) version: i64,
+    /// The copy's issue sequence: live grants up to it are in `character`.
+    pub(crate) issued: u64,
+    pub(crate) anchor: Anchor,
+    pub(crate) chargen: Option<serde_json::Value>,
+    pub(crate) schema_version: u32,
+    pub(crate) phase: Phase,
+    pub(crate) link: Link,
+    /// Set while the copy is being handed off: it saves nothing (its content travels).
+    pub(crate) leaving: bool,
+    /// The attached session's place in the character's session order (its presence is
+    /// refreshed under it).
+    pub(crate) session_order: Option<crate::coord::SessionOrder>,
+}
+
+impl<C> LiveCopy<C> {
+    pub(crate) fn id(&self, character_id: Uuid) -> CopyId {
+        CopyId {
+            character_id,
+            owner_epoch: self.epoch,
+        }
+    }
+
+    /// The snapshot of this copy with `state` as its document.
+    pub(crate) fn snapshot(&self, character_id: Uuid, state: StateJson) -> CharacterSnapshot {
+        CharacterSnapshot {
+            character_id,
+            account_id: self.account_id,
+            name: self.name.clone(),
+            zone_ref: self.anchor.zone_ref.clone(),
+            room_ref: self.anchor.room_ref.clone(),
+            state,
+            chargen: self.chargen.clone(),
+            state_version: self.version,
+            owner_epoch: self.epoch,
+            issue_mark: self.issued,
+            schema_version: self.schema_version,
+        }
+    }
+}
+
+/// The registry. Cheap to share behind an `Arc`.
+pub(crate) struct Copies<C> {
+    stripes: Vec<Mutex<HashMap<Uuid, LiveCopy<C>>>>,
+}
+
+impl<C> Default for Copies<C> {
+    fn default() -> Self {
+        Self {
+            stripes: (0..STRIPES).map(|_| Mutex::default()).collect(),
+        }
+    }
+}
+
+impl<C> Copies<C> {
+    fn stripe(&self, character_id: Uuid) -> MutexGuard<'_, HashMap<Uuid, LiveCopy<C>>> {
+        let (_, lo) = character_id.as_u64_pair();
+        let index = usize::try_from(lo % STRIPES as u64).unwrap_or(0);
+        self.stripes[index]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `f` on the copy `id` (the character's copy at that very epoch), if held.
+    pub(crate) fn with<T>(&self, id: CopyId, f: impl FnOnce(&mut LiveCopy<C>) -> T) -> Option<T> {
+        let mut stripe = self.stripe(id.character_id);
+        let copy = stripe
+            .get_mut(&id.character_id)
+            .filter(|c| c.epoch == id.owner_epoch)?;
+        Some(f(copy))
+    }
+
+    /// The copy of `character_id` held now, whatever its epoch.
+    pub(crate) fn current(&self, character_id: Uuid) -> Option<CopyId> {
+        self.stripe(character_id)
+            .get(&character_id)
+            .map(|c| c.id(character_id))
+    }
+
+    /// True while any copy of `character_id` is held.
+    pub(crate) fn holds(&self, character_id: Uuid) -> bool {
+        self.stripe(character_id).contains_key(&character_id)
+    }
+
+    /// Adds a copy; a copy of the same character already held is handed back instead.
+    pub(crate) fn admit(&self, character_id: Uuid, copy: LiveCopy<C>) -> Result<(), LiveCopy<C>> {
+        let mut stripe = self.stripe(character_id);
+        if stripe.contains_key(&character_id) {
+            return Err(copy);
+        }
+        stripe.insert(character_id, copy);
+        Ok(())
+    }
+
+    /// Removes the copy `id`, if it is the one held.
+    pub(crate) fn remove(&self, id: CopyId) -> Option<LiveCopy<C>> {
+        let mut stripe = self.stripe(id.character_id);
+        if stripe
+            .get(&id.character_id)
+            .is_some_and(|c| c.epoch == id.owner_epoch)
+        {
+            stripe.remove(&id.character_id)
+        } else {
+            None
+        }
+    }
+
+    /// Runs `f` over every copy, a stripe at a time (each stripe locked only while it runs).
+    pub(crate) fn each(&self, mut f: impl FnMut(Uuid, &mut LiveCopy<C>)) {
+        for stripe in &self.stripes {
+            let mut stripe = stripe.lock().unwrap_or_else(PoisonError::into_inner);
+            for (id, copy) in stripe.iter_mut() {
+                f(*id, copy);
+            }
+        }
+    }
+
+    /// Every copy held now.
+    pub(crate) fn ids(&self) -> Vec<CopyId> {
+        let mut ids = Vec::new();
+        self.each(|id, copy| ids.push(copy.id(id)));
+        ids
+    }
+
+    /// Copies held.
+    pub(crate) fn len(&self) -> usize {
+        self.stripes
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
+            .sum()
+    }
+}

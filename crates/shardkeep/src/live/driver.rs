@@ -1,0 +1,194 @@
+//! The runtime's pulse: one task that runs the cadences, hands deferred logout saves to the
+//! saver, logs link-dead copies out when their grace runs out, refreshes session records, and
+//! acts on the saver's answers — the saver reports to [`Feedback`], which only queues them here,
+//! so no answer ever waits on a game's lock.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+use super::copies::{Copies, CopyId, Link};
+use super::sessions::FinalSave;
+use super::{EvictionCause, Inner, LiveEvent, LiveGame};
+use crate::character::CharacterSnapshot;
+use crate::journal::SessionLifecycleEffectPlan;
+use crate::saver::{SaveFeedback, SaveReason, SaverEvent};
+
+/// The saver's side of the runtime: answers go to the pulse task; presence is the registry's.
+pub(crate) struct Feedback<C> {
+    events: mpsc::Sender<SaverEvent>,
+    copies: Arc<Copies<C>>,
+}
+
+impl<C> Feedback<C> {
+    pub(crate) fn new(events: mpsc::Sender<SaverEvent>, copies: Arc<Copies<C>>) -> Self {
+        Self { events, copies }
+    }
+}
+
+impl<C: Send + 'static> SaveFeedback for Feedback<C> {
+    fn deliver(&self, event: SaverEvent) {
+        if let Err(err) = self.events.try_send(event) {
+            // A lost conflict or eviction repeats at the copy's next save; a lost logout answer
+            // leaves its waiter to time out (the save itself goes on).
+            tracing::warn!(event = "live_event_dropped", error = %err);
+        }
+    }
+
+    /// A logout removes its copy before its final save is queued, so a final save finds its
+    /// character absent unless a newer copy of it was admitted here since (whose claim fenced
+    /// the final save anyway).
+    fn is_present(&self, character_id: Uuid) -> bool {
+        self.copies.holds(character_id)
+    }
+}
+
+/// Runs the pulse until the runtime stops.
+pub(crate) async fn run<G: LiveGame>(
+    inner: Arc<Inner<G>>,
+    mut events: mpsc::Receiver<SaverEvent>,
+) {
+    let mut ticker = tokio::time::interval(inner.config.cadence.pulse);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = inner.cancel.cancelled() => return,
+            Some(event) = events.recv() => answer(&inner, event),
+            _ = ticker.tick() => pulse(&inner),
+        }
+    }
+}
+
+/// One pulse: deferred finals first (they wait longest), then the cadences, link-dead
+/// deadlines and session refreshes.
+pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
+    let n = inner
+        .pulse
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        + 1;
+    inner.finals.offer(&inner.saver);
+    let periods = inner.periods;
+    let refresh = refresh_period(inner);
+    let now = tokio::time::Instant::now();
+    let (mut flushes, mut checkpoints) = (Vec::new(), Vec::new());
+    let mut expired = Vec::new();
+    let mut refreshes = Vec::new();
+    inner.copies.each(|id, copy| {
+        if let Link::LinkDead { until, .. } = &copy.link
+            && *until <= now
+        {
+            expired.push(copy.id(id));
+            return;
+        }
+        if let Link::Attached(token) = &copy.link
+            && copy.phase.refresh_due(n, refresh)
+        {
+            refreshes.push((copy.id(id), token.clone(), copy.account_id));
+        }
+        if copy.leaving {
+            return;
+        }
+        let Some(reason) = copy.phase.due(n, periods) else {
+            return;
+        };
+        match inner.game.dump(&copy.character) {
+            Ok(state) => {
+                let snapshot = copy.snapshot(id, state);
+                match reason {
+                    SaveReason::Checkpoint => checkpoints.push(snapshot),
+                    _ => flushes.push(snapshot),
+                }
+            }
+            Err(error) => {
+                tracing::warn!(event = "dump_refused", character = %id, error, "not saved this cadence")
+            }
+        }
+    });
+    inner.saver.enqueue_many(SaveReason::Flush, flushes);
+    inner.saver.enqueue_many(SaveReason::Checkpoint, checkpoints);
+    for copy in expired {
+        super::sessions::expire_link_dead(inner, copy);
+    }
+    if !refreshes.is_empty() {
+        super::sessions::refresh_sessions(inner, refreshes);
+    }
+}
+
+/// Pulses between two refreshes of a session's records: a third of their lifetime.
+fn refresh_period<G: LiveGame>(inner: &Inner<G>) -> u64 {
+    let third = inner.config.session_ttl.duration() / 3;
+    let pulses = third.as_nanos() / inner.config.cadence.pulse.as_nanos().max(1);
+    u64::try_from(pulses).unwrap_or(u64::MAX).max(1)
+}
+
+/// Acts on one of the saver's answers.
+fn answer<G: LiveGame>(inner: &Arc<Inner<G>>, event: SaverEvent) {
+    let copy = CopyId {
+        character_id: event.character_id(),
+        owner_epoch: event.owner_epoch(),
+    };
+    match event {
+        SaverEvent::Saved {
+            reason,
+            dumped_version,
+            new_version,
+            ..
+        } => {
+            inner.copies.with(copy, |c| {
+                if c.version == dumped_version {
+                    c.version = new_version;
+                }
+            });
+            if reason == SaveReason::Final {
+                inner.finals.resolve(copy, FinalSave::Saved {
+                    version: new_version,
+                });
+            }
+        }
+        SaverEvent::FlushConflict {
+            current_version, ..
+        } => super::writes::merge_and_flush(inner, copy, current_version),
+        SaverEvent::OwnershipLost { current_epoch, .. } => {
+            evict(inner, copy, EvictionCause::OwnershipLost { current_epoch });
+            inner.finals.resolve(copy, FinalSave::Superseded);
+        }
+        SaverEvent::DoubleOwn { stored_epoch, .. } => {
+            evict(inner, copy, EvictionCause::DoubleOwn { stored_epoch });
+        }
+        SaverEvent::SchemaOutdated { stored_schema, .. } => {
+            evict(inner, copy, EvictionCause::SchemaOutdated { stored_schema });
+            inner.finals.resolve(copy, FinalSave::Superseded);
+        }
+        SaverEvent::FinalQueuedAsJob { retry_job_id, .. } => {
+            inner.finals.resolve(copy, FinalSave::QueuedAsJob { retry_job_id });
+        }
+        SaverEvent::FinalDropped { .. } => super::sessions::final_as_job(inner, copy),
+        SaverEvent::NotFound { .. } => {
+            tracing::error!(event = "live_row_missing", character = %copy.character_id,
+                "the character's row is gone");
+            inner.finals.resolve(copy, FinalSave::NotFound);
+        }
+    }
+}
+
+/// Removes a zombie copy without saving it and tells the game; its session's stream is closed
+/// (the cleanup's own writes are fenced by the copy's epoch).
+pub(crate) fn evict<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, cause: EvictionCause) {
+    let Some(removed) = inner.copies.remove(copy) else {
+        return;
+    };
+    tracing::warn!(event = "zombie_evicted", character = %copy.character_id,
+        epoch = copy.owner_epoch, ?cause, "another copy owns the character");
+    let last_known: CharacterSnapshot = removed.snapshot(copy.character_id, Default::default());
+    {
+        let token = removed.link.token();
+        super::sessions::close_stream(
+            inner,
+            &last_known,
+            token.to_owned(),
+            SessionLifecycleEffectPlan::PermanentRemoval,
+        );
+    }
+    let _ = inner.events.send(LiveEvent::Evicted { copy, cause });
+}

@@ -1,0 +1,288 @@
+//! Handing a live copy to another shard, and taking one in, as one call each.
+//!
+//! The source: the copy's dump (at its destination) is also written as its checkpoint, so a
+//! handoff nobody takes loses nothing; the transfer is marked pending, the payload stored under
+//! a fresh token for the destination, and the copy leaves without a save (its content travels).
+//! It then waits for the destination's activation marker, completes the transfer and journals
+//! its closed stream as a confirmed transfer; a handoff never taken is abandoned the same way
+//! as a permanent removal.
+//!
+//! The destination: the payload is taken once, the claim adopts the carried content only while
+//! the copy that dumped it still owned the character (a zombie's handoff is refused and the
+//! freshest durable copy loaded instead), the copy is admitted and its session started, and the
+//! activation is marked and recorded durably.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use uuid::Uuid;
+
+use super::copies::{CopyId, Link};
+use super::{Admitted, Inner, LiveError, LiveGame, Runtime, SessionStart};
+use crate::character::{CharacterSnapshot, HandoffPayload};
+use crate::coord::{HandoffTake, TransferActivation};
+use crate::journal::SessionLifecycleEffectPlan;
+use crate::keyspace::HandoffScope;
+use crate::model::Anchor;
+use crate::retry::{IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload};
+
+/// A copy on its way to another shard: the client presents the token there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandoffTicket {
+    /// The handoff's token.
+    pub token: String,
+    /// The shard that takes it.
+    pub target_shard: String,
+}
+
+/// Pause between attempts of a step that must land.
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+impl<G: LiveGame> Runtime<G> {
+    /// Hands `copy` to `target_shard`, anchored at `destination` there. The copy leaves this
+    /// shard without a save; the returned token is what the client presents to the other shard's
+    /// [`Runtime::arrive`]. Nothing leaves when the handoff cannot be stored.
+    pub async fn hand_off(
+        &self,
+        copy: CopyId,
+        target_shard: &str,
+        destination: Anchor,
+    ) -> Result<HandoffTicket, LiveError> {
+        let inner = &self.inner;
+        let scope = HandoffScope::Placement(target_shard.to_owned());
+        let taken = inner
+            .copies
+            .with(copy, |c| {
+                let state = inner.game.dump(&c.character).map_err(LiveError::Game)?;
+                let mut snapshot = c.snapshot(copy.character_id, state);
+                snapshot.zone_ref = destination.zone_ref.clone();
+                snapshot.room_ref = destination.room_ref.clone();
+                c.leaving = true;
+                let session = Some(c.link.token().to_owned());
+                Ok::<_, LiveError>((snapshot, session))
+            })
+            .ok_or(LiveError::Gone(copy))??;
+        let (snapshot, session) = taken;
+        let token = Uuid::now_v7().simple().to_string();
+        let stored = tokio::time::timeout(inner.config.io_timeout, async {
+            // The travelling content is kept too: an untaken handoff then costs nothing.
+            let _ = inner.stores.checkpoints.write(&snapshot).await;
+            let payload = HandoffPayload::new(snapshot.clone())
+                .encode()
+                .map_err(|e| LiveError::Game(e.to_string()))?;
+            let coord = &inner.stores.coord;
+            coord.transfer_begin(&token, inner.config.handoff_ttl).await?;
+            coord
+                .handoff_put(&token, &scope, &payload, inner.config.handoff_ttl)
+                .await?;
+            Ok::<_, LiveError>(())
+        })
+        .await;
+        match stored {
+            Ok(Ok(())) => {}
+            failed => {
+                inner.copies.with(copy, |c| c.leaving = false);
+                return Err(match failed {
+                    Ok(Err(err)) => err,
+                    _ => LiveError::NotDurable("storing the handoff timed out".into()),
+                });
+            }
+        }
+        inner.copies.remove(copy);
+        await_activation(inner, copy, token.clone(), snapshot, session);
+        Ok(HandoffTicket {
+            token,
+            target_shard: target_shard.to_owned(),
+        })
+    }
+
+    /// Takes the copy handed to this shard under `token`: the payload is taken once, the claim
+    /// adopts the carried content only while the copy that dumped it still owned the character
+    /// (otherwise the freshest durable copy is loaded: [`Admitted::source`] says which), and the
+    /// session starts here.
+    pub async fn arrive(&self, token: &str, start: SessionStart) -> Result<Admitted, LiveError> {
+        let inner = &self.inner;
+        let scope = [HandoffScope::Placement(inner.config.shard_id.clone())];
+        let taken = tokio::time::timeout(
+            inner.config.io_timeout,
+            inner.stores.coord.handoff_take(token, &scope),
+        )
+        .await
+        .map_err(|_| LiveError::NotDurable("taking the handoff timed out".into()))??;
+        let HandoffTake::Taken { payload, .. } = taken else {
+            return Err(LiveError::UnknownHandoff);
+        };
+        let carried = HandoffPayload::decode(&payload).map_err(|_| LiveError::UnknownHandoff)?;
+        let character_id = carried.snapshot.character_id;
+        // The payload is gone from Redis: the claim is retried (the source's checkpoint holds
+        // the content should this process die meanwhile).
+        let deadline = tokio::time::Instant::now() + inner.config.io_timeout * 3;
+        let load = loop {
+            match inner
+                .stores
+                .loader
+                .claim_for_handoff(carried.clone(), token, 0)
+                .await
+            {
+                Ok(load) => break load,
+                Err(err) if tokio::time::Instant::now() >= deadline => return Err(err.into()),
+                Err(_) => tokio::time::sleep(RETRY_PAUSE).await,
+            }
+        };
+        let loaded = load.into_loaded();
+        let session_token = start
+            .token
+            .unwrap_or_else(|| Uuid::now_v7().simple().to_string());
+        let admitted = self.admit_arrival(&loaded, session_token)?;
+        mark_activation(inner, admitted.copy, token, &loaded.snapshot, character_id);
+        Ok(admitted)
+    }
+
+    fn admit_arrival(
+        &self,
+        loaded: &crate::character::LoadedCharacter,
+        session_token: String,
+    ) -> Result<Admitted, LiveError> {
+        let inner = &self.inner;
+        let (copy, order) =
+            super::sessions::admit(inner, loaded, Link::Attached(session_token.clone()))?;
+        if let Some(order) = order {
+            super::sessions::start_arrival(inner, copy, loaded, &session_token, order);
+        }
+        Ok(Admitted {
+            copy,
+            session_token,
+            source: Some(loaded.source),
+            brand_new: loaded.brand_new,
+            resumed: None,
+        })
+    }
+}
+
+/// The destination's side of an activation: the marker the source waits for (retried until it
+/// lands) and the activation's durable record (a retry job the worker records).
+fn mark_activation<G: LiveGame>(
+    inner: &Arc<Inner<G>>,
+    copy: CopyId,
+    token: &str,
+    snapshot: &CharacterSnapshot,
+    character_id: Uuid,
+) {
+    let zone = snapshot
+        .zone_ref
+        .clone()
+        .unwrap_or_else(|| inner.config.shard_id.clone());
+    let activation = TransferActivation {
+        transfer_token: token.to_owned(),
+        target_shard: inner.config.shard_id.clone(),
+        target_zone: zone.clone(),
+        activated_at: Utc::now(),
+    };
+    let job = PersistenceRetryJob::new(
+        PersistenceRetryPayload::transfer_activation(
+            character_id,
+            token,
+            &inner.config.shard_id,
+            &zone,
+        ),
+        IdempotencyEnvelope {
+            idempotency_key: format!("transfer:{token}"),
+            owner_epoch: copy.owner_epoch,
+            origin: Origin::TransferActivation,
+            issued_at: Utc::now(),
+            // An activation changes no row: it needs no place in the copy's issue sequence.
+            issue_seq: 0,
+        },
+        &format!("live-{}", inner.config.shard_id),
+        Some(token.to_owned()),
+    );
+    let inner = Arc::clone(inner);
+    tokio::spawn(async move {
+        let coord = &inner.stores.coord;
+        loop {
+            let set = tokio::time::timeout(
+                inner.config.io_timeout,
+                coord.transfer_marker_set(&activation, inner.config.session_ttl),
+            )
+            .await;
+            if matches!(set, Ok(Ok(()))) {
+                break;
+            }
+            tokio::select! {
+                () = inner.cancel.cancelled() => return,
+                () = tokio::time::sleep(RETRY_PAUSE) => {}
+            }
+        }
+        if let Ok(job) = job {
+            let _ = tokio::time::timeout(inner.config.io_timeout, inner.stores.retry.enqueue(&job))
+                .await;
+        }
+    });
+}
+
+/// The source after its handoff left: waits for the destination's activation (the marker, or
+/// its durable record when a failover lost the marker), then completes the transfer and
+/// journals the closed stream as a confirmed transfer. A handoff not taken within its lifetime
+/// is abandoned: the transfer completes and the stream closes as a permanent removal (the
+/// copy's checkpoint holds what it carried).
+fn await_activation<G: LiveGame>(
+    inner: &Arc<Inner<G>>,
+    copy: CopyId,
+    token: String,
+    snapshot: CharacterSnapshot,
+    session: Option<String>,
+) {
+    let inner = Arc::clone(inner);
+    tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + inner.config.handoff_ttl.duration();
+        let coord = &inner.stores.coord;
+        let mut activated = false;
+        while tokio::time::Instant::now() < deadline {
+            let seen = tokio::time::timeout(inner.config.io_timeout, async {
+                if coord.transfer_marker_get(&token).await?.is_some() {
+                    return Ok::<_, crate::CoordError>(true);
+                }
+                Ok(inner
+                    .stores
+                    .retry
+                    .transfer_activation_recorded(copy.character_id, &token)
+                    .await
+                    .unwrap_or(false))
+            })
+            .await;
+            if matches!(seen, Ok(Ok(true))) {
+                activated = true;
+                break;
+            }
+            tokio::select! {
+                () = inner.cancel.cancelled() => return,
+                () = tokio::time::sleep(RETRY_PAUSE) => {}
+            }
+        }
+        loop {
+            let done =
+                tokio::time::timeout(inner.config.io_timeout, coord.transfer_complete(&token))
+                    .await;
+            if matches!(done, Ok(Ok(()))) {
+                break;
+            }
+            tokio::select! {
+                () = inner.cancel.cancelled() => return,
+                () = tokio::time::sleep(RETRY_PAUSE) => {}
+            }
+        }
+        if !activated {
+            tracing::warn!(event = "handoff_untaken", character = %copy.character_id, %token,
+                "no shard took the handoff; its checkpoint holds the content");
+        }
+        if let Some(session) = session {
+            let plan = if activated {
+                SessionLifecycleEffectPlan::ConfirmedTransfer
+            } else {
+                SessionLifecycleEffectPlan::PermanentRemoval
+            };
+            super::sessions::close_stream(&inner, &snapshot, session, plan);
+        }
+    });
+}

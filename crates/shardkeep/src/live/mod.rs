@@ -1,0 +1,401 @@
+//! The live-copy runtime: everything that keeps a game's online characters durable, in one
+//! place, so a game supplies its model and its gameplay and nothing else.
+//!
+//! A game builds a [`Runtime`] from its [`crate::Services`] and its [`LiveGame`], then logs
+//! players in, plays them ([`Runtime::update`], [`Runtime::grant`]) and logs them out. The
+//! runtime owns what a game could get wrong:
+//!
+//! - the live copy: the epoch its claim minted, the row versions it learns from every landed
+//!   write (merging what a job or an offline grant landed under it before adopting a version),
+//!   its issue sequence (a live grant is numbered by construction), its dump;
+//! - the cadences: a checkpoint every ~10 s and a flush every ~60 s, staggered across copies,
+//!   validated against the checkpoint's lifetime;
+//! - the saver's answers: versions adopted, conflicts merged and written again, zombies
+//!   evicted ([`LiveEvent::Evicted`]);
+//! - logout: the final save is never dropped (re-offered while the saver's queue is full, made a
+//!   durable job when the saver gives it up), and shutdown reports what is unsaved;
+//! - sessions: the session marker and ordered presence at start, placement, the journal entry
+//!   before a closed session is removed (retried until it lands), reconnect with the resume
+//!   ledger, link-dead copies logged out after their grace;
+//! - handoffs between shards, with the destination's claim refusing a superseded copy;
+//! - offline grants, which reach whichever copy owns the character when they land.
+//!
+//! Layout: [`game`] (what the game supplies), [`cadence`] (when copies save, pure), `copies`
+//! (the registry), `driver` (the pulse: cadences, the saver's answers, deferred finals),
+//! `sessions` (login, resume, detach, logout, shutdown), `writes` (grants, saves, merges),
+//! `handoff` (leaving for and arriving from another shard).
+
+pub mod cadence;
+mod copies;
+mod driver;
+pub mod game;
+mod handoff;
+mod sessions;
+mod writes;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Mutex as AsyncMutex, broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::character::{CharacterLoader, CharacterStore, CheckpointStore};
+use crate::coord::Coordination;
+use crate::journal::{ActiveSessions, RealtimeRuntimeProfile, SessionJournal};
+use crate::keyspace::CHECKPOINT_TTL;
+use crate::model::Anchor;
+use crate::placement::PlacementWriter;
+use crate::retry::RetryQueue;
+use crate::saver::{Saver, SaverConfig, SaverEvent, SaverSinks};
+use crate::ttl::Ttl;
+
+pub use cadence::{Cadence, CadenceError};
+pub use copies::CopyId;
+pub use game::{LiveGame, Stored};
+pub use handoff::HandoffTicket;
+pub use sessions::{Admitted, FinalSave, Resumed, ShutdownReport};
+pub use writes::{Granted, OFFLINE_EPOCH, OfflineGrant};
+
+/// Tunables of a runtime.
+#[derive(Debug, Clone)]
+pub struct LiveConfig {
+    /// This shard's id (presence, placement, handoffs addressed to it).
+    pub shard_id: String,
+    /// The save cadences.
+    pub cadence: Cadence,
+    /// The saver's tunables.
+    pub saver: SaverConfig,
+    /// Lifetime of a session's marker and presence record; refreshed every third of it while
+    /// the session lives.
+    pub session_ttl: Ttl,
+    /// How long a copy whose stream closed ([`Runtime::detach`]) waits for a reconnect before
+    /// it is logged out.
+    pub link_dead_for: Duration,
+    /// Lifetime of a handoff payload and of its transfer's pending mark.
+    pub handoff_ttl: Ttl,
+    /// How long [`Runtime::logout`] waits for the final save's answer (the save goes on after).
+    pub logout_wait: Duration,
+    /// Bound on each store call the runtime makes itself.
+    pub io_timeout: Duration,
+    /// How clients connect, recorded with each closed stream.
+    pub transport: RealtimeRuntimeProfile,
+}
+
+impl LiveConfig {
+    /// Defaults for shard `shard_id`: the seeds' cadences, two-minute sessions, a two-minute
+    /// link-dead grace.
+    pub fn new(shard_id: &str) -> Self {
+        Self {
+            shard_id: shard_id.to_owned(),
+            cadence: Cadence::default(),
+            saver: SaverConfig::default(),
+            session_ttl: Ttl::from_static_secs(120),
+            link_dead_for: Duration::from_secs(120),
+            handoff_ttl: Ttl::from_static_secs(120),
+            logout_wait: Duration::from_secs(15),
+            io_timeout: Duration::from_secs(5),
+            transport: RealtimeRuntimeProfile {
+                transport: "tcp".into(),
+                protocol_version: 1,
+                tick_rate_hz: 4,
+            },
+        }
+    }
+}
+
+/// A runtime could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The cadence is refused.
+    #[error("cadence: {0}")]
+    Cadence(#[from] CadenceError),
+    /// The shard id is empty or too long.
+    #[error("the shard id must be 1 to 64 bytes of letters, digits, '-' or '_'")]
+    ShardId,
+}
+
+/// A call about a live copy could not be carried out.
+#[derive(Debug, thiserror::Error)]
+pub enum LiveError {
+    /// The copy is not held here (it left, or was evicted: a newer copy owns the character).
+    #[error("character {0} is not held here: it left or was replaced")]
+    Gone(CopyId),
+    /// The character is still held here by another copy.
+    #[error("character {0} is already held here")]
+    AlreadyHeld(CopyId),
+    /// A logout of the character on this shard is still saving; log in again in a moment.
+    #[error("character {0} is still saving its logout; try again")]
+    StillSaving(Uuid),
+    /// The character could not be claimed or loaded; nothing was admitted.
+    #[error(transparent)]
+    Load(#[from] crate::character::LoadError),
+    /// The character store failed.
+    #[error(transparent)]
+    Store(#[from] crate::character::StoreError),
+    /// Coordination (Redis) failed; nothing was changed.
+    #[error(transparent)]
+    Coordination(#[from] crate::CoordError),
+    /// The game could not play or write the character.
+    #[error("the game refused the character: {0}")]
+    Game(String),
+    /// The effect is invalid; nothing was applied.
+    #[error("invalid effect: {0}")]
+    InvalidEffect(String),
+    /// No handoff with this token was waiting for this shard.
+    #[error("no handoff waits here under this token")]
+    UnknownHandoff,
+    /// The write is applied to the live copy but could not be made durable yet (the stores are
+    /// unreachable); the copy's next save carries it.
+    #[error("applied, but not durable yet: {0}")]
+    NotDurable(String),
+    /// The runtime has stopped.
+    #[error("the runtime has stopped")]
+    Stopped,
+}
+
+/// Why a copy was evicted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvictionCause {
+    /// A newer copy claimed the character (the row refused this copy's write).
+    OwnershipLost {
+        /// The row's epoch.
+        current_epoch: i64,
+    },
+    /// A newer copy holds the checkpoint.
+    DoubleOwn {
+        /// The checkpoint's guard epoch.
+        stored_epoch: i64,
+    },
+    /// A process with a newer model wrote the character.
+    SchemaOutdated {
+        /// The schema version stored.
+        stored_schema: u32,
+    },
+}
+
+/// What the runtime tells the game without being asked.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LiveEvent {
+    /// A copy was removed without a save: another copy owns the character. Its player must log
+    /// in again; whatever it changed since its last landed write is gone.
+    Evicted {
+        /// The copy.
+        copy: CopyId,
+        /// Why.
+        cause: EvictionCause,
+    },
+    /// A link-dead copy's grace ran out: it was logged out.
+    LinkDeadExpired {
+        /// The copy.
+        copy: CopyId,
+    },
+}
+
+/// The handles the runtime writes through.
+#[derive(Clone)]
+pub(crate) struct Stores {
+    pub(crate) characters: CharacterStore,
+    pub(crate) checkpoints: CheckpointStore,
+    pub(crate) loader: CharacterLoader,
+    pub(crate) coord: Coordination,
+    pub(crate) retry: RetryQueue,
+    pub(crate) journal: SessionJournal,
+}
+
+/// The runtime's shared state.
+pub(crate) struct Inner<G: LiveGame> {
+    pub(crate) game: G,
+    pub(crate) config: LiveConfig,
+    pub(crate) periods: (u64, u64),
+    pub(crate) stores: Stores,
+    pub(crate) saver: Saver,
+    pub(crate) placement: PlacementWriter,
+    pub(crate) copies: Arc<copies::Copies<G::Character>>,
+    pub(crate) sessions: ActiveSessions,
+    pub(crate) finals: sessions::Finals,
+    pub(crate) closes: sessions::Closes,
+    pub(crate) events: broadcast::Sender<LiveEvent>,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) pulse: std::sync::atomic::AtomicU64,
+}
+
+/// A game's live characters on one shard. Cheap to clone; every clone is the same runtime.
+pub struct Runtime<G: LiveGame> {
+    inner: Arc<Inner<G>>,
+    /// The pulse task, taken by the shutdown.
+    driver: Arc<AsyncMutex<Option<tokio::task::JoinHandle<()>>>>,
+}
+
+impl<G: LiveGame> Clone for Runtime<G> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            driver: Arc::clone(&self.driver),
+        }
+    }
+}
+
+impl<G: LiveGame> std::fmt::Debug for Runtime<G> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("shard_id", &self.inner.config.shard_id)
+            .field("copies", &self.inner.copies.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a new login brings to the runtime.
+#[derive(Debug, Clone, Default)]
+pub struct SessionStart {
+    /// The session's token; `None`: the runtime makes one.
+    pub token: Option<String>,
+}
+
+fn check_shard_id(id: &str) -> Result<(), StartError> {
+    let fine = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if fine { Ok(()) } else { Err(StartError::ShardId) }
+}
+
+impl<G: LiveGame> Runtime<G> {
+    /// Starts a runtime for `game` over the handles of `services` (whose model must be the
+    /// game's): its saver, placement writer and pulse run until [`Runtime::shutdown`] (or
+    /// [`Runtime::kill`]). Must run inside a tokio runtime.
+    pub fn start(
+        services: &crate::Services,
+        game: G,
+        config: LiveConfig,
+    ) -> Result<Self, StartError> {
+        check_shard_id(&config.shard_id)?;
+        config.cadence.validate(CHECKPOINT_TTL.duration())?;
+        let cancel = CancellationToken::new();
+        let (events_tx, events_rx) = mpsc::channel::<SaverEvent>(65_536);
+        let copies = Arc::new(copies::Copies::default());
+        let feedback = Arc::new(driver::Feedback::new(events_tx, Arc::clone(&copies)));
+        let saver = Saver::spawn(
+            SaverSinks {
+                rows: Some(services.characters.clone()),
+                checkpoints: Some(services.checkpoints.clone()),
+                retry: Some(services.retry.clone()),
+            },
+            feedback,
+            config.saver,
+            cancel.child_token(),
+        );
+        let placement = PlacementWriter::spawn(
+            Some(services.placement.clone()),
+            4096,
+            config.io_timeout,
+            cancel.child_token(),
+        );
+        let (events, _) = broadcast::channel(1024);
+        let inner = Arc::new(Inner {
+            game,
+            periods: config.cadence.periods(),
+            config,
+            stores: Stores {
+                characters: services.characters.clone(),
+                checkpoints: services.checkpoints.clone(),
+                loader: services.loader.clone(),
+                coord: services.coord.clone(),
+                retry: services.retry.clone(),
+                journal: services.journal.clone(),
+            },
+            saver,
+            placement,
+            copies,
+            sessions: ActiveSessions::default(),
+            finals: sessions::Finals::default(),
+            closes: sessions::Closes::default(),
+            events,
+            cancel,
+            pulse: std::sync::atomic::AtomicU64::new(0),
+        });
+        let task = tokio::spawn(driver::run(Arc::clone(&inner), events_rx));
+        Ok(Self {
+            inner,
+            driver: Arc::new(AsyncMutex::new(Some(task))),
+        })
+    }
+
+    /// This shard's id.
+    pub fn shard_id(&self) -> &str {
+        &self.inner.config.shard_id
+    }
+
+    /// The game.
+    pub fn game(&self) -> &G {
+        &self.inner.game
+    }
+
+    /// The saver (its counters and crash-window measures).
+    pub fn saver(&self) -> &Saver {
+        &self.inner.saver
+    }
+
+    /// What the runtime tells the game: evictions, link-dead logouts.
+    pub fn subscribe(&self) -> broadcast::Receiver<LiveEvent> {
+        self.inner.events.subscribe()
+    }
+
+    /// The copy of `character_id` held here, if any.
+    pub fn copy_of(&self, character_id: Uuid) -> Option<CopyId> {
+        self.inner.copies.current(character_id)
+    }
+
+    /// Every copy held here.
+    pub fn copies(&self) -> Vec<CopyId> {
+        self.inner.copies.ids()
+    }
+
+    /// Reads the live character of `copy`.
+    pub fn read<T>(&self, copy: CopyId, f: impl FnOnce(&G::Character) -> T) -> Result<T, LiveError> {
+        self.inner
+            .copies
+            .with(copy, |c| f(&c.character))
+            .ok_or(LiveError::Gone(copy))
+    }
+
+    /// Changes the live character of `copy` (play). The cadences carry the change to the
+    /// stores; a change that must be durable before the player hears of it is a
+    /// [`Runtime::grant`].
+    pub fn update<T>(
+        &self,
+        copy: CopyId,
+        f: impl FnOnce(&mut G::Character) -> T,
+    ) -> Result<T, LiveError> {
+        self.inner
+            .copies
+            .with(copy, |c| f(&mut c.character))
+            .ok_or(LiveError::Gone(copy))
+    }
+
+    /// Moves `copy`'s durable anchor (the zone and room it is saved at); `None` zone keeps the
+    /// stored one (an instance).
+    pub fn set_anchor(&self, copy: CopyId, anchor: Anchor) -> Result<(), LiveError> {
+        self.inner
+            .copies
+            .with(copy, |c| c.anchor = anchor)
+            .ok_or(LiveError::Gone(copy))
+    }
+
+    /// Where `copy` is anchored, and the row version it holds.
+    pub fn anchor(&self, copy: CopyId) -> Result<(Anchor, i64), LiveError> {
+        self.inner
+            .copies
+            .with(copy, |c| (c.anchor.clone(), c.version))
+            .ok_or(LiveError::Gone(copy))
+    }
+
+    /// Stops everything at once without saving (a crash, for tests and the simulator): every
+    /// copy held here is abandoned, as a killed process abandons them.
+    pub fn kill(&self) {
+        self.inner.cancel.cancel();
+        self.inner.saver.abort();
+        self.inner.placement.abort();
+    }
+}

@@ -1,0 +1,791 @@
+//! Sessions of live copies, in the order the seeds give them: a login claims and loads, admits
+//! the copy, marks the session active and takes its place in the character's session order
+//! with its presence, and writes the placement; a closed stream is journaled before its session
+//! is removed (retried until the entry lands); a reconnect attaches to the copy still held and
+//! hands back the resume ledger; a logout queues the final save, which is never dropped; a
+//! shutdown saves everyone and reports what is not durable yet.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::sync::{oneshot, watch};
+use uuid::Uuid;
+
+use super::cadence::Phase;
+use super::copies::{CopyId, Link, LiveCopy};
+use super::{EvictionCause, Inner, LiveError, LiveEvent, LiveGame, Runtime, SessionStart};
+use crate::character::{CharacterSnapshot, LoadSource, LoadedCharacter};
+use crate::coord::{PresenceRecord, ResumeLedgerRecord, SessionOrder};
+use crate::drain::BarrierOutcome;
+use crate::journal::{
+    ActiveSession, PlayerSnapshot, RealtimeStreamCleanup, SessionLifecycleEffectPlan,
+    cleanup_stream,
+};
+use crate::model::Anchor;
+use crate::placement::PlacementRecord;
+use crate::saver::{SaveReason, Saver, UnsavedFinals};
+
+/// Final saves per saver queue entry when many are offered at once.
+const FINAL_SLICE: usize = 256;
+
+/// How a logout's final save ended, as far as [`Runtime::logout`] waited for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinalSave {
+    /// In the row.
+    Saved {
+        /// The row's version now.
+        version: i64,
+    },
+    /// A durable `gameplay_state` retry job (Postgres was out, or every rebase lost a race);
+    /// the retry worker applies it under the copy's epoch fence.
+    QueuedAsJob {
+        /// The job.
+        retry_job_id: Uuid,
+    },
+    /// A newer copy owns the character: nothing of this copy is written.
+    Superseded,
+    /// The character's row is gone.
+    NotFound,
+    /// No answer within the wait: the save is still on its way (queued, retrying through an
+    /// outage, or becoming a job). It is never given up.
+    Pending,
+}
+
+/// A copy admitted here.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Admitted {
+    /// The copy: name it in every later call.
+    pub copy: CopyId,
+    /// The session's token.
+    pub session_token: String,
+    /// Where its content came from (`None`: an existing copy was resumed).
+    pub source: Option<LoadSource>,
+    /// True for a character never placed before.
+    pub brand_new: bool,
+    /// Set when an existing copy was resumed: the closed session it takes over.
+    pub resumed: Option<Resumed>,
+}
+
+/// A reconnect to a copy still held here.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resumed {
+    /// The session the reconnect replaces.
+    pub previous_session: String,
+    /// Its resume ledger, when the journal had written it (last input applied, zone).
+    pub ledger: Option<ResumeLedgerRecord>,
+}
+
+/// What a graceful shutdown achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Copies whose final save was queued.
+    pub finalized: usize,
+    /// The saver's barrier: `Drained` only when every final save is in its row or a durable job
+    /// (or was fenced).
+    pub saver: BarrierOutcome,
+    /// Final saves not durable when the bound ran out (their checkpoints hold what the last
+    /// cadence wrote).
+    pub unsaved_finals: UnsavedFinals,
+    /// Closed streams whose journal entry had not landed when the bound ran out (their cleanup
+    /// then comes from the keyspace's TTLs).
+    pub unjournaled: usize,
+    /// The placement writer's barrier.
+    pub placement: BarrierOutcome,
+}
+
+/// Logout saves on their way: waiting for room in the saver's queue, or in it without an answer
+/// yet (kept, so a save the saver gives up becomes a job here), and who waits for each answer.
+#[derive(Default)]
+pub(crate) struct Finals {
+    inner: Mutex<FinalsInner>,
+}
+
+#[derive(Default)]
+struct FinalsInner {
+    deferred: VecDeque<CharacterSnapshot>,
+    /// By character: the copy's epoch and its final snapshot.
+    retained: HashMap<Uuid, CharacterSnapshot>,
+    waiters: HashMap<CopyId, Vec<oneshot::Sender<FinalSave>>>,
+}
+
+impl Finals {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FinalsInner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes charge of a final save; its answer goes to the returned receiver.
+    fn push(&self, snapshot: CharacterSnapshot) -> oneshot::Receiver<FinalSave> {
+        let (tx, rx) = oneshot::channel();
+        let copy = CopyId {
+            character_id: snapshot.character_id,
+            owner_epoch: snapshot.owner_epoch,
+        };
+        let mut finals = self.lock();
+        finals.waiters.entry(copy).or_default().push(tx);
+        finals
+            .retained
+            .insert(snapshot.character_id, snapshot.clone());
+        finals.deferred.push_back(snapshot);
+        rx
+    }
+
+    /// Offers the deferred finals to the saver, oldest first; a full queue keeps the rest for
+    /// the next pulse, so a moment's backlog never costs a logout its delta.
+    pub(crate) fn offer(&self, saver: &Saver) {
+        let mut finals = self.lock();
+        while !finals.deferred.is_empty() {
+            let take = finals.deferred.len().min(FINAL_SLICE);
+            let slice: Vec<CharacterSnapshot> = finals.deferred.drain(..take).collect();
+            if let Err(back) = saver.offer_many(SaveReason::Final, slice) {
+                for snapshot in back.into_iter().rev() {
+                    finals.deferred.push_front(snapshot);
+                }
+                break;
+            }
+        }
+    }
+
+    /// The answer for `copy`'s final save arrived.
+    pub(crate) fn resolve(&self, copy: CopyId, outcome: FinalSave) {
+        let mut finals = self.lock();
+        if finals
+            .retained
+            .get(&copy.character_id)
+            .is_some_and(|s| s.owner_epoch == copy.owner_epoch)
+        {
+            finals.retained.remove(&copy.character_id);
+        }
+        for waiter in finals.waiters.remove(&copy).into_iter().flatten() {
+            let _ = waiter.send(outcome.clone());
+        }
+    }
+
+    /// The retained final of `copy` (the saver gave it up).
+    fn retained(&self, copy: CopyId) -> Option<CharacterSnapshot> {
+        self.lock()
+            .retained
+            .get(&copy.character_id)
+            .filter(|s| s.owner_epoch == copy.owner_epoch)
+            .cloned()
+    }
+
+    /// True while a final save of `character_id` is not answered: a login must not claim it
+    /// (the claim would load the older row and fence the save out).
+    fn in_flight(&self, character_id: Uuid) -> bool {
+        self.lock().retained.contains_key(&character_id)
+    }
+
+    /// Finals still waiting for room in the saver's queue.
+    fn deferred(&self) -> usize {
+        self.lock().deferred.len()
+    }
+}
+
+/// Closed streams whose journal entry has not landed yet.
+pub(crate) struct Closes {
+    pending: watch::Sender<usize>,
+}
+
+impl Default for Closes {
+    fn default() -> Self {
+        Self {
+            pending: watch::channel(0).0,
+        }
+    }
+}
+
+impl Closes {
+    fn begin(&self) {
+        self.pending.send_modify(|n| *n += 1);
+    }
+
+    fn end(&self) {
+        self.pending.send_modify(|n| *n = n.saturating_sub(1));
+    }
+
+    /// Waits until none is pending or `deadline`; how many are still pending.
+    async fn settled_by(&self, deadline: tokio::time::Instant) -> usize {
+        let mut pending = self.pending.subscribe();
+        let _ = tokio::time::timeout_at(deadline, pending.wait_for(|n| *n == 0)).await;
+        *self.pending.borrow()
+    }
+}
+
+/// The player as a closed stream leaves it, for its journal entry.
+fn player_of(inner: &Inner<impl LiveGame>, snapshot: &CharacterSnapshot) -> PlayerSnapshot {
+    PlayerSnapshot {
+        character_id: snapshot.character_id,
+        account_id: snapshot.account_id,
+        character_name: snapshot.name.clone(),
+        shard_id: inner.config.shard_id.clone(),
+        zone: snapshot
+            .zone_ref
+            .clone()
+            .unwrap_or_else(|| inner.config.shard_id.clone()),
+        room: snapshot.room_ref.clone().unwrap_or_default(),
+        owner_epoch: snapshot.owner_epoch,
+        state_version: Some(snapshot.state_version),
+    }
+}
+
+/// Journals the close of `token`'s stream, then removes the session (the order the seeds give:
+/// an append that fails leaves the session active), retrying until the entry lands or the
+/// runtime stops.
+pub(crate) fn close_stream<G: LiveGame>(
+    inner: &Arc<Inner<G>>,
+    last: &CharacterSnapshot,
+    token: String,
+    plan: SessionLifecycleEffectPlan,
+) {
+    close_stream_with(inner, last, token, plan, 0);
+}
+
+fn close_stream_with<G: LiveGame>(
+    inner: &Arc<Inner<G>>,
+    last: &CharacterSnapshot,
+    token: String,
+    plan: SessionLifecycleEffectPlan,
+    last_applied_seq: u64,
+) {
+    let player = player_of(inner, last);
+    let closed_at = Utc::now();
+    let pending_resume =
+        (plan == SessionLifecycleEffectPlan::Reconnectable).then(|| ResumeLedgerRecord {
+            session_token: token.clone(),
+            character_id: player.character_id.to_string(),
+            last_applied_seq,
+            zone_id: player.zone.clone(),
+            recorded_at: closed_at,
+        });
+    let cleanup = RealtimeStreamCleanup {
+        session_token: token,
+        player,
+        runtime_profile: inner.config.transport.clone(),
+        pending_resume,
+        transfer_confirmed: plan == SessionLifecycleEffectPlan::ConfirmedTransfer,
+        plan,
+        closed_at,
+    };
+    inner.closes.begin();
+    let inner = Arc::clone(inner);
+    tokio::spawn(async move {
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let outcome = cleanup_stream(
+                &inner.stores.journal,
+                &inner.sessions,
+                &inner.stores.coord,
+                cleanup.clone(),
+            )
+            .await;
+            if outcome.entry_id.is_some() {
+                break;
+            }
+            tokio::select! {
+                () = inner.cancel.cancelled() => break,
+                () = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(Duration::from_secs(4));
+        }
+        inner.closes.end();
+    });
+}
+
+/// Marks `token` active, takes its place in the character's session order with its presence,
+/// and writes the copy's placement. Best effort beyond the first attempt: the session runs
+/// either way, and the refresh writes the records again.
+fn start_session<G: LiveGame>(
+    inner: &Arc<Inner<G>>,
+    id: CopyId,
+    account_id: Uuid,
+    token: &str,
+    zone: String,
+    order: SessionOrder,
+) {
+    inner.sessions.insert(
+        token,
+        ActiveSession {
+            character_id: id.character_id,
+        },
+    );
+    inner.placement.enqueue(PlacementRecord {
+        character_id: id.character_id,
+        shard_id: Some(inner.config.shard_id.clone()),
+        zone_id: Some(zone.clone()),
+        owner_epoch: id.owner_epoch,
+        updated_at: Utc::now(),
+    });
+    write_session_records(inner, vec![(id, token.to_owned(), account_id, order, zone)]);
+}
+
+/// Starts the session of a copy that arrived by handoff.
+pub(crate) fn start_arrival<G: LiveGame>(
+    inner: &Arc<Inner<G>>,
+    copy: CopyId,
+    loaded: &LoadedCharacter,
+    token: &str,
+    order: SessionOrder,
+) {
+    let zone = zone_of(
+        inner,
+        &Anchor {
+            zone_ref: loaded.snapshot.zone_ref.clone(),
+            room_ref: None,
+        },
+    );
+    start_session(
+        inner,
+        copy,
+        loaded.snapshot.account_id,
+        token,
+        zone,
+        order,
+    );
+}
+
+/// One session's records: (copy, token, account, its place in the order, zone).
+pub(crate) type SessionRecords = (CopyId, String, Uuid, SessionOrder, String);
+
+/// Writes the marker and the ordered presence of each session, in the background.
+fn write_session_records<G: LiveGame>(inner: &Arc<Inner<G>>, sessions: Vec<SessionRecords>) {
+    let inner = Arc::clone(inner);
+    tokio::spawn(async move {
+        let coord = &inner.stores.coord;
+        let ttl = inner.config.session_ttl;
+        for (id, token, account, order, zone) in sessions {
+            let record = PresenceRecord {
+                account_id: account.to_string(),
+                character_id: id.character_id.to_string(),
+                session_token: token.clone(),
+                shard_id: inner.config.shard_id.clone(),
+                zone_id: Some(zone),
+                expires_at: Utc::now()
+                    + chrono::Duration::milliseconds(
+                        i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
+                    ),
+            };
+            let written = tokio::time::timeout(inner.config.io_timeout, async {
+                coord.session_activate(&token, ttl).await?;
+                coord.presence_put_ordered(&record, &order).await
+            })
+            .await;
+            if !matches!(written, Ok(Ok(_))) {
+                tracing::warn!(event = "session_records_unwritten", character = %id.character_id,
+                    "written again at the next refresh");
+            }
+        }
+    });
+}
+
+/// Refreshes the records of attached sessions (the pulse calls it for those due).
+pub(crate) fn refresh_sessions<G: LiveGame>(
+    inner: &Arc<Inner<G>>,
+    due: Vec<(CopyId, String, Uuid)>,
+) {
+    let sessions: Vec<SessionRecords> = due
+        .into_iter()
+        .filter_map(|(id, token, account)| {
+            inner
+                .copies
+                .with(id, |c| {
+                    c.session_order.map(|order| {
+                        let zone = zone_of(inner, &c.anchor);
+                        (id, token.clone(), account, order, zone)
+                    })
+                })
+                .flatten()
+        })
+        .collect();
+    write_session_records(inner, sessions);
+}
+
+fn zone_of<G: LiveGame>(inner: &Inner<G>, anchor: &Anchor) -> String {
+    anchor
+        .zone_ref
+        .clone()
+        .unwrap_or_else(|| inner.config.shard_id.clone())
+}
+
+fn new_order(epoch: i64) -> SessionOrder {
+    SessionOrder {
+        owner_epoch: epoch,
+        at: Utc::now(),
+        event_id: Uuid::now_v7(),
+    }
+}
+
+/// Dumps `copy`, already removed from the registry.
+fn final_snapshot<G: LiveGame>(
+    inner: &Inner<G>,
+    character_id: Uuid,
+    copy: &LiveCopy<G::Character>,
+) -> Result<CharacterSnapshot, LiveError> {
+    let state = inner.game.dump(&copy.character).map_err(LiveError::Game)?;
+    Ok(copy.snapshot(character_id, state))
+}
+
+/// A link-dead copy's grace ran out: its final save is queued and its session's ledger goes.
+pub(crate) fn expire_link_dead<G: LiveGame>(inner: &Arc<Inner<G>>, id: CopyId) {
+    let Some(copy) = inner.copies.remove(id) else {
+        return;
+    };
+    tombstone(inner, id);
+    match final_snapshot(inner, id.character_id, &copy) {
+        Ok(snapshot) => {
+            if let Link::LinkDead { token, .. } = &copy.link {
+                close_stream(
+                    inner,
+                    &snapshot,
+                    token.clone(),
+                    SessionLifecycleEffectPlan::PermanentRemoval,
+                );
+            }
+            drop(inner.finals.push(snapshot));
+            inner.finals.offer(&inner.saver);
+        }
+        Err(err) => tracing::error!(event = "final_dump_refused", character = %id.character_id,
+            error = %err, "its last cadence save stands"),
+    }
+    let _ = inner.events.send(LiveEvent::LinkDeadExpired { copy: id });
+}
+
+fn tombstone<G: LiveGame>(inner: &Inner<G>, id: CopyId) {
+    inner.placement.enqueue(PlacementRecord {
+        character_id: id.character_id,
+        shard_id: None,
+        zone_id: None,
+        owner_epoch: id.owner_epoch,
+        updated_at: Utc::now(),
+    });
+}
+
+/// The saver gave a final save up: it becomes a durable job here, retried until Postgres takes
+/// it (or the runtime stops; its checkpoint holds it then).
+pub(crate) fn final_as_job<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId) {
+    let Some(snapshot) = inner.finals.retained(copy) else {
+        return;
+    };
+    let inner = Arc::clone(inner);
+    tokio::spawn(async move {
+        let job = match crate::saver::final_job(&snapshot) {
+            Ok(job) => job,
+            Err(err) => {
+                tracing::error!(event = "final_job_invalid", character = %copy.character_id,
+                    error = %err, "its checkpoint holds the logout");
+                return inner.finals.resolve(copy, FinalSave::Pending);
+            }
+        };
+        let mut pause = Duration::from_millis(250);
+        loop {
+            let stored =
+                tokio::time::timeout(inner.config.io_timeout, inner.stores.retry.enqueue(&job))
+                    .await;
+            if matches!(stored, Ok(Ok(_))) {
+                return inner.finals.resolve(
+                    copy,
+                    FinalSave::QueuedAsJob {
+                        retry_job_id: job.retry_job_id(),
+                    },
+                );
+            }
+            tokio::select! {
+                () = inner.cancel.cancelled() => return,
+                () = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(Duration::from_secs(10));
+        }
+    });
+}
+
+/// Admits a loaded character as a live copy with `link`; a stale copy of it still held here is
+/// evicted first (the new claim superseded it).
+pub(crate) fn admit<G: LiveGame>(
+    inner: &Arc<Inner<G>>,
+    loaded: &LoadedCharacter,
+    link: Link,
+) -> Result<(CopyId, Option<SessionOrder>), LiveError> {
+    let snapshot = &loaded.snapshot;
+    let id = snapshot.character_id;
+    let character = inner.game.load(&snapshot.state).map_err(LiveError::Game)?;
+    let order = matches!(link, Link::Attached(_)).then(|| new_order(snapshot.owner_epoch));
+    let copy = LiveCopy {
+        character,
+        account_id: snapshot.account_id,
+        name: snapshot.name.clone(),
+        epoch: snapshot.owner_epoch,
+        version: snapshot.state_version,
+        issued: 0,
+        anchor: Anchor {
+            zone_ref: snapshot.zone_ref.clone(),
+            room_ref: snapshot.room_ref.clone(),
+        },
+        chargen: snapshot.chargen.clone(),
+        schema_version: snapshot.schema_version,
+        phase: Phase::of(id, inner.periods),
+        link,
+        leaving: false,
+        session_order: order,
+    };
+    let copy_id = CopyId {
+        character_id: id,
+        owner_epoch: snapshot.owner_epoch,
+    };
+    if let Err(copy) = inner.copies.admit(id, copy) {
+        let held = inner.copies.current(id);
+        match held {
+            Some(old) if old.owner_epoch < copy_id.owner_epoch => {
+                super::driver::evict(
+                    inner,
+                    old,
+                    EvictionCause::OwnershipLost {
+                        current_epoch: copy_id.owner_epoch,
+                    },
+                );
+                inner
+                    .copies
+                    .admit(id, copy)
+                    .map_err(|_| LiveError::AlreadyHeld(copy_id))?;
+            }
+            Some(old) => return Err(LiveError::AlreadyHeld(old)),
+            None => return Err(LiveError::AlreadyHeld(copy_id)),
+        }
+    }
+    // Durable as loaded: this stay's crash window starts now.
+    inner.saver.landed().loaded(id, std::time::Instant::now());
+    Ok((copy_id, order))
+}
+
+impl<G: LiveGame> Runtime<G> {
+    /// Logs `character_id` in: a copy still held here (link-dead, or attached to a connection
+    /// that died silently) is resumed — its old stream journaled first — and its resume ledger
+    /// handed back; otherwise the character is claimed (minting this copy's epoch), the freshest
+    /// of its row and checkpoint loaded, the copy admitted and its session started. A logout of
+    /// the character still saving here is waited for (within the I/O bound) so the claim loads
+    /// it.
+    pub async fn login(
+        &self,
+        character_id: Uuid,
+        start: SessionStart,
+    ) -> Result<Admitted, LiveError> {
+        let inner = &self.inner;
+        if inner.cancel.is_cancelled() {
+            return Err(LiveError::Stopped);
+        }
+        let token = start
+            .token
+            .unwrap_or_else(|| Uuid::now_v7().simple().to_string());
+        if let Some(resumed) = self.resume(character_id, &token).await {
+            return Ok(resumed);
+        }
+        self.wait_for_final(character_id).await?;
+        let loaded = inner.stores.loader.claim_and_load(character_id, 0).await?;
+        let (copy, order) = admit(inner, &loaded, Link::Attached(token.clone()))?;
+        let zone = zone_of(inner, &Anchor {
+            zone_ref: loaded.snapshot.zone_ref.clone(),
+            room_ref: None,
+        });
+        if let Some(order) = order {
+            start_session(inner, copy, loaded.snapshot.account_id, &token, zone, order);
+        }
+        Ok(Admitted {
+            copy,
+            session_token: token,
+            source: Some(loaded.source),
+            brand_new: loaded.brand_new,
+            resumed: None,
+        })
+    }
+
+    /// Waits (within the I/O bound) until no logout of `character_id` is saving here.
+    async fn wait_for_final(&self, character_id: Uuid) -> Result<(), LiveError> {
+        let deadline = tokio::time::Instant::now() + self.inner.config.io_timeout;
+        while self.inner.finals.in_flight(character_id)
+            || self.inner.saver.final_in_flight(character_id)
+        {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(LiveError::StillSaving(character_id));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
+    /// Attaches session `token` to the copy of `character_id` held here, if any.
+    async fn resume(&self, character_id: Uuid, token: &str) -> Option<Admitted> {
+        let inner = &self.inner;
+        let held = inner.copies.current(character_id)?;
+        let order = new_order(held.owner_epoch);
+        let found = inner.copies.with(held, |c| {
+            let previous = match &c.link {
+                Link::Attached(old) => Some((old.clone(), true)),
+                Link::LinkDead { token, .. } => Some((token.clone(), false)),
+            };
+            c.link = Link::Attached(token.to_owned());
+            c.session_order = Some(order);
+            let last = c.snapshot(character_id, Default::default());
+            (previous, last, c.account_id, zone_of(inner, &c.anchor))
+        })?;
+        let (previous, last, account, zone) = found;
+        if let Some((old, true)) = &previous {
+            // The old connection died without a word: its stream closes before the new session
+            // attaches, so the cleanup takes its place in the order first.
+            close_stream(
+                inner,
+                &last,
+                old.clone(),
+                SessionLifecycleEffectPlan::Reconnectable,
+            );
+        }
+        start_session(inner, held, account, token, zone, order);
+        let ledger = match &previous {
+            Some((old, _)) => tokio::time::timeout(
+                inner.config.io_timeout,
+                inner.stores.coord.resume_load(old),
+            )
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten(),
+            None => None,
+        };
+        Some(Admitted {
+            copy: held,
+            session_token: token.to_owned(),
+            source: None,
+            brand_new: false,
+            resumed: Some(Resumed {
+                previous_session: previous.map(|(old, _)| old).unwrap_or_default(),
+                ledger,
+            }),
+        })
+    }
+
+    /// The stream of `copy` closed without a logout: the copy stays, link-dead, for
+    /// [`super::LiveConfig::link_dead_for`] (a reconnect resumes it), its close is journaled
+    /// with a resume ledger (`last_applied_seq`: the last client input applied), and it is
+    /// flushed now.
+    pub fn detach(&self, copy: CopyId, last_applied_seq: u64) -> Result<(), LiveError> {
+        let inner = &self.inner;
+        let until = tokio::time::Instant::now() + inner.config.link_dead_for;
+        let closed = inner
+            .copies
+            .with(copy, |c| {
+                let Link::Attached(token) = &c.link else {
+                    return None;
+                };
+                let token = token.clone();
+                c.link = Link::LinkDead {
+                    token: token.clone(),
+                    until,
+                };
+                let state = inner.game.dump(&c.character).ok()?;
+                Some((token, c.snapshot(copy.character_id, state)))
+            })
+            .ok_or(LiveError::Gone(copy))?;
+        if let Some((token, snapshot)) = closed {
+            close_stream_with(
+                inner,
+                &snapshot,
+                token,
+                SessionLifecycleEffectPlan::Reconnectable,
+                last_applied_seq,
+            );
+            inner.saver.enqueue(SaveReason::Flush, snapshot);
+        }
+        Ok(())
+    }
+
+    /// Logs `copy` out: it leaves the registry, its placement becomes a tombstone, its stream
+    /// is journaled, and its final save is queued — re-offered while the saver's queue is full,
+    /// made a durable job if the saver gives it up, never dropped. Waits up to
+    /// [`super::LiveConfig::logout_wait`] for the save's answer ([`FinalSave::Pending`] after
+    /// that: the save goes on).
+    pub async fn logout(&self, copy: CopyId) -> Result<FinalSave, LiveError> {
+        let inner = &self.inner;
+        let removed = inner.copies.remove(copy).ok_or(LiveError::Gone(copy))?;
+        tombstone(inner, copy);
+        let snapshot = final_snapshot(inner, copy.character_id, &removed)?;
+        {
+            let token = removed.link.token();
+            close_stream(
+                inner,
+                &snapshot,
+                token.to_owned(),
+                SessionLifecycleEffectPlan::PermanentRemoval,
+            );
+        }
+        let answer = inner.finals.push(snapshot);
+        inner.finals.offer(&inner.saver);
+        Ok(
+            match tokio::time::timeout(inner.config.logout_wait, answer).await {
+                Ok(Ok(outcome)) => outcome,
+                _ => FinalSave::Pending,
+            },
+        )
+    }
+
+    /// Graceful shutdown: every copy's final save is queued and its stream journaled (a
+    /// reconnect elsewhere may resume it), then the runtime waits, at most `bound` in all, for
+    /// the saves to be durable, the journal entries to land and the placement records to be
+    /// written, and stops. The report says what is not durable.
+    pub async fn shutdown(self, bound: Duration) -> ShutdownReport {
+        let inner = &self.inner;
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut finalized = 0;
+        for copy in inner.copies.ids() {
+            let Some(removed) = inner.copies.remove(copy) else {
+                continue;
+            };
+            tombstone(inner, copy);
+            let Ok(snapshot) = final_snapshot(inner, copy.character_id, &removed) else {
+                continue;
+            };
+            {
+                let token = removed.link.token();
+                close_stream(
+                    inner,
+                    &snapshot,
+                    token.to_owned(),
+                    SessionLifecycleEffectPlan::Reconnectable,
+                );
+            }
+            drop(inner.finals.push(snapshot));
+            finalized += 1;
+        }
+        inner.finals.offer(&inner.saver);
+        while inner.finals.deferred() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            inner.finals.offer(&inner.saver);
+        }
+        let left = inner.finals.deferred();
+        let saver = inner
+            .saver
+            .barrier(deadline.saturating_duration_since(tokio::time::Instant::now()))
+            .await;
+        let mut unsaved_finals = inner.saver.unsaved_finals();
+        unsaved_finals.dropped = left;
+        let unjournaled = inner.closes.settled_by(deadline).await;
+        let placement = inner
+            .placement
+            .barrier(deadline.saturating_duration_since(tokio::time::Instant::now()))
+            .await;
+        if unsaved_finals.total() > 0 || unjournaled > 0 {
+            tracing::warn!(event = "shutdown_unsaved", queued = unsaved_finals.queued,
+                pending = unsaved_finals.pending, deferred = left, unjournaled,
+                "not everything was durable when the bound ran out");
+        }
+        inner.cancel.cancel();
+        if let Some(task) = self.driver.lock().await.take() {
+            let _ = task.await;
+        }
+        ShutdownReport {
+            finalized,
+            saver,
+            unsaved_finals,
+            unjournaled,
+            placement,
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! Writes a live copy makes outside the cadences: a grant the player must not lose (applied live,
+//! numbered in the copy's issue sequence, then made durable before the call returns), a save on
+//! demand, an offline grant for a character that may be online anywhere, and the merge that
+//! brings what landed under a copy (an offline grant, a requeued job) into it before it adopts
+//! the row's version.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use uuid::Uuid;
+
+use super::copies::CopyId;
+use super::{EvictionCause, Inner, LiveError, LiveGame, Runtime};
+use crate::character::SaveOutcome;
+use crate::model::GameEffect;
+use crate::retry::apply::RecordedEffect;
+use crate::retry::{IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload};
+use crate::saver::SaveReason;
+
+/// The epoch an offline grant is issued under: no copy issued it, so no claim supersedes it —
+/// it applies to whichever copy owns the character when it lands, and a live copy merges it.
+pub const OFFLINE_EPOCH: i64 = i64::MAX;
+
+/// How a grant was made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Granted {
+    /// The copy's dump holding it is the row now.
+    Saved {
+        /// The row's version.
+        version: i64,
+    },
+    /// The row had moved on: the grant is a durable retry job, applied once (a dump of this
+    /// copy that already holds it makes the job a no-op).
+    Queued {
+        /// The job.
+        retry_job_id: Uuid,
+    },
+}
+
+/// An offline grant, stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OfflineGrant {
+    /// The job that carries it.
+    pub retry_job_id: Uuid,
+}
+
+fn origin_of(effect: &impl GameEffect) -> Origin {
+    if effect.sets_value() {
+        Origin::GameplayState
+    } else {
+        Origin::CombatRewards
+    }
+}
+
+impl<G: LiveGame> Runtime<G> {
+    /// Grants `effect` to the live copy and makes it durable before returning: the effect is
+    /// applied to the copy (with the game's [`LiveGame::apply`]), numbered in the copy's issue
+    /// sequence, and the copy's dump holding it is saved at once; when the row has moved on,
+    /// the grant goes down as a retry job under its number instead, which no dump holding it can
+    /// apply twice. An unnumbered live grant cannot be made: this is the only way to apply an
+    /// effect to a live copy and store it. [`LiveError::NotDurable`] when neither store
+    /// answered (the copy holds the grant; its next save carries it).
+    pub async fn grant(&self, copy: CopyId, effect: G::Effect) -> Result<Granted, LiveError> {
+        let inner = &self.inner;
+        let payload = PersistenceRetryPayload::effect(copy.character_id, &effect)
+            .map_err(LiveError::InvalidEffect)?;
+        let applied = inner
+            .copies
+            .with(copy, |c| {
+                let mut anchor = c.anchor.clone();
+                inner
+                    .game
+                    .apply(&mut c.character, &mut anchor, &effect)
+                    .map_err(LiveError::InvalidEffect)?;
+                c.anchor = anchor;
+                c.issued += 1;
+                let state = inner.game.dump(&c.character).map_err(LiveError::Game)?;
+                let session = match &c.link {
+                    super::copies::Link::Attached(token) => Some(token.clone()),
+                    _ => None,
+                };
+                Ok::<_, LiveError>((c.snapshot(copy.character_id, state), c.issued, session))
+            })
+            .ok_or(LiveError::Gone(copy))??;
+        let (dump, seq, session) = applied;
+        let saved = tokio::time::timeout(
+            inner.config.io_timeout,
+            inner.stores.characters.save(&dump),
+        )
+        .await;
+        let why = match saved {
+            Ok(Ok(SaveOutcome::Saved(version))) => {
+                inner.copies.with(copy, |c| {
+                    if c.version == dump.state_version {
+                        c.version = version;
+                    }
+                });
+                return Ok(Granted::Saved { version });
+            }
+            Ok(Ok(SaveOutcome::OwnershipLost(current_epoch))) => {
+                super::driver::evict(inner, copy, EvictionCause::OwnershipLost { current_epoch });
+                return Err(LiveError::Gone(copy));
+            }
+            Ok(Ok(other)) => format!("{other:?}"),
+            Ok(Err(err)) => err.to_string(),
+            Err(_) => "timed out".to_owned(),
+        };
+        let envelope = IdempotencyEnvelope {
+            idempotency_key: format!("live:{}:{}:{seq}", copy.character_id, copy.owner_epoch),
+            owner_epoch: copy.owner_epoch,
+            origin: origin_of(&effect),
+            issued_at: Utc::now(),
+            issue_seq: seq,
+        };
+        let job = PersistenceRetryJob::new(payload, envelope, &self.source(), session)
+            .map_err(|e| LiveError::InvalidEffect(e.to_string()))?;
+        match tokio::time::timeout(inner.config.io_timeout, inner.stores.retry.enqueue(&job)).await
+        {
+            Ok(Ok(_)) => Ok(Granted::Queued {
+                retry_job_id: job.retry_job_id(),
+            }),
+            Ok(Err(err)) => Err(LiveError::NotDurable(format!("{why}; job: {err}"))),
+            Err(_) => Err(LiveError::NotDurable(format!("{why}; job: timed out"))),
+        }
+    }
+
+    /// Grants `effect` to `character_id` wherever it is — offline, online here or on another
+    /// shard — as a durable job stored now and applied once per `key` by the retry worker.
+    /// Issued by no copy, it is superseded by no claim: it applies to the row under whichever
+    /// copy owns the character, and a live copy merges it before it next writes (its flush
+    /// finds the row moved, takes in what landed, and writes again).
+    pub async fn grant_offline(
+        &self,
+        character_id: Uuid,
+        key: &str,
+        effect: G::Effect,
+    ) -> Result<OfflineGrant, LiveError> {
+        let inner = &self.inner;
+        let payload = PersistenceRetryPayload::effect(character_id, &effect)
+            .map_err(LiveError::InvalidEffect)?;
+        let envelope = IdempotencyEnvelope {
+            idempotency_key: key.to_owned(),
+            owner_epoch: OFFLINE_EPOCH,
+            origin: origin_of(&effect),
+            issued_at: Utc::now(),
+            issue_seq: 0,
+        };
+        let job = PersistenceRetryJob::new(payload, envelope, &self.source(), None)
+            .map_err(|e| LiveError::InvalidEffect(e.to_string()))?;
+        match tokio::time::timeout(inner.config.io_timeout, inner.stores.retry.enqueue(&job)).await
+        {
+            Ok(Ok(_)) => Ok(OfflineGrant {
+                retry_job_id: job.retry_job_id(),
+            }),
+            Ok(Err(err)) => Err(LiveError::NotDurable(err.to_string())),
+            Err(_) => Err(LiveError::NotDurable("timed out".into())),
+        }
+    }
+
+    /// Saves `copy` to its row now and returns the row's version: a row that moved on is merged
+    /// (what landed under the copy is taken in) and written again, up to three times.
+    pub async fn save_now(&self, copy: CopyId) -> Result<i64, LiveError> {
+        let inner = &self.inner;
+        let mut last = String::new();
+        for _ in 0..3 {
+            let dump = inner
+                .copies
+                .with(copy, |c| {
+                    let state = inner.game.dump(&c.character).map_err(LiveError::Game)?;
+                    Ok::<_, LiveError>(c.snapshot(copy.character_id, state))
+                })
+                .ok_or(LiveError::Gone(copy))??;
+            let saved = tokio::time::timeout(
+                inner.config.io_timeout,
+                inner.stores.characters.save(&dump),
+            )
+            .await;
+            match saved {
+                Ok(Ok(SaveOutcome::Saved(version))) => {
+                    inner.copies.with(copy, |c| {
+                        if c.version == dump.state_version {
+                            c.version = version;
+                        }
+                    });
+                    return Ok(version);
+                }
+                Ok(Ok(SaveOutcome::VersionConflict(current))) => {
+                    merge(inner, copy, current).await;
+                    last = format!("the row moved to version {current}");
+                }
+                Ok(Ok(SaveOutcome::OwnershipLost(current_epoch))) => {
+                    super::driver::evict(
+                        inner,
+                        copy,
+                        EvictionCause::OwnershipLost { current_epoch },
+                    );
+                    return Err(LiveError::Gone(copy));
+                }
+                Ok(Ok(other)) => return Err(LiveError::NotDurable(format!("{other:?}"))),
+                Ok(Err(err)) => return Err(LiveError::NotDurable(err.to_string())),
+                Err(_) => return Err(LiveError::NotDurable("timed out".into())),
+            }
+        }
+        Err(LiveError::NotDurable(format!(
+            "lost the version race three times ({last})"
+        )))
+    }
+
+    /// The source label of jobs this runtime stores.
+    fn source(&self) -> String {
+        format!("live-{}", self.inner.config.shard_id)
+    }
+}
+
+/// True when `effect`, recorded on the row at a version past what `copy` knew, is not in the
+/// copy yet: its own numbered grants are (applied live before they were numbered), and so is
+/// anything issued by another copy (a claim fences those: none lands under a live copy but a
+/// zombie's, which is the copy being evicted); an offline grant is not.
+fn missing_from(effect: &RecordedEffect, epoch: i64, issued: u64) -> bool {
+    if effect.payload.core().is_some() {
+        return false;
+    }
+    !(effect.owner_epoch == epoch && effect.issue_seq > 0 && effect.issue_seq <= issued)
+        && (effect.issue_seq == 0 || effect.owner_epoch == OFFLINE_EPOCH)
+}
+
+/// Takes what landed on the row under `copy` (up to `current`) into the live copy, then adopts
+/// `current`: the copy's next dump at that version holds everything applied up to it.
+pub(crate) async fn merge<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, current: i64) {
+    let Some(known) = inner.copies.with(copy, |c| c.version) else {
+        return;
+    };
+    if known >= current {
+        return;
+    }
+    let read = tokio::time::timeout(
+        inner.config.io_timeout,
+        inner
+            .stores
+            .characters
+            .effects_applied_since(copy.character_id, known),
+    )
+    .await;
+    let effects = match read {
+        Ok(Ok(effects)) => effects,
+        Ok(Err(err)) => {
+            tracing::warn!(event = "live_merge_failed", character = %copy.character_id,
+                error = %err, "the next conflict merges again");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(event = "live_merge_failed", character = %copy.character_id,
+                error = "timed out", "the next conflict merges again");
+            return;
+        }
+    };
+    inner.copies.with(copy, |c| {
+        if c.version != known {
+            // Another merge or a landed write moved the copy meanwhile: it takes over.
+            return;
+        }
+        for effect in effects
+            .iter()
+            .filter(|e| e.row_version <= current && missing_from(e, c.epoch, c.issued))
+        {
+            let applied = effect
+                .payload
+                .game_effect::<G::Effect>()
+                .and_then(|decoded| {
+                    let mut anchor = c.anchor.clone();
+                    inner.game.apply(&mut c.character, &mut anchor, &decoded)?;
+                    c.anchor = anchor;
+                    Ok(())
+                });
+            if let Err(error) = applied {
+                tracing::warn!(event = "live_merge_skipped", character = %copy.character_id,
+                    key = %effect.key, error, "an effect the row holds could not be played live");
+            }
+        }
+        c.version = current;
+    });
+}
+
+/// A flush of `copy` lost the version race: merge what landed, then flush again.
+pub(crate) fn merge_and_flush<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, current: i64) {
+    let inner = Arc::clone(inner);
+    tokio::spawn(async move {
+        merge(&inner, copy, current).await;
+        let dump = inner.copies.with(copy, |c| {
+            if c.leaving {
+                return None;
+            }
+            let state = inner.game.dump(&c.character).ok()?;
+            Some(c.snapshot(copy.character_id, state))
+        });
+        if let Some(Some(dump)) = dump {
+            inner.saver.enqueue(SaveReason::Flush, dump);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::retry::PersistenceRetryPayload;
+
+    fn effect(epoch: i64, seq: u64) -> RecordedEffect {
+        let payload = PersistenceRetryPayload::decode(
+            serde_json::json!({ "kind": "combat_rewards", "character_id": Uuid::nil(),
+                "experience": 1, "currency": 0, "items": [] }),
+            None,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        RecordedEffect {
+            key: format!("k{epoch}-{seq}"),
+            owner_epoch: epoch,
+            issue_seq: seq,
+            row_version: 9,
+            payload,
+        }
+    }
+
+    #[test]
+    fn a_copy_merges_offline_and_unsequenced_grants_never_its_own() {
+        // Copy at epoch 4 that issued 6 grants.
+        assert!(!missing_from(&effect(4, 3), 4, 6), "its own grant");
+        assert!(!missing_from(&effect(3, 9), 4, 6), "an older copy's is fenced");
+        assert!(missing_from(&effect(OFFLINE_EPOCH, 0), 4, 6), "an offline grant");
+        assert!(missing_from(&effect(4, 0), 4, 6), "an unsequenced job");
+    }
+}
