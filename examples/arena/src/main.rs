@@ -14,7 +14,8 @@
 //! ```
 //!
 //! The process builds [`shardkeep::Services`] with its model, runs the workers (retry jobs, the
-//! journal, maintenance), a saver on the configured cadences and an auditor.
+//! journal, maintenance) and shardkeep's live-copy runtime, which keeps every fighter online
+//! durable; the game only plays.
 
 mod game;
 mod model;
@@ -28,14 +29,14 @@ use anyhow::{Context, anyhow};
 use clap::Parser;
 use shardkeep::audit::{Auditor, AuditorConfig};
 use shardkeep::backend::redis::RedisTimeouts;
-use shardkeep::saver::{SaveReason, Saver, SaverConfig, SaverSinks};
+use shardkeep::live::{Cadence, LiveConfig, Runtime};
 use shardkeep::{Keyspace, PostgresBackend, RedisBackend, Services, ServicesConfig};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-use game::{FeedbackParts, Game};
-use model::Release;
+use game::Game;
+use model::{Arena, Release};
 
 /// Longest command line accepted.
 const MAX_LINE: usize = 256;
@@ -106,13 +107,8 @@ async fn main() -> std::process::ExitCode {
 async fn run(args: Args) -> anyhow::Result<()> {
     let release = Release::of(args.schema_version)
         .ok_or_else(|| anyhow!("no release with schema version {}", args.schema_version))?;
-    let pg = PostgresBackend::connect(
-        "DATABASE_URL",
-        &args.database_url,
-        8,
-        Duration::from_secs(5),
-    )
-    .await?;
+    let timeout = Duration::from_secs(5);
+    let pg = PostgresBackend::connect("DATABASE_URL", &args.database_url, 8, timeout).await?;
     if args.migrate {
         pg.migrate().await.context("migrations")?;
     }
@@ -121,61 +117,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
         RedisBackend::connect("REDIS_URL", &args.redis_url, keys, RedisTimeouts::default()).await?;
     let instance = format!("arena-{}-{}", args.shard, uuid::Uuid::now_v7().simple());
     let mut config = ServicesConfig::new(&instance, "game_server");
-    config.address = args.listen.to_string();
-    config.shard_id = Some(args.shard.clone());
+    (config.address, config.shard_id) = (args.listen.to_string(), Some(args.shard.clone()));
     config.retry.poll_interval = Duration::from_millis(500);
     let mut services = Services::build(pg, redis, release.model(), config)?;
     let cancel = CancellationToken::new();
     let workers = services.spawn_workers(cancel.clone()).await?;
-
-    let parts = FeedbackParts::new();
-    let (resave, mut resaves) = tokio::sync::mpsc::unbounded_channel();
-    let saver = Saver::spawn(
-        SaverSinks {
-            rows: Some(services.characters.clone()),
-            checkpoints: Some(services.checkpoints.clone()),
-            retry: Some(services.retry.clone()),
-        },
-        parts.feedback(resave),
-        SaverConfig::default(),
-        cancel.clone(),
-    );
+    let mut live = LiveConfig::new(&args.shard);
+    live.cadence = cadence(args.checkpoint_ms, args.flush_ms);
+    let runtime = Runtime::start(&services, Arena(release), live)?;
     let auditor = Auditor::spawn(
         services.audit.clone(),
         AuditorConfig::default(),
         cancel.clone(),
     );
     let peers: HashMap<String, String> = args.peers.into_iter().collect();
-    let game = Arc::new(Game::new(
-        args.shard.clone(),
-        release,
-        services,
-        saver,
-        auditor,
-        parts,
-        peers,
-    ));
-
-    // The cadences: checkpoints to Redis, flushes to Postgres; conflicted flushes go again.
-    let cadence = {
-        let (game, cancel) = (Arc::clone(&game), cancel.clone());
-        let (checkpoint, flush) = (
-            Duration::from_millis(args.checkpoint_ms),
-            Duration::from_millis(args.flush_ms),
-        );
-        tokio::spawn(async move {
-            let mut checkpoints = tokio::time::interval(checkpoint);
-            let mut flushes = tokio::time::interval(flush);
-            loop {
-                tokio::select! {
-                    () = cancel.cancelled() => return,
-                    _ = checkpoints.tick() => game.save_all(SaveReason::Checkpoint),
-                    _ = flushes.tick() => game.save_all(SaveReason::Flush),
-                    Some(id) = resaves.recv() => game.save_one(id, SaveReason::Flush),
-                }
-            }
-        })
-    };
+    let game = Arc::new(Game::new(args.shard.clone(), runtime, auditor, peers));
 
     let listener = TcpListener::bind(args.listen)
         .await
@@ -203,19 +159,30 @@ async fn run(args: Args) -> anyhow::Result<()> {
         () = accept => {}
         () = shutdown_signal() => {}
     }
-    let (journaled, unjournaled) = game.shutdown(Duration::from_secs(10)).await;
+    let report = game.shutdown(Duration::from_secs(10)).await;
+    let journaled = report.finalized.saturating_sub(report.unjournaled);
     println!("arena: journaled {journaled} closed streams at shutdown");
-    if unjournaled > 0 {
-        eprintln!("arena: {unjournaled} closed streams could not be journaled");
+    if report.unjournaled > 0 || report.unsaved_finals.total() > 0 {
+        eprintln!("arena: not durable at shutdown: {report:?}");
     }
     cancel.cancel();
-    let _ = cadence.await;
     let late = workers.shutdown(Duration::from_secs(10)).await;
     if !late.is_empty() {
         tracing::warn!(event = "arena_workers_late", ?late);
     }
     println!("arena: shard {} stopped", args.shard);
     Ok(())
+}
+
+/// The runtime's cadences for the given periods (the pulse at most 250 ms and a quarter of a
+/// checkpoint period).
+fn cadence(checkpoint_ms: u64, flush_ms: u64) -> Cadence {
+    let checkpoint_every = Duration::from_millis(checkpoint_ms);
+    Cadence {
+        pulse: (checkpoint_every / 4).clamp(Duration::from_millis(10), Duration::from_millis(250)),
+        checkpoint_every,
+        flush_every: Duration::from_millis(flush_ms.max(checkpoint_ms)),
+    }
 }
 
 async fn serve_player(game: Arc<Game>, stream: TcpStream) {

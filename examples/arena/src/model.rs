@@ -7,6 +7,8 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use shardkeep::character::StateJson;
+use shardkeep::live::LiveGame;
 use shardkeep::model::{Anchor, GameEffect, GameModel, ModelHandle};
 
 /// A fighter as the game plays it, whatever the stored version.
@@ -255,13 +257,48 @@ impl Release {
     }
 
     /// Writes a fighter as this release's document.
-    pub(crate) fn write(self, fighter: &Fighter) -> shardkeep::character::StateJson {
-        use shardkeep::character::StateJson;
+    pub(crate) fn write(self, fighter: &Fighter) -> Result<StateJson, String> {
         match self {
             Self::V1 => StateJson::encode(&v1_doc(fighter)),
             Self::V2 => StateJson::encode(&v2_doc(fighter)),
         }
-        .unwrap_or_default()
+        .map_err(|e| e.to_string())
+    }
+}
+
+/// The arena as shardkeep's runtime plays it: a [`Fighter`] in memory, written as the running
+/// release's document.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Arena(pub(crate) Release);
+
+impl LiveGame for Arena {
+    type Character = Fighter;
+    type Effect = ArenaEffect;
+
+    fn model(&self) -> ModelHandle {
+        self.0.model()
+    }
+
+    fn load(&self, state: &StateJson) -> Result<Fighter, String> {
+        self.0.read(state.value())
+    }
+
+    fn dump(&self, fighter: &Fighter) -> Result<StateJson, String> {
+        self.0.write(fighter)
+    }
+
+    fn apply(
+        &self,
+        fighter: &mut Fighter,
+        _: &mut Anchor,
+        effect: &ArenaEffect,
+    ) -> Result<bool, String> {
+        effect.apply_to(fighter);
+        Ok(true)
+    }
+
+    fn fresh(&self) -> Fighter {
+        Fighter::fresh()
     }
 }
 
@@ -271,10 +308,12 @@ mod tests {
 
     #[test]
     fn version_two_upgrades_a_version_one_document() {
-        let v1 = Release::V1.write(&Fighter {
-            money: 7,
-            ..Fighter::fresh()
-        });
+        let v1 = Release::V1
+            .write(&Fighter {
+                money: 7,
+                ..Fighter::fresh()
+            })
+            .unwrap();
         assert_eq!(v1["gold"], 7);
         let v2 = Release::V2.model().upgrade(1, v1.to_value()).unwrap();
         assert_eq!(v2["coins"], 7);

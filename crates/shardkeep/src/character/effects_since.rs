@@ -56,7 +56,13 @@ pub(super) async fn on_sqlite(
     let rows = rows
         .into_iter()
         .filter_map(|(key, epoch, seq, version, payload)| {
-            Some((key, epoch, seq, version, serde_json::from_str(&payload).ok()?))
+            Some((
+                key,
+                epoch,
+                seq,
+                version,
+                serde_json::from_str(&payload).ok()?,
+            ))
         })
         .collect();
     Ok(decoded(character_id, rows))

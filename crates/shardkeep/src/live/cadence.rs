@@ -33,7 +33,9 @@ impl Default for Cadence {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CadenceError {
     /// The pulse is zero, or longer than the checkpoint period.
-    #[error("the pulse ({pulse:?}) must be above zero and at most the checkpoint period ({checkpoint:?})")]
+    #[error(
+        "the pulse ({pulse:?}) must be above zero and at most the checkpoint period ({checkpoint:?})"
+    )]
     Pulse {
         /// The pulse given.
         pulse: Duration,

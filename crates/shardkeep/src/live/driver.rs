@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use super::copies::{Copies, CopyId, Link};
-use super::sessions::FinalSave;
+use super::sessions::{FinalSave, Finals};
 use super::{EvictionCause, Inner, LiveEvent, LiveGame};
 use crate::character::CharacterSnapshot;
 use crate::journal::SessionLifecycleEffectPlan;
@@ -19,11 +19,20 @@ use crate::saver::{SaveFeedback, SaveReason, SaverEvent};
 pub(crate) struct Feedback<C> {
     events: mpsc::Sender<SaverEvent>,
     copies: Arc<Copies<C>>,
+    finals: Arc<Finals>,
 }
 
 impl<C> Feedback<C> {
-    pub(crate) fn new(events: mpsc::Sender<SaverEvent>, copies: Arc<Copies<C>>) -> Self {
-        Self { events, copies }
+    pub(crate) fn new(
+        events: mpsc::Sender<SaverEvent>,
+        copies: Arc<Copies<C>>,
+        finals: Arc<Finals>,
+    ) -> Self {
+        Self {
+            events,
+            copies,
+            finals,
+        }
     }
 }
 
@@ -36,19 +45,16 @@ impl<C: Send + 'static> SaveFeedback for Feedback<C> {
         }
     }
 
-    /// A logout removes its copy before its final save is queued, so a final save finds its
-    /// character absent unless a newer copy of it was admitted here since (whose claim fenced
-    /// the final save anyway).
+    /// Present while a copy is held, and while the runtime still holds a logout's final save:
+    /// the saver then reports a conflicting final save instead of rebasing it blindly, and the
+    /// runtime merges what landed under it (an offline grant) before writing it again.
     fn is_present(&self, character_id: Uuid) -> bool {
-        self.copies.holds(character_id)
+        self.copies.holds(character_id) || self.finals.in_flight(character_id)
     }
 }
 
 /// Runs the pulse until the runtime stops.
-pub(crate) async fn run<G: LiveGame>(
-    inner: Arc<Inner<G>>,
-    mut events: mpsc::Receiver<SaverEvent>,
-) {
+pub(crate) async fn run<G: LiveGame>(inner: Arc<Inner<G>>, mut events: mpsc::Receiver<SaverEvent>) {
     let mut ticker = tokio::time::interval(inner.config.cadence.pulse);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -106,7 +112,9 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
         }
     });
     inner.saver.enqueue_many(SaveReason::Flush, flushes);
-    inner.saver.enqueue_many(SaveReason::Checkpoint, checkpoints);
+    inner
+        .saver
+        .enqueue_many(SaveReason::Checkpoint, checkpoints);
     for copy in expired {
         super::sessions::expire_link_dead(inner, copy);
     }
@@ -141,14 +149,23 @@ fn answer<G: LiveGame>(inner: &Arc<Inner<G>>, event: SaverEvent) {
                 }
             });
             if reason == SaveReason::Final {
-                inner.finals.resolve(copy, FinalSave::Saved {
-                    version: new_version,
-                });
+                inner.finals.resolve(
+                    copy,
+                    FinalSave::Saved {
+                        version: new_version,
+                    },
+                );
             }
         }
         SaverEvent::FlushConflict {
             current_version, ..
-        } => super::writes::merge_and_flush(inner, copy, current_version),
+        } => {
+            if inner.copies.with(copy, |_| ()).is_some() {
+                super::writes::merge_and_flush(inner, copy, current_version);
+            } else {
+                super::writes::merge_final(inner, copy, current_version);
+            }
+        }
         SaverEvent::OwnershipLost { current_epoch, .. } => {
             evict(inner, copy, EvictionCause::OwnershipLost { current_epoch });
             inner.finals.resolve(copy, FinalSave::Superseded);
@@ -161,7 +178,9 @@ fn answer<G: LiveGame>(inner: &Arc<Inner<G>>, event: SaverEvent) {
             inner.finals.resolve(copy, FinalSave::Superseded);
         }
         SaverEvent::FinalQueuedAsJob { retry_job_id, .. } => {
-            inner.finals.resolve(copy, FinalSave::QueuedAsJob { retry_job_id });
+            inner
+                .finals
+                .resolve(copy, FinalSave::QueuedAsJob { retry_job_id });
         }
         SaverEvent::FinalDropped { .. } => super::sessions::final_as_job(inner, copy),
         SaverEvent::NotFound { .. } => {

@@ -72,7 +72,9 @@ impl<G: LiveGame> Runtime<G> {
                 .encode()
                 .map_err(|e| LiveError::Game(e.to_string()))?;
             let coord = &inner.stores.coord;
-            coord.transfer_begin(&token, inner.config.handoff_ttl).await?;
+            coord
+                .transfer_begin(&token, inner.config.handoff_ttl)
+                .await?;
             coord
                 .handoff_put(&token, &scope, &payload, inner.config.handoff_ttl)
                 .await?;

@@ -213,7 +213,7 @@ pub(crate) struct Inner<G: LiveGame> {
     pub(crate) placement: PlacementWriter,
     pub(crate) copies: Arc<copies::Copies<G::Character>>,
     pub(crate) sessions: ActiveSessions,
-    pub(crate) finals: sessions::Finals,
+    pub(crate) finals: Arc<sessions::Finals>,
     pub(crate) closes: sessions::Closes,
     pub(crate) events: broadcast::Sender<LiveEvent>,
     pub(crate) cancel: CancellationToken,
@@ -258,7 +258,11 @@ fn check_shard_id(id: &str) -> Result<(), StartError> {
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    if fine { Ok(()) } else { Err(StartError::ShardId) }
+    if fine {
+        Ok(())
+    } else {
+        Err(StartError::ShardId)
+    }
 }
 
 impl<G: LiveGame> Runtime<G> {
@@ -275,7 +279,12 @@ impl<G: LiveGame> Runtime<G> {
         let cancel = CancellationToken::new();
         let (events_tx, events_rx) = mpsc::channel::<SaverEvent>(65_536);
         let copies = Arc::new(copies::Copies::default());
-        let feedback = Arc::new(driver::Feedback::new(events_tx, Arc::clone(&copies)));
+        let finals = Arc::new(sessions::Finals::default());
+        let feedback = Arc::new(driver::Feedback::new(
+            events_tx,
+            Arc::clone(&copies),
+            Arc::clone(&finals),
+        ));
         let saver = Saver::spawn(
             SaverSinks {
                 rows: Some(services.characters.clone()),
@@ -309,7 +318,7 @@ impl<G: LiveGame> Runtime<G> {
             placement,
             copies,
             sessions: ActiveSessions::default(),
-            finals: sessions::Finals::default(),
+            finals,
             closes: sessions::Closes::default(),
             events,
             cancel,
@@ -353,7 +362,11 @@ impl<G: LiveGame> Runtime<G> {
     }
 
     /// Reads the live character of `copy`.
-    pub fn read<T>(&self, copy: CopyId, f: impl FnOnce(&G::Character) -> T) -> Result<T, LiveError> {
+    pub fn read<T>(
+        &self,
+        copy: CopyId,
+        f: impl FnOnce(&G::Character) -> T,
+    ) -> Result<T, LiveError> {
         self.inner
             .copies
             .with(copy, |c| f(&c.character))
@@ -383,12 +396,51 @@ impl<G: LiveGame> Runtime<G> {
             .ok_or(LiveError::Gone(copy))
     }
 
+    /// The character's name, as its row holds it.
+    pub fn name(&self, copy: CopyId) -> Result<String, LiveError> {
+        self.inner
+            .copies
+            .with(copy, |c| c.name.clone())
+            .ok_or(LiveError::Gone(copy))
+    }
+
     /// Where `copy` is anchored, and the row version it holds.
     pub fn anchor(&self, copy: CopyId) -> Result<(Anchor, i64), LiveError> {
         self.inner
             .copies
             .with(copy, |c| (c.anchor.clone(), c.version))
             .ok_or(LiveError::Gone(copy))
+    }
+
+    /// Creates a character named `name` for `account_id`, anchored at `anchor`, with the game's
+    /// fresh state ([`LiveGame::fresh`]); its id. A name is unique without regard to case
+    /// ([`crate::character::StoreError::NameTaken`]).
+    pub async fn create(
+        &self,
+        name: &str,
+        account_id: Uuid,
+        anchor: Anchor,
+    ) -> Result<Uuid, LiveError> {
+        let game = &self.inner.game;
+        let state = game.dump(&game.fresh()).map_err(LiveError::Game)?;
+        let new = crate::character::NewCharacter {
+            character_id: Uuid::now_v7(),
+            account_id,
+            name: name.to_owned(),
+            zone_ref: anchor.zone_ref,
+            room_ref: anchor.room_ref,
+            state,
+            chargen: None,
+            schema_version: game.model().schema_version(),
+        };
+        self.inner.stores.characters.create(&new).await?;
+        Ok(new.character_id)
+    }
+
+    /// The id of the character named `name` (any case), if there is one.
+    pub async fn find(&self, name: &str) -> Result<Option<Uuid>, LiveError> {
+        let row = self.inner.stores.characters.load_by_name(name).await?;
+        Ok(row.map(|r| r.character_id))
     }
 
     /// Stops everything at once without saving (a crash, for tests and the simulator): every

@@ -162,8 +162,18 @@ impl Finals {
         }
     }
 
-    /// The retained final of `copy` (the saver gave it up).
-    fn retained(&self, copy: CopyId) -> Option<CharacterSnapshot> {
+    /// Puts a rebased final save of a copy back in line (its answer still goes to whoever
+    /// waits for the copy's logout).
+    pub(crate) fn again(&self, snapshot: CharacterSnapshot) {
+        let mut finals = self.lock();
+        finals
+            .retained
+            .insert(snapshot.character_id, snapshot.clone());
+        finals.deferred.push_back(snapshot);
+    }
+
+    /// The retained final of `copy` (the saver gave it up, or it lost a version race).
+    pub(crate) fn retained(&self, copy: CopyId) -> Option<CharacterSnapshot> {
         self.lock()
             .retained
             .get(&copy.character_id)
@@ -173,7 +183,7 @@ impl Finals {
 
     /// True while a final save of `character_id` is not answered: a login must not claim it
     /// (the claim would load the older row and fence the save out).
-    fn in_flight(&self, character_id: Uuid) -> bool {
+    pub(crate) fn in_flight(&self, character_id: Uuid) -> bool {
         self.lock().retained.contains_key(&character_id)
     }
 
@@ -335,14 +345,7 @@ pub(crate) fn start_arrival<G: LiveGame>(
             room_ref: None,
         },
     );
-    start_session(
-        inner,
-        copy,
-        loaded.snapshot.account_id,
-        token,
-        zone,
-        order,
-    );
+    start_session(inner, copy, loaded.snapshot.account_id, token, zone, order);
 }
 
 /// One session's records: (copy, token, account, its place in the order, zone).
@@ -582,10 +585,13 @@ impl<G: LiveGame> Runtime<G> {
         self.wait_for_final(character_id).await?;
         let loaded = inner.stores.loader.claim_and_load(character_id, 0).await?;
         let (copy, order) = admit(inner, &loaded, Link::Attached(token.clone()))?;
-        let zone = zone_of(inner, &Anchor {
-            zone_ref: loaded.snapshot.zone_ref.clone(),
-            room_ref: None,
-        });
+        let zone = zone_of(
+            inner,
+            &Anchor {
+                zone_ref: loaded.snapshot.zone_ref.clone(),
+                room_ref: None,
+            },
+        );
         if let Some(order) = order {
             start_session(inner, copy, loaded.snapshot.account_id, &token, zone, order);
         }
@@ -640,14 +646,13 @@ impl<G: LiveGame> Runtime<G> {
         }
         start_session(inner, held, account, token, zone, order);
         let ledger = match &previous {
-            Some((old, _)) => tokio::time::timeout(
-                inner.config.io_timeout,
-                inner.stores.coord.resume_load(old),
-            )
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .flatten(),
+            Some((old, _)) => {
+                tokio::time::timeout(inner.config.io_timeout, inner.stores.coord.resume_load(old))
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .flatten()
+            }
             None => None,
         };
         Some(Admitted {
@@ -772,9 +777,14 @@ impl<G: LiveGame> Runtime<G> {
             .barrier(deadline.saturating_duration_since(tokio::time::Instant::now()))
             .await;
         if unsaved_finals.total() > 0 || unjournaled > 0 {
-            tracing::warn!(event = "shutdown_unsaved", queued = unsaved_finals.queued,
-                pending = unsaved_finals.pending, deferred = left, unjournaled,
-                "not everything was durable when the bound ran out");
+            tracing::warn!(
+                event = "shutdown_unsaved",
+                queued = unsaved_finals.queued,
+                pending = unsaved_finals.pending,
+                deferred = left,
+                unjournaled,
+                "not everything was durable when the bound ran out"
+            );
         }
         inner.cancel.cancel();
         if let Some(task) = self.driver.lock().await.take() {

@@ -83,11 +83,9 @@ impl<G: LiveGame> Runtime<G> {
             })
             .ok_or(LiveError::Gone(copy))??;
         let (dump, seq, session) = applied;
-        let saved = tokio::time::timeout(
-            inner.config.io_timeout,
-            inner.stores.characters.save(&dump),
-        )
-        .await;
+        let saved =
+            tokio::time::timeout(inner.config.io_timeout, inner.stores.characters.save(&dump))
+                .await;
         let why = match saved {
             Ok(Ok(SaveOutcome::Saved(version))) => {
                 inner.copies.with(copy, |c| {
@@ -170,11 +168,9 @@ impl<G: LiveGame> Runtime<G> {
                     Ok::<_, LiveError>(c.snapshot(copy.character_id, state))
                 })
                 .ok_or(LiveError::Gone(copy))??;
-            let saved = tokio::time::timeout(
-                inner.config.io_timeout,
-                inner.stores.characters.save(&dump),
-            )
-            .await;
+            let saved =
+                tokio::time::timeout(inner.config.io_timeout, inner.stores.characters.save(&dump))
+                    .await;
             match saved {
                 Ok(Ok(SaveOutcome::Saved(version))) => {
                     inner.copies.with(copy, |c| {
@@ -281,6 +277,76 @@ pub(crate) async fn merge<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, curr
     });
 }
 
+/// A logout's final save of `copy` lost the version race (a job, an offline grant or a
+/// cleanup's location landed under it): what landed is merged into the final snapshot, which
+/// goes again at the row's version — a blind rebase would overwrite an offline grant.
+pub(crate) fn merge_final<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, current: i64) {
+    let Some(mut snapshot) = inner.finals.retained(copy) else {
+        return;
+    };
+    let inner = Arc::clone(inner);
+    tokio::spawn(async move {
+        let known = snapshot.state_version;
+        let read = tokio::time::timeout(
+            inner.config.io_timeout,
+            inner
+                .stores
+                .characters
+                .effects_applied_since(copy.character_id, known),
+        )
+        .await;
+        let effects = match read {
+            Ok(Ok(effects)) => effects,
+            _ => {
+                tracing::warn!(event = "live_merge_failed", character = %copy.character_id,
+                    "the final save goes again unmerged at the next conflict");
+                Vec::new()
+            }
+        };
+        let missing: Vec<&RecordedEffect> = effects
+            .iter()
+            .filter(|e| {
+                e.row_version <= current
+                    && missing_from(e, snapshot.owner_epoch, snapshot.issue_mark)
+            })
+            .collect();
+        if !missing.is_empty() {
+            match merged_document(&inner, &snapshot, &missing) {
+                Ok((state, anchor)) => {
+                    snapshot.state = state;
+                    snapshot.zone_ref = anchor.zone_ref;
+                    snapshot.room_ref = anchor.room_ref;
+                }
+                Err(error) => {
+                    tracing::warn!(event = "live_merge_skipped", character = %copy.character_id,
+                        error, "the final save goes without what landed under it")
+                }
+            }
+        }
+        snapshot.state_version = current;
+        inner.finals.again(snapshot);
+        inner.finals.offer(&inner.saver);
+    });
+}
+
+/// `snapshot`'s document with `effects` played on it as the game plays them live.
+fn merged_document<G: LiveGame>(
+    inner: &Inner<G>,
+    snapshot: &crate::character::CharacterSnapshot,
+    effects: &[&RecordedEffect],
+) -> Result<(crate::character::StateJson, crate::model::Anchor), String> {
+    let mut character = inner.game.load(&snapshot.state)?;
+    let mut anchor = crate::model::Anchor {
+        zone_ref: snapshot.zone_ref.clone(),
+        room_ref: snapshot.room_ref.clone(),
+    };
+    for effect in effects {
+        let decoded = effect.payload.game_effect::<G::Effect>()?;
+        inner.game.apply(&mut character, &mut anchor, &decoded)?;
+    }
+    Ok((inner.game.dump(&character)?, anchor))
+}
+
 /// A flush of `copy` lost the version race: merge what landed, then flush again.
 pub(crate) fn merge_and_flush<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, current: i64) {
     let inner = Arc::clone(inner);
@@ -324,8 +390,14 @@ mod tests {
     fn a_copy_merges_offline_and_unsequenced_grants_never_its_own() {
         // Copy at epoch 4 that issued 6 grants.
         assert!(!missing_from(&effect(4, 3), 4, 6), "its own grant");
-        assert!(!missing_from(&effect(3, 9), 4, 6), "an older copy's is fenced");
-        assert!(missing_from(&effect(OFFLINE_EPOCH, 0), 4, 6), "an offline grant");
+        assert!(
+            !missing_from(&effect(3, 9), 4, 6),
+            "an older copy's is fenced"
+        );
+        assert!(
+            missing_from(&effect(OFFLINE_EPOCH, 0), 4, 6),
+            "an offline grant"
+        );
         assert!(missing_from(&effect(4, 0), 4, 6), "an unsequenced job");
     }
 }
