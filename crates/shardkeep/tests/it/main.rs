@@ -18,6 +18,7 @@ mod fuzz_decoders;
 mod journal;
 mod journal_order;
 mod ladder_store;
+mod live_runtime;
 mod lock_order;
 mod migrate;
 mod pending_at_claim;

@@ -87,7 +87,7 @@ async fn services_run_on(d: &JobDriver, redis: &TestRedis) {
 
 /// Services over `d`'s stores (the fast tier named by `redis`'s keys), as a game server builds
 /// them.
-fn services_on(d: &JobDriver, redis: &TestRedis, config: ServicesConfig) -> Services {
+pub(crate) fn services_on(d: &JobDriver, redis: &TestRedis, config: ServicesConfig) -> Services {
     match d {
         JobDriver::Postgres(pool) => {
             Services::build(pg(pool), redis.backend(), LedgerModel::handle(), config).unwrap()

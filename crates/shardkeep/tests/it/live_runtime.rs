@@ -1,0 +1,443 @@
+//! The live-copy runtime, as a game uses it: every body runs on Postgres with Redis and on the
+//! embedded store's file, with the services' workers running beside it.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use shardkeep::live::{
+    Cadence, CopyId, FinalSave, Granted, LiveConfig, LiveError, LiveEvent, Runtime, SessionStart,
+    Stored,
+};
+use shardkeep::model::Anchor;
+use shardkeep::{Services, ServicesConfig, Workers};
+use shardkeep_testkit::model::{LedgerEffect, LedgerModel};
+use shardkeep_testkit::{JobDriver, JobDrivers, TestRedis};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::services::services_on;
+
+type Ledger = Stored<LedgerModel>;
+
+/// A shard's runtime over services whose workers run.
+struct Live {
+    services: Services,
+    workers: Workers,
+    runtime: Runtime<Ledger>,
+    cancel: CancellationToken,
+}
+
+impl Live {
+    async fn on(d: &JobDriver, redis: &TestRedis, shard: &str) -> Self {
+        Self::with(d, redis, LiveConfig::new(shard)).await
+    }
+
+    /// Checkpoints every 100 ms, flushes a minute apart (only a logout, a grant or a conflict
+    /// writes the row in a test's time).
+    async fn with(d: &JobDriver, redis: &TestRedis, mut live: LiveConfig) -> Self {
+        let mut config = ServicesConfig::new(&format!("it-{}", live.shard_id), "game_server");
+        config.retry.poll_interval = Duration::from_millis(50);
+        let mut services = services_on(d, redis, config);
+        let cancel = CancellationToken::new();
+        let workers = services.spawn_workers(cancel.clone()).await.unwrap();
+        live.cadence = Cadence {
+            pulse: Duration::from_millis(20),
+            checkpoint_every: Duration::from_millis(100),
+            flush_every: Duration::from_secs(60),
+        };
+        live.logout_wait = Duration::from_secs(10);
+        let runtime = Runtime::start(&services, Stored::new(LedgerModel, Map::new), live).unwrap();
+        Self {
+            services,
+            workers,
+            runtime,
+            cancel,
+        }
+    }
+
+    async fn stop(self) {
+        self.runtime.clone().shutdown(Duration::from_secs(10)).await;
+        self.cancel.cancel();
+        self.workers.shutdown(Duration::from_secs(10)).await;
+    }
+
+    /// A new character logged in here.
+    async fn player(&self, name: &str) -> (Uuid, CopyId) {
+        let id = self
+            .runtime
+            .create(name, Uuid::now_v7(), anchor("zone-0"))
+            .await
+            .unwrap();
+        let copy = self
+            .runtime
+            .login(id, SessionStart::default())
+            .await
+            .unwrap()
+            .copy;
+        (id, copy)
+    }
+
+    async fn row(&self, id: Uuid) -> Value {
+        let row = self.services.characters.load(id).await.unwrap().unwrap();
+        row.state.to_value()
+    }
+
+    /// Waits until the row's `field` reads `want`.
+    async fn row_reaches(&self, id: Uuid, field: &str, want: i64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let row = self.row(id).await;
+            if row[field] == want {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{field} never reached {want}: {row}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn anchor(zone: &str) -> Anchor {
+    Anchor {
+        zone_ref: Some(zone.into()),
+        room_ref: Some("r1".into()),
+    }
+}
+
+fn coins(currency: i64) -> LedgerEffect {
+    LedgerEffect::CombatRewards {
+        experience: 0,
+        currency,
+        items: vec![],
+    }
+}
+
+fn set(copy: CopyId, runtime: &Runtime<Ledger>, field: &str, value: i64) {
+    runtime
+        .update(copy, |state| {
+            state.insert(field.into(), value.into());
+        })
+        .unwrap();
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_logout_that_races_a_landed_grant_saves_both(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let live = Live::on(&d, &redis, "shard-a").await;
+        let (id, copy) = live.player("Aria").await;
+        set(copy, &live.runtime, "experience", 5);
+        // A gift lands on the row while the copy plays: the logout's save loses the race.
+        live.runtime
+            .grant_offline(id, "gift-1", coins(40))
+            .await
+            .unwrap();
+        live.row_reaches(id, "currency", 40).await;
+        let saved = live.runtime.logout(copy).await.unwrap();
+        assert!(
+            matches!(saved, FinalSave::Saved { .. }),
+            "{}: {saved:?}",
+            d.name()
+        );
+        let row = live.row(id).await;
+        assert_eq!(
+            row["experience"],
+            5,
+            "{}: the logout landed: {row}",
+            d.name()
+        );
+        assert_eq!(row["currency"], 40, "{}: the gift too: {row}", d.name());
+        live.stop().await;
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_live_grant_is_numbered_and_granted_once_after_a_crash(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let live = Live::on(&d, &redis, "shard-a").await;
+        let (id, copy) = live.player("Bryn").await;
+        set(copy, &live.runtime, "currency", 50);
+        let saved = live.runtime.grant(copy, coins(0)).await.unwrap();
+        assert!(matches!(saved, Granted::Saved { .. }), "{}", d.name());
+        // The row moves under the copy (an offline grant of experience): the next grant
+        // cannot be saved directly and goes down as a job under its number.
+        live.runtime
+            .grant_offline(
+                id,
+                "bump",
+                LedgerEffect::CombatRewards {
+                    experience: 1,
+                    currency: 0,
+                    items: vec![],
+                },
+            )
+            .await
+            .unwrap();
+        live.row_reaches(id, "experience", 1).await;
+        let queued = live.runtime.grant(copy, coins(40)).await.unwrap();
+        assert!(
+            matches!(queued, Granted::Queued { .. }),
+            "{}: {queued:?}",
+            d.name()
+        );
+        live.row_reaches(id, "currency", 90).await;
+        // A checkpoint of the copy (holding the grant) lands, then the shard dies.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        live.runtime.kill();
+        let again = Live::on(&d, &redis, "shard-b").await;
+        let copy = again
+            .runtime
+            .login(id, SessionStart::default())
+            .await
+            .unwrap()
+            .copy;
+        let (currency, experience) = again
+            .runtime
+            .read(copy, |s| (s["currency"].clone(), s["experience"].clone()))
+            .unwrap();
+        assert_eq!(currency, 90, "{}: the grant once", d.name());
+        assert_eq!(experience, 1, "{}: the offline grant once", d.name());
+        again.stop().await;
+        live.cancel.cancel();
+        live.workers.shutdown(Duration::from_secs(5)).await;
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn an_offline_grant_reaches_the_live_copy_once(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let live = Live::on(&d, &redis, "shard-a").await;
+        let (id, copy) = live.player("Cato").await;
+        set(copy, &live.runtime, "experience", 3);
+        for _ in 0..2 {
+            live.runtime
+                .grant_offline(id, "mail-7", coins(25))
+                .await
+                .unwrap();
+        }
+        live.row_reaches(id, "currency", 25).await;
+        // The copy's next save finds the row moved, takes the gift in and writes again.
+        live.runtime.save_now(copy).await.unwrap();
+        let held = live.runtime.read(copy, |s| s["currency"].clone()).unwrap();
+        assert_eq!(held, 25, "{}: the gift reached the live copy", d.name());
+        assert!(matches!(
+            live.runtime.logout(copy).await.unwrap(),
+            FinalSave::Saved { .. }
+        ));
+        let row = live.row(id).await;
+        assert_eq!(
+            (row["currency"].clone(), row["experience"].clone()),
+            (25.into(), 3.into())
+        );
+        live.stop().await;
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_dropped_stream_resumes_with_its_ledger_and_a_lapsed_one_logs_out(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let mut config = LiveConfig::new("shard-a");
+        config.link_dead_for = Duration::from_millis(300);
+        let live = Live::with(&d, &redis, config).await;
+        let mut events = live.runtime.subscribe();
+        let id = live
+            .runtime
+            .create("Dara", Uuid::now_v7(), anchor("zone-0"))
+            .await
+            .unwrap();
+        let first = live
+            .runtime
+            .login(id, SessionStart::default())
+            .await
+            .unwrap();
+        set(first.copy, &live.runtime, "experience", 9);
+        live.runtime.detach(first.copy, 17).unwrap();
+        // The journal worker writes the resume ledger from the closed stream's entry.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while live
+            .services
+            .coord
+            .resume_load(&first.session_token)
+            .await
+            .unwrap()
+            .is_none()
+        {
+            assert!(tokio::time::Instant::now() < deadline, "{}", d.name());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let again = live
+            .runtime
+            .login(id, SessionStart::default())
+            .await
+            .unwrap();
+        assert_eq!(again.copy, first.copy, "{}: the same copy", d.name());
+        let resumed = again.resumed.expect("resumed");
+        assert_eq!(resumed.previous_session, first.session_token);
+        assert_eq!(resumed.ledger.map(|l| l.last_applied_seq), Some(17));
+        // Dropped again and never back: logged out when the grace runs out, saved.
+        live.runtime.detach(again.copy, 18).unwrap();
+        let expired = tokio::time::timeout(Duration::from_secs(10), events.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(expired, LiveEvent::LinkDeadExpired { copy: again.copy });
+        live.row_reaches(id, "experience", 9).await;
+        assert!(live.runtime.copy_of(id).is_none());
+        live.stop().await;
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn logout_saves_wait_for_room_in_a_full_saver_and_are_never_dropped(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let mut config = LiveConfig::new("shard-a");
+        config.saver.queue_depth = 1;
+        config.saver.max_batch = 1;
+        let live = Live::with(&d, &redis, config).await;
+        let mut players = Vec::new();
+        for n in 0..24 {
+            let (id, copy) = live.player(&format!("P{n}")).await;
+            set(copy, &live.runtime, "experience", 100 + n);
+            players.push((id, copy, 100 + n));
+        }
+        let logouts = players
+            .iter()
+            .map(|(_, copy, _)| live.runtime.logout(*copy));
+        let outcomes = futures::future::join_all(logouts).await;
+        for outcome in outcomes {
+            assert!(
+                matches!(outcome, Ok(FinalSave::Saved { .. })),
+                "{}: {outcome:?}",
+                d.name()
+            );
+        }
+        for (id, _, xp) in players {
+            assert_eq!(live.row(id).await["experience"], xp, "{}", d.name());
+        }
+        assert_eq!(live.runtime.saver().stats().final_dropped, 0);
+        live.stop().await;
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_handoff_carries_the_copy_and_a_zombies_is_refused(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let a = Live::on(&d, &redis, "shard-a").await;
+        let b = Live::on(&d, &redis, "shard-b").await;
+        let (id, copy) = a.player("Eryn").await;
+        set(copy, &a.runtime, "experience", 12);
+        let ticket = a
+            .runtime
+            .hand_off(copy, "shard-b", anchor("zone-1"))
+            .await
+            .unwrap();
+        assert!(a.runtime.copy_of(id).is_none(), "{}: it left a", d.name());
+        let arrived = b
+            .runtime
+            .arrive(&ticket.token, SessionStart::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            arrived.source,
+            Some(shardkeep::character::LoadSource::Handoff)
+        );
+        let xp = b.runtime.read(arrived.copy, |s| s["experience"].clone());
+        assert_eq!(xp.unwrap(), 12, "{}", d.name());
+        assert!(matches!(
+            b.runtime
+                .arrive(&ticket.token, SessionStart::default())
+                .await,
+            Err(LiveError::UnknownHandoff)
+        ));
+        // A second login on a makes b's copy a zombie; its handoff back is refused.
+        let fresh = a.runtime.login(id, SessionStart::default()).await.unwrap();
+        set(fresh.copy, &a.runtime, "experience", 30);
+        a.runtime.save_now(fresh.copy).await.unwrap();
+        set(arrived.copy, &b.runtime, "experience", 999);
+        let stale = b
+            .runtime
+            .hand_off(arrived.copy, "shard-c", anchor("zone-2"))
+            .await
+            .unwrap();
+        let c = Live::on(&d, &redis, "shard-c").await;
+        let landed = c
+            .runtime
+            .arrive(&stale.token, SessionStart::default())
+            .await
+            .unwrap();
+        assert_ne!(
+            landed.source,
+            Some(shardkeep::character::LoadSource::Handoff),
+            "{}: the zombie's content is refused",
+            d.name()
+        );
+        let xp = c.runtime.read(landed.copy, |s| s["experience"].clone());
+        assert_eq!(xp.unwrap(), 30, "{}: the live copy's save", d.name());
+        for shard in [a, b, c] {
+            shard.stop().await;
+        }
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn shutdown_saves_everyone_and_reports_nothing_unsaved(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let live = Live::on(&d, &redis, "shard-a").await;
+        let mut ids = Vec::new();
+        for n in 0..3 {
+            let (id, copy) = live.player(&format!("S{n}")).await;
+            set(copy, &live.runtime, "experience", 40 + n);
+            ids.push((id, 40 + n));
+        }
+        let report = live.runtime.clone().shutdown(Duration::from_secs(10)).await;
+        assert_eq!(report.finalized, 3, "{}", d.name());
+        assert_eq!(report.saver, shardkeep::drain::BarrierOutcome::Drained);
+        assert_eq!(report.unsaved_finals.total(), 0);
+        assert_eq!(report.unjournaled, 0);
+        for (id, xp) in ids {
+            assert_eq!(live.row(id).await["experience"], xp, "{}", d.name());
+        }
+        live.cancel.cancel();
+        live.workers.shutdown(Duration::from_secs(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_cadence_whose_checkpoints_would_lapse_is_refused() {
+    let sqlite = shardkeep_testkit::TestSqlite::new().await;
+    let redis = TestRedis::new().await;
+    let d = JobDriver::Embedded(sqlite.backend());
+    let services = services_on(&d, &redis, ServicesConfig::new("it-cadence", "game_server"));
+    let mut config = LiveConfig::new("shard-a");
+    config.cadence.checkpoint_every = Duration::from_secs(20 * 60);
+    config.cadence.flush_every = Duration::from_secs(25 * 60);
+    let refused = Runtime::start(&services, Stored::new(LedgerModel, Map::new), config);
+    assert!(matches!(
+        refused,
+        Err(shardkeep::live::StartError::Cadence(
+            shardkeep::live::CadenceError::OutlivesCheckpoints { .. }
+        ))
+    ));
+    let mut config = LiveConfig::new("shard a");
+    config.cadence = Cadence::default();
+    assert!(matches!(
+        Runtime::start(&services, Stored::new(LedgerModel, Map::new), config),
+        Err(shardkeep::live::StartError::ShardId)
+    ));
+}
