@@ -10,8 +10,10 @@
 //!
 //! The game's side:
 //! - [`model`] — the trait a game implements: its state, its effects, its schema versions.
+//! - [`live`] — the live-copy runtime a game plays its characters through.
 //! - [`services`] — the composition root: every handle built once, the workers spawned.
-//! - [`saver`] — the background saver: checkpoints, CAS flushes, conflicts, the final rebase.
+//! - [`saver`] — the background saver the runtime writes through: checkpoints, CAS flushes,
+//!   conflicts, logout saves through outages.
 //!
 //! Durable state (Postgres):
 //! - [`character`] — the ladder's tiers: the character store (claim, CAS save, transfers),
@@ -35,86 +37,85 @@
 //!
 //! # Embedding
 //!
-//! Connect, build the services with the game's model, spawn the workers, claim and load a
-//! character at login, queue its dumps on the cadences, and shut down through the barrier.
-//! `examples/arena` is a whole game built this way.
+//! A game implements its model ([`model::GameModel`]: its state, its effects, how an effect
+//! applies), builds the [`Services`], spawns their workers and starts a [`live::Runtime`]; then
+//! it logs players in, plays them and logs them out. The runtime keeps every rule that makes the
+//! guarantees true — the copy's epoch, versions and issue numbers, the cadences, the saver's
+//! answers, the logout save, the order of a session's start and close, handoffs — so the game
+//! writes no timer, no saver feedback and no journal entry. `examples/arena` is a whole game
+//! built this way.
+//!
+//! A game needs `shardkeep`, `serde` (with `derive`) and `tokio` (a multi-threaded runtime);
+//! the ids and the cancellation token it names are re-exported here ([`Uuid`],
+//! [`CancellationToken`]).
 //!
 //! ```no_run
-//! use std::sync::Arc;
 //! use std::time::Duration;
 //!
 //! use shardkeep::backend::redis::RedisTimeouts;
-//! use shardkeep::model::{Anchor, GameEffect, GameModel, ModelHandle};
-//! use shardkeep::saver::{SaveFeedback, SaveReason, Saver, SaverConfig, SaverEvent, SaverSinks};
-//! use shardkeep::{Keyspace, PostgresBackend, RedisBackend, Services, ServicesConfig};
-//! use tokio_util::sync::CancellationToken;
+//! use shardkeep::live::{LiveConfig, LiveGame, Runtime, SessionStart, Stored};
+//! use shardkeep::model::{Anchor, GameEffect, GameModel};
+//! use shardkeep::{CancellationToken, Keyspace, PostgresBackend, RedisBackend, Uuid};
+//! use shardkeep::{Services, ServicesConfig};
 //!
-//! #[derive(serde::Serialize, serde::Deserialize)]
-//! struct Hero {
-//!     gold: i64,
+//! #[derive(Default, serde::Serialize, serde::Deserialize)]
+//! struct Farm {
+//!     coins: i64,
+//!     crops: u32,
 //! }
 //!
 //! #[derive(serde::Serialize, serde::Deserialize)]
 //! #[serde(tag = "kind", rename_all = "snake_case")]
-//! enum Grant {
-//!     HeroGold { amount: i64 },
+//! enum FarmEffect {
+//!     Harvest { coins: i64 },
 //! }
 //!
-//! impl GameEffect for Grant {
+//! impl GameEffect for FarmEffect {
 //!     fn kind(&self) -> &'static str {
-//!         "hero_gold"
+//!         "harvest"
 //!     }
 //!     fn sets_value(&self) -> bool {
-//!         false // a grant adds; each applies once per idempotency key
+//!         false // a harvest adds; each applies once
 //!     }
 //! }
 //!
-//! struct MyGame;
+//! #[derive(Clone)]
+//! struct FarmGame;
 //!
-//! impl GameModel for MyGame {
-//!     type State = Hero;
-//!     type Effect = Grant;
-//!     fn apply_effect(&self, hero: &mut Hero, _: &mut Anchor, grant: &Grant) -> Result<bool, String> {
-//!         let Grant::HeroGold { amount } = grant;
-//!         hero.gold += amount;
+//! impl GameModel for FarmGame {
+//!     type State = Farm;
+//!     type Effect = FarmEffect;
+//!     fn apply_effect(&self, farm: &mut Farm, _: &mut Anchor, effect: &FarmEffect) -> Result<bool, String> {
+//!         let FarmEffect::Harvest { coins } = effect;
+//!         farm.coins += coins;
 //!         Ok(true)
 //!     }
 //! }
 //!
-//! /// The zone's side of the saver: conflicts and ownership losses come back here.
-//! struct Zone;
-//!
-//! impl SaveFeedback for Zone {
-//!     fn deliver(&self, _event: SaverEvent) {}
-//!     fn is_present(&self, _character: uuid::Uuid) -> bool {
-//!         true
-//!     }
-//! }
-//!
-//! # async fn embed(character: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn embed() -> Result<(), Box<dyn std::error::Error>> {
 //! let timeout = Duration::from_secs(5);
 //! let pg = PostgresBackend::connect("DATABASE_URL", "postgres://localhost/game", 16, timeout).await?;
 //! let keys = Keyspace::new("game")?;
 //! let redis = RedisBackend::connect("REDIS_URL", "redis://localhost", keys, RedisTimeouts::default())
 //!     .await?;
+//! let game = Stored::new(FarmGame, Farm::default);
 //! let config = ServicesConfig::new("shard-1", "game_server");
-//! let mut services = Services::build(pg, redis, ModelHandle::new(MyGame), config)?;
+//! let mut services = Services::build(pg, redis, game.model(), config)?;
 //! let cancel = CancellationToken::new();
 //! let workers = services.spawn_workers(cancel.clone()).await?;
-//! let sinks = SaverSinks {
-//!     rows: Some(services.characters.clone()),
-//!     checkpoints: Some(services.checkpoints.clone()),
-//!     retry: Some(services.retry.clone()),
-//! };
-//! let saver = Saver::spawn(sinks, Arc::new(Zone), SaverConfig::default(), cancel.clone());
+//! let runtime = Runtime::start(&services, game, LiveConfig::new("shard-1"))?;
 //!
-//! // Login: the claim mints this copy's epoch; the loader picks the freshest copy.
-//! let loaded = services.loader.claim_and_load(character, 0).await?;
-//! // Play, and at each cadence queue the copy's dump (never blocks the zone).
-//! saver.enqueue(SaveReason::Checkpoint, loaded.snapshot.clone());
-//! // Logout, then shutdown: the barrier waits for every queued save.
-//! saver.enqueue(SaveReason::Final, loaded.snapshot);
-//! saver.barrier(Duration::from_secs(10)).await;
+//! // Login claims the character (minting this copy's epoch) and loads the freshest copy.
+//! let id = runtime.create("Aria", Uuid::now_v7(), Anchor::default()).await?;
+//! let aria = runtime.login(id, SessionStart::default()).await?.copy;
+//! // Play changes memory; the runtime's cadences checkpoint and flush it.
+//! runtime.update(aria, |farm| farm.crops += 1)?;
+//! // A grant is applied, numbered and durable before it returns.
+//! runtime.grant(aria, FarmEffect::Harvest { coins: 40 }).await?;
+//! // Logout: the final save is never dropped, the closed stream is journaled.
+//! runtime.logout(aria).await?;
+//! runtime.shutdown(Duration::from_secs(10)).await;
+//! cancel.cancel();
 //! workers.shutdown(Duration::from_secs(10)).await;
 //! # Ok(())
 //! # }
@@ -145,4 +146,6 @@ pub use backend::{ConnectError, PostgresBackend, RedisBackend, SqliteBackend};
 pub use coord::{CoordError, Coordination, CoordinationConfig};
 pub use keyspace::{HandoffScope, KeyError, Keyspace};
 pub use services::{Services, ServicesConfig, ServicesError, Stores, Workers};
+pub use tokio_util::sync::CancellationToken;
 pub use ttl::{Ttl, TtlError};
+pub use uuid::Uuid;

@@ -145,14 +145,15 @@ impl<C> Copies<C> {
         self.stripe(character_id).contains_key(&character_id)
     }
 
-    /// Adds a copy; a copy of the same character already held is handed back instead.
-    pub(crate) fn admit(&self, character_id: Uuid, copy: LiveCopy<C>) -> Result<(), LiveCopy<C>> {
+    /// Adds a copy; when a copy of the same character is already held, the new one is handed
+    /// back instead.
+    pub(crate) fn admit(&self, character_id: Uuid, copy: LiveCopy<C>) -> Option<LiveCopy<C>> {
         let mut stripe = self.stripe(character_id);
         if stripe.contains_key(&character_id) {
-            return Err(copy);
+            return Some(copy);
         }
         stripe.insert(character_id, copy);
-        Ok(())
+        None
     }
 
     /// Removes the copy `id`, if it is the one held.

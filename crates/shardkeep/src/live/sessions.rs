@@ -535,7 +535,7 @@ pub(crate) fn admit<G: LiveGame>(
         character_id: id,
         owner_epoch: snapshot.owner_epoch,
     };
-    if let Err(copy) = inner.copies.admit(id, copy) {
+    if let Some(copy) = inner.copies.admit(id, copy) {
         let held = inner.copies.current(id);
         match held {
             Some(old) if old.owner_epoch < copy_id.owner_epoch => {
@@ -546,10 +546,9 @@ pub(crate) fn admit<G: LiveGame>(
                         current_epoch: copy_id.owner_epoch,
                     },
                 );
-                inner
-                    .copies
-                    .admit(id, copy)
-                    .map_err(|_| LiveError::AlreadyHeld(copy_id))?;
+                if inner.copies.admit(id, copy).is_some() {
+                    return Err(LiveError::AlreadyHeld(copy_id));
+                }
             }
             Some(old) => return Err(LiveError::AlreadyHeld(old)),
             None => return Err(LiveError::AlreadyHeld(copy_id)),
