@@ -81,6 +81,27 @@ pub(crate) async fn begin(
     }
 }
 
+/// Opens a transaction on `pool` whose statements and idle spells are each bounded by `bound`
+/// (see [`super::PostgresBackend::begin_bounded`]).
+pub(crate) async fn begin_bounded(
+    pool: &PgPool,
+    pooler: PgPooler,
+    bound: std::time::Duration,
+) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    let ms = bound.as_millis().clamp(1, i32::MAX as u128);
+    let open = if pooler.pins_transactions() {
+        PINNED_BEGIN
+    } else {
+        "BEGIN"
+    };
+    // Only an integer of this process's own is formatted into the statement.
+    pool.begin_with(sqlx::AssertSqlSafe(format!(
+        "{open}; SET LOCAL statement_timeout = {ms}; \
+         SET LOCAL idle_in_transaction_session_timeout = {ms}"
+    )))
+    .await
+}
+
 /// The body of a single-future [`Executor`] method of [`PgExec`]: the pool's own method without
 /// a pooler; through a transaction-mode pooler, the same method inside its own transaction.
 macro_rules! straight_or_pinned {

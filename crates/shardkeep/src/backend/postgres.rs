@@ -209,6 +209,18 @@ impl PostgresBackend {
         pg_exec::begin(&self.pool, self.pooler).await
     }
 
+    /// Opens a transaction that cannot hold its locks longer than `bound`: Postgres ends a
+    /// statement of it that runs longer (`statement_timeout`), and ends the session when the
+    /// transaction sits idle longer (`idle_in_transaction_session_timeout`: its client hung, its
+    /// process stalled, its network went away), releasing every row it locked. Set in the
+    /// statement that opens the transaction, so it costs no round trip.
+    pub async fn begin_bounded(
+        &self,
+        bound: std::time::Duration,
+    ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        pg_exec::begin_bounded(&self.pool, self.pooler, bound).await
+    }
+
     /// A connection for a few statements in a row (see [`PgSession`]).
     pub async fn session(&self) -> Result<PgSession, sqlx::Error> {
         PgSession::open(&self.pool, self.pooler).await

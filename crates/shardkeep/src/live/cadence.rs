@@ -111,11 +111,11 @@ impl Phase {
     /// The phase of `character_id` for periods of `(checkpoint, flush)` pulses.
     pub fn of(character_id: Uuid, (checkpoint, flush): (u64, u64)) -> Self {
         let (hi, lo) = character_id.as_u64_pair();
-        let spread = hi ^ lo.rotate_left(29);
+        let spread = mix(hi ^ mix(lo));
         Self {
             checkpoint: spread % checkpoint.max(1),
-            flush: spread.rotate_right(17) % flush.max(1),
-            spread: spread.rotate_left(7),
+            flush: mix(spread) % flush.max(1),
+            spread: mix(spread.rotate_left(21)),
         }
     }
 
@@ -136,6 +136,14 @@ impl Phase {
             None
         }
     }
+}
+
+/// The splitmix64 finalizer: ids made close together (time-ordered ones share their leading
+/// bits, counters their trailing ones) land on unrelated phases.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
 #[cfg(test)]

@@ -55,6 +55,19 @@ impl JobStore {
         })
     }
 
+    /// Opens a settle's transaction: on Postgres one that holds a character's row at most
+    /// `bound` however its worker fares (see `PostgresBackend::begin_bounded`); on the embedded
+    /// store one holding the file's write lock (bounded by the worker's own timeout).
+    pub(super) async fn begin_bounded(
+        &self,
+        bound: std::time::Duration,
+    ) -> Result<OpenTx, sqlx::Error> {
+        Ok(match self {
+            Self::Postgres(pg) => OpenTx::Postgres(pg.begin_bounded(bound).await?),
+            Self::Embedded(db) => OpenTx::Embedded(db.begin().await?),
+        })
+    }
+
     /// Stores `jobs` (each due at the instant given with it), all or none; a job stored already
     /// stays as it is.
     pub(super) async fn insert(

@@ -100,6 +100,7 @@ pub(super) struct Locked {
 
 /// Settles `claimed` (leased under `token`) in one transaction, returning an outcome per job in
 /// input order. Jobs whose lease was reclaimed meanwhile are `Stale`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn settle(
     jobs: &JobStore,
     model: &ModelHandle,
@@ -107,9 +108,10 @@ pub(crate) async fn settle(
     now: DateTime<Utc>,
     claimed: &[Claimed],
     retry_limit: u32,
+    bound: std::time::Duration,
     reschedule: &mut impl Reschedule,
 ) -> Result<Vec<JobOutcome>, sqlx::Error> {
-    let mut open = jobs.begin().await?;
+    let mut open = jobs.begin_bounded(bound).await?;
     let mut tx = open.steps(now);
     let ids: Vec<Uuid> = claimed.iter().map(|c| c.row.stored.retry_job_id).collect();
     let owned = tx.leased_to(&ids, token).await?;
@@ -133,6 +135,7 @@ pub(crate) async fn settle(
 /// whose lease ran out (its last worker crashed or hung on it) is left alone here, so the caller
 /// claims it under a counted lease instead. Returns the claimed jobs with their outcomes, in
 /// order, without those left alone.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn claim_and_settle(
     jobs: &JobStore,
     model: &ModelHandle,
@@ -140,9 +143,10 @@ pub(crate) async fn claim_and_settle(
     limit: i64,
     now: DateTime<Utc>,
     retry_limit: u32,
+    bound: std::time::Duration,
     reschedule: &mut impl Reschedule,
 ) -> Result<OneTransaction, sqlx::Error> {
-    let mut open = jobs.begin().await?;
+    let mut open = jobs.begin_bounded(bound).await?;
     let (expired, fresh): (Vec<ClaimedRow>, Vec<ClaimedRow>) = open
         .steps(now)
         .lock_due(ids, limit, now)

@@ -46,6 +46,11 @@ pub struct RetryWorkerConfig {
     /// How long signaled jobs wait for a settling batch to finish before a batch of their own
     /// starts beside it (10 ms): bounds the signal-to-start latency when one batch is slow.
     pub max_signal_wait: Duration,
+    /// Longest a settle may hold the characters' rows it locked (10 s): a worker that hangs
+    /// inside a settle (its process stalled, its network gone, a statement stuck) has its
+    /// transaction ended by Postgres after this, so the characters' logins and saves wait at
+    /// most this long; the jobs are claimed again.
+    pub settle_bound: Duration,
 }
 
 impl RetryWorkerConfig {
@@ -61,6 +66,7 @@ impl RetryWorkerConfig {
             backoff: Backoff::default(),
             settles_in_flight: 3,
             max_signal_wait: Duration::from_millis(10),
+            settle_bound: Duration::from_secs(10),
         }
     }
 }
@@ -232,14 +238,18 @@ impl Settler {
     async fn claim_and_settle(&self, ids: Option<&[Uuid]>) -> Result<usize, sqlx::Error> {
         let mut jitter = Jitter(self.backoff);
         let now = self.clock.now();
-        let one_transaction = claim_and_settle(
-            &self.jobs,
-            &self.model,
-            ids,
-            self.claim_limit,
-            now,
-            self.retry_limit,
-            &mut jitter,
+        let one_transaction = bounded(
+            self.settle_bound,
+            claim_and_settle(
+                &self.jobs,
+                &self.model,
+                ids,
+                self.claim_limit,
+                now,
+                self.retry_limit,
+                self.settle_bound,
+                &mut jitter,
+            ),
         )
         .await;
         match one_transaction {
@@ -321,14 +331,18 @@ impl Settler {
         let mut jitter = Jitter(self.backoff);
         let now = self.clock.now();
         let limit = self.retry_limit;
-        let outcomes = match settle(
-            &self.jobs,
-            &self.model,
-            token,
-            now,
-            claimed,
-            limit,
-            &mut jitter,
+        let outcomes = match bounded(
+            self.settle_bound,
+            settle(
+                &self.jobs,
+                &self.model,
+                token,
+                now,
+                claimed,
+                limit,
+                self.settle_bound,
+                &mut jitter,
+            ),
         )
         .await
         {
@@ -339,14 +353,18 @@ impl Settler {
                 let mut outcomes = Vec::with_capacity(claimed.len());
                 for one in claimed {
                     let single = std::slice::from_ref(one);
-                    let outcome = match settle(
-                        &self.jobs,
-                        &self.model,
-                        token,
-                        now,
-                        single,
-                        limit,
-                        &mut jitter,
+                    let outcome = match bounded(
+                        self.settle_bound,
+                        settle(
+                            &self.jobs,
+                            &self.model,
+                            token,
+                            now,
+                            single,
+                            limit,
+                            self.settle_bound,
+                            &mut jitter,
+                        ),
                     )
                     .await
                     {
@@ -436,6 +454,20 @@ fn log_and_record(stats: &RetryStats, outcome: &JobOutcome) {
 }
 
 /// What settling a batch needs; cheap to clone into a settle task.
+/// Runs a settle, giving it up (its transaction rolled back as it is dropped) once it has run
+/// past its bound in this process: Postgres ends a transaction whose client is gone the same way
+/// (see `PostgresBackend::begin_bounded`), and the embedded store has only this bound.
+async fn bounded<T>(
+    bound: Duration,
+    settle: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    // A little beyond the server's own bound, so the server's answer comes first when it can.
+    match tokio::time::timeout(bound + bound / 4, settle).await {
+        Ok(done) => done,
+        Err(_) => Err(sqlx::Error::PoolTimedOut),
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Settler {
     jobs: JobStore,
@@ -448,6 +480,7 @@ struct Settler {
     claim_limit: i64,
     owner: String,
     lease: Duration,
+    settle_bound: Duration,
     liveness: crate::liveness::Liveness,
 }
 
@@ -492,6 +525,7 @@ impl RetryWorker {
             claim_limit: config.claim_limit,
             owner: config.owner.clone(),
             lease: config.lease,
+            settle_bound: config.settle_bound,
             liveness: crate::liveness::Liveness::default(),
         };
         let (pause, paused) = tokio::sync::watch::channel(false);

@@ -39,4 +39,5 @@ mod schema_keys;
 mod schema_rollout;
 mod schema_versions;
 mod services;
+mod settle_bound;
 mod transfer_markers;
