@@ -194,11 +194,20 @@ pub struct RequeueRequest {
 /// `POST /v1/internal/persistence-retry/dead-letters/requeue`
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct RetryRequeueResponse {
-    /// False when the dead letter is unknown or was requeued already.
+    /// False when the dead letter is unknown, was requeued already, or was left dead for the
+    /// `reason` given.
     pub requeued: bool,
     /// The new job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_job_id: Option<Uuid>,
+    /// Why a known dead letter was left dead: `superseded` (the copy that issued the job no
+    /// longer owns the character, so the worker would drop it unapplied; an offline grant gives
+    /// it again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// What the reason means, in a sentence for the operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 /// `POST /v1/internal/session-lifecycle-journal/dead-letters/requeue`

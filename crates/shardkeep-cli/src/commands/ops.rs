@@ -281,18 +281,22 @@ pub(crate) async fn dead_letters(args: &DeadLettersArgs) -> anyhow::Result<ExitC
                 DeadLetterKind::Retry => client
                     .post::<_, RetryRequeueResponse>(&path, &request)
                     .await
-                    .map(|a| (a.requeued, a.retry_job_id)),
+                    .map(|a| (a.requeued, a.retry_job_id, a.reason.zip(a.detail))),
                 DeadLetterKind::Journal => client
                     .post::<_, JournalRequeueResponse>(&path, &request)
                     .await
-                    .map(|a| (a.requeued, a.entry_id)),
+                    .map(|a| (a.requeued, a.entry_id, None)),
             };
             match answer {
-                Ok((true, new_id)) => {
+                Ok((true, new_id, _)) => {
                     println!("requeued {id} as {}", or_dash(new_id));
                     Ok(ExitCode::SUCCESS)
                 }
-                Ok((false, _)) => {
+                Ok((false, _, Some((reason, detail)))) => {
+                    eprintln!("error: {reason}: {id} was left dead: {detail}");
+                    Ok(ExitCode::from(4))
+                }
+                Ok((false, _, None)) => {
                     eprintln!("error: not_requeued: {id} is unknown or was already requeued");
                     Ok(ExitCode::from(4))
                 }

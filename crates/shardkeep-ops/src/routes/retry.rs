@@ -107,15 +107,38 @@ pub async fn requeue_id(
     state: &AppState,
     id: uuid::Uuid,
 ) -> Result<Json<RetryRequeueResponse>, ApiError> {
+    use shardkeep::retry::RequeueOutcome;
+    let refused = |reason: &str, detail: String| RetryRequeueResponse {
+        requeued: false,
+        retry_job_id: None,
+        reason: Some(reason.to_owned()),
+        detail: Some(detail),
+    };
     let answer = match state.retry.dead_letters_requeue(id).await? {
-        shardkeep::retry::RequeueOutcome::Requeued { retry_job_id } => RetryRequeueResponse {
+        RequeueOutcome::Requeued { retry_job_id } => RetryRequeueResponse {
             requeued: true,
             retry_job_id: Some(retry_job_id),
+            reason: None,
+            detail: None,
         },
-        shardkeep::retry::RequeueOutcome::NotRequeued => RetryRequeueResponse {
+        RequeueOutcome::NotRequeued => RetryRequeueResponse {
             requeued: false,
             retry_job_id: None,
+            reason: None,
+            detail: None,
         },
+        RequeueOutcome::Superseded {
+            job_epoch,
+            owner_epoch,
+        } => refused(
+            "superseded",
+            format!(
+                "the job was issued by the character's copy at epoch {job_epoch}; a newer copy \
+                 (epoch {owner_epoch}) owns it now and the worker would drop the job unapplied. \
+                 The copy that issued it played it and saved it unless it was lost first; to \
+                 grant it again, issue an offline grant"
+            ),
+        ),
     };
     Ok(Json(answer))
 }

@@ -397,6 +397,28 @@ impl<'t> JobTx<'t> {
         }
     }
 
+    /// The owner epoch of `character_id`'s row, read under a share lock (a claim cannot slip in
+    /// before the requeue commits); `None` when there is no row.
+    pub(super) async fn owner_epoch(
+        &mut self,
+        character_id: Uuid,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        match self {
+            Self::Postgres(conn) => {
+                sqlx::query_scalar("SELECT owner_epoch FROM characters WHERE id = $1 FOR SHARE")
+                    .bind(character_id)
+                    .fetch_optional(&mut **conn)
+                    .await
+            }
+            Self::Embedded { conn, .. } => {
+                sqlx::query_scalar("SELECT owner_epoch FROM characters WHERE id = ?1")
+                    .bind(character_id)
+                    .fetch_optional(&mut **conn)
+                    .await
+            }
+        }
+    }
+
     /// Marks the dead letter `dead_letter_id` requeued as `retry_job_id`.
     pub(super) async fn mark_requeued(
         &mut self,

@@ -285,6 +285,30 @@ pub enum RequeueOutcome {
     },
     /// Unknown id, or already requeued.
     NotRequeued,
+    /// Left dead: the copy that issued the job was superseded (the character was claimed since),
+    /// so the worker would drop the job unapplied. What it carried was played by that copy, and
+    /// reached the stores through its saves unless the copy was lost first; to grant it again,
+    /// issue an offline grant (`live::Runtime::grant_offline`).
+    Superseded {
+        /// The epoch of the copy that issued the job.
+        job_epoch: i64,
+        /// The character's owner epoch now.
+        owner_epoch: i64,
+    },
+}
+
+/// Whether a dead letter's job issued under `job_epoch` may go back to the queue, for a row now
+/// owned at `owner_epoch` (`None`: no row, and the job fails again, loudly) (pure). An offline
+/// grant reaches whichever copy owns the character; a copy's job only while that copy (or an
+/// older one) still owns the row: past that the worker would drop it silently.
+pub(crate) fn requeue_refusal(job_epoch: i64, owner_epoch: Option<i64>) -> Option<RequeueOutcome> {
+    match owner_epoch {
+        Some(owner) if owner > job_epoch => Some(RequeueOutcome::Superseded {
+            job_epoch,
+            owner_epoch: owner,
+        }),
+        _ => None,
+    }
 }
 
 /// A requeue failed; nothing changed.
@@ -312,6 +336,10 @@ pub(crate) async fn requeue(
     let job = PersistenceRetryJob::restore(stored)
         .map_err(RequeueError::Undecodable)?
         .renewed();
+    let owner = tx.owner_epoch(job.payload().character_id()).await?;
+    if let Some(refused) = requeue_refusal(job.envelope().owner_epoch, owner) {
+        return Ok(refused);
+    }
     tx.insert_jobs(&[(&job, now)]).await?;
     tx.mark_requeued(dead_letter_id, job.retry_job_id(), now)
         .await?;
@@ -319,6 +347,26 @@ pub(crate) async fn requeue(
     Ok(RequeueOutcome::Requeued {
         retry_job_id: job.retry_job_id(),
     })
+}
+
+#[cfg(test)]
+mod requeue_tests {
+    use super::{RequeueOutcome, requeue_refusal};
+
+    #[test]
+    fn a_job_is_requeued_only_while_its_copy_could_still_land_it() {
+        assert_eq!(requeue_refusal(4, Some(4)), None);
+        assert_eq!(requeue_refusal(4, Some(3)), None);
+        assert_eq!(
+            requeue_refusal(4, Some(5)),
+            Some(RequeueOutcome::Superseded {
+                job_epoch: 4,
+                owner_epoch: 5
+            })
+        );
+        assert_eq!(requeue_refusal(i64::MAX, Some(9)), None, "an offline grant");
+        assert_eq!(requeue_refusal(4, None), None, "it fails again, loudly");
+    }
 }
 
 /// Postgres: the job saved in the active dead letter `dead_letter_id`, locked.

@@ -381,7 +381,7 @@ async fn requeue_restores_one_fresh_job_even_when_raced(pool: PgPool) {
             .iter()
             .filter_map(|o| match o {
                 RequeueOutcome::Requeued { retry_job_id } => Some(*retry_job_id),
-                RequeueOutcome::NotRequeued => None,
+                _ => None,
             })
             .collect();
         assert_eq!(requeued.len(), 1, "{}: {outcomes:?}", d.name());
@@ -416,6 +416,53 @@ async fn requeue_restores_one_fresh_job_even_when_raced(pool: PgPool) {
             queue.dead_letters_requeue(Uuid::now_v7()).await.unwrap(),
             RequeueOutcome::NotRequeued,
             "an unknown id"
+        );
+    });
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_requeue_that_a_newer_owner_would_supersede_is_refused_with_its_reason(pool: PgPool) {
+    on_each_driver!(pool, |d| {
+        let clock = system_clock();
+        let (queue, signals) = d.queue(16, Arc::clone(&clock));
+        let mut config = config("w");
+        config.retry_limit = 1;
+        let mut worker = d.worker(signals, config, clock);
+        let id = d.character("Aria").await;
+        // A reward of the copy at epoch 0 that fails (the row is not a ledger document).
+        d.set_state(id, serde_json::json!({ "experience": "lots" }))
+            .await;
+        queue.enqueue(&reward(id, "r", 0, 5)).await.unwrap();
+        worker.run_until_idle().await.unwrap();
+        let letter = queue
+            .dead_letters_inspect(10)
+            .await
+            .unwrap()
+            .dead_letters
+            .remove(0);
+        // The player logged in again since: the job's copy is superseded.
+        d.characters().claim(id, 0).await.unwrap();
+        assert_eq!(
+            queue
+                .dead_letters_requeue(letter.dead_letter_id)
+                .await
+                .unwrap(),
+            RequeueOutcome::Superseded {
+                job_epoch: 0,
+                owner_epoch: 1
+            },
+            "{}",
+            d.name()
+        );
+        let inspection = queue.dead_letters_inspect(10).await.unwrap();
+        assert_eq!(
+            (
+                inspection.pending_retry_jobs,
+                inspection.active_dead_letters
+            ),
+            (0, 1),
+            "{}: nothing queued, the dead letter stays",
+            d.name()
         );
     });
 }
