@@ -349,26 +349,6 @@ pub(crate) async fn requeue(
     })
 }
 
-#[cfg(test)]
-mod requeue_tests {
-    use super::{RequeueOutcome, requeue_refusal};
-
-    #[test]
-    fn a_job_is_requeued_only_while_its_copy_could_still_land_it() {
-        assert_eq!(requeue_refusal(4, Some(4)), None);
-        assert_eq!(requeue_refusal(4, Some(3)), None);
-        assert_eq!(
-            requeue_refusal(4, Some(5)),
-            Some(RequeueOutcome::Superseded {
-                job_epoch: 4,
-                owner_epoch: 5
-            })
-        );
-        assert_eq!(requeue_refusal(i64::MAX, Some(9)), None, "an offline grant");
-        assert_eq!(requeue_refusal(4, None), None, "it fails again, loudly");
-    }
-}
-
 /// Postgres: the job saved in the active dead letter `dead_letter_id`, locked.
 pub(super) async fn active_dead_letter(
     conn: &mut sqlx::PgConnection,
@@ -402,4 +382,24 @@ pub(super) async fn mark_requeued(
     .execute(conn)
     .await
     .map(drop)
+}
+
+#[cfg(test)]
+mod requeue_tests {
+    use super::{RequeueOutcome, requeue_refusal};
+
+    #[test]
+    fn a_job_is_requeued_only_while_its_copy_could_still_land_it() {
+        assert_eq!(requeue_refusal(4, Some(4)), None);
+        assert_eq!(requeue_refusal(4, Some(3)), None);
+        assert_eq!(
+            requeue_refusal(4, Some(5)),
+            Some(RequeueOutcome::Superseded {
+                job_epoch: 4,
+                owner_epoch: 5
+            })
+        );
+        assert_eq!(requeue_refusal(i64::MAX, Some(9)), None, "an offline grant");
+        assert_eq!(requeue_refusal(4, None), None, "it fails again, loudly");
+    }
 }
