@@ -40,6 +40,9 @@ fn as_name<S: serde::Serializer>(f: &Fault, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(f.as_str())
 }
 
+/// Between the two crashes of a double crash.
+const DOUBLE_CRASH_GAP: Duration = Duration::from_millis(2500);
+
 /// Zombie copies one zombie fault makes.
 pub(super) const ZOMBIES_PER_FAULT: usize = 3;
 /// Undecodable retry rows and journal entries one poison fault plants.
@@ -61,7 +64,11 @@ pub(super) fn plan(
     let mut planned = Vec::new();
     for fault in faults.iter() {
         let per_minute = match fault {
-            Fault::KillShard | Fault::RedisOutage | Fault::PostgresOutage | Fault::QueueFull => 2.0,
+            Fault::KillShard
+            | Fault::DoubleCrash
+            | Fault::RedisOutage
+            | Fault::PostgresOutage
+            | Fault::QueueFull => 2.0,
             Fault::Zombie => 4.0,
             Fault::Poison | Fault::WorkerCrash | Fault::RedisFailover | Fault::KillServe => 2.0,
         };
@@ -81,7 +88,7 @@ pub(super) fn plan(
                 _ => 0.0,
             }
             .min((last_end - at).max(0.0));
-            let shard = matches!(fault, Fault::KillShard | Fault::Zombie)
+            let shard = matches!(fault, Fault::KillShard | Fault::DoubleCrash | Fault::Zombie)
                 .then(|| rng.random_range(0..shards.max(1)));
             planned.push(PlannedFault {
                 at: Duration::from_secs_f64(at),
@@ -133,7 +140,19 @@ async fn apply(world: &Arc<World>, fault: &PlannedFault) {
             world.hold_retry_worker(false);
         }
         Fault::KillShard => {
-            let _ = world.send(&shard, Inbound::Kill);
+            let _ = world.send(&shard, Inbound::Kill { quiet: false });
+        }
+        Fault::DoubleCrash => {
+            // The replacement boots with its cadences held; it dies once its players are back
+            // (they log in again 0.3–1.5 s after a crash) and before any cadence wrote.
+            let _ = world.send(&shard, Inbound::Kill { quiet: true });
+            tokio::select! {
+                () = world.halt.cancelled() => return,
+                () = tokio::time::sleep(DOUBLE_CRASH_GAP) => {}
+            }
+            if !world.is_settling() {
+                let _ = world.send(&shard, Inbound::Kill { quiet: false });
+            }
         }
         Fault::Zombie => {
             let hosts = world.host_ids();
@@ -225,9 +244,11 @@ async fn hold(world: &World, length: Duration) {
 }
 
 async fn outage(world: &World, which: Outage, length: Duration) {
+    world.outage_mark(true);
     world.env.outage_begin(which, length);
     hold(world, length).await;
     world.env.outage_end(which);
+    world.outage_mark(false);
 }
 
 /// Plants retry rows whose payload does not decode and journal entries that are not entries,

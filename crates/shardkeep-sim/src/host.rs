@@ -364,7 +364,7 @@ impl Host {
                 old_player,
             } => self.admit_handoff(agent, token, *loaded, old_session, old_player),
             Inbound::Zombify { target } => self.zombify(&target),
-            Inbound::Kill => self.kill(),
+            Inbound::Kill { quiet } => self.kill(quiet),
             Inbound::Settle(step) => self.settle(step).await,
         }
     }

@@ -77,7 +77,7 @@ impl Host {
         ids
     }
 
-    pub(super) fn kill(&mut self) {
+    pub(super) fn kill(&mut self, quiet: bool) {
         // Everything on this shard dies with it: floors, items between rows, and what its
         // players hold (what is durable elsewhere lives on there).
         let mut destroyed = self.floor_items();
@@ -101,6 +101,24 @@ impl Host {
             ledger.transfers_gone.0 += transfers.0;
             ledger.transfers_gone.1 += transfers.1;
         });
+        let crashed: Vec<(Uuid, i64)> = self
+            .bodies
+            .iter()
+            .filter(|(_, b)| b.phase != Phase::Ghost)
+            .filter_map(|(id, _)| {
+                self.shard
+                    .player(*id)
+                    .map(|p| (*id, p.character.owner_epoch))
+            })
+            .collect();
+        let shard = self.id.clone();
+        self.world.with_ledger(|ledger| {
+            for (id, epoch) in &crashed {
+                let what = format!("copy at epoch {epoch} killed on {shard}");
+                ledger.crash_floors.crashed(*id, *epoch, &what);
+            }
+        });
+        record_crash_floors(&self.world, &self.id, crashed);
         let bodies = std::mem::take(&mut self.bodies);
         for (_, body) in bodies {
             if body.phase == Phase::Ghost {
@@ -117,7 +135,12 @@ impl Host {
                 self.release(agent, 500);
             }
         }
-        let dead = std::mem::replace(&mut self.shard, boot(&self.world, self.index));
+        let replacement = if quiet {
+            boot_quiet(&self.world, self.index)
+        } else {
+            boot(&self.world, self.index)
+        };
+        let dead = std::mem::replace(&mut self.shard, replacement);
         dead.kill();
         if let Ok(mut live) = self.world.saver_live.lock() {
             live[self.index] = Default::default();
@@ -161,6 +184,56 @@ pub(super) fn boot(world: &World, index: usize) -> Shard {
         world.env.shard_stores(),
         world.directory.clone(),
     )
+}
+
+/// Boots shard `index` with its cadences held for a while: a replacement that a double crash
+/// kills before it wrote anything.
+fn boot_quiet(world: &World, index: usize) -> Shard {
+    let mut config = shard_config(world, index);
+    config.quiet_pulses = QUIET_PULSES;
+    Shard::boot(
+        config,
+        world.shard_zones[index].clone(),
+        Arc::clone(&world.catalog),
+        world.env.shard_stores(),
+        world.directory.clone(),
+    )
+}
+
+/// Pulses a double crash's replacement saves nothing on the cadences (longer than the gap
+/// between its two crashes).
+const QUIET_PULSES: u64 = 60;
+
+/// Reads, in the background, the checkpoint of each character a crashed shard held: one still
+/// guarded by the dead copy's epoch holds progress that copy made durable, which the next load
+/// of the character must keep (a read that fails records nothing).
+fn record_crash_floors(world: &Arc<World>, shard: &str, crashed: Vec<(Uuid, i64)>) {
+    let Some(checkpoints) = world.env.shard_stores().checkpoints else {
+        return;
+    };
+    let world = Arc::clone(world);
+    let shard = shard.to_owned();
+    tokio::spawn(async move {
+        for (id, epoch) in crashed {
+            let read =
+                tokio::time::timeout(std::time::Duration::from_secs(2), checkpoints.read_held(id))
+                    .await;
+            let Ok(Ok(Some(held))) = read else {
+                continue;
+            };
+            if held.held_by != epoch {
+                continue;
+            }
+            let place = (held.snapshot.owner_epoch, held.snapshot.issue_mark);
+            world.with_ledger(|ledger| {
+                ledger.crash_floors.record(
+                    id,
+                    place,
+                    format!("copy at epoch {epoch} killed on {shard} (its checkpoint)"),
+                )
+            });
+        }
+    });
 }
 
 /// A storeless placeholder that stands in after a shutdown (it hosts no zones).

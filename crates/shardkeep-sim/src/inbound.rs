@@ -41,8 +41,12 @@ pub(super) enum Inbound {
     },
     /// Fault: one player here logs in on `target` while this shard keeps playing it.
     Zombify { target: String },
-    /// Fault: the shard dies without flushing and a fresh one boots in its place.
-    Kill,
+    /// Fault: the shard dies without flushing and a fresh one boots in its place (`quiet`: its
+    /// cadences held for a while, so a second crash finds it has written nothing).
+    Kill {
+        /// Hold the replacement's cadences.
+        quiet: bool,
+    },
     /// Settling the run.
     Settle(SettleStep),
 }

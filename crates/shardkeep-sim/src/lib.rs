@@ -29,6 +29,7 @@ mod agent;
 pub mod bench;
 mod checks;
 mod claims;
+mod crash_floors;
 mod env;
 mod faults;
 mod host;
@@ -63,6 +64,9 @@ pub use run::{run, run_embedded};
 pub enum Fault {
     /// A shard dies without flushing; its players rehydrate from checkpoint or row.
     KillShard,
+    /// A shard dies, and its replacement dies too once its players are back but before any of
+    /// its cadences wrote: the same players crash twice in a row.
+    DoubleCrash,
     /// A shard keeps playing a character after it was claimed elsewhere.
     Zombie,
     /// The Redis connection is cut for a stretch.
@@ -87,8 +91,9 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in display order.
-    pub const ALL: [Fault; 7] = [
+    pub const ALL: [Fault; 8] = [
         Fault::KillShard,
+        Fault::DoubleCrash,
         Fault::Zombie,
         Fault::RedisOutage,
         Fault::PostgresOutage,
@@ -99,8 +104,9 @@ impl Fault {
 
     /// Every fault a `--faults` list may name (`all`, the cluster-only one, and the one that
     /// needs `serve` processes).
-    pub const KNOWN: [Fault; 9] = [
+    pub const KNOWN: [Fault; 10] = [
         Fault::KillShard,
+        Fault::DoubleCrash,
         Fault::Zombie,
         Fault::RedisOutage,
         Fault::PostgresOutage,
@@ -115,6 +121,7 @@ impl Fault {
     pub fn as_str(self) -> &'static str {
         match self {
             Fault::KillShard => "kill-shard",
+            Fault::DoubleCrash => "double-crash",
             Fault::Zombie => "zombie",
             Fault::RedisOutage => "redis-outage",
             Fault::PostgresOutage => "postgres-outage",
@@ -136,7 +143,7 @@ impl fmt::Display for Fault {
 /// A `--faults` value that names no fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown fault {0:?}; expected all, none, or a comma list of: all, kill-shard, zombie, redis-outage, postgres-outage, queue-full, poison, worker-crash, redis-failover (cluster only), kill-serve (with --serves)"
+    "unknown fault {0:?}; expected all, none, or a comma list of: all, kill-shard, double-crash, zombie, redis-outage, postgres-outage, queue-full, poison, worker-crash, redis-failover (cluster only), kill-serve (with --serves)"
 )]
 pub struct UnknownFault(pub String);
 

@@ -344,8 +344,12 @@ async fn play(
         rewards: &rewards,
         item_loads: &item_loads,
     };
+    let crash_floors = world
+        .with_ledger(|l| l.crash_floors.invariant())
+        .unwrap_or_else(|| super::crash_floors::CrashFloors::default().invariant());
     let invariants = vec![
         checks::no_rollback(&end),
+        crash_floors,
         checks::no_reward_twice(&end),
         checks::item_conservation(&end),
         checks::sessions_placed(&end, settled.sessions_checked),

@@ -123,7 +123,9 @@ pub(super) fn claim(world: &Arc<World>, shard: String, agent: Agent, floor: i64)
     let world = Arc::clone(world);
     tokio::spawn(async move {
         let _permit = world.io.acquire().await;
+        let before = world.outage_reading();
         let loaded = world.loader.claim_and_load(agent.character_id, floor).await;
+        let steady = world.no_outage_since(before);
         match loaded {
             Ok(loaded) => {
                 world.with_ledger(|ledger| {
@@ -133,6 +135,12 @@ pub(super) fn claim(world: &Arc<World>, shard: String, agent: Agent, floor: i64)
                         handoff: None,
                     });
                     ledger.rewards.loaded(agent.character_id, &loaded);
+                    ledger.crash_floors.logged_in(
+                        agent.character_id,
+                        super::crash_floors::place_of(&loaded.origin),
+                        loaded.snapshot.owner_epoch,
+                        steady,
+                    );
                 });
                 deliver(&world, &shard, Inbound::Loaded { agent, loaded })
             }
@@ -481,6 +489,7 @@ pub(super) fn arrive(
         };
         let floor = carried.dumped_under_epoch;
         loop {
+            let before = world.outage_reading();
             let claimed = {
                 let _permit = world.io.acquire().await;
                 world
@@ -488,6 +497,7 @@ pub(super) fn arrive(
                     .claim_for_handoff(carried.clone(), &token, floor)
                     .await
             };
+            let steady = world.no_outage_since(before);
             match claimed {
                 Ok(loaded) => {
                     record_claim(
@@ -495,6 +505,7 @@ pub(super) fn arrive(
                         agent.character_id,
                         &loaded,
                         (&token, carried.dumped_under_epoch),
+                        steady,
                     );
                     let message = Inbound::HandoffLoaded {
                         agent,
@@ -590,11 +601,18 @@ fn record_claim(
     character_id: uuid::Uuid,
     loaded: &HandoffLoad,
     (token, dumped_under): (&str, i64),
+    steady: bool,
 ) {
     let (HandoffLoad::Adopted(l) | HandoffLoad::Superseded { loaded: l, .. }) = loaded;
     let minted = l.snapshot.owner_epoch;
     world.with_ledger(|ledger| {
         ledger.rewards.loaded(character_id, l);
+        ledger.crash_floors.loaded(
+            character_id,
+            super::crash_floors::place_of(&l.origin),
+            minted,
+            steady,
+        );
         ledger.claims.push(ClaimRecord {
             character_id,
             minted,

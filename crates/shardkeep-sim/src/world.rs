@@ -116,6 +116,8 @@ pub(super) struct Ledger {
     pub(super) session_events: Vec<super::order_checks::SessionEvent>,
     /// Every reward issued and what every copy started out with.
     pub(super) rewards: super::rewards::RewardLedger,
+    /// What crashed copies had checkpointed, and the loads checked against it.
+    pub(super) crash_floors: super::crash_floors::CrashFloors,
 }
 
 impl Ledger {
@@ -135,7 +137,9 @@ impl Ledger {
                 .sum::<usize>();
         // Vectors by length: the spare capacity of a doubling is not resident until written.
         let events = self.session_events.len() * size_of::<super::order_checks::SessionEvent>();
-        (acked + destroyed + floors + claims + events) as u64 + self.rewards.approx_bytes()
+        (acked + destroyed + floors + claims + events) as u64
+            + self.rewards.approx_bytes()
+            + self.crash_floors.approx_bytes()
     }
 }
 
@@ -180,6 +184,10 @@ pub(super) struct World {
     parked: Mutex<Vec<Agent>>,
     /// No more logins or player actions: the run is settling.
     pub(super) settling: AtomicBool,
+    /// Store outages: moved at each outage's start and end.
+    outage_marks: AtomicU64,
+    /// Store outages on now.
+    outages_on: AtomicUsize,
     /// Holds the retry worker (the queue-full fault); set once the worker starts.
     pub(super) retry_pause: std::sync::OnceLock<shardkeep::retry::RetryPause>,
     /// The `serve` processes running the workers, with `--serves`.
@@ -198,6 +206,30 @@ pub(super) struct World {
 }
 
 impl World {
+    /// A store outage starts (`true`) or ends.
+    pub(super) fn outage_mark(&self, starts: bool) {
+        use std::sync::atomic::Ordering::SeqCst;
+        if starts {
+            self.outages_on.fetch_add(1, SeqCst);
+        } else {
+            self.outages_on.fetch_sub(1, SeqCst);
+        }
+        self.outage_marks.fetch_add(1, SeqCst);
+    }
+
+    /// Where the outages stand now (`None` while one is on): compare two readings with
+    /// [`World::no_outage_since`].
+    pub(super) fn outage_reading(&self) -> Option<u64> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let mark = self.outage_marks.load(SeqCst);
+        (self.outages_on.load(SeqCst) == 0).then_some(mark)
+    }
+
+    /// True when no store outage was on at `before` nor started since.
+    pub(super) fn no_outage_since(&self, before: Option<u64>) -> bool {
+        before.is_some() && self.outage_reading() == before
+    }
+
     /// Holds or releases the retry worker (nothing happens before it starts); with `serve`
     /// processes, freezes or resumes them.
     pub(super) fn hold_retry_worker(&self, held: bool) {
@@ -237,6 +269,8 @@ impl World {
             in_transit: AtomicUsize::new(0),
             parked: Mutex::new(Vec::new()),
             settling: AtomicBool::new(false),
+            outage_marks: AtomicU64::new(0),
+            outages_on: AtomicUsize::new(0),
             retry_pause: std::sync::OnceLock::new(),
             serves: std::sync::OnceLock::new(),
             halt: CancellationToken::new(),

@@ -96,6 +96,9 @@ pub struct ShardConfig {
     /// lifetime bounds how long after its release a pickup can still commit it, which the
     /// item-load ledger's retention must exceed.
     pub floor_lifetime_pulses: Option<u64>,
+    /// Pulses after boot on which the cadences save nothing (0: none). The simulator's double
+    /// crash boots a replacement so, to kill it before its first write.
+    pub quiet_pulses: u64,
 }
 
 /// Pulses between two sweeps of the floors for decayed items.
@@ -115,6 +118,7 @@ impl ShardConfig {
             transfer_budget: Duration::from_secs(30),
             stop_with: None,
             floor_lifetime_pulses: None,
+            quiet_pulses: 0,
         }
     }
 }
@@ -423,8 +427,10 @@ impl Shard {
             flushes.extend(due.flush.iter().filter_map(|e| dump_entry(e, zone)));
             checkpoints.extend(due.checkpoint.iter().filter_map(|e| dump_entry(e, zone)));
         }
-        self.saver.enqueue_many(SaveReason::Flush, flushes);
-        self.saver.enqueue_many(SaveReason::Checkpoint, checkpoints);
+        if self.pulse > self.config.quiet_pulses {
+            self.saver.enqueue_many(SaveReason::Flush, flushes);
+            self.saver.enqueue_many(SaveReason::Checkpoint, checkpoints);
+        }
         if let Some(lifetime) = self.config.floor_lifetime_pulses
             && self.pulse.is_multiple_of(FLOOR_SWEEP_PULSES)
         {
