@@ -4,9 +4,8 @@
 //! journal, handoffs and the fences.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
-use shardkeep::audit::{AuditEvent, Auditor, SubjectType};
+use shardkeep::audit::AuditEvent;
 use shardkeep::live::{CopyId, FinalSave, Granted, Runtime, SessionStart};
 use shardkeep::model::Anchor;
 use uuid::Uuid;
@@ -21,7 +20,6 @@ pub(crate) struct Game {
     /// This shard's name (its zone).
     pub shard: String,
     runtime: Runtime<Arena>,
-    auditor: Auditor,
     peers: HashMap<String, String>,
 }
 
@@ -52,17 +50,15 @@ fn evicted() -> Reply {
 }
 
 impl Game {
-    /// The game over a running runtime and auditor.
+    /// The game over a running runtime.
     pub(crate) fn new(
         shard: String,
         runtime: Runtime<Arena>,
-        auditor: Auditor,
         peers: HashMap<String, String>,
     ) -> Self {
         Self {
             shard,
             runtime,
-            auditor,
             peers,
         }
     }
@@ -92,9 +88,13 @@ impl Game {
     }
 
     async fn login(&self, current: &mut Option<CopyId>, name: &str) -> Reply {
+        let anchor = Anchor {
+            zone_ref: Some(self.shard.clone()),
+            room_ref: Some(ROOM.into()),
+        };
         let id = match self.runtime.find(name).await {
             Ok(Some(id)) => id,
-            Ok(None) => match self.create(name).await {
+            Ok(None) => match self.runtime.create(name, Uuid::now_v7(), anchor).await {
                 Ok(id) => id,
                 Err(err) => return reply(format!("error {err}")),
             },
@@ -104,21 +104,6 @@ impl Game {
             Ok(admitted) => self.admit(current, admitted.copy, "ok"),
             Err(err) => reply(format!("error {err}")),
         }
-    }
-
-    async fn create(&self, name: &str) -> Result<Uuid, shardkeep::live::LiveError> {
-        let anchor = Anchor {
-            zone_ref: Some(self.shard.clone()),
-            room_ref: Some(ROOM.into()),
-        };
-        let id = self.runtime.create(name, Uuid::now_v7(), anchor).await?;
-        self.auditor.emit(AuditEvent::created(
-            SubjectType::Character,
-            id,
-            None,
-            serde_json::json!({ "name": name, "shard": self.shard }),
-        ));
-        Ok(id)
     }
 
     fn admit(&self, current: &mut Option<CopyId>, copy: CopyId, word: &str) -> Reply {
@@ -168,7 +153,7 @@ impl Game {
             Err(err) => return reply(format!("error loot not stored: {err}")),
         };
         let money = self.runtime.read(copy, |f| f.money).unwrap_or_default();
-        self.auditor.emit(AuditEvent::attribute(
+        self.runtime.audit(AuditEvent::attribute(
             copy.character_id,
             &format!(
                 "loot:{}:{}:{}",
@@ -231,12 +216,5 @@ impl Game {
     /// The connection dropped without `quit`: the copy waits, link-dead, for a reconnect.
     pub(crate) fn disconnected(&self, copy: CopyId) {
         let _ = self.runtime.detach(copy, 0);
-    }
-
-    /// Graceful stop: everyone's final save and journal entry, within `bound`.
-    pub(crate) async fn shutdown(&self, bound: Duration) -> shardkeep::live::ShutdownReport {
-        let report = self.runtime.clone().shutdown(bound).await;
-        let _ = self.auditor.barrier(bound).await;
-        report
     }
 }

@@ -27,13 +27,9 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use clap::Parser;
-use shardkeep::audit::{Auditor, AuditorConfig};
-use shardkeep::backend::redis::RedisTimeouts;
-use shardkeep::live::{Cadence, LiveConfig, Runtime};
-use shardkeep::{Keyspace, PostgresBackend, RedisBackend, Services, ServicesConfig};
+use shardkeep::live::{Cadence, Launch, Runtime};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_util::sync::CancellationToken;
 
 use game::Game;
 use model::{Arena, Release};
@@ -107,31 +103,19 @@ async fn main() -> std::process::ExitCode {
 async fn run(args: Args) -> anyhow::Result<()> {
     let release = Release::of(args.schema_version)
         .ok_or_else(|| anyhow!("no release with schema version {}", args.schema_version))?;
-    let timeout = Duration::from_secs(5);
-    let pg = PostgresBackend::connect("DATABASE_URL", &args.database_url, 8, timeout).await?;
-    if args.migrate {
-        pg.migrate().await.context("migrations")?;
-    }
-    let keys = Keyspace::new(&args.namespace)?;
-    let redis =
-        RedisBackend::connect("REDIS_URL", &args.redis_url, keys, RedisTimeouts::default()).await?;
-    let instance = format!("arena-{}-{}", args.shard, uuid::Uuid::now_v7().simple());
-    let mut config = ServicesConfig::new(&instance, "game_server");
-    (config.address, config.shard_id) = (args.listen.to_string(), Some(args.shard.clone()));
-    config.retry.poll_interval = Duration::from_millis(500);
-    let mut services = Services::build(pg, redis, release.model(), config)?;
-    let cancel = CancellationToken::new();
-    let workers = services.spawn_workers(cancel.clone()).await?;
-    let mut live = LiveConfig::new(&args.shard);
-    live.cadence = cadence(args.checkpoint_ms, args.flush_ms);
-    let runtime = Runtime::start(&services, Arena(release), live)?;
-    let auditor = Auditor::spawn(
-        services.audit.clone(),
-        AuditorConfig::default(),
-        cancel.clone(),
-    );
+    let mut launch = Launch::new(&args.database_url, Some(&args.redis_url), &args.shard);
+    (launch.namespace, launch.migrate) = (args.namespace.clone(), args.migrate);
+    launch.services.address = args.listen.to_string();
+    launch.services.retry.poll_interval = Duration::from_millis(500);
+    let ms = Duration::from_millis;
+    launch.live.cadence = Cadence::new(ms(args.checkpoint_ms), ms(args.flush_ms));
+    let launched = Runtime::launch(launch, Arena(release)).await?;
     let peers: HashMap<String, String> = args.peers.into_iter().collect();
-    let game = Arc::new(Game::new(args.shard.clone(), runtime, auditor, peers));
+    let game = Arc::new(Game::new(
+        args.shard.clone(),
+        launched.runtime.clone(),
+        peers,
+    ));
 
     let listener = TcpListener::bind(args.listen)
         .await
@@ -159,30 +143,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
         () = accept => {}
         () = shutdown_signal() => {}
     }
-    let report = game.shutdown(Duration::from_secs(10)).await;
+    let report = launched.shutdown(Duration::from_secs(10)).await;
     let journaled = report.finalized.saturating_sub(report.unjournaled);
     println!("arena: journaled {journaled} closed streams at shutdown");
     if report.unjournaled > 0 || report.unsaved_finals.total() > 0 {
         eprintln!("arena: not durable at shutdown: {report:?}");
     }
-    cancel.cancel();
-    let late = workers.shutdown(Duration::from_secs(10)).await;
-    if !late.is_empty() {
-        tracing::warn!(event = "arena_workers_late", ?late);
-    }
     println!("arena: shard {} stopped", args.shard);
     Ok(())
-}
-
-/// The runtime's cadences for the given periods (the pulse at most 250 ms and a quarter of a
-/// checkpoint period).
-fn cadence(checkpoint_ms: u64, flush_ms: u64) -> Cadence {
-    let checkpoint_every = Duration::from_millis(checkpoint_ms);
-    Cadence {
-        pulse: (checkpoint_every / 4).clamp(Duration::from_millis(10), Duration::from_millis(250)),
-        checkpoint_every,
-        flush_every: Duration::from_millis(flush_ms.max(checkpoint_ms)),
-    }
 }
 
 async fn serve_player(game: Arc<Game>, stream: TcpStream) {

@@ -68,6 +68,17 @@ pub enum CadenceError {
 }
 
 impl Cadence {
+    /// Checkpoints every `checkpoint_every` and flushes every `flush_every` (at least as long),
+    /// on a pulse of a quarter of the checkpoint period, between 10 and 250 ms.
+    pub fn new(checkpoint_every: Duration, flush_every: Duration) -> Self {
+        Self {
+            pulse: (checkpoint_every / 4)
+                .clamp(Duration::from_millis(10), Duration::from_millis(250)),
+            checkpoint_every,
+            flush_every: flush_every.max(checkpoint_every),
+        }
+    }
+
     /// Refuses a cadence whose checkpoints would lapse between writes (`ttl`: how long the
     /// checkpoint tier keeps one), or whose periods are out of order.
     pub fn validate(&self, ttl: Duration) -> Result<(), CadenceError> {
@@ -155,6 +166,15 @@ mod tests {
         let cadence = Cadence::default();
         assert_eq!(cadence.periods(), (40, 240));
         assert_eq!(cadence.validate(Duration::from_secs(3600)), Ok(()));
+    }
+
+    #[test]
+    fn a_cadence_from_its_periods_pulses_a_quarter_of_a_checkpoint_within_bounds() {
+        let ms = Duration::from_millis;
+        assert_eq!(Cadence::new(ms(200), ms(1000)).pulse, ms(50));
+        assert_eq!(Cadence::new(ms(10_000), ms(60_000)), Cadence::default());
+        assert_eq!(Cadence::new(ms(20), ms(10)).pulse, ms(10));
+        assert_eq!(Cadence::new(ms(20), ms(10)).flush_every, ms(20));
     }
 
     #[test]

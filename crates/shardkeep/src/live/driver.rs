@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use super::copies::{Copies, CopyId, Link};
-use super::sessions::{FinalSave, Finals};
+use super::finals::{FinalSave, Finals};
 use super::{EvictionCause, Inner, LiveEvent, LiveGame};
 use crate::character::CharacterSnapshot;
 use crate::journal::SessionLifecycleEffectPlan;
@@ -49,7 +49,7 @@ impl<C: Send + 'static> SaveFeedback for Feedback<C> {
     /// the saver then reports a conflicting final save instead of rebasing it blindly, and the
     /// runtime merges what landed under it (an offline grant) before writing it again.
     fn is_present(&self, character_id: Uuid) -> bool {
-        self.copies.holds(character_id) || self.finals.in_flight(character_id)
+        self.copies.holds(character_id) || self.finals.held(character_id)
     }
 }
 
@@ -182,7 +182,7 @@ fn answer<G: LiveGame>(inner: &Arc<Inner<G>>, event: SaverEvent) {
                 .finals
                 .resolve(copy, FinalSave::QueuedAsJob { retry_job_id });
         }
-        SaverEvent::FinalDropped { .. } => super::sessions::final_as_job(inner, copy),
+        SaverEvent::FinalDropped { .. } => super::finals::final_as_job(inner, copy),
         SaverEvent::NotFound { .. } => {
             tracing::error!(event = "live_row_missing", character = %copy.character_id,
                 "the character's row is gone");

@@ -28,8 +28,10 @@
 pub mod cadence;
 mod copies;
 mod driver;
+mod finals;
 pub mod game;
 mod handoff;
+mod launch;
 mod sessions;
 mod writes;
 
@@ -54,6 +56,7 @@ pub use cadence::{Cadence, CadenceError};
 pub use copies::CopyId;
 pub use game::{LiveGame, Stored};
 pub use handoff::HandoffTicket;
+pub use launch::{Launch, LaunchError, Launched};
 pub use sessions::{Admitted, FinalSave, Resumed, ShutdownReport};
 pub use writes::{Granted, OFFLINE_EPOCH, OfflineGrant};
 
@@ -211,10 +214,11 @@ pub(crate) struct Inner<G: LiveGame> {
     pub(crate) stores: Stores,
     pub(crate) saver: Saver,
     pub(crate) placement: PlacementWriter,
+    pub(crate) auditor: crate::audit::Auditor,
     pub(crate) copies: Arc<copies::Copies<G::Character>>,
     pub(crate) sessions: ActiveSessions,
-    pub(crate) finals: Arc<sessions::Finals>,
-    pub(crate) closes: sessions::Closes,
+    pub(crate) finals: Arc<finals::Finals>,
+    pub(crate) closes: finals::Closes,
     pub(crate) events: broadcast::Sender<LiveEvent>,
     pub(crate) cancel: CancellationToken,
     pub(crate) pulse: std::sync::atomic::AtomicU64,
@@ -279,7 +283,7 @@ impl<G: LiveGame> Runtime<G> {
         let cancel = CancellationToken::new();
         let (events_tx, events_rx) = mpsc::channel::<SaverEvent>(65_536);
         let copies = Arc::new(copies::Copies::default());
-        let finals = Arc::new(sessions::Finals::default());
+        let finals = Arc::new(finals::Finals::default());
         let feedback = Arc::new(driver::Feedback::new(
             events_tx,
             Arc::clone(&copies),
@@ -301,6 +305,11 @@ impl<G: LiveGame> Runtime<G> {
             config.io_timeout,
             cancel.child_token(),
         );
+        let auditor = crate::audit::Auditor::spawn(
+            services.audit.clone(),
+            crate::audit::AuditorConfig::default(),
+            cancel.child_token(),
+        );
         let (events, _) = broadcast::channel(1024);
         let inner = Arc::new(Inner {
             game,
@@ -316,10 +325,11 @@ impl<G: LiveGame> Runtime<G> {
             },
             saver,
             placement,
+            auditor,
             copies,
             sessions: ActiveSessions::default(),
             finals,
-            closes: sessions::Closes::default(),
+            closes: finals::Closes::default(),
             events,
             cancel,
             pulse: std::sync::atomic::AtomicU64::new(0),
@@ -412,9 +422,15 @@ impl<G: LiveGame> Runtime<G> {
             .ok_or(LiveError::Gone(copy))
     }
 
+    /// Records `event` on the audit trail (batched in the background, drained at shutdown; a
+    /// full queue drops it, counted). False when dropped.
+    pub fn audit(&self, event: crate::audit::AuditEvent) -> bool {
+        self.inner.auditor.emit(event)
+    }
+
     /// Creates a character named `name` for `account_id`, anchored at `anchor`, with the game's
-    /// fresh state ([`LiveGame::fresh`]); its id. A name is unique without regard to case
-    /// ([`crate::character::StoreError::NameTaken`]).
+    /// fresh state ([`LiveGame::fresh`]), and records its creation on the audit trail; its id. A
+    /// name is unique without regard to case ([`crate::character::StoreError::NameTaken`]).
     pub async fn create(
         &self,
         name: &str,
@@ -434,6 +450,12 @@ impl<G: LiveGame> Runtime<G> {
             schema_version: game.model().schema_version(),
         };
         self.inner.stores.characters.create(&new).await?;
+        self.audit(crate::audit::AuditEvent::created(
+            crate::audit::SubjectType::Character,
+            new.character_id,
+            None,
+            serde_json::json!({ "name": new.name, "shard": self.inner.config.shard_id }),
+        ));
         Ok(new.character_id)
     }
 
@@ -449,5 +471,6 @@ impl<G: LiveGame> Runtime<G> {
         self.inner.cancel.cancel();
         self.inner.saver.abort();
         self.inner.placement.abort();
+        self.inner.auditor.abort();
     }
 }

@@ -5,12 +5,10 @@
 //! hands back the resume ledger; a logout queues the final save, which is never dropped; a
 //! shutdown saves everyone and reports what is not durable yet.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use tokio::sync::{oneshot, watch};
 use uuid::Uuid;
 
 use super::cadence::Phase;
@@ -25,33 +23,9 @@ use crate::journal::{
 };
 use crate::model::Anchor;
 use crate::placement::PlacementRecord;
-use crate::saver::{SaveReason, Saver, UnsavedFinals};
+use crate::saver::{SaveReason, UnsavedFinals};
 
-/// Final saves per saver queue entry when many are offered at once.
-const FINAL_SLICE: usize = 256;
-
-/// How a logout's final save ended, as far as [`Runtime::logout`] waited for it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FinalSave {
-    /// In the row.
-    Saved {
-        /// The row's version now.
-        version: i64,
-    },
-    /// A durable `gameplay_state` retry job (Postgres was out, or every rebase lost a race);
-    /// the retry worker applies it under the copy's epoch fence.
-    QueuedAsJob {
-        /// The job.
-        retry_job_id: Uuid,
-    },
-    /// A newer copy owns the character: nothing of this copy is written.
-    Superseded,
-    /// The character's row is gone.
-    NotFound,
-    /// No answer within the wait: the save is still on its way (queued, retrying through an
-    /// outage, or becoming a job). It is never given up.
-    Pending,
-}
+pub use super::finals::FinalSave;
 
 /// A copy admitted here.
 #[derive(Debug, Clone, PartialEq)]
@@ -93,134 +67,6 @@ pub struct ShutdownReport {
     pub unjournaled: usize,
     /// The placement writer's barrier.
     pub placement: BarrierOutcome,
-}
-
-/// Logout saves on their way: waiting for room in the saver's queue, or in it without an answer
-/// yet (kept, so a save the saver gives up becomes a job here), and who waits for each answer.
-#[derive(Default)]
-pub(crate) struct Finals {
-    inner: Mutex<FinalsInner>,
-}
-
-#[derive(Default)]
-struct FinalsInner {
-    deferred: VecDeque<CharacterSnapshot>,
-    /// By character: the copy's epoch and its final snapshot.
-    retained: HashMap<Uuid, CharacterSnapshot>,
-    waiters: HashMap<CopyId, Vec<oneshot::Sender<FinalSave>>>,
-}
-
-impl Finals {
-    fn lock(&self) -> std::sync::MutexGuard<'_, FinalsInner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Takes charge of a final save; its answer goes to the returned receiver.
-    fn push(&self, snapshot: CharacterSnapshot) -> oneshot::Receiver<FinalSave> {
-        let (tx, rx) = oneshot::channel();
-        let copy = CopyId {
-            character_id: snapshot.character_id,
-            owner_epoch: snapshot.owner_epoch,
-        };
-        let mut finals = self.lock();
-        finals.waiters.entry(copy).or_default().push(tx);
-        finals
-            .retained
-            .insert(snapshot.character_id, snapshot.clone());
-        finals.deferred.push_back(snapshot);
-        rx
-    }
-
-    /// Offers the deferred finals to the saver, oldest first; a full queue keeps the rest for
-    /// the next pulse, so a moment's backlog never costs a logout its delta.
-    pub(crate) fn offer(&self, saver: &Saver) {
-        let mut finals = self.lock();
-        while !finals.deferred.is_empty() {
-            let take = finals.deferred.len().min(FINAL_SLICE);
-            let slice: Vec<CharacterSnapshot> = finals.deferred.drain(..take).collect();
-            if let Err(back) = saver.offer_many(SaveReason::Final, slice) {
-                for snapshot in back.into_iter().rev() {
-                    finals.deferred.push_front(snapshot);
-                }
-                break;
-            }
-        }
-    }
-
-    /// The answer for `copy`'s final save arrived.
-    pub(crate) fn resolve(&self, copy: CopyId, outcome: FinalSave) {
-        let mut finals = self.lock();
-        if finals
-            .retained
-            .get(&copy.character_id)
-            .is_some_and(|s| s.owner_epoch == copy.owner_epoch)
-        {
-            finals.retained.remove(&copy.character_id);
-        }
-        for waiter in finals.waiters.remove(&copy).into_iter().flatten() {
-            let _ = waiter.send(outcome.clone());
-        }
-    }
-
-    /// Puts a rebased final save of a copy back in line (its answer still goes to whoever
-    /// waits for the copy's logout).
-    pub(crate) fn again(&self, snapshot: CharacterSnapshot) {
-        let mut finals = self.lock();
-        finals
-            .retained
-            .insert(snapshot.character_id, snapshot.clone());
-        finals.deferred.push_back(snapshot);
-    }
-
-    /// The retained final of `copy` (the saver gave it up, or it lost a version race).
-    pub(crate) fn retained(&self, copy: CopyId) -> Option<CharacterSnapshot> {
-        self.lock()
-            .retained
-            .get(&copy.character_id)
-            .filter(|s| s.owner_epoch == copy.owner_epoch)
-            .cloned()
-    }
-
-    /// True while a final save of `character_id` is not answered: a login must not claim it
-    /// (the claim would load the older row and fence the save out).
-    pub(crate) fn in_flight(&self, character_id: Uuid) -> bool {
-        self.lock().retained.contains_key(&character_id)
-    }
-
-    /// Finals still waiting for room in the saver's queue.
-    fn deferred(&self) -> usize {
-        self.lock().deferred.len()
-    }
-}
-
-/// Closed streams whose journal entry has not landed yet.
-pub(crate) struct Closes {
-    pending: watch::Sender<usize>,
-}
-
-impl Default for Closes {
-    fn default() -> Self {
-        Self {
-            pending: watch::channel(0).0,
-        }
-    }
-}
-
-impl Closes {
-    fn begin(&self) {
-        self.pending.send_modify(|n| *n += 1);
-    }
-
-    fn end(&self) {
-        self.pending.send_modify(|n| *n = n.saturating_sub(1));
-    }
-
-    /// Waits until none is pending or `deadline`; how many are still pending.
-    async fn settled_by(&self, deadline: tokio::time::Instant) -> usize {
-        let mut pending = self.pending.subscribe();
-        let _ = tokio::time::timeout_at(deadline, pending.wait_for(|n| *n == 0)).await;
-        *self.pending.borrow()
-    }
 }
 
 /// The player as a closed stream leaves it, for its journal entry.
@@ -464,44 +310,6 @@ fn tombstone<G: LiveGame>(inner: &Inner<G>, id: CopyId) {
     });
 }
 
-/// The saver gave a final save up: it becomes a durable job here, retried until Postgres takes
-/// it (or the runtime stops; its checkpoint holds it then).
-pub(crate) fn final_as_job<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId) {
-    let Some(snapshot) = inner.finals.retained(copy) else {
-        return;
-    };
-    let inner = Arc::clone(inner);
-    tokio::spawn(async move {
-        let job = match crate::saver::final_job(&snapshot) {
-            Ok(job) => job,
-            Err(err) => {
-                tracing::error!(event = "final_job_invalid", character = %copy.character_id,
-                    error = %err, "its checkpoint holds the logout");
-                return inner.finals.resolve(copy, FinalSave::Pending);
-            }
-        };
-        let mut pause = Duration::from_millis(250);
-        loop {
-            let stored =
-                tokio::time::timeout(inner.config.io_timeout, inner.stores.retry.enqueue(&job))
-                    .await;
-            if matches!(stored, Ok(Ok(_))) {
-                return inner.finals.resolve(
-                    copy,
-                    FinalSave::QueuedAsJob {
-                        retry_job_id: job.retry_job_id(),
-                    },
-                );
-            }
-            tokio::select! {
-                () = inner.cancel.cancelled() => return,
-                () = tokio::time::sleep(pause) => {}
-            }
-            pause = (pause * 2).min(Duration::from_secs(10));
-        }
-    });
-}
-
 /// Admits a loaded character as a live copy with `link`; a stale copy of it still held here is
 /// evicted first (the new claim superseded it).
 pub(crate) fn admit<G: LiveGame>(
@@ -606,8 +414,7 @@ impl<G: LiveGame> Runtime<G> {
     /// Waits (within the I/O bound) until no logout of `character_id` is saving here.
     async fn wait_for_final(&self, character_id: Uuid) -> Result<(), LiveError> {
         let deadline = tokio::time::Instant::now() + self.inner.config.io_timeout;
-        while self.inner.finals.in_flight(character_id)
-            || self.inner.saver.final_in_flight(character_id)
+        while self.inner.finals.busy(character_id) || self.inner.saver.final_in_flight(character_id)
         {
             if tokio::time::Instant::now() >= deadline {
                 return Err(LiveError::StillSaving(character_id));
@@ -623,6 +430,9 @@ impl<G: LiveGame> Runtime<G> {
         let held = inner.copies.current(character_id)?;
         let order = new_order(held.owner_epoch);
         let found = inner.copies.with(held, |c| {
+            if c.leaving {
+                return None;
+            }
             let previous = match &c.link {
                 Link::Attached(old) => Some((old.clone(), true)),
                 Link::LinkDead { token, .. } => Some((token.clone(), false)),
@@ -630,8 +440,8 @@ impl<G: LiveGame> Runtime<G> {
             c.link = Link::Attached(token.to_owned());
             c.session_order = Some(order);
             let last = c.snapshot(character_id, Default::default());
-            (previous, last, c.account_id, zone_of(inner, &c.anchor))
-        })?;
+            Some((previous, last, c.account_id, zone_of(inner, &c.anchor)))
+        })??;
         let (previous, last, account, zone) = found;
         if let Some((old, true)) = &previous {
             // The old connection died without a word: its stream closes before the new session
@@ -708,6 +518,9 @@ impl<G: LiveGame> Runtime<G> {
     /// that: the save goes on).
     pub async fn logout(&self, copy: CopyId) -> Result<FinalSave, LiveError> {
         let inner = &self.inner;
+        if inner.copies.with(copy, |c| c.leaving) != Some(false) {
+            return Err(LiveError::Gone(copy));
+        }
         let removed = inner.copies.remove(copy).ok_or(LiveError::Gone(copy))?;
         tombstone(inner, copy);
         let snapshot = final_snapshot(inner, copy.character_id, &removed)?;
@@ -773,6 +586,10 @@ impl<G: LiveGame> Runtime<G> {
         let unjournaled = inner.closes.settled_by(deadline).await;
         let placement = inner
             .placement
+            .barrier(deadline.saturating_duration_since(tokio::time::Instant::now()))
+            .await;
+        let _ = inner
+            .auditor
             .barrier(deadline.saturating_duration_since(tokio::time::Instant::now()))
             .await;
         if unsaved_finals.total() > 0 || unjournaled > 0 {

@@ -284,6 +284,7 @@ pub(crate) fn merge_final<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, curr
     let Some(mut snapshot) = inner.finals.retained(copy) else {
         return;
     };
+    inner.finals.working(copy.character_id, true);
     let inner = Arc::clone(inner);
     tokio::spawn(async move {
         let known = snapshot.state_version;
@@ -325,6 +326,7 @@ pub(crate) fn merge_final<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, curr
         }
         snapshot.state_version = current;
         inner.finals.again(snapshot);
+        inner.finals.working(copy.character_id, false);
         inner.finals.offer(&inner.saver);
     });
 }
