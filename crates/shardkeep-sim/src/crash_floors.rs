@@ -1,18 +1,25 @@
-//! What a crashed copy had made durable, and whether the next load of its character kept it.
+//! What a crashed copy had made durable, and whether the next copy of its character kept it.
 //!
-//! Content is named by its origin: the epoch of the copy that dumped it and that copy's issue
-//! mark (`ContentOrigin`); a later dump of the same chain carries a later origin. When a shard
-//! dies, each of its players' copies leaves a floor: the origin of what the copy loaded at its
-//! login (durable by then: a row, or a checkpoint it took over), and the origin of its checkpoint
-//! when that is still guarded by the copy's epoch (the checker reads it over the run's stores,
-//! best effort). The next load of the character must start from content at least that new:
-//! older means content a previous copy loaded or checkpointed was lost beyond the crash window
-//! (a chain of crashes that fell back to an older row). A load made while Redis was cut reads no
-//! checkpoint, falls back to the row by design, and is not held to a floor; a handoff arrival
-//! sets none (what a handoff carried is its source's crash window until written).
+//! Content is named by its place: the epoch of the copy that dumped it and that copy's issue
+//! mark (`ContentOrigin`); a later dump of the same chain has a later place. When a shard dies,
+//! each of its players' copies leaves floors: the place of what the copy loaded at its login
+//! (durable by then: a row, or a checkpoint it took over), and the place of its checkpoint when
+//! that is still guarded by the copy's epoch (read over the run's stores, best effort, possibly
+//! after the next login). The copy a claim makes next — the one minting the dead copy's epoch
+//! plus one — must start from content at least that new: older means content a previous copy
+//! loaded or checkpointed was lost beyond the crash window (a chain of crashes that fell back to
+//! an older row).
+//!
+//! Not held to a floor, by design: a load made while a store was cut (it reads no checkpoint and
+//! falls back to the row); a handoff arrival's carried content, which sets no floor (it is its
+//! source's crash window until written); and a load after another player took an item the dead
+//! copy had put down (that transfer commit writes the departed copy's row as a live write, so
+//! the next login prefers the row over every checkpoint the copy left, one of which may still
+//! hold the item).
 
 use std::collections::HashMap;
 
+use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use super::report::Invariant;
@@ -26,29 +33,46 @@ pub(super) fn place_of(origin: &ContentOrigin) -> Place {
     (origin.epoch, origin.mark)
 }
 
-/// The floors recorded at crashes and the loads checked against them.
+/// A floor a crashed copy left.
+#[derive(Debug)]
+struct Floor {
+    character_id: Uuid,
+    /// The dead copy's epoch.
+    epoch: i64,
+    place: Place,
+    what: String,
+    crashed_at: DateTime<Utc>,
+}
+
+/// A copy as a claim loaded it.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    place: Place,
+    /// No store outage overlapped the claim.
+    steady: bool,
+    at: DateTime<Utc>,
+}
+
+/// The floors recorded at crashes and the loads they are checked against.
 #[derive(Debug, Default)]
 pub(super) struct CrashFloors {
-    /// Per character: the place a dead copy had made durable, and which crash.
-    floors: HashMap<Uuid, (Place, String)>,
-    /// Loads checked against a floor.
-    checked: u64,
-    /// Loads that started below their floor.
-    violations: Vec<String>,
+    floors: Vec<Floor>,
+    /// Every load, by character and the epoch its claim minted.
+    loads: HashMap<(Uuid, i64), Load>,
     /// Per character: the epoch of its last login load and the place it loaded.
     logins: HashMap<Uuid, (i64, Place)>,
 }
 
 impl CrashFloors {
-    /// A crash left `character_id` with content at `place` durable.
-    pub(super) fn record(&mut self, character_id: Uuid, place: Place, what: String) {
-        let floor = self
-            .floors
-            .entry(character_id)
-            .or_insert((place, what.clone()));
-        if place >= floor.0 {
-            *floor = (place, what);
-        }
+    /// The copy of `character_id` at `epoch` had content at `place` durable when it died.
+    pub(super) fn record(&mut self, character_id: Uuid, epoch: i64, place: Place, what: String) {
+        self.floors.push(Floor {
+            character_id,
+            epoch,
+            place,
+            what,
+            crashed_at: Utc::now(),
+        });
     }
 
     /// The copy of `character_id` at `epoch` died: what it loaded at its login is a floor.
@@ -56,48 +80,62 @@ impl CrashFloors {
         if let Some(&(loaded_epoch, place)) = self.logins.get(&character_id)
             && loaded_epoch == epoch
         {
-            self.record(character_id, place, format!("{what} (as it loaded)"));
+            self.record(character_id, epoch, place, format!("{what} (as it loaded)"));
         }
     }
 
-    /// A login loaded `character_id` at `epoch` from content at `place`: checked against its
-    /// floor (`checked`: false for a load made while Redis was cut), and remembered as what
-    /// this copy loaded.
-    pub(super) fn logged_in(
-        &mut self,
-        character_id: Uuid,
-        place: Place,
-        epoch: i64,
-        checked: bool,
-    ) {
-        self.loaded(character_id, place, epoch, checked);
+    /// A login's claim minted `epoch` for `character_id` and loaded content at `place` (`steady`:
+    /// no store outage overlapped it).
+    pub(super) fn logged_in(&mut self, character_id: Uuid, place: Place, epoch: i64, steady: bool) {
+        self.loaded(character_id, place, epoch, steady);
         self.logins.insert(character_id, (epoch, place));
     }
 
-    /// A copy of `character_id` was loaded from content at `place`; a floor recorded before is
-    /// checked unless `checked` is false, and spent either way.
-    pub(super) fn loaded(&mut self, character_id: Uuid, place: Place, epoch: i64, checked: bool) {
-        let Some((floor, what)) = self.floors.remove(&character_id) else {
-            return;
-        };
-        if !checked {
-            return;
-        }
-        self.checked += 1;
-        if place < floor {
-            self.violations.push(format!(
-                "{character_id}: loaded at epoch {epoch} from content {place:?} (epoch, mark), \
-                 older than the {floor:?} its {what} had made durable"
-            ));
-        }
+    /// A claim minted `epoch` for `character_id` and loaded content at `place`.
+    pub(super) fn loaded(&mut self, character_id: Uuid, place: Place, epoch: i64, steady: bool) {
+        self.loads.insert(
+            (character_id, epoch),
+            Load {
+                place,
+                steady,
+                at: Utc::now(),
+            },
+        );
     }
 
-    /// The verdict.
-    pub(super) fn invariant(&self) -> Invariant {
+    /// The verdict. `released` lists the item transfers' releasers and when each committed: a
+    /// load between a crash and a transfer of an item its dead copy had put down is excused.
+    pub(super) fn invariant(&self, released: &[(Uuid, DateTime<Utc>)]) -> Invariant {
+        let mut checked = 0;
+        let mut details = Vec::new();
+        for floor in &self.floors {
+            let Some(next) = self.loads.get(&(floor.character_id, floor.epoch + 1)) else {
+                continue;
+            };
+            let by_design = !next.steady
+                || released.iter().any(|(by, at)| {
+                    *by == floor.character_id && *at >= floor.crashed_at && *at <= next.at
+                });
+            if by_design {
+                continue;
+            }
+            checked += 1;
+            if next.place < floor.place {
+                details.push(format!(
+                    "{}: the copy at epoch {} started from content {:?} (epoch, mark), older than \
+                     the {:?} its {} had made durable",
+                    floor.character_id,
+                    floor.epoch + 1,
+                    next.place,
+                    floor.place,
+                    floor.what
+                ));
+            }
+        }
         Invariant::new(
             "checkpointed progress kept through crashes",
-            self.checked,
-            self.violations.clone(),
+            checked,
+            details,
         )
     }
 
@@ -105,12 +143,12 @@ impl CrashFloors {
     pub(super) fn approx_bytes(&self) -> u64 {
         let floors: usize = self
             .floors
-            .values()
-            .map(|(_, what)| std::mem::size_of::<(Uuid, Place, String)>() + what.len())
+            .iter()
+            .map(|f| std::mem::size_of::<Floor>() + f.what.len())
             .sum();
-        let text: usize = self.violations.iter().map(String::len).sum();
+        let loads = self.loads.capacity() * std::mem::size_of::<((Uuid, i64), Load)>();
         let logins = self.logins.capacity() * std::mem::size_of::<(Uuid, (i64, Place))>();
-        (floors + text + logins) as u64
+        (floors + loads + logins) as u64
     }
 }
 
@@ -119,24 +157,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_load_older_than_what_its_dead_copy_checkpointed_is_a_violation() {
+    fn the_next_copy_after_a_crash_must_start_from_what_the_dead_copy_checkpointed() {
         let mut floors = CrashFloors::default();
         let (a, b) = (Uuid::from_u128(1), Uuid::from_u128(2));
-        floors.record(a, (1, 7), "copy 1 on shard-0".into());
-        floors.record(b, (3, 2), "copy 3 on shard-1".into());
+        floors.record(a, 1, (1, 7), "copy 1 on shard-0".into());
+        floors.record(b, 3, (3, 2), "copy 3 on shard-1".into());
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let between = Utc::now();
+        std::thread::sleep(std::time::Duration::from_millis(2));
         floors.loaded(a, (1, 7), 2, true);
         floors.loaded(b, (3, 1), 4, true);
-        // Spent: a later load of `a` is not held to the old floor.
+        // Later copies are not held to an older copy's floor.
         floors.loaded(a, (0, 0), 3, true);
-        let verdict = floors.invariant();
+        let verdict = floors.invariant(&[]);
         assert_eq!(verdict.checked, 2);
         assert!(!verdict.holds);
         assert_eq!(verdict.details.len(), 1);
         assert!(verdict.details[0].contains("older than the (3, 2)"));
+        // Another player took an item `b` had put down after it died: excused.
+        let taken = [(b, between)];
+        assert!(floors.invariant(&taken).holds);
+        assert_eq!(floors.invariant(&taken).checked, 1);
     }
 
     #[test]
-    fn what_a_crashed_copy_loaded_is_a_floor_for_the_next_load() {
+    fn what_a_crashed_copy_loaded_is_a_floor_for_the_next_copy_whenever_it_is_read() {
         let mut floors = CrashFloors::default();
         let c = Uuid::from_u128(3);
         // Copy 2 loaded copy 1's checkpoint (mark 9) and died before writing.
@@ -144,18 +189,17 @@ mod tests {
         floors.crashed(c, 2, "copy at epoch 2");
         floors.logged_in(c, (1, 4), 3, true);
         assert!(
-            !floors.invariant().holds,
+            !floors.invariant(&[]).holds,
             "the row's older content came back"
         );
-        // A copy that is not the one that loaded sets no floor; a load while Redis was cut is
-        // not held to one.
+        // A floor read back after the next login still pairs with it; a load during an outage
+        // is not held to one.
         let mut floors = CrashFloors::default();
-        floors.logged_in(c, (1, 9), 2, true);
-        floors.crashed(c, 4, "copy at epoch 4");
-        floors.logged_in(c, (1, 4), 5, true);
-        floors.record(c, (5, 3), "copy at epoch 5".into());
-        floors.logged_in(c, (1, 4), 6, false);
-        assert!(floors.invariant().holds);
-        assert_eq!(floors.invariant().checked, 0);
+        floors.logged_in(c, (4, 2), 5, false);
+        floors.record(c, 4, (4, 3), "copy at epoch 4".into());
+        floors.logged_in(c, (4, 2), 6, true);
+        let verdict = floors.invariant(&[]);
+        assert!(verdict.holds);
+        assert_eq!(verdict.checked, 0);
     }
 }

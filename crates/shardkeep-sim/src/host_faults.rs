@@ -228,6 +228,7 @@ fn record_crash_floors(world: &Arc<World>, shard: &str, crashed: Vec<(Uuid, i64)
             world.with_ledger(|ledger| {
                 ledger.crash_floors.record(
                     id,
+                    epoch,
                     place,
                     format!("copy at epoch {epoch} killed on {shard} (its checkpoint)"),
                 )

@@ -132,6 +132,31 @@ impl Probe {
     }
 
     /// (acquirer, item) of every `item_transferred` audit row between two characters.
+    /// Every item transfer's releaser and when it committed.
+    pub(super) async fn transfer_releasers(&self) -> Vec<(Uuid, chrono::DateTime<chrono::Utc>)> {
+        match self {
+            Self::Pg(pg) => sqlx::query_as(
+                "SELECT actor_id, at FROM character_audit
+                  WHERE event_kind = 'item_transferred' AND actor_id IS NOT NULL",
+            )
+            .fetch_all(pg.exec())
+            .await
+            .unwrap_or_default(),
+            Self::Sqlite(db) => {
+                let rows: Vec<(Uuid, i64)> = sqlx::query_as(
+                    "SELECT actor_id, at FROM character_audit
+                      WHERE event_kind = 'item_transferred' AND actor_id IS NOT NULL",
+                )
+                .fetch_all(db.pool())
+                .await
+                .unwrap_or_default();
+                rows.into_iter()
+                    .filter_map(|(by, at)| Some((by, chrono::DateTime::from_timestamp_micros(at)?)))
+                    .collect()
+            }
+        }
+    }
+
     pub(super) async fn transfer_audit(&self) -> HashSet<(Uuid, Uuid)> {
         let rows: Vec<(Uuid, Option<String>)> = match self {
             Self::Pg(pg) => {

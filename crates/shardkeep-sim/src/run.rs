@@ -344,9 +344,10 @@ async fn play(
         rewards: &rewards,
         item_loads: &item_loads,
     };
+    let releasers = world.env.probe().transfer_releasers().await;
     let crash_floors = world
-        .with_ledger(|l| l.crash_floors.invariant())
-        .unwrap_or_else(|| super::crash_floors::CrashFloors::default().invariant());
+        .with_ledger(|l| l.crash_floors.invariant(&releasers))
+        .unwrap_or_else(|| super::crash_floors::CrashFloors::default().invariant(&releasers));
     let invariants = vec![
         checks::no_rollback(&end),
         crash_floors,

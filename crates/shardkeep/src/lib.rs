@@ -38,25 +38,24 @@
 //! # Embedding
 //!
 //! A game implements its model ([`model::GameModel`]: its state, its effects, how an effect
-//! applies), builds the [`Services`], spawns their workers and starts a [`live::Runtime`]; then
-//! it logs players in, plays them and logs them out. The runtime keeps every rule that makes the
+//! applies) and launches a [`live::Runtime`] ([`live::Runtime::launch`]: the stores connected,
+//! the [`Services`] built, their workers spawned); then it logs players in, plays them and logs
+//! them out. The runtime keeps every rule that makes the
 //! guarantees true — the copy's epoch, versions and issue numbers, the cadences, the saver's
 //! answers, the logout save, the order of a session's start and close, handoffs — so the game
 //! writes no timer, no saver feedback and no journal entry. `examples/arena` is a whole game
 //! built this way.
 //!
 //! A game needs `shardkeep`, `serde` (with `derive`) and `tokio` (a multi-threaded runtime);
-//! the ids and the cancellation token it names are re-exported here ([`Uuid`],
-//! [`CancellationToken`]).
+//! the ids and the cancellation token it may name are re-exported here ([`Uuid`],
+//! [`CancellationToken`]). A `sqlite:` URL and no Redis runs the same game on one file.
 //!
 //! ```no_run
 //! use std::time::Duration;
 //!
-//! use shardkeep::backend::redis::RedisTimeouts;
-//! use shardkeep::live::{LiveConfig, LiveGame, Runtime, SessionStart, Stored};
+//! use shardkeep::Uuid;
+//! use shardkeep::live::{Launch, Runtime, SessionStart, Stored};
 //! use shardkeep::model::{Anchor, GameEffect, GameModel};
-//! use shardkeep::{CancellationToken, Keyspace, PostgresBackend, RedisBackend, Uuid};
-//! use shardkeep::{Services, ServicesConfig};
 //!
 //! #[derive(Default, serde::Serialize, serde::Deserialize)]
 //! struct Farm {
@@ -93,20 +92,14 @@
 //! }
 //!
 //! # async fn embed() -> Result<(), Box<dyn std::error::Error>> {
-//! let timeout = Duration::from_secs(5);
-//! let pg = PostgresBackend::connect("DATABASE_URL", "postgres://localhost/game", 16, timeout).await?;
-//! let keys = Keyspace::new("game")?;
-//! let redis = RedisBackend::connect("REDIS_URL", "redis://localhost", keys, RedisTimeouts::default())
-//!     .await?;
-//! let game = Stored::new(FarmGame, Farm::default);
-//! let config = ServicesConfig::new("shard-1", "game_server");
-//! let mut services = Services::build(pg, redis, game.model(), config)?;
-//! let cancel = CancellationToken::new();
-//! let workers = services.spawn_workers(cancel.clone()).await?;
-//! let runtime = Runtime::start(&services, game, LiveConfig::new("shard-1"))?;
+//! // Connect, migrate, build the services, spawn their workers, start the runtime.
+//! let mut launch = Launch::new("postgres://localhost/game", Some("redis://localhost"), "shard-1");
+//! launch.migrate = true;
+//! let shard = Runtime::launch(launch, Stored::new(FarmGame, Farm::default)).await?;
+//! let runtime = &shard.runtime;
 //!
 //! // Login claims the character (minting this copy's epoch) and loads the freshest copy.
-//! let id = runtime.create("Aria", Uuid::now_v7(), Anchor::default()).await?;
+//! let id = runtime.find_or_create("Aria", Uuid::now_v7(), Anchor::at("valley", "barn")).await?;
 //! let aria = runtime.login(id, SessionStart::default()).await?.copy;
 //! // Play changes memory; the runtime's cadences checkpoint and flush it.
 //! runtime.update(aria, |farm| farm.crops += 1)?;
@@ -114,9 +107,8 @@
 //! runtime.grant(aria, FarmEffect::Harvest { coins: 40 }).await?;
 //! // Logout: the final save is never dropped, the closed stream is journaled.
 //! runtime.logout(aria).await?;
-//! runtime.shutdown(Duration::from_secs(10)).await;
-//! cancel.cancel();
-//! workers.shutdown(Duration::from_secs(10)).await;
+//! // Stop: everyone saved, then the workers, then the pools.
+//! shard.shutdown(Duration::from_secs(10)).await;
 //! # Ok(())
 //! # }
 //! ```

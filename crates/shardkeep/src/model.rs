@@ -27,6 +27,16 @@ pub struct Anchor {
     pub room_ref: Option<String>,
 }
 
+impl Anchor {
+    /// Anchored in `zone`, at `room`.
+    pub fn at(zone: impl Into<String>, room: impl Into<String>) -> Self {
+        Self {
+            zone_ref: Some(zone.into()),
+            room_ref: Some(room.into()),
+        }
+    }
+}
+
 /// A change a retry job carries, in the game's own terms. Serialized as a JSON object whose
 /// `kind` field is [`GameEffect::kind`] (for example a serde enum with `#[serde(tag = "kind")]`).
 pub trait GameEffect: Serialize + DeserializeOwned + Send + Sync + 'static {

@@ -88,16 +88,13 @@ impl Game {
     }
 
     async fn login(&self, current: &mut Option<CopyId>, name: &str) -> Reply {
-        let anchor = Anchor {
-            zone_ref: Some(self.shard.clone()),
-            room_ref: Some(ROOM.into()),
-        };
-        let id = match self.runtime.find(name).await {
-            Ok(Some(id)) => id,
-            Ok(None) => match self.runtime.create(name, Uuid::now_v7(), anchor).await {
-                Ok(id) => id,
-                Err(err) => return reply(format!("error {err}")),
-            },
+        let here = Anchor::at(&self.shard, ROOM);
+        let id = match self
+            .runtime
+            .find_or_create(name, Uuid::now_v7(), here)
+            .await
+        {
+            Ok(id) => id,
             Err(err) => return reply(format!("error {err}")),
         };
         match self.runtime.login(id, SessionStart::default()).await {
@@ -182,11 +179,11 @@ impl Game {
         let Some(address) = self.peers.get(shard).cloned() else {
             return reply(format!("error no route to shard {shard}"));
         };
-        let destination = Anchor {
-            zone_ref: Some(shard.to_owned()),
-            room_ref: Some(ROOM.into()),
-        };
-        match self.runtime.hand_off(copy, shard, destination).await {
+        match self
+            .runtime
+            .hand_off(copy, shard, Anchor::at(shard, ROOM))
+            .await
+        {
             Ok(ticket) => {
                 *current = None;
                 closing(format!("travel {} {address}", ticket.token))

@@ -459,6 +459,27 @@ impl<G: LiveGame> Runtime<G> {
         Ok(new.character_id)
     }
 
+    /// The id of the character named `name` (any case), created first (for `account_id`, at
+    /// `anchor`, as [`Runtime::create`] does) when there is none. Two calls racing for a new
+    /// name both get the one character.
+    pub async fn find_or_create(
+        &self,
+        name: &str,
+        account_id: Uuid,
+        anchor: Anchor,
+    ) -> Result<Uuid, LiveError> {
+        if let Some(id) = self.find(name).await? {
+            return Ok(id);
+        }
+        match self.create(name, account_id, anchor).await {
+            Err(LiveError::Store(crate::character::StoreError::NameTaken(_))) => self
+                .find(name)
+                .await?
+                .ok_or_else(|| LiveError::Game(format!("{name:?} was taken and is gone"))),
+            created => created,
+        }
+    }
+
     /// The id of the character named `name` (any case), if there is one.
     pub async fn find(&self, name: &str) -> Result<Option<Uuid>, LiveError> {
         let row = self.inner.stores.characters.load_by_name(name).await?;
