@@ -18,12 +18,15 @@
 //!   before a closed session is removed (retried until it lands), reconnect with the resume
 //!   ledger, link-dead copies logged out after their grace;
 //! - handoffs between shards, with the destination's claim refusing a superseded copy;
+//! - item moves between characters: which pickups commit as a two-row transfer, and the
+//!   transfer itself;
 //! - offline grants, which reach whichever copy owns the character when they land.
 //!
 //! Layout: [`game`] (what the game supplies), [`cadence`] (when copies save, pure), `copies`
 //! (the registry), `driver` (the pulse: cadences, the saver's answers, deferred finals),
-//! `sessions` (login, resume, detach, logout, shutdown), `writes` (grants, saves, merges),
-//! `handoff` (leaving for and arriving from another shard).
+//! `sessions` (login, resume, detach, logout, shutdown), `finals` (logout saves and journal
+//! entries owed), `writes` (grants, saves, merges), `handoff` (leaving for and arriving from
+//! another shard), `items` (pickups and transfers), `launch` (one call to a running shard).
 
 pub mod cadence;
 mod copies;
@@ -31,6 +34,7 @@ mod driver;
 mod finals;
 pub mod game;
 mod handoff;
+mod items;
 mod launch;
 mod sessions;
 mod writes;
@@ -56,6 +60,7 @@ pub use cadence::{Cadence, CadenceError};
 pub use copies::CopyId;
 pub use game::{LiveGame, Stored};
 pub use handoff::HandoffTicket;
+pub use items::{PickedUp, ReleaseMark, pickup_commits};
 pub use launch::{Launch, LaunchError, Launched};
 pub use sessions::{Admitted, FinalSave, Resumed, ShutdownReport};
 pub use writes::{Granted, OFFLINE_EPOCH, OfflineGrant};
@@ -81,6 +86,9 @@ pub struct LiveConfig {
     pub logout_wait: Duration,
     /// Bound on each store call the runtime makes itself.
     pub io_timeout: Duration,
+    /// How long an item transfer retries a commit whose outcome is unknown (a store outage)
+    /// before the item is voided, on the record.
+    pub transfer_budget: Duration,
     /// How clients connect, recorded with each closed stream.
     pub transport: RealtimeRuntimeProfile,
 }
@@ -98,6 +106,7 @@ impl LiveConfig {
             handoff_ttl: Ttl::from_static_secs(120),
             logout_wait: Duration::from_secs(15),
             io_timeout: Duration::from_secs(5),
+            transfer_budget: Duration::from_secs(30),
             transport: RealtimeRuntimeProfile {
                 transport: "tcp".into(),
                 protocol_version: 1,
@@ -145,6 +154,9 @@ pub enum LiveError {
     /// The effect is invalid; nothing was applied.
     #[error("invalid effect: {0}")]
     InvalidEffect(String),
+    /// A character of the pickup already has an item transfer in flight here; one at a time.
+    #[error("character {0} already has an item transfer in flight")]
+    TransferPending(Uuid),
     /// No handoff with this token was waiting for this shard.
     #[error("no handoff waits here under this token")]
     UnknownHandoff,
@@ -219,6 +231,7 @@ pub(crate) struct Inner<G: LiveGame> {
     pub(crate) sessions: ActiveSessions,
     pub(crate) finals: Arc<finals::Finals>,
     pub(crate) closes: finals::Closes,
+    pub(crate) transfers: items::Transfers,
     pub(crate) events: broadcast::Sender<LiveEvent>,
     pub(crate) cancel: CancellationToken,
     pub(crate) pulse: std::sync::atomic::AtomicU64,
@@ -330,6 +343,7 @@ impl<G: LiveGame> Runtime<G> {
             sessions: ActiveSessions::default(),
             finals,
             closes: finals::Closes::default(),
+            transfers: items::Transfers::default(),
             events,
             cancel,
             pulse: std::sync::atomic::AtomicU64::new(0),

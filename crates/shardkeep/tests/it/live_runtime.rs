@@ -441,3 +441,189 @@ async fn a_cadence_whose_checkpoints_would_lapse_is_refused() {
         Err(shardkeep::live::StartError::ShardId)
     ));
 }
+
+fn holding(items: &[Uuid]) -> impl Fn(&mut Map<String, Value>) + '_ {
+    move |state| {
+        let list = state
+            .entry("inventory")
+            .or_insert_with(|| Value::Array(Vec::new()));
+        if let Some(list) = list.as_array_mut() {
+            list.extend(
+                items
+                    .iter()
+                    .map(|id| serde_json::json!({ "id": id.to_string() })),
+            );
+        }
+    }
+}
+
+fn without(item: Uuid) -> impl Fn(&mut Map<String, Value>) {
+    move |state| {
+        if let Some(list) = state.get_mut("inventory").and_then(Value::as_array_mut) {
+            list.retain(|i| i["id"] != item.to_string());
+        }
+    }
+}
+
+fn holds(row: &Value, item: Uuid) -> bool {
+    row["inventory"]
+        .as_array()
+        .is_some_and(|list| list.iter().any(|i| i["id"] == item.to_string()))
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn pickups_commit_as_transfers_unless_the_picking_copy_put_the_item_down(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let live = Live::on(&d, &redis, "shard-a").await;
+        let rt = &live.runtime;
+        let (gem, ore, own) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+        let (aria_id, aria) = live.player("Aria").await;
+        let (bram_id, bram) = live.player("Bram").await;
+        rt.update(aria, holding(&[gem, ore, own])).unwrap();
+        rt.save_now(aria).await.unwrap();
+        // Aria puts her own item down and takes it back: a plain move.
+        rt.update(aria, without(own)).unwrap();
+        let mark = rt.release(aria).unwrap();
+        let back = rt
+            .pick_up(aria, own, Some(mark), Value::Null, holding(&[own]))
+            .await
+            .unwrap();
+        assert_eq!(back, shardkeep::live::PickedUp::Moved, "{}", d.name());
+        // Bram picks up the gem Aria put down: both rows and the audit row, together.
+        rt.update(aria, without(gem)).unwrap();
+        let mark = rt.release(aria).unwrap();
+        let taken = rt
+            .pick_up(
+                bram,
+                gem,
+                Some(mark),
+                serde_json::json!({ "room": "r1" }),
+                holding(&[gem]),
+            )
+            .await
+            .unwrap();
+        assert_eq!(taken, shardkeep::live::PickedUp::Committed, "{}", d.name());
+        assert!(holds(&live.row(bram_id).await, gem), "{}", d.name());
+        assert!(!holds(&live.row(aria_id).await, gem), "{}", d.name());
+        assert!(
+            rt.read(bram, |s| holds(&Value::Object(s.clone()), gem))
+                .unwrap()
+        );
+        // Aria puts the ore down and leaves; a later copy of her picks it up: a transfer, so it
+        // is held once.
+        rt.update(aria, without(ore)).unwrap();
+        let ore_mark = rt.release(aria).unwrap();
+        assert!(matches!(
+            rt.logout(aria).await.unwrap(),
+            FinalSave::Saved { .. }
+        ));
+        let again = rt
+            .login(aria_id, SessionStart::default())
+            .await
+            .unwrap()
+            .copy;
+        let picked = rt
+            .pick_up(again, ore, Some(ore_mark), Value::Null, holding(&[ore]))
+            .await
+            .unwrap();
+        assert_eq!(picked, shardkeep::live::PickedUp::Committed, "{}", d.name());
+        let held = rt.read(again, |s| s["inventory"].clone()).unwrap();
+        let copies = held.as_array().map_or(0, |l| {
+            l.iter().filter(|i| i["id"] == ore.to_string()).count()
+        });
+        assert_eq!(copies, 1, "{}: {held}", d.name());
+        live.stop().await;
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn an_item_a_zombie_put_down_is_voided_not_handed_on(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let a = Live::on(&d, &redis, "shard-a").await;
+        let b = Live::on(&d, &redis, "shard-b").await;
+        let ring = Uuid::now_v7();
+        let (cato_id, cato) = a.player("Cato").await;
+        let (_, dara) = a.player("Dara").await;
+        a.runtime.update(cato, holding(&[ring])).unwrap();
+        a.runtime.save_now(cato).await.unwrap();
+        // Cato logs in on b: a's copy is a zombie, and puts the ring down there.
+        b.runtime
+            .login(cato_id, SessionStart::default())
+            .await
+            .unwrap();
+        a.runtime.update(cato, without(ring)).unwrap();
+        let mark = a.runtime.release(cato).unwrap();
+        let picked = a
+            .runtime
+            .pick_up(dara, ring, Some(mark), Value::Null, holding(&[ring]))
+            .await
+            .unwrap();
+        assert!(
+            matches!(picked, shardkeep::live::PickedUp::Void { .. }),
+            "{}: {picked:?}",
+            d.name()
+        );
+        assert!(
+            !a.runtime
+                .read(dara, |s| holds(&Value::Object(s.clone()), ring))
+                .unwrap()
+        );
+        a.stop().await;
+        b.stop().await;
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn what_a_crashed_copy_put_down_is_not_picked_up_as_a_second_copy(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let a = Live::on(&d, &redis, "shard-a").await;
+        let ore = Uuid::now_v7();
+        let (eryn_id, eryn) = a.player("Eryn").await;
+        a.runtime.update(eryn, holding(&[ore])).unwrap();
+        a.runtime.save_now(eryn).await.unwrap();
+        // She puts the ore down, and the shard dies before anything records it: the floor
+        // copy lives on (on another shard's floor, say) while her row still holds the ore.
+        a.runtime.update(eryn, without(ore)).unwrap();
+        let mark = a.runtime.release(eryn).unwrap();
+        a.runtime.kill();
+        let b = Live::on(&d, &redis, "shard-b").await;
+        let again = b
+            .runtime
+            .login(eryn_id, SessionStart::default())
+            .await
+            .unwrap()
+            .copy;
+        assert!(
+            b.runtime
+                .read(again, |s| holds(&Value::Object(s.clone()), ore))
+                .unwrap()
+        );
+        let picked = b
+            .runtime
+            .pick_up(again, ore, Some(mark), Value::Null, holding(&[ore]))
+            .await
+            .unwrap();
+        assert!(
+            !matches!(
+                picked,
+                shardkeep::live::PickedUp::Committed | shardkeep::live::PickedUp::Moved
+            ),
+            "{}: the floor copy is a phantom: {picked:?}",
+            d.name()
+        );
+        let held = b.runtime.read(again, |s| s["inventory"].clone()).unwrap();
+        let count = held.as_array().map_or(0, |l| {
+            l.iter().filter(|i| i["id"] == ore.to_string()).count()
+        });
+        assert_eq!(count, 1, "{}: {held}", d.name());
+        b.stop().await;
+        a.cancel.cancel();
+        a.workers.shutdown(Duration::from_secs(5)).await;
+    }
+}
