@@ -15,7 +15,9 @@
 //! source's crash window until written); and a load after another player took an item the dead
 //! copy had put down (that transfer commit writes the departed copy's row as a live write, so
 //! the next login prefers the row over every checkpoint the copy left, one of which may still
-//! hold the item).
+//! hold the item). The transfer may come while the copy still plays on another shard (the
+//! acquirer's shard sees it departed), so any such transfer between the dead copy's login and
+//! the next load excuses it.
 
 use std::collections::HashMap;
 
@@ -41,7 +43,9 @@ struct Floor {
     epoch: i64,
     place: Place,
     what: String,
-    crashed_at: DateTime<Utc>,
+    /// Since when a transfer of an item the copy put down excuses the next load: the copy's
+    /// login, or its crash when its login was not seen.
+    since: DateTime<Utc>,
 }
 
 /// A copy as a claim loaded it.
@@ -59,25 +63,29 @@ pub(super) struct CrashFloors {
     floors: Vec<Floor>,
     /// Every load, by character and the epoch its claim minted.
     loads: HashMap<(Uuid, i64), Load>,
-    /// Per character: the epoch of its last login load and the place it loaded.
-    logins: HashMap<Uuid, (i64, Place)>,
+    /// Per character: the epoch of its last login load, the place it loaded, and when.
+    logins: HashMap<Uuid, (i64, Place, DateTime<Utc>)>,
 }
 
 impl CrashFloors {
     /// The copy of `character_id` at `epoch` had content at `place` durable when it died.
     pub(super) fn record(&mut self, character_id: Uuid, epoch: i64, place: Place, what: String) {
+        let since = match self.logins.get(&character_id) {
+            Some(&(loaded_epoch, _, at)) if loaded_epoch == epoch => at,
+            _ => Utc::now(),
+        };
         self.floors.push(Floor {
             character_id,
             epoch,
             place,
             what,
-            crashed_at: Utc::now(),
+            since,
         });
     }
 
     /// The copy of `character_id` at `epoch` died: what it loaded at its login is a floor.
     pub(super) fn crashed(&mut self, character_id: Uuid, epoch: i64, what: &str) {
-        if let Some(&(loaded_epoch, place)) = self.logins.get(&character_id)
+        if let Some(&(loaded_epoch, place, _)) = self.logins.get(&character_id)
             && loaded_epoch == epoch
         {
             self.record(character_id, epoch, place, format!("{what} (as it loaded)"));
@@ -88,7 +96,7 @@ impl CrashFloors {
     /// no store outage overlapped it).
     pub(super) fn logged_in(&mut self, character_id: Uuid, place: Place, epoch: i64, steady: bool) {
         self.loaded(character_id, place, epoch, steady);
-        self.logins.insert(character_id, (epoch, place));
+        self.logins.insert(character_id, (epoch, place, Utc::now()));
     }
 
     /// A claim minted `epoch` for `character_id` and loaded content at `place`.
@@ -104,7 +112,7 @@ impl CrashFloors {
     }
 
     /// The verdict. `released` lists the item transfers' releasers and when each committed: a
-    /// load between a crash and a transfer of an item its dead copy had put down is excused.
+    /// load after a transfer of an item the dead copy had put down (since its login) is excused.
     pub(super) fn invariant(&self, released: &[(Uuid, DateTime<Utc>)]) -> Invariant {
         let mut checked = 0;
         let mut details = Vec::new();
@@ -114,7 +122,7 @@ impl CrashFloors {
             };
             let by_design = !next.steady
                 || released.iter().any(|(by, at)| {
-                    *by == floor.character_id && *at >= floor.crashed_at && *at <= next.at
+                    *by == floor.character_id && *at >= floor.since && *at <= next.at
                 });
             if by_design {
                 continue;
@@ -147,7 +155,8 @@ impl CrashFloors {
             .map(|f| std::mem::size_of::<Floor>() + f.what.len())
             .sum();
         let loads = self.loads.capacity() * std::mem::size_of::<((Uuid, i64), Load)>();
-        let logins = self.logins.capacity() * std::mem::size_of::<(Uuid, (i64, Place))>();
+        let logins =
+            self.logins.capacity() * std::mem::size_of::<(Uuid, (i64, Place, DateTime<Utc>))>();
         (floors + loads + logins) as u64
     }
 }

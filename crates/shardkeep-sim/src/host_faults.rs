@@ -221,7 +221,9 @@ fn record_crash_floors(world: &Arc<World>, shard: &str, crashed: Vec<(Uuid, i64)
             let Ok(Ok(Some(held))) = read else {
                 continue;
             };
-            if held.held_by != epoch {
+            // Only the copy's own dump: a checkpoint it took over at its load holds what an
+            // earlier copy wrote, which this copy may not have loaded (the row can win).
+            if held.held_by != epoch || held.snapshot.owner_epoch != epoch {
                 continue;
             }
             let place = (held.snapshot.owner_epoch, held.snapshot.issue_mark);

@@ -153,7 +153,26 @@ impl CharacterLoader {
     }
 
     /// Claims `character_id` with the directory's epoch `floor`, then loads the freshest copy.
+    ///
+    /// The claim and the checkpoint's take-over run together in a task of their own: a caller
+    /// that gives up waiting (its own timeout, a dropped connection) cannot leave a claim
+    /// committed without its take-over, which would fence the checkpoint unread and send the
+    /// next login to the older row.
     pub async fn claim_and_load(
+        &self,
+        character_id: Uuid,
+        floor: i64,
+    ) -> Result<LoadedCharacter, LoadError> {
+        let loader = self.clone();
+        let task =
+            tokio::spawn(async move { loader.claim_and_load_here(character_id, floor).await });
+        match tokio::time::timeout(self.io_timeout * 3, task).await {
+            Ok(Ok(loaded)) => loaded,
+            Ok(Err(_)) | Err(_) => Err(LoadError::Timeout(character_id)),
+        }
+    }
+
+    async fn claim_and_load_here(
         &self,
         character_id: Uuid,
         floor: i64,
@@ -247,6 +266,26 @@ impl CharacterLoader {
         handoff_token: &str,
         floor: i64,
     ) -> Result<HandoffLoad, LoadError> {
+        // As for a login: the claim and what follows it run in a task the caller cannot cancel.
+        let loader = self.clone();
+        let token = handoff_token.to_owned();
+        let character_id = carried.snapshot.character_id;
+        let task =
+            tokio::spawn(
+                async move { loader.claim_for_handoff_here(carried, &token, floor).await },
+            );
+        match tokio::time::timeout(self.io_timeout * 3, task).await {
+            Ok(Ok(loaded)) => loaded,
+            Ok(Err(_)) | Err(_) => Err(LoadError::Timeout(character_id)),
+        }
+    }
+
+    async fn claim_for_handoff_here(
+        &self,
+        carried: HandoffPayload,
+        handoff_token: &str,
+        floor: i64,
+    ) -> Result<HandoffLoad, LoadError> {
         let character_id = carried.snapshot.character_id;
         let claim = tokio::time::timeout(
             self.io_timeout,
@@ -279,20 +318,39 @@ impl CharacterLoader {
                 loaded,
             });
         }
-        let origin = ContentOrigin {
-            epoch: carried.snapshot.owner_epoch,
-            mark: carried.snapshot.issue_mark,
-            beyond_mark: Vec::new(),
+        // What landed on the row after the carried dump (an offline grant, a requeued job) is
+        // played on it, so the adopted copy holds everything up to the row's version; the
+        // result is stored as the checkpoint at that version under the destination's claim.
+        let (content, origin) = match replay_missing(
+            &self.model,
+            carried.snapshot.clone(),
+            &claimed.effects,
+            claimed.live_version,
+        ) {
+            Ok(replayed) => replayed,
+            Err(err) => {
+                tracing::warn!(event = "handoff_unmerged", character = %character_id,
+                    error = %err, "the carried content goes without what landed after its dump");
+                let origin = ContentOrigin {
+                    epoch: carried.snapshot.owner_epoch,
+                    mark: carried.snapshot.issue_mark,
+                    beyond_mark: Vec::new(),
+                };
+                (carried.snapshot, origin)
+            }
         };
-        self.keep_adopted(&carried.snapshot, claimed.new_epoch)
-            .await;
+        let kept = CharacterSnapshot {
+            state_version: claimed.row.state_version,
+            ..content.clone()
+        };
+        self.keep_adopted(&kept, claimed.new_epoch).await;
         let snapshot = CharacterSnapshot {
             state_version: claimed.row.state_version,
             owner_epoch: claimed.new_epoch,
             account_id: claimed.row.account_id,
             name: claimed.row.name,
             issue_mark: 0,
-            ..carried.snapshot
+            ..content
         };
         let loaded = self.upgraded(LoadedCharacter {
             snapshot,
@@ -339,22 +397,31 @@ impl CharacterLoader {
     /// only costs the crash-window shortening: the row is used.
     async fn take_over(&self, character_id: Uuid, claimant: i64) -> Option<HeldCheckpoint> {
         let checkpoints = self.checkpoints.as_ref()?;
-        let failed = |error: String| {
-            tracing::warn!(event = "checkpoint_read_failed", character = %character_id, error,
-                "loading from the row");
-            metrics::counter!(crate::telemetry::CHECKPOINT_READ_FAILURES_TOTAL).increment(1);
-            None
-        };
-        match tokio::time::timeout(
-            self.io_timeout,
-            checkpoints.take_over(character_id, claimant),
-        )
-        .await
-        {
-            Ok(Ok(found)) => found,
-            Ok(Err(err)) => failed(err.to_string()),
-            Err(_) => failed("timeout".into()),
+        // Tried again within the I/O bound: a take-over whose reply was lost may have raised
+        // the guard already, and loading the row then would let this copy's checkpoints bury
+        // the content the guard kept. The script is idempotent (it answers the guard it found).
+        let deadline = tokio::time::Instant::now() + self.io_timeout;
+        let mut last = String::new();
+        for _ in 0..3 {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match tokio::time::timeout(left, checkpoints.take_over(character_id, claimant)).await {
+                Ok(Ok(found)) => return found,
+                // A corrupt value is no outage: trying again finds it the same.
+                Ok(Err(err @ super::checkpoint::CheckpointError::Corrupt { .. })) => {
+                    last = err.to_string();
+                    break;
+                }
+                Ok(Err(err)) => last = err.to_string(),
+                Err(_) => {
+                    last = "timeout".into();
+                    break;
+                }
+            }
         }
+        tracing::warn!(event = "checkpoint_read_failed", character = %character_id, error = %last,
+            "loading from the row");
+        metrics::counter!(crate::telemetry::CHECKPOINT_READ_FAILURES_TOTAL).increment(1);
+        None
     }
 
     /// Stores a handoff's adopted content as the checkpoint, under the destination's claim: the
@@ -383,6 +450,62 @@ impl CharacterLoader {
             }
         }
     }
+}
+
+/// Plays on `content` (a checkpoint or a handoff's carried snapshot, dumped by the copy its
+/// `owner_epoch` names with its `issue_mark`) the job effects it does not hold: sequenced ones
+/// issued after its dump — past its mark by that copy, or by any later copy of the chain — and
+/// unsequenced ones applied past both the row's last live write and the content's own version.
+/// Only content missing effects is decoded and encoded again; one whose document cannot be read
+/// as a tree cannot take them (the error says why). Returns the content and its origin.
+fn replay_missing(
+    model: &ModelHandle,
+    mut content: CharacterSnapshot,
+    effects: &[RecordedEffect],
+    live_version: i64,
+) -> Result<(CharacterSnapshot, ContentOrigin), serde_json::Error> {
+    let mut origin = ContentOrigin {
+        epoch: content.owner_epoch,
+        mark: content.issue_mark,
+        beyond_mark: Vec::new(),
+    };
+    let holds_through = live_version.max(content.state_version);
+    // Content dumped before shardkeep's bookkeeping left the document still lists the rewards
+    // it holds: an unsequenced grant it names is not granted again.
+    let newer: Vec<&RecordedEffect> = effects
+        .iter()
+        .filter(|e| {
+            if e.issue_seq == 0 {
+                e.row_version > holds_through
+                    && !lists_legacy_reward_key(content.state.value(), &e.key)
+            } else {
+                e.owner_epoch > origin.epoch
+                    || (e.owner_epoch == origin.epoch && e.issue_seq > origin.mark)
+            }
+        })
+        .collect();
+    if newer.is_empty() {
+        return Ok((content, origin));
+    }
+    let tree = content.state.try_to_value()?;
+    let mut merged = RowState {
+        state: tree,
+        zone_ref: content.zone_ref,
+        room_ref: content.room_ref,
+        schema_version: content.schema_version,
+    };
+    for effect in newer {
+        if apply_payload(model, &mut merged, &effect.payload).is_ok() && effect.issue_seq > 0 {
+            origin
+                .beyond_mark
+                .push((effect.owner_epoch, effect.issue_seq));
+        }
+    }
+    content.state = merged.state.into();
+    content.zone_ref = merged.zone_ref;
+    content.room_ref = merged.room_ref;
+    content.schema_version = merged.schema_version;
+    Ok((content, origin))
 }
 
 /// Combines a claimed row (with its pre-claim epoch, the version of its last live write and the
@@ -439,65 +562,16 @@ pub fn choose(
                 s.zone_ref = row.zone_ref.clone();
                 s.room_ref = row.room_ref.clone();
             }
-            let mut origin = ContentOrigin {
-                epoch: s.owner_epoch,
-                mark: s.issue_mark,
-                beyond_mark: Vec::new(),
-            };
-            let holds_through = live_version.max(s.state_version);
-            // A checkpoint dumped before shardkeep's bookkeeping left the document still lists
-            // the rewards it holds: an unsequenced grant it names is not granted again.
-            let newer: Vec<&RecordedEffect> = effects
-                .iter()
-                .filter(|e| {
-                    if e.issue_seq == 0 {
-                        e.row_version > holds_through
-                            && !lists_legacy_reward_key(s.state.value(), &e.key)
-                    } else {
-                        e.owner_epoch > origin.epoch
-                            || (e.owner_epoch == origin.epoch && e.issue_seq > origin.mark)
-                    }
-                })
-                .collect();
-            // Only a checkpoint missing effects is decoded and encoded again. One whose
-            // document cannot be read as a tree cannot take them: the row, which holds them,
-            // is played instead (freshness lost, no effect).
-            let tree = if newer.is_empty() {
-                Ok(None)
-            } else {
-                s.state.try_to_value().map(Some)
-            };
-            match tree {
+            match replay_missing(model, s, &effects, live_version) {
+                Ok((mut s, origin)) => {
+                    s.account_id = row.account_id;
+                    s.name = row.name.clone();
+                    (LoadSource::Checkpoint, s, origin)
+                }
                 Err(err) => {
                     tracing::warn!(event = "checkpoint_unreadable", character = %row.character_id,
                         error = %err, "the row is loaded instead");
                     from_row()
-                }
-                Ok(tree) => {
-                    if let Some(tree) = tree {
-                        let mut merged = RowState {
-                            state: tree,
-                            zone_ref: s.zone_ref,
-                            room_ref: s.room_ref,
-                            schema_version: s.schema_version,
-                        };
-                        for effect in newer {
-                            if apply_payload(model, &mut merged, &effect.payload).is_ok()
-                                && effect.issue_seq > 0
-                            {
-                                origin
-                                    .beyond_mark
-                                    .push((effect.owner_epoch, effect.issue_seq));
-                            }
-                        }
-                        s.state = merged.state.into();
-                        s.zone_ref = merged.zone_ref;
-                        s.room_ref = merged.room_ref;
-                        s.schema_version = merged.schema_version;
-                    }
-                    s.account_id = row.account_id;
-                    s.name = row.name.clone();
-                    (LoadSource::Checkpoint, s, origin)
                 }
             }
         }

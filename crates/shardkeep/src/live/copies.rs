@@ -133,6 +133,34 @@ impl<C> Copies<C> {
         Some(f(copy))
     }
 
+    /// Runs `f` on the copy `id` when it is held and not leaving for another shard (a change
+    /// made to a leaving copy would not travel with it).
+    pub(crate) fn with_active<T>(
+        &self,
+        id: CopyId,
+        f: impl FnOnce(&mut LiveCopy<C>) -> T,
+    ) -> Option<T> {
+        self.with(id, |c| if c.leaving { None } else { Some(f(c)) })
+            .flatten()
+    }
+
+    /// Removes the copy `id` when it is held and `remove` says so.
+    pub(crate) fn remove_if(
+        &self,
+        id: CopyId,
+        remove: impl FnOnce(&LiveCopy<C>) -> bool,
+    ) -> Option<LiveCopy<C>> {
+        let mut stripe = self.stripe(id.character_id);
+        let held = stripe
+            .get(&id.character_id)
+            .is_some_and(|c| c.epoch == id.owner_epoch && remove(c));
+        if held {
+            stripe.remove(&id.character_id)
+        } else {
+            None
+        }
+    }
+
     /// The copy of `character_id` held now, whatever its epoch.
     pub(crate) fn current(&self, character_id: Uuid) -> Option<CopyId> {
         self.stripe(character_id)

@@ -17,14 +17,14 @@ use crate::saver::{SaveFeedback, SaveReason, SaverEvent};
 
 /// The saver's side of the runtime: answers go to the pulse task; presence is the registry's.
 pub(crate) struct Feedback<C> {
-    events: mpsc::Sender<SaverEvent>,
+    events: mpsc::UnboundedSender<SaverEvent>,
     copies: Arc<Copies<C>>,
     finals: Arc<Finals>,
 }
 
 impl<C> Feedback<C> {
     pub(crate) fn new(
-        events: mpsc::Sender<SaverEvent>,
+        events: mpsc::UnboundedSender<SaverEvent>,
         copies: Arc<Copies<C>>,
         finals: Arc<Finals>,
     ) -> Self {
@@ -38,10 +38,17 @@ impl<C> Feedback<C> {
 
 impl<C: Send + 'static> SaveFeedback for Feedback<C> {
     fn deliver(&self, event: SaverEvent) {
-        if let Err(err) = self.events.try_send(event) {
-            // A lost conflict or eviction repeats at the copy's next save; a lost logout answer
-            // leaves its waiter to time out (the save itself goes on).
-            tracing::warn!(event = "live_event_dropped", error = %err);
+        // A logout save that lost a version race is in nobody's hands between the saver letting
+        // go of it and the pulse merging it: marked here, at once, so no login claims the
+        // character meanwhile (its claim would fence the save out).
+        if let SaverEvent::FlushConflict { character_id, .. } = &event
+            && self.finals.held(*character_id)
+            && !self.copies.holds(*character_id)
+        {
+            self.finals.working(*character_id, true);
+        }
+        if self.events.send(event).is_err() {
+            tracing::debug!(event = "live_event_after_stop");
         }
     }
 
@@ -54,7 +61,10 @@ impl<C: Send + 'static> SaveFeedback for Feedback<C> {
 }
 
 /// Runs the pulse until the runtime stops.
-pub(crate) async fn run<G: LiveGame>(inner: Arc<Inner<G>>, mut events: mpsc::Receiver<SaverEvent>) {
+pub(crate) async fn run<G: LiveGame>(
+    inner: Arc<Inner<G>>,
+    mut events: mpsc::UnboundedReceiver<SaverEvent>,
+) {
     let mut ticker = tokio::time::interval(inner.config.cadence.pulse);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -118,9 +128,40 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
     for copy in expired {
         super::sessions::expire_link_dead(inner, copy);
     }
+    if n.is_multiple_of(periods.0) {
+        export_crash_window(inner);
+    }
     if !refreshes.is_empty() {
         super::sessions::refresh_sessions(inner, refreshes);
     }
+}
+
+/// Measures and exports the crash window (how long since each copy's last landed checkpoint and
+/// row write) once per checkpoint period, off the pulse; it also forgets the landing times of
+/// characters no longer held.
+fn export_crash_window<G: LiveGame>(inner: &Arc<Inner<G>>) {
+    if inner
+        .exporting
+        .swap(true, std::sync::atomic::Ordering::AcqRel)
+    {
+        return;
+    }
+    let residents: Vec<Uuid> = inner
+        .copies
+        .ids()
+        .into_iter()
+        .map(|c| c.character_id)
+        .collect();
+    let inner = Arc::clone(inner);
+    drop(tokio::task::spawn_blocking(move || {
+        inner
+            .saver
+            .landed()
+            .export(&inner.config.shard_id, &residents);
+        inner
+            .exporting
+            .store(false, std::sync::atomic::Ordering::Release);
+    }));
 }
 
 /// Pulses between two refreshes of a session's records: a third of their lifetime.
@@ -161,7 +202,11 @@ fn answer<G: LiveGame>(inner: &Arc<Inner<G>>, event: SaverEvent) {
             current_version, ..
         } => {
             if inner.copies.with(copy, |_| ()).is_some() {
-                super::writes::merge_and_flush(inner, copy, current_version);
+                // A copy with an item transfer in flight adopts the commit's version when the
+                // commit answers; merging now would flush it without the item at that version.
+                if !inner.transfers.busy(copy.character_id) {
+                    super::writes::merge_and_flush(inner, copy, current_version);
+                }
             } else {
                 super::writes::merge_final(inner, copy, current_version);
             }

@@ -158,9 +158,11 @@ impl Finals {
         }
     }
 
-    /// Finals still waiting for room in the saver's queue.
-    pub(crate) fn deferred(&self) -> usize {
-        self.lock().deferred.len()
+    /// Finals in the runtime's hands: waiting for room in the saver's queue, or being merged
+    /// or made a job.
+    pub(crate) fn in_hand(&self) -> usize {
+        let finals = self.lock();
+        finals.deferred.len() + finals.working.len()
     }
 }
 

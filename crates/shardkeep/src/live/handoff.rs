@@ -51,9 +51,15 @@ impl<G: LiveGame> Runtime<G> {
     ) -> Result<HandoffTicket, LiveError> {
         let inner = &self.inner;
         let scope = HandoffScope::Placement(target_shard.to_owned());
+        // An item transfer of the character in flight ends first, so the content that
+        // travels holds its outcome; one starting meanwhile finds the copy leaving.
+        inner
+            .transfers
+            .idle(copy.character_id, inner.config.transfer_budget)
+            .await;
         let taken = inner
             .copies
-            .with(copy, |c| {
+            .with_active(copy, |c| {
                 let state = inner.game.dump(&c.character).map_err(LiveError::Game)?;
                 let mut snapshot = c.snapshot(copy.character_id, state);
                 snapshot.zone_ref = destination.zone_ref.clone();
@@ -105,6 +111,9 @@ impl<G: LiveGame> Runtime<G> {
     /// session starts here.
     pub async fn arrive(&self, token: &str, start: SessionStart) -> Result<Admitted, LiveError> {
         let inner = &self.inner;
+        if inner.closing.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(LiveError::Stopped);
+        }
         let scope = [HandoffScope::Placement(inner.config.shard_id.clone())];
         let taken = tokio::time::timeout(
             inner.config.io_timeout,

@@ -77,7 +77,7 @@ impl<G: LiveGame> Runtime<G> {
     }
 
     /// `acquirer` picks up the item `item_id` that lies with `mark`; `give` puts it into a
-    /// character. A plain move gives it at once. A transfer dumps the acquirer with the item
+    /// character (it runs under the registry's lock: it must not call the runtime). A plain move gives it at once. A transfer dumps the acquirer with the item
     /// (its live copy unchanged meanwhile) and the releaser as it is now (its copy here, or its
     /// stored row when it left), commits both with an `item_transferred` audit row carrying
     /// `details`, and gives the item to the live acquirer only once committed. One transfer at
@@ -158,7 +158,7 @@ impl<G: LiveGame> Runtime<G> {
                     return Ok(PickedUp::Committed);
                 }
                 Ok(TransferCommit::AlreadyCommitted) => {
-                    self.update(acquirer, |c| give(c))?;
+                    inner.copies.with(acquirer, |c| give(&mut c.character));
                     return Ok(PickedUp::Committed);
                 }
                 Ok(TransferCommit::Rejected(reason)) => return Ok(PickedUp::GiveBack { reason }),
@@ -196,7 +196,7 @@ impl<G: LiveGame> Runtime<G> {
         let inner = &self.inner;
         let (with_item, without) = inner
             .copies
-            .with(acquirer, |c| {
+            .with_active(acquirer, |c| {
                 let mut holding = c.character.clone();
                 give(&mut holding);
                 let with_item = inner.game.dump(&holding).map_err(LiveError::Game)?;
@@ -263,7 +263,8 @@ impl<G: LiveGame> Runtime<G> {
     }
 
     /// A committed transfer: the live acquirer gets the item and, when it did not move on
-    /// since its dump, adopts its row's new version.
+    /// since its dump, adopts its row's new version. A copy evicted meanwhile is not there to
+    /// take it; the item is in its row all the same.
     fn handed_over(
         &self,
         acquirer: CopyId,
@@ -271,15 +272,13 @@ impl<G: LiveGame> Runtime<G> {
         version: i64,
         give: &impl Fn(&mut G::Character),
     ) -> Result<(), LiveError> {
-        self.inner
-            .copies
-            .with(acquirer, |c| {
-                give(&mut c.character);
-                if c.version == dumped.state_version {
-                    c.version = version;
-                }
-            })
-            .ok_or(LiveError::Gone(acquirer))
+        self.inner.copies.with(acquirer, |c| {
+            give(&mut c.character);
+            if c.version == dumped.state_version {
+                c.version = version;
+            }
+        });
+        Ok(())
     }
 }
 
@@ -324,6 +323,23 @@ impl Drop for Slot<'_> {
 }
 
 impl Transfers {
+    /// True while `character_id` takes part in a transfer here.
+    pub(crate) fn busy(&self, character_id: Uuid) -> bool {
+        self.busy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(&character_id)
+    }
+
+    /// Waits, at most `bound`, until `character_id` takes part in no transfer here (its copy may
+    /// then leave: the transfer's item is in it, or went back).
+    pub(crate) async fn idle(&self, character_id: Uuid, bound: Duration) {
+        let deadline = tokio::time::Instant::now() + bound;
+        while self.busy(character_id) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// Holds `characters` for one transfer; refused when one of them has one in flight (a dump
     /// taken meanwhile would leave that item out).
     pub(crate) fn take(&self, characters: &[Uuid]) -> Result<Slot<'_>, LiveError> {

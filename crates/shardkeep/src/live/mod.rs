@@ -235,6 +235,10 @@ pub(crate) struct Inner<G: LiveGame> {
     pub(crate) events: broadcast::Sender<LiveEvent>,
     pub(crate) cancel: CancellationToken,
     pub(crate) pulse: std::sync::atomic::AtomicU64,
+    /// A crash-window measure is running.
+    pub(crate) exporting: std::sync::atomic::AtomicBool,
+    /// A shutdown started: no copy is admitted any more.
+    pub(crate) closing: std::sync::atomic::AtomicBool,
 }
 
 /// A game's live characters on one shard. Cheap to clone; every clone is the same runtime.
@@ -294,7 +298,8 @@ impl<G: LiveGame> Runtime<G> {
         check_shard_id(&config.shard_id)?;
         config.cadence.validate(CHECKPOINT_TTL.duration())?;
         let cancel = CancellationToken::new();
-        let (events_tx, events_rx) = mpsc::channel::<SaverEvent>(65_536);
+        // Unbounded: one answer per save at most, and a lost one would strand a logout save.
+        let (events_tx, events_rx) = mpsc::unbounded_channel::<SaverEvent>();
         let copies = Arc::new(copies::Copies::default());
         let finals = Arc::new(finals::Finals::default());
         let feedback = Arc::new(driver::Feedback::new(
@@ -347,6 +352,8 @@ impl<G: LiveGame> Runtime<G> {
             events,
             cancel,
             pulse: std::sync::atomic::AtomicU64::new(0),
+            exporting: std::sync::atomic::AtomicBool::new(false),
+            closing: std::sync::atomic::AtomicBool::new(false),
         });
         let task = tokio::spawn(driver::run(Arc::clone(&inner), events_rx));
         Ok(Self {
@@ -385,7 +392,8 @@ impl<G: LiveGame> Runtime<G> {
         self.inner.copies.ids()
     }
 
-    /// Reads the live character of `copy`.
+    /// Reads the live character of `copy` (`f` runs under the registry's lock: it must not call
+    /// the runtime).
     pub fn read<T>(
         &self,
         copy: CopyId,
@@ -399,7 +407,8 @@ impl<G: LiveGame> Runtime<G> {
 
     /// Changes the live character of `copy` (play). The cadences carry the change to the
     /// stores; a change that must be durable before the player hears of it is a
-    /// [`Runtime::grant`].
+    /// [`Runtime::grant`]. A copy leaving for another shard takes no change
+    /// ([`LiveError::Gone`]). `f` runs under the registry's lock: it must not call the runtime.
     pub fn update<T>(
         &self,
         copy: CopyId,
@@ -407,7 +416,7 @@ impl<G: LiveGame> Runtime<G> {
     ) -> Result<T, LiveError> {
         self.inner
             .copies
-            .with(copy, |c| f(&mut c.character))
+            .with_active(copy, |c| f(&mut c.character))
             .ok_or(LiveError::Gone(copy))
     }
 
@@ -416,7 +425,7 @@ impl<G: LiveGame> Runtime<G> {
     pub fn set_anchor(&self, copy: CopyId, anchor: Anchor) -> Result<(), LiveError> {
         self.inner
             .copies
-            .with(copy, |c| c.anchor = anchor)
+            .with_active(copy, |c| c.anchor = anchor)
             .ok_or(LiveError::Gone(copy))
     }
 

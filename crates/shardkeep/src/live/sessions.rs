@@ -277,7 +277,14 @@ fn final_snapshot<G: LiveGame>(
 
 /// A link-dead copy's grace ran out: its final save is queued and its session's ledger goes.
 pub(crate) fn expire_link_dead<G: LiveGame>(inner: &Arc<Inner<G>>, id: CopyId) {
-    let Some(copy) = inner.copies.remove(id) else {
+    // Still link-dead and past its grace: a reconnect since the pulse looked keeps the copy.
+    let now = tokio::time::Instant::now();
+    let lapsed = |c: &LiveCopy<G::Character>| {
+        matches!(c.link, Link::LinkDead { until, .. } if until <= now)
+            && !c.leaving
+            && !inner.transfers.busy(id.character_id)
+    };
+    let Some(copy) = inner.copies.remove_if(id, lapsed) else {
         return;
     };
     tombstone(inner, id);
@@ -380,7 +387,7 @@ impl<G: LiveGame> Runtime<G> {
         start: SessionStart,
     ) -> Result<Admitted, LiveError> {
         let inner = &self.inner;
-        if inner.cancel.is_cancelled() {
+        if inner.cancel.is_cancelled() || inner.closing.load(std::sync::atomic::Ordering::Acquire) {
             return Err(LiveError::Stopped);
         }
         let token = start
@@ -424,28 +431,23 @@ impl<G: LiveGame> Runtime<G> {
         Ok(())
     }
 
-    /// Attaches session `token` to the copy of `character_id` held here, if any.
+    /// Attaches session `token` to the copy of `character_id` held here, if any. An old stream
+    /// still attached (a connection that died without a word) is journaled first, and the new
+    /// session takes its place in the character's order after that close.
     async fn resume(&self, character_id: Uuid, token: &str) -> Option<Admitted> {
         let inner = &self.inner;
         let held = inner.copies.current(character_id)?;
-        let order = new_order(held.owner_epoch);
-        let found = inner.copies.with(held, |c| {
-            if c.leaving {
-                return None;
-            }
+        let found = inner.copies.with_active(held, |c| {
             let previous = match &c.link {
-                Link::Attached(old) => Some((old.clone(), true)),
-                Link::LinkDead { token, .. } => Some((token.clone(), false)),
+                Link::Attached(old) => (old.clone(), true),
+                Link::LinkDead { token, .. } => (token.clone(), false),
             };
             c.link = Link::Attached(token.to_owned());
-            c.session_order = Some(order);
             let last = c.snapshot(character_id, Default::default());
-            Some((previous, last, c.account_id, zone_of(inner, &c.anchor)))
-        })??;
-        let (previous, last, account, zone) = found;
-        if let Some((old, true)) = &previous {
-            // The old connection died without a word: its stream closes before the new session
-            // attaches, so the cleanup takes its place in the order first.
+            (previous, last, c.account_id, zone_of(inner, &c.anchor))
+        })?;
+        let ((old, still_attached), last, account, zone) = found;
+        if still_attached {
             close_stream(
                 inner,
                 &last,
@@ -453,24 +455,24 @@ impl<G: LiveGame> Runtime<G> {
                 SessionLifecycleEffectPlan::Reconnectable,
             );
         }
+        let order = new_order(held.owner_epoch);
+        inner.copies.with(held, |c| c.session_order = Some(order));
         start_session(inner, held, account, token, zone, order);
-        let ledger = match &previous {
-            Some((old, _)) => {
-                tokio::time::timeout(inner.config.io_timeout, inner.stores.coord.resume_load(old))
-                    .await
-                    .ok()
-                    .and_then(Result::ok)
-                    .flatten()
-            }
-            None => None,
-        };
+        let ledger = tokio::time::timeout(
+            inner.config.io_timeout,
+            inner.stores.coord.resume_load(&old),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .flatten();
         Some(Admitted {
             copy: held,
             session_token: token.to_owned(),
             source: None,
             brand_new: false,
             resumed: Some(Resumed {
-                previous_session: previous.map(|(old, _)| old).unwrap_or_default(),
+                previous_session: old,
                 ledger,
             }),
         })
@@ -521,6 +523,12 @@ impl<G: LiveGame> Runtime<G> {
         if inner.copies.with(copy, |c| c.leaving) != Some(false) {
             return Err(LiveError::Gone(copy));
         }
+        // An item transfer of the character in flight ends first: its item is then in the
+        // copy (or went back), and in the final save.
+        inner
+            .transfers
+            .idle(copy.character_id, inner.config.transfer_budget)
+            .await;
         let removed = inner.copies.remove(copy).ok_or(LiveError::Gone(copy))?;
         tombstone(inner, copy);
         let snapshot = final_snapshot(inner, copy.character_id, &removed)?;
@@ -549,9 +557,14 @@ impl<G: LiveGame> Runtime<G> {
     /// written, and stops. The report says what is not durable.
     pub async fn shutdown(self, bound: Duration) -> ShutdownReport {
         let inner = &self.inner;
+        inner
+            .closing
+            .store(true, std::sync::atomic::Ordering::Release);
         let deadline = tokio::time::Instant::now() + bound;
         let mut finalized = 0;
         for copy in inner.copies.ids() {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            inner.transfers.idle(copy.character_id, left).await;
             let Some(removed) = inner.copies.remove(copy) else {
                 continue;
             };
@@ -571,16 +584,27 @@ impl<G: LiveGame> Runtime<G> {
             drop(inner.finals.push(snapshot));
             finalized += 1;
         }
-        inner.finals.offer(&inner.saver);
-        while inner.finals.deferred() > 0 && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        // Finals are offered until the saver took them all and none is being merged or made a
+        // job (a merged one is offered again), then the saver's barrier waits for their I/O;
+        // the round repeats while the barrier's answers put finals back in hand.
+        let mut saver = BarrierOutcome::TimedOut;
+        while tokio::time::Instant::now() < deadline {
             inner.finals.offer(&inner.saver);
+            if inner.finals.in_hand() > 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+            saver = inner
+                .saver
+                .barrier(deadline.saturating_duration_since(tokio::time::Instant::now()))
+                .await;
+            // The barrier's own answers (a conflict to merge) reach the pulse a moment later.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if inner.finals.in_hand() == 0 {
+                break;
+            }
         }
-        let left = inner.finals.deferred();
-        let saver = inner
-            .saver
-            .barrier(deadline.saturating_duration_since(tokio::time::Instant::now()))
-            .await;
+        let left = inner.finals.in_hand();
         let mut unsaved_finals = inner.saver.unsaved_finals();
         unsaved_finals.dropped = left;
         let unjournaled = inner.closes.settled_by(deadline).await;

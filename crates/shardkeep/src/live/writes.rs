@@ -66,7 +66,7 @@ impl<G: LiveGame> Runtime<G> {
             .map_err(LiveError::InvalidEffect)?;
         let applied = inner
             .copies
-            .with(copy, |c| {
+            .with_active(copy, |c| {
                 let mut anchor = c.anchor.clone();
                 inner
                     .game
@@ -74,7 +74,11 @@ impl<G: LiveGame> Runtime<G> {
                     .map_err(LiveError::InvalidEffect)?;
                 c.anchor = anchor;
                 c.issued += 1;
-                let state = inner.game.dump(&c.character).map_err(LiveError::Game)?;
+                // Applied and numbered already: a dump that fails now leaves the grant in the
+                // copy (the next save that can dump carries it), never to be granted again.
+                let state = inner.game.dump(&c.character).map_err(|e| {
+                    LiveError::NotDurable(format!("applied, but the copy cannot be dumped: {e}"))
+                })?;
                 let session = match &c.link {
                     super::copies::Link::Attached(token) => Some(token.clone()),
                     _ => None,
@@ -163,7 +167,7 @@ impl<G: LiveGame> Runtime<G> {
         for _ in 0..3 {
             let dump = inner
                 .copies
-                .with(copy, |c| {
+                .with_active(copy, |c| {
                     let state = inner.game.dump(&c.character).map_err(LiveError::Game)?;
                     Ok::<_, LiveError>(c.snapshot(copy.character_id, state))
                 })
@@ -282,6 +286,7 @@ pub(crate) async fn merge<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, curr
 /// goes again at the row's version — a blind rebase would overwrite an offline grant.
 pub(crate) fn merge_final<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, current: i64) {
     let Some(mut snapshot) = inner.finals.retained(copy) else {
+        inner.finals.working(copy.character_id, false);
         return;
     };
     inner.finals.working(copy.character_id, true);

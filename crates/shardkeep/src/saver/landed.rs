@@ -19,11 +19,13 @@ pub enum Tier {
     Row,
 }
 
-/// When a character's snapshots last landed, by the time each was dumped.
+/// When a character's snapshots last landed, by the time each was dumped, and the row version
+/// the last landed row write made, with the epoch of the copy that made it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Landed {
     checkpoint: Instant,
     row: Instant,
+    row_version: Option<(i64, i64)>,
 }
 
 /// The worst and p99 age over the residents, per tier.
@@ -68,6 +70,7 @@ impl LandedWrites {
             let entry = map.entry(id).or_insert(Landed {
                 checkpoint: dumped_at,
                 row: dumped_at,
+                row_version: None,
             });
             let slot = match tier {
                 Tier::Checkpoint => &mut entry.checkpoint,
@@ -75,6 +78,47 @@ impl LandedWrites {
             };
             *slot = (*slot).max(dumped_at);
         }
+    }
+
+    /// Records that a row write of `request`'s copy landed, making row version `version`.
+    pub(crate) fn row_landed(&self, request: &super::SaveRequest, version: i64) {
+        let Ok(mut map) = self.by_character.lock() else {
+            return;
+        };
+        let snapshot = &request.snapshot;
+        let at = request.dumped_at;
+        let entry = map.entry(snapshot.character_id).or_insert(Landed {
+            checkpoint: at,
+            row: at,
+            row_version: None,
+        });
+        if at >= entry.row || entry.row_version.is_none() {
+            entry.row = entry.row.max(at);
+            entry.row_version = Some((snapshot.owner_epoch, version));
+        }
+    }
+
+    /// `request`'s checkpoint raised to the row version of a landed row write of the same copy
+    /// dumped before it, when that is newer than the version it was dumped at (`None`: it
+    /// stands). A copy learns a version only once it hears its write landed; a checkpoint it
+    /// dumped after a flush's dump but before that carries newer content than the row at an
+    /// older version, and would rank below the row at the next login (freshness compares
+    /// versions within an owner): a crash would then lose what it held beyond the flush. It holds
+    /// everything that write put in the row, so it goes at the write's version.
+    pub(crate) fn raised(
+        &self,
+        request: &super::SaveRequest,
+    ) -> Option<crate::character::CharacterSnapshot> {
+        let snapshot = &request.snapshot;
+        let landed = *self.by_character.lock().ok()?.get(&snapshot.character_id)?;
+        let (epoch, version) = landed.row_version?;
+        (epoch == snapshot.owner_epoch
+            && landed.row <= request.dumped_at
+            && version > snapshot.state_version)
+            .then(|| crate::character::CharacterSnapshot {
+                state_version: version,
+                ..snapshot.clone()
+            })
     }
 
     /// Records that `id`'s state is durable as of `at`, as it is when just loaded: its ages
@@ -87,6 +131,7 @@ impl LandedWrites {
                 Landed {
                     checkpoint: at,
                     row: at,
+                    row_version: None,
                 },
             );
         }
@@ -107,6 +152,7 @@ impl LandedWrites {
             let landed = *map.entry(*id).or_insert(Landed {
                 checkpoint: now,
                 row: now,
+                row_version: None,
             });
             checkpoints.push(now.saturating_duration_since(landed.checkpoint));
             rows.push(now.saturating_duration_since(landed.row));
@@ -169,6 +215,46 @@ mod tests {
         assert_eq!(later.residents, 1);
         // Leavers are forgotten.
         assert_eq!(landed.by_character.lock().map(|m| m.len()).unwrap_or(0), 1);
+    }
+
+    fn request(epoch: i64, version: i64, at: Instant) -> crate::saver::SaveRequest {
+        crate::saver::SaveRequest {
+            reason: crate::saver::SaveReason::Checkpoint,
+            snapshot: crate::character::CharacterSnapshot {
+                character_id: Uuid::nil(),
+                account_id: Uuid::nil(),
+                name: "n".into(),
+                zone_ref: None,
+                room_ref: None,
+                state: serde_json::json!({}).into(),
+                chargen: None,
+                state_version: version,
+                owner_epoch: epoch,
+                issue_mark: 0,
+                schema_version: 1,
+            },
+            dumped_at: at,
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_dumped_after_a_landed_flush_goes_at_the_flushes_version() {
+        let landed = LandedWrites::default();
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_millis(5);
+        // The flush dumped at t0 (version 4) landed as version 5.
+        landed.row_landed(&request(3, 4, t0), 5);
+        // A checkpoint dumped at t1, before the copy heard of it, still says 4.
+        let raised = landed.raised(&request(3, 4, t1));
+        assert_eq!(raised.map(|s| s.state_version), Some(5));
+        // One dumped before the flush stands; another copy's stands; one at 5 already stands.
+        assert!(
+            landed
+                .raised(&request(3, 3, t0 - Duration::from_millis(1)))
+                .is_none()
+        );
+        assert!(landed.raised(&request(4, 4, t1)).is_none());
+        assert!(landed.raised(&request(3, 5, t1)).is_none());
     }
 
     #[test]

@@ -209,7 +209,15 @@ impl SaverWorker {
         let Some(checkpoints) = &self.checkpoints else {
             return;
         };
-        let snapshots: Vec<&CharacterSnapshot> = requests.iter().map(|r| &r.snapshot).collect();
+        // A checkpoint dumped after a landed row write of its copy, before the copy heard of it,
+        // goes at that write's version (see `LandedWrites::raised`); the rest go as dumped.
+        let raised: Vec<Option<CharacterSnapshot>> =
+            requests.iter().map(|r| self.landed.raised(r)).collect();
+        let snapshots: Vec<&CharacterSnapshot> = requests
+            .iter()
+            .zip(&raised)
+            .map(|(r, up)| up.as_ref().unwrap_or(&r.snapshot))
+            .collect();
         self.stats.checkpoint_attempted(snapshots.len() as u64);
         let started = Instant::now();
         let result =
@@ -392,10 +400,7 @@ impl SaverWorker {
 
     fn saved(&self, request: &SaveRequest, dumped_version: i64, new_version: i64) {
         self.stats.row_landed(1);
-        self.landed.record(
-            Tier::Row,
-            [(request.snapshot.character_id, request.dumped_at)],
-        );
+        self.landed.row_landed(request, new_version);
         self.feedback.deliver(SaverEvent::Saved {
             character_id: request.snapshot.character_id,
             owner_epoch: request.snapshot.owner_epoch,

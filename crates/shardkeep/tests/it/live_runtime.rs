@@ -627,3 +627,154 @@ async fn what_a_crashed_copy_put_down_is_not_picked_up_as_a_second_copy(pool: Pg
         a.workers.shutdown(Duration::from_secs(5)).await;
     }
 }
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn an_offline_grant_that_lands_before_a_handoff_is_arrived_with(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let a = Live::on(&d, &redis, "shard-a").await;
+        let b = Live::on(&d, &redis, "shard-b").await;
+        let (id, copy) = a.player("Fenn").await;
+        set(copy, &a.runtime, "experience", 4);
+        // The gift lands on the row; the copy has not written since, so it does not hold it.
+        a.runtime
+            .grant_offline(id, "gift-9", coins(30))
+            .await
+            .unwrap();
+        a.row_reaches(id, "currency", 30).await;
+        let ticket = a
+            .runtime
+            .hand_off(copy, "shard-b", anchor("zone-1"))
+            .await
+            .unwrap();
+        let arrived = b
+            .runtime
+            .arrive(&ticket.token, SessionStart::default())
+            .await
+            .unwrap();
+        let (currency, experience) = b
+            .runtime
+            .read(arrived.copy, |s| {
+                (s.get("currency").cloned(), s.get("experience").cloned())
+            })
+            .unwrap();
+        assert_eq!(
+            currency,
+            Some(30.into()),
+            "{}: the gift came along",
+            d.name()
+        );
+        assert_eq!(
+            experience,
+            Some(4.into()),
+            "{}: the carried content too",
+            d.name()
+        );
+        assert!(matches!(
+            b.runtime.logout(arrived.copy).await.unwrap(),
+            FinalSave::Saved { .. }
+        ));
+        assert_eq!(b.row(id).await["currency"], 30, "{}", d.name());
+        a.stop().await;
+        b.stop().await;
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_logout_waits_for_a_pickup_in_flight_and_saves_its_item(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let live = Live::on(&d, &redis, "shard-a").await;
+        let rt = live.runtime.clone();
+        let horn = Uuid::now_v7();
+        let (_, gail) = live.player("Gail").await;
+        let (hale_id, hale) = live.player("Hale").await;
+        rt.update(gail, holding(&[horn])).unwrap();
+        rt.save_now(gail).await.unwrap();
+        rt.update(gail, without(horn)).unwrap();
+        let mark = rt.release(gail).unwrap();
+        let picking = {
+            let rt = rt.clone();
+            tokio::spawn(async move {
+                rt.pick_up(hale, horn, Some(mark), Value::Null, holding(&[horn]))
+                    .await
+            })
+        };
+        tokio::task::yield_now().await;
+        let bye = rt.logout(hale).await;
+        let picked = picking.await.unwrap();
+        match (picked, bye) {
+            (Ok(shardkeep::live::PickedUp::Committed), Ok(FinalSave::Saved { .. })) => {
+                assert!(holds(&live.row(hale_id).await, horn), "{}", d.name());
+            }
+            // The logout came first: the pickup found the copy gone, nothing moved.
+            (Err(LiveError::Gone(_)), Ok(FinalSave::Saved { .. })) => {
+                assert!(!holds(&live.row(hale_id).await, horn), "{}", d.name());
+            }
+            other => panic!("{}: {other:?}", d.name()),
+        }
+        live.stop().await;
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_reconnect_over_a_dead_connection_keeps_the_new_sessions_presence(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let live = Live::on(&d, &redis, "shard-a").await;
+        let id = live
+            .runtime
+            .create("Iona", Uuid::now_v7(), anchor("zone-0"))
+            .await
+            .unwrap();
+        let first = live
+            .runtime
+            .login(id, SessionStart::default())
+            .await
+            .unwrap();
+        // The connection died without a word; the player logs in again on the same shard.
+        let second = live
+            .runtime
+            .login(id, SessionStart::default())
+            .await
+            .unwrap();
+        assert_eq!(second.copy, first.copy);
+        // The old stream's cleanup is older than the new session: once the journal has run it,
+        // presence still names the new session.
+        let journal = live.services.journal.queue();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let depths = journal.depths().await.unwrap();
+            let presence = live
+                .services
+                .coord
+                .presence_by_character(&id.to_string())
+                .await
+                .unwrap();
+            if depths.pending + depths.processing == 0
+                && presence.as_ref().map(|p| p.session_token.as_str())
+                    == Some(second.session_token.as_str())
+            {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{}: presence {presence:?}, depths {depths:?}",
+                d.name()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // And it stays so: a refresh under the new session's place is not refused as stale.
+        let check = live
+            .services
+            .coord
+            .session_order_mark(&id.to_string())
+            .await
+            .unwrap();
+        assert!(check.is_some(), "{}", d.name());
+        live.stop().await;
+    }
+}
