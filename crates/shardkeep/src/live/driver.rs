@@ -67,11 +67,12 @@ pub(crate) async fn run<G: LiveGame>(
 ) {
     let mut ticker = tokio::time::interval(inner.config.cadence.pulse);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let own_pulse = inner.config.own_pulse;
     loop {
         tokio::select! {
             () = inner.cancel.cancelled() => return,
             Some(event) = events.recv() => answer(&inner, event),
-            _ = ticker.tick() => pulse(&inner),
+            _ = ticker.tick(), if own_pulse => pulse(&inner),
         }
     }
 }
@@ -245,14 +246,12 @@ pub(crate) fn evict<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, cause: Evi
     tracing::warn!(event = "zombie_evicted", character = %copy.character_id,
         epoch = copy.owner_epoch, ?cause, "another copy owns the character");
     let last_known: CharacterSnapshot = removed.snapshot(copy.character_id, Default::default());
-    {
-        let token = removed.link.token();
-        super::sessions::close_stream(
-            inner,
-            &last_known,
-            token.to_owned(),
-            SessionLifecycleEffectPlan::PermanentRemoval,
-        );
-    }
+    super::sessions::close_stream(
+        inner,
+        &last_known,
+        removed.link.token().to_owned(),
+        SessionLifecycleEffectPlan::PermanentRemoval,
+    );
+    inner.game.evicted(copy, removed.character);
     let _ = inner.events.send(LiveEvent::Evicted { copy, cause });
 }

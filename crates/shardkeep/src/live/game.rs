@@ -38,6 +38,14 @@ pub trait LiveGame: Send + Sync + 'static {
 
     /// A new character's state, for [`crate::live::Runtime::create`].
     fn fresh(&self) -> Self::Character;
+
+    /// A copy was evicted (another copy owns the character): its character leaves the world
+    /// without a save. A game whose items have identity records what it held as destroyed here
+    /// (the live owner's copies of them live on there). Runs on the runtime's pulse: it must
+    /// not block or call the runtime.
+    fn evicted(&self, copy: super::CopyId, character: Self::Character) {
+        let _ = (copy, character);
+    }
 }
 
 /// A game that plays its stored document: the runtime holds `M::State` and applies effects with

@@ -167,6 +167,7 @@ impl<G: LiveGame> Runtime<G> {
             source: Some(loaded.source),
             brand_new: loaded.brand_new,
             resumed: None,
+            origin: Some(loaded.origin.clone()),
         })
     }
 }

@@ -72,6 +72,10 @@ pub struct LiveConfig {
     pub shard_id: String,
     /// The save cadences.
     pub cadence: Cadence,
+    /// True (the default): the runtime pulses on a timer of its own. A game with a tick of its
+    /// own (a zone's pulse) sets it false and calls [`Runtime::pulse`] from that tick, so its
+    /// saves stay in step with its simulation (and its tests can step them).
+    pub own_pulse: bool,
     /// The saver's tunables.
     pub saver: SaverConfig,
     /// Lifetime of a session's marker and presence record; refreshed every third of it while
@@ -100,6 +104,7 @@ impl LiveConfig {
         Self {
             shard_id: shard_id.to_owned(),
             cadence: Cadence::default(),
+            own_pulse: true,
             saver: SaverConfig::default(),
             session_ttl: Ttl::from_static_secs(120),
             link_dead_for: Duration::from_secs(120),
@@ -375,6 +380,14 @@ impl<G: LiveGame> Runtime<G> {
     /// The saver (its counters and crash-window measures).
     pub fn saver(&self) -> &Saver {
         &self.inner.saver
+    }
+
+    /// Runs one pulse now: deferred logout saves offered, the copies due on the cadences dumped
+    /// and queued, link-dead graces checked, session records refreshed. Never waits on I/O. A
+    /// runtime started with `own_pulse` does this on its own timer; one without waits for the
+    /// game's tick to call it.
+    pub fn pulse(&self) {
+        driver::pulse(&self.inner);
     }
 
     /// What the runtime tells the game: evictions, link-dead logouts.

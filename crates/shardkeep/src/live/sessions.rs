@@ -40,6 +40,9 @@ pub struct Admitted {
     pub brand_new: bool,
     /// Set when an existing copy was resumed: the closed session it takes over.
     pub resumed: Option<Resumed>,
+    /// Which copy's dump the loaded content is, and which of its issued writes it holds
+    /// (`None` for a resume, which loads nothing): checks and diagnostics read it.
+    pub origin: Option<crate::character::ContentOrigin>,
 }
 
 /// A reconnect to a copy still held here.
@@ -415,6 +418,7 @@ impl<G: LiveGame> Runtime<G> {
             source: Some(loaded.source),
             brand_new: loaded.brand_new,
             resumed: None,
+            origin: Some(loaded.origin.clone()),
         })
     }
 
@@ -475,6 +479,7 @@ impl<G: LiveGame> Runtime<G> {
                 previous_session: old,
                 ledger,
             }),
+            origin: None,
         })
     }
 

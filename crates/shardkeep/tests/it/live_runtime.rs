@@ -778,3 +778,37 @@ async fn a_reconnect_over_a_dead_connection_keeps_the_new_sessions_presence(pool
         live.stop().await;
     }
 }
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_runtime_on_the_games_tick_saves_only_when_the_game_pulses(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let mut config = LiveConfig::new("shard-a");
+        config.own_pulse = false;
+        let live = Live::with(&d, &redis, config).await;
+        let (id, copy) = live.player("Jory").await;
+        set(copy, &live.runtime, "experience", 77);
+        let checkpoints = d.checkpoints(&redis);
+        let held = |c: Option<shardkeep::character::CharacterSnapshot>| {
+            c.and_then(|s| s.state.value().get("experience").and_then(Value::as_i64))
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            held(checkpoints.read(id).await.unwrap()),
+            None,
+            "{}",
+            d.name()
+        );
+        // Checkpoints come every 5 pulses: 6 pulses reach every copy's place.
+        for _ in 0..6 {
+            live.runtime.pulse();
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while held(checkpoints.read(id).await.unwrap()) != Some(77) {
+            assert!(tokio::time::Instant::now() < deadline, "{}", d.name());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        live.stop().await;
+    }
+}
