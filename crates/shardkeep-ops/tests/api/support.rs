@@ -334,7 +334,7 @@ fn location_job() -> PersistenceRetryJob {
         .unwrap(),
         IdempotencyEnvelope {
             idempotency_key: Uuid::now_v7().to_string(),
-            owner_epoch: 0,
+            owner_epoch: shardkeep::retry::OFFLINE_EPOCH,
             origin: Origin::SessionCleanup,
             issued_at: Utc::now(),
             issue_seq: 0,

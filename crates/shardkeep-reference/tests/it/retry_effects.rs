@@ -29,9 +29,10 @@ async fn each_payload_kind_on(d: &shardkeep_testkit::JobDriver) {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let (queue, signals) = d.queue(64, Arc::clone(&clock));
     let id = d.character("A").await;
+    // Effects no copy applied: offline grants (a copy's own are numbered).
     let envelope = |key: &str, origin| IdempotencyEnvelope {
         idempotency_key: key.into(),
-        owner_epoch: 0,
+        owner_epoch: shardkeep::retry::OFFLINE_EPOCH,
         origin,
         issued_at: Utc::now(),
         issue_seq: 0,

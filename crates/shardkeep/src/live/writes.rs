@@ -17,9 +17,7 @@ use crate::retry::apply::RecordedEffect;
 use crate::retry::{IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload};
 use crate::saver::SaveReason;
 
-/// The epoch an offline grant is issued under: no copy issued it, so no claim supersedes it —
-/// it applies to whichever copy owns the character when it lands, and a live copy merges it.
-pub const OFFLINE_EPOCH: i64 = i64::MAX;
+pub use crate::retry::OFFLINE_EPOCH;
 
 /// How a grant was made durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,6 +10,11 @@ use super::policy::{Origin, SessionImpact, session_impact};
 /// Longest idempotency key, source label or token accepted.
 pub const MAX_LABEL_BYTES: usize = 256;
 
+/// The epoch an offline grant is issued under: no copy issued it, so no claim supersedes it —
+/// it applies to whichever copy owns the character when it lands, and a live copy merges it.
+/// A game effect issued by a copy carries that copy's epoch and its issue number instead.
+pub const OFFLINE_EPOCH: i64 = i64::MAX;
+
 /// Who issued a write, and the key that makes applying it twice harmless.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdempotencyEnvelope {
@@ -71,6 +76,20 @@ impl PersistenceRetryJob {
         }
         if envelope.owner_epoch < 0 {
             return Err(InvalidJob("owner epoch must not be negative".into()));
+        }
+        if payload.core().is_none()
+            && envelope.issue_seq == 0
+            && envelope.owner_epoch != OFFLINE_EPOCH
+        {
+            // A copy applies its effects live: unnumbered, the job would be replayed over a
+            // checkpoint that already holds it (granted twice after a crash).
+            return Err(InvalidJob(format!(
+                "a game effect issued by the copy at epoch {} needs its issue number \
+                 (issue_seq, from the copy's issue sequence: Runtime::grant numbers it); \
+                 an effect no copy applied is an offline grant (owner epoch OFFLINE_EPOCH: \
+                 Runtime::grant_offline)",
+                envelope.owner_epoch
+            )));
         }
         if session_token
             .as_deref()
@@ -259,6 +278,42 @@ mod tests {
                 Some(String::new())
             )
             .is_err()
+        );
+    }
+
+    #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+    #[serde(tag = "kind", rename_all = "snake_case")]
+    enum Coins {
+        Coins { amount: i64 },
+    }
+
+    impl crate::model::GameEffect for Coins {
+        fn kind(&self) -> &'static str {
+            "coins"
+        }
+
+        fn sets_value(&self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn an_unnumbered_effect_from_a_copy_is_refused_and_an_offline_grant_is_not() {
+        let effect =
+            || PersistenceRetryPayload::effect(Uuid::nil(), &Coins::Coins { amount: 40 }).unwrap();
+        let refused =
+            PersistenceRetryJob::new(effect(), envelope(Origin::CombatRewards), "x", None)
+                .unwrap_err();
+        assert!(refused.0.contains("issue number"), "{refused}");
+        let mut numbered = envelope(Origin::CombatRewards);
+        numbered.issue_seq = 7;
+        assert!(PersistenceRetryJob::new(effect(), numbered, "x", None).is_ok());
+        let mut offline = envelope(Origin::CombatRewards);
+        offline.owner_epoch = OFFLINE_EPOCH;
+        assert!(PersistenceRetryJob::new(effect(), offline, "x", None).is_ok());
+        // A core write (a state dump, an activation) is no effect applied live.
+        assert!(
+            PersistenceRetryJob::new(state(), envelope(Origin::GameplayState), "x", None).is_ok()
         );
     }
 }

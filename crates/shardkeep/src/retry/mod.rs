@@ -55,7 +55,7 @@ pub use backoff::Backoff;
 pub use dead_letters::{
     DeadLetterDetail, DeadLetterInspection, DeadLetterSummary, MAX_INSPECT_LIMIT,
 };
-pub use job::{IdempotencyEnvelope, InvalidJob, PersistenceRetryJob};
+pub use job::{IdempotencyEnvelope, InvalidJob, OFFLINE_EPOCH, PersistenceRetryJob};
 pub use payload::{CoreWrite, PersistenceRetryPayload};
 pub use policy::{Origin, SessionImpact, session_impact};
 pub use settle::{DEFERRED_FOR, JobOutcome};

@@ -180,7 +180,7 @@ async fn old_documents_carry_their_bookkeeping_forward(pool: PgPool) {
             .unwrap(),
             IdempotencyEnvelope {
                 idempotency_key: key.into(),
-                owner_epoch: 3,
+                owner_epoch: shardkeep::retry::OFFLINE_EPOCH,
                 origin: Origin::CombatRewards,
                 issued_at: chrono::Utc::now(),
                 issue_seq: 0,

@@ -52,12 +52,17 @@ pub(crate) fn reward(
             },
         )
         .unwrap(),
+        // Epoch 0 stands for no copy: an offline grant. A copy's grant is numbered.
         IdempotencyEnvelope {
             idempotency_key: key.into(),
-            owner_epoch: epoch,
+            owner_epoch: if epoch == 0 {
+                shardkeep::retry::OFFLINE_EPOCH
+            } else {
+                epoch
+            },
             origin: Origin::CombatRewards,
             issued_at: Utc::now(),
-            issue_seq: 0,
+            issue_seq: u64::from(epoch != 0),
         },
         "combat",
         Some("session-1".into()),
@@ -429,10 +434,11 @@ async fn a_requeue_that_a_newer_owner_would_supersede_is_refused_with_its_reason
         config.retry_limit = 1;
         let mut worker = d.worker(signals, config, clock);
         let id = d.character("Aria").await;
-        // A reward of the copy at epoch 0 that fails (the row is not a ledger document).
+        // A reward of the copy at epoch 1 that fails (the row is not a ledger document).
+        d.characters().claim(id, 0).await.unwrap();
         d.set_state(id, serde_json::json!({ "experience": "lots" }))
             .await;
-        queue.enqueue(&reward(id, "r", 0, 5)).await.unwrap();
+        queue.enqueue(&reward(id, "r", 1, 5)).await.unwrap();
         worker.run_until_idle().await.unwrap();
         let letter = queue
             .dead_letters_inspect(10)
@@ -448,8 +454,8 @@ async fn a_requeue_that_a_newer_owner_would_supersede_is_refused_with_its_reason
                 .await
                 .unwrap(),
             RequeueOutcome::Superseded {
-                job_epoch: 0,
-                owner_epoch: 1
+                job_epoch: 1,
+                owner_epoch: 2
             },
             "{}",
             d.name()

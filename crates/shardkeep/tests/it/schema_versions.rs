@@ -284,7 +284,7 @@ async fn retry_jobs_by_model_on(d: &JobDriver) {
     };
     let envelope = |key: &str| IdempotencyEnvelope {
         idempotency_key: key.into(),
-        owner_epoch: 0,
+        owner_epoch: shardkeep::retry::OFFLINE_EPOCH,
         origin: Origin::CombatRewards,
         issued_at: chrono::Utc::now(),
         issue_seq: 0,
