@@ -508,6 +508,21 @@ fn replay_missing(
     Ok((content, origin))
 }
 
+/// True when `checkpoint`, held by the row's owner, was dumped by the copy whose content the row
+/// holds after that content (a higher issue mark): its copy checkpointed while its older flush
+/// was still on its way, and the flush landed at a version past the checkpoint's. Versions
+/// cannot order the two (both were dumped at the version the copy knew); the copy's issue
+/// sequence does, and the checkpoint's newer content must not lose to the row.
+fn dumped_after_the_rows_content(
+    checkpoint: &HeldCheckpoint,
+    row_owner: i64,
+    row_content: crate::character::IssueMark,
+) -> bool {
+    checkpoint.held_by == row_owner
+        && checkpoint.snapshot.owner_epoch == row_content.epoch
+        && checkpoint.snapshot.issue_mark > row_content.seq
+}
+
 /// Combines a claimed row (with its pre-claim epoch, the version of its last live write and the
 /// job effects applied since its content was dumped) and an optional checkpoint (with its guard
 /// epoch) into the snapshot a session starts from. Identity always comes from the row; so does
@@ -538,6 +553,13 @@ pub fn choose(
                 live_version,
                 (c.held_by, c.snapshot.state_version),
             );
+            let which = if which == Freshest::Row
+                && dumped_after_the_rows_content(&c, row.owner_epoch, content_mark)
+            {
+                Freshest::Checkpoint
+            } else {
+                which
+            };
             (which, c.snapshot)
         });
     // The row holds its last live writer's dump, then every job applied since.
@@ -627,6 +649,35 @@ mod tests {
             effects: Vec::new(),
             row,
         }
+    }
+
+    /// Copy 3 dumped a flush (mark 2) at version 7, then a checkpoint (mark 3) at version 7;
+    /// the flush landed as version 8 after the checkpoint was written, and the copy died.
+    #[test]
+    fn a_checkpoint_dumped_after_the_rows_content_wins_over_its_later_landing() {
+        let mut row = snap(3, 8, Some("a"), "flush");
+        row.issue_mark = 2;
+        let mut checkpoint = snap(3, 7, Some("a"), "ckpt");
+        checkpoint.issue_mark = 3;
+        let model = crate::model::test_model::handle();
+        let loaded = choose(&model, claimed(row.clone(), 8, 4), held(checkpoint.clone()));
+        assert_eq!(loaded.source, LoadSource::Checkpoint);
+        assert_eq!(loaded.snapshot.state["marker"], "ckpt");
+        assert_eq!((loaded.origin.epoch, loaded.origin.mark), (3, 3));
+        // Dumped before the flush (a lower mark), or by another copy: versions decide.
+        checkpoint.issue_mark = 1;
+        let loaded = choose(&model, claimed(row.clone(), 8, 4), held(checkpoint.clone()));
+        assert_eq!(loaded.source, LoadSource::Row);
+        checkpoint.issue_mark = 3;
+        checkpoint.owner_epoch = 2;
+        let fenced = Some(HeldCheckpoint {
+            held_by: 2,
+            snapshot: checkpoint,
+        });
+        assert_eq!(
+            choose(&model, claimed(row, 8, 4), fenced).source,
+            LoadSource::Row
+        );
     }
 
     #[test]

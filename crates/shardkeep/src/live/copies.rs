@@ -62,7 +62,9 @@ pub(crate) struct LiveCopy<C> {
     /// The row version the copy's content is based on: every write that landed up to it is in
     /// the copy (its own, or merged from the row).
     pub(crate) version: i64,
-    /// The copy's issue sequence: live grants up to it are in `character`.
+    /// The copy's issue sequence: live grants up to it are in `character`. Every dump takes a
+    /// number of it too, so two dumps of one copy are ordered by their marks (a checkpoint
+    /// dumped after a flush holds a higher mark than the flush, whichever lands first).
     pub(crate) issued: u64,
     pub(crate) anchor: Anchor,
     pub(crate) chargen: Option<serde_json::Value>,
@@ -84,7 +86,15 @@ impl<C> LiveCopy<C> {
         }
     }
 
-    /// The snapshot of this copy with `state` as its document.
+    /// A dump of this copy with `state` as its document: it takes the next number of the copy's
+    /// issue sequence as its mark.
+    pub(crate) fn dump(&mut self, character_id: Uuid, state: StateJson) -> CharacterSnapshot {
+        self.issued += 1;
+        self.snapshot(character_id, state)
+    }
+
+    /// The snapshot of this copy with `state` as its document, at the copy's current mark (what
+    /// it last knew; a dump to be written takes a number with [`LiveCopy::dump`]).
     pub(crate) fn snapshot(&self, character_id: Uuid, state: StateJson) -> CharacterSnapshot {
         CharacterSnapshot {
             character_id,

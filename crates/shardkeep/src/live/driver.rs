@@ -111,7 +111,7 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
         };
         match inner.game.dump(&copy.character) {
             Ok(state) => {
-                let snapshot = copy.snapshot(id, state);
+                let snapshot = copy.dump(id, state);
                 match reason {
                     SaveReason::Checkpoint => checkpoints.push(snapshot),
                     _ => flushes.push(snapshot),

@@ -61,7 +61,7 @@ impl<G: LiveGame> Runtime<G> {
             .copies
             .with_active(copy, |c| {
                 let state = inner.game.dump(&c.character).map_err(LiveError::Game)?;
-                let mut snapshot = c.snapshot(copy.character_id, state);
+                let mut snapshot = c.dump(copy.character_id, state);
                 snapshot.zone_ref = destination.zone_ref.clone();
                 snapshot.room_ref = destination.room_ref.clone();
                 c.leaving = true;

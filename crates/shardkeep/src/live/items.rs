@@ -201,10 +201,9 @@ impl<G: LiveGame> Runtime<G> {
                 give(&mut holding);
                 let with_item = inner.game.dump(&holding).map_err(LiveError::Game)?;
                 let without = inner.game.dump(&c.character).map_err(LiveError::Game)?;
-                Ok::<_, LiveError>((
-                    c.snapshot(acquirer.character_id, with_item),
-                    c.snapshot(acquirer.character_id, without),
-                ))
+                // One dump, two outcomes: both at its mark.
+                let with_item = c.dump(acquirer.character_id, with_item);
+                Ok::<_, LiveError>((with_item, c.snapshot(acquirer.character_id, without)))
             })
             .ok_or(LiveError::Gone(acquirer))??;
         if mark.by == acquirer.character_id {
@@ -218,7 +217,7 @@ impl<G: LiveGame> Runtime<G> {
                         return None;
                     }
                     let state = inner.game.dump(&c.character).ok()?;
-                    Some(c.snapshot(mark.by, state))
+                    Some(c.dump(mark.by, state))
                 })
                 .flatten()
         });

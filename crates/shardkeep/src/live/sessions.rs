@@ -272,10 +272,10 @@ fn new_order(epoch: i64) -> SessionOrder {
 fn final_snapshot<G: LiveGame>(
     inner: &Inner<G>,
     character_id: Uuid,
-    copy: &LiveCopy<G::Character>,
+    copy: &mut LiveCopy<G::Character>,
 ) -> Result<CharacterSnapshot, LiveError> {
     let state = inner.game.dump(&copy.character).map_err(LiveError::Game)?;
-    Ok(copy.snapshot(character_id, state))
+    Ok(copy.dump(character_id, state))
 }
 
 /// A link-dead copy's grace ran out: its final save is queued and its session's ledger goes.
@@ -287,11 +287,11 @@ pub(crate) fn expire_link_dead<G: LiveGame>(inner: &Arc<Inner<G>>, id: CopyId) {
             && !c.leaving
             && !inner.transfers.busy(id.character_id)
     };
-    let Some(copy) = inner.copies.remove_if(id, lapsed) else {
+    let Some(mut copy) = inner.copies.remove_if(id, lapsed) else {
         return;
     };
     tombstone(inner, id);
-    match final_snapshot(inner, id.character_id, &copy) {
+    match final_snapshot(inner, id.character_id, &mut copy) {
         Ok(snapshot) => {
             if let Link::LinkDead { token, .. } = &copy.link {
                 close_stream(
@@ -502,7 +502,7 @@ impl<G: LiveGame> Runtime<G> {
                     until,
                 };
                 let state = inner.game.dump(&c.character).ok()?;
-                Some((token, c.snapshot(copy.character_id, state)))
+                Some((token, c.dump(copy.character_id, state)))
             })
             .ok_or(LiveError::Gone(copy))?;
         if let Some((token, snapshot)) = closed {
@@ -534,9 +534,9 @@ impl<G: LiveGame> Runtime<G> {
             .transfers
             .idle(copy.character_id, inner.config.transfer_budget)
             .await;
-        let removed = inner.copies.remove(copy).ok_or(LiveError::Gone(copy))?;
+        let mut removed = inner.copies.remove(copy).ok_or(LiveError::Gone(copy))?;
         tombstone(inner, copy);
-        let snapshot = final_snapshot(inner, copy.character_id, &removed)?;
+        let snapshot = final_snapshot(inner, copy.character_id, &mut removed)?;
         {
             let token = removed.link.token();
             close_stream(
@@ -570,11 +570,11 @@ impl<G: LiveGame> Runtime<G> {
         for copy in inner.copies.ids() {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             inner.transfers.idle(copy.character_id, left).await;
-            let Some(removed) = inner.copies.remove(copy) else {
+            let Some(mut removed) = inner.copies.remove(copy) else {
                 continue;
             };
             tombstone(inner, copy);
-            let Ok(snapshot) = final_snapshot(inner, copy.character_id, &removed) else {
+            let Ok(snapshot) = final_snapshot(inner, copy.character_id, &mut removed) else {
                 continue;
             };
             {

@@ -72,6 +72,7 @@ impl<G: LiveGame> Runtime<G> {
                     .map_err(LiveError::InvalidEffect)?;
                 c.anchor = anchor;
                 c.issued += 1;
+                let seq = c.issued;
                 // Applied and numbered already: a dump that fails now leaves the grant in the
                 // copy (the next save that can dump carries it), never to be granted again.
                 let state = inner.game.dump(&c.character).map_err(|e| {
@@ -81,7 +82,7 @@ impl<G: LiveGame> Runtime<G> {
                     super::copies::Link::Attached(token) => Some(token.clone()),
                     _ => None,
                 };
-                Ok::<_, LiveError>((c.snapshot(copy.character_id, state), c.issued, session))
+                Ok::<_, LiveError>((c.dump(copy.character_id, state), seq, session))
             })
             .ok_or(LiveError::Gone(copy))??;
         let (dump, seq, session) = applied;
@@ -167,7 +168,7 @@ impl<G: LiveGame> Runtime<G> {
                 .copies
                 .with_active(copy, |c| {
                     let state = inner.game.dump(&c.character).map_err(LiveError::Game)?;
-                    Ok::<_, LiveError>(c.snapshot(copy.character_id, state))
+                    Ok::<_, LiveError>(c.dump(copy.character_id, state))
                 })
                 .ok_or(LiveError::Gone(copy))??;
             let saved =
@@ -362,7 +363,7 @@ pub(crate) fn merge_and_flush<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, 
                 return None;
             }
             let state = inner.game.dump(&c.character).ok()?;
-            Some(c.snapshot(copy.character_id, state))
+            Some(c.dump(copy.character_id, state))
         });
         if let Some(Some(dump)) = dump {
             inner.saver.enqueue(SaveReason::Flush, dump);

@@ -35,7 +35,7 @@ use crate::model::ModelHandle;
 const PENDING_FOR_CHARACTER: &str = "
 SELECT retry_job_id, job_kind, character_id, realm_id, zone_id, payload, session_token,
        session_impact, source, idempotency_key, owner_epoch, origin, issued_at, issue_seq,
-       attempt_count, next_attempt_at, created_at, lease_expiries, false AS lease_expired
+       dumped_at_version, attempt_count, next_attempt_at, created_at, lease_expiries, false AS lease_expired
   FROM persistence_retry_jobs
  WHERE character_id = $1
  ORDER BY retry_job_id

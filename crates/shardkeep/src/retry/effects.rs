@@ -81,6 +81,44 @@ pub(crate) async fn sequenced(
     Ok(by_character)
 }
 
+/// The effects recorded for each of `characters` at a row version past the one given with it,
+/// oldest first (the first [`MAX_EFFECTS_READ`] of each): what a state job's dump made at that
+/// version may not hold. One whose payload no longer decodes is left out.
+pub(crate) async fn recorded_after(
+    conn: &mut sqlx::PgConnection,
+    characters: &[(Uuid, i64)],
+) -> Result<HashMap<Uuid, Vec<RecordedEffect>>, sqlx::Error> {
+    if characters.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let (ids, versions): (Vec<Uuid>, Vec<i64>) = characters.iter().copied().unzip();
+    let rows: Vec<EffectRow> = sqlx::query_as(
+        "SELECT e.character_id, e.idempotency_key, e.owner_epoch, e.issue_seq, e.row_version,
+                e.payload
+           FROM UNNEST($1::uuid[], $2::int8[]) AS c(id, after)
+           CROSS JOIN LATERAL (
+               SELECT * FROM character_job_effects e
+                WHERE e.character_id = c.id AND e.row_version > c.after
+                  AND e.payload IS NOT NULL
+                ORDER BY e.row_version, e.applied_order
+                LIMIT $3
+           ) e
+          ORDER BY e.character_id, e.row_version, e.applied_order",
+    )
+    .bind(&ids)
+    .bind(&versions)
+    .bind(MAX_EFFECTS_READ)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut by_character: HashMap<Uuid, Vec<RecordedEffect>> = HashMap::new();
+    for row in rows {
+        if let Some((character_id, effect)) = decode(row) {
+            by_character.entry(character_id).or_default().push(effect);
+        }
+    }
+    Ok(by_character)
+}
+
 /// One recorded row as an effect, when its payload decodes.
 pub(crate) fn decode(row: EffectRow) -> Option<(Uuid, RecordedEffect)> {
     let (character_id, key, owner_epoch, issue_seq, row_version, payload) = row;

@@ -47,6 +47,7 @@ pub struct PersistenceRetryJob {
     source: String,
     realm_id: Option<String>,
     envelope: IdempotencyEnvelope,
+    dumped_at_version: Option<i64>,
 }
 
 /// A job could not be built; nothing was queued.
@@ -107,7 +108,19 @@ impl PersistenceRetryJob {
             source: source.to_owned(),
             realm_id: None,
             envelope,
+            dumped_at_version: None,
         })
+    }
+
+    /// The same state job, marked with the row version its dump was made at (the copy's last
+    /// known version). Its settle then plays on the dump every effect the row took after that
+    /// version and the dump does not hold — an offline grant that landed while the job waited —
+    /// instead of writing over it. Ignored for any other job.
+    pub fn dumped_at(mut self, row_version: i64) -> Self {
+        if self.payload.is_state() {
+            self.dumped_at_version = Some(row_version);
+        }
+        self
     }
 
     /// The same job tagged with a realm.
@@ -157,6 +170,7 @@ impl PersistenceRetryJob {
                 issue_seq: u64::try_from(stored.issue_seq)
                     .map_err(|_| format!("issue_seq {} is negative", stored.issue_seq))?,
             },
+            dumped_at_version: stored.dumped_at_version,
         })
     }
 
@@ -194,6 +208,12 @@ impl PersistenceRetryJob {
     pub fn envelope(&self) -> &IdempotencyEnvelope {
         &self.envelope
     }
+
+    /// For a state job marked with [`PersistenceRetryJob::dumped_at`], the row version its dump
+    /// was made at.
+    pub fn dumped_at_version(&self) -> Option<i64> {
+        self.dumped_at_version
+    }
 }
 
 /// A job row as stored (columns of `persistence_retry_jobs` or a dead letter).
@@ -213,6 +233,7 @@ pub(crate) struct StoredJob {
     pub(crate) origin: String,
     pub(crate) issued_at: DateTime<Utc>,
     pub(crate) issue_seq: i64,
+    pub(crate) dumped_at_version: Option<i64>,
 }
 
 #[cfg(test)]

@@ -305,6 +305,17 @@ impl<'t> JobTx<'t> {
         }
     }
 
+    /// The effects recorded for each of `characters` past the row version given with it.
+    pub(super) async fn recorded_after(
+        &mut self,
+        characters: &[(Uuid, i64)],
+    ) -> Result<HashMap<Uuid, Vec<RecordedEffect>>, sqlx::Error> {
+        match self {
+            Self::Postgres(conn) => effects::recorded_after(conn, characters).await,
+            Self::Embedded { conn, .. } => sqlite_settle::recorded_after(conn, characters).await,
+        }
+    }
+
     /// The `(character, key)` pairs among `pairs` whose effect is already recorded.
     pub(super) async fn recorded_keys(
         &mut self,

@@ -96,6 +96,9 @@ pub(super) struct Locked {
     /// Items transfer commits took from this character (the item-release ledger): a job that
     /// puts one back leaves it out.
     released: Vec<Uuid>,
+    /// The effects recorded past the oldest version a state job of the batch was dumped at
+    /// (read only for such a job), then every effect applied in this batch.
+    landed_after_dump: Vec<RecordedEffect>,
 }
 
 /// Settles `claimed` (leased under `token`) in one transaction, returning an outcome per job in
@@ -282,10 +285,24 @@ pub(super) async fn settle_owned(
                     };
                     locked.live_write = true;
                     dirty.insert(payload.character_id());
-                    let later = locked.sequenced.iter().filter(|e| {
-                        e.owner_epoch == envelope.owner_epoch && e.issue_seq > envelope.issue_seq
-                    });
-                    replay(model, &mut locked.row, later);
+                    if let Some(dumped_at) = job.dumped_at_version() {
+                        // What the row took after the dump that the dump does not hold: an
+                        // offline grant, or the copy's own later effects.
+                        let missing = locked.landed_after_dump.iter().filter(|e| {
+                            e.row_version > dumped_at
+                                && e.payload.core().is_none()
+                                && !(e.owner_epoch == envelope.owner_epoch
+                                    && e.issue_seq > 0
+                                    && e.issue_seq <= envelope.issue_seq)
+                        });
+                        replay(model, &mut locked.row, missing);
+                    } else {
+                        let later = locked.sequenced.iter().filter(|e| {
+                            e.owner_epoch == envelope.owner_epoch
+                                && e.issue_seq > envelope.issue_seq
+                        });
+                        replay(model, &mut locked.row, later);
+                    }
                 }
                 if leave_out_released(model, &mut locked.row.state, &locked.released, &held_before)
                 {
@@ -309,15 +326,17 @@ pub(super) async fn settle_owned(
                         envelope.owner_epoch,
                     ));
                 } else {
+                    let applied = RecordedEffect {
+                        key: envelope.idempotency_key.clone(),
+                        owner_epoch: envelope.owner_epoch,
+                        issue_seq: envelope.issue_seq,
+                        row_version: locked.state_version + 1,
+                        payload: payload.clone(),
+                    };
                     if envelope.issue_seq > 0 {
-                        locked.sequenced.push(RecordedEffect {
-                            key: envelope.idempotency_key.clone(),
-                            owner_epoch: envelope.owner_epoch,
-                            issue_seq: envelope.issue_seq,
-                            row_version: locked.state_version + 1,
-                            payload: payload.clone(),
-                        });
+                        locked.sequenced.push(applied.clone());
                     }
+                    locked.landed_after_dump.push(applied);
                     records.push(effects::NewRecord {
                         character_id: payload.character_id(),
                         key: envelope.idempotency_key.clone(),
@@ -383,6 +402,7 @@ async fn lock_characters(
                     sequenced: Vec::new(),
                     live_write: false,
                     released: Vec::new(),
+                    landed_after_dump: Vec::new(),
                 };
                 (id, locked)
             },
@@ -401,6 +421,19 @@ async fn lock_characters(
     for (id, found) in tx.sequenced(&ordered).await? {
         if let Some(locked) = characters.get_mut(&id) {
             locked.sequenced = found;
+        }
+    }
+    let mut dumped: HashMap<Uuid, i64> = HashMap::new();
+    for job in jobs {
+        if let Some(at) = job.dumped_at_version() {
+            let oldest = dumped.entry(job.payload().character_id()).or_insert(at);
+            *oldest = (*oldest).min(at);
+        }
+    }
+    let dumped: Vec<(Uuid, i64)> = dumped.into_iter().collect();
+    for (id, found) in tx.recorded_after(&dumped).await? {
+        if let Some(locked) = characters.get_mut(&id) {
+            locked.landed_after_dump = found;
         }
     }
     for (id, item) in tx.released(&ids).await? {

@@ -265,10 +265,11 @@ pub(super) async fn write_outcomes(
              )
              INSERT INTO persistence_job_dead_letters (dead_letter_id, retry_job_id, job_kind, character_id,
                  realm_id, zone_id, payload, failed_attempts, last_error, failed_at, session_token, source,
-                 session_impact, idempotency_key, owner_epoch, origin, issued_at, issue_seq)
+                 session_impact, idempotency_key, owner_epoch, origin, issued_at, issue_seq,
+                 dumped_at_version)
              SELECT dead_letter_id, retry_job_id, job_kind, character_id, realm_id, zone_id, payload,
                     attempt_count + 1, err, $4, session_token, source, session_impact, idempotency_key,
-                    owner_epoch, origin, issued_at, issue_seq
+                    owner_epoch, origin, issued_at, issue_seq, dumped_at_version
                FROM moved",
         )
         .bind(&dead_ids)

@@ -23,7 +23,7 @@ const CLAIMABLE_AT: &str = "CASE WHEN lease_token IS NULL THEN next_attempt_at \
 /// The columns of a job as a claim reads it.
 const CLAIM_COLUMNS: &str = "retry_job_id, job_kind, character_id, realm_id, zone_id, payload, \
      session_token, session_impact, source, idempotency_key, owner_epoch, origin, issued_at, \
-     issue_seq, attempt_count, next_attempt_at, created_at, lease_expiries";
+     issue_seq, dumped_at_version, attempt_count, next_attempt_at, created_at, lease_expiries";
 
 /// `?start, ?start+1, …` for `n` parameters.
 pub(super) fn marks(start: usize, n: usize) -> String {
@@ -81,6 +81,7 @@ fn stored_job(row: &SqliteRow) -> Result<StoredJob, sqlx::Error> {
         origin: row.try_get("origin")?,
         issued_at: instant("issued_at", row.try_get("issued_at")?)?,
         issue_seq: row.try_get("issue_seq")?,
+        dumped_at_version: row.try_get("dumped_at_version")?,
     })
 }
 
@@ -149,6 +150,7 @@ fn undecodable_row(row: &SqliteRow, err: &sqlx::Error) -> Option<ClaimedRow> {
             origin: text("origin").unwrap_or_default(),
             issued_at: at("issued_at"),
             issue_seq: row.try_get("issue_seq").unwrap_or(0),
+            dumped_at_version: row.try_get("dumped_at_version").unwrap_or(None),
         },
         attempt_count: row.try_get("attempt_count").unwrap_or(0),
         next_attempt_at: at("next_attempt_at"),
@@ -171,8 +173,9 @@ pub(super) async fn insert_jobs(
         sqlx::query(
             "INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, realm_id,
                  zone_id, payload, next_attempt_at, session_token, session_impact, source,
-                 idempotency_key, owner_epoch, origin, issued_at, issue_seq, created_at, updated_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?7, ?7)
+                 idempotency_key, owner_epoch, origin, issued_at, issue_seq, dumped_at_version,
+                 created_at, updated_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?7, ?7)
              ON CONFLICT (character_id, retry_job_id) DO NOTHING",
         )
         .bind(job.retry_job_id())
@@ -190,6 +193,7 @@ pub(super) async fn insert_jobs(
         .bind(envelope.origin.as_str())
         .bind(micros(envelope.issued_at))
         .bind(i64::try_from(envelope.issue_seq).unwrap_or(i64::MAX))
+        .bind(job.dumped_at_version())
         .execute(&mut *conn)
         .await?;
     }
@@ -364,7 +368,7 @@ pub(super) async fn write_outcomes(
             "INSERT INTO persistence_job_dead_letters (dead_letter_id, retry_job_id, job_kind,
                  character_id, realm_id, zone_id, payload, failed_attempts, last_error, failed_at,
                  session_token, source, session_impact, idempotency_key, owner_epoch, origin,
-                 issued_at, issue_seq)
+                 issued_at, issue_seq, dumped_at_version)
              SELECT ?2, retry_job_id, CAST(job_kind AS TEXT), character_id,
                     CAST(realm_id AS TEXT), CAST(zone_id AS TEXT), CAST(payload AS TEXT), ",
             int_or_zero!("attempt_count"),
@@ -375,6 +379,7 @@ pub(super) async fn write_outcomes(
             int_or_zero!("issued_at"),
             ", ",
             int_or_zero!("issue_seq"),
+            ", (CASE WHEN typeof(dumped_at_version) = 'integer' THEN dumped_at_version END)",
             " FROM persistence_retry_jobs WHERE retry_job_id = ?1"
         ))
         .bind(id)
@@ -398,7 +403,8 @@ pub(super) async fn active_dead_letter(
 ) -> Result<Option<StoredJob>, sqlx::Error> {
     sqlx::query(
         "SELECT retry_job_id, job_kind, character_id, realm_id, zone_id, payload, session_token,
-                session_impact, source, idempotency_key, owner_epoch, origin, issued_at, issue_seq
+                session_impact, source, idempotency_key, owner_epoch, origin, issued_at, issue_seq,
+                dumped_at_version
            FROM persistence_job_dead_letters
           WHERE dead_letter_id = ?1 AND requeued_at IS NULL",
     )

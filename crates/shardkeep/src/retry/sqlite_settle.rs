@@ -119,6 +119,38 @@ pub(super) async fn sequenced(
     Ok(by_character)
 }
 
+/// The effects recorded for each of `characters` at a row version past the one given with it,
+/// oldest first (the first [`MAX_EFFECTS_READ`]); one whose payload no longer decodes is left out.
+pub(super) async fn recorded_after(
+    conn: &mut sqlx::SqliteConnection,
+    characters: &[(Uuid, i64)],
+) -> Result<HashMap<Uuid, Vec<RecordedEffect>>, sqlx::Error> {
+    let mut by_character: HashMap<Uuid, Vec<RecordedEffect>> = HashMap::new();
+    for (id, after) in characters {
+        let rows: Vec<(String, i64, i64, i64, String)> = sqlx::query_as(
+            "SELECT idempotency_key, owner_epoch, issue_seq, row_version, payload
+               FROM character_job_effects
+              WHERE character_id = ?1 AND row_version > ?2 AND payload IS NOT NULL
+              ORDER BY row_version, applied_order
+              LIMIT ?3",
+        )
+        .bind(id)
+        .bind(after)
+        .bind(MAX_EFFECTS_READ)
+        .fetch_all(&mut *conn)
+        .await?;
+        let effects = rows
+            .into_iter()
+            .filter_map(|(key, epoch, seq, version, payload)| {
+                let payload = serde_json::from_str(&payload).ok()?;
+                decode((*id, key, epoch, seq, version, payload)).map(|(_, effect)| effect)
+            })
+            .collect();
+        by_character.insert(*id, effects);
+    }
+    Ok(by_character)
+}
+
 /// The `(character, key)` pairs among `pairs` whose effect is already recorded.
 pub(super) async fn recorded_keys(
     conn: &mut sqlx::SqliteConnection,

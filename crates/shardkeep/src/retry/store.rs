@@ -24,15 +24,15 @@ pub(crate) struct ClaimedRow {
 }
 
 const JOB_COLUMNS: &str = "retry_job_id, job_kind, character_id, realm_id, zone_id, payload, session_token, \
-    session_impact, source, idempotency_key, owner_epoch, origin, issued_at, issue_seq";
+    session_impact, source, idempotency_key, owner_epoch, origin, issued_at, issue_seq, dumped_at_version";
 
 const INSERT_MANY: &str = "
 INSERT INTO persistence_retry_jobs (retry_job_id, job_kind, character_id, realm_id, zone_id, payload,
     next_attempt_at, session_token, session_impact, source, idempotency_key, owner_epoch, origin, issued_at,
-    issue_seq)
+    issue_seq, dumped_at_version)
 SELECT * FROM UNNEST($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::jsonb[],
     $7::timestamptz[], $8::text[], $9::text[], $10::text[], $11::text[], $12::int8[], $13::text[],
-    $14::timestamptz[], $15::int8[])
+    $14::timestamptz[], $15::int8[], $16::int8[])
 ON CONFLICT (character_id, retry_job_id) DO NOTHING";
 
 /// When a job can next be claimed (due, and past any lease on it): the expression of the
@@ -104,7 +104,8 @@ macro_rules! lease {
                 AND j.retry_job_id = ANY (ARRAY(SELECT retry_job_id FROM due))
              RETURNING j.retry_job_id, j.job_kind, j.character_id, j.realm_id, j.zone_id, j.payload,
                        j.session_token, j.session_impact, j.source, j.idempotency_key,
-                       j.owner_epoch, j.origin, j.issued_at, j.issue_seq, j.attempt_count,
+                       j.owner_epoch, j.origin, j.issued_at, j.issue_seq, j.dumped_at_version,
+                       j.attempt_count,
                        j.next_attempt_at, j.created_at, j.lease_expiries, due.lease_expired"
         )
     };
@@ -121,13 +122,13 @@ const LEASE_DUE: &str = lease!(any_due_rows!(
 /// Locks signaled rows for the caller's transaction.
 const LOCK_SIGNALED: &str = signaled_rows!(
     "retry_job_id, job_kind, character_id, realm_id, zone_id, payload, session_token, session_impact,
-     source, idempotency_key, owner_epoch, origin, issued_at, issue_seq, attempt_count,
+     source, idempotency_key, owner_epoch, origin, issued_at, issue_seq, dumped_at_version, attempt_count,
      next_attempt_at, created_at, lease_expiries, lease_token IS NOT NULL AS lease_expired"
 );
 /// Locks due rows for the caller's transaction.
 const LOCK_DUE: &str = any_due_rows!(
     "retry_job_id, job_kind, character_id, realm_id, zone_id, payload, session_token, session_impact,
-     source, idempotency_key, owner_epoch, origin, issued_at, issue_seq, attempt_count,
+     source, idempotency_key, owner_epoch, origin, issued_at, issue_seq, dumped_at_version, attempt_count,
      next_attempt_at, created_at, lease_expiries, lease_token IS NOT NULL AS lease_expired"
 );
 
@@ -227,6 +228,7 @@ pub(crate) async fn insert_jobs(
     let seqs = column(jobs, |j| {
         i64::try_from(j.envelope().issue_seq).unwrap_or(i64::MAX)
     });
+    let dumped = column(jobs, PersistenceRetryJob::dumped_at_version);
     sqlx::query(INSERT_MANY)
         .bind(&ids)
         .bind(&kinds)
@@ -243,6 +245,7 @@ pub(crate) async fn insert_jobs(
         .bind(&origins)
         .bind(&issued)
         .bind(&seqs)
+        .bind(&dumped)
         .execute(conn)
         .await?;
     Ok(())

@@ -273,6 +273,8 @@ fn state_job(
         &format!("saver-{label}"),
         None,
     )
+    // The version the dump was made at: what lands on the row after it is played on the dump.
+    .map(|job| job.dumped_at(snapshot.state_version))
 }
 
 /// A logout's final save as the durable `gameplay_state` job the saver makes of it (for a save

@@ -141,3 +141,44 @@ async fn a_handoff_destination_that_dies_before_writing_keeps_what_it_adopted(po
         assert_eq!(coins(&next.snapshot), 80, "{driver}: {:?}", next.source);
     }
 }
+
+/// A copy dumps a flush (mark 1), then a checkpoint (mark 2) at the same known version; the
+/// checkpoint is written first and the flush lands after it, at a higher version, just before
+/// the copy dies. The next copy loads the checkpoint's newer content, not the later-landing
+/// older flush (the simulator's crash floors caught this one: seed 6 lost a checkpointed grant).
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_checkpoint_dumped_after_a_flush_that_lands_later_is_still_loaded(pool: PgPool) {
+    let drivers = CharacterDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let checkpoints = drivers.checkpoints_for(&store, &redis);
+        let loader = loader(&store, &checkpoints);
+        let row = created(&store, "Cato").await;
+        let id = row.character_id;
+
+        let a = loader.claim_and_load(id, 0).await.unwrap().snapshot;
+        let flush = CharacterSnapshot {
+            issue_mark: 1,
+            ..holding(&a, 15)
+        };
+        let checkpoint = CharacterSnapshot {
+            issue_mark: 2,
+            ..holding(&a, 65)
+        };
+        let written = checkpoints.write(&checkpoint).await.unwrap();
+        assert_eq!(written, CheckpointWrite::Written, "{driver}");
+        let landed = store.save(&flush).await.unwrap();
+        assert!(
+            matches!(landed, shardkeep::character::SaveOutcome::Saved(_)),
+            "{driver}: {landed:?}"
+        );
+
+        let b = loader.claim_and_load(id, 0).await.unwrap();
+        assert_eq!(
+            (coins(&b.snapshot), b.source),
+            (65, LoadSource::Checkpoint),
+            "{driver}: the checkpoint was dumped after the flush"
+        );
+    }
+}

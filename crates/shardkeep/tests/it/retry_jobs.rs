@@ -830,3 +830,63 @@ async fn dead_letter_retention_keeps_the_newest_by_count(pool: PgPool) {
         assert_eq!(queue.depths().await.unwrap(), (0, 0), "{}", d.name());
     });
 }
+
+/// A logout save that became a state job carries the row version its dump was made at: an
+/// offline grant that lands on the row while the job waits — in an earlier settle or earlier in
+/// the same batch — is played on the dump, not written over.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_state_job_keeps_an_offline_grant_that_landed_after_its_dump(pool: PgPool) {
+    on_each_driver!(pool, |d| {
+        let clock = system_clock();
+        let (queue, signals) = d.queue(16, Arc::clone(&clock));
+        let mut worker = d.worker(signals, config("w"), clock);
+        for (together, name) in [(false, "Aria"), (true, "Bran")] {
+            let id = d.character(name).await;
+            let epoch = d.characters().claim(id, 0).await.unwrap().new_epoch;
+            let mut live = d.characters().load(id).await.unwrap().unwrap();
+            live.owner_epoch = epoch;
+            live.state = json!({ "experience": 10, "currency": 0 }).into();
+            live.issue_mark = 2;
+            let shardkeep::character::SaveOutcome::Saved(version) =
+                d.characters().save(&live).await.unwrap()
+            else {
+                panic!("the live save did not land");
+            };
+            // The copy plays on; its logout dump cannot land and is stored as a job.
+            let dump = PersistenceRetryJob::new(
+                PersistenceRetryPayload::gameplay_state(
+                    id,
+                    json!({ "experience": 25, "currency": 0 }),
+                    None,
+                    None,
+                ),
+                IdempotencyEnvelope {
+                    idempotency_key: format!("final:{id}"),
+                    owner_epoch: epoch,
+                    origin: Origin::GameplayState,
+                    issued_at: Utc::now(),
+                    issue_seq: 3,
+                },
+                "saver-final",
+                None,
+            )
+            .unwrap()
+            .dumped_at(version);
+            assert_eq!(dump.dumped_at_version(), Some(version));
+            // A gift for the character (7 experience) lands before the dump is applied.
+            queue.enqueue(&reward(id, "gift", 0, 7)).await.unwrap();
+            if !together {
+                worker.run_until_idle().await.unwrap();
+                assert_eq!(d.experience(id).await, 17, "{}", d.name());
+            }
+            queue.enqueue(&dump).await.unwrap();
+            worker.run_until_idle().await.unwrap();
+            assert_eq!(
+                d.experience(id).await,
+                32,
+                "{} (same batch: {together}): the dump's 25 and the gift's 7",
+                d.name()
+            );
+        }
+    });
+}
