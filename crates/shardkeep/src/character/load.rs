@@ -185,9 +185,39 @@ impl CharacterLoader {
                 source,
             })?;
         let checkpoint = self.take_over(character_id, claimed.new_epoch).await;
-        let loaded = self.upgraded(choose(&self.model, claimed, checkpoint))?;
+        let loaded = self.upgraded(self.chosen(claimed, checkpoint).await?)?;
         self.record_item_loads(&loaded).await;
         Ok(loaded)
+    }
+
+    /// [`choose`], reading first, when the checkpoint wins only by its mark (see
+    /// [`dumped_after_the_rows_content`]), the items transfer commits took from the character:
+    /// a transfer that took an item from a copy that had died writes its row as a live write (so
+    /// its checkpoints lose to it on versions), and a checkpoint that wins on its mark must not
+    /// bring that item back.
+    async fn chosen(
+        &self,
+        claimed: ClaimedRow,
+        checkpoint: Option<HeldCheckpoint>,
+    ) -> Result<LoadedCharacter, LoadError> {
+        let character_id = claimed.row.character_id;
+        if !wins_by_mark(&claimed, checkpoint.as_ref()) {
+            return Ok(choose(&self.model, claimed, checkpoint));
+        }
+        let released =
+            tokio::time::timeout(self.io_timeout, self.store.released_items(character_id))
+                .await
+                .map_err(|_| LoadError::Timeout(character_id))?
+                .map_err(|source| LoadError::Store {
+                    character_id,
+                    source,
+                })?;
+        Ok(choose_leaving_out(
+            &self.model,
+            claimed,
+            checkpoint,
+            &released,
+        ))
     }
 
     /// Brings the loaded content to the model's schema version; refuses content newer than the
@@ -310,7 +340,7 @@ impl CharacterLoader {
                 "a superseded copy's handoff was refused; loading the freshest durable copy");
             metrics::counter!(crate::telemetry::HANDOFF_SUPERSEDED_TOTAL).increment(1);
             let checkpoint = self.take_over(character_id, claimed.new_epoch).await;
-            let loaded = self.upgraded(choose(&self.model, claimed, checkpoint))?;
+            let loaded = self.upgraded(self.chosen(claimed, checkpoint).await?)?;
             self.record_item_loads(&loaded).await;
             return Ok(HandoffLoad::Superseded {
                 dumped_under_epoch: carried.dumped_under_epoch,
@@ -508,6 +538,19 @@ fn replay_missing(
     Ok((content, origin))
 }
 
+/// True when the checkpoint would lose to the row on versions but wins on its mark.
+fn wins_by_mark(claimed: &ClaimedRow, checkpoint: Option<&HeldCheckpoint>) -> bool {
+    checkpoint.is_some_and(|c| {
+        c.snapshot.character_id == claimed.row.character_id
+            && freshest(
+                claimed.row.owner_epoch,
+                claimed.live_version,
+                (c.held_by, c.snapshot.state_version),
+            ) == Freshest::Row
+            && dumped_after_the_rows_content(c, claimed.row.owner_epoch, claimed.content_mark)
+    })
+}
+
 /// True when `checkpoint`, held by the row's owner, was dumped by the copy whose content the row
 /// holds after that content (a higher issue mark): its copy checkpointed while its older flush
 /// was still on its way, and the flush landed at a version past the checkpoint's. Versions
@@ -523,6 +566,28 @@ fn dumped_after_the_rows_content(
         && checkpoint.snapshot.issue_mark > row_content.seq
 }
 
+/// `content` without the items of `released` it holds.
+fn leave_out(
+    model: &ModelHandle,
+    mut content: CharacterSnapshot,
+    released: &[Uuid],
+) -> Result<CharacterSnapshot, serde_json::Error> {
+    if released.is_empty() {
+        return Ok(content);
+    }
+    let held = model.held_items(&content.state.try_to_value()?);
+    let gone: Vec<&Uuid> = released.iter().filter(|i| held.contains(i)).collect();
+    if gone.is_empty() {
+        return Ok(content);
+    }
+    let mut tree = content.state.try_to_value()?;
+    for item in gone {
+        let _ = model.take_item(&mut tree, *item);
+    }
+    content.state = tree.into();
+    Ok(content)
+}
+
 /// Combines a claimed row (with its pre-claim epoch, the version of its last live write and the
 /// job effects applied since its content was dumped) and an optional checkpoint (with its guard
 /// epoch) into the snapshot a session starts from. Identity always comes from the row; so does
@@ -536,6 +601,17 @@ pub fn choose(
     model: &ModelHandle,
     claimed: ClaimedRow,
     checkpoint: Option<HeldCheckpoint>,
+) -> LoadedCharacter {
+    choose_leaving_out(model, claimed, checkpoint, &[])
+}
+
+/// [`choose`], taking `released` (items transfer commits took from the character) out of a
+/// checkpoint that wins.
+fn choose_leaving_out(
+    model: &ModelHandle,
+    claimed: ClaimedRow,
+    checkpoint: Option<HeldCheckpoint>,
+    released: &[Uuid],
 ) -> LoadedCharacter {
     let ClaimedRow {
         new_epoch,
@@ -584,7 +660,9 @@ pub fn choose(
                 s.zone_ref = row.zone_ref.clone();
                 s.room_ref = row.room_ref.clone();
             }
-            match replay_missing(model, s, &effects, live_version) {
+            match replay_missing(model, s, &effects, live_version)
+                .and_then(|(s, origin)| Ok((leave_out(model, s, released)?, origin)))
+            {
                 Ok((mut s, origin)) => {
                     s.account_id = row.account_id;
                     s.name = row.name.clone();

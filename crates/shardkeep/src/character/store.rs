@@ -834,6 +834,25 @@ impl CharacterStore {
         }
     }
 
+    /// The items transfer commits took from `character_id` and that have not come back (the
+    /// item-release ledger).
+    pub(crate) async fn released_items(&self, character_id: Uuid) -> Result<Vec<Uuid>, StoreError> {
+        Ok(match &self.rows {
+            Rows::Postgres { pg, .. } => {
+                sqlx::query_scalar("SELECT item_id FROM item_releases WHERE character_id = $1")
+                    .bind(character_id)
+                    .fetch_all(pg.exec())
+                    .await?
+            }
+            Rows::Embedded { db, .. } => {
+                sqlx::query_scalar("SELECT item_id FROM item_releases WHERE character_id = ?1")
+                    .bind(character_id)
+                    .fetch_all(db.reader()?)
+                    .await?
+            }
+        })
+    }
+
     /// The row of the character named `name` (any case), if it exists.
     pub async fn load_by_name(&self, name: &str) -> Result<Option<CharacterSnapshot>, StoreError> {
         let pg = match &self.rows {

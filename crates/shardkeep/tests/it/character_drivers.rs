@@ -834,3 +834,58 @@ async fn the_bookkeeping_prune_takes_only_what_is_past_its_retention(pool: PgPoo
         assert_eq!((after.item_loads, after.item_releases), (0, 0), "{driver}");
     }
 }
+
+/// A copy checkpoints holding a gem and a sword (a mark past its row's content), puts the gem
+/// down and dies; another player takes it, which writes the departed copy's row as a live write
+/// without the gem. The next load prefers the checkpoint on its mark (it was dumped after the
+/// row's content) and leaves the gem out: the sword it won since stays, the gem is in one row.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_checkpoint_that_wins_on_its_mark_leaves_out_what_its_departed_copy_gave_up(
+    pool: PgPool,
+) {
+    use shardkeep::character::{CharacterLoader, CheckpointWrite, LoadSource, TransferCommit};
+    let model = shardkeep_testkit::model::LedgerModel::handle();
+    let drivers = CharacterDrivers::new(&pool).await;
+    let redis = shardkeep_testkit::TestRedis::new().await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let checkpoints = drivers.checkpoints_for(&store, &redis);
+        let (gem, sword) = (Uuid::now_v7(), Uuid::now_v7());
+        let giver = holding(&store, "Aria", &[gem]).await;
+        let taker = holding(&store, "Bryn", &[]).await;
+        let checkpoint = CharacterSnapshot {
+            issue_mark: 1,
+            ..with_items(&giver, &[gem, sword])
+        };
+        assert_eq!(
+            checkpoints.write(&checkpoint).await.unwrap(),
+            CheckpointWrite::Written,
+            "{driver}"
+        );
+        let committed = transfer(
+            &store,
+            departed(&giver, gem, giver.owner_epoch),
+            &taker,
+            gem,
+        )
+        .await;
+        assert!(
+            matches!(committed, TransferCommit::Committed { .. }),
+            "{driver}: {committed:?}"
+        );
+        let loader = CharacterLoader::new(
+            store.clone(),
+            Some(checkpoints.clone()),
+            model.clone(),
+            Duration::from_secs(5),
+        );
+        let loaded = loader.claim_and_load(giver.character_id, 0).await.unwrap();
+        let state = loaded.snapshot.state.value();
+        assert_eq!(loaded.source, LoadSource::Checkpoint, "{driver}");
+        assert!(model.holds_item(state, sword), "{driver}: {state}");
+        assert!(
+            !model.holds_item(state, gem),
+            "{driver}: the gem is Bryn's: {state}"
+        );
+    }
+}
