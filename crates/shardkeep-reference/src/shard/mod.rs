@@ -417,6 +417,11 @@ impl Shard {
         let flush_period = self.config.flush_pulses.max(1);
         let mut checkpoints = Vec::new();
         let mut flushes = Vec::new();
+        // A character in an item transfer is not saved until its commit answers: the commit
+        // writes its row with what it will hold then, and a checkpoint dumped meanwhile (a grant
+        // may have raised its mark) would outrank that row at a load without the item.
+        let transferring = self.transferring();
+        let settled = |e: &&&PlayerEntry| !transferring.contains(&e.character.character_id);
         for zone in self.zones.values_mut() {
             let repop = u64::from(zone.def.repop_pulses.max(1));
             if self.pulse.is_multiple_of(repop) {
@@ -424,8 +429,18 @@ impl Shard {
             }
             zone.pulse_timed();
             let due = zone.due_saves(self.pulse, checkpoint_period, flush_period);
-            flushes.extend(due.flush.iter().filter_map(|e| dump_entry(e, zone)));
-            checkpoints.extend(due.checkpoint.iter().filter_map(|e| dump_entry(e, zone)));
+            flushes.extend(
+                due.flush
+                    .iter()
+                    .filter(settled)
+                    .filter_map(|e| dump_entry(e, zone)),
+            );
+            checkpoints.extend(
+                due.checkpoint
+                    .iter()
+                    .filter(settled)
+                    .filter_map(|e| dump_entry(e, zone)),
+            );
         }
         if self.pulse > self.config.quiet_pulses {
             self.saver.enqueue_many(SaveReason::Flush, flushes);

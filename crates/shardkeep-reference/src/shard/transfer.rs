@@ -254,6 +254,14 @@ impl Shard {
         }
     }
 
+    /// Every character taking part in an item transfer that waits for its commit.
+    pub(crate) fn transferring(&self) -> std::collections::HashSet<Uuid> {
+        self.pending_transfers
+            .values()
+            .flat_map(|p| [p.acquirer, p.releaser.by])
+            .collect()
+    }
+
     /// True while an item transfer involving `character_id` waits for its commit.
     pub fn has_pending_transfer(&self, character_id: Uuid) -> bool {
         self.pending_transfers

@@ -195,23 +195,44 @@ impl CharacterLoader {
     /// a transfer that took an item from a copy that had died writes its row as a live write (so
     /// its checkpoints lose to it on versions), and a checkpoint that wins on its mark must not
     /// bring that item back.
+    ///
+    /// Such a checkpoint also takes the unsequenced effects (offline grants) recorded past its
+    /// own version, which the claim read only past the row's last live write: a departed
+    /// releaser's commit moves that mark past grants the checkpoint never held.
     async fn chosen(
         &self,
-        claimed: ClaimedRow,
+        mut claimed: ClaimedRow,
         checkpoint: Option<HeldCheckpoint>,
     ) -> Result<LoadedCharacter, LoadError> {
         let character_id = claimed.row.character_id;
-        if !wins_by_mark(&claimed, checkpoint.as_ref()) {
+        let Some(checkpoint_version) = checkpoint
+            .as_ref()
+            .filter(|c| wins_by_mark(&claimed, Some(c)))
+            .map(|c| c.snapshot.state_version)
+        else {
             return Ok(choose(&self.model, claimed, checkpoint));
-        }
-        let released =
-            tokio::time::timeout(self.io_timeout, self.store.released_items(character_id))
-                .await
-                .map_err(|_| LoadError::Timeout(character_id))?
-                .map_err(|source| LoadError::Store {
-                    character_id,
-                    source,
-                })?;
+        };
+        let store_error = |source| LoadError::Store {
+            character_id,
+            source,
+        };
+        let (released, landed) = tokio::time::timeout(self.io_timeout, async {
+            tokio::try_join!(
+                self.store.released_items(character_id),
+                self.store
+                    .effects_applied_since(character_id, checkpoint_version)
+            )
+        })
+        .await
+        .map_err(|_| LoadError::Timeout(character_id))?
+        .map_err(store_error)?;
+        let live_version = claimed.live_version;
+        let mut effects: Vec<RecordedEffect> = landed
+            .into_iter()
+            .filter(|e| e.issue_seq == 0 && e.row_version <= live_version)
+            .collect();
+        effects.append(&mut claimed.effects);
+        claimed.effects = effects;
         Ok(choose_leaving_out(
             &self.model,
             claimed,
@@ -355,7 +376,7 @@ impl CharacterLoader {
             &self.model,
             carried.snapshot.clone(),
             &claimed.effects,
-            claimed.live_version,
+            claimed.live_version.max(carried.snapshot.state_version),
         ) {
             Ok(replayed) => replayed,
             Err(err) => {
@@ -492,14 +513,13 @@ fn replay_missing(
     model: &ModelHandle,
     mut content: CharacterSnapshot,
     effects: &[RecordedEffect],
-    live_version: i64,
+    holds_through: i64,
 ) -> Result<(CharacterSnapshot, ContentOrigin), serde_json::Error> {
     let mut origin = ContentOrigin {
         epoch: content.owner_epoch,
         mark: content.issue_mark,
         beyond_mark: Vec::new(),
     };
-    let holds_through = live_version.max(content.state_version);
     // Content dumped before shardkeep's bookkeeping left the document still lists the rewards
     // it holds: an unsequenced grant it names is not granted again.
     let newer: Vec<&RecordedEffect> = effects
@@ -597,7 +617,7 @@ fn leave_out(
 /// — and unsequenced ones applied past both the row's last live write and the checkpoint's own
 /// version. So neither the checkpoint's newer content nor a durable job's effect is lost, and
 /// nothing older overwrites it.
-pub fn choose(
+pub(crate) fn choose(
     model: &ModelHandle,
     claimed: ClaimedRow,
     checkpoint: Option<HeldCheckpoint>,
@@ -606,13 +626,16 @@ pub fn choose(
 }
 
 /// [`choose`], taking `released` (items transfer commits took from the character) out of a
-/// checkpoint that wins.
+/// checkpoint that wins. A checkpoint that wins only on its mark holds the unsequenced effects
+/// up to its own version, not up to the row's last live write (the caller adds those past it to
+/// the claim's effects).
 fn choose_leaving_out(
     model: &ModelHandle,
     claimed: ClaimedRow,
     checkpoint: Option<HeldCheckpoint>,
     released: &[Uuid],
 ) -> LoadedCharacter {
+    let by_mark = wins_by_mark(&claimed, checkpoint.as_ref());
     let ClaimedRow {
         new_epoch,
         live_version,
@@ -624,17 +647,14 @@ fn choose_leaving_out(
     let pick = checkpoint
         .filter(|c| c.snapshot.character_id == row.character_id)
         .map(|c| {
-            let which = freshest(
-                row.owner_epoch,
-                live_version,
-                (c.held_by, c.snapshot.state_version),
-            );
-            let which = if which == Freshest::Row
-                && dumped_after_the_rows_content(&c, row.owner_epoch, content_mark)
-            {
+            let which = if by_mark {
                 Freshest::Checkpoint
             } else {
-                which
+                freshest(
+                    row.owner_epoch,
+                    live_version,
+                    (c.held_by, c.snapshot.state_version),
+                )
             };
             (which, c.snapshot)
         });
@@ -660,7 +680,12 @@ fn choose_leaving_out(
                 s.zone_ref = row.zone_ref.clone();
                 s.room_ref = row.room_ref.clone();
             }
-            match replay_missing(model, s, &effects, live_version)
+            let holds_through = if by_mark {
+                s.state_version
+            } else {
+                live_version.max(s.state_version)
+            };
+            match replay_missing(model, s, &effects, holds_through)
                 .and_then(|(s, origin)| Ok((leave_out(model, s, released)?, origin)))
             {
                 Ok((mut s, origin)) => {

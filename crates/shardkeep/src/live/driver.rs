@@ -109,6 +109,12 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
         let Some(reason) = copy.phase.due(n, periods) else {
             return;
         };
+        if inner.transfers.busy(id) {
+            // An item transfer's commit is writing this copy's row with a dump of what it will
+            // hold once the commit answers: a dump now, numbered after that one, would outrank
+            // it at a load without the item. The next cadence saves it.
+            return;
+        }
         match inner.game.dump(&copy.character) {
             Ok(state) => {
                 let snapshot = copy.dump(id, state);

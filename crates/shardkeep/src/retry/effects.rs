@@ -99,7 +99,7 @@ pub(crate) async fn recorded_after(
            CROSS JOIN LATERAL (
                SELECT * FROM character_job_effects e
                 WHERE e.character_id = c.id AND e.row_version > c.after
-                  AND e.payload IS NOT NULL
+                  AND e.payload IS NOT NULL AND e.job_kind <> 'gameplay_state'
                 ORDER BY e.row_version, e.applied_order
                 LIMIT $3
            ) e

@@ -92,6 +92,14 @@ impl PersistenceRetryJob {
                 envelope.owner_epoch
             )));
         }
+        if envelope.owner_epoch == OFFLINE_EPOCH
+            && (payload.core().is_some() || envelope.issue_seq != 0)
+        {
+            // No copy issued it: it has no place in any issue sequence, and it is no dump.
+            return Err(InvalidJob(
+                "an offline grant (owner epoch OFFLINE_EPOCH) is an unnumbered game effect".into(),
+            ));
+        }
         if session_token
             .as_deref()
             .is_some_and(|t| t.is_empty() || t.len() > MAX_LABEL_BYTES)
@@ -331,7 +339,12 @@ mod tests {
         assert!(PersistenceRetryJob::new(effect(), numbered, "x", None).is_ok());
         let mut offline = envelope(Origin::CombatRewards);
         offline.owner_epoch = OFFLINE_EPOCH;
-        assert!(PersistenceRetryJob::new(effect(), offline, "x", None).is_ok());
+        assert!(PersistenceRetryJob::new(effect(), offline.clone(), "x", None).is_ok());
+        // An offline grant is never numbered, and never a dump.
+        let mut numbered_offline = offline.clone();
+        numbered_offline.issue_seq = 3;
+        assert!(PersistenceRetryJob::new(effect(), numbered_offline, "x", None).is_err());
+        assert!(PersistenceRetryJob::new(state(), offline, "x", None).is_err());
         // A core write (a state dump, an activation) is no effect applied live.
         assert!(
             PersistenceRetryJob::new(state(), envelope(Origin::GameplayState), "x", None).is_ok()

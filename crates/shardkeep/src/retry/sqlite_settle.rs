@@ -131,6 +131,7 @@ pub(super) async fn recorded_after(
             "SELECT idempotency_key, owner_epoch, issue_seq, row_version, payload
                FROM character_job_effects
               WHERE character_id = ?1 AND row_version > ?2 AND payload IS NOT NULL
+                AND job_kind <> 'gameplay_state'
               ORDER BY row_version, applied_order
               LIMIT ?3",
         )

@@ -835,21 +835,27 @@ async fn the_bookkeeping_prune_takes_only_what_is_past_its_retention(pool: PgPoo
     }
 }
 
-/// A copy checkpoints holding a gem and a sword (a mark past its row's content), puts the gem
-/// down and dies; another player takes it, which writes the departed copy's row as a live write
-/// without the gem. The next load prefers the checkpoint on its mark (it was dumped after the
-/// row's content) and leaves the gem out: the sword it won since stays, the gem is in one row.
+/// A copy checkpoints holding a gem and a sword (a mark past its row's content); an offline gift
+/// lands on its row; it puts the gem down and dies; another player takes the gem, which writes
+/// the departed copy's row as a live write without it. The next load prefers the checkpoint on
+/// its mark (it was dumped after the row's content), leaves the gem out and plays the gift on it:
+/// the sword it won since stays, the gem is in one row, the gift is kept.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_checkpoint_that_wins_on_its_mark_leaves_out_what_its_departed_copy_gave_up(
     pool: PgPool,
 ) {
     use shardkeep::character::{CharacterLoader, CheckpointWrite, LoadSource, TransferCommit};
+    use shardkeep::retry::{
+        IdempotencyEnvelope, OFFLINE_EPOCH, Origin, PersistenceRetryJob, PersistenceRetryPayload,
+        RetryWorkerConfig,
+    };
     let model = shardkeep_testkit::model::LedgerModel::handle();
-    let drivers = CharacterDrivers::new(&pool).await;
+    let drivers = shardkeep_testkit::JobDrivers::new(&pool).await;
     let redis = shardkeep_testkit::TestRedis::new().await;
-    for store in drivers.stores() {
-        let driver = store.driver();
-        let checkpoints = drivers.checkpoints_for(&store, &redis);
+    for d in drivers.drivers() {
+        let driver = d.name();
+        let store = d.characters();
+        let checkpoints = d.checkpoints(&redis);
         let (gem, sword) = (Uuid::now_v7(), Uuid::now_v7());
         let giver = holding(&store, "Aria", &[gem]).await;
         let taker = holding(&store, "Bryn", &[]).await;
@@ -862,6 +868,33 @@ async fn a_checkpoint_that_wins_on_its_mark_leaves_out_what_its_departed_copy_ga
             CheckpointWrite::Written,
             "{driver}"
         );
+        let clock: std::sync::Arc<dyn shardkeep::clock::Clock> =
+            std::sync::Arc::new(shardkeep::clock::SystemClock);
+        let (queue, signals) = d.queue(8, clock.clone());
+        let mut worker = d.worker(signals, RetryWorkerConfig::new("w"), clock);
+        let gift = PersistenceRetryJob::new(
+            PersistenceRetryPayload::effect(
+                giver.character_id,
+                &shardkeep_testkit::model::LedgerEffect::CombatRewards {
+                    experience: 7,
+                    currency: 0,
+                    items: vec![],
+                },
+            )
+            .unwrap(),
+            IdempotencyEnvelope {
+                idempotency_key: "gift".into(),
+                owner_epoch: OFFLINE_EPOCH,
+                origin: Origin::CombatRewards,
+                issued_at: Utc::now(),
+                issue_seq: 0,
+            },
+            "test",
+            None,
+        )
+        .unwrap();
+        queue.enqueue(&gift).await.unwrap();
+        assert_eq!(worker.run_until_idle().await.unwrap(), 1, "{driver}");
         let committed = transfer(
             &store,
             departed(&giver, gem, giver.owner_epoch),
@@ -887,5 +920,6 @@ async fn a_checkpoint_that_wins_on_its_mark_leaves_out_what_its_departed_copy_ga
             !model.holds_item(state, gem),
             "{driver}: the gem is Bryn's: {state}"
         );
+        assert_eq!(state["experience"], 7, "{driver}: the gift: {state}");
     }
 }

@@ -812,3 +812,63 @@ async fn a_runtime_on_the_games_tick_saves_only_when_the_game_pulses(pool: PgPoo
         live.stop().await;
     }
 }
+
+/// A pickup's commit writes the acquirer's row with a dump holding the item, numbered before the
+/// copy holds it. A checkpoint of the acquirer dumped while that commit is on its way (numbered
+/// after it, without the item) would outrank the row on its mark at the next load: the item would
+/// be in no row. The runtime saves no copy in a transfer until the commit answers. Postgres only:
+/// the commit is held up by a row lock (the embedded store's file has one write lock for all).
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_copy_in_a_transfer_is_not_checkpointed_until_its_commit_answers(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let d = JobDriver::Postgres(pool.clone());
+    let mut config = LiveConfig::new("shard-a");
+    config.own_pulse = false;
+    let live = Live::with(&d, &redis, config).await;
+    let rt = live.runtime.clone();
+    let horn = Uuid::now_v7();
+    let (_, gail) = live.player("Gail").await;
+    let (hale_id, hale) = live.player("Hale").await;
+    rt.update(gail, holding(&[horn])).unwrap();
+    rt.save_now(gail).await.unwrap();
+    rt.update(gail, without(horn)).unwrap();
+    let mark = rt.release(gail).unwrap();
+    // Hale's row is locked: the commit waits.
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM characters WHERE id = $1 FOR UPDATE")
+        .bind(hale_id)
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let picking = {
+        let rt = rt.clone();
+        tokio::spawn(async move {
+            rt.pick_up(hale, horn, Some(mark), Value::Null, holding(&[horn]))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Hale plays on and every cadence comes round while the commit waits.
+    set(hale, &rt, "experience", 5);
+    for _ in 0..6 {
+        rt.pulse();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lock.rollback().await.unwrap();
+    let picked = picking.await.unwrap().unwrap();
+    assert_eq!(picked, shardkeep::live::PickedUp::Committed);
+    // The shard dies before its next pulse; Hale logs in elsewhere.
+    rt.kill();
+    let other = Live::on(&d, &redis, "shard-b").await;
+    let again = other
+        .runtime
+        .login(hale_id, SessionStart::default())
+        .await
+        .unwrap();
+    let state = other
+        .runtime
+        .read(again.copy, |c| Value::Object(c.clone()))
+        .unwrap();
+    assert!(holds(&state, horn), "the horn is in no row: {state}");
+    other.stop().await;
+}

@@ -61,14 +61,14 @@ fn reward(id: Uuid, key: &str, epoch: i64, seq: u64, xp: i64) -> PersistenceRetr
     )
 }
 
-/// A job of a kind the first release does not know.
+/// A job of a kind the first release does not know, numbered 1 by the copy at `epoch`.
 fn unknown_kind(id: Uuid, key: &str, epoch: i64) -> PersistenceRetryJob {
     let payload = PersistenceRetryPayload::decode(
         json!({ "kind": "honor_points", "character_id": id, "points": 3 }),
         None,
     )
     .unwrap();
-    job(id, payload, key, epoch, 0)
+    job(id, payload, key, epoch, 1)
 }
 
 fn worker(d: &JobDriver, model: ModelHandle, name: &str) -> (RetryQueue, RetryWorker) {

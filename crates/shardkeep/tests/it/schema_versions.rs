@@ -369,6 +369,7 @@ async fn retry_jobs_by_model_on(d: &JobDriver) {
         PersistenceRetryPayload::gameplay_state_at(id, json!({ "gold": 9 }), 1, None, None),
         IdempotencyEnvelope {
             origin: Origin::GameplayState,
+            owner_epoch: 0,
             ..envelope("dump")
         },
         "test",
