@@ -18,7 +18,7 @@ use crate::saver::{SaveReason, Saver};
 /// Final saves per saver queue entry when many are offered at once.
 const FINAL_SLICE: usize = 256;
 
-/// How a logout's final save ended, as far as [`Runtime::logout`] waited for it.
+/// How a logout's final save ended, as far as [`super::Runtime::logout`] waited for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FinalSave {
     /// In the row.
