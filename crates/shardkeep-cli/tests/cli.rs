@@ -620,7 +620,7 @@ fn simulate_runs_prints_the_table_and_writes_the_json_report() {
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
     assert_eq!(json["passed"], true);
     assert_eq!(json["run"]["players"], 30);
-    assert_eq!(json["invariants"].as_array().unwrap().len(), 7);
+    assert_eq!(json["invariants"].as_array().unwrap().len(), 8);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

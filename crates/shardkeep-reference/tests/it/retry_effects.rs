@@ -86,7 +86,10 @@ async fn each_payload_kind_on(d: &shardkeep_testkit::JobDriver) {
         ),
         PersistenceRetryJob::new(
             PersistenceRetryPayload::transfer_activation(id, "xfer-1", "shard-2", "zone-5"),
-            envelope("xfer", Origin::TransferActivation),
+            IdempotencyEnvelope {
+                owner_epoch: 0,
+                ..envelope("xfer", Origin::TransferActivation)
+            },
             "transfer",
             None,
         ),
@@ -124,7 +127,10 @@ async fn each_payload_kind_on(d: &shardkeep_testkit::JobDriver) {
     let state = json!({ "experience": 999, "currency": 3 });
     let job = PersistenceRetryJob::new(
         PersistenceRetryPayload::gameplay_state(id, state.clone(), None, None),
-        envelope("flush", Origin::GameplayState),
+        IdempotencyEnvelope {
+            owner_epoch: 0,
+            ..envelope("flush", Origin::GameplayState)
+        },
         "saver",
         None,
     )

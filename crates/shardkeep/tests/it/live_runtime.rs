@@ -337,7 +337,11 @@ async fn a_handoff_carries_the_copy_and_a_zombies_is_refused(pool: PgPool) {
     let redis = TestRedis::new().await;
     for d in drivers.drivers() {
         let a = Live::on(&d, &redis, "shard-a").await;
-        let b = Live::on(&d, &redis, "shard-b").await;
+        // b saves nothing on its own: a checkpoint refused once a's login takes the character
+        // would evict its copy before the zombie's handoff this test makes.
+        let mut quiet = LiveConfig::new("shard-b");
+        quiet.own_pulse = false;
+        let b = Live::with(&d, &redis, quiet).await;
         let (id, copy) = a.player("Eryn").await;
         set(copy, &a.runtime, "experience", 12);
         let ticket = a
