@@ -58,6 +58,12 @@ impl Live {
 
     async fn stop(self) {
         self.runtime.clone().shutdown(Duration::from_secs(10)).await;
+        self.stop_workers().await;
+    }
+
+    /// Stops the services' workers of a shard whose runtime was killed: they would otherwise
+    /// write into the test's namespace after it is swept (a journal consumer re-registers).
+    async fn stop_workers(self) {
         self.cancel.cancel();
         self.workers.shutdown(Duration::from_secs(10)).await;
     }
@@ -204,8 +210,7 @@ async fn a_live_grant_is_numbered_and_granted_once_after_a_crash(pool: PgPool) {
         assert_eq!(currency, 90, "{}: the grant once", d.name());
         assert_eq!(experience, 1, "{}: the offline grant once", d.name());
         again.stop().await;
-        live.cancel.cancel();
-        live.workers.shutdown(Duration::from_secs(5)).await;
+        live.stop_workers().await;
     }
 }
 
@@ -627,8 +632,7 @@ async fn what_a_crashed_copy_put_down_is_not_picked_up_as_a_second_copy(pool: Pg
         });
         assert_eq!(count, 1, "{}: {held}", d.name());
         b.stop().await;
-        a.cancel.cancel();
-        a.workers.shutdown(Duration::from_secs(5)).await;
+        a.stop_workers().await;
     }
 }
 
@@ -875,4 +879,5 @@ async fn a_copy_in_a_transfer_is_not_checkpointed_until_its_commit_answers(pool:
         .unwrap();
     assert!(holds(&state, horn), "the horn is in no row: {state}");
     other.stop().await;
+    live.stop_workers().await;
 }
