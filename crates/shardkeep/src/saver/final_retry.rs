@@ -1,9 +1,10 @@
 //! A logout's final save that could not land with its batch. The player is gone, so no later
 //! cadence would write these changes: the save keeps retrying in the background through a
-//! Postgres outage (backoff 250 ms to 4 s, rebasing on version conflicts, fenced by the epoch),
-//! and when the outage outlasts the budget, or rebasing never wins, it becomes a durable
-//! `gameplay_state` retry job, written as soon as Postgres answers and fenced like any save. Each
-//! one is registered as pending until it is durable, so the saver's barrier waits for it.
+//! Postgres outage (backoff 250 ms to 4 s, fenced by the epoch), and when the outage outlasts the
+//! budget, or the row moved under the save, it becomes a durable `gameplay_state` retry job,
+//! written as soon as Postgres answers and fenced like any save; its settle plays on the dump what
+//! landed on the row after it (an offline grant), where a rebase would write over it. Each one is
+//! registered as pending until it is durable, so the saver's barrier waits for it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,6 +47,11 @@ pub(super) enum Start {
 }
 
 impl FinalRetries {
+    /// True when a final save that cannot land directly can become a durable job.
+    pub(super) fn queues_jobs(&self) -> bool {
+        self.retry.is_some()
+    }
+
     /// Registers `request` as pending and retries it in the background from `start`.
     /// `checkpointed` says whether its checkpoint was written (what keeps it if all else fails).
     pub(super) fn spawn(&self, request: SaveRequest, checkpointed: bool, start: Start) {
@@ -74,7 +80,7 @@ impl FinalRetries {
     }
 
     /// Retries the save directly until it lands or is fenced (false: done), or the outage
-    /// budget or the rebase budget runs out (true: make it a job).
+    /// budget runs out or the row moved under it (true: make it a job).
     async fn save_through_outage(&self, request: &SaveRequest) -> bool {
         let character_id = request.snapshot.character_id;
         let deadline = Instant::now() + self.config.final_outage_budget;
@@ -101,7 +107,9 @@ impl FinalRetries {
                 }
                 Ok(Ok(SaveOutcome::VersionConflict(current))) => {
                     self.stats.row_conflicts(1);
-                    if rebases >= self.config.final_retries {
+                    // The row moved under the save: its job replays what moved it. Without a
+                    // retry queue it is rebased (what landed since the dump is then lost).
+                    if self.queues_jobs() || rebases >= self.config.final_retries {
                         return true;
                     }
                     rebases += 1;

@@ -6,7 +6,7 @@
 //! [`SaveFeedback`]; shutdown waits on [`Saver::barrier`], which covers the logout saves still
 //! retrying in the background too.
 //!
-//! - `worker` — the batch handler: coalescing, the checkpoint leg, the CAS leg, final rebase.
+//! - `worker` — the batch handler: coalescing, the checkpoint leg, the CAS leg, a final over a moved row.
 //! - `final_retry` — a logout save that could not land: retried through an outage, then a
 //!   durable retry job.
 //! - [`pending`] — the registry of those logout saves, which the barrier waits for.
@@ -40,7 +40,7 @@ pub enum SaveReason {
     Checkpoint,
     /// The ~60 s cadence, a drain or a live reconcile: Redis and Postgres.
     Flush,
-    /// Logout or leave: Redis and Postgres, with the rebase path on a conflict.
+    /// Logout or leave: Redis and Postgres; over a moved row (a departed player's), a state job.
     Final,
 }
 
@@ -131,7 +131,7 @@ pub enum SaverEvent {
         /// the session they belong to by it).
         owner_epoch: i64,
     },
-    /// A logout's final save outlasted the outage budget (or every rebase lost a race) and is a
+    /// A logout's final save outlasted the outage budget (or the row moved under it) and is a
     /// durable `gameplay_state` retry job now, applied by the retry worker under the epoch fence.
     FinalQueuedAsJob {
         /// The character.
@@ -203,7 +203,8 @@ pub struct SaverConfig {
     pub write_chunk: usize,
     /// Bound on each Redis or Postgres operation.
     pub io_timeout: Duration,
-    /// Final-flush rebase attempts.
+    /// Final-flush rebase attempts (a saver without a retry queue only: with one, a final over
+    /// a moved row becomes a state job).
     pub final_retries: u32,
     /// Time budget of the final-flush rebase loop.
     pub final_budget: Duration,

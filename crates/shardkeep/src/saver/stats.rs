@@ -47,7 +47,7 @@ pub struct SaverStatsSnapshot {
     /// Logout final saves written to neither the row nor a retry job (their checkpoints keep
     /// them).
     pub final_dropped: u64,
-    /// Logout final saves that became durable retry jobs (a long outage, or no rebase won).
+    /// Logout final saves that became durable retry jobs (a long outage, or the row moved under them).
     pub final_queued_as_job: u64,
     /// Checkpoint requests dropped at enqueue.
     pub dropped_checkpoint: u64,

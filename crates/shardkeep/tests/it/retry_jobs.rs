@@ -8,7 +8,8 @@ use shardkeep::character::{CharacterStore, NewCharacter};
 use shardkeep::clock::{Clock, ManualClock, SystemClock};
 use shardkeep::retry::{
     DurableOnlyReason, EnqueueOutcome, IdempotencyEnvelope, JobOutcome, Origin,
-    PersistenceRetryJob, PersistenceRetryPayload, RequeueOutcome, RetryStats, RetryWorkerConfig,
+    PersistenceRetryJob, PersistenceRetryPayload, RequeueOutcome, RetryQueue, RetryStats,
+    RetryWorker, RetryWorkerConfig,
 };
 use shardkeep_testkit::{JobDriver, JobDrivers};
 use sqlx::PgPool;
@@ -889,4 +890,144 @@ async fn a_state_job_keeps_an_offline_grant_that_landed_after_its_dump(pool: PgP
             );
         }
     });
+}
+
+/// The saver's answers for a player who has left: nothing is present.
+struct Departed;
+
+impl shardkeep::saver::SaveFeedback for Departed {
+    fn deliver(&self, _: shardkeep::saver::SaverEvent) {}
+
+    fn is_present(&self, _: Uuid) -> bool {
+        false
+    }
+}
+
+/// A saver writing rows to `rows`, whose finals that cannot land become jobs in `queue`.
+fn saver_over(rows: CharacterStore, queue: &RetryQueue) -> shardkeep::saver::Saver {
+    let config = shardkeep::saver::SaverConfig {
+        io_timeout: Duration::from_millis(500),
+        ..Default::default()
+    };
+    shardkeep::saver::Saver::spawn(
+        shardkeep::saver::SaverSinks {
+            rows: Some(rows),
+            checkpoints: None,
+            retry: Some(queue.clone()),
+        },
+        Arc::new(Departed),
+        config,
+        tokio_util::sync::CancellationToken::new(),
+    )
+}
+
+/// A live copy of a new character `name` whose row holds 10 experience, and the row version
+/// its dumps are made at; then a gift (7 experience) lands on the row under it.
+async fn copy_with_a_gift_under_it(
+    d: &JobDriver,
+    name: &str,
+    queue: &RetryQueue,
+    worker: &mut RetryWorker,
+) -> shardkeep::character::CharacterSnapshot {
+    let id = d.character(name).await;
+    let epoch = d.characters().claim(id, 0).await.unwrap().new_epoch;
+    let mut live = d.characters().load(id).await.unwrap().unwrap();
+    live.owner_epoch = epoch;
+    live.state = json!({ "experience": 10, "currency": 0 }).into();
+    live.issue_mark = 2;
+    let shardkeep::character::SaveOutcome::Saved(version) =
+        d.characters().save(&live).await.unwrap()
+    else {
+        panic!("the live save did not land");
+    };
+    live.state_version = version;
+    queue
+        .enqueue(&reward(id, &format!("gift:{name}"), 0, 7))
+        .await
+        .unwrap();
+    worker.run_until_idle().await.unwrap();
+    assert_eq!(d.experience(id).await, 17, "{}", d.name());
+    // The player logs out with 25, dumped before the gift landed.
+    live.state = json!({ "experience": 25, "currency": 0 }).into();
+    live.issue_mark = 3;
+    live
+}
+
+/// A departed player's logout save whose row moved under it (an offline grant landed after its
+/// dump) is not rebased over the row: it goes down as a state job, which plays the grant on the
+/// dump. The rebase wrote 25 over the gift's 17.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_departed_players_logout_save_keeps_the_grant_that_moved_its_row(pool: PgPool) {
+    on_each_driver!(pool, |d| {
+        let clock = system_clock();
+        let (queue, signals) = d.queue(16, Arc::clone(&clock));
+        let mut worker = d.worker(signals, config("w"), clock);
+        let live = copy_with_a_gift_under_it(&d, "Cass", &queue, &mut worker).await;
+        let saver = saver_over(d.characters(), &queue);
+        saver.enqueue(shardkeep::saver::SaveReason::Final, live.clone());
+        let _ = saver.barrier(Duration::from_secs(10)).await;
+        worker.run_until_idle().await.unwrap();
+        assert_eq!(
+            d.experience(live.character_id).await,
+            32,
+            "{}: the logout's 25 and the gift's 7",
+            d.name()
+        );
+    });
+}
+
+/// A logout save retried through a Postgres outage finds the row moved when Postgres is back
+/// (a gift landed meanwhile through another connection): it goes down as a state job that keeps
+/// the gift, not as a rebase over it.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_logout_save_retried_through_an_outage_keeps_the_grant_that_landed_meanwhile(
+    pool: PgPool,
+) {
+    let d = JobDriver::Postgres(pool.clone());
+    let clock = system_clock();
+    let (queue, signals) = d.queue(16, Arc::clone(&clock));
+    let mut worker = d.worker(signals, config("w"), clock);
+    let proxy = shardkeep_testkit::faults::FaultProxy::start(shardkeep_testkit::pg_addr())
+        .await
+        .unwrap();
+    let (options, pooler) = shardkeep_testkit::proxied_options(&pool, &proxy);
+    let proxied = PostgresBackend::pool_options(2)
+        .acquire_timeout(Duration::from_millis(500))
+        .connect_with(options)
+        .await
+        .unwrap();
+    let saver = saver_over(
+        CharacterStore::new(PostgresBackend::from_pool_through(proxied, pooler)),
+        &queue,
+    );
+    let id = d.character("Dora").await;
+    let epoch = d.characters().claim(id, 0).await.unwrap().new_epoch;
+    let mut live = d.characters().load(id).await.unwrap().unwrap();
+    live.owner_epoch = epoch;
+    live.state = json!({ "experience": 10, "currency": 0 }).into();
+    live.issue_mark = 2;
+    let shardkeep::character::SaveOutcome::Saved(version) =
+        d.characters().save(&live).await.unwrap()
+    else {
+        panic!("the live save did not land");
+    };
+    live.state_version = version;
+    live.state = json!({ "experience": 25, "currency": 0 }).into();
+    live.issue_mark = 3;
+    // Postgres is out for the saver: the logout save retries in the background.
+    proxy.set_mode(shardkeep_testkit::faults::ProxyMode::Cut);
+    saver.enqueue(shardkeep::saver::SaveReason::Final, live.clone());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A gift lands meanwhile, then Postgres comes back.
+    queue.enqueue(&reward(id, "gift", 0, 7)).await.unwrap();
+    worker.run_until_idle().await.unwrap();
+    assert_eq!(d.experience(id).await, 17);
+    proxy.set_mode(shardkeep_testkit::faults::ProxyMode::Pass);
+    let _ = saver.barrier(Duration::from_secs(20)).await;
+    worker.run_until_idle().await.unwrap();
+    assert_eq!(
+        d.experience(id).await,
+        32,
+        "the logout's 25 and the gift's 7"
+    );
 }
