@@ -4,6 +4,8 @@
 //!
 //! Every step that must not be lost retries until it succeeds (a store outage only delays it):
 //! the handoff payload, the claim of a taken handoff, and the journal append of a closed stream.
+//! A handoff's steps are the library's ([`shardkeep::live::Transit`], as the live runtime runs
+//! them); this file keeps their retries, I/O permits and counters.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,13 +19,13 @@ use super::inbound::Inbound;
 use super::order_checks::SessionEvent;
 use super::world::{World, bump};
 use shardkeep::character::{CharacterSnapshot, HandoffLoad, HandoffPayload};
-use shardkeep::coord::{HandoffTake, PresenceRecord, TransferActivation};
-use shardkeep::coord::{OrderCheck, SessionOrder};
+use shardkeep::coord::{OrderCheck, PresenceRecord, SessionOrder};
 use shardkeep::journal::{
     ActiveSession, PlayerSnapshot, RealtimeRuntimeProfile, RealtimeStreamCleanup,
     SessionLifecycleEffectPlan, cleanup_stream,
 };
-use shardkeep::keyspace::HandoffScope;
+use shardkeep::live::Transit;
+use shardkeep::live::transit::{Activation, SendError, Taken};
 use shardkeep::retry::{
     EnqueueOutcome, IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload,
 };
@@ -35,9 +37,9 @@ const RETRY_PAUSE: Duration = Duration::from_millis(250);
 /// Bound on one store call.
 const IO_BOUND: Duration = Duration::from_secs(3);
 /// Lifetime of a handoff payload.
-const HANDOFF_TTL: Ttl = Ttl::from_static_secs(120);
+pub(super) const HANDOFF_TTL: Ttl = Ttl::from_static_secs(120);
 /// Lifetime of session markers and presence records.
-const SESSION_TTL: Ttl = Ttl::from_static_secs(120);
+pub(super) const SESSION_TTL: Ttl = Ttl::from_static_secs(120);
 
 async fn pause(world: &World) -> bool {
     tokio::select! {
@@ -326,27 +328,16 @@ pub(super) fn hand_off(
     let world = Arc::clone(world);
     let token = agent.token("handoff");
     tokio::spawn(async move {
-        let payload = match HandoffPayload::new(snapshot.clone()).encode() {
-            Ok(payload) => payload,
-            Err(_) => return world.leave_transit(agent),
-        };
-        let scope = HandoffScope::Placement(target.clone());
+        let payload = HandoffPayload::new(snapshot.clone());
         loop {
             let put = {
                 let _permit = world.io.acquire().await;
-                let coord = &world.env.coord;
-                // The transfer is pending before its handoff exists, so its activation marker
-                // is kept until this source has seen it.
-                tokio::time::timeout(IO_BOUND, async {
-                    coord.transfer_begin(&token, HANDOFF_TTL).await?;
-                    coord
-                        .handoff_put(&token, &scope, &payload, HANDOFF_TTL)
-                        .await
-                })
-                .await
+                tokio::time::timeout(IO_BOUND, world.transit.send(&token, &payload, &target)).await
             };
-            if matches!(put, Ok(Ok(()))) {
-                break;
+            match put {
+                Ok(Ok(())) => break,
+                Ok(Err(SendError::Payload(_))) => return world.leave_transit(agent),
+                Ok(Err(SendError::Coordination(_))) | Err(_) => {}
             }
             bump(&world.counters.handoff_retries);
             if !pause(&world).await {
@@ -380,24 +371,14 @@ fn await_activation(world: &Arc<World>, character_id: uuid::Uuid, token: String)
         while tokio::time::Instant::now() < deadline && !world.halt.is_cancelled() {
             let seen = {
                 let _permit = world.io.acquire().await;
-                let coord = &world.env.coord;
                 tokio::time::timeout(IO_BOUND, async {
-                    if coord.transfer_marker_get(&token).await?.is_none()
-                        && coord.transfer_is_pending(&token).await?
+                    // Activated (the marker, or its durable record when a failover lost the
+                    // marker), or ended without one (a handoff that could not arrive).
+                    if world.transit.activation(character_id, &token).await? == Activation::Waiting
                     {
-                        // A failover has left activated transfers without their marker: the
-                        // activation's durable record ends the wait as well.
-                        let recorded = world
-                            .env
-                            .retry
-                            .transfer_activation_recorded(character_id, &token)
-                            .await
-                            .unwrap_or(false);
-                        if !recorded {
-                            return Ok::<_, shardkeep::CoordError>(false);
-                        }
+                        return Ok::<_, shardkeep::CoordError>(false);
                     }
-                    coord.transfer_complete(&token).await?;
+                    world.transit.complete(&token).await?;
                     Ok(true)
                 })
                 .await
@@ -428,7 +409,7 @@ pub(super) fn abandon_transfer(world: &Arc<World>, token: String) {
         loop {
             let ended = {
                 let _permit = world.io.acquire().await;
-                tokio::time::timeout(IO_BOUND, world.env.coord.transfer_complete(&token)).await
+                tokio::time::timeout(IO_BOUND, world.transit.complete(&token)).await
             };
             if matches!(ended, Ok(Ok(()))) || !pause(&world).await {
                 return;
@@ -451,31 +432,19 @@ pub(super) fn arrive(
 ) {
     let world = Arc::clone(world);
     tokio::spawn(async move {
-        let scope = HandoffScope::Placement(shard.clone());
         let carried = loop {
             let taken = {
                 let _permit = world.io.acquire().await;
-                tokio::time::timeout(
-                    IO_BOUND,
-                    world
-                        .env
-                        .coord
-                        .handoff_take(&token, std::slice::from_ref(&scope)),
-                )
-                .await
+                tokio::time::timeout(IO_BOUND, world.transit.take(&token, &shard)).await
             };
             match taken {
-                Ok(Ok(HandoffTake::Taken { payload, .. })) => {
-                    match HandoffPayload::decode(&payload) {
-                        Ok(carried) => break carried,
-                        Err(_) => {
-                            bump(&world.counters.handoffs_lost);
-                            abandon_transfer(&world, token);
-                            return go_offline(&world, agent, 500);
-                        }
-                    }
+                Ok(Ok(Taken::Carried(carried))) => break *carried,
+                Ok(Ok(Taken::Unreadable)) => {
+                    bump(&world.counters.handoffs_lost);
+                    abandon_transfer(&world, token);
+                    return go_offline(&world, agent, 500);
                 }
-                Ok(Ok(HandoffTake::AlreadyConsumed | HandoffTake::NotFound)) => {
+                Ok(Ok(Taken::Gone)) => {
                     bump(&world.counters.handoff_takes_recovered);
                     break HandoffPayload::new(retained);
                 }
@@ -487,15 +456,11 @@ pub(super) fn arrive(
                 }
             }
         };
-        let floor = carried.dumped_under_epoch;
         loop {
             let before = world.outage_reading();
             let claimed = {
                 let _permit = world.io.acquire().await;
-                world
-                    .loader
-                    .claim_for_handoff(carried.clone(), &token, floor)
-                    .await
+                world.transit.claim(&carried, &token).await
             };
             let steady = world.no_outage_since(before);
             match claimed {
@@ -539,26 +504,16 @@ pub(super) fn confirm_transfer(
     old_player: PlayerSnapshot,
 ) {
     let character_id = old_player.character_id;
-    let activation = TransferActivation {
-        transfer_token: token.to_owned(),
-        target_shard: shard.to_owned(),
-        target_zone: zone.to_owned(),
-        activated_at: Utc::now(),
-    };
+    let activation = Transit::activation_now(token, shard, zone);
+    let job = Transit::activation_record(&activation, character_id, epoch, shard).ok();
     let marker_world = Arc::clone(world);
     tokio::spawn(async move {
         // The source waits for this marker: retried until it lands.
         loop {
             let set = {
                 let _permit = marker_world.io.acquire().await;
-                tokio::time::timeout(
-                    IO_BOUND,
-                    marker_world
-                        .env
-                        .coord
-                        .transfer_marker_set(&activation, SESSION_TTL),
-                )
-                .await
+                tokio::time::timeout(IO_BOUND, marker_world.transit.mark_activation(&activation))
+                    .await
             };
             if matches!(set, Ok(Ok(()))) {
                 return;
@@ -569,22 +524,7 @@ pub(super) fn confirm_transfer(
             }
         }
     });
-    let payload = Ok(PersistenceRetryPayload::transfer_activation(
-        character_id,
-        token,
-        shard,
-        zone,
-    ));
-    let key = format!("transfer:{token}");
-    // An activation changes no row: it needs no place in the copy's issue sequence.
-    if let Some(job) = job(
-        payload,
-        key,
-        (epoch, 0),
-        Origin::TransferActivation,
-        shard,
-        token,
-    ) {
+    if let Some(job) = job {
         enqueue_job(world, job);
     }
     close_stream(

@@ -168,6 +168,8 @@ pub(super) struct World {
     pub(super) store: CharacterStore,
     pub(super) placement: PlacementStore,
     pub(super) loader: CharacterLoader,
+    /// The handoff protocol's steps (the library's; the simulator meters and retries them).
+    pub(super) transit: shardkeep::live::Transit,
     pub(super) directory: ZoneDirectory,
     pub(super) catalog: Arc<Catalog>,
     /// Zones of each shard, by shard index.
@@ -256,6 +258,13 @@ impl World {
             store: env.sut_characters(),
             placement: env.sut_placement(),
             loader: env.loader(),
+            transit: shardkeep::live::Transit::new(
+                env.coord.clone(),
+                env.loader(),
+                env.retry.clone(),
+                super::travel::HANDOFF_TTL,
+                super::travel::SESSION_TTL,
+            ),
             config,
             env,
             directory,

@@ -15,17 +15,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::Utc;
 use uuid::Uuid;
 
 use super::copies::{CopyId, Link};
+use super::transit::{Activation, SendError, Taken, Transit};
 use super::{Admitted, Inner, LiveError, LiveGame, Runtime, SessionStart};
 use crate::character::{CharacterSnapshot, HandoffPayload};
-use crate::coord::{HandoffTake, TransferActivation};
 use crate::journal::SessionLifecycleEffectPlan;
-use crate::keyspace::HandoffScope;
 use crate::model::Anchor;
-use crate::retry::{IdempotencyEnvelope, Origin, PersistenceRetryJob, PersistenceRetryPayload};
 
 /// A copy on its way to another shard: the client presents the token there.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,7 +47,6 @@ impl<G: LiveGame> Runtime<G> {
         destination: Anchor,
     ) -> Result<HandoffTicket, LiveError> {
         let inner = &self.inner;
-        let scope = HandoffScope::Placement(target_shard.to_owned());
         // An item transfer of the character in flight ends first, so the content that
         // travels holds its outcome; one starting meanwhile finds the copy leaving.
         inner
@@ -74,17 +70,16 @@ impl<G: LiveGame> Runtime<G> {
         let stored = tokio::time::timeout(inner.config.io_timeout, async {
             // The travelling content is kept too: an untaken handoff then costs nothing.
             let _ = inner.stores.checkpoints.write(&snapshot).await;
-            let payload = HandoffPayload::new(snapshot.clone())
-                .encode()
-                .map_err(|e| LiveError::Game(e.to_string()))?;
-            let coord = &inner.stores.coord;
-            coord
-                .transfer_begin(&token, inner.config.handoff_ttl)
-                .await?;
-            coord
-                .handoff_put(&token, &scope, &payload, inner.config.handoff_ttl)
-                .await?;
-            Ok::<_, LiveError>(())
+            let payload = HandoffPayload::new(snapshot.clone());
+            inner
+                .stores
+                .transit
+                .send(&token, &payload, target_shard)
+                .await
+                .map_err(|err| match err {
+                    SendError::Payload(err) => LiveError::Game(err.to_string()),
+                    SendError::Coordination(err) => LiveError::Coordination(err),
+                })
         })
         .await;
         match stored {
@@ -114,28 +109,21 @@ impl<G: LiveGame> Runtime<G> {
         if inner.closing.load(std::sync::atomic::Ordering::Acquire) {
             return Err(LiveError::Stopped);
         }
-        let scope = [HandoffScope::Placement(inner.config.shard_id.clone())];
         let taken = tokio::time::timeout(
             inner.config.io_timeout,
-            inner.stores.coord.handoff_take(token, &scope),
+            inner.stores.transit.take(token, &inner.config.shard_id),
         )
         .await
         .map_err(|_| LiveError::NotDurable("taking the handoff timed out".into()))??;
-        let HandoffTake::Taken { payload, .. } = taken else {
+        let Taken::Carried(carried) = taken else {
             return Err(LiveError::UnknownHandoff);
         };
-        let carried = HandoffPayload::decode(&payload).map_err(|_| LiveError::UnknownHandoff)?;
         let character_id = carried.snapshot.character_id;
         // The payload is gone from Redis: the claim is retried (the source's checkpoint holds
         // the content should this process die meanwhile).
         let deadline = tokio::time::Instant::now() + inner.config.io_timeout * 3;
         let load = loop {
-            match inner
-                .stores
-                .loader
-                .claim_for_handoff(carried.clone(), token, 0)
-                .await
-            {
+            match inner.stores.transit.claim(&carried, token).await {
                 Ok(load) => break load,
                 Err(err) if tokio::time::Instant::now() >= deadline => return Err(err.into()),
                 Err(_) => tokio::time::sleep(RETRY_PAUSE).await,
@@ -185,37 +173,19 @@ fn mark_activation<G: LiveGame>(
         .zone_ref
         .clone()
         .unwrap_or_else(|| inner.config.shard_id.clone());
-    let activation = TransferActivation {
-        transfer_token: token.to_owned(),
-        target_shard: inner.config.shard_id.clone(),
-        target_zone: zone.clone(),
-        activated_at: Utc::now(),
-    };
-    let job = PersistenceRetryJob::new(
-        PersistenceRetryPayload::transfer_activation(
-            character_id,
-            token,
-            &inner.config.shard_id,
-            &zone,
-        ),
-        IdempotencyEnvelope {
-            idempotency_key: format!("transfer:{token}"),
-            owner_epoch: copy.owner_epoch,
-            origin: Origin::TransferActivation,
-            issued_at: Utc::now(),
-            // An activation changes no row: it needs no place in the copy's issue sequence.
-            issue_seq: 0,
-        },
+    let activation = Transit::activation_now(token, &inner.config.shard_id, &zone);
+    let job = Transit::activation_record(
+        &activation,
+        character_id,
+        copy.owner_epoch,
         &format!("live-{}", inner.config.shard_id),
-        Some(token.to_owned()),
     );
     let inner = Arc::clone(inner);
     tokio::spawn(async move {
-        let coord = &inner.stores.coord;
         loop {
             let set = tokio::time::timeout(
                 inner.config.io_timeout,
-                coord.transfer_marker_set(&activation, inner.config.session_ttl),
+                inner.stores.transit.mark_activation(&activation),
             )
             .await;
             if matches!(set, Ok(Ok(()))) {
@@ -248,24 +218,21 @@ fn await_activation<G: LiveGame>(
     let inner = Arc::clone(inner);
     tokio::spawn(async move {
         let deadline = tokio::time::Instant::now() + inner.config.handoff_ttl.duration();
-        let coord = &inner.stores.coord;
+        let transit = &inner.stores.transit;
         let mut activated = false;
         while tokio::time::Instant::now() < deadline {
-            let seen = tokio::time::timeout(inner.config.io_timeout, async {
-                if coord.transfer_marker_get(&token).await?.is_some() {
-                    return Ok::<_, crate::CoordError>(true);
-                }
-                Ok(inner
-                    .stores
-                    .retry
-                    .transfer_activation_recorded(copy.character_id, &token)
-                    .await
-                    .unwrap_or(false))
-            })
+            let seen = tokio::time::timeout(
+                inner.config.io_timeout,
+                transit.activation(copy.character_id, &token),
+            )
             .await;
-            if matches!(seen, Ok(Ok(true))) {
-                activated = true;
-                break;
+            match seen {
+                Ok(Ok(Activation::Activated)) => {
+                    activated = true;
+                    break;
+                }
+                Ok(Ok(Activation::Ended)) => break,
+                Ok(Ok(Activation::Waiting) | Err(_)) | Err(_) => {}
             }
             tokio::select! {
                 () = inner.cancel.cancelled() => return,
@@ -274,8 +241,7 @@ fn await_activation<G: LiveGame>(
         }
         loop {
             let done =
-                tokio::time::timeout(inner.config.io_timeout, coord.transfer_complete(&token))
-                    .await;
+                tokio::time::timeout(inner.config.io_timeout, transit.complete(&token)).await;
             if matches!(done, Ok(Ok(()))) {
                 break;
             }

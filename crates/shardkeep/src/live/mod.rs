@@ -26,7 +26,8 @@
 //! (the registry), `driver` (the pulse: cadences, the saver's answers, deferred finals),
 //! `sessions` (login, resume, detach, logout, shutdown), `finals` (logout saves and journal
 //! entries owed), `writes` (grants, saves, merges), `handoff` (leaving for and arriving from
-//! another shard), `items` (pickups and transfers), `launch` (one call to a running shard).
+//! another shard), [`transit`] (the handoff protocol's steps, shared with hosts that drive their
+//! own), `items` (pickups and transfers), `launch` (one call to a running shard).
 
 pub mod cadence;
 mod copies;
@@ -37,6 +38,7 @@ mod handoff;
 mod items;
 mod launch;
 mod sessions;
+pub mod transit;
 mod writes;
 
 use std::sync::Arc;
@@ -63,6 +65,7 @@ pub use handoff::HandoffTicket;
 pub use items::{PickedUp, ReleaseMark, pickup_commits};
 pub use launch::{Launch, LaunchError, Launched};
 pub use sessions::{Admitted, FinalSave, Resumed, ShutdownReport};
+pub use transit::Transit;
 pub use writes::{Granted, OFFLINE_EPOCH, OfflineGrant};
 
 /// Tunables of a runtime.
@@ -221,6 +224,7 @@ pub(crate) struct Stores {
     pub(crate) coord: Coordination,
     pub(crate) retry: RetryQueue,
     pub(crate) journal: SessionJournal,
+    pub(crate) transit: Transit,
 }
 
 /// The runtime's shared state.
@@ -334,6 +338,13 @@ impl<G: LiveGame> Runtime<G> {
             cancel.child_token(),
         );
         let (events, _) = broadcast::channel(1024);
+        let transit = Transit::new(
+            services.coord.clone(),
+            services.loader.clone(),
+            services.retry.clone(),
+            config.handoff_ttl,
+            config.session_ttl,
+        );
         let inner = Arc::new(Inner {
             game,
             periods: config.cadence.periods(),
@@ -345,6 +356,7 @@ impl<G: LiveGame> Runtime<G> {
                 coord: services.coord.clone(),
                 retry: services.retry.clone(),
                 journal: services.journal.clone(),
+                transit,
             },
             saver,
             placement,

@@ -41,3 +41,4 @@ mod schema_versions;
 mod services;
 mod settle_bound;
 mod transfer_markers;
+mod transit;
