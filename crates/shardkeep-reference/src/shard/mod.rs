@@ -193,6 +193,18 @@ fn dump_entry(
     }
 }
 
+/// Dumps a player of `zone` for a save, numbered: the dump takes the next number of the copy's
+/// issue sequence, so of two dumps of one copy the later ranks higher at a load (a checkpoint
+/// dumped after a flush that lands later outranks that flush's row on its mark, where an equal
+/// mark would let the row win and lose what was played between the two dumps).
+fn dump_for_save(
+    zone: &mut ZoneRuntime,
+    character_id: Uuid,
+) -> Option<shardkeep::character::CharacterSnapshot> {
+    zone.player_mut(character_id)?.character.issue();
+    dump_entry(zone.player(character_id)?, zone)
+}
+
 /// A crash-window measure in progress; dropping it lets the next one start.
 struct ExportingFlag(Arc<std::sync::atomic::AtomicBool>);
 
@@ -429,17 +441,22 @@ impl Shard {
             }
             zone.pulse_timed();
             let due = zone.due_saves(self.pulse, checkpoint_period, flush_period);
-            flushes.extend(
-                due.flush
-                    .iter()
+            let ids = |due: &[&PlayerEntry]| -> Vec<Uuid> {
+                due.iter()
                     .filter(settled)
-                    .filter_map(|e| dump_entry(e, zone)),
+                    .map(|e| e.character.character_id)
+                    .collect()
+            };
+            let (flush_ids, checkpoint_ids) = (ids(&due.flush), ids(&due.checkpoint));
+            flushes.extend(
+                flush_ids
+                    .into_iter()
+                    .filter_map(|id| dump_for_save(zone, id)),
             );
             checkpoints.extend(
-                due.checkpoint
-                    .iter()
-                    .filter(settled)
-                    .filter_map(|e| dump_entry(e, zone)),
+                checkpoint_ids
+                    .into_iter()
+                    .filter_map(|id| dump_for_save(zone, id)),
             );
         }
         if self.pulse > self.config.quiet_pulses {
@@ -485,11 +502,24 @@ impl Shard {
     /// Dumps every live, persisted, non-frozen, non-pending player and queues it for `reason`
     /// (a drain or a live reconcile).
     pub fn save_all(&mut self, reason: SaveReason) {
+        let transferring = self.transferring();
         let mut snapshots = Vec::new();
-        for zone in self.zones.values() {
-            for entry in zone.players().filter(|e| !e.skip_saves()) {
-                snapshots.extend(dump_entry(entry, zone));
-            }
+        for zone in self.zones.values_mut() {
+            let (numbered, tied): (Vec<Uuid>, Vec<Uuid>) = zone
+                .players()
+                .filter(|e| !e.skip_saves())
+                .map(|e| e.character.character_id)
+                .partition(|id| !transferring.contains(id));
+            // In a transfer: unnumbered, as `dump_numbered` says why.
+            snapshots.extend(
+                tied.into_iter()
+                    .filter_map(|id| dump_entry(zone.player(id)?, zone)),
+            );
+            snapshots.extend(
+                numbered
+                    .into_iter()
+                    .filter_map(|id| dump_for_save(zone, id)),
+            );
         }
         self.saver.enqueue_many(reason, snapshots);
     }
@@ -502,10 +532,26 @@ impl Shard {
         if entry.skip_saves() {
             return false;
         }
-        let Some(snapshot) = self.dump(entry) else {
+        let Some(snapshot) = self.dump_numbered(character_id) else {
             return false;
         };
         self.saver.enqueue(reason, snapshot) == shardkeep::saver::EnqueueOutcome::Queued
+    }
+
+    /// Dumps a player for a save, numbered (see `dump_for_save`) — unless an item transfer of
+    /// the character waits for its commit: the commit's row holds the item under the copy's
+    /// current mark, and a dump without the item numbered past it would outrank that row at a
+    /// load (the item in no row), so such a dump keeps the current mark and ties, and the row
+    /// wins.
+    pub(super) fn dump_numbered(
+        &mut self,
+        character_id: Uuid,
+    ) -> Option<shardkeep::character::CharacterSnapshot> {
+        if self.has_pending_transfer(character_id) {
+            return self.dump(self.player(character_id)?);
+        }
+        let zone = self.residency.zone_of(character_id)?;
+        dump_for_save(self.zones.get_mut(&zone)?, character_id)
     }
 
     /// Dumps a player at its durable location (an instance keeps its anchor).

@@ -305,7 +305,7 @@ impl Shard {
         let snapshot = if entry.skip_saves() {
             None
         } else {
-            self.dump(entry)
+            self.dump_numbered(character_id)
         };
         let zone = self
             .zones
