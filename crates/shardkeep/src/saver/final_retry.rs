@@ -47,9 +47,10 @@ pub(super) enum Start {
 }
 
 impl FinalRetries {
-    /// True when a final save that cannot land directly can become a durable job.
-    pub(super) fn queues_jobs(&self) -> bool {
-        self.retry.is_some()
+    /// True when `request`, a final save that cannot land directly, can become a durable job:
+    /// there is a retry queue, and a job can carry its document.
+    pub(super) fn takes_as_job(&self, request: &SaveRequest) -> bool {
+        self.retry.is_some() && state_job(request, "final").is_ok()
     }
 
     /// Registers `request` as pending and retries it in the background from `start`.
@@ -107,9 +108,10 @@ impl FinalRetries {
                 }
                 Ok(Ok(SaveOutcome::VersionConflict(current))) => {
                     self.stats.row_conflicts(1);
-                    // The row moved under the save: its job replays what moved it. Without a
-                    // retry queue it is rebased (what landed since the dump is then lost).
-                    if self.queues_jobs() || rebases >= self.config.final_retries {
+                    // The row moved under the save: its job replays what moved it. A save no
+                    // job can take (no retry queue, or a document a job cannot carry) is
+                    // rebased (what landed since the dump is then lost).
+                    if self.takes_as_job(request) || rebases >= self.config.final_retries {
                         return true;
                     }
                     rebases += 1;

@@ -424,17 +424,21 @@ impl SaverWorker {
 
     /// The player is gone and nobody else will write this logout delta. The row moved under
     /// it: with a retry queue, the save goes down as a state job, whose settle plays on the dump
-    /// what landed after it (an offline grant) instead of writing over it. Without one, it is
-    /// rebased onto the current row and retried, bounded (what landed since the dump is then
-    /// lost; the epoch fence is a separate conjunct that a rebase cannot reach). `Some` when it
-    /// did not land: where its background retry starts.
+    /// what landed after it (an offline grant) instead of writing over it. Without one (or for a
+    /// document no job can carry), it is rebased onto the current row and retried, bounded
+    /// (what landed since the dump is then lost; the epoch fence is a separate conjunct that a
+    /// rebase cannot reach). `Some` when it did not land: where its background retry starts.
     async fn finalize(
         &self,
         store: &CharacterStore,
         request: &SaveRequest,
         mut current_version: i64,
     ) -> Option<Start> {
-        if self.finals.as_ref().is_some_and(FinalRetries::queues_jobs) {
+        if self
+            .finals
+            .as_ref()
+            .is_some_and(|finals| finals.takes_as_job(request))
+        {
             return Some(Start::Job);
         }
         let deadline = Instant::now() + self.config.final_budget;
