@@ -453,13 +453,10 @@ impl CheckpointStore {
             }
         };
         let key = redis.keys().checkpoint(character_id);
-        let mut pipe = redis::pipe();
-        pipe.load_script(&TAKE).ignore();
         let mut call = TAKE.prepare_invoke();
         call.key(&key).arg(self.ttl.as_millis()).arg(claimant);
-        pipe.invoke_script(&call);
         // Confirmed like a write: a failover must not hand the old guard back to a zombie.
-        let (reply,): (Vec<Value>,) = redis.query_confirmed(pipe).await?;
+        let reply: Vec<Value> = redis.invoke_confirmed(&TAKE, &call).await?;
         match reply.as_slice() {
             [tag] if is(tag, "none") => Ok(None),
             [tag, Value::BulkString(why)] if is(tag, "corrupt") => Err(CheckpointError::Corrupt {

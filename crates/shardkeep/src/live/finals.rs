@@ -211,7 +211,7 @@ pub(crate) fn final_as_job<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId) {
 }
 
 /// Writes `snapshot` as a durable job, retrying until Postgres takes it or the runtime stops.
-async fn store_final_job<G: LiveGame>(
+pub(crate) async fn store_final_job<G: LiveGame>(
     inner: &Arc<Inner<G>>,
     copy: CopyId,
     snapshot: &CharacterSnapshot,

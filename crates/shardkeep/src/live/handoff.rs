@@ -231,8 +231,11 @@ fn await_activation<G: LiveGame>(
                     activated = true;
                     break;
                 }
-                Ok(Ok(Activation::Ended)) => break,
-                Ok(Ok(Activation::Waiting) | Err(_)) | Err(_) => {}
+                // Not pending any more is not proof of an untaken handoff before the lifetime
+                // is out: a Redis restart loses the marker and the pending mark together while
+                // the activation's record may not be settled yet. The stream is closed on the
+                // outcome, so the wait goes on.
+                Ok(Ok(Activation::Waiting | Activation::Ended) | Err(_)) | Err(_) => {}
             }
             tokio::select! {
                 () = inner.cancel.cancelled() => return,

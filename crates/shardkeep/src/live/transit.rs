@@ -67,7 +67,10 @@ pub enum Activation {
     /// Not activated yet, still pending.
     Waiting,
     /// Not activated and no longer pending: the transfer was ended without an activation (a
-    /// handoff that could not arrive) or its pending mark expired.
+    /// handoff that could not arrive) or its pending mark expired. A Redis restart loses the
+    /// marker and the pending mark together, and the activation's record exists only once a
+    /// worker settled it: a source that acts on the outcome (journals its stream as a transfer
+    /// or a removal) waits out the handoff's lifetime before taking `Ended` as final.
     Ended,
 }
 

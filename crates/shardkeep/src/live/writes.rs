@@ -280,9 +280,6 @@ pub(crate) async fn merge<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, curr
     });
 }
 
-/// Pause before a final save whose merge could not read what landed goes again.
-const MERGE_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(250);
-
 /// A logout's final save of `copy` lost the version race (a job, an offline grant or a
 /// cleanup's location landed under it): what landed is merged into the final snapshot, which
 /// goes again at the row's version — a blind rebase would overwrite an offline grant.
@@ -306,14 +303,13 @@ pub(crate) fn merge_final<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, curr
         let effects = match read {
             Ok(Ok(effects)) => effects,
             _ => {
-                // Not rebased unmerged (that would write over what landed): the save goes
-                // again at its own version, and its next conflict merges.
+                // Not rebased unmerged (that would write over what landed), nor sent again at
+                // its own version (a read that keeps failing would loop): a durable job, whose
+                // settle plays what landed after the dump's version on it.
                 tracing::warn!(event = "live_merge_failed", character = %copy.character_id,
-                    "the final save goes again at its own version, merged at its next conflict");
-                tokio::time::sleep(MERGE_RETRY_PAUSE).await;
-                inner.finals.again(snapshot);
+                    "the final save goes down as a durable job");
+                super::finals::store_final_job(&inner, copy, &snapshot).await;
                 inner.finals.working(copy.character_id, false);
-                inner.finals.offer(&inner.saver);
                 return;
             }
         };

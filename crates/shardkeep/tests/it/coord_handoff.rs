@@ -361,4 +361,32 @@ async fn scripts_reload_after_the_server_forgets_them() {
         coord.handoff_take("b", &[instance("i")]).await.unwrap(),
         HandoffTake::Taken { .. }
     ));
+    // A login's take-over of a checkpoint sends its script only when the server lacks it.
+    let checkpoints = shardkeep::character::CheckpointStore::new(backend.clone());
+    let snapshot = shardkeep::character::CharacterSnapshot {
+        character_id: uuid::Uuid::now_v7(),
+        account_id: uuid::Uuid::now_v7(),
+        name: "Kira".into(),
+        zone_ref: None,
+        room_ref: None,
+        state: serde_json::json!({ "currency": 65 }).into(),
+        chargen: None,
+        state_version: 3,
+        owner_epoch: 1,
+        issue_mark: 0,
+        schema_version: 1,
+    };
+    checkpoints.write(&snapshot).await.unwrap();
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let held = checkpoints
+        .take_over(snapshot.character_id, 2)
+        .await
+        .unwrap()
+        .expect("the checkpoint is held");
+    assert_eq!(held.snapshot.state["currency"], 65);
+    assert_eq!(held.held_by, 1, "the guard before the take-over");
 }
