@@ -182,3 +182,56 @@ async fn a_checkpoint_dumped_after_a_flush_that_lands_later_is_still_loaded(pool
         );
     }
 }
+
+/// A login whose caller stops waiting at any point — before, during or after its claim — still
+/// leaves the checkpoint taken over once its claim landed: the next login loads the
+/// checkpointed 65, never the row's 15.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_login_whose_caller_gives_up_still_takes_the_checkpoint_over(pool: PgPool) {
+    let drivers = CharacterDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for store in drivers.stores() {
+        let driver = store.driver();
+        let checkpoints = drivers.checkpoints_for(&store, &redis);
+        let loader = CharacterLoader::new(
+            store.clone(),
+            Some(checkpoints.clone()),
+            LedgerModel::handle(),
+            Duration::from_millis(300),
+        );
+        let row = created(&store, "Cass").await;
+        let id = row.character_id;
+        let a = loader.claim_and_load(id, 0).await.unwrap().snapshot;
+        let shardkeep::character::SaveOutcome::Saved(version) =
+            store.save(&holding(&a, 15)).await.unwrap()
+        else {
+            panic!("{driver}: the flush did not land");
+        };
+        let a = CharacterSnapshot {
+            state_version: version,
+            ..a
+        };
+        checkpoints.write(&holding(&a, 65)).await.unwrap();
+        // Callers that give up sooner and later, each after a different share of the login.
+        let mut gave_up = 0;
+        for micros in [0_u64, 200, 500, 1_000, 2_000, 4_000, 8_000, 16_000] {
+            let login = loader.claim_and_load(id, 0);
+            if tokio::time::timeout(Duration::from_micros(micros), login)
+                .await
+                .is_err()
+            {
+                gave_up += 1;
+            }
+            // The dropped login's take-over comes after its claim's bound.
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            let next = loader.claim_and_load(id, 0).await.unwrap();
+            assert_eq!(
+                coins(&next.snapshot),
+                65,
+                "{driver}: a caller gave up after {micros} µs ({:?})",
+                next.source
+            );
+        }
+        assert!(gave_up > 0, "{driver}: no caller gave up");
+    }
+}
