@@ -16,12 +16,22 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
+/// A port nothing listens on, never one handed out before in this process: the tests run side
+/// by side, and a shard killed and restarted on its port leaves it free in between, where the
+/// system could give it to another test's shard.
 fn free_port() -> u16 {
-    PortProbe::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = PortProbe::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if HANDED_OUT.lock().unwrap().insert(port) {
+            return port;
+        }
+    }
 }
 
 /// A scratch database and Redis namespace for one test, dropped at the end.
