@@ -921,14 +921,9 @@ fn saver_over(rows: CharacterStore, queue: &RetryQueue) -> shardkeep::saver::Sav
     )
 }
 
-/// A live copy of a new character `name` whose row holds 10 experience, and the row version
-/// its dumps are made at; then a gift (7 experience) lands on the row under it.
-async fn copy_with_a_gift_under_it(
-    d: &JobDriver,
-    name: &str,
-    queue: &RetryQueue,
-    worker: &mut RetryWorker,
-) -> shardkeep::character::CharacterSnapshot {
+/// A live copy of a new character `name` whose row holds 10 experience (its own save), at the
+/// row version its next dumps are made at.
+async fn copy_at_ten(d: &JobDriver, name: &str) -> shardkeep::character::CharacterSnapshot {
     let id = d.character(name).await;
     let epoch = d.characters().claim(id, 0).await.unwrap().new_epoch;
     let mut live = d.characters().load(id).await.unwrap().unwrap();
@@ -941,6 +936,18 @@ async fn copy_with_a_gift_under_it(
         panic!("the live save did not land");
     };
     live.state_version = version;
+    live
+}
+
+/// [`copy_at_ten`], then a gift (7 experience) lands on the row under it.
+async fn copy_with_a_gift_under_it(
+    d: &JobDriver,
+    name: &str,
+    queue: &RetryQueue,
+    worker: &mut RetryWorker,
+) -> shardkeep::character::CharacterSnapshot {
+    let mut live = copy_at_ten(d, name).await;
+    let id = live.character_id;
     queue
         .enqueue(&reward(id, &format!("gift:{name}"), 0, 7))
         .await
@@ -1000,18 +1007,8 @@ async fn a_logout_save_retried_through_an_outage_keeps_the_grant_that_landed_mea
         CharacterStore::new(PostgresBackend::from_pool_through(proxied, pooler)),
         &queue,
     );
-    let id = d.character("Dora").await;
-    let epoch = d.characters().claim(id, 0).await.unwrap().new_epoch;
-    let mut live = d.characters().load(id).await.unwrap().unwrap();
-    live.owner_epoch = epoch;
-    live.state = json!({ "experience": 10, "currency": 0 }).into();
-    live.issue_mark = 2;
-    let shardkeep::character::SaveOutcome::Saved(version) =
-        d.characters().save(&live).await.unwrap()
-    else {
-        panic!("the live save did not land");
-    };
-    live.state_version = version;
+    let mut live = copy_at_ten(&d, "Dora").await;
+    let id = live.character_id;
     live.state = json!({ "experience": 25, "currency": 0 }).into();
     live.issue_mark = 3;
     // Postgres is out for the saver: the logout save retries in the background.
