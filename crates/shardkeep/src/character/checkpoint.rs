@@ -3,14 +3,16 @@
 //! (a hash per character behind a Lua guard) and the embedded store (a row per character in the
 //! SQLite file, `checkpoint_sqlite`), with one rule ([`decide_guard`]) and one API.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 use redis::{Script, Value};
 use uuid::Uuid;
 
 use super::checkpoint_sqlite::{self as embedded, SharedClock};
+use super::checkpoint_take::{TakeFailure, TakeOvers, TakeRequest, Taken, take_over_batcher};
 use super::snapshot::CharacterSnapshot;
 use crate::backend::{RedisBackend, SqliteBackend};
+use crate::batching::Batcher;
 use crate::coord::handoff::is;
 use crate::keyspace::{CHECKPOINT_TTL, KeyError};
 use crate::ttl::Ttl;
@@ -23,14 +25,6 @@ pub const WRITE_SCRIPT: &str = concat!(
 );
 
 static WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(WRITE_SCRIPT));
-
-/// The take-over script's source: a claimant raises the guard to its epoch, keeping the content.
-const TAKE_SCRIPT: &str = concat!(
-    include_str!("../lua/ints.lua"),
-    include_str!("lua/checkpoint_take.lua")
-);
-
-static TAKE: LazyLock<Script> = LazyLock::new(|| Script::new(TAKE_SCRIPT));
 
 /// Snapshots per pipeline of a large write.
 pub const PIPELINE_SNAPSHOTS: usize = 128;
@@ -158,7 +152,11 @@ pub struct CheckpointStore {
 /// Where checkpoints are kept.
 #[derive(Debug, Clone)]
 enum Tier {
-    Redis(Box<RedisBackend>),
+    Redis {
+        redis: Box<RedisBackend>,
+        /// Take-overs of concurrent logins, gathered into a few script calls.
+        takes: Arc<Batcher<TakeOvers>>,
+    },
     Embedded {
         db: SqliteBackend,
         clock: SharedClock,
@@ -174,7 +172,10 @@ impl CheckpointStore {
     /// Checkpoints kept for `ttl` instead.
     pub fn with_ttl(redis: RedisBackend, ttl: Ttl) -> Self {
         Self {
-            tier: Tier::Redis(Box::new(redis)),
+            tier: Tier::Redis {
+                takes: take_over_batcher(redis.clone()),
+                redis: Box::new(redis),
+            },
             ttl,
         }
     }
@@ -209,7 +210,7 @@ impl CheckpointStore {
     /// The driver's name: `redis` or `embedded`.
     pub fn driver(&self) -> &'static str {
         match self.tier {
-            Tier::Redis(_) => "redis",
+            Tier::Redis { .. } => "redis",
             Tier::Embedded { .. } => "embedded",
         }
     }
@@ -218,7 +219,7 @@ impl CheckpointStore {
     /// expires its keys itself (0); the embedded store's maintenance calls this.
     pub async fn sweep_expired(&self, limit: u32) -> Result<u64, CheckpointError> {
         match &self.tier {
-            Tier::Redis(_) => Ok(0),
+            Tier::Redis { .. } => Ok(0),
             Tier::Embedded { db, clock } => {
                 embedded::sweep_expired(db, clock.as_ref(), limit).await
             }
@@ -271,7 +272,7 @@ impl CheckpointStore {
     ) -> Result<Vec<CheckpointWrite>, CheckpointError> {
         use futures::{StreamExt, TryStreamExt};
         let redis = match &self.tier {
-            Tier::Redis(redis) => redis,
+            Tier::Redis { redis, .. } => redis,
             Tier::Embedded { db, clock } => {
                 return embedded::write_many(db, clock.as_ref(), self.ttl, snapshots).await;
             }
@@ -377,7 +378,7 @@ impl CheckpointStore {
             reason,
         };
         let redis = match &self.tier {
-            Tier::Redis(redis) => redis,
+            Tier::Redis { redis, .. } => redis,
             Tier::Embedded { db, clock } => {
                 let Some((epoch, body)) = embedded::read(db, clock.as_ref(), character_id).await?
                 else {
@@ -433,8 +434,8 @@ impl CheckpointStore {
         character_id: Uuid,
         claimant: i64,
     ) -> Result<Option<HeldCheckpoint>, CheckpointError> {
-        let redis = match &self.tier {
-            Tier::Redis(redis) => redis,
+        let (redis, takes) = match &self.tier {
+            Tier::Redis { redis, takes } => (redis, takes),
             Tier::Embedded { db, clock } => {
                 let (epoch, body) =
                     match embedded::take_over(db, clock.as_ref(), self.ttl, character_id, claimant)
@@ -452,30 +453,27 @@ impl CheckpointStore {
                 return checked_snapshot(character_id, Some(epoch), body.as_bytes());
             }
         };
-        let key = redis.keys().checkpoint(character_id);
-        let mut call = TAKE.prepare_invoke();
-        call.key(&key).arg(self.ttl.as_millis()).arg(claimant);
-        // Confirmed like a write: a failover must not hand the old guard back to a zombie.
-        let reply: Vec<Value> = redis.invoke_confirmed(&TAKE, &call).await?;
-        match reply.as_slice() {
-            [tag] if is(tag, "none") => Ok(None),
-            [tag, Value::BulkString(why)] if is(tag, "corrupt") => Err(CheckpointError::Corrupt {
+        let request = TakeRequest {
+            key: redis.keys().checkpoint(character_id),
+            claimant,
+            ttl_ms: self.ttl.as_millis(),
+        };
+        match takes.submit(request).await {
+            Ok(Taken::None) => Ok(None),
+            Ok(Taken::Corrupt(reason)) => Err(CheckpointError::Corrupt {
                 character_id,
-                reason: String::from_utf8_lossy(why).into_owned(),
+                reason,
             }),
-            [tag, Value::BulkString(guard), Value::BulkString(body)] if is(tag, "held") => {
-                let guard = guard_int(guard)
-                    .ok_or_else(|| CheckpointError::Protocol("take-over guard".into()))?;
-                checked_snapshot(character_id, Some(guard), body)
-            }
-            other => Err(CheckpointError::Protocol(format!("{other:?}"))),
+            Ok(Taken::Held(guard, body)) => checked_snapshot(character_id, Some(guard), &body),
+            Err(TakeFailure::Redis(err)) => Err(CheckpointError::Redis(err)),
+            Err(TakeFailure::Protocol(why)) => Err(CheckpointError::Protocol(why)),
         }
     }
 
     /// Deletes the checkpoint of `character_id`.
     pub async fn delete(&self, character_id: Uuid) -> Result<(), CheckpointError> {
         let redis = match &self.tier {
-            Tier::Redis(redis) => redis,
+            Tier::Redis { redis, .. } => redis,
             Tier::Embedded { db, .. } => return embedded::delete(db, character_id).await,
         };
         let key = redis.keys().checkpoint(character_id);
@@ -519,7 +517,7 @@ fn checked_snapshot(
 
 /// A guard field as every writer stores it: an i64 in canonical decimal (an optional `-`, no
 /// leading zeros, no sign on zero), which is what the guard script compares as text.
-fn guard_int(text: &[u8]) -> Option<i64> {
+pub(super) fn guard_int(text: &[u8]) -> Option<i64> {
     let text = std::str::from_utf8(text).ok()?;
     let value: i64 = text.parse().ok()?;
     (value.to_string() == text).then_some(value)

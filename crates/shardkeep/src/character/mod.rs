@@ -16,6 +16,7 @@ pub mod bookkeeping;
 mod bookkeeping_sqlite;
 pub mod checkpoint;
 mod checkpoint_sqlite;
+mod checkpoint_take;
 mod claim_batch;
 mod effects_since;
 pub mod handoff;

@@ -176,6 +176,98 @@ async fn a_batch_gives_one_outcome_per_snapshot_in_order() {
     }
 }
 
+/// A login storm's take-overs arrive together and go to Redis a batch at a time, many keys to a
+/// script call: each still gets its own checkpoint and guard, and raises only its own.
+#[tokio::test]
+async fn take_overs_arriving_together_each_get_their_own_answer() {
+    let drivers = CheckpointDrivers::new().await;
+    for checkpoints in drivers.stores() {
+        let driver = checkpoints.driver();
+        // More than one batch and one script call of the Redis driver.
+        let held: Vec<CharacterSnapshot> = (0..300).map(|_| live_copy(1)).collect();
+        let refs: Vec<&CharacterSnapshot> = held.iter().collect();
+        checkpoints.write_many(&refs).await.unwrap();
+        let newer = live_copy(9);
+        checkpoints.write(&newer).await.unwrap();
+        let missing = Uuid::now_v7();
+        let corrupt = Uuid::now_v7();
+        if driver == "redis" {
+            let mut raw = drivers.redis.raw().await;
+            let () = raw
+                .set(drivers.redis.keys().checkpoint(corrupt), "not a hash")
+                .await
+                .unwrap();
+        }
+        let mut wave: Vec<(Uuid, i64)> = held.iter().map(|c| (c.character_id, 2)).collect();
+        wave.insert(100, (missing, 2));
+        wave.insert(200, (newer.character_id, 5));
+        // Two claimants of one character in the same wave.
+        wave.push((held[7].character_id, 3));
+        wave.push((corrupt, 2));
+        let answers = futures::future::join_all(
+            wave.iter()
+                .map(|&(id, claimant)| checkpoints.take_over(id, claimant)),
+        )
+        .await;
+        for (&(id, claimant), answer) in wave.iter().zip(answers) {
+            if id == missing {
+                assert!(matches!(answer, Ok(None)), "{driver}: {answer:?}");
+            } else if id == corrupt {
+                let expected = driver == "redis";
+                assert_eq!(
+                    matches!(answer, Err(CheckpointError::Corrupt { .. })),
+                    expected,
+                    "{driver}: {answer:?}"
+                );
+            } else if id == newer.character_id {
+                let found = answer.unwrap().expect("held");
+                assert_eq!(
+                    (found.held_by, found.snapshot),
+                    (9, newer.clone()),
+                    "{driver}"
+                );
+            } else {
+                let found = answer.unwrap().expect("held");
+                assert_eq!(found.snapshot.character_id, id, "{driver}");
+                assert!(
+                    found.held_by == 1 || (id == held[7].character_id && found.held_by < claimant),
+                    "{driver}: guard {} before a take-over for {claimant}",
+                    found.held_by
+                );
+            }
+        }
+        // Every guard rose to its claimant and no further; the one above stayed.
+        for (at, copy) in held.iter().enumerate() {
+            let guard = checkpoints
+                .read_held(copy.character_id)
+                .await
+                .unwrap()
+                .expect("content kept")
+                .held_by;
+            assert_eq!(guard, if at == 7 { 3 } else { 2 }, "{driver}: copy {at}");
+            assert_eq!(
+                checkpoints.write(copy).await.unwrap(),
+                CheckpointWrite::NotOwner {
+                    stored_epoch: guard
+                },
+                "{driver}: the superseded copy is fenced"
+            );
+            checkpoints.delete(copy.character_id).await.unwrap();
+        }
+        assert_eq!(
+            checkpoints
+                .read_held(newer.character_id)
+                .await
+                .unwrap()
+                .map(|h| h.held_by),
+            Some(9),
+            "{driver}"
+        );
+        checkpoints.delete(newer.character_id).await.unwrap();
+        checkpoints.delete(corrupt).await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn an_expired_checkpoint_is_invisible_at_once_and_guards_nothing() {
     let drivers = CheckpointDrivers::new().await;
