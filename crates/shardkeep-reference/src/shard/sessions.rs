@@ -213,6 +213,9 @@ impl Shard {
     /// the character is not held here and must log in.
     pub fn resume(&mut self, character_id: Uuid, session_token: &str) -> Option<Admitted> {
         let zone_id = self.residency.zone_of(character_id)?;
+        if self.logouts_after_transfer.contains(&character_id) {
+            return None;
+        }
         let entry = self.player_mut(character_id)?;
         if matches!(entry.link, Link::Pending { .. }) {
             return None;
@@ -247,12 +250,43 @@ impl Shard {
 
     /// A clean logout: the character leaves its zone, its final flush is queued and its
     /// placement becomes a fenced tombstone.
+    ///
+    /// A character in an item transfer leaves once the transfer's commit has answered: the
+    /// item is held by neither side until then, so a dump now would miss an item the commit
+    /// writes into the row, and a final save that finds its row moved by that commit writes
+    /// its dump over it (the item in no row). Until it leaves the copy is neither resumed nor
+    /// saved, and [`Self::final_save_in_flight`] holds a login of the character back.
     pub fn logout(&mut self, character_id: Uuid) -> Result<(), AdmitError> {
+        if self.has_pending_transfer(character_id) {
+            self.player(character_id)
+                .ok_or(AdmitError::NotHere(character_id))?;
+            self.logouts_after_transfer.insert(character_id);
+            return Ok(());
+        }
+        self.logouts_after_transfer.remove(&character_id);
         if let Some(snapshot) = self.depart(character_id)? {
             self.deferred_finals.push_back(snapshot);
             self.offer_deferred_finals();
         }
         Ok(())
+    }
+
+    /// Carries out the logouts that waited for their characters' item transfers, once those
+    /// have answered (a copy evicted meanwhile has nothing left to save).
+    pub(super) fn logouts_after_transfers(&mut self) {
+        let ready: Vec<Uuid> = self
+            .logouts_after_transfer
+            .iter()
+            .filter(|id| !self.has_pending_transfer(**id))
+            .copied()
+            .collect();
+        for id in ready {
+            self.logouts_after_transfer.remove(&id);
+            if self.logout(id).is_err() {
+                tracing::debug!(event = "logout_after_transfer_gone", character = %id,
+                    "the copy left before its transfer answered");
+            }
+        }
     }
 
     /// Offers the final saves waiting here to the saver, oldest first, in slices of
@@ -286,9 +320,11 @@ impl Shard {
     /// neither the row nor a retry job yet. A login of the character must wait until this is
     /// false before it claims, or the claim loads the older row and fences the save out.
     pub fn final_save_in_flight(&self, character_id: Uuid) -> bool {
-        self.deferred_finals
-            .iter()
-            .any(|s| s.character_id == character_id)
+        self.logouts_after_transfer.contains(&character_id)
+            || self
+                .deferred_finals
+                .iter()
+                .any(|s| s.character_id == character_id)
             || self.saver.final_in_flight(character_id)
     }
 
@@ -393,6 +429,15 @@ impl Shard {
     /// finals go to the saver in slices of [`SHUTDOWN_FINAL_SLICE`], a queue entry each, so a
     /// full shard never overflows the saver's queue.
     pub async fn shutdown(mut self, bound: Duration) -> ShutdownReport {
+        // Item transfers answer first (within the bound): a dump taken while one waits misses
+        // its item.
+        if !self.settle_transfers(bound).await {
+            tracing::warn!(
+                event = "shutdown_transfers_unsettled",
+                pending = self.pending_transfers.len(),
+                "item transfers still wait for their commits; their items may be voided"
+            );
+        }
         self.handle_saver_events();
         let ids: Vec<Uuid> = self.zones.values().flat_map(|z| z.player_ids()).collect();
         let mut finalized = 0;

@@ -175,8 +175,13 @@ impl Shard {
         }
     }
 
-    /// Applies a commit's answer as [`decide`] says.
+    /// Applies a commit's answer as [`decide`] says, then lets go the logouts it held back.
     fn finish_transfer(&mut self, id: Uuid, result: Result<TransferCommit, String>) {
+        self.apply_transfer_answer(id, result);
+        self.logouts_after_transfers();
+    }
+
+    fn apply_transfer_answer(&mut self, id: Uuid, result: Result<TransferCommit, String>) {
         let Some(attempts) = self.pending_transfers.get(&id).map(|p| p.attempts) else {
             return;
         };

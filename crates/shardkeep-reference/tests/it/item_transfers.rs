@@ -1367,3 +1367,52 @@ async fn a_login_settling_the_releasers_loot_leaves_the_taken_item_out(pool: PgP
         assert_eq!(released, 1, "the release is on record");
     }
 }
+
+/// A player who logs out while an item they picked up waits for its commit keeps the item. The
+/// logout's dump cannot hold it (the item is held by neither side until the commit answers),
+/// and a final that finds its row moved by the commit writes its dump over it (rebased, or as
+/// a job whose settle replays effects, not transfer commits): the logout waits for the commit.
+/// (Postgres only: a row lock holds the commit back; the embedded file has no row locks.)
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_logout_while_a_pickup_commits_keeps_the_item(pool: PgPool) {
+    let Room {
+        mut shard,
+        a,
+        b,
+        stores,
+        _keep,
+        ..
+    } = two_players(&pool, Driver::Servers).await;
+    let item = gem(&mut shard, a);
+    shard.drop_item(a, item).unwrap();
+    // Bran's row is locked: the pickup's commit waits for it.
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM characters WHERE id = $1 FOR UPDATE")
+        .bind(b)
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    shard.get_item(b, item).unwrap().expect("a transfer");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    shard.logout(b).unwrap();
+    assert!(
+        shard.final_save_in_flight(b),
+        "a login of Bran waits for the logout's save"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    lock.rollback().await.unwrap();
+    assert!(shard.settle_transfers(Duration::from_secs(5)).await);
+    assert_eq!(
+        shard.saver().barrier(Duration::from_secs(5)).await,
+        BarrierOutcome::Drained
+    );
+    assert!(!shard.final_save_in_flight(b));
+    assert!(shard.player(b).is_none(), "Bran left");
+    let row = stores.characters.load(b).await.unwrap().unwrap();
+    assert!(
+        row.state.to_string().contains(&item.to_string()),
+        "the gem is in no row: {}",
+        row.state
+    );
+    assert_eq!(shard.transfer_counts(), (1, 0));
+}
