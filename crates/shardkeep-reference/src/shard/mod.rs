@@ -236,8 +236,9 @@ pub struct Shard {
     transfers_rejected: u64,
     voided_items: Vec<Uuid>,
     decayed_items: Vec<Uuid>,
-    /// Logouts waiting for an item transfer of the character to answer (see `Shard::logout`).
-    logouts_after_transfer: std::collections::HashSet<Uuid>,
+    /// Logouts waiting for an item transfer of the character to answer (see `Shard::logout`),
+    /// with the owner epoch of the copy that is to leave.
+    logouts_after_transfer: std::collections::HashMap<Uuid, i64>,
     /// Final saves the saver's full queue could not take yet, oldest first; offered again
     /// every pulse.
     deferred_finals: std::collections::VecDeque<shardkeep::character::CharacterSnapshot>,
@@ -327,7 +328,7 @@ impl Shard {
             voided_items: Vec::new(),
             decayed_items: Vec::new(),
             deferred_finals: std::collections::VecDeque::new(),
-            logouts_after_transfer: std::collections::HashSet::new(),
+            logouts_after_transfer: std::collections::HashMap::new(),
             evictions: Vec::new(),
             acknowledged: Vec::new(),
             exporting: Arc::default(),

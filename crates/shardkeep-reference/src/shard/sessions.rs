@@ -213,7 +213,7 @@ impl Shard {
     /// the character is not held here and must log in.
     pub fn resume(&mut self, character_id: Uuid, session_token: &str) -> Option<Admitted> {
         let zone_id = self.residency.zone_of(character_id)?;
-        if self.logouts_after_transfer.contains(&character_id) {
+        if self.leaving_after_transfer(character_id) {
             return None;
         }
         let entry = self.player_mut(character_id)?;
@@ -254,13 +254,17 @@ impl Shard {
     /// A character in an item transfer leaves once the transfer's commit has answered: the
     /// item is held by neither side until then, so a dump now would miss an item the commit
     /// writes into the row, and a final save that finds its row moved by that commit writes
-    /// its dump over it (the item in no row). Until it leaves the copy is neither resumed nor
-    /// saved, and [`Self::final_save_in_flight`] holds a login of the character back.
+    /// its dump over it (the item in no row). Until it leaves the copy is not resumed, its
+    /// saves keep its current issue mark (as any save of a copy in a transfer), and
+    /// [`Self::final_save_in_flight`] holds a login of the character back.
     pub fn logout(&mut self, character_id: Uuid) -> Result<(), AdmitError> {
         if self.has_pending_transfer(character_id) {
-            self.player(character_id)
-                .ok_or(AdmitError::NotHere(character_id))?;
-            self.logouts_after_transfer.insert(character_id);
+            let epoch = self
+                .player(character_id)
+                .ok_or(AdmitError::NotHere(character_id))?
+                .character
+                .owner_epoch;
+            self.logouts_after_transfer.insert(character_id, epoch);
             return Ok(());
         }
         self.logouts_after_transfer.remove(&character_id);
@@ -272,21 +276,36 @@ impl Shard {
     }
 
     /// Carries out the logouts that waited for their characters' item transfers, once those
-    /// have answered (a copy evicted meanwhile has nothing left to save).
+    /// have answered. A copy evicted meanwhile has nothing left to save, and a later copy of
+    /// the character (arrived since by handoff or login) is not the one that logged out.
     pub(super) fn logouts_after_transfers(&mut self) {
-        let ready: Vec<Uuid> = self
+        let ready: Vec<(Uuid, i64)> = self
             .logouts_after_transfer
             .iter()
-            .filter(|id| !self.has_pending_transfer(**id))
-            .copied()
+            .filter(|(id, _)| !self.has_pending_transfer(**id))
+            .map(|(id, epoch)| (*id, *epoch))
             .collect();
-        for id in ready {
+        for (id, epoch) in ready {
             self.logouts_after_transfer.remove(&id);
-            if self.logout(id).is_err() {
+            let same_copy = self
+                .player(id)
+                .is_some_and(|e| e.character.owner_epoch == epoch);
+            if !same_copy || self.logout(id).is_err() {
                 tracing::debug!(event = "logout_after_transfer_gone", character = %id,
                     "the copy left before its transfer answered");
             }
         }
+    }
+
+    /// True while the copy held here of `character_id` has logged out and waits for its item
+    /// transfer to answer.
+    fn leaving_after_transfer(&self, character_id: Uuid) -> bool {
+        self.logouts_after_transfer
+            .get(&character_id)
+            .is_some_and(|epoch| {
+                self.player(character_id)
+                    .is_some_and(|e| e.character.owner_epoch == *epoch)
+            })
     }
 
     /// Offers the final saves waiting here to the saver, oldest first, in slices of
@@ -320,7 +339,7 @@ impl Shard {
     /// neither the row nor a retry job yet. A login of the character must wait until this is
     /// false before it claims, or the claim loads the older row and fences the save out.
     pub fn final_save_in_flight(&self, character_id: Uuid) -> bool {
-        self.logouts_after_transfer.contains(&character_id)
+        self.leaving_after_transfer(character_id)
             || self
                 .deferred_finals
                 .iter()

@@ -21,8 +21,9 @@ const TAKE_SCRIPT: &str = concat!(
 
 static TAKE: LazyLock<Script> = LazyLock::new(|| Script::new(TAKE_SCRIPT));
 
-/// Most round trips at once: the next batch gathers while one is in flight.
-const MOST_TAKING: usize = 2;
+/// Most round trips at once: the next batch gathers while these are in flight (a take-over
+/// that waits past its loader's I/O bound loads the row instead).
+const MOST_TAKING: usize = 4;
 /// Most take-overs one batch carries (a pipeline of calls of [`CHECKPOINTS_PER_CALL`] keys).
 const MOST_KEYS: usize = 128;
 
@@ -78,7 +79,8 @@ impl BatchOp for TakeOvers {
     type Outcome = TakeOutcome;
 
     fn fits(&self, batch: &[TakeRequest], next: &TakeRequest) -> bool {
-        // One key once per batch: two claimants of one character stay in claim order.
+        // One key once per batch (a pipeline's calls run in order; two claimants of one
+        // character in two batches at once raise its guard in either order, to the higher).
         batch.len() < MOST_KEYS
             && batch[0].ttl_ms == next.ttl_ms
             && batch.iter().all(|r| r.key != next.key)
@@ -101,9 +103,8 @@ impl BatchOp for TakeOvers {
 impl TakeOvers {
     /// One pipeline: a script call per group of keys sharing a slot (all of them on standalone
     /// Redis), confirmed like a write — a failover must not hand the old guard back to a
-    /// zombie. A cache without the script (a new master, a flush) gets it loaded and the whole
-    /// pipeline sent again: a take-over made twice answers its own raised guard the second
-    /// time, which the loader already takes as a reply lost and tried again.
+    /// zombie. A failed pipeline (an unconfirmed `WAIT`, a lost reply) may have run: the
+    /// loader's retry of a take-over is answered the guard the first one found.
     async fn take(&self, batch: &[TakeRequest]) -> Result<Vec<Taken>, TakeFailure> {
         let keys: Vec<String> = batch.iter().map(|r| r.key.clone()).collect();
         let groups = call_groups(&keys, &[], self.redis.is_cluster());
@@ -118,24 +119,18 @@ impl TakeOvers {
             }
             calls.push(call);
         }
-        let pipeline = |load: bool| {
-            let mut pipe = redis::pipe();
-            if load {
-                pipe.load_script(&TAKE).ignore();
-            }
-            for call in &calls {
-                pipe.invoke_script(call);
-            }
-            pipe
-        };
-        let replies: Vec<Vec<Vec<Value>>> = match self.redis.query_confirmed(pipeline(false)).await
-        {
-            Err(err) if err.code() == Some("NOSCRIPT") => {
-                self.redis.query_confirmed(pipeline(true)).await
-            }
-            other => other,
+        // Loading first makes every call immune to a script cache without it (a new master, a
+        // flush): no pipeline runs on some nodes and is sent again for the others.
+        let mut pipe = redis::pipe();
+        pipe.load_script(&TAKE).ignore();
+        for call in &calls {
+            pipe.invoke_script(call);
         }
-        .map_err(TakeFailure::Redis)?;
+        let replies: Vec<Vec<Vec<Value>>> = self
+            .redis
+            .query_confirmed(pipe)
+            .await
+            .map_err(TakeFailure::Redis)?;
         if replies.len() != groups.len() {
             return Err(TakeFailure::Protocol(format!(
                 "{} replies to {} calls",
