@@ -241,6 +241,17 @@ impl Host {
     }
 
     fn finish_logouts(&mut self) {
+        // A copy whose logout waits for its item transfer is still here: what it holds when
+        // it does leave (an item handed over or given back meanwhile) goes with its final too.
+        for (id, leaving) in &mut self.leaving {
+            if let Some(entry) = self.shard.player(*id) {
+                for item in entry.character.items().iter().filter_map(|i| i.id) {
+                    if !leaving.items.contains(&item) {
+                        leaving.items.push(item);
+                    }
+                }
+            }
+        }
         let done: Vec<Uuid> = self
             .leaving
             .iter()

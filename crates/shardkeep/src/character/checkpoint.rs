@@ -528,6 +528,16 @@ pub(super) fn guard_int(text: &[u8]) -> Option<i64> {
 /// together; in batch order within a call, at most [`CHECKPOINTS_PER_CALL`] to a call, and no
 /// checkpoint joins a call already holding [`CALL_BYTES`].
 pub fn call_groups(keys: &[String], sizes: &[usize], cluster: bool) -> Vec<Vec<usize>> {
+    call_groups_of(keys, sizes, cluster, CHECKPOINTS_PER_CALL)
+}
+
+/// [`call_groups`] with at most `most_per_call` keys to a call.
+pub(super) fn call_groups_of(
+    keys: &[String],
+    sizes: &[usize],
+    cluster: bool,
+    most_per_call: usize,
+) -> Vec<Vec<usize>> {
     let mut groups: Vec<(Vec<usize>, usize)> = Vec::new();
     let mut open: std::collections::HashMap<u16, usize> = std::collections::HashMap::new();
     for (i, key) in keys.iter().enumerate() {
@@ -538,7 +548,7 @@ pub fn call_groups(keys: &[String], sizes: &[usize], cluster: bool) -> Vec<Vec<u
         };
         let size = sizes.get(i).copied().unwrap_or(0);
         match open.get(&slot) {
-            Some(&g) if groups[g].0.len() < CHECKPOINTS_PER_CALL && groups[g].1 < CALL_BYTES => {
+            Some(&g) if groups[g].0.len() < most_per_call && groups[g].1 < CALL_BYTES => {
                 groups[g].0.push(i);
                 groups[g].1 += size;
             }

@@ -175,7 +175,8 @@ pub(super) async fn read(
 
 /// The take-over of a claimant at `claimant` (see `CheckpointStore::take_over`), in one write
 /// transaction: the live row is read as [`read`] reads it (its guard as it was), then, when its
-/// guard is an integer below the claimant's epoch, it gets the claimant's epoch and a full TTL.
+/// guard is an integer below the claimant's epoch, it gets the claimant's epoch and a full TTL
+/// and keeps the guard it replaced (`taken_from`), which a repeat of the same take-over answers.
 pub(super) async fn take_over(
     db: &SqliteBackend,
     clock: &dyn Clock,
@@ -186,29 +187,40 @@ pub(super) async fn take_over(
     let mut tx = db.begin().await?;
     let now = micros(clock);
     let ttl_micros = i64::try_from(ttl.duration().as_micros()).unwrap_or(i64::MAX);
-    let row: Option<(Option<i64>, Option<String>)> = sqlx::query_as(
+    let row: Option<(Option<i64>, Option<String>, Option<i64>)> = sqlx::query_as(
         "SELECT CASE WHEN typeof(owner_epoch) = 'integer' THEN owner_epoch END,
-                CASE WHEN typeof(snapshot) = 'text' THEN snapshot END
+                CASE WHEN typeof(snapshot) = 'text' THEN snapshot END,
+                CASE WHEN typeof(taken_from) = 'integer' THEN taken_from END
            FROM checkpoints WHERE character_id = ?1 AND expires_at > ?2",
     )
     .bind(character_id)
     .bind(now)
     .fetch_optional(&mut *tx)
     .await?;
-    if let Some((Some(guard), Some(_))) = &row
-        && *guard < claimant
-    {
-        sqlx::query(
-            "UPDATE checkpoints SET owner_epoch = ?2, expires_at = ?3 WHERE character_id = ?1",
-        )
-        .bind(character_id)
-        .bind(claimant)
-        .bind(now.saturating_add(ttl_micros))
-        .execute(&mut *tx)
-        .await?;
-    }
+    let Some((guard, body, taken_from)) = row else {
+        tx.commit().await?;
+        return Ok(None);
+    };
+    let answered = match (guard, &body) {
+        (Some(found), Some(_)) if found < claimant => {
+            sqlx::query(
+                "UPDATE checkpoints SET owner_epoch = ?2, taken_from = ?3, expires_at = ?4
+                  WHERE character_id = ?1",
+            )
+            .bind(character_id)
+            .bind(claimant)
+            .bind(found)
+            .bind(now.saturating_add(ttl_micros))
+            .execute(&mut *tx)
+            .await?;
+            Some(found)
+        }
+        // The claimant's own take-over again: the guard it found the first time.
+        (Some(found), Some(_)) if found == claimant => Some(taken_from.unwrap_or(found)),
+        _ => guard,
+    };
     tx.commit().await?;
-    Ok(row)
+    Ok(Some((answered, body)))
 }
 
 /// Deletes the checkpoint of `character_id`.

@@ -7,7 +7,7 @@ use std::sync::{Arc, LazyLock};
 
 use redis::{Script, Value};
 
-use super::checkpoint::{CHECKPOINTS_PER_CALL, call_groups, guard_int};
+use super::checkpoint::{call_groups_of, guard_int};
 use crate::backend::RedisBackend;
 use crate::batching::{BatchOp, Batcher};
 use crate::coord::handoff::is;
@@ -24,8 +24,12 @@ static TAKE: LazyLock<Script> = LazyLock::new(|| Script::new(TAKE_SCRIPT));
 /// Most round trips at once: the next batch gathers while these are in flight (a take-over
 /// that waits past its loader's I/O bound loads the row instead).
 const MOST_TAKING: usize = 4;
-/// Most take-overs one batch carries (a pipeline of calls of [`CHECKPOINTS_PER_CALL`] keys).
+/// Most take-overs one batch carries (a pipeline of calls of [`TAKES_PER_CALL`] keys).
 const MOST_KEYS: usize = 128;
+/// Most take-overs one script call makes. Their documents' sizes are unknown until read, and a
+/// call runs as one unit in Redis, copying every document it answers: a few to a call keep a
+/// call of large documents short, and still pay a call's own cost once for several keys.
+const TAKES_PER_CALL: usize = 8;
 
 /// One take-over: the checkpoint's key, its claimant's epoch, the TTL it lives on for.
 #[derive(Debug)]
@@ -107,8 +111,7 @@ impl TakeOvers {
     /// loader's retry of a take-over is answered the guard the first one found.
     async fn take(&self, batch: &[TakeRequest]) -> Result<Vec<Taken>, TakeFailure> {
         let keys: Vec<String> = batch.iter().map(|r| r.key.clone()).collect();
-        let groups = call_groups(&keys, &[], self.redis.is_cluster());
-        debug_assert!(groups.iter().all(|g| g.len() <= CHECKPOINTS_PER_CALL));
+        let groups = call_groups_of(&keys, &[], self.redis.is_cluster(), TAKES_PER_CALL);
         let ttl_ms = batch.first().map_or(0, |r| r.ttl_ms);
         let mut calls = Vec::with_capacity(groups.len());
         for group in &groups {
