@@ -241,11 +241,15 @@ impl Host {
     }
 
     fn finish_logouts(&mut self) {
-        // A copy whose logout waits for its item transfer is still here: what it holds when
-        // it does leave (an item handed over or given back meanwhile) goes with its final too.
-        for (id, leaving) in &mut self.leaving {
-            if let Some(entry) = self.shard.player(*id) {
-                for item in entry.character.items().iter().filter_map(|i| i.id) {
+        // A logout that waited for its item transfer left with what its copy held then (an
+        // item handed over or given back meanwhile): its final carries that too.
+        for (id, epoch, items) in self.shard.take_departed_after_transfer() {
+            if let Some(leaving) = self
+                .leaving
+                .get_mut(&id)
+                .filter(|l| l.player.owner_epoch == epoch)
+            {
+                for item in items {
                     if !leaving.items.contains(&item) {
                         leaving.items.push(item);
                     }

@@ -239,6 +239,9 @@ pub struct Shard {
     /// Logouts waiting for an item transfer of the character to answer (see `Shard::logout`),
     /// with the owner epoch of the copy that is to leave.
     logouts_after_transfer: std::collections::HashMap<Uuid, i64>,
+    /// Copies that left once their transfer answered, with the items their finals carry, for
+    /// a host's bookkeeping (see `Shard::take_departed_after_transfer`).
+    departed_after_transfer: Vec<(Uuid, i64, Vec<Uuid>)>,
     /// Final saves the saver's full queue could not take yet, oldest first; offered again
     /// every pulse.
     deferred_finals: std::collections::VecDeque<shardkeep::character::CharacterSnapshot>,
@@ -329,6 +332,7 @@ impl Shard {
             decayed_items: Vec::new(),
             deferred_finals: std::collections::VecDeque::new(),
             logouts_after_transfer: std::collections::HashMap::new(),
+            departed_after_transfer: Vec::new(),
             evictions: Vec::new(),
             acknowledged: Vec::new(),
             exporting: Arc::default(),

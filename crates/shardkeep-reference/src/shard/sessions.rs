@@ -22,6 +22,10 @@ pub const SHUTDOWN_FINAL_SLICE: usize = 256;
 /// are dropped (counted and logged by the saver).
 pub const MAX_DEFERRED_FINALS: usize = 10_000;
 
+/// Most departures after a transfer kept for [`Shard::take_departed_after_transfer`] (a host
+/// that never reads them keeps the newest).
+const DEPARTED_KEPT: usize = 4096;
+
 /// How a character arrives.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Arrival {
@@ -287,14 +291,31 @@ impl Shard {
             .collect();
         for (id, epoch) in ready {
             self.logouts_after_transfer.remove(&id);
-            let same_copy = self
+            let items: Option<Vec<Uuid>> = self
                 .player(id)
-                .is_some_and(|e| e.character.owner_epoch == epoch);
-            if !same_copy || self.logout(id).is_err() {
+                .filter(|e| e.character.owner_epoch == epoch)
+                .map(|e| e.character.items().iter().filter_map(|i| i.id).collect());
+            let left = items.is_some() && self.logout(id).is_ok();
+            if left {
+                self.departed_after_transfer
+                    .push((id, epoch, items.unwrap_or_default()));
+                // Kept for a host that reads them; a host that never does keeps the newest.
+                if self.departed_after_transfer.len() > DEPARTED_KEPT {
+                    self.departed_after_transfer.remove(0);
+                }
+            } else {
                 tracing::debug!(event = "logout_after_transfer_gone", character = %id,
                     "the copy left before its transfer answered");
             }
         }
+    }
+
+    /// The copies whose logouts waited for their item transfers and have left since the last
+    /// call: character, epoch, and the items their final saves carry (an item handed over or
+    /// given back while the logout waited is among them, and lives only in that final until it
+    /// lands).
+    pub fn take_departed_after_transfer(&mut self) -> Vec<(Uuid, i64, Vec<Uuid>)> {
+        std::mem::take(&mut self.departed_after_transfer)
     }
 
     /// True while the copy held here of `character_id` has logged out and waits for its item

@@ -1393,6 +1393,7 @@ async fn a_logout_while_a_pickup_commits_keeps_the_item(pool: PgPool) {
         .await
         .unwrap();
     shard.get_item(b, item).unwrap().expect("a transfer");
+    let epoch = shard.player(b).unwrap().character.owner_epoch;
     tokio::time::sleep(Duration::from_millis(100)).await;
     shard.logout(b).unwrap();
     assert!(
@@ -1408,6 +1409,11 @@ async fn a_logout_while_a_pickup_commits_keeps_the_item(pool: PgPool) {
     );
     assert!(!shard.final_save_in_flight(b));
     assert!(shard.player(b).is_none(), "Bran left");
+    let departed = shard.take_departed_after_transfer();
+    assert!(
+        matches!(departed.as_slice(), [(id, e, items)] if *id == b && *e == epoch && items.contains(&item)),
+        "the host is told Bran left with the gem: {departed:?}"
+    );
     let row = stores.characters.load(b).await.unwrap().unwrap();
     assert!(
         row.state.to_string().contains(&item.to_string()),

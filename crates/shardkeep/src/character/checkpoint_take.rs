@@ -122,18 +122,28 @@ impl TakeOvers {
             }
             calls.push(call);
         }
-        // Loading first makes every call immune to a script cache without it (a new master, a
-        // flush): no pipeline runs on some nodes and is sent again for the others.
-        let mut pipe = redis::pipe();
-        pipe.load_script(&TAKE).ignore();
-        for call in &calls {
-            pipe.invoke_script(call);
+        // Sent without the script's text; a cache without it (a new master, a flush) gets it
+        // loaded and the pipeline sent again. On a cluster the first sending may have run on
+        // some nodes: their take-overs answer, the second time, the guard they first found.
+        // (Loading first every time would send the script's text once per slot group.)
+        let pipeline = |load: bool| {
+            let mut pipe = redis::pipe();
+            if load {
+                pipe.load_script(&TAKE).ignore();
+            }
+            for call in &calls {
+                pipe.invoke_script(call);
+            }
+            pipe
+        };
+        let replies: Vec<Vec<Vec<Value>>> = match self.redis.query_confirmed(pipeline(false)).await
+        {
+            Err(err) if err.code() == Some("NOSCRIPT") => {
+                self.redis.query_confirmed(pipeline(true)).await
+            }
+            other => other,
         }
-        let replies: Vec<Vec<Vec<Value>>> = self
-            .redis
-            .query_confirmed(pipe)
-            .await
-            .map_err(TakeFailure::Redis)?;
+        .map_err(TakeFailure::Redis)?;
         if replies.len() != groups.len() {
             return Err(TakeFailure::Protocol(format!(
                 "{} replies to {} calls",
