@@ -139,8 +139,28 @@ fn expected_write(plant: &Planted, epoch: i64, schema: u32) -> CheckpointWrite {
     }
 }
 
+/// What `key` holds, to compare before and after a call: a hash as its fields and values in
+/// field order (a hash table's `DUMP` follows its internal order, which an incremental rehash
+/// moves on any lookup), any other value as its `DUMP`.
 async fn dump(conn: &mut shardkeep::backend::redis::RedisConn, key: &str) -> Option<Vec<u8>> {
-    redis::cmd("DUMP").arg(key).query_async(conn).await.unwrap()
+    let kind: String = redis::cmd("TYPE").arg(key).query_async(conn).await.unwrap();
+    if kind != "hash" {
+        return redis::cmd("DUMP").arg(key).query_async(conn).await.unwrap();
+    }
+    let mut fields: Vec<(Vec<u8>, Vec<u8>)> = redis::cmd("HGETALL")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .unwrap();
+    fields.sort();
+    let mut out = b"hash".to_vec();
+    for (field, value) in fields {
+        for part in [field, value] {
+            out.extend_from_slice(&part.len().to_le_bytes());
+            out.extend_from_slice(&part);
+        }
+    }
+    Some(out)
 }
 
 /// A login over whatever checkpoint is planted: the row is sound, so it loads (or refuses
