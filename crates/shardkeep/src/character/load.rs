@@ -450,7 +450,7 @@ impl CharacterLoader {
         let checkpoints = self.checkpoints.as_ref()?;
         // Tried again within the I/O bound: a take-over whose reply was lost may have raised
         // the guard already, and loading the row then would let this copy's checkpoints bury
-        // the content the guard kept. The script is idempotent (it answers the guard it found).
+        // the content the guard kept. A repeat is safe: it answers the guard the first one found.
         let deadline = tokio::time::Instant::now() + self.io_timeout;
         let mut last = String::new();
         for _ in 0..3 {
