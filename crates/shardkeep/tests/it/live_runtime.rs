@@ -252,7 +252,9 @@ async fn a_dropped_stream_resumes_with_its_ledger_and_a_lapsed_one_logs_out(pool
     let redis = TestRedis::new().await;
     for d in drivers.drivers() {
         let mut config = LiveConfig::new("shard-a");
-        config.link_dead_for = Duration::from_millis(300);
+        // Long enough that the journal worker's write of the resume ledger (which a loaded
+        // full run once took past 300 ms) always lands inside the first grace.
+        config.link_dead_for = Duration::from_secs(2);
         let live = Live::with(&d, &redis, config).await;
         let mut events = live.runtime.subscribe();
         let id = live
@@ -280,6 +282,12 @@ async fn a_dropped_stream_resumes_with_its_ledger_and_a_lapsed_one_logs_out(pool
             assert!(tokio::time::Instant::now() < deadline, "{}", d.name());
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        assert_eq!(
+            live.runtime.copy_of(id),
+            Some(first.copy),
+            "{}: still link-dead, not logged out",
+            d.name()
+        );
         let again = live
             .runtime
             .login(id, SessionStart::default())
