@@ -25,7 +25,8 @@ pub struct Launch {
     pub redis_url: Option<String>,
     /// Prefix of every Redis key (and embedded record) of the game.
     pub namespace: String,
-    /// Apply shardkeep's migrations (or create the file) first.
+    /// Apply shardkeep's migrations (or create the file) first. Without it, a database with
+    /// migrations pending is refused ([`LaunchError::MigrationsPending`]).
     pub migrate: bool,
     /// Postgres connections of the process.
     pub max_connections: u32,
@@ -69,6 +70,25 @@ pub enum LaunchError {
     /// The migrations failed.
     #[error("migrations: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The database has migrations this build needs that were never applied (a runtime on an
+    /// older schema would misread what it loads: an embedded file without its take-over column
+    /// loads every character from its row). Run `shardkeep migrate`, or set [`Launch::migrate`].
+    #[error(
+        "the {store} schema is behind this build (migrations pending): run `shardkeep migrate` \
+         first, or launch with `migrate` set"
+    )]
+    MigrationsPending {
+        /// `Postgres` or `SQLite`.
+        store: &'static str,
+    },
+    /// Which migrations the database holds could not be read.
+    #[error("reading the {store} schema's migrations: {source}")]
+    SchemaUnreadable {
+        /// `Postgres` or `SQLite`.
+        store: &'static str,
+        /// The failure.
+        source: sqlx::Error,
+    },
     /// The services or their workers could not start.
     #[error(transparent)]
     Services(#[from] ServicesError),
@@ -96,8 +116,9 @@ impl<G: LiveGame> std::fmt::Debug for Launched<G> {
 }
 
 impl<G: LiveGame> Runtime<G> {
-    /// Connects, migrates when asked, builds the services with the game's model, spawns their
-    /// workers and starts the runtime. Must run inside a tokio runtime.
+    /// Connects, migrates when asked (and otherwise refuses a schema with migrations pending),
+    /// builds the services with the game's model, spawns their workers and starts the runtime.
+    /// Must run inside a tokio runtime.
     pub async fn launch(launch: Launch, game: G) -> Result<Launched<G>, LaunchError> {
         let model = game.model();
         let keys = Keyspace::new(&launch.namespace)?;
@@ -113,6 +134,7 @@ impl<G: LiveGame> Runtime<G> {
             if launch.migrate {
                 db.migrate().await?;
             }
+            refuse_pending("SQLite", db.migrations_current().await)?;
             let clock = Arc::new(crate::clock::SystemClock);
             Services::embedded(db, &keys, model, launch.services, clock)?
         } else {
@@ -131,6 +153,7 @@ impl<G: LiveGame> Runtime<G> {
             if launch.migrate {
                 pg.migrate().await?;
             }
+            refuse_pending("Postgres", pg.migrations_current().await)?;
             let redis =
                 RedisBackend::connect("REDIS_URL", redis_url, keys, RedisTimeouts::default())
                     .await?;
@@ -152,6 +175,18 @@ impl<G: LiveGame> Runtime<G> {
             workers,
             cancel,
         })
+    }
+}
+
+/// A runtime starts only on a schema with every migration of this build applied.
+fn refuse_pending(
+    store: &'static str,
+    current: Result<bool, sqlx::Error>,
+) -> Result<(), LaunchError> {
+    match current {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(LaunchError::MigrationsPending { store }),
+        Err(source) => Err(LaunchError::SchemaUnreadable { store, source }),
     }
 }
 

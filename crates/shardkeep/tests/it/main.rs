@@ -18,6 +18,7 @@ mod fuzz_decoders;
 mod journal;
 mod journal_order;
 mod ladder_store;
+mod launch;
 mod live_runtime;
 mod lock_order;
 mod migrate;
