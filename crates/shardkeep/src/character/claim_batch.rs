@@ -40,8 +40,46 @@ pub(super) type ClaimTuple = (
     i32,
 );
 
-/// A claim's row and the effects since its content's dump; `None`: not claimed here.
-pub(super) type Claimed = Option<(ClaimTuple, serde_json::Value)>;
+/// A claim's row, the effects since its content's dump and what the claim still owes;
+/// `None`: not claimed here.
+pub(super) type Claimed = Option<(ClaimTuple, serde_json::Value, Owed)>;
+
+/// What a committed claim owes when its caller is gone (a timeout, a dropped connection),
+/// called with the epoch it minted: the loader takes the checkpoint over, so the claim never
+/// fences the checkpoint unread.
+pub(crate) type ClaimDue = std::sync::Arc<dyn Fn(i64) + Send + Sync>;
+
+/// A committed claim's debt: paid on drop (the due called with the minted epoch) unless the
+/// caller settles it itself ([`Owed::settled`]). A claim answered to a caller that has gone is
+/// dropped with its answer, so the debt is paid wherever the caller stopped.
+pub(crate) struct Owed {
+    due: Option<ClaimDue>,
+    epoch: i64,
+}
+
+impl Owed {
+    /// The claim's caller has done what the claim owed.
+    pub(crate) fn settled(mut self) {
+        self.due = None;
+    }
+}
+
+impl Drop for Owed {
+    fn drop(&mut self) {
+        if let Some(due) = self.due.take() {
+            due(self.epoch);
+        }
+    }
+}
+
+impl std::fmt::Debug for Owed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Owed")
+            .field("epoch", &self.epoch)
+            .field("due", &self.due.is_some())
+            .finish()
+    }
+}
 
 // The claims of many characters (`$1`, with their epoch floors `$2` and, for handoffs, the epoch
 // the carried snapshot was dumped under `$3` and the token `$4`), each decided as the one-row
@@ -114,6 +152,7 @@ pub(super) struct ClaimRequest {
     character_id: Uuid,
     floor: i64,
     handoff: Option<(i64, String)>,
+    due: Option<ClaimDue>,
 }
 
 /// Claims, made many to a statement.
@@ -144,18 +183,21 @@ pub(super) fn claim_batcher(
 }
 
 /// Claims `character_id` with whatever else waits; resolves once the claim committed (its row)
-/// or was not made here (`None`).
+/// or was not made here (`None`). The batch runs in a task of its own: a claim that commits
+/// after its caller stopped waiting pays `due` (see [`Owed`]).
 pub(super) async fn claim(
     batcher: &std::sync::Arc<ClaimBatcher>,
     character_id: Uuid,
     floor: i64,
     handoff: Option<(i64, &str)>,
+    due: Option<ClaimDue>,
 ) -> Result<Claimed, sqlx::Error> {
     batcher
         .submit(ClaimRequest {
             character_id,
             floor,
             handoff: handoff.map(|(epoch, token)| (epoch, token.to_owned())),
+            due,
         })
         .await
 }
@@ -173,7 +215,15 @@ impl BatchOp for ClaimOp {
         match self.claim_many(batch).await {
             Ok(mut claimed) => batch
                 .iter()
-                .map(|r| Ok(claimed.remove(&r.character_id)))
+                .map(|r| {
+                    Ok(claimed.remove(&r.character_id).map(|(row, effects)| {
+                        let owed = Owed {
+                            due: r.due.clone(),
+                            epoch: row.0,
+                        };
+                        (row, effects, owed)
+                    }))
+                })
                 .collect(),
             // No connection (an outage, a full pool), a failed statement or a lost commit reply:
             // every claim fails at once. Whatever the transaction minted (only if a lost reply

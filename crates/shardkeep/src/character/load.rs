@@ -4,11 +4,13 @@
 //! session at all, never an ephemeral one. A checkpoint that cannot be read (Redis down, corrupt
 //! value) only costs the crash-window shortening: the row is used.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use uuid::Uuid;
 
 use super::checkpoint::{CheckpointStore, CheckpointWrite, HeldCheckpoint};
+use super::claim_batch::ClaimDue;
 use super::handoff::HandoffPayload;
 use super::snapshot::{CharacterSnapshot, Freshest, freshest};
 use super::store::{CharacterStore, ClaimedRow, StoreError};
@@ -154,40 +156,97 @@ impl CharacterLoader {
 
     /// Claims `character_id` with the directory's epoch `floor`, then loads the freshest copy.
     ///
-    /// The claim and the checkpoint's take-over run together in a task of their own: a caller
-    /// that gives up waiting (its own timeout, a dropped connection) cannot leave a claim
-    /// committed without its take-over, which would fence the checkpoint unread and send the
-    /// next login to the older row.
+    /// A caller that gives up waiting (its own timeout, a dropped connection) cannot leave a
+    /// claim committed without its take-over, which would fence the checkpoint unread and send
+    /// the next login to the older row. Most claims are made in a claim batch's own task, and a
+    /// committed claim owes its take-over until this call has made it (its `Owed`): a claim whose
+    /// caller has gone, wherever it stopped, gets its take-over in a task of its own. A claim
+    /// that must go the careful way runs, with what follows it, in a task of its own.
     pub async fn claim_and_load(
         &self,
         character_id: Uuid,
         floor: i64,
     ) -> Result<LoadedCharacter, LoadError> {
-        let loader = self.clone();
-        let task =
-            tokio::spawn(async move { loader.claim_and_load_here(character_id, floor).await });
-        match tokio::time::timeout(self.io_timeout * 3, task).await {
-            Ok(Ok(loaded)) => loaded,
-            Ok(Err(_)) | Err(_) => Err(LoadError::Timeout(character_id)),
-        }
+        let store_error = |source| LoadError::Store {
+            character_id,
+            source,
+        };
+        let batched = tokio::time::timeout(
+            self.io_timeout,
+            self.store
+                .claim_batched(character_id, floor, None, self.take_over_due(character_id)),
+        )
+        .await
+        .map_err(|_| LoadError::Timeout(character_id))?
+        .map_err(store_error)?;
+        let Some((claim, owed)) = batched else {
+            let loader = self.clone();
+            let task =
+                tokio::spawn(
+                    async move { loader.claim_carefully_and_load(character_id, floor).await },
+                );
+            return match tokio::time::timeout(self.io_timeout * 3, task).await {
+                Ok(Ok(loaded)) => loaded,
+                Ok(Err(_)) | Err(_) => Err(LoadError::Timeout(character_id)),
+            };
+        };
+        let claimed = claim.claimed;
+        let checkpoint = self.take_over(character_id, claimed.new_epoch).await;
+        owed.settled();
+        self.loaded_from(claimed, checkpoint).await
     }
 
-    async fn claim_and_load_here(
+    /// The careful claim (alone: it settles queued jobs and waits for a held row lock), then
+    /// the take-over and the load.
+    async fn claim_carefully_and_load(
         &self,
         character_id: Uuid,
         floor: i64,
     ) -> Result<LoadedCharacter, LoadError> {
-        let claimed = tokio::time::timeout(self.io_timeout, self.store.claim(character_id, floor))
-            .await
-            .map_err(|_| LoadError::Timeout(character_id))?
-            .map_err(|source| LoadError::Store {
-                character_id,
-                source,
-            })?;
+        let claimed = tokio::time::timeout(
+            self.io_timeout,
+            self.store.claim_careful(character_id, floor, None),
+        )
+        .await
+        .map_err(|_| LoadError::Timeout(character_id))?
+        .map_err(|source| LoadError::Store {
+            character_id,
+            source,
+        })?
+        .claimed;
         let checkpoint = self.take_over(character_id, claimed.new_epoch).await;
+        self.loaded_from(claimed, checkpoint).await
+    }
+
+    /// The freshest content of a claimed row and its taken-over checkpoint, at the model's
+    /// schema, with its items recorded as loaded under the new epoch.
+    async fn loaded_from(
+        &self,
+        claimed: ClaimedRow,
+        checkpoint: Option<HeldCheckpoint>,
+    ) -> Result<LoadedCharacter, LoadError> {
         let loaded = self.upgraded(self.chosen(claimed, checkpoint).await?)?;
         self.record_item_loads(&loaded).await;
         Ok(loaded)
+    }
+
+    /// What a claim of `character_id` owes if its caller goes before taking the checkpoint
+    /// over: the take-over, in a task of its own. `None` without a checkpoint tier.
+    fn take_over_due(&self, character_id: Uuid) -> Option<ClaimDue> {
+        let checkpoints = self.checkpoints.clone()?;
+        let io_timeout = self.io_timeout;
+        Some(Arc::new(move |claimant| {
+            let checkpoints = checkpoints.clone();
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(async move {
+                        take_over_within(&checkpoints, character_id, claimant, io_timeout).await
+                    });
+                }
+                Err(_) => tracing::warn!(event = "take_over_abandoned", character = %character_id,
+                    claimant, "no runtime to take the checkpoint over after its caller went"),
+            }
+        }))
     }
 
     /// [`choose`], reading first, when the checkpoint wins only by its mark (see
@@ -444,35 +503,10 @@ impl CharacterLoader {
     }
 
     /// The checkpoint, taken over for the claim that minted `claimant` (see
-    /// [`CheckpointStore::take_over`]). One that cannot be read (Redis down, a corrupt value)
-    /// only costs the crash-window shortening: the row is used.
+    /// [`take_over_within`]); `None` without a checkpoint tier.
     async fn take_over(&self, character_id: Uuid, claimant: i64) -> Option<HeldCheckpoint> {
         let checkpoints = self.checkpoints.as_ref()?;
-        // Tried again within the I/O bound: a take-over whose reply was lost may have raised
-        // the guard already, and loading the row then would let this copy's checkpoints bury
-        // the content the guard kept. A repeat is safe: it answers the guard the first one found.
-        let deadline = tokio::time::Instant::now() + self.io_timeout;
-        let mut last = String::new();
-        for _ in 0..3 {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            match tokio::time::timeout(left, checkpoints.take_over(character_id, claimant)).await {
-                Ok(Ok(found)) => return found,
-                // A corrupt value is no outage: trying again finds it the same.
-                Ok(Err(err @ super::checkpoint::CheckpointError::Corrupt { .. })) => {
-                    last = err.to_string();
-                    break;
-                }
-                Ok(Err(err)) => last = err.to_string(),
-                Err(_) => {
-                    last = "timeout".into();
-                    break;
-                }
-            }
-        }
-        tracing::warn!(event = "checkpoint_read_failed", character = %character_id, error = %last,
-            "loading from the row");
-        metrics::counter!(crate::telemetry::CHECKPOINT_READ_FAILURES_TOTAL).increment(1);
-        None
+        take_over_within(checkpoints, character_id, claimant, self.io_timeout).await
     }
 
     /// Stores a handoff's adopted content as the checkpoint, under the destination's claim: the
@@ -556,6 +590,42 @@ fn replay_missing(
     content.room_ref = merged.room_ref;
     content.schema_version = merged.schema_version;
     Ok((content, origin))
+}
+
+/// The checkpoint, taken over for the claim that minted `claimant` (see
+/// [`CheckpointStore::take_over`]), within `io_timeout`. One that cannot be read (Redis down, a
+/// corrupt value) only costs the crash-window shortening: the row is used.
+async fn take_over_within(
+    checkpoints: &CheckpointStore,
+    character_id: Uuid,
+    claimant: i64,
+    io_timeout: Duration,
+) -> Option<HeldCheckpoint> {
+    // Tried again within the I/O bound: a take-over whose reply was lost may have raised
+    // the guard already, and loading the row then would let this copy's checkpoints bury
+    // the content the guard kept. A repeat is safe: it answers the guard the first one found.
+    let deadline = tokio::time::Instant::now() + io_timeout;
+    let mut last = String::new();
+    for _ in 0..3 {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, checkpoints.take_over(character_id, claimant)).await {
+            Ok(Ok(found)) => return found,
+            // A corrupt value is no outage: trying again finds it the same.
+            Ok(Err(err @ super::checkpoint::CheckpointError::Corrupt { .. })) => {
+                last = err.to_string();
+                break;
+            }
+            Ok(Err(err)) => last = err.to_string(),
+            Err(_) => {
+                last = "timeout".into();
+                break;
+            }
+        }
+    }
+    tracing::warn!(event = "checkpoint_read_failed", character = %character_id, error = %last,
+        "loading from the row");
+    metrics::counter!(crate::telemetry::CHECKPOINT_READ_FAILURES_TOTAL).increment(1);
+    None
 }
 
 /// True when the checkpoint would lose to the row on versions but wins on its mark.

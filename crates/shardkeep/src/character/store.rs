@@ -698,18 +698,62 @@ impl CharacterStore {
         floor: i64,
         handoff: Option<(i64, &str)>,
     ) -> Result<HandoffClaim, StoreError> {
+        if let Some((claimed, owed)) = self
+            .claim_batched(character_id, floor, handoff, None)
+            .await?
+        {
+            owed.settled();
+            return Ok(claimed);
+        }
+        self.claim_careful(character_id, floor, handoff).await
+    }
+
+    /// The claim made together with those arriving at the same time, in a task of the batch's
+    /// own (a caller that stops waiting cannot interrupt it: a claim committed after its caller
+    /// has gone pays `due` with the epoch it minted). Most claims find no job queued and no lock
+    /// on the row: they are made in one transaction of many characters that also reads the
+    /// effects since each content's dump. `None`: not claimed here — a job queued (the
+    /// statement's snapshot sees it, so a job a worker is settling right now counts), its row
+    /// locked, a refusal, no row at all, or the embedded store — and the claim must go the
+    /// careful way ([`Self::claim_careful`]). The answer's [`Owed`] is paid on drop unless
+    /// settled.
+    pub(crate) async fn claim_batched(
+        &self,
+        character_id: Uuid,
+        floor: i64,
+        handoff: Option<(i64, &str)>,
+        due: Option<super::claim_batch::ClaimDue>,
+    ) -> Result<Option<(HandoffClaim, super::claim_batch::Owed)>, StoreError> {
         if floor < 0 {
             return Err(StoreError::InvalidInput(format!(
                 "epoch floor {floor} is negative"
             )));
         }
-        // Most claims find no job queued and no lock on the row: they are made together with the
-        // claims arriving at the same time, in one transaction of many characters that also
-        // reads the effects since each content's dump. A claim that finds a job queued (the
-        // statement's snapshot sees it, so a job a worker is settling right now counts), its row
-        // locked, a refusal or no row at all goes the careful way, alone.
-        let (pg, claims) = match &self.rows {
-            Rows::Postgres { pg, claims, .. } => (pg, claims),
+        let Rows::Postgres { claims, .. } = &self.rows else {
+            return Ok(None);
+        };
+        Ok(
+            super::claim_batch::claim(claims, character_id, floor, handoff, due)
+                .await?
+                .map(|(row, effects, owed)| (claimed_from(character_id, row, effects), owed)),
+        )
+    }
+
+    /// The claim made alone: it settles the character's queued jobs first and waits for a lock
+    /// held on its row; on the embedded store, every claim. Runs in the caller's task.
+    pub(crate) async fn claim_careful(
+        &self,
+        character_id: Uuid,
+        floor: i64,
+        handoff: Option<(i64, &str)>,
+    ) -> Result<HandoffClaim, StoreError> {
+        if floor < 0 {
+            return Err(StoreError::InvalidInput(format!(
+                "epoch floor {floor} is negative"
+            )));
+        }
+        let pg = match &self.rows {
+            Rows::Postgres { pg, .. } => pg,
             Rows::Embedded { db, clock, .. } => {
                 let settles = self.model.as_ref().map(|m| (m, self.lease_expiry_limit));
                 let claimed = embedded::claim(
@@ -725,11 +769,6 @@ impl CharacterStore {
                 return Ok(claimed_from(character_id, row, effects));
             }
         };
-        if let Some((row, effects)) =
-            super::claim_batch::claim(claims, character_id, floor, handoff).await?
-        {
-            return Ok(claimed_from(character_id, row, effects));
-        }
         let mut tx = pg.begin().await?;
         let mut settled = crate::retry::SettledAtClaim::default();
         if let Some(model) = &self.model {
