@@ -26,9 +26,15 @@ static TAKE: LazyLock<Script> = LazyLock::new(|| Script::new(TAKE_SCRIPT));
 const MOST_TAKING: usize = 4;
 /// Most take-overs one batch carries (a pipeline of calls of [`TAKES_PER_CALL`] keys).
 const MOST_KEYS: usize = 128;
-/// Most take-overs one script call makes (the documents are read outside the script, so a call
-/// stays short however large they are).
-const TAKES_PER_CALL: usize = 32;
+/// Most take-overs one script call makes. Their documents' sizes are unknown until read, and a
+/// call runs as one unit in Redis, copying every document it answers: a few to a call keep a
+/// call of large documents short, and still pay a call's own cost once for several keys. (The
+/// script answers the documents itself: a plain `HGET` sent after it, tried once, costs Redis a
+/// little less but breaks while a cluster moves the slot — an `ASK` answer is followed by one
+/// `ASKING`, so the script ran on the new node and raised the guard while the reads bounced
+/// between the two nodes until the request failed, and the login loaded the row under a raised
+/// guard.)
+const TAKES_PER_CALL: usize = 8;
 
 /// One take-over: the checkpoint's key, its claimant's epoch, the TTL it lives on for.
 #[derive(Debug)]
@@ -105,10 +111,9 @@ impl BatchOp for TakeOvers {
 
 impl TakeOvers {
     /// One pipeline: a script call per group of keys sharing a slot (all of them on standalone
-    /// Redis), each followed by a plain `HGET` of its keys' documents, confirmed like a write — a
-    /// failover must not hand the old guard back to a zombie. A failed pipeline (an unconfirmed
-    /// `WAIT`, a lost reply) may have run: the loader's retry of a take-over is answered the
-    /// guard the first one found.
+    /// Redis), confirmed like a write — a failover must not hand the old guard back to a
+    /// zombie. A failed pipeline (an unconfirmed `WAIT`, a lost reply) may have run: the
+    /// loader's retry of a take-over is answered the guard the first one found.
     async fn take(&self, batch: &[TakeRequest]) -> Result<Vec<Taken>, TakeFailure> {
         let keys: Vec<String> = batch.iter().map(|r| r.key.clone()).collect();
         let groups = call_groups_of(&keys, &[], self.redis.is_cluster(), TAKES_PER_CALL);
@@ -125,107 +130,67 @@ impl TakeOvers {
         // Sent without the script's text; a cache without it (a new master, a flush) gets it
         // loaded and the pipeline sent again. On a cluster the first sending may have run on
         // some nodes: their take-overs answer, the second time, the guard they first found.
-        // (Loading first every time would send the script's text once per slot group.) Each
-        // reply stands alone (`ignore_errors`): a key of another type fails its own `HGET`,
-        // not the batch.
+        // (Loading first every time would send the script's text once per slot group.)
         let pipeline = |load: bool| {
             let mut pipe = redis::pipe();
-            pipe.ignore_errors();
             if load {
                 pipe.load_script(&TAKE).ignore();
             }
-            for (call, group) in calls.iter().zip(&groups) {
+            for call in &calls {
                 pipe.invoke_script(call);
-                for &i in group {
-                    pipe.hget(&batch[i].key, "snapshot");
-                }
             }
             pipe
         };
-        let mut replies: Vec<Value> = self
-            .redis
-            .query_confirmed(pipeline(false))
-            .await
-            .map_err(TakeFailure::Redis)?;
-        if replies.iter().any(is_noscript) {
-            replies = self
-                .redis
-                .query_confirmed(pipeline(true))
-                .await
-                .map_err(TakeFailure::Redis)?;
-        }
-        scatter(batch.len(), &groups, replies)
-    }
-}
-
-/// True for a reply saying the script is not in the server's cache.
-fn is_noscript(reply: &Value) -> bool {
-    matches!(reply, Value::ServerError(err) if err.code() == "NOSCRIPT")
-}
-
-/// Each take-over's answer, in request order, from the pipeline's replies: per group, the
-/// script's reply and then one document per key.
-fn scatter(
-    requests: usize,
-    groups: &[Vec<usize>],
-    replies: Vec<Value>,
-) -> Result<Vec<Taken>, TakeFailure> {
-    let expected: usize = groups.iter().map(|g| 1 + g.len()).sum();
-    if replies.len() != expected {
-        return Err(TakeFailure::Protocol(format!(
-            "{} replies to {expected} commands",
-            replies.len()
-        )));
-    }
-    let mut replies = replies.into_iter();
-    let mut taken: Vec<Option<Taken>> = vec![None; requests];
-    for group in groups {
-        let answers = match replies.next() {
-            Some(Value::Array(answers)) if answers.len() == group.len() => answers,
-            Some(Value::ServerError(err)) => {
-                return Err(TakeFailure::Redis(redis::RedisError::from(err)));
+        let replies: Vec<Vec<Vec<Value>>> = match self.redis.query_confirmed(pipeline(false)).await
+        {
+            Err(err) if err.code() == Some("NOSCRIPT") => {
+                self.redis.query_confirmed(pipeline(true)).await
             }
-            other => {
+            other => other,
+        }
+        .map_err(TakeFailure::Redis)?;
+        if replies.len() != groups.len() {
+            return Err(TakeFailure::Protocol(format!(
+                "{} replies to {} calls",
+                replies.len(),
+                groups.len()
+            )));
+        }
+        let mut taken: Vec<Option<Taken>> = vec![None; batch.len()];
+        for (group, reply) in groups.iter().zip(replies) {
+            if reply.len() != group.len() {
                 return Err(TakeFailure::Protocol(format!(
-                    "a call of {} answered {other:?}",
+                    "{} replies to a call of {}",
+                    reply.len(),
                     group.len()
                 )));
             }
-        };
-        for (&i, answer) in group.iter().zip(answers) {
-            let document = replies.next().unwrap_or(Value::Nil);
-            taken[i] = Some(decode(answer, document)?);
+            for (&i, one) in group.iter().zip(reply) {
+                taken[i] = Some(decode(one)?);
+            }
         }
+        taken
+            .into_iter()
+            .map(|t| t.ok_or_else(|| TakeFailure::Protocol("a take-over without reply".into())))
+            .collect()
     }
-    taken
-        .into_iter()
-        .map(|t| t.ok_or_else(|| TakeFailure::Protocol("a take-over without reply".into())))
-        .collect()
 }
 
-/// One key's answer from the script and the `HGET` of its document that followed.
-fn decode(answer: Value, document: Value) -> Result<Taken, TakeFailure> {
-    let Value::Array(answer) = answer else {
-        return Err(TakeFailure::Protocol(format!("{answer:?}")));
-    };
-    match answer.as_slice() {
+/// One key's reply.
+fn decode(reply: Vec<Value>) -> Result<Taken, TakeFailure> {
+    match reply.as_slice() {
         [tag] if is(tag, "none") => Ok(Taken::None),
         [tag, Value::BulkString(why)] if is(tag, "corrupt") => {
             Ok(Taken::Corrupt(String::from_utf8_lossy(why).into_owned()))
         }
-        [tag, Value::BulkString(guard)] if is(tag, "held") => {
+        [tag, Value::BulkString(guard), Value::BulkString(_)] if is(tag, "held") => {
             let guard =
                 guard_int(guard).ok_or_else(|| TakeFailure::Protocol("take-over guard".into()))?;
-            match document {
-                Value::BulkString(body) => Ok(Taken::Held(guard, body)),
-                // Removed since the raise: only a later claim's copy could have removed it.
-                Value::Nil => Ok(Taken::None),
-                Value::ServerError(err) => Ok(Taken::Corrupt(format!(
-                    "the document could not be read: {}",
-                    err.details().unwrap_or(err.code())
-                ))),
-                other => Err(TakeFailure::Protocol(format!("take-over body {other:?}"))),
-            }
+            let body = match reply.into_iter().nth(2) {
+                Some(Value::BulkString(body)) => body,
+                _ => return Err(TakeFailure::Protocol("take-over body".into())),
+            };
+            Ok(Taken::Held(guard, body))
         }
         other => Err(TakeFailure::Protocol(format!("{other:?}"))),
     }
@@ -235,62 +200,22 @@ fn decode(answer: Value, document: Value) -> Result<Taken, TakeFailure> {
 mod tests {
     use super::*;
 
-    fn bulk(s: &str) -> Value {
-        Value::BulkString(s.as_bytes().to_vec())
-    }
-
-    fn answer(parts: &[&str]) -> Value {
-        Value::Array(parts.iter().map(|p| bulk(p)).collect())
-    }
-
     #[test]
     fn replies_decode_and_odd_ones_are_refused() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        assert!(matches!(decode(vec![bulk("none")]), Ok(Taken::None)));
         assert!(matches!(
-            decode(answer(&["none"]), Value::Nil),
-            Ok(Taken::None)
-        ));
-        assert!(matches!(
-            decode(answer(&["corrupt", "why"]), Value::Nil),
+            decode(vec![bulk("corrupt"), bulk("why")]),
             Ok(Taken::Corrupt(w)) if w == "why"
         ));
         assert!(matches!(
-            decode(answer(&["held", "7"]), bulk("{}")),
+            decode(vec![bulk("held"), bulk("7"), bulk("{}")]),
             Ok(Taken::Held(7, body)) if body == b"{}"
         ));
-        // Removed between the raise and the read: nothing is held.
-        assert!(matches!(
-            decode(answer(&["held", "7"]), Value::Nil),
-            Ok(Taken::None)
-        ));
-        assert!(decode(answer(&["held", "07"]), bulk("{}")).is_err());
-        assert!(decode(answer(&["held", "x"]), bulk("{}")).is_err());
-        assert!(decode(answer(&["held"]), bulk("{}")).is_err());
-        assert!(decode(answer(&["held", "7"]), Value::Int(3)).is_err());
-        assert!(decode(answer(&["what"]), Value::Nil).is_err());
-        assert!(decode(answer(&[]), Value::Nil).is_err());
-        assert!(decode(bulk("held"), Value::Nil).is_err());
-    }
-
-    #[test]
-    fn answers_go_back_to_their_requests_and_a_short_reply_fails_the_batch() {
-        // Requests 0 and 2 share a call; request 1 has its own.
-        let groups = vec![vec![0, 2], vec![1]];
-        let replies = vec![
-            Value::Array(vec![answer(&["held", "4"]), answer(&["none"])]),
-            bulk("zero"),
-            Value::Nil,
-            Value::Array(vec![answer(&["held", "9"])]),
-            bulk("one"),
-        ];
-        let taken = scatter(3, &groups, replies.clone()).unwrap();
-        assert!(matches!(&taken[0], Taken::Held(4, b) if b == b"zero"));
-        assert!(matches!(&taken[1], Taken::Held(9, b) if b == b"one"));
-        assert!(matches!(&taken[2], Taken::None));
-        let mut short = replies.clone();
-        short.pop();
-        assert!(scatter(3, &groups, short).is_err());
-        let mut misshapen = replies;
-        misshapen[0] = Value::Array(vec![answer(&["none"])]);
-        assert!(scatter(3, &groups, misshapen).is_err());
+        assert!(decode(vec![bulk("held"), bulk("07"), bulk("{}")]).is_err());
+        assert!(decode(vec![bulk("held"), bulk("x"), bulk("{}")]).is_err());
+        assert!(decode(vec![bulk("held")]).is_err());
+        assert!(decode(vec![bulk("what")]).is_err());
+        assert!(decode(vec![]).is_err());
     }
 }

@@ -227,7 +227,10 @@ impl BatchOp for ClaimOp {
                 .collect(),
             // No connection (an outage, a full pool), a failed statement or a lost commit reply:
             // every claim fails at once. Whatever the transaction minted (only if a lost reply
-            // hid its commit) is superseded by the retried claim, which mints the next epoch.
+            // hid its commit) is superseded by the retried claim, which mints the next epoch —
+            // but the lost claim's take-over never happens, so the retried claim finds the
+            // checkpoint fenced unread and loads the row: the crash window of a claim without
+            // its take-over (the README's "What survives what").
             Err(err) => all_failed(err, batch.len()),
         }
     }
