@@ -13,7 +13,7 @@ use super::checkpoint::{CheckpointStore, CheckpointWrite, HeldCheckpoint};
 use super::claim_batch::ClaimDue;
 use super::handoff::HandoffPayload;
 use super::snapshot::{CharacterSnapshot, Freshest, freshest};
-use super::store::{CharacterStore, ClaimedRow, StoreError};
+use super::store::{CharacterStore, ClaimedRow, HandoffClaim, StoreError};
 use crate::model::ModelHandle;
 use crate::retry::apply::{RecordedEffect, RowState, apply_payload, lists_legacy_reward_key};
 
@@ -397,13 +397,17 @@ impl CharacterLoader {
         floor: i64,
     ) -> Result<HandoffLoad, LoadError> {
         let character_id = carried.snapshot.character_id;
-        let claim = tokio::time::timeout(
+        // A claim that commits after this bound ran out still owes its take-over (paid by a
+        // task of its own): the checkpoint is not left fenced unread. (It keeps the source's
+        // last checkpoint, not the carried content, which only this call stores.)
+        let (claim, owed) = tokio::time::timeout(
             self.io_timeout,
-            self.store.claim_for_handoff(
+            self.store.claim_for_handoff_owing(
                 character_id,
                 floor,
                 carried.dumped_under_epoch,
                 handoff_token,
+                self.take_over_due(character_id),
             ),
         )
         .await
@@ -412,6 +416,21 @@ impl CharacterLoader {
             character_id,
             source,
         })?;
+        let loaded = self.arrived(carried, claim).await;
+        if let Some(owed) = owed {
+            owed.settled();
+        }
+        loaded
+    }
+
+    /// A handoff's claim made: the carried content adopted and stored as the checkpoint, or,
+    /// superseded, the checkpoint taken over and the freshest durable copy loaded.
+    async fn arrived(
+        &self,
+        carried: HandoffPayload,
+        claim: HandoffClaim,
+    ) -> Result<HandoffLoad, LoadError> {
+        let character_id = carried.snapshot.character_id;
         let claimed = claim.claimed;
         if !claim.adopted {
             let owner_epoch = claimed.row.owner_epoch;

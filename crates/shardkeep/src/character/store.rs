@@ -664,6 +664,32 @@ impl CharacterStore {
         .await
     }
 
+    /// [`Self::claim_for_handoff`], with what a claim made in a batch owes if its caller goes
+    /// before paying it (see [`Self::claim_batched`]): `None` for a claim made the careful way.
+    pub(crate) async fn claim_for_handoff_owing(
+        &self,
+        character_id: Uuid,
+        floor: i64,
+        dumped_under_epoch: i64,
+        handoff_token: &str,
+        due: Option<super::claim_batch::ClaimDue>,
+    ) -> Result<(HandoffClaim, Option<super::claim_batch::Owed>), StoreError> {
+        if handoff_token.is_empty() {
+            return Err(StoreError::InvalidInput(
+                "a handoff claim needs its token".into(),
+            ));
+        }
+        let handoff = Some((dumped_under_epoch, handoff_token));
+        if let Some((claimed, owed)) = self
+            .claim_batched(character_id, floor, handoff, due)
+            .await?
+        {
+            return Ok((claimed, Some(owed)));
+        }
+        let claimed = self.claim_careful(character_id, floor, handoff).await?;
+        Ok((claimed, None))
+    }
+
     /// The newest schema the row's document or owner is at, and whether retry jobs are queued
     /// for the character, read without a lock; `None` when there is no row.
     async fn schema_and_backlog(

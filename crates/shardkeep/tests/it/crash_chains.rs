@@ -235,3 +235,51 @@ async fn a_login_whose_caller_gives_up_still_takes_the_checkpoint_over(pool: PgP
         assert!(gave_up > 0, "{driver}: no caller gave up");
     }
 }
+
+/// A handoff's claim that commits after its destination stopped waiting for it (the claim's
+/// bound ran out while a lock held the table) still takes the checkpoint over: the next login
+/// loads the source's checkpointed 65, never the row's 15.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_handoff_claim_that_lands_after_its_bound_still_takes_the_checkpoint_over(pool: PgPool) {
+    let drivers = CharacterDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    // Postgres only: the embedded store's claims are made alone, in the caller's task.
+    let store = drivers.stores().remove(0);
+    assert_eq!(store.driver(), "postgres");
+    let checkpoints = drivers.checkpoints_for(&store, &redis);
+    let loader = CharacterLoader::new(
+        store.clone(),
+        Some(checkpoints.clone()),
+        LedgerModel::handle(),
+        Duration::from_millis(300),
+    );
+    let row = created(&store, "Cade").await;
+    let id = row.character_id;
+    let source = loader.claim_and_load(id, 0).await.unwrap().snapshot;
+    let shardkeep::character::SaveOutcome::Saved(version) =
+        store.save(&holding(&source, 15)).await.unwrap()
+    else {
+        panic!("the flush did not land");
+    };
+    let source = CharacterSnapshot {
+        state_version: version,
+        ..source
+    };
+    checkpoints.write(&holding(&source, 65)).await.unwrap();
+    // The destination's claim waits behind a table lock past its bound, then commits.
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE characters IN EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let carried = HandoffPayload::new(holding(&source, 80));
+    let arrival = loader.claim_for_handoff(carried, "h-cade", 0).await;
+    assert!(
+        matches!(arrival, Err(shardkeep::character::LoadError::Timeout(_))),
+        "{arrival:?}"
+    );
+    lock.commit().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let next = loader.claim_and_load(id, 0).await.unwrap();
+    assert_eq!(coins(&next.snapshot), 65, "{:?}", next.source);
+}
