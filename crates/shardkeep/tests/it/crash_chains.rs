@@ -279,7 +279,23 @@ async fn a_handoff_claim_that_lands_after_its_bound_still_takes_the_checkpoint_o
         "{arrival:?}"
     );
     lock.commit().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // The late claim did commit (else the checkpoint would still be its source's own, and the
+    // next login would load it with no debt paid), and its debt raises the guard to its epoch.
+    let claimed_epoch = source.owner_epoch + 1;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let row = store.load(id).await.unwrap().expect("the row");
+        let guard = checkpoints.read_held(id).await.unwrap().map(|c| c.held_by);
+        if row.owner_epoch == claimed_epoch && guard == Some(claimed_epoch) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "row epoch {}, checkpoint guard {guard:?}: the late claim's take-over never came",
+            row.owner_epoch
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let next = loader.claim_and_load(id, 0).await.unwrap();
     assert_eq!(coins(&next.snapshot), 65, "{:?}", next.source);
 }
