@@ -679,15 +679,13 @@ impl CharacterStore {
                 "a handoff claim needs its token".into(),
             ));
         }
-        let handoff = Some((dumped_under_epoch, handoff_token));
-        if let Some((claimed, owed)) = self
-            .claim_batched(character_id, floor, handoff, due)
-            .await?
-        {
-            return Ok((claimed, Some(owed)));
-        }
-        let claimed = self.claim_careful(character_id, floor, handoff).await?;
-        Ok((claimed, None))
+        self.claim_owing(
+            character_id,
+            floor,
+            Some((dumped_under_epoch, handoff_token)),
+            due,
+        )
+        .await
     }
 
     /// The newest schema the row's document or owner is at, and whether retry jobs are queued
@@ -724,14 +722,30 @@ impl CharacterStore {
         floor: i64,
         handoff: Option<(i64, &str)>,
     ) -> Result<HandoffClaim, StoreError> {
+        // Owing nothing (no due): its debt is dropped unpaid.
+        Ok(self
+            .claim_owing(character_id, floor, handoff, None)
+            .await?
+            .0)
+    }
+
+    /// The claim, batched when it can be ([`Self::claim_batched`], with the debt it answers) and
+    /// made the careful way otherwise (no debt: it runs in the caller's task).
+    async fn claim_owing(
+        &self,
+        character_id: Uuid,
+        floor: i64,
+        handoff: Option<(i64, &str)>,
+        due: Option<super::claim_batch::ClaimDue>,
+    ) -> Result<(HandoffClaim, Option<super::claim_batch::Owed>), StoreError> {
         if let Some((claimed, owed)) = self
-            .claim_batched(character_id, floor, handoff, None)
+            .claim_batched(character_id, floor, handoff, due)
             .await?
         {
-            owed.settled();
-            return Ok(claimed);
+            return Ok((claimed, Some(owed)));
         }
-        self.claim_careful(character_id, floor, handoff).await
+        let claimed = self.claim_careful(character_id, floor, handoff).await?;
+        Ok((claimed, None))
     }
 
     /// The claim made together with those arriving at the same time, in a task of the batch's
