@@ -67,6 +67,9 @@ pub(crate) struct LiveCopy<C> {
     /// dumped after a flush holds a higher mark than the flush, whichever lands first).
     pub(crate) issued: u64,
     pub(crate) anchor: Anchor,
+    /// The zone its placement and presence name: where it landed, then the last zone its
+    /// anchor named (an anchor without a zone, an instance, keeps it).
+    pub(crate) zone: String,
     pub(crate) chargen: Option<serde_json::Value>,
     pub(crate) schema_version: u32,
     pub(crate) phase: Phase,

@@ -196,6 +196,7 @@ fn answer<G: LiveGame>(inner: &Arc<Inner<G>>, event: SaverEvent) {
                     c.version = new_version;
                 }
             });
+            inner.game.saved(copy, reason, new_version);
             if reason == SaveReason::Final {
                 inner.finals.resolve(
                     copy,

@@ -166,12 +166,13 @@ impl Finals {
     }
 }
 
-/// Closed streams whose journal entry has not landed yet.
-pub(crate) struct Closes {
+/// Work a shutdown waits for, counted while it is on its way: closed streams whose journal
+/// entry has not landed, handoffs whose source has not settled them.
+pub(crate) struct Outstanding {
     pending: watch::Sender<usize>,
 }
 
-impl Default for Closes {
+impl Default for Outstanding {
     fn default() -> Self {
         Self {
             pending: watch::channel(0).0,
@@ -179,7 +180,7 @@ impl Default for Closes {
     }
 }
 
-impl Closes {
+impl Outstanding {
     pub(crate) fn begin(&self) {
         self.pending.send_modify(|n| *n += 1);
     }
@@ -188,11 +189,26 @@ impl Closes {
         self.pending.send_modify(|n| *n = n.saturating_sub(1));
     }
 
+    /// One piece of work, counted until the answer is dropped (whichever way its task ends).
+    pub(crate) fn track(self: &std::sync::Arc<Self>) -> Tracked {
+        self.begin();
+        Tracked(std::sync::Arc::clone(self))
+    }
+
     /// Waits until none is pending or `deadline`; how many are still pending.
     pub(crate) async fn settled_by(&self, deadline: tokio::time::Instant) -> usize {
         let mut pending = self.pending.subscribe();
         let _ = tokio::time::timeout_at(deadline, pending.wait_for(|n| *n == 0)).await;
         *self.pending.borrow()
+    }
+}
+
+/// A piece of [`Outstanding`] work; dropping it ends it.
+pub(crate) struct Tracked(std::sync::Arc<Outstanding>);
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.0.end();
     }
 }
 

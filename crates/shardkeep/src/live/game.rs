@@ -2,8 +2,13 @@
 //! becomes the character it plays, how that character is written back, and how one of its
 //! effects changes it live.
 
-use crate::character::StateJson;
+use uuid::Uuid;
+
+use crate::character::{CharacterSnapshot, StateJson};
+use crate::coord::SessionOrder;
+use crate::journal::SessionLifecycleEffectPlan;
 use crate::model::{Anchor, GameEffect, GameModel, ModelHandle};
+use crate::saver::SaveReason;
 
 /// A game's characters as the runtime plays them.
 ///
@@ -22,6 +27,29 @@ pub trait LiveGame: Send + Sync + 'static {
     /// The character a loaded state document (already at the model's schema version) plays as.
     /// A document that cannot be played refuses the login, with the reason.
     fn load(&self, state: &StateJson) -> Result<Self::Character, String>;
+
+    /// The live copy a claimed and loaded character becomes: its character, where it lands and
+    /// the character-creation input it still carries. The default plays the document
+    /// ([`LiveGame::load`]) where it was saved and keeps the input as it is. A game that lands
+    /// players by a table of its own (a zone this shard does not host, a first spawn), or
+    /// applies its creation input once and clears it, overrides this; `snapshot` names the
+    /// copy (its id, name, account, epoch, version and issue mark) and `arrival` how it came.
+    /// What it answers is what the copy's saves write. A refusal refuses the login.
+    fn land(
+        &self,
+        snapshot: &CharacterSnapshot,
+        arrival: Arrival,
+    ) -> Result<Landed<Self::Character>, String> {
+        let _ = arrival;
+        Ok(Landed {
+            character: self.load(&snapshot.state)?,
+            anchor: Anchor {
+                zone_ref: snapshot.zone_ref.clone(),
+                room_ref: snapshot.room_ref.clone(),
+            },
+            chargen: snapshot.chargen.clone(),
+        })
+    }
 
     /// The state document of a live character.
     fn dump(&self, character: &Self::Character) -> Result<StateJson, String>;
@@ -46,6 +74,58 @@ pub trait LiveGame: Send + Sync + 'static {
     fn evicted(&self, copy: super::CopyId, character: Self::Character) {
         let _ = (copy, character);
     }
+
+    /// A write of `copy`'s row landed and the row is at `version`: a cadence flush or a logout's
+    /// final save (`reason`), or a write outside the cadences (a grant's, `save_now`'s, an item
+    /// transfer's commit), reported as a [`SaveReason::Flush`]. Called once per landed row write,
+    /// never for one that did not land (a game counting what is durable can rely on it);
+    /// checkpoints are not reported (one per copy every few seconds). Runs on the runtime's pulse
+    /// or the writing call's task: it must not block or call the runtime.
+    fn saved(&self, copy: super::CopyId, reason: SaveReason, version: i64) {
+        let _ = (copy, reason, version);
+    }
+
+    /// A handoff of `copy` that left this shard under `token` is settled here: the destination
+    /// took it (`activated`) or it was abandoned, the transfer is completed and the copy's
+    /// stream closed. Called once per handoff, from the task that waited for it; it must not
+    /// block or call the runtime.
+    fn handed_off(&self, copy: super::CopyId, token: &str, activated: bool) {
+        let _ = (copy, token, activated);
+    }
+
+    /// A closed stream of `character_id` was journaled (its cleanup is durable from now on):
+    /// `order` is its place in the character's session order (the close's epoch and time, and
+    /// the journal entry's id), `plan` what its cleanup does. Called once per closed stream,
+    /// from the task that retried the append until it landed; it must not block or call the
+    /// runtime.
+    fn journaled(&self, character_id: Uuid, order: SessionOrder, plan: SessionLifecycleEffectPlan) {
+        let _ = (character_id, order, plan);
+    }
+}
+
+/// How a copy came to be loaded ([`LiveGame::land`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// A login (the character was claimed here).
+    Login {
+        /// True for a character never placed before (its first spawn).
+        brand_new: bool,
+    },
+    /// A handoff from another shard (its content is the source's dump, or the freshest durable
+    /// copy when a newer owner had superseded the source).
+    Handoff,
+}
+
+/// A loaded character as the game lands it ([`LiveGame::land`]).
+#[derive(Debug, Clone)]
+pub struct Landed<C> {
+    /// The character the game plays.
+    pub character: C,
+    /// Where it is (saved with it, and its placement's zone).
+    pub anchor: Anchor,
+    /// The character-creation input it still carries (`None` once applied: the next save
+    /// clears it).
+    pub chargen: Option<serde_json::Value>,
 }
 
 /// A game that plays its stored document: the runtime holds `M::State` and applies effects with

@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::copies::{CopyId, Link};
+use super::copies::CopyId;
+use super::game::Arrival;
 use super::transit::{Activation, SendError, Taken, Transit};
 use super::{Admitted, Inner, LiveError, LiveGame, Runtime, SessionStart};
 use crate::character::{CharacterSnapshot, HandoffPayload};
@@ -133,8 +134,8 @@ impl<G: LiveGame> Runtime<G> {
         let session_token = start
             .token
             .unwrap_or_else(|| Uuid::now_v7().simple().to_string());
-        let admitted = self.admit_arrival(&loaded, session_token)?;
-        mark_activation(inner, admitted.copy, token, &loaded.snapshot, character_id);
+        let (admitted, zone) = self.admit_arrival(&loaded, session_token)?;
+        mark_activation(inner, admitted.copy, token, &zone, character_id);
         Ok(admitted)
     }
 
@@ -142,21 +143,27 @@ impl<G: LiveGame> Runtime<G> {
         &self,
         loaded: &crate::character::LoadedCharacter,
         session_token: String,
-    ) -> Result<Admitted, LiveError> {
+    ) -> Result<(Admitted, String), LiveError> {
         let inner = &self.inner;
-        let (copy, order) =
-            super::sessions::admit(inner, loaded, Link::Attached(session_token.clone()))?;
-        if let Some(order) = order {
-            super::sessions::start_arrival(inner, copy, loaded, &session_token, order);
-        }
-        Ok(Admitted {
-            copy,
-            session_token,
-            source: Some(loaded.source),
-            brand_new: loaded.brand_new,
-            resumed: None,
-            origin: Some(loaded.origin.clone()),
-        })
+        let admission = super::sessions::admit(inner, loaded, Arrival::Handoff, &session_token)?;
+        super::sessions::start_arrival(
+            inner,
+            &admission,
+            loaded.snapshot.account_id,
+            &session_token,
+        );
+        Ok((
+            Admitted {
+                copy: admission.copy,
+                session_token,
+                source: Some(loaded.source),
+                brand_new: loaded.brand_new,
+                resumed: None,
+                origin: Some(loaded.origin.clone()),
+                session_order: admission.order,
+            },
+            admission.zone,
+        ))
     }
 }
 
@@ -166,14 +173,10 @@ fn mark_activation<G: LiveGame>(
     inner: &Arc<Inner<G>>,
     copy: CopyId,
     token: &str,
-    snapshot: &CharacterSnapshot,
+    zone: &str,
     character_id: Uuid,
 ) {
-    let zone = snapshot
-        .zone_ref
-        .clone()
-        .unwrap_or_else(|| inner.config.shard_id.clone());
-    let activation = Transit::activation_now(token, &inner.config.shard_id, &zone);
+    let activation = Transit::activation_now(token, &inner.config.shard_id, zone);
     let job = Transit::activation_record(
         &activation,
         character_id,
@@ -207,7 +210,8 @@ fn mark_activation<G: LiveGame>(
 /// its durable record when a failover lost the marker), then completes the transfer and
 /// journals the closed stream as a confirmed transfer. A handoff not taken within its lifetime
 /// is abandoned: the transfer completes and the stream closes as a permanent removal (the
-/// copy's checkpoint holds what it carried).
+/// copy's checkpoint holds what it carried). A shutdown waits for these (within its bound) and
+/// counts the ones it leaves; the game hears of each settled one ([`LiveGame::handed_off`]).
 fn await_activation<G: LiveGame>(
     inner: &Arc<Inner<G>>,
     copy: CopyId,
@@ -216,7 +220,9 @@ fn await_activation<G: LiveGame>(
     session: Option<String>,
 ) {
     let inner = Arc::clone(inner);
+    let tracked = inner.handoffs.track();
     tokio::spawn(async move {
+        let _tracked = tracked;
         let deadline = tokio::time::Instant::now() + inner.config.handoff_ttl.duration();
         let transit = &inner.stores.transit;
         let mut activated = false;
@@ -229,6 +235,14 @@ fn await_activation<G: LiveGame>(
             match seen {
                 Ok(Ok(Activation::Activated)) => {
                     activated = true;
+                    break;
+                }
+                // A shutdown cannot wait out the lifetime: a handoff no longer pending is
+                // taken as abandoned then (its cleanup's writes are fenced by this copy's epoch
+                // either way).
+                Ok(Ok(Activation::Ended))
+                    if inner.closing.load(std::sync::atomic::Ordering::Acquire) =>
+                {
                     break;
                 }
                 // Not pending any more is not proof of an untaken handoff before the lifetime
@@ -265,5 +279,6 @@ fn await_activation<G: LiveGame>(
             };
             super::sessions::close_stream(&inner, &snapshot, session, plan);
         }
+        inner.game.handed_off(copy, &token, activated);
     });
 }

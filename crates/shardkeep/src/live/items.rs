@@ -24,6 +24,7 @@ use super::copies::CopyId;
 use super::{LiveError, LiveGame, Runtime};
 use crate::audit::AuditEvent;
 use crate::character::{CharacterSnapshot, Releaser, TransferCommit};
+use crate::saver::SaveReason;
 
 /// Attempts a transfer makes, each with fresh dumps, while a write of a side keeps winning the
 /// version race.
@@ -144,6 +145,9 @@ impl<G: LiveGame> Runtime<G> {
                     releaser_version,
                     acquirer_version,
                 }) => {
+                    inner
+                        .game
+                        .saved(acquirer, SaveReason::Flush, acquirer_version);
                     self.handed_over(acquirer, &with_item, acquirer_version, &give)?;
                     if let (Some(version), Some(before)) = (releaser_version, &releaser)
                         && let Some(held) = inner.copies.current(mark.by)
@@ -154,6 +158,7 @@ impl<G: LiveGame> Runtime<G> {
                                 c.version = version;
                             }
                         });
+                        inner.game.saved(held, SaveReason::Flush, version);
                     }
                     return Ok(PickedUp::Committed);
                 }

@@ -60,13 +60,13 @@ use crate::ttl::Ttl;
 
 pub use cadence::{Cadence, CadenceError};
 pub use copies::CopyId;
-pub use game::{LiveGame, Stored};
+pub use game::{Arrival, Landed, LiveGame, Stored};
 pub use handoff::HandoffTicket;
 pub use items::{PickedUp, ReleaseMark, pickup_commits};
 pub use launch::{Launch, LaunchError, Launched};
-pub use sessions::{Admitted, FinalSave, Resumed, ShutdownReport};
+pub use sessions::{Admitted, FinalSave, LoggedOut, Resumed, ShutdownReport};
 pub use transit::Transit;
-pub use writes::{Granted, OFFLINE_EPOCH, OfflineGrant};
+pub use writes::{Granted, GrantedNow, OFFLINE_EPOCH, OfflineGrant};
 
 /// Tunables of a runtime.
 #[derive(Debug, Clone)]
@@ -239,7 +239,9 @@ pub(crate) struct Inner<G: LiveGame> {
     pub(crate) copies: Arc<copies::Copies<G::Character>>,
     pub(crate) sessions: ActiveSessions,
     pub(crate) finals: Arc<finals::Finals>,
-    pub(crate) closes: finals::Closes,
+    pub(crate) closes: finals::Outstanding,
+    /// Handoffs that left here and whose source side is not settled yet.
+    pub(crate) handoffs: Arc<finals::Outstanding>,
     pub(crate) transfers: items::Transfers,
     pub(crate) events: broadcast::Sender<LiveEvent>,
     pub(crate) cancel: CancellationToken,
@@ -364,7 +366,8 @@ impl<G: LiveGame> Runtime<G> {
             copies,
             sessions: ActiveSessions::default(),
             finals,
-            closes: finals::Closes::default(),
+            closes: finals::Outstanding::default(),
+            handoffs: Arc::default(),
             transfers: items::Transfers::default(),
             events,
             cancel,
@@ -446,12 +449,45 @@ impl<G: LiveGame> Runtime<G> {
     }
 
     /// Moves `copy`'s durable anchor (the zone and room it is saved at); `None` zone keeps the
-    /// stored one (an instance).
+    /// stored one (an instance). A change of zone rewrites the copy's placement, so a login
+    /// routed by it finds the zone the copy is in.
     pub fn set_anchor(&self, copy: CopyId, anchor: Anchor) -> Result<(), LiveError> {
-        self.inner
+        let moved = self
+            .inner
             .copies
-            .with_active(copy, |c| c.anchor = anchor)
-            .ok_or(LiveError::Gone(copy))
+            .with_active(copy, |c| {
+                let moved = anchor.zone_ref.as_ref().is_some_and(|zone| *zone != c.zone);
+                if let Some(zone) = anchor.zone_ref.clone() {
+                    c.zone = zone;
+                }
+                c.anchor = anchor;
+                moved
+            })
+            .ok_or(LiveError::Gone(copy))?;
+        if moved {
+            sessions::place(&self.inner, copy);
+        }
+        Ok(())
+    }
+
+    /// True while an item transfer of `character_id` is in flight here (its copy's logout,
+    /// handoff and saves wait for it to answer).
+    pub fn in_transfer(&self, character_id: Uuid) -> bool {
+        self.inner.transfers.busy(character_id)
+    }
+
+    /// Writes the placement of every copy held here again (a repair after a Redis outage: the
+    /// records are fenced by epoch, so a stale one never wins). The pulse also rewrites each
+    /// attached copy's placement with its session records.
+    pub fn refresh_placements(&self) {
+        for copy in self.inner.copies.ids() {
+            sessions::place(&self.inner, copy);
+        }
+    }
+
+    /// Waits, at most `bound`, until the placement records queued so far are written.
+    pub async fn placement_barrier(&self, bound: Duration) -> crate::drain::BarrierOutcome {
+        self.inner.placement.barrier(bound).await
     }
 
     /// The character's name, as its row holds it.
@@ -485,6 +521,19 @@ impl<G: LiveGame> Runtime<G> {
         account_id: Uuid,
         anchor: Anchor,
     ) -> Result<Uuid, LiveError> {
+        self.create_with(name, account_id, anchor, None).await
+    }
+
+    /// [`Runtime::create`], with character-creation input (`chargen`) stored beside the new
+    /// character's document: the game applies it when it lands the character
+    /// ([`LiveGame::land`]) and clears it there, so a later login never applies it again.
+    pub async fn create_with(
+        &self,
+        name: &str,
+        account_id: Uuid,
+        anchor: Anchor,
+        chargen: Option<serde_json::Value>,
+    ) -> Result<Uuid, LiveError> {
         let game = &self.inner.game;
         let state = game.dump(&game.fresh()).map_err(LiveError::Game)?;
         let new = crate::character::NewCharacter {
@@ -494,7 +543,7 @@ impl<G: LiveGame> Runtime<G> {
             zone_ref: anchor.zone_ref,
             room_ref: anchor.room_ref,
             state,
-            chargen: None,
+            chargen,
             schema_version: game.model().schema_version(),
         };
         self.inner.stores.characters.create(&new).await?;

@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use super::cadence::Phase;
 use super::copies::{CopyId, Link, LiveCopy};
+use super::game::Arrival;
 use super::{EvictionCause, Inner, LiveError, LiveEvent, LiveGame, Runtime, SessionStart};
 use crate::character::{CharacterSnapshot, LoadSource, LoadedCharacter};
 use crate::coord::{PresenceRecord, ResumeLedgerRecord, SessionOrder};
@@ -43,6 +44,10 @@ pub struct Admitted {
     /// Which copy's dump the loaded content is, and which of its issued writes it holds
     /// (`None` for a resume, which loads nothing): checks and diagnostics read it.
     pub origin: Option<crate::character::ContentOrigin>,
+    /// The session's place in the character's session order (its presence record is written
+    /// under it; a closed stream's journal entry is ordered against it, see
+    /// [`super::LiveGame::journaled`]).
+    pub session_order: SessionOrder,
 }
 
 /// A reconnect to a copy still held here.
@@ -68,6 +73,10 @@ pub struct ShutdownReport {
     /// Closed streams whose journal entry had not landed when the bound ran out (their cleanup
     /// then comes from the keyspace's TTLs).
     pub unjournaled: usize,
+    /// Handoffs that left here and were neither taken nor given up when the bound ran out:
+    /// their transfers stay pending until the handoff's lifetime ends, and their streams'
+    /// cleanups come from the keyspace's TTLs.
+    pub unsettled_handoffs: usize,
     /// The placement writer's barrier.
     pub placement: BarrierOutcome,
 }
@@ -139,7 +148,16 @@ fn close_stream_with<G: LiveGame>(
                 cleanup.clone(),
             )
             .await;
-            if outcome.entry_id.is_some() {
+            if let Some(entry_id) = outcome.entry_id {
+                inner.game.journaled(
+                    cleanup.player.character_id,
+                    SessionOrder {
+                        owner_epoch: cleanup.player.owner_epoch,
+                        at: cleanup.closed_at,
+                        event_id: entry_id,
+                    },
+                    cleanup.plan,
+                );
                 break;
             }
             tokio::select! {
@@ -169,32 +187,47 @@ fn start_session<G: LiveGame>(
             character_id: id.character_id,
         },
     );
+    placed(inner, id, zone.clone());
+    write_session_records(inner, vec![(id, token.to_owned(), account_id, order, zone)]);
+}
+
+/// Queues the placement of `id` in `zone` on this shard.
+fn placed<G: LiveGame>(inner: &Inner<G>, id: CopyId, zone: String) {
     inner.placement.enqueue(PlacementRecord {
         character_id: id.character_id,
         shard_id: Some(inner.config.shard_id.clone()),
-        zone_id: Some(zone.clone()),
+        zone_id: Some(zone),
         owner_epoch: id.owner_epoch,
         updated_at: Utc::now(),
     });
-    write_session_records(inner, vec![(id, token.to_owned(), account_id, order, zone)]);
+}
+
+/// Queues the placement of `copy` where its anchor is, if it is held here and not leaving.
+pub(crate) fn place<G: LiveGame>(inner: &Inner<G>, copy: CopyId) {
+    let zone = inner
+        .copies
+        .with(copy, |c| (!c.leaving).then(|| c.zone.clone()))
+        .flatten();
+    if let Some(zone) = zone {
+        placed(inner, copy, zone);
+    }
 }
 
 /// Starts the session of a copy that arrived by handoff.
 pub(crate) fn start_arrival<G: LiveGame>(
     inner: &Arc<Inner<G>>,
-    copy: CopyId,
-    loaded: &LoadedCharacter,
+    admission: &Admission,
+    account_id: Uuid,
     token: &str,
-    order: SessionOrder,
 ) {
-    let zone = zone_of(
+    start_session(
         inner,
-        &Anchor {
-            zone_ref: loaded.snapshot.zone_ref.clone(),
-            room_ref: None,
-        },
+        admission.copy,
+        account_id,
+        token,
+        admission.zone.clone(),
+        admission.order,
     );
-    start_session(inner, copy, loaded.snapshot.account_id, token, zone, order);
 }
 
 /// One session's records: (copy, token, account, its place in the order, zone).
@@ -243,13 +276,17 @@ pub(crate) fn refresh_sessions<G: LiveGame>(
                 .copies
                 .with(id, |c| {
                     c.session_order.map(|order| {
-                        let zone = zone_of(inner, &c.anchor);
+                        let zone = c.zone.clone();
                         (id, token.clone(), account, order, zone)
                     })
                 })
                 .flatten()
         })
         .collect();
+    // The placement goes with them: a record lost in an outage is written again.
+    for (id, _, _, _, zone) in &sessions {
+        placed(inner, *id, zone.clone());
+    }
     write_session_records(inner, sessions);
 }
 
@@ -265,6 +302,62 @@ fn new_order(epoch: i64) -> SessionOrder {
         owner_epoch: epoch,
         at: Utc::now(),
         event_id: Uuid::now_v7(),
+    }
+}
+
+/// Removes `copy` and queues its final save (see [`Runtime::logout`]).
+fn log_out<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId) -> Result<LoggedOut, LiveError> {
+    let mut removed = inner.copies.remove(copy).ok_or(LiveError::Gone(copy))?;
+    tombstone(inner, copy);
+    let snapshot = final_snapshot(inner, copy.character_id, &mut removed)?;
+    close_stream(
+        inner,
+        &snapshot,
+        removed.link.token().to_owned(),
+        SessionLifecycleEffectPlan::PermanentRemoval,
+    );
+    let answer = inner.finals.push(snapshot);
+    inner.finals.offer(&inner.saver);
+    Ok(LoggedOut {
+        copy,
+        answer,
+        outcome: None,
+    })
+}
+
+/// A logged-out copy's final save, on its way ([`Runtime::logout_now`]).
+#[derive(Debug)]
+pub struct LoggedOut {
+    copy: CopyId,
+    answer: tokio::sync::oneshot::Receiver<FinalSave>,
+    outcome: Option<FinalSave>,
+}
+
+impl LoggedOut {
+    /// The copy that logged out.
+    pub fn copy(&self) -> CopyId {
+        self.copy
+    }
+
+    /// How the final save ended, once it has: `None` while it is on its way (queued, retrying
+    /// through an outage, becoming a job — never given up), and while the runtime that holds it
+    /// has stopped without an answer (its [`ShutdownReport`] counts it).
+    pub fn outcome(&mut self) -> Option<FinalSave> {
+        if self.outcome.is_none() {
+            self.outcome = self.answer.try_recv().ok();
+        }
+        self.outcome.clone()
+    }
+
+    /// Waits at most `bound` for the outcome; [`FinalSave::Pending`] when none came.
+    pub async fn within(mut self, bound: Duration) -> FinalSave {
+        if let Some(outcome) = self.outcome.take() {
+            return outcome;
+        }
+        match tokio::time::timeout(bound, self.answer).await {
+            Ok(Ok(outcome)) => outcome,
+            _ => FinalSave::Pending,
+        }
     }
 }
 
@@ -320,34 +413,38 @@ fn tombstone<G: LiveGame>(inner: &Inner<G>, id: CopyId) {
     });
 }
 
-/// Admits a loaded character as a live copy with `link`; a stale copy of it still held here is
-/// evicted first (the new claim superseded it).
+/// Admits a loaded character as a live copy attached to session `token`, with its place in the
+/// character's session order; a stale copy of it still held here is evicted first (the new
+/// claim superseded it).
 pub(crate) fn admit<G: LiveGame>(
     inner: &Arc<Inner<G>>,
     loaded: &LoadedCharacter,
-    link: Link,
-) -> Result<(CopyId, Option<SessionOrder>), LiveError> {
+    arrival: Arrival,
+    token: &str,
+) -> Result<Admission, LiveError> {
     let snapshot = &loaded.snapshot;
     let id = snapshot.character_id;
-    let character = inner.game.load(&snapshot.state).map_err(LiveError::Game)?;
-    let order = matches!(link, Link::Attached(_)).then(|| new_order(snapshot.owner_epoch));
+    let landed = inner
+        .game
+        .land(snapshot, arrival)
+        .map_err(LiveError::Game)?;
+    let zone = zone_of(inner, &landed.anchor);
+    let order = new_order(snapshot.owner_epoch);
     let copy = LiveCopy {
-        character,
+        character: landed.character,
         account_id: snapshot.account_id,
         name: snapshot.name.clone(),
         epoch: snapshot.owner_epoch,
         version: snapshot.state_version,
         issued: 0,
-        anchor: Anchor {
-            zone_ref: snapshot.zone_ref.clone(),
-            room_ref: snapshot.room_ref.clone(),
-        },
-        chargen: snapshot.chargen.clone(),
+        anchor: landed.anchor,
+        zone: zone.clone(),
+        chargen: landed.chargen,
         schema_version: snapshot.schema_version,
         phase: Phase::of(id, inner.periods),
-        link,
+        link: Link::Attached(token.to_owned()),
         leaving: false,
-        session_order: order,
+        session_order: Some(order),
     };
     let copy_id = CopyId {
         character_id: id,
@@ -374,7 +471,18 @@ pub(crate) fn admit<G: LiveGame>(
     }
     // Durable as loaded: this stay's crash window starts now.
     inner.saver.landed().loaded(id, std::time::Instant::now());
-    Ok((copy_id, order))
+    Ok(Admission {
+        copy: copy_id,
+        order,
+        zone,
+    })
+}
+
+/// A copy admitted: its id, its session's place in the order, and the zone it landed in.
+pub(crate) struct Admission {
+    pub(crate) copy: CopyId,
+    pub(crate) order: SessionOrder,
+    pub(crate) zone: String,
 }
 
 impl<G: LiveGame> Runtime<G> {
@@ -401,17 +509,11 @@ impl<G: LiveGame> Runtime<G> {
         }
         self.wait_for_final(character_id).await?;
         let loaded = inner.stores.loader.claim_and_load(character_id, 0).await?;
-        let (copy, order) = admit(inner, &loaded, Link::Attached(token.clone()))?;
-        let zone = zone_of(
-            inner,
-            &Anchor {
-                zone_ref: loaded.snapshot.zone_ref.clone(),
-                room_ref: None,
-            },
-        );
-        if let Some(order) = order {
-            start_session(inner, copy, loaded.snapshot.account_id, &token, zone, order);
-        }
+        let arrival = Arrival::Login {
+            brand_new: loaded.brand_new,
+        };
+        let Admission { copy, order, zone } = admit(inner, &loaded, arrival, &token)?;
+        start_session(inner, copy, loaded.snapshot.account_id, &token, zone, order);
         Ok(Admitted {
             copy,
             session_token: token,
@@ -419,6 +521,7 @@ impl<G: LiveGame> Runtime<G> {
             brand_new: loaded.brand_new,
             resumed: None,
             origin: Some(loaded.origin.clone()),
+            session_order: order,
         })
     }
 
@@ -448,7 +551,7 @@ impl<G: LiveGame> Runtime<G> {
             };
             c.link = Link::Attached(token.to_owned());
             let last = c.snapshot(character_id, Default::default());
-            (previous, last, c.account_id, zone_of(inner, &c.anchor))
+            (previous, last, c.account_id, c.zone.clone())
         })?;
         let ((old, still_attached), last, account, zone) = found;
         if still_attached {
@@ -480,6 +583,7 @@ impl<G: LiveGame> Runtime<G> {
                 ledger,
             }),
             origin: None,
+            session_order: order,
         })
     }
 
@@ -520,9 +624,10 @@ impl<G: LiveGame> Runtime<G> {
 
     /// Logs `copy` out: it leaves the registry, its placement becomes a tombstone, its stream
     /// is journaled, and its final save is queued — re-offered while the saver's queue is full,
-    /// made a durable job if the saver gives it up, never dropped. Waits up to
-    /// [`super::LiveConfig::logout_wait`] for the save's answer ([`FinalSave::Pending`] after
-    /// that: the save goes on).
+    /// made a durable job if the saver gives it up, never dropped. An item transfer of the
+    /// character in flight ends first (within [`super::LiveConfig::transfer_budget`]). Waits up
+    /// to [`super::LiveConfig::logout_wait`] for the save's answer ([`FinalSave::Pending`]
+    /// after that: the save goes on).
     pub async fn logout(&self, copy: CopyId) -> Result<FinalSave, LiveError> {
         let inner = &self.inner;
         if inner.copies.with(copy, |c| c.leaving) != Some(false) {
@@ -534,26 +639,25 @@ impl<G: LiveGame> Runtime<G> {
             .transfers
             .idle(copy.character_id, inner.config.transfer_budget)
             .await;
-        let mut removed = inner.copies.remove(copy).ok_or(LiveError::Gone(copy))?;
-        tombstone(inner, copy);
-        let snapshot = final_snapshot(inner, copy.character_id, &mut removed)?;
-        {
-            let token = removed.link.token();
-            close_stream(
-                inner,
-                &snapshot,
-                token.to_owned(),
-                SessionLifecycleEffectPlan::PermanentRemoval,
-            );
+        let logged_out = log_out(inner, copy)?;
+        Ok(logged_out.within(inner.config.logout_wait).await)
+    }
+
+    /// [`Runtime::logout`] for a game that logs players out inside its own tick: the copy
+    /// leaves the registry at once, with everything `logout` does, and the answer is a handle
+    /// to the final save's outcome, which the tick can look at later
+    /// ([`LoggedOut::outcome`]). Refused with [`LiveError::TransferPending`] while an item
+    /// transfer of the character is in flight (its item would miss the final save): try again
+    /// at a later tick.
+    pub fn logout_now(&self, copy: CopyId) -> Result<LoggedOut, LiveError> {
+        let inner = &self.inner;
+        if inner.copies.with(copy, |c| c.leaving) != Some(false) {
+            return Err(LiveError::Gone(copy));
         }
-        let answer = inner.finals.push(snapshot);
-        inner.finals.offer(&inner.saver);
-        Ok(
-            match tokio::time::timeout(inner.config.logout_wait, answer).await {
-                Ok(Ok(outcome)) => outcome,
-                _ => FinalSave::Pending,
-            },
-        )
+        if inner.transfers.busy(copy.character_id) {
+            return Err(LiveError::TransferPending(copy.character_id));
+        }
+        log_out(inner, copy)
     }
 
     /// Graceful shutdown: every copy's final save is queued and its stream journaled (a
@@ -612,6 +716,8 @@ impl<G: LiveGame> Runtime<G> {
         let left = inner.finals.in_hand();
         let mut unsaved_finals = inner.saver.unsaved_finals();
         unsaved_finals.dropped = left;
+        // A settled handoff closes its source's stream: handoffs first, then the closes.
+        let unsettled_handoffs = inner.handoffs.settled_by(deadline).await;
         let unjournaled = inner.closes.settled_by(deadline).await;
         let placement = inner
             .placement
@@ -621,13 +727,14 @@ impl<G: LiveGame> Runtime<G> {
             .auditor
             .barrier(deadline.saturating_duration_since(tokio::time::Instant::now()))
             .await;
-        if unsaved_finals.total() > 0 || unjournaled > 0 {
+        if unsaved_finals.total() > 0 || unjournaled > 0 || unsettled_handoffs > 0 {
             tracing::warn!(
                 event = "shutdown_unsaved",
                 queued = unsaved_finals.queued,
                 pending = unsaved_finals.pending,
                 deferred = left,
                 unjournaled,
+                unsettled_handoffs,
                 "not everything was durable when the bound ran out"
             );
         }
@@ -640,6 +747,7 @@ impl<G: LiveGame> Runtime<G> {
             saver,
             unsaved_finals,
             unjournaled,
+            unsettled_handoffs,
             placement,
         }
     }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use chrono::Utc;
 use uuid::Uuid;
 
-use super::copies::CopyId;
+use super::copies::{CopyId, Link, LiveCopy};
 use super::{EvictionCause, Inner, LiveError, LiveGame, Runtime};
 use crate::character::SaveOutcome;
 use crate::model::GameEffect;
@@ -50,6 +50,88 @@ fn origin_of(effect: &impl GameEffect) -> Origin {
     }
 }
 
+/// A grant applied to a live copy and numbered: its number, the session it was granted in, and
+/// what was taken of the copy with it.
+struct Numbered<T> {
+    seq: u64,
+    session: Option<String>,
+    taken: T,
+}
+
+/// Applies `effect` to the live copy and numbers it in the copy's issue sequence, then runs
+/// `then` on the copy, all in one step under the registry's lock (no dump can see the grant
+/// applied and not numbered).
+fn apply_numbered<G: LiveGame, T>(
+    inner: &Inner<G>,
+    copy: CopyId,
+    effect: &G::Effect,
+    then: impl FnOnce(&mut LiveCopy<G::Character>) -> Result<T, LiveError>,
+) -> Result<Numbered<T>, LiveError> {
+    if inner.cancel.is_cancelled() {
+        return Err(LiveError::Stopped);
+    }
+    inner
+        .copies
+        .with_active(copy, |c| {
+            let mut anchor = c.anchor.clone();
+            inner
+                .game
+                .apply(&mut c.character, &mut anchor, effect)
+                .map_err(LiveError::InvalidEffect)?;
+            c.anchor = anchor;
+            c.issued += 1;
+            let seq = c.issued;
+            let session = match &c.link {
+                Link::Attached(token) => Some(token.clone()),
+                Link::LinkDead { .. } => None,
+            };
+            let taken = then(c)?;
+            Ok(Numbered {
+                seq,
+                session,
+                taken,
+            })
+        })
+        .ok_or(LiveError::Gone(copy))?
+}
+
+/// The retry job that carries grant `seq` of `copy`: keyed by the copy and the number, so it is
+/// stored once, and applied only where no dump holding the number landed first.
+fn numbered_job<G: LiveGame>(
+    inner: &Inner<G>,
+    copy: CopyId,
+    effect: &G::Effect,
+    seq: u64,
+    session: Option<String>,
+) -> Result<PersistenceRetryJob, LiveError> {
+    let payload = PersistenceRetryPayload::effect(copy.character_id, effect)
+        .map_err(LiveError::InvalidEffect)?;
+    let envelope = IdempotencyEnvelope {
+        idempotency_key: format!("live:{}:{}:{seq}", copy.character_id, copy.owner_epoch),
+        owner_epoch: copy.owner_epoch,
+        origin: origin_of(effect),
+        issued_at: Utc::now(),
+        issue_seq: seq,
+    };
+    PersistenceRetryJob::new(payload, envelope, &source_of(inner), session)
+        .map_err(|e| LiveError::InvalidEffect(e.to_string()))
+}
+
+/// The source label of jobs a runtime stores.
+fn source_of<G: LiveGame>(inner: &Inner<G>) -> String {
+    format!("live-{}", inner.config.shard_id)
+}
+
+/// A grant made at once ([`Runtime::grant_now`]): applied to the live copy and numbered; its
+/// job is being stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrantedNow {
+    /// Its number in the copy's issue sequence (the copy's dumps from now on carry it).
+    pub issue_seq: u64,
+    /// The job that carries it to the row.
+    pub retry_job_id: Uuid,
+}
+
 impl<G: LiveGame> Runtime<G> {
     /// Grants `effect` to the live copy and makes it durable before returning: the effect is
     /// applied to the copy (with the game's [`LiveGame::apply`]), numbered in the copy's issue
@@ -60,32 +142,22 @@ impl<G: LiveGame> Runtime<G> {
     /// answered (the copy holds the grant; its next save carries it).
     pub async fn grant(&self, copy: CopyId, effect: G::Effect) -> Result<Granted, LiveError> {
         let inner = &self.inner;
-        let payload = PersistenceRetryPayload::effect(copy.character_id, &effect)
+        // Checked before anything is applied: an effect no job can carry is refused whole.
+        PersistenceRetryPayload::effect(copy.character_id, &effect)
             .map_err(LiveError::InvalidEffect)?;
-        let applied = inner
-            .copies
-            .with_active(copy, |c| {
-                let mut anchor = c.anchor.clone();
-                inner
-                    .game
-                    .apply(&mut c.character, &mut anchor, &effect)
-                    .map_err(LiveError::InvalidEffect)?;
-                c.anchor = anchor;
-                c.issued += 1;
-                let seq = c.issued;
-                // Applied and numbered already: a dump that fails now leaves the grant in the
-                // copy (the next save that can dump carries it), never to be granted again.
-                let state = inner.game.dump(&c.character).map_err(|e| {
-                    LiveError::NotDurable(format!("applied, but the copy cannot be dumped: {e}"))
-                })?;
-                let session = match &c.link {
-                    super::copies::Link::Attached(token) => Some(token.clone()),
-                    _ => None,
-                };
-                Ok::<_, LiveError>((c.dump(copy.character_id, state), seq, session))
-            })
-            .ok_or(LiveError::Gone(copy))??;
-        let (dump, seq, session) = applied;
+        let numbered = apply_numbered(inner, copy, &effect, |c| {
+            // Applied and numbered already: a dump that fails now leaves the grant in the
+            // copy (the next save that can dump carries it), never to be granted again.
+            let state = inner.game.dump(&c.character).map_err(|e| {
+                LiveError::NotDurable(format!("applied, but the copy cannot be dumped: {e}"))
+            })?;
+            Ok(c.dump(copy.character_id, state))
+        })?;
+        let Numbered {
+            seq,
+            session,
+            taken: dump,
+        } = numbered;
         let saved =
             tokio::time::timeout(inner.config.io_timeout, inner.stores.characters.save(&dump))
                 .await;
@@ -96,6 +168,7 @@ impl<G: LiveGame> Runtime<G> {
                         c.version = version;
                     }
                 });
+                inner.game.saved(copy, SaveReason::Flush, version);
                 return Ok(Granted::Saved { version });
             }
             Ok(Ok(SaveOutcome::OwnershipLost(current_epoch))) => {
@@ -106,15 +179,7 @@ impl<G: LiveGame> Runtime<G> {
             Ok(Err(err)) => err.to_string(),
             Err(_) => "timed out".to_owned(),
         };
-        let envelope = IdempotencyEnvelope {
-            idempotency_key: format!("live:{}:{}:{seq}", copy.character_id, copy.owner_epoch),
-            owner_epoch: copy.owner_epoch,
-            origin: origin_of(&effect),
-            issued_at: Utc::now(),
-            issue_seq: seq,
-        };
-        let job = PersistenceRetryJob::new(payload, envelope, &self.source(), session)
-            .map_err(|e| LiveError::InvalidEffect(e.to_string()))?;
+        let job = numbered_job(inner, copy, &effect, seq, session)?;
         match tokio::time::timeout(inner.config.io_timeout, inner.stores.retry.enqueue(&job)).await
         {
             Ok(Ok(_)) => Ok(Granted::Queued {
@@ -123,6 +188,39 @@ impl<G: LiveGame> Runtime<G> {
             Ok(Err(err)) => Err(LiveError::NotDurable(format!("{why}; job: {err}"))),
             Err(_) => Err(LiveError::NotDurable(format!("{why}; job: timed out"))),
         }
+    }
+
+    /// Grants `effect` to the live copy now, without waiting on a store: for a game that grants
+    /// inside its own tick. The effect is applied and numbered at once (as by
+    /// [`Runtime::grant`]), and its numbered job is stored in the background: the row gets the
+    /// grant from whichever lands first, the job or a dump of the copy holding it, and never
+    /// twice. Until one lands the grant is as durable as any play (a crash loses it with the
+    /// copy's other progress since its last save, and grants it to no one). A job the store
+    /// refuses is logged; the copy's next save carries the grant.
+    pub fn grant_now(&self, copy: CopyId, effect: G::Effect) -> Result<GrantedNow, LiveError> {
+        let inner = &self.inner;
+        PersistenceRetryPayload::effect(copy.character_id, &effect)
+            .map_err(LiveError::InvalidEffect)?;
+        let Numbered { seq, session, .. } = apply_numbered(inner, copy, &effect, |_| Ok(()))?;
+        let job = numbered_job(inner, copy, &effect, seq, session)?;
+        let granted = GrantedNow {
+            issue_seq: seq,
+            retry_job_id: job.retry_job_id(),
+        };
+        let retry = inner.stores.retry.clone();
+        let io_timeout = inner.config.io_timeout;
+        tokio::spawn(async move {
+            match tokio::time::timeout(io_timeout, retry.enqueue(&job)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(err)) => tracing::warn!(event = "grant_job_unstored",
+                    character = %copy.character_id, seq, error = %err,
+                    "the copy's next save carries the grant"),
+                Err(_) => tracing::warn!(event = "grant_job_unstored",
+                    character = %copy.character_id, seq, error = "timed out",
+                    "the copy's next save carries the grant"),
+            }
+        });
+        Ok(granted)
     }
 
     /// Grants `effect` to `character_id` wherever it is — offline, online here or on another
@@ -146,7 +244,7 @@ impl<G: LiveGame> Runtime<G> {
             issued_at: Utc::now(),
             issue_seq: 0,
         };
-        let job = PersistenceRetryJob::new(payload, envelope, &self.source(), None)
+        let job = PersistenceRetryJob::new(payload, envelope, &source_of(inner), None)
             .map_err(|e| LiveError::InvalidEffect(e.to_string()))?;
         match tokio::time::timeout(inner.config.io_timeout, inner.stores.retry.enqueue(&job)).await
         {
@@ -159,9 +257,19 @@ impl<G: LiveGame> Runtime<G> {
     }
 
     /// Saves `copy` to its row now and returns the row's version: a row that moved on is merged
-    /// (what landed under the copy is taken in) and written again, up to three times.
+    /// (what landed under the copy is taken in) and written again, up to three times. An item
+    /// transfer of the character in flight answers first (within
+    /// [`super::LiveConfig::transfer_budget`]; [`LiveError::TransferPending`] past it): a dump
+    /// taken meanwhile would write the row without the item the commit just gave it.
     pub async fn save_now(&self, copy: CopyId) -> Result<i64, LiveError> {
         let inner = &self.inner;
+        inner
+            .transfers
+            .idle(copy.character_id, inner.config.transfer_budget)
+            .await;
+        if inner.transfers.busy(copy.character_id) {
+            return Err(LiveError::TransferPending(copy.character_id));
+        }
         let mut last = String::new();
         for _ in 0..3 {
             let dump = inner
@@ -181,6 +289,7 @@ impl<G: LiveGame> Runtime<G> {
                             c.version = version;
                         }
                     });
+                    inner.game.saved(copy, SaveReason::Flush, version);
                     return Ok(version);
                 }
                 Ok(Ok(SaveOutcome::VersionConflict(current))) => {
@@ -205,9 +314,30 @@ impl<G: LiveGame> Runtime<G> {
         )))
     }
 
-    /// The source label of jobs this runtime stores.
-    fn source(&self) -> String {
-        format!("live-{}", self.inner.config.shard_id)
+    /// Queues a flush of every copy held here now, as the cadence would (a reconciling pass: a
+    /// zombie's flush meets its fence and the copy is evicted). A copy leaving, or with an item
+    /// transfer in flight, is left to its cadence. Returns how many were queued (none when the
+    /// saver's queue had no room: the cadences save them); the saver's answers are handled as
+    /// the cadences' are.
+    pub fn flush_all(&self) -> usize {
+        let inner = &self.inner;
+        let mut flushes = Vec::new();
+        inner.copies.each(|id, copy| {
+            if copy.leaving || inner.transfers.busy(id) {
+                return;
+            }
+            match inner.game.dump(&copy.character) {
+                Ok(state) => flushes.push(copy.dump(id, state)),
+                Err(error) => {
+                    tracing::warn!(event = "dump_refused", character = %id, error, "not flushed")
+                }
+            }
+        });
+        let queued = flushes.len();
+        match inner.saver.enqueue_many(SaveReason::Flush, flushes) {
+            crate::saver::EnqueueOutcome::Queued => queued,
+            _ => 0,
+        }
     }
 }
 

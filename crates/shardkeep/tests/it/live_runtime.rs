@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde_json::{Map, Value};
 use shardkeep::live::{
-    Cadence, CopyId, FinalSave, Granted, LiveConfig, LiveError, LiveEvent, Runtime, SessionStart,
-    Stored,
+    Cadence, CopyId, FinalSave, Granted, LiveConfig, LiveError, LiveEvent, LiveGame, Runtime,
+    SessionStart, Stored,
 };
 use shardkeep::model::Anchor;
 use shardkeep::{Services, ServicesConfig, Workers};
@@ -18,24 +18,36 @@ use uuid::Uuid;
 
 use super::services::services_on;
 
-type Ledger = Stored<LedgerModel>;
+pub(super) type Ledger = Stored<LedgerModel>;
 
 /// A shard's runtime over services whose workers run.
-struct Live {
-    services: Services,
+pub(super) struct Live<G: LiveGame = Ledger> {
+    pub(super) services: Services,
     workers: Workers,
-    runtime: Runtime<Ledger>,
+    pub(super) runtime: Runtime<G>,
     cancel: CancellationToken,
 }
 
 impl Live {
-    async fn on(d: &JobDriver, redis: &TestRedis, shard: &str) -> Self {
+    pub(super) async fn on(d: &JobDriver, redis: &TestRedis, shard: &str) -> Self {
         Self::with(d, redis, LiveConfig::new(shard)).await
     }
 
     /// Checkpoints every 100 ms, flushes a minute apart (only a logout, a grant or a conflict
     /// writes the row in a test's time).
-    async fn with(d: &JobDriver, redis: &TestRedis, mut live: LiveConfig) -> Self {
+    pub(super) async fn with(d: &JobDriver, redis: &TestRedis, live: LiveConfig) -> Self {
+        Self::hosting(d, redis, live, Stored::new(LedgerModel, Map::new)).await
+    }
+}
+
+impl<G: LiveGame> Live<G> {
+    /// [`Live::with`], playing `game`.
+    pub(super) async fn hosting(
+        d: &JobDriver,
+        redis: &TestRedis,
+        mut live: LiveConfig,
+        game: G,
+    ) -> Self {
         let mut config = ServicesConfig::new(&format!("it-{}", live.shard_id), "game_server");
         config.retry.poll_interval = Duration::from_millis(50);
         let mut services = services_on(d, redis, config);
@@ -47,7 +59,7 @@ impl Live {
             flush_every: Duration::from_secs(60),
         };
         live.logout_wait = Duration::from_secs(10);
-        let runtime = Runtime::start(&services, Stored::new(LedgerModel, Map::new), live).unwrap();
+        let runtime = Runtime::start(&services, game, live).unwrap();
         Self {
             services,
             workers,
@@ -56,20 +68,20 @@ impl Live {
         }
     }
 
-    async fn stop(self) {
+    pub(super) async fn stop(self) {
         self.runtime.clone().shutdown(Duration::from_secs(10)).await;
         self.stop_workers().await;
     }
 
     /// Stops the services' workers of a shard whose runtime was killed: they would otherwise
     /// write into the test's namespace after it is swept (a journal consumer re-registers).
-    async fn stop_workers(self) {
+    pub(super) async fn stop_workers(self) {
         self.cancel.cancel();
         self.workers.shutdown(Duration::from_secs(10)).await;
     }
 
     /// A new character logged in here.
-    async fn player(&self, name: &str) -> (Uuid, CopyId) {
+    pub(super) async fn player(&self, name: &str) -> (Uuid, CopyId) {
         let id = self
             .runtime
             .create(name, Uuid::now_v7(), anchor("zone-0"))
@@ -84,13 +96,13 @@ impl Live {
         (id, copy)
     }
 
-    async fn row(&self, id: Uuid) -> Value {
+    pub(super) async fn row(&self, id: Uuid) -> Value {
         let row = self.services.characters.load(id).await.unwrap().unwrap();
         row.state.to_value()
     }
 
     /// Waits until the row's `field` reads `want`.
-    async fn row_reaches(&self, id: Uuid, field: &str, want: i64) {
+    pub(super) async fn row_reaches(&self, id: Uuid, field: &str, want: i64) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
             let row = self.row(id).await;
@@ -106,14 +118,14 @@ impl Live {
     }
 }
 
-fn anchor(zone: &str) -> Anchor {
+pub(super) fn anchor(zone: &str) -> Anchor {
     Anchor {
         zone_ref: Some(zone.into()),
         room_ref: Some("r1".into()),
     }
 }
 
-fn coins(currency: i64) -> LedgerEffect {
+pub(super) fn coins(currency: i64) -> LedgerEffect {
     LedgerEffect::CombatRewards {
         experience: 0,
         currency,
@@ -121,7 +133,12 @@ fn coins(currency: i64) -> LedgerEffect {
     }
 }
 
-fn set(copy: CopyId, runtime: &Runtime<Ledger>, field: &str, value: i64) {
+pub(super) fn set<G: LiveGame<Character = Map<String, Value>>>(
+    copy: CopyId,
+    runtime: &Runtime<G>,
+    field: &str,
+    value: i64,
+) {
     runtime
         .update(copy, |state| {
             state.insert(field.into(), value.into());
@@ -482,7 +499,7 @@ async fn a_cadence_whose_checkpoints_would_lapse_is_refused() {
     ));
 }
 
-fn holding(items: &[Uuid]) -> impl Fn(&mut Map<String, Value>) + '_ {
+pub(super) fn holding(items: &[Uuid]) -> impl Fn(&mut Map<String, Value>) + '_ {
     move |state| {
         let list = state
             .entry("inventory")
@@ -497,7 +514,7 @@ fn holding(items: &[Uuid]) -> impl Fn(&mut Map<String, Value>) + '_ {
     }
 }
 
-fn without(item: Uuid) -> impl Fn(&mut Map<String, Value>) {
+pub(super) fn without(item: Uuid) -> impl Fn(&mut Map<String, Value>) {
     move |state| {
         if let Some(list) = state.get_mut("inventory").and_then(Value::as_array_mut) {
             list.retain(|i| i["id"] != item.to_string());
@@ -505,7 +522,7 @@ fn without(item: Uuid) -> impl Fn(&mut Map<String, Value>) {
     }
 }
 
-fn holds(row: &Value, item: Uuid) -> bool {
+pub(super) fn holds(row: &Value, item: Uuid) -> bool {
     row["inventory"]
         .as_array()
         .is_some_and(|list| list.iter().any(|i| i["id"] == item.to_string()))

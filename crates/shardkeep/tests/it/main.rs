@@ -20,6 +20,7 @@ mod journal_order;
 mod ladder_store;
 mod launch;
 mod live_runtime;
+mod live_tick;
 mod lock_order;
 mod migrate;
 mod pending_at_claim;

@@ -1,0 +1,581 @@
+//! The runtime as a game with a tick of its own plays it: the calls that never wait on a store
+//! (`grant_now`, `logout_now`, `flush_all`), what the runtime tells the game of its writes and
+//! closed streams, and placement kept where the copy is. Each body runs on Postgres with Redis
+//! and on the embedded store's file, unless it needs a Postgres row lock.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Map, Value};
+use shardkeep::character::{CharacterSnapshot, StateJson};
+use shardkeep::coord::SessionOrder;
+use shardkeep::journal::SessionLifecycleEffectPlan;
+use shardkeep::live::{
+    Arrival, CopyId, EvictionCause, FinalSave, Landed, LiveConfig, LiveError, LiveEvent, LiveGame,
+    SessionStart, Stored,
+};
+use shardkeep::model::{Anchor, ModelHandle};
+use shardkeep::placement::PlacementRecord;
+use shardkeep::saver::SaveReason;
+use shardkeep_testkit::model::{LedgerEffect, LedgerModel};
+use shardkeep_testkit::{JobDriver, JobDrivers, TestRedis};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::live_runtime::{Ledger, Live, anchor, coins, holding, holds, set, without};
+
+/// What the runtime told the game.
+#[derive(Default)]
+struct Seen {
+    saved: Vec<(CopyId, SaveReason, i64)>,
+    journaled: Vec<(Uuid, SessionOrder, SessionLifecycleEffectPlan)>,
+    handed_off: Vec<(CopyId, String, bool)>,
+}
+
+/// The ledger game, recording what the runtime tells it.
+struct Recording {
+    game: Ledger,
+    seen: Arc<Mutex<Seen>>,
+}
+
+impl Recording {
+    fn new() -> (Self, Arc<Mutex<Seen>>) {
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let game = Self {
+            game: Stored::new(LedgerModel, Map::new),
+            seen: Arc::clone(&seen),
+        };
+        (game, seen)
+    }
+}
+
+impl LiveGame for Recording {
+    type Character = Map<String, Value>;
+    type Effect = LedgerEffect;
+
+    fn model(&self) -> ModelHandle {
+        self.game.model()
+    }
+
+    fn load(&self, state: &StateJson) -> Result<Self::Character, String> {
+        self.game.load(state)
+    }
+
+    fn dump(&self, character: &Self::Character) -> Result<StateJson, String> {
+        self.game.dump(character)
+    }
+
+    fn apply(
+        &self,
+        character: &mut Self::Character,
+        anchor: &mut Anchor,
+        effect: &LedgerEffect,
+    ) -> Result<bool, String> {
+        self.game.apply(character, anchor, effect)
+    }
+
+    fn fresh(&self) -> Self::Character {
+        self.game.fresh()
+    }
+
+    fn saved(&self, copy: CopyId, reason: SaveReason, version: i64) {
+        self.seen
+            .lock()
+            .unwrap()
+            .saved
+            .push((copy, reason, version));
+    }
+
+    fn handed_off(&self, copy: CopyId, token: &str, activated: bool) {
+        self.seen
+            .lock()
+            .unwrap()
+            .handed_off
+            .push((copy, token.to_owned(), activated));
+    }
+
+    fn journaled(&self, character_id: Uuid, order: SessionOrder, plan: SessionLifecycleEffectPlan) {
+        self.seen
+            .lock()
+            .unwrap()
+            .journaled
+            .push((character_id, order, plan));
+    }
+}
+
+/// Waits (10 s at most) until `ready` holds.
+async fn until(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !ready() {
+        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_tick_grant_is_numbered_at_once_and_granted_once_after_a_crash(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let live = Live::on(&d, &redis, "shard-a").await;
+        let (id, copy) = live.player("Cato").await;
+        let first = live.runtime.grant_now(copy, coins(10)).unwrap();
+        let second = live.runtime.grant_now(copy, coins(30)).unwrap();
+        // Numbered in the copy's sequence, in order (a cadence's dump between the two may take
+        // a number of its own).
+        assert!(
+            0 < first.issue_seq && first.issue_seq < second.issue_seq,
+            "{}: {first:?} {second:?}",
+            d.name()
+        );
+        assert_ne!(first.retry_job_id, second.retry_job_id);
+        // Applied at once, without waiting on a store.
+        let held = live.runtime.read(copy, |s| s["currency"].clone()).unwrap();
+        assert_eq!(held, 40, "{}", d.name());
+        // The jobs land on the row; a checkpoint of the copy holding both lands too.
+        live.row_reaches(id, "currency", 40).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        live.runtime.kill();
+        let again = Live::on(&d, &redis, "shard-b").await;
+        let copy_b = again
+            .runtime
+            .login(id, SessionStart::default())
+            .await
+            .unwrap()
+            .copy;
+        let currency = again
+            .runtime
+            .read(copy_b, |s| s["currency"].clone())
+            .unwrap();
+        assert_eq!(currency, 40, "{}: each grant once", d.name());
+        // The dead shard's copy takes no more grants.
+        assert!(matches!(
+            live.runtime.grant_now(copy, coins(1)),
+            Err(LiveError::Gone(_) | LiveError::Stopped)
+        ));
+        again.stop().await;
+        live.stop_workers().await;
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_tick_logout_leaves_at_once_and_hands_back_its_final_save(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let live = Live::on(&d, &redis, "shard-a").await;
+        let (id, copy) = live.player("Dell").await;
+        set(copy, &live.runtime, "experience", 7);
+        let mut out = live.runtime.logout_now(copy).unwrap();
+        assert_eq!(out.copy(), copy);
+        assert_eq!(live.runtime.copy_of(id), None, "{}: gone at once", d.name());
+        assert!(matches!(
+            live.runtime.logout_now(copy),
+            Err(LiveError::Gone(_))
+        ));
+        until("the final save answered", || out.outcome().is_some()).await;
+        let outcome = out.outcome().unwrap();
+        assert!(
+            matches!(outcome, FinalSave::Saved { .. }),
+            "{}: {outcome:?}",
+            d.name()
+        );
+        // Asked again, the same answer.
+        assert_eq!(out.outcome(), Some(outcome.clone()));
+        assert_eq!(out.within(Duration::from_millis(1)).await, outcome);
+        assert_eq!(live.row(id).await["experience"], 7, "{}", d.name());
+        live.stop().await;
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn the_game_hears_of_every_landed_write_and_journaled_stream(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let (game, seen) = Recording::new();
+        let live = Live::hosting(&d, &redis, LiveConfig::new("shard-a"), game).await;
+        let id = live
+            .runtime
+            .create("Esme", Uuid::now_v7(), anchor("zone-0"))
+            .await
+            .unwrap();
+        let admitted = live
+            .runtime
+            .login(id, SessionStart::default())
+            .await
+            .unwrap();
+        let copy = admitted.copy;
+        assert_eq!(
+            admitted.session_order.owner_epoch,
+            copy.owner_epoch,
+            "{}",
+            d.name()
+        );
+        set(copy, &live.runtime, "experience", 3);
+        let version = live.runtime.save_now(copy).await.unwrap();
+        assert!(
+            seen.lock()
+                .unwrap()
+                .saved
+                .contains(&(copy, SaveReason::Flush, version)),
+            "{}",
+            d.name()
+        );
+        // Checkpoints land meanwhile (every 100 ms here): only row writes are reported.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let FinalSave::Saved { version: last } = live.runtime.logout(copy).await.unwrap() else {
+            panic!("{}: the final save", d.name());
+        };
+        let saved = seen.lock().unwrap().saved.clone();
+        assert_eq!(
+            saved,
+            vec![
+                (copy, SaveReason::Flush, version),
+                (copy, SaveReason::Final, last)
+            ],
+            "{}",
+            d.name()
+        );
+        until("the closed stream was journaled", || {
+            !seen.lock().unwrap().journaled.is_empty()
+        })
+        .await;
+        let journaled = seen.lock().unwrap().journaled.clone();
+        assert_eq!(journaled.len(), 1, "{}: once: {journaled:?}", d.name());
+        let (character, order, plan) = journaled[0];
+        assert_eq!(character, id);
+        assert_eq!(plan, SessionLifecycleEffectPlan::PermanentRemoval);
+        assert_eq!(order.owner_epoch, copy.owner_epoch);
+        assert!(order.at >= admitted.session_order.at, "{}", d.name());
+        assert_ne!(order.event_id, admitted.session_order.event_id);
+        live.stop().await;
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_zone_change_moves_the_placement_and_a_refresh_writes_it_again(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let live = Live::on(&d, &redis, "shard-a").await;
+        let (id, copy) = live.player("Fenn").await;
+        let placement = |live: &Live| live.services.placement.clone();
+        let zone_now = || async {
+            live.runtime.placement_barrier(Duration::from_secs(5)).await;
+            let record = placement(&live).read(id).await.unwrap().unwrap();
+            assert_eq!(record.owner_epoch, copy.owner_epoch, "{}", d.name());
+            (record.shard_id, record.zone_id)
+        };
+        let here = |zone: &str| (Some("shard-a".to_owned()), Some(zone.to_owned()));
+        assert_eq!(zone_now().await, here("zone-0"), "{}", d.name());
+        live.runtime.set_anchor(copy, anchor("zone-1")).unwrap();
+        assert_eq!(zone_now().await, here("zone-1"), "{}", d.name());
+        // A room change within the zone, or an instance (no zone), writes nothing new.
+        live.runtime
+            .set_anchor(
+                copy,
+                Anchor {
+                    zone_ref: None,
+                    room_ref: Some("r2".into()),
+                },
+            )
+            .unwrap();
+        assert_eq!(zone_now().await, here("zone-1"), "{}", d.name());
+        // The record is lost or wrong (a Redis outage, a restore): a refresh writes it again.
+        placement(&live)
+            .write(&PlacementRecord {
+                character_id: id,
+                shard_id: Some("shard-z".into()),
+                zone_id: Some("zone-9".into()),
+                owner_epoch: copy.owner_epoch,
+                updated_at: chrono::Utc::now(),
+            })
+            .await
+            .unwrap();
+        live.runtime.refresh_placements();
+        assert_eq!(zone_now().await, here("zone-1"), "{}", d.name());
+        live.stop().await;
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_reconciling_flush_evicts_a_zombie(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let mut quiet = LiveConfig::new("shard-a");
+        quiet.own_pulse = false;
+        let first = Live::with(&d, &redis, quiet).await;
+        let mut events = first.runtime.subscribe();
+        let (id, zombie) = first.player("Gale").await;
+        let second = Live::on(&d, &redis, "shard-b").await;
+        let live = second
+            .runtime
+            .login(id, SessionStart::default())
+            .await
+            .unwrap()
+            .copy;
+        assert_eq!(first.runtime.flush_all(), 1, "{}", d.name());
+        let evicted = tokio::time::timeout(Duration::from_secs(10), events.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            evicted,
+            LiveEvent::Evicted {
+                copy: zombie,
+                cause: EvictionCause::OwnershipLost {
+                    current_epoch: live.owner_epoch
+                }
+            },
+            "{}",
+            d.name()
+        );
+        assert_eq!(first.runtime.copy_of(id), None);
+        assert_eq!(first.runtime.flush_all(), 0);
+        second.stop().await;
+        first.stop().await;
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_shutdown_waits_for_its_handoffs_to_settle_and_counts_the_rest(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let (game, seen) = Recording::new();
+        let a = Live::hosting(&d, &redis, LiveConfig::new("shard-a"), game).await;
+        let b = Live::on(&d, &redis, "shard-b").await;
+        let (_, taken) = a.player("Jory").await;
+        let (_, untaken) = a.player("Kell").await;
+        let to_b = a
+            .runtime
+            .hand_off(taken, "shard-b", anchor("zone-1"))
+            .await
+            .unwrap();
+        let nowhere = a
+            .runtime
+            .hand_off(untaken, "shard-b", anchor("zone-1"))
+            .await
+            .unwrap();
+        let shutdown = tokio::spawn(a.runtime.clone().shutdown(Duration::from_millis(2500)));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        b.runtime
+            .arrive(&to_b.token, SessionStart::default())
+            .await
+            .unwrap();
+        let report = shutdown.await.unwrap();
+        assert_eq!(report.unsettled_handoffs, 1, "{}: {report:?}", d.name());
+        assert_eq!(report.unjournaled, 0, "{}: {report:?}", d.name());
+        let handed_off = seen.lock().unwrap().handed_off.clone();
+        assert_eq!(
+            handed_off,
+            vec![(taken, to_b.token.clone(), true)],
+            "{}: the taken handoff settled, the other was left",
+            d.name()
+        );
+        let journaled = seen.lock().unwrap().journaled.clone();
+        assert!(
+            journaled
+                .iter()
+                .any(|(id, _, plan)| *id == taken.character_id
+                    && *plan == SessionLifecycleEffectPlan::ConfirmedTransfer),
+            "{}: {journaled:?}",
+            d.name()
+        );
+        assert_ne!(nowhere.token, to_b.token);
+        b.stop().await;
+        a.stop_workers().await;
+    }
+}
+
+/// Postgres only: a row lock holds the pickup's commit.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn saves_and_logouts_wait_for_a_pickup_in_flight(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let d = JobDriver::Postgres(pool.clone());
+    let mut config = LiveConfig::new("shard-a");
+    config.own_pulse = false;
+    config.transfer_budget = Duration::from_millis(300);
+    let live = Live::with(&d, &redis, config).await;
+    let rt = live.runtime.clone();
+    let horn = Uuid::now_v7();
+    let (gail_id, gail) = live.player("Gail").await;
+    let (hale_id, hale) = live.player("Hale").await;
+    rt.update(gail, holding(&[horn])).unwrap();
+    rt.save_now(gail).await.unwrap();
+    rt.update(gail, without(horn)).unwrap();
+    let mark = rt.release(gail).unwrap();
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM characters WHERE id = $1 FOR UPDATE")
+        .bind(hale_id)
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let picking = {
+        let rt = rt.clone();
+        tokio::spawn(async move {
+            rt.pick_up(hale, horn, Some(mark), Value::Null, holding(&[horn]))
+                .await
+        })
+    };
+    until("the pickup is in flight", || rt.in_transfer(hale_id)).await;
+    assert!(rt.in_transfer(gail_id), "the releaser takes part too");
+    // A save on demand would write the row without the horn the commit gives it: it waits for
+    // the transfer, and past the budget it is refused, not made.
+    let saved = tokio::time::timeout(Duration::from_secs(3), rt.save_now(hale))
+        .await
+        .expect("the save waited on the row lock, not on the transfer");
+    assert!(
+        matches!(saved, Err(LiveError::TransferPending(c)) if c == hale_id),
+        "{saved:?}"
+    );
+    assert!(matches!(
+        rt.logout_now(hale),
+        Err(LiveError::TransferPending(c)) if c == hale_id
+    ));
+    assert_eq!(rt.flush_all(), 0, "both copies are in the transfer");
+    lock.rollback().await.unwrap();
+    let picked = picking.await.unwrap().unwrap();
+    assert_eq!(picked, shardkeep::live::PickedUp::Committed);
+    assert!(!rt.in_transfer(hale_id));
+    rt.save_now(hale).await.unwrap();
+    assert!(holds(&live.row(hale_id).await, horn));
+    let mut out = rt.logout_now(hale).unwrap();
+    until("the logout answered", || out.outcome().is_some()).await;
+    assert!(holds(&live.row(hale_id).await, horn));
+    live.stop().await;
+}
+
+/// The ledger game landing its players itself: a first spawn takes its creation input (gold)
+/// once, and a player saved in a zone it does not host lands in its home zone.
+struct Spawning {
+    game: Ledger,
+}
+
+impl LiveGame for Spawning {
+    type Character = Map<String, Value>;
+    type Effect = LedgerEffect;
+
+    fn model(&self) -> ModelHandle {
+        self.game.model()
+    }
+
+    fn load(&self, state: &StateJson) -> Result<Self::Character, String> {
+        self.game.load(state)
+    }
+
+    fn dump(&self, character: &Self::Character) -> Result<StateJson, String> {
+        self.game.dump(character)
+    }
+
+    fn apply(
+        &self,
+        character: &mut Self::Character,
+        anchor: &mut Anchor,
+        effect: &LedgerEffect,
+    ) -> Result<bool, String> {
+        self.game.apply(character, anchor, effect)
+    }
+
+    fn fresh(&self) -> Self::Character {
+        self.game.fresh()
+    }
+
+    fn land(
+        &self,
+        snapshot: &CharacterSnapshot,
+        arrival: Arrival,
+    ) -> Result<Landed<Self::Character>, String> {
+        let mut character = self.load(&snapshot.state)?;
+        let mut chargen = snapshot.chargen.clone();
+        if arrival == (Arrival::Login { brand_new: true })
+            && let Some(gold) = chargen.take().and_then(|c| c["gold"].as_i64())
+        {
+            character.insert("currency".into(), gold.into());
+        }
+        let hosted = matches!(snapshot.zone_ref.as_deref(), Some("zone-0" | "zone-home"));
+        let anchor = if hosted {
+            Anchor {
+                zone_ref: snapshot.zone_ref.clone(),
+                room_ref: snapshot.room_ref.clone(),
+            }
+        } else {
+            Anchor {
+                zone_ref: Some("zone-home".into()),
+                room_ref: Some("gate".into()),
+            }
+        };
+        Ok(Landed {
+            character,
+            anchor,
+            chargen,
+        })
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_game_lands_its_players_and_applies_creation_input_once(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let game = Spawning {
+            game: Stored::new(LedgerModel, Map::new),
+        };
+        let live = Live::hosting(&d, &redis, LiveConfig::new("shard-a"), game).await;
+        let nowhere = Anchor {
+            zone_ref: None,
+            room_ref: None,
+        };
+        let id = live
+            .runtime
+            .create_with(
+                "Hild",
+                Uuid::now_v7(),
+                nowhere,
+                Some(serde_json::json!({ "gold": 25 })),
+            )
+            .await
+            .unwrap();
+        let stored = live.services.characters.load(id).await.unwrap().unwrap();
+        assert_eq!(stored.chargen, Some(serde_json::json!({ "gold": 25 })));
+        for login in 0..2 {
+            let admitted = live
+                .runtime
+                .login(id, SessionStart::default())
+                .await
+                .unwrap();
+            assert_eq!(admitted.brand_new, login == 0, "{}", d.name());
+            let currency = live
+                .runtime
+                .read(admitted.copy, |s| s["currency"].clone())
+                .unwrap();
+            assert_eq!(currency, 25, "{}: login {login}: the gold once", d.name());
+            live.runtime.placement_barrier(Duration::from_secs(5)).await;
+            let placed = live.services.placement.read(id).await.unwrap().unwrap();
+            assert_eq!(placed.zone_id.as_deref(), Some("zone-home"), "{}", d.name());
+            live.runtime.logout(admitted.copy).await.unwrap();
+            let row = live.services.characters.load(id).await.unwrap().unwrap();
+            assert_eq!(row.chargen, None, "{}: the input is spent", d.name());
+            assert_eq!(row.zone_ref.as_deref(), Some("zone-home"), "{}", d.name());
+            assert_eq!(row.room_ref.as_deref(), Some("gate"), "{}", d.name());
+        }
+        // Saved in a zone this shard does not host: landed at home, and saved there.
+        let far = live
+            .runtime
+            .create("Ivo", Uuid::now_v7(), anchor("zone-far"))
+            .await
+            .unwrap();
+        let copy = live
+            .runtime
+            .login(far, SessionStart::default())
+            .await
+            .unwrap()
+            .copy;
+        live.runtime.logout(copy).await.unwrap();
+        let row = live.services.characters.load(far).await.unwrap().unwrap();
+        assert_eq!(row.zone_ref.as_deref(), Some("zone-home"), "{}", d.name());
+        live.stop().await;
+    }
+}
