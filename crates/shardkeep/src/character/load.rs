@@ -197,15 +197,19 @@ impl CharacterLoader {
     }
 
     /// The careful claim (alone: it settles queued jobs and waits for a held row lock), then
-    /// the take-over and the load.
+    /// the take-over and the load. The claim is bounded in Postgres (each statement, and an
+    /// idle transaction, by the I/O bound), not dropped at a deadline here: a claim dropped
+    /// while its commit is on its way may commit without its take-over. Only a claim whose
+    /// connection hung is given up, at [`CAREFUL_LAST_RESORT`] times the bound.
     async fn claim_carefully_and_load(
         &self,
         character_id: Uuid,
         floor: i64,
     ) -> Result<LoadedCharacter, LoadError> {
         let claimed = tokio::time::timeout(
-            self.io_timeout,
-            self.store.claim_careful(character_id, floor, None),
+            self.io_timeout * CAREFUL_LAST_RESORT,
+            self.store
+                .claim_careful(character_id, floor, None, Some(self.io_timeout)),
         )
         .await
         .map_err(|_| LoadError::Timeout(character_id))?
@@ -397,17 +401,19 @@ impl CharacterLoader {
         floor: i64,
     ) -> Result<HandoffLoad, LoadError> {
         let character_id = carried.snapshot.character_id;
-        // A claim that commits after this bound ran out still owes its take-over (paid by a
-        // task of its own): the checkpoint is not left fenced unread. (It keeps the source's
-        // last checkpoint, not the carried content, which only this call stores.)
+        // A batched claim that commits after its caller gave up still owes its take-over (paid
+        // by a task of its own): the checkpoint is not left fenced unread. (It keeps the
+        // source's last checkpoint, not the carried content, which only this call stores.) A
+        // careful one is bounded in Postgres and run to its end here, as a login's is.
         let (claim, owed) = tokio::time::timeout(
-            self.io_timeout,
+            self.io_timeout * CAREFUL_LAST_RESORT,
             self.store.claim_for_handoff_owing(
                 character_id,
                 floor,
                 carried.dumped_under_epoch,
                 handoff_token,
                 self.take_over_due(character_id),
+                Some(self.io_timeout),
             ),
         )
         .await
@@ -610,6 +616,11 @@ fn replay_missing(
     content.schema_version = merged.schema_version;
     Ok((content, origin))
 }
+
+/// How many I/O bounds a careful claim may take before it is given up on the client. Postgres
+/// bounds each of its statements and idle waits by one I/O bound; this ends only a claim whose
+/// connection hung (its commit may then land without its take-over: the lost-reply window).
+const CAREFUL_LAST_RESORT: u32 = 8;
 
 /// The checkpoint, taken over for the claim that minted `claimant` (see
 /// [`CheckpointStore::take_over`]), within `io_timeout`. One that cannot be read (Redis down, a

@@ -673,6 +673,7 @@ impl CharacterStore {
         dumped_under_epoch: i64,
         handoff_token: &str,
         due: Option<super::claim_batch::ClaimDue>,
+        bound: Option<std::time::Duration>,
     ) -> Result<(HandoffClaim, Option<super::claim_batch::Owed>), StoreError> {
         if handoff_token.is_empty() {
             return Err(StoreError::InvalidInput(
@@ -684,6 +685,7 @@ impl CharacterStore {
             floor,
             Some((dumped_under_epoch, handoff_token)),
             due,
+            bound,
         )
         .await
     }
@@ -724,19 +726,21 @@ impl CharacterStore {
     ) -> Result<HandoffClaim, StoreError> {
         // Owing nothing (no due): its debt is dropped unpaid.
         Ok(self
-            .claim_owing(character_id, floor, handoff, None)
+            .claim_owing(character_id, floor, handoff, None, None)
             .await?
             .0)
     }
 
     /// The claim, batched when it can be ([`Self::claim_batched`], with the debt it answers) and
-    /// made the careful way otherwise (no debt: it runs in the caller's task).
+    /// made the careful way otherwise (no debt: it runs in the caller's task, bounded in
+    /// Postgres by `bound` when given; see [`Self::claim_careful`]).
     async fn claim_owing(
         &self,
         character_id: Uuid,
         floor: i64,
         handoff: Option<(i64, &str)>,
         due: Option<super::claim_batch::ClaimDue>,
+        bound: Option<std::time::Duration>,
     ) -> Result<(HandoffClaim, Option<super::claim_batch::Owed>), StoreError> {
         if let Some((claimed, owed)) = self
             .claim_batched(character_id, floor, handoff, due)
@@ -744,7 +748,9 @@ impl CharacterStore {
         {
             return Ok((claimed, Some(owed)));
         }
-        let claimed = self.claim_careful(character_id, floor, handoff).await?;
+        let claimed = self
+            .claim_careful(character_id, floor, handoff, bound)
+            .await?;
         Ok((claimed, None))
     }
 
@@ -781,11 +787,17 @@ impl CharacterStore {
 
     /// The claim made alone: it settles the character's queued jobs first and waits for a lock
     /// held on its row; on the embedded store, every claim. Runs in the caller's task.
+    ///
+    /// With a `bound`, Postgres itself ends a statement of the claim that runs longer and a
+    /// transaction left idle longer (rolled back: no epoch minted), so its caller need not
+    /// drop it at a deadline of its own. A claim dropped while its commit is on its way may
+    /// still commit, minting an epoch whose copy never takes the checkpoint over.
     pub(crate) async fn claim_careful(
         &self,
         character_id: Uuid,
         floor: i64,
         handoff: Option<(i64, &str)>,
+        bound: Option<std::time::Duration>,
     ) -> Result<HandoffClaim, StoreError> {
         if floor < 0 {
             return Err(StoreError::InvalidInput(format!(
@@ -809,7 +821,10 @@ impl CharacterStore {
                 return Ok(claimed_from(character_id, row, effects));
             }
         };
-        let mut tx = pg.begin().await?;
+        let mut tx = match bound {
+            Some(bound) => pg.begin_bounded(bound).await?,
+            None => pg.begin().await?,
+        };
         let mut settled = crate::retry::SettledAtClaim::default();
         if let Some(model) = &self.model {
             // A claim the schema refuses settles nothing, and a character with no queued job

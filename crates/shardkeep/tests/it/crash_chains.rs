@@ -236,12 +236,34 @@ async fn a_login_whose_caller_gives_up_still_takes_the_checkpoint_over(pool: PgP
     }
 }
 
-/// A handoff's claim that commits after its destination stopped waiting for it (the claim's
-/// bound ran out while a lock held the table) still takes the checkpoint over: the next login
-/// loads the source's checkpointed 65, never the row's 15.
+/// A handoff's claim that commits after its destination stopped waiting for it (a lock held the
+/// table) never leaves the checkpoint fenced unread. Within the arrival's last-resort bound the
+/// arrival runs to its end and keeps the carried content (80); past it, the claim's debt takes
+/// the checkpoint over and the next login loads the source's checkpointed 65. Never the row's
+/// 15.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_handoff_claim_that_lands_after_its_caller_gave_up_keeps_the_carried_content(
+    pool: PgPool,
+) {
+    assert_eq!(
+        late_handoff_claim(&pool, Duration::from_millis(1500)).await,
+        80
+    );
+}
+
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_handoff_claim_that_lands_after_its_bound_still_takes_the_checkpoint_over(pool: PgPool) {
-    let drivers = CharacterDrivers::new(&pool).await;
+    // Past the arrival's last resort (8 bounds of 300 ms).
+    assert_eq!(
+        late_handoff_claim(&pool, Duration::from_millis(3500)).await,
+        65
+    );
+}
+
+/// A handoff arrives while a table lock holds its claim for `hold`; the coins the next login
+/// loads.
+async fn late_handoff_claim(pool: &PgPool, hold: Duration) -> i64 {
+    let drivers = CharacterDrivers::new(pool).await;
     let redis = TestRedis::new().await;
     // Postgres only: the embedded store's claims are made alone, in the caller's task.
     let store = drivers.stores().remove(0);
@@ -272,15 +294,17 @@ async fn a_handoff_claim_that_lands_after_its_bound_still_takes_the_checkpoint_o
         .execute(&mut *lock)
         .await
         .unwrap();
+    let held = tokio::time::Instant::now();
     let carried = HandoffPayload::new(holding(&source, 80));
     let arrival = loader.claim_for_handoff(carried, "h-cade", 0).await;
     assert!(
         matches!(arrival, Err(shardkeep::character::LoadError::Timeout(_))),
         "{arrival:?}"
     );
+    tokio::time::sleep_until(held + hold).await;
     lock.commit().await.unwrap();
     // The late claim did commit (else the checkpoint would still be its source's own, and the
-    // next login would load it with no debt paid), and its debt raises the guard to its epoch.
+    // next login would load it with no debt paid), and the guard reaches its epoch.
     let claimed_epoch = source.owner_epoch + 1;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -297,5 +321,86 @@ async fn a_handoff_claim_that_lands_after_its_bound_still_takes_the_checkpoint_o
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let next = loader.claim_and_load(id, 0).await.unwrap();
-    assert_eq!(coins(&next.snapshot), 65, "{:?}", next.source);
+    coins(&next.snapshot)
+}
+
+/// A login whose claim goes the careful way (its row was locked when the batch came) and whose
+/// commit takes longer than the claim's bound (a deferred trigger sleeps at commit) never leaves
+/// the claim committed without its take-over: the claim is either ended by Postgres (no epoch
+/// minted) or run to its end and the checkpoint taken over. Either way the next login loads
+/// the checkpointed 65, never the row's 15.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_careful_claim_whose_commit_outlasts_its_bound_never_fences_the_checkpoint_unread(
+    pool: PgPool,
+) {
+    let drivers = CharacterDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    // Postgres only: a row lock and a commit-time trigger hold the claim.
+    let store = drivers.stores().remove(0);
+    assert_eq!(store.driver(), "postgres");
+    let checkpoints = drivers.checkpoints_for(&store, &redis);
+    let loader = CharacterLoader::new(
+        store.clone(),
+        Some(checkpoints.clone()),
+        LedgerModel::handle(),
+        Duration::from_millis(300),
+    );
+    let row = created(&store, "Dane").await;
+    let id = row.character_id;
+    let a = loader.claim_and_load(id, 0).await.unwrap().snapshot;
+    let shardkeep::character::SaveOutcome::Saved(version) =
+        store.save(&holding(&a, 15)).await.unwrap()
+    else {
+        panic!("the flush did not land");
+    };
+    let a = CharacterSnapshot {
+        state_version: version,
+        ..a
+    };
+    checkpoints.write(&holding(&a, 65)).await.unwrap();
+    sqlx::query(
+        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS
+         $$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    // The id is a Uuid this test made: the statement is the test's own.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON characters
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (NEW.id = '{id}')
+         EXECUTE FUNCTION slow_commit()"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    // The row is locked when the login's batch comes: the claim goes the careful way and waits.
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM characters WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let login = {
+        let loader = loader.clone();
+        tokio::spawn(async move { loader.claim_and_load(id, 0).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    lock.rollback().await.unwrap();
+    let first = login.await.unwrap();
+    // Whatever the caller heard, the claim has ended one way or the other within a few bounds.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    sqlx::query("DROP TRIGGER slow_commit ON characters")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let claimed = store.load(id).await.unwrap().expect("the row").owner_epoch;
+    let guard = checkpoints.read_held(id).await.unwrap().map(|c| c.held_by);
+    let next = loader.claim_and_load(id, 0).await.unwrap();
+    assert_eq!(
+        coins(&next.snapshot),
+        65,
+        "the first login answered {:?}; row epoch {claimed}, checkpoint guard {guard:?}",
+        first.map(|l| l.source)
+    );
 }
