@@ -89,6 +89,20 @@ impl<C> LiveCopy<C> {
         }
     }
 
+    /// Moves the copy to `anchor`; true when that names a zone other than the one its placement
+    /// names (an anchor without a zone, an instance, keeps the zone).
+    pub(crate) fn move_to(&mut self, anchor: Anchor) -> bool {
+        let moved = anchor
+            .zone_ref
+            .as_ref()
+            .is_some_and(|zone| *zone != self.zone);
+        if moved && let Some(zone) = &anchor.zone_ref {
+            self.zone.clone_from(zone);
+        }
+        self.anchor = anchor;
+        moved
+    }
+
     /// A dump of this copy with `state` as its document: it takes the next number of the copy's
     /// issue sequence as its mark.
     pub(crate) fn dump(&mut self, character_id: Uuid, state: StateJson) -> CharacterSnapshot {

@@ -32,9 +32,15 @@ pub trait LiveGame: Send + Sync + 'static {
     /// the character-creation input it still carries. The default plays the document
     /// ([`LiveGame::load`]) where it was saved and keeps the input as it is. A game that lands
     /// players by a table of its own (a zone this shard does not host, a first spawn), or
-    /// applies its creation input once and clears it, overrides this; `snapshot` names the
-    /// copy (its id, name, account, epoch, version and issue mark) and `arrival` how it came.
-    /// What it answers is what the copy's saves write. A refusal refuses the login.
+    /// applies its creation input, overrides this; `snapshot` names the copy (its id, name,
+    /// account, epoch and row version) and `arrival` how it came. What it answers is what the
+    /// copy's saves write. A refusal refuses the login.
+    ///
+    /// Apply creation input only on a first spawn (`Arrival::Login { brand_new: true }`), and
+    /// answer `chargen: None` then: the copy's row saves and checkpoints clear the stored input,
+    /// but a logout save that goes down as a retry job writes the document and the anchor
+    /// only, so the input can outlive its first spawn (the anchor it saved makes the next login
+    /// not brand new).
     fn land(
         &self,
         snapshot: &CharacterSnapshot,
@@ -77,10 +83,12 @@ pub trait LiveGame: Send + Sync + 'static {
 
     /// A write of `copy`'s row landed and the row is at `version`: a cadence flush or a logout's
     /// final save (`reason`), or a write outside the cadences (a grant's, `save_now`'s, an item
-    /// transfer's commit), reported as a [`SaveReason::Flush`]. Called once per landed row write,
-    /// never for one that did not land (a game counting what is durable can rely on it);
-    /// checkpoints are not reported (one per copy every few seconds). Runs on the runtime's pulse
-    /// or the writing call's task: it must not block or call the runtime.
+    /// transfer's commit), reported as a [`SaveReason::Flush`]. Called once for each write whose
+    /// answer the runtime heard, and never for one that did not land: a write whose answer was
+    /// lost (a timeout, a transfer commit found already made on its retry), a final save made a
+    /// retry job, and an answer still on its way when the runtime stops are not reported.
+    /// Checkpoints are not reported (one per copy every few seconds). Runs on the runtime's
+    /// pulse or the writing call's task: it must not block or call the runtime.
     fn saved(&self, copy: super::CopyId, reason: SaveReason, version: i64) {
         let _ = (copy, reason, version);
     }

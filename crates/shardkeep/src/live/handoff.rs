@@ -110,6 +110,8 @@ impl<G: LiveGame> Runtime<G> {
         if inner.closing.load(std::sync::atomic::Ordering::Acquire) {
             return Err(LiveError::Stopped);
         }
+        // Checked before the handoff is taken: a refused token takes nothing.
+        let session_token = start.token()?;
         let taken = tokio::time::timeout(
             inner.config.io_timeout,
             inner.stores.transit.take(token, &inner.config.shard_id),
@@ -131,9 +133,6 @@ impl<G: LiveGame> Runtime<G> {
             }
         };
         let loaded = load.into_loaded();
-        let session_token = start
-            .token
-            .unwrap_or_else(|| Uuid::now_v7().simple().to_string());
         let (admitted, zone) = self.admit_arrival(&loaded, session_token)?;
         mark_activation(inner, admitted.copy, token, &zone, character_id);
         Ok(admitted)
@@ -211,7 +210,9 @@ fn mark_activation<G: LiveGame>(
 /// journals the closed stream as a confirmed transfer. A handoff not taken within its lifetime
 /// is abandoned: the transfer completes and the stream closes as a permanent removal (the
 /// copy's checkpoint holds what it carried). A shutdown waits for these (within its bound) and
-/// counts the ones it leaves; the game hears of each settled one ([`LiveGame::handed_off`]).
+/// counts the ones it leaves unsettled (one no longer pending is not taken as abandoned then
+/// either: a Redis restart loses its marks while its activation's record may be on its way);
+/// the game hears of each settled one ([`LiveGame::handed_off`]).
 fn await_activation<G: LiveGame>(
     inner: &Arc<Inner<G>>,
     copy: CopyId,
@@ -235,14 +236,6 @@ fn await_activation<G: LiveGame>(
             match seen {
                 Ok(Ok(Activation::Activated)) => {
                     activated = true;
-                    break;
-                }
-                // A shutdown cannot wait out the lifetime: a handoff no longer pending is
-                // taken as abandoned then (its cleanup's writes are fenced by this copy's epoch
-                // either way).
-                Ok(Ok(Activation::Ended))
-                    if inner.closing.load(std::sync::atomic::Ordering::Acquire) =>
-                {
                     break;
                 }
                 // Not pending any more is not proof of an untaken handoff before the lifetime

@@ -175,6 +175,10 @@ pub enum LiveError {
     /// The runtime has stopped.
     #[error("the runtime has stopped")]
     Stopped,
+    /// A session token the game named is refused (empty, or longer than the retry jobs that
+    /// carry it can store); nothing was claimed.
+    #[error("invalid session token: {0}")]
+    InvalidSession(String),
 }
 
 /// Why a copy was evicted.
@@ -280,8 +284,22 @@ impl<G: LiveGame> std::fmt::Debug for Runtime<G> {
 /// What a new login brings to the runtime.
 #[derive(Debug, Clone, Default)]
 pub struct SessionStart {
-    /// The session's token; `None`: the runtime makes one.
+    /// The session's token (1 to 256 bytes); `None`: the runtime makes one.
     pub token: Option<String>,
+}
+
+impl SessionStart {
+    /// The session's token: the game's, checked, or a new one.
+    pub(crate) fn token(self) -> Result<String, LiveError> {
+        let max = crate::retry::job::MAX_LABEL_BYTES;
+        match self.token {
+            Some(token) if token.is_empty() || token.len() > max => Err(LiveError::InvalidSession(
+                format!("a session token must be 1 to {max} bytes"),
+            )),
+            Some(token) => Ok(token),
+            None => Ok(Uuid::now_v7().simple().to_string()),
+        }
+    }
 }
 
 fn check_shard_id(id: &str) -> Result<(), StartError> {
@@ -452,22 +470,15 @@ impl<G: LiveGame> Runtime<G> {
     /// stored one (an instance). A change of zone rewrites the copy's placement, so a login
     /// routed by it finds the zone the copy is in.
     pub fn set_anchor(&self, copy: CopyId, anchor: Anchor) -> Result<(), LiveError> {
-        let moved = self
-            .inner
+        let inner = &self.inner;
+        inner
             .copies
             .with_active(copy, |c| {
-                let moved = anchor.zone_ref.as_ref().is_some_and(|zone| *zone != c.zone);
-                if let Some(zone) = anchor.zone_ref.clone() {
-                    c.zone = zone;
+                if c.move_to(anchor) {
+                    sessions::placed(inner, copy, c.zone.clone());
                 }
-                c.anchor = anchor;
-                moved
             })
-            .ok_or(LiveError::Gone(copy))?;
-        if moved {
-            sessions::place(&self.inner, copy);
-        }
-        Ok(())
+            .ok_or(LiveError::Gone(copy))
     }
 
     /// True while an item transfer of `character_id` is in flight here (its copy's logout,
@@ -525,8 +536,8 @@ impl<G: LiveGame> Runtime<G> {
     }
 
     /// [`Runtime::create`], with character-creation input (`chargen`) stored beside the new
-    /// character's document: the game applies it when it lands the character
-    /// ([`LiveGame::land`]) and clears it there, so a later login never applies it again.
+    /// character's document: the game applies it when it lands the character on its first
+    /// spawn ([`LiveGame::land`], which says why only then).
     pub async fn create_with(
         &self,
         name: &str,

@@ -191,8 +191,9 @@ fn start_session<G: LiveGame>(
     write_session_records(inner, vec![(id, token.to_owned(), account_id, order, zone)]);
 }
 
-/// Queues the placement of `id` in `zone` on this shard.
-fn placed<G: LiveGame>(inner: &Inner<G>, id: CopyId, zone: String) {
+/// Queues the placement of `id` in `zone` on this shard. Called under the copy's registry lock
+/// wherever the copy may be leaving meanwhile, so a logout's tombstone is queued after it.
+pub(crate) fn placed<G: LiveGame>(inner: &Inner<G>, id: CopyId, zone: String) {
     inner.placement.enqueue(PlacementRecord {
         character_id: id.character_id,
         shard_id: Some(inner.config.shard_id.clone()),
@@ -202,15 +203,13 @@ fn placed<G: LiveGame>(inner: &Inner<G>, id: CopyId, zone: String) {
     });
 }
 
-/// Queues the placement of `copy` where its anchor is, if it is held here and not leaving.
+/// Queues the placement of `copy` in its zone, if it is held here and not leaving.
 pub(crate) fn place<G: LiveGame>(inner: &Inner<G>, copy: CopyId) {
-    let zone = inner
-        .copies
-        .with(copy, |c| (!c.leaving).then(|| c.zone.clone()))
-        .flatten();
-    if let Some(zone) = zone {
-        placed(inner, copy, zone);
-    }
+    inner.copies.with(copy, |c| {
+        if !c.leaving {
+            placed(inner, copy, c.zone.clone());
+        }
+    });
 }
 
 /// Starts the session of a copy that arrived by handoff.
@@ -275,6 +274,12 @@ pub(crate) fn refresh_sessions<G: LiveGame>(
             inner
                 .copies
                 .with(id, |c| {
+                    if c.leaving {
+                        return None;
+                    }
+                    // The placement goes with them (a record lost in an outage is written
+                    // again), queued under the lock so a logout's tombstone comes after it.
+                    placed(inner, id, c.zone.clone());
                     c.session_order.map(|order| {
                         let zone = c.zone.clone();
                         (id, token.clone(), account, order, zone)
@@ -283,10 +288,6 @@ pub(crate) fn refresh_sessions<G: LiveGame>(
                 .flatten()
         })
         .collect();
-    // The placement goes with them: a record lost in an outage is written again.
-    for (id, _, _, _, zone) in &sessions {
-        placed(inner, *id, zone.clone());
-    }
     write_session_records(inner, sessions);
 }
 
@@ -501,9 +502,7 @@ impl<G: LiveGame> Runtime<G> {
         if inner.cancel.is_cancelled() || inner.closing.load(std::sync::atomic::Ordering::Acquire) {
             return Err(LiveError::Stopped);
         }
-        let token = start
-            .token
-            .unwrap_or_else(|| Uuid::now_v7().simple().to_string());
+        let token = start.token()?;
         if let Some(resumed) = self.resume(character_id, &token).await {
             return Ok(resumed);
         }

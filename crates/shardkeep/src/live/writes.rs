@@ -78,7 +78,9 @@ fn apply_numbered<G: LiveGame, T>(
                 .game
                 .apply(&mut c.character, &mut anchor, effect)
                 .map_err(LiveError::InvalidEffect)?;
-            c.anchor = anchor;
+            if c.move_to(anchor) {
+                super::sessions::placed(inner, copy, c.zone.clone());
+            }
             c.issued += 1;
             let seq = c.issued;
             let session = match &c.link {
@@ -128,7 +130,8 @@ fn source_of<G: LiveGame>(inner: &Inner<G>) -> String {
 pub struct GrantedNow {
     /// Its number in the copy's issue sequence (the copy's dumps from now on carry it).
     pub issue_seq: u64,
-    /// The job that carries it to the row.
+    /// The job that carries it to the row, once stored (a store that refuses it is logged; the
+    /// copy's next save carries the grant then).
     pub retry_job_id: Uuid,
 }
 
@@ -263,22 +266,24 @@ impl<G: LiveGame> Runtime<G> {
     /// taken meanwhile would write the row without the item the commit just gave it.
     pub async fn save_now(&self, copy: CopyId) -> Result<i64, LiveError> {
         let inner = &self.inner;
-        inner
-            .transfers
-            .idle(copy.character_id, inner.config.transfer_budget)
-            .await;
-        if inner.transfers.busy(copy.character_id) {
-            return Err(LiveError::TransferPending(copy.character_id));
-        }
+        let id = copy.character_id;
         let mut last = String::new();
         for _ in 0..3 {
+            inner.transfers.idle(id, inner.config.transfer_budget).await;
+            // Looked at again under the registry's lock: a transfer that started since is seen.
             let dump = inner
                 .copies
                 .with_active(copy, |c| {
+                    if inner.transfers.busy(id) {
+                        return Ok(None);
+                    }
                     let state = inner.game.dump(&c.character).map_err(LiveError::Game)?;
-                    Ok::<_, LiveError>(c.dump(copy.character_id, state))
+                    Ok::<_, LiveError>(Some(c.dump(id, state)))
                 })
                 .ok_or(LiveError::Gone(copy))??;
+            let Some(dump) = dump else {
+                return Err(LiveError::TransferPending(id));
+            };
             let saved =
                 tokio::time::timeout(inner.config.io_timeout, inner.stores.characters.save(&dump))
                     .await;
@@ -293,7 +298,11 @@ impl<G: LiveGame> Runtime<G> {
                     return Ok(version);
                 }
                 Ok(Ok(SaveOutcome::VersionConflict(current))) => {
-                    merge(inner, copy, current).await;
+                    // A transfer's commit may be what moved the row: the copy adopts its version
+                    // when it answers (merging now would adopt it without the item).
+                    if !inner.transfers.busy(id) {
+                        merge(inner, copy, current).await;
+                    }
                     last = format!("the row moved to version {current}");
                 }
                 Ok(Ok(SaveOutcome::OwnershipLost(current_epoch))) => {
@@ -388,9 +397,10 @@ pub(crate) async fn merge<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, curr
             // Another merge or a landed write moved the copy meanwhile: it takes over.
             return;
         }
+        let (epoch, issued) = (c.epoch, c.issued);
         for effect in effects
             .iter()
-            .filter(|e| e.row_version <= current && missing_from(e, c.epoch, c.issued))
+            .filter(|e| e.row_version <= current && missing_from(e, epoch, issued))
         {
             let applied = effect
                 .payload
@@ -398,7 +408,9 @@ pub(crate) async fn merge<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, curr
                 .and_then(|decoded| {
                     let mut anchor = c.anchor.clone();
                     inner.game.apply(&mut c.character, &mut anchor, &decoded)?;
-                    c.anchor = anchor;
+                    if c.move_to(anchor) {
+                        super::sessions::placed(inner, copy, c.zone.clone());
+                    }
                     Ok(())
                 });
             if let Err(error) = applied {

@@ -101,6 +101,23 @@ impl<G: LiveGame> Live<G> {
         row.state.to_value()
     }
 
+    /// Waits until the row's zone is `zone`.
+    pub(super) async fn row_reaches_zone(&self, id: Uuid, zone: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let row = self.services.characters.load(id).await.unwrap().unwrap();
+            if row.zone_ref.as_deref() == Some(zone) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the row never reached {zone}: {:?}",
+                row.zone_ref
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Waits until the row's `field` reads `want`.
     pub(super) async fn row_reaches(&self, id: Uuid, field: &str, want: i64) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

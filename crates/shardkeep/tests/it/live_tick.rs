@@ -295,6 +295,22 @@ async fn a_zone_change_moves_the_placement_and_a_refresh_writes_it_again(pool: P
             .unwrap();
         live.runtime.refresh_placements();
         assert_eq!(zone_now().await, here("zone-1"), "{}", d.name());
+        // An effect that moves the copy (a grant, or an offline one merged into it) moves its
+        // placement too.
+        let moved = |zone: &str| LedgerEffect::CharacterLocation {
+            zone: zone.into(),
+            room: "r1".into(),
+            position: None,
+        };
+        live.runtime.grant_now(copy, moved("zone-2")).unwrap();
+        assert_eq!(zone_now().await, here("zone-2"), "{}", d.name());
+        live.runtime
+            .grant_offline(id, "teleport", moved("zone-3"))
+            .await
+            .unwrap();
+        live.row_reaches_zone(id, "zone-3").await;
+        live.runtime.save_now(copy).await.unwrap();
+        assert_eq!(zone_now().await, here("zone-3"), "{}", d.name());
         live.stop().await;
     }
 }
@@ -387,6 +403,75 @@ async fn a_shutdown_waits_for_its_handoffs_to_settle_and_counts_the_rest(pool: P
         assert_ne!(nowhere.token, to_b.token);
         b.stop().await;
         a.stop_workers().await;
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_session_token_no_job_could_carry_is_refused_before_anything_is_taken(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let a = Live::on(&d, &redis, "shard-a").await;
+        let b = Live::on(&d, &redis, "shard-b").await;
+        let id = a
+            .runtime
+            .create("Lark", Uuid::now_v7(), anchor("zone-0"))
+            .await
+            .unwrap();
+        for bad in [String::new(), "t".repeat(257)] {
+            let refused = a.runtime.login(id, SessionStart { token: Some(bad) }).await;
+            assert!(
+                matches!(refused, Err(LiveError::InvalidSession(_))),
+                "{}: {refused:?}",
+                d.name()
+            );
+        }
+        assert_eq!(
+            a.runtime.copy_of(id),
+            None,
+            "{}: nothing admitted",
+            d.name()
+        );
+        let copy = a
+            .runtime
+            .login(
+                id,
+                SessionStart {
+                    token: Some("t".repeat(256)),
+                },
+            )
+            .await
+            .unwrap()
+            .copy;
+        // A live grant's job carries the session: it is stored with it.
+        a.runtime.grant_now(copy, coins(5)).unwrap();
+        a.row_reaches(id, "currency", 5).await;
+        let ticket = a
+            .runtime
+            .hand_off(copy, "shard-b", anchor("zone-1"))
+            .await
+            .unwrap();
+        let refused = b
+            .runtime
+            .arrive(
+                &ticket.token,
+                SessionStart {
+                    token: Some(String::new()),
+                },
+            )
+            .await;
+        assert!(
+            matches!(refused, Err(LiveError::InvalidSession(_))),
+            "{}: {refused:?}",
+            d.name()
+        );
+        // The handoff is still there to take.
+        b.runtime
+            .arrive(&ticket.token, SessionStart::default())
+            .await
+            .unwrap();
+        a.stop().await;
+        b.stop().await;
     }
 }
 
