@@ -16,6 +16,7 @@ pub mod directory;
 mod feedback;
 pub mod gate;
 pub mod landing;
+pub mod live_game;
 pub mod residency;
 mod sessions;
 mod transfer;
@@ -40,6 +41,7 @@ use shardkeep::saver::{SaveReason, Saver, SaverConfig, SaverEvent, SaverSinks};
 pub use actions::ActionError;
 pub use directory::ZoneDirectory;
 pub use landing::LandingCase;
+pub use live_game::ReferenceGame;
 pub use residency::ResidencyIndex;
 pub use sessions::{
     AdmitError, Admitted, Arrival, MAX_DEFERRED_FINALS, OutboundHandoff, SHUTDOWN_FINAL_SLICE,

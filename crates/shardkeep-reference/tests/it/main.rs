@@ -14,6 +14,7 @@ mod instance_anchor;
 mod item_self_pickups;
 mod item_transfers;
 mod ladder_shard;
+mod live_game;
 mod retry_effects;
 mod saver_backlog;
 mod scene;

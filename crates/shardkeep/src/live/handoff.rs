@@ -112,6 +112,7 @@ impl<G: LiveGame> Runtime<G> {
         }
         // Checked before the handoff is taken: a refused token takes nothing.
         let session_token = start.token()?;
+        self.schema_current().await?;
         let taken = tokio::time::timeout(
             inner.config.io_timeout,
             inner.stores.transit.take(token, &inner.config.shard_id),

@@ -175,6 +175,10 @@ pub enum LiveError {
     /// The runtime has stopped.
     #[error("the runtime has stopped")]
     Stopped,
+    /// The database or file is behind this build (migrations pending), or which migrations it
+    /// holds could not be read: nothing is claimed or created until `shardkeep migrate` has run.
+    #[error("the schema is not this build's: {0}")]
+    SchemaBehind(String),
     /// A session token the game named is refused (empty, or longer than the retry jobs that
     /// carry it can store); nothing was claimed.
     #[error("invalid session token: {0}")]
@@ -254,6 +258,42 @@ pub(crate) struct Inner<G: LiveGame> {
     pub(crate) exporting: std::sync::atomic::AtomicBool,
     /// A shutdown started: no copy is admitted any more.
     pub(crate) closing: std::sync::atomic::AtomicBool,
+    /// The stores' schema, checked once it is found current (see [`Runtime::schema_current`]).
+    pub(crate) schema: SchemaGate,
+}
+
+/// Whether the stores hold every migration of this build: checked before the first claim or
+/// creation, remembered once it is so, checked again on every call while it is not.
+pub(crate) struct SchemaGate {
+    stores: crate::services::Stores,
+    current: tokio::sync::OnceCell<()>,
+}
+
+impl SchemaGate {
+    async fn check(&self) -> Result<(), LiveError> {
+        self.current
+            .get_or_try_init(|| async {
+                let (store, current) = match &self.stores {
+                    crate::services::Stores::Servers { pg, .. } => {
+                        ("Postgres", pg.migrations_current().await)
+                    }
+                    crate::services::Stores::Embedded(db) => {
+                        ("SQLite", db.migrations_current().await)
+                    }
+                };
+                match current {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err(LiveError::SchemaBehind(format!(
+                        "the {store} schema has migrations pending: run `shardkeep migrate` first"
+                    ))),
+                    Err(err) => Err(LiveError::SchemaBehind(format!(
+                        "reading the {store} schema's migrations: {err}"
+                    ))),
+                }
+            })
+            .await
+            .map(|_| ())
+    }
 }
 
 /// A game's live characters on one shard. Cheap to clone; every clone is the same runtime.
@@ -318,7 +358,8 @@ fn check_shard_id(id: &str) -> Result<(), StartError> {
 impl<G: LiveGame> Runtime<G> {
     /// Starts a runtime for `game` over the handles of `services` (whose model must be the
     /// game's): its saver, placement writer and pulse run until [`Runtime::shutdown`] (or
-    /// [`Runtime::kill`]). Must run inside a tokio runtime.
+    /// [`Runtime::kill`]). Must run inside a tokio runtime. Its first login, arrival or creation
+    /// checks the stores' schema ([`Runtime::schema_current`]).
     pub fn start(
         services: &crate::Services,
         game: G,
@@ -392,6 +433,10 @@ impl<G: LiveGame> Runtime<G> {
             pulse: std::sync::atomic::AtomicU64::new(0),
             exporting: std::sync::atomic::AtomicBool::new(false),
             closing: std::sync::atomic::AtomicBool::new(false),
+            schema: SchemaGate {
+                stores: services.stores.clone(),
+                current: tokio::sync::OnceCell::new(),
+            },
         });
         let task = tokio::spawn(driver::run(Arc::clone(&inner), events_rx));
         Ok(Self {
@@ -545,6 +590,7 @@ impl<G: LiveGame> Runtime<G> {
         anchor: Anchor,
         chargen: Option<serde_json::Value>,
     ) -> Result<Uuid, LiveError> {
+        self.schema_current().await?;
         let game = &self.inner.game;
         let state = game.dump(&game.fresh()).map_err(LiveError::Game)?;
         let new = crate::character::NewCharacter {
@@ -586,6 +632,14 @@ impl<G: LiveGame> Runtime<G> {
                 .ok_or_else(|| LiveError::Game(format!("{name:?} was taken and is gone"))),
             created => created,
         }
+    }
+
+    /// Checks (once it is so, then never again) that the stores hold every migration of this
+    /// build: a runtime started over services a game built itself ([`Runtime::start`]) refuses
+    /// to claim or create anything on an older schema, which it would misread
+    /// ([`LiveError::SchemaBehind`]). Logins, arrivals and creations call it themselves.
+    pub async fn schema_current(&self) -> Result<(), LiveError> {
+        self.inner.schema.check().await
     }
 
     /// The id of the character named `name` (any case), if there is one.

@@ -503,6 +503,7 @@ impl<G: LiveGame> Runtime<G> {
             return Err(LiveError::Stopped);
         }
         let token = start.token()?;
+        self.schema_current().await?;
         if let Some(resumed) = self.resume(character_id, &token).await {
             return Ok(resumed);
         }

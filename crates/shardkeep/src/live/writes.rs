@@ -199,7 +199,10 @@ impl<G: LiveGame> Runtime<G> {
     /// grant from whichever lands first, the job or a dump of the copy holding it, and never
     /// twice. Until one lands the grant is as durable as any play (a crash loses it with the
     /// copy's other progress since its last save, and grants it to no one). A job the store
-    /// refuses is logged; the copy's next save carries the grant.
+    /// refuses is logged; the copy's next save carries the grant. Being stored later, its job
+    /// can reach the row after a job stored since (an offline grant): for an effect that sets a
+    /// value (a move), the row holds the later-stored one until the copy's next write, which
+    /// holds both in the order the copy played them.
     pub fn grant_now(&self, copy: CopyId, effect: G::Effect) -> Result<GrantedNow, LiveError> {
         let inner = &self.inner;
         PersistenceRetryPayload::effect(copy.character_id, &effect)

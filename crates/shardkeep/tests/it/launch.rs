@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use serde_json::Map;
-use shardkeep::live::{Launch, LaunchError, Runtime, SessionStart, Stored};
+use shardkeep::live::{
+    Launch, LaunchError, LiveConfig, LiveError, LiveGame, Runtime, SessionStart, Stored,
+};
 use shardkeep::model::Anchor;
 use shardkeep_testkit::model::LedgerModel;
 use sqlx::PgPool;
@@ -94,4 +96,68 @@ async fn a_postgres_database_with_migrations_pending_is_refused(pool: PgPool) {
         "{:?}",
         refused.err()
     );
+}
+
+/// A game that builds its services itself and starts the runtime over them gets the same
+/// refusal at its first creation or login (the runtime would misread an older schema), and
+/// plays once the file is migrated.
+#[tokio::test]
+async fn a_runtime_started_over_its_own_services_refuses_an_older_schema_until_migrated() {
+    let dir = std::env::temp_dir().join(format!("shardkeep-test-{}", Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite:{}", dir.join("shardkeep.db").display());
+    let db = shardkeep::SqliteBackend::connect("DATABASE_URL", &url)
+        .await
+        .unwrap();
+    db.migrate().await.unwrap();
+    // The file as an older build left it: its newest migration's record not there (kept aside,
+    // to put back as `migrate` would).
+    for statement in [
+        "CREATE TABLE kept_aside AS SELECT * FROM _sqlx_migrations
+          WHERE version = (SELECT max(version) FROM _sqlx_migrations)",
+        "DELETE FROM _sqlx_migrations WHERE version = (SELECT version FROM kept_aside)",
+    ] {
+        sqlx::query(statement).execute(db.pool()).await.unwrap();
+    }
+    let keys = shardkeep::Keyspace::new("shardkeep").unwrap();
+    let services = shardkeep::Services::embedded(
+        db.clone(),
+        &keys,
+        game().model(),
+        shardkeep::ServicesConfig::new("own-services", "game_server"),
+        std::sync::Arc::new(shardkeep::clock::SystemClock),
+    )
+    .unwrap();
+    let runtime = Runtime::start(&services, game(), LiveConfig::new("shard-a")).unwrap();
+    let refused = runtime
+        .create("Una", Uuid::now_v7(), Anchor::at("zone-0", "r1"))
+        .await;
+    let Err(LiveError::SchemaBehind(why)) = refused else {
+        panic!("created on an older schema: {refused:?}");
+    };
+    assert!(why.contains("shardkeep migrate"), "{why}");
+    let login = runtime.login(Uuid::now_v7(), SessionStart::default()).await;
+    assert!(
+        matches!(login, Err(LiveError::SchemaBehind(_))),
+        "{:?}",
+        login.err()
+    );
+    sqlx::query("INSERT INTO _sqlx_migrations SELECT * FROM kept_aside")
+        .execute(db.pool())
+        .await
+        .unwrap();
+    let id = runtime
+        .create("Una", Uuid::now_v7(), Anchor::at("zone-0", "r1"))
+        .await
+        .unwrap();
+    let copy = runtime
+        .login(id, SessionStart::default())
+        .await
+        .unwrap()
+        .copy;
+    runtime.logout(copy).await.unwrap();
+    let report = runtime.shutdown(Duration::from_secs(10)).await;
+    assert_eq!(report.unsaved_finals.total(), 0, "{report:?}");
+    db.close().await;
+    let _ = std::fs::remove_dir_all(&dir);
 }

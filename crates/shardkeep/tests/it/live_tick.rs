@@ -304,6 +304,9 @@ async fn a_zone_change_moves_the_placement_and_a_refresh_writes_it_again(pool: P
         };
         live.runtime.grant_now(copy, moved("zone-2")).unwrap();
         assert_eq!(zone_now().await, here("zone-2"), "{}", d.name());
+        // Its job is stored in the background: it lands before the next move is granted (an
+        // offline grant stored before it would be overwritten on the row by it).
+        live.row_reaches_zone(id, "zone-2").await;
         live.runtime
             .grant_offline(id, "teleport", moved("zone-3"))
             .await

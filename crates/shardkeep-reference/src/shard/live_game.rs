@@ -1,0 +1,200 @@
+//! The reference game as the live-copy runtime plays it: a [`LiveGame`] whose characters are
+//! [`LiveCharacter`]s, landed by the shard's landing table, with creation input applied on a
+//! first spawn, and effects applied live exactly as the model applies them to a stored document.
+//! The first step of the shard's move onto the runtime (its zones, floors and items name copies
+//! by [`shardkeep::live::CopyId`] once it holds its players in a [`shardkeep::live::Runtime`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use shardkeep::character::{CharacterSnapshot, StateJson};
+use shardkeep::live::{Arrival, Landed, LiveGame};
+use shardkeep::model::{Anchor, GameModel, ModelHandle};
+
+use super::landing::login_zone;
+use crate::game::world::resolve_room;
+use crate::game::{
+    ApplyOptions, CarryLimits, Catalog, LiveCharacter, ReferenceEffect, ReferenceModel,
+    StateDocument, ZoneDef, apply_snapshot, dump_character,
+};
+
+/// The reference game on one shard: its catalog, carry limits, and the zones it hosts.
+pub struct ReferenceGame {
+    catalog: Arc<Catalog>,
+    limits: CarryLimits,
+    zones: BTreeMap<String, ZoneDef>,
+    home_zone: String,
+}
+
+impl ReferenceGame {
+    /// The game over `catalog`, hosting `zones`, landing new and homeless players in
+    /// `home_zone` (which must be one of them).
+    pub fn new(
+        catalog: Arc<Catalog>,
+        zones: impl IntoIterator<Item = ZoneDef>,
+        home_zone: &str,
+    ) -> Result<Self, String> {
+        let zones: BTreeMap<String, ZoneDef> =
+            zones.into_iter().map(|z| (z.id.clone(), z)).collect();
+        if zones.get(home_zone).is_none_or(|z| z.instance) {
+            return Err(format!(
+                "the home zone {home_zone:?} is not a zone hosted here"
+            ));
+        }
+        Ok(Self {
+            catalog,
+            limits: CarryLimits::default(),
+            zones,
+            home_zone: home_zone.to_owned(),
+        })
+    }
+
+    fn hosts(&self, zone: &str) -> bool {
+        self.zones.get(zone).is_some_and(|z| !z.instance)
+    }
+
+    /// Where a landing copy goes: its zone by the landing table, its room resolved there.
+    fn landing(&self, snapshot: &CharacterSnapshot, arrival: Arrival) -> Anchor {
+        let brand_new = matches!(arrival, Arrival::Login { brand_new: true });
+        let (zone, _) = login_zone(
+            snapshot.zone_ref.as_deref(),
+            brand_new,
+            |z| self.hosts(z),
+            &self.home_zone,
+        );
+        let room = self.zones.get(&zone).map(|def| {
+            let kept = (!brand_new && snapshot.zone_ref.as_deref() == Some(zone.as_str()))
+                .then_some(snapshot.room_ref.as_deref())
+                .flatten();
+            resolve_room(def, kept).0.to_owned()
+        });
+        Anchor {
+            zone_ref: Some(zone),
+            room_ref: room,
+        }
+    }
+
+    /// `character` as a snapshot of its own (identity and fences as the character holds them).
+    fn snapshot_of(&self, character: &LiveCharacter) -> Result<CharacterSnapshot, String> {
+        dump_character(character, None, None, self.limits).map_err(|e| e.to_string())
+    }
+}
+
+impl LiveGame for ReferenceGame {
+    type Character = LiveCharacter;
+    type Effect = ReferenceEffect;
+
+    fn model(&self) -> ModelHandle {
+        ReferenceModel::handle()
+    }
+
+    /// A document played without a snapshot's identity (the runtime's merges): only its state
+    /// matters there.
+    fn load(&self, state: &StateJson) -> Result<LiveCharacter, String> {
+        let snapshot = CharacterSnapshot {
+            state: state.clone(),
+            ..blank_snapshot()
+        };
+        Ok(self.played(&snapshot, false))
+    }
+
+    fn land(
+        &self,
+        snapshot: &CharacterSnapshot,
+        arrival: Arrival,
+    ) -> Result<Landed<LiveCharacter>, String> {
+        let anchor = self.landing(snapshot, arrival);
+        // Creation input is spent on a first spawn only (a logout save made a retry job does
+        // not clear the stored input).
+        let first_spawn = matches!(arrival, Arrival::Login { brand_new: true });
+        let landing = CharacterSnapshot {
+            chargen: snapshot.chargen.clone().filter(|_| first_spawn),
+            ..snapshot.clone()
+        };
+        let character = self.played(&landing, matches!(arrival, Arrival::Login { .. }));
+        let chargen = if first_spawn {
+            character.chargen.clone()
+        } else {
+            snapshot.chargen.clone()
+        };
+        Ok(Landed {
+            character,
+            anchor,
+            chargen,
+        })
+    }
+
+    fn dump(&self, character: &LiveCharacter) -> Result<StateJson, String> {
+        Ok(self.snapshot_of(character)?.state)
+    }
+
+    /// The effect applied to the character's document by the model, and the document played
+    /// again: a live grant and its job can never differ.
+    fn apply(
+        &self,
+        character: &mut LiveCharacter,
+        anchor: &mut Anchor,
+        effect: &ReferenceEffect,
+    ) -> Result<bool, String> {
+        let snapshot = self.snapshot_of(character)?;
+        let mut doc: StateDocument = snapshot
+            .state
+            .decode()
+            .map_err(|e| format!("the live character's own document: {e}"))?;
+        let changed = ReferenceModel.apply_effect(&mut doc, anchor, effect)?;
+        if !changed {
+            return Ok(false);
+        }
+        let state = StateJson::encode(&doc).map_err(|e| e.to_string())?;
+        let played = self.played(
+            &CharacterSnapshot {
+                state,
+                chargen: None,
+                ..snapshot
+            },
+            false,
+        );
+        *character = LiveCharacter {
+            // What lives only in memory stays as it was.
+            chargen: character.chargen.take(),
+            dying: character.dying,
+            ..played
+        };
+        Ok(true)
+    }
+
+    fn fresh(&self) -> LiveCharacter {
+        self.played(&blank_snapshot(), true)
+    }
+}
+
+impl ReferenceGame {
+    fn played(&self, snapshot: &CharacterSnapshot, fresh_login: bool) -> LiveCharacter {
+        apply_snapshot(
+            snapshot,
+            &self.catalog,
+            ApplyOptions {
+                fresh_login,
+                limits: self.limits,
+            },
+        )
+        .character
+    }
+}
+
+/// A snapshot of nobody with an empty document.
+fn blank_snapshot() -> CharacterSnapshot {
+    CharacterSnapshot {
+        character_id: uuid::Uuid::nil(),
+        account_id: uuid::Uuid::nil(),
+        name: String::new(),
+        zone_ref: None,
+        room_ref: None,
+        state: StateJson::from(serde_json::json!({})),
+        chargen: None,
+        state_version: 0,
+        owner_epoch: 0,
+        issue_mark: 0,
+        schema_version: 1,
+    }
+}
