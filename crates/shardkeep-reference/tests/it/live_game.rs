@@ -24,7 +24,8 @@ fn game() -> ReferenceGame {
     ReferenceGame::new(Arc::new(Catalog::reference()), zones(&[0, 1], 4), "zone-0").unwrap()
 }
 
-/// A character never placed, with a starting kit (a bag) in its creation input.
+/// A character in `zone`, or never placed (`None`) with a starting kit (a bag) in its creation
+/// input.
 async fn new_character(services: &Services, name: &str, zone: Option<&str>) -> Uuid {
     let id = Uuid::now_v7();
     services
@@ -36,7 +37,8 @@ async fn new_character(services: &Services, name: &str, zone: Option<&str>) -> U
             zone_ref: zone.map(str::to_owned),
             room_ref: zone.map(|_| "r9".to_owned()),
             state: json!({}).into(),
-            chargen: Some(json!({ "items": ["bag"] })),
+            // A starting kit is for a first spawn: only a character never placed has one.
+            chargen: zone.is_none().then(|| json!({ "items": ["bag"] })),
             schema_version: 1,
         })
         .await
@@ -128,6 +130,49 @@ async fn plays_through_the_runtime(services: Services, driver: &str) {
     runtime.logout(copy).await.unwrap();
     let row = services.characters.load(far).await.unwrap().unwrap();
     assert_eq!(row.zone_ref.as_deref(), Some("zone-0"), "{driver}");
+    assert_eq!(
+        row.room_ref.as_deref(),
+        Some("r0"),
+        "{driver}: the home zone's start room"
+    );
+    // A placed character whose row still holds creation input (a first spawn's logout save
+    // that went down as a retry job leaves it) is not given the kit again.
+    let placed = Uuid::now_v7();
+    services
+        .characters
+        .create(&NewCharacter {
+            character_id: placed,
+            account_id: Uuid::now_v7(),
+            name: "Orla".into(),
+            zone_ref: Some("zone-1".into()),
+            room_ref: Some("r1".into()),
+            state: json!({}).into(),
+            chargen: Some(json!({ "items": ["bag"] })),
+            schema_version: 1,
+        })
+        .await
+        .unwrap();
+    let copy = runtime
+        .login(placed, SessionStart::default())
+        .await
+        .unwrap()
+        .copy;
+    let bags = runtime
+        .read(copy, |c| {
+            c.inventory
+                .iter()
+                .filter(|i| i.proto.proto_ref == "bag")
+                .count()
+        })
+        .unwrap();
+    assert_eq!(bags, 0, "{driver}: no kit past a first spawn");
+    runtime.logout(copy).await.unwrap();
+    let row = services.characters.load(placed).await.unwrap().unwrap();
+    assert_eq!(
+        (row.zone_ref.as_deref(), row.room_ref.as_deref()),
+        (Some("zone-1"), Some("r1")),
+        "{driver}: landed where it was saved"
+    );
     let report = runtime.shutdown(Duration::from_secs(10)).await;
     assert_eq!(report.unsaved_finals.total(), 0, "{driver}: {report:?}");
 }

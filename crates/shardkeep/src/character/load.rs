@@ -197,10 +197,15 @@ impl CharacterLoader {
     }
 
     /// The careful claim (alone: it settles queued jobs and waits for a held row lock), then
-    /// the take-over and the load. The claim is bounded in Postgres (each statement, and an
-    /// idle transaction, by the I/O bound), not dropped at a deadline here: a claim dropped
-    /// while its commit is on its way may commit without its take-over. Only a claim whose
-    /// connection hung is given up, at [`CAREFUL_LAST_RESORT`] times the bound.
+    /// the take-over and the load, in the task the caller waits on (for three I/O bounds; the
+    /// task goes on after a caller that gave up, and a claim it commits then is taken over and
+    /// loaded for no one). Each statement and idle wait of the claim is bounded in Postgres by
+    /// the I/O bound, so a claim that must give up is rolled back there rather than dropped here:
+    /// a claim dropped while its commit is on its way may commit without its take-over. The
+    /// commit itself is not bounded by Postgres (deferred triggers, a synchronous standby), nor
+    /// is a long settle of many queued jobs as a whole: a claim still unanswered after
+    /// [`CAREFUL_LAST_RESORT`] bounds is given up, and one committing after that takes nothing
+    /// over (the next login loads the row).
     async fn claim_carefully_and_load(
         &self,
         character_id: Uuid,
@@ -618,8 +623,8 @@ fn replay_missing(
 }
 
 /// How many I/O bounds a careful claim may take before it is given up on the client. Postgres
-/// bounds each of its statements and idle waits by one I/O bound; this ends only a claim whose
-/// connection hung (its commit may then land without its take-over: the lost-reply window).
+/// bounds each of its statements and idle waits by one I/O bound, not its commit nor the whole
+/// claim: a claim given up here whose commit lands later takes nothing over.
 const CAREFUL_LAST_RESORT: u32 = 8;
 
 /// The checkpoint, taken over for the claim that minted `claimant` (see

@@ -175,9 +175,10 @@ pub enum LiveError {
     /// The runtime has stopped.
     #[error("the runtime has stopped")]
     Stopped,
-    /// The database or file is behind this build (migrations pending), or which migrations it
-    /// holds could not be read: nothing is claimed or created until `shardkeep migrate` has run.
-    #[error("the schema is not this build's: {0}")]
+    /// The database or file is behind this build (migrations pending): nothing is claimed or
+    /// created until `shardkeep migrate` has run. (A store that cannot answer which migrations
+    /// it holds is [`LiveError::NotDurable`]: an outage, tried again at the next call.)
+    #[error("the schema is behind this build: {0}")]
     SchemaBehind(String),
     /// A session token the game named is refused (empty, or longer than the retry jobs that
     /// carry it can store); nothing was claimed.
@@ -267,6 +268,8 @@ pub(crate) struct Inner<G: LiveGame> {
 pub(crate) struct SchemaGate {
     stores: crate::services::Stores,
     current: tokio::sync::OnceCell<()>,
+    /// Bound on one check (a store that does not answer is an outage, not a verdict).
+    io_timeout: Duration,
 }
 
 impl SchemaGate {
@@ -274,20 +277,25 @@ impl SchemaGate {
         self.current
             .get_or_try_init(|| async {
                 let (store, current) = match &self.stores {
-                    crate::services::Stores::Servers { pg, .. } => {
-                        ("Postgres", pg.migrations_current().await)
-                    }
-                    crate::services::Stores::Embedded(db) => {
-                        ("SQLite", db.migrations_current().await)
-                    }
+                    crate::services::Stores::Servers { pg, .. } => (
+                        "Postgres",
+                        tokio::time::timeout(self.io_timeout, pg.migrations_current()).await,
+                    ),
+                    crate::services::Stores::Embedded(db) => (
+                        "SQLite",
+                        tokio::time::timeout(self.io_timeout, db.migrations_current()).await,
+                    ),
                 };
                 match current {
-                    Ok(true) => Ok(()),
-                    Ok(false) => Err(LiveError::SchemaBehind(format!(
+                    Ok(Ok(true)) => Ok(()),
+                    Ok(Ok(false)) => Err(LiveError::SchemaBehind(format!(
                         "the {store} schema has migrations pending: run `shardkeep migrate` first"
                     ))),
-                    Err(err) => Err(LiveError::SchemaBehind(format!(
+                    Ok(Err(err)) => Err(LiveError::NotDurable(format!(
                         "reading the {store} schema's migrations: {err}"
+                    ))),
+                    Err(_) => Err(LiveError::NotDurable(format!(
+                        "reading the {store} schema's migrations timed out"
                     ))),
                 }
             })
@@ -406,6 +414,7 @@ impl<G: LiveGame> Runtime<G> {
             config.handoff_ttl,
             config.session_ttl,
         );
+        let schema_bound = config.io_timeout;
         let inner = Arc::new(Inner {
             game,
             periods: config.cadence.periods(),
@@ -436,6 +445,7 @@ impl<G: LiveGame> Runtime<G> {
             schema: SchemaGate {
                 stores: services.stores.clone(),
                 current: tokio::sync::OnceCell::new(),
+                io_timeout: schema_bound,
             },
         });
         let task = tokio::spawn(driver::run(Arc::clone(&inner), events_rx));
@@ -582,7 +592,8 @@ impl<G: LiveGame> Runtime<G> {
 
     /// [`Runtime::create`], with character-creation input (`chargen`) stored beside the new
     /// character's document: the game applies it when it lands the character on its first
-    /// spawn ([`LiveGame::land`], which says why only then).
+    /// spawn ([`LiveGame::land`], which says why only then). A first spawn is the first login
+    /// of a character never placed: create it with an anchor without a zone.
     pub async fn create_with(
         &self,
         name: &str,

@@ -240,6 +240,7 @@ impl<G: LiveGame> Runtime<G> {
         key: &str,
         effect: G::Effect,
     ) -> Result<OfflineGrant, LiveError> {
+        self.schema_current().await?;
         let inner = &self.inner;
         let payload = PersistenceRetryPayload::effect(character_id, &effect)
             .map_err(LiveError::InvalidEffect)?;
@@ -411,7 +412,7 @@ pub(crate) async fn merge<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, curr
                 .and_then(|decoded| {
                     let mut anchor = c.anchor.clone();
                     inner.game.apply(&mut c.character, &mut anchor, &decoded)?;
-                    if c.move_to(anchor) {
+                    if c.move_to(anchor) && !c.leaving {
                         super::sessions::placed(inner, copy, c.zone.clone());
                     }
                     Ok(())

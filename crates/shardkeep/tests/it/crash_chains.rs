@@ -325,10 +325,11 @@ async fn late_handoff_claim(pool: &PgPool, hold: Duration) -> i64 {
 }
 
 /// A login whose claim goes the careful way (its row was locked when the batch came) and whose
-/// commit takes longer than the claim's bound (a deferred trigger sleeps at commit) never leaves
-/// the claim committed without its take-over: the claim is either ended by Postgres (no epoch
-/// minted) or run to its end and the checkpoint taken over. Either way the next login loads
-/// the checkpointed 65, never the row's 15.
+/// commit takes longer than the claim's bound (a deferred trigger sleeps 1 s at commit; the
+/// bound is 300 ms) never leaves the claim committed without its take-over: the claim runs to
+/// its end in its task and the checkpoint is taken over, so the next login loads the
+/// checkpointed 65, never the row's 15. (Postgres does not bound a commit: one slower than the
+/// claim's last resort, eight bounds, is the window left.)
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_careful_claim_whose_commit_outlasts_its_bound_never_fences_the_checkpoint_unread(
     pool: PgPool,
