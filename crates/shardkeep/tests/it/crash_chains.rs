@@ -37,6 +37,33 @@ fn coins(snapshot: &CharacterSnapshot) -> i64 {
     snapshot.state["currency"].as_i64().unwrap_or(-1)
 }
 
+/// A character `name` whose copy flushed 15 coins to the row and then checkpointed 65, and that
+/// copy's snapshot at the row's version (its crash leaves the 65 only in the checkpoint).
+async fn checkpointed_past_its_row(
+    store: &CharacterStore,
+    loader: &CharacterLoader,
+    checkpoints: &CheckpointStore,
+    name: &str,
+) -> CharacterSnapshot {
+    let row = created(store, name).await;
+    let copy = loader
+        .claim_and_load(row.character_id, 0)
+        .await
+        .unwrap()
+        .snapshot;
+    let shardkeep::character::SaveOutcome::Saved(version) =
+        store.save(&holding(&copy, 15)).await.unwrap()
+    else {
+        panic!("{}: the flush did not land", store.driver());
+    };
+    let copy = CharacterSnapshot {
+        state_version: version,
+        ..copy
+    };
+    checkpoints.write(&holding(&copy, 65)).await.unwrap();
+    copy
+}
+
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_replacement_that_dies_before_writing_does_not_roll_the_character_back(pool: PgPool) {
     let drivers = CharacterDrivers::new(&pool).await;
@@ -199,19 +226,9 @@ async fn a_login_whose_caller_gives_up_still_takes_the_checkpoint_over(pool: PgP
             LedgerModel::handle(),
             Duration::from_secs(2),
         );
-        let row = created(&store, "Cass").await;
-        let id = row.character_id;
-        let a = loader.claim_and_load(id, 0).await.unwrap().snapshot;
-        let shardkeep::character::SaveOutcome::Saved(version) =
-            store.save(&holding(&a, 15)).await.unwrap()
-        else {
-            panic!("{driver}: the flush did not land");
-        };
-        let a = CharacterSnapshot {
-            state_version: version,
-            ..a
-        };
-        checkpoints.write(&holding(&a, 65)).await.unwrap();
+        let id = checkpointed_past_its_row(&store, &loader, &checkpoints, "Cass")
+            .await
+            .character_id;
         // Callers that give up sooner and later, each after a different share of the login.
         let mut gave_up = 0;
         for micros in [0_u64, 200, 500, 1_000, 2_000, 4_000, 8_000, 16_000] {
@@ -275,19 +292,8 @@ async fn late_handoff_claim(pool: &PgPool, hold: Duration) -> i64 {
         LedgerModel::handle(),
         Duration::from_millis(300),
     );
-    let row = created(&store, "Cade").await;
-    let id = row.character_id;
-    let source = loader.claim_and_load(id, 0).await.unwrap().snapshot;
-    let shardkeep::character::SaveOutcome::Saved(version) =
-        store.save(&holding(&source, 15)).await.unwrap()
-    else {
-        panic!("the flush did not land");
-    };
-    let source = CharacterSnapshot {
-        state_version: version,
-        ..source
-    };
-    checkpoints.write(&holding(&source, 65)).await.unwrap();
+    let source = checkpointed_past_its_row(&store, &loader, &checkpoints, "Cade").await;
+    let id = source.character_id;
     // The destination's claim waits behind a table lock past its bound, then commits.
     let mut lock = pool.begin().await.unwrap();
     sqlx::query("LOCK TABLE characters IN EXCLUSIVE MODE")
@@ -346,19 +352,9 @@ async fn a_careful_claim_whose_commit_outlasts_its_bound_never_fences_the_checkp
         LedgerModel::handle(),
         Duration::from_millis(300),
     );
-    let row = created(&store, "Dane").await;
-    let id = row.character_id;
-    let a = loader.claim_and_load(id, 0).await.unwrap().snapshot;
-    let shardkeep::character::SaveOutcome::Saved(version) =
-        store.save(&holding(&a, 15)).await.unwrap()
-    else {
-        panic!("the flush did not land");
-    };
-    let a = CharacterSnapshot {
-        state_version: version,
-        ..a
-    };
-    checkpoints.write(&holding(&a, 65)).await.unwrap();
+    let id = checkpointed_past_its_row(&store, &loader, &checkpoints, "Dane")
+        .await
+        .character_id;
     sqlx::query(
         "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS
          $$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$",

@@ -516,6 +516,44 @@ async fn a_cadence_whose_checkpoints_would_lapse_is_refused() {
     ));
 }
 
+/// Gail's horn, saved in her row and then put down by her copy, and Hale beside her, both
+/// logged in on `live`.
+pub(super) struct HornPutDown {
+    pub(super) horn: Uuid,
+    pub(super) gail: (Uuid, CopyId),
+    pub(super) hale: (Uuid, CopyId),
+    pub(super) mark: shardkeep::live::ReleaseMark,
+}
+
+pub(super) async fn horn_put_down(live: &Live) -> HornPutDown {
+    let rt = &live.runtime;
+    let horn = Uuid::now_v7();
+    let gail = live.player("Gail").await;
+    let hale = live.player("Hale").await;
+    rt.update(gail.1, holding(&[horn])).unwrap();
+    rt.save_now(gail.1).await.unwrap();
+    rt.update(gail.1, without(horn)).unwrap();
+    let mark = rt.release(gail.1).unwrap();
+    HornPutDown {
+        horn,
+        gail,
+        hale,
+        mark,
+    }
+}
+
+/// Hale's copy picking the horn up, in a task of its own.
+pub(super) fn picking_up(
+    rt: &Runtime<Ledger>,
+    put_down: &HornPutDown,
+) -> tokio::task::JoinHandle<Result<shardkeep::live::PickedUp, LiveError>> {
+    let (rt, hale, horn, mark) = (rt.clone(), put_down.hale.1, put_down.horn, put_down.mark);
+    tokio::spawn(async move {
+        rt.pick_up(hale, horn, Some(mark), Value::Null, holding(&[horn]))
+            .await
+    })
+}
+
 pub(super) fn holding(items: &[Uuid]) -> impl Fn(&mut Map<String, Value>) + '_ {
     move |state| {
         let list = state
@@ -766,20 +804,9 @@ async fn a_logout_waits_for_a_pickup_in_flight_and_saves_its_item(pool: PgPool) 
     for d in drivers.drivers() {
         let live = Live::on(&d, &redis, "shard-a").await;
         let rt = live.runtime.clone();
-        let horn = Uuid::now_v7();
-        let (_, gail) = live.player("Gail").await;
-        let (hale_id, hale) = live.player("Hale").await;
-        rt.update(gail, holding(&[horn])).unwrap();
-        rt.save_now(gail).await.unwrap();
-        rt.update(gail, without(horn)).unwrap();
-        let mark = rt.release(gail).unwrap();
-        let picking = {
-            let rt = rt.clone();
-            tokio::spawn(async move {
-                rt.pick_up(hale, horn, Some(mark), Value::Null, holding(&[horn]))
-                    .await
-            })
-        };
+        let put_down = horn_put_down(&live).await;
+        let (horn, (hale_id, hale)) = (put_down.horn, put_down.hale);
+        let picking = picking_up(&rt, &put_down);
         tokio::task::yield_now().await;
         let bye = rt.logout(hale).await;
         let picked = picking.await.unwrap();
@@ -904,13 +931,8 @@ async fn a_copy_in_a_transfer_is_not_checkpointed_until_its_commit_answers(pool:
     config.own_pulse = false;
     let live = Live::with(&d, &redis, config).await;
     let rt = live.runtime.clone();
-    let horn = Uuid::now_v7();
-    let (_, gail) = live.player("Gail").await;
-    let (hale_id, hale) = live.player("Hale").await;
-    rt.update(gail, holding(&[horn])).unwrap();
-    rt.save_now(gail).await.unwrap();
-    rt.update(gail, without(horn)).unwrap();
-    let mark = rt.release(gail).unwrap();
+    let put_down = horn_put_down(&live).await;
+    let (horn, (hale_id, hale)) = (put_down.horn, put_down.hale);
     // Hale's row is locked: the commit waits.
     let mut lock = pool.begin().await.unwrap();
     sqlx::query("SELECT 1 FROM characters WHERE id = $1 FOR UPDATE")
@@ -918,13 +940,7 @@ async fn a_copy_in_a_transfer_is_not_checkpointed_until_its_commit_answers(pool:
         .execute(&mut *lock)
         .await
         .unwrap();
-    let picking = {
-        let rt = rt.clone();
-        tokio::spawn(async move {
-            rt.pick_up(hale, horn, Some(mark), Value::Null, holding(&[horn]))
-                .await
-        })
-    };
+    let picking = picking_up(&rt, &put_down);
     tokio::time::sleep(Duration::from_millis(200)).await;
     // Hale plays on and every cadence comes round while the commit waits.
     set(hale, &rt, "experience", 5);

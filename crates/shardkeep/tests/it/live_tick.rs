@@ -22,7 +22,40 @@ use shardkeep_testkit::{JobDriver, JobDrivers, TestRedis};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::live_runtime::{Ledger, Live, anchor, coins, holding, holds, set, without};
+use super::live_runtime::{Ledger, Live, anchor, coins, holds, horn_put_down, picking_up, set};
+
+/// What a test game wrapping the ledger game (its field `game`) passes on to it unchanged.
+macro_rules! ledger_game_calls {
+    () => {
+        type Character = Map<String, Value>;
+        type Effect = LedgerEffect;
+
+        fn model(&self) -> ModelHandle {
+            self.game.model()
+        }
+
+        fn load(&self, state: &StateJson) -> Result<Self::Character, String> {
+            self.game.load(state)
+        }
+
+        fn dump(&self, character: &Self::Character) -> Result<StateJson, String> {
+            self.game.dump(character)
+        }
+
+        fn apply(
+            &self,
+            character: &mut Self::Character,
+            anchor: &mut Anchor,
+            effect: &LedgerEffect,
+        ) -> Result<bool, String> {
+            self.game.apply(character, anchor, effect)
+        }
+
+        fn fresh(&self) -> Self::Character {
+            self.game.fresh()
+        }
+    };
+}
 
 /// What the runtime told the game.
 #[derive(Default)]
@@ -50,33 +83,7 @@ impl Recording {
 }
 
 impl LiveGame for Recording {
-    type Character = Map<String, Value>;
-    type Effect = LedgerEffect;
-
-    fn model(&self) -> ModelHandle {
-        self.game.model()
-    }
-
-    fn load(&self, state: &StateJson) -> Result<Self::Character, String> {
-        self.game.load(state)
-    }
-
-    fn dump(&self, character: &Self::Character) -> Result<StateJson, String> {
-        self.game.dump(character)
-    }
-
-    fn apply(
-        &self,
-        character: &mut Self::Character,
-        anchor: &mut Anchor,
-        effect: &LedgerEffect,
-    ) -> Result<bool, String> {
-        self.game.apply(character, anchor, effect)
-    }
-
-    fn fresh(&self) -> Self::Character {
-        self.game.fresh()
-    }
+    ledger_game_calls!();
 
     fn saved(&self, copy: CopyId, reason: SaveReason, version: i64) {
         self.seen
@@ -488,26 +495,15 @@ async fn saves_and_logouts_wait_for_a_pickup_in_flight(pool: PgPool) {
     config.transfer_budget = Duration::from_millis(300);
     let live = Live::with(&d, &redis, config).await;
     let rt = live.runtime.clone();
-    let horn = Uuid::now_v7();
-    let (gail_id, gail) = live.player("Gail").await;
-    let (hale_id, hale) = live.player("Hale").await;
-    rt.update(gail, holding(&[horn])).unwrap();
-    rt.save_now(gail).await.unwrap();
-    rt.update(gail, without(horn)).unwrap();
-    let mark = rt.release(gail).unwrap();
+    let put_down = horn_put_down(&live).await;
+    let (horn, (gail_id, _), (hale_id, hale)) = (put_down.horn, put_down.gail, put_down.hale);
     let mut lock = pool.begin().await.unwrap();
     sqlx::query("SELECT 1 FROM characters WHERE id = $1 FOR UPDATE")
         .bind(hale_id)
         .execute(&mut *lock)
         .await
         .unwrap();
-    let picking = {
-        let rt = rt.clone();
-        tokio::spawn(async move {
-            rt.pick_up(hale, horn, Some(mark), Value::Null, holding(&[horn]))
-                .await
-        })
-    };
+    let picking = picking_up(&rt, &put_down);
     until("the pickup is in flight", || rt.in_transfer(hale_id)).await;
     assert!(rt.in_transfer(gail_id), "the releaser takes part too");
     // A save on demand would write the row without the horn the commit gives it: it waits for
@@ -543,33 +539,7 @@ struct Spawning {
 }
 
 impl LiveGame for Spawning {
-    type Character = Map<String, Value>;
-    type Effect = LedgerEffect;
-
-    fn model(&self) -> ModelHandle {
-        self.game.model()
-    }
-
-    fn load(&self, state: &StateJson) -> Result<Self::Character, String> {
-        self.game.load(state)
-    }
-
-    fn dump(&self, character: &Self::Character) -> Result<StateJson, String> {
-        self.game.dump(character)
-    }
-
-    fn apply(
-        &self,
-        character: &mut Self::Character,
-        anchor: &mut Anchor,
-        effect: &LedgerEffect,
-    ) -> Result<bool, String> {
-        self.game.apply(character, anchor, effect)
-    }
-
-    fn fresh(&self) -> Self::Character {
-        self.game.fresh()
-    }
+    ledger_game_calls!();
 
     fn land(
         &self,
