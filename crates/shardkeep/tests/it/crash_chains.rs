@@ -263,16 +263,16 @@ async fn a_handoff_claim_that_lands_after_its_caller_gave_up_keeps_the_carried_c
     pool: PgPool,
 ) {
     assert_eq!(
-        late_handoff_claim(&pool, Duration::from_millis(1500)).await,
+        late_handoff_claim(&pool, Duration::from_millis(3000)).await,
         80
     );
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_handoff_claim_that_lands_after_its_bound_still_takes_the_checkpoint_over(pool: PgPool) {
-    // Past the arrival's last resort (8 bounds of 300 ms).
+    // Past the arrival's last resort (8 bounds of 600 ms).
     assert_eq!(
-        late_handoff_claim(&pool, Duration::from_millis(3500)).await,
+        late_handoff_claim(&pool, Duration::from_millis(6000)).await,
         65
     );
 }
@@ -290,7 +290,7 @@ async fn late_handoff_claim(pool: &PgPool, hold: Duration) -> i64 {
         store.clone(),
         Some(checkpoints.clone()),
         LedgerModel::handle(),
-        Duration::from_millis(300),
+        Duration::from_millis(600),
     );
     let source = checkpointed_past_its_row(&store, &loader, &checkpoints, "Cade").await;
     let id = source.character_id;

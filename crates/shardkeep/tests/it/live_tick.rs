@@ -385,7 +385,7 @@ async fn a_shutdown_waits_for_its_handoffs_to_settle_and_counts_the_rest(pool: P
             .hand_off(untaken, "shard-b", anchor("zone-1"))
             .await
             .unwrap();
-        let shutdown = tokio::spawn(a.runtime.clone().shutdown(Duration::from_millis(2500)));
+        let shutdown = tokio::spawn(a.runtime.clone().shutdown(Duration::from_secs(5)));
         tokio::time::sleep(Duration::from_millis(200)).await;
         b.runtime
             .arrive(&to_b.token, SessionStart::default())
