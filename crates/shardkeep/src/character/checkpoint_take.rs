@@ -177,20 +177,16 @@ impl TakeOvers {
 }
 
 /// One key's reply.
-fn decode(reply: Vec<Value>) -> Result<Taken, TakeFailure> {
-    match reply.as_slice() {
+fn decode(mut reply: Vec<Value>) -> Result<Taken, TakeFailure> {
+    match reply.as_mut_slice() {
         [tag] if is(tag, "none") => Ok(Taken::None),
         [tag, Value::BulkString(why)] if is(tag, "corrupt") => {
             Ok(Taken::Corrupt(String::from_utf8_lossy(why).into_owned()))
         }
-        [tag, Value::BulkString(guard), Value::BulkString(_)] if is(tag, "held") => {
+        [tag, Value::BulkString(guard), Value::BulkString(body)] if is(tag, "held") => {
             let guard =
                 guard_int(guard).ok_or_else(|| TakeFailure::Protocol("take-over guard".into()))?;
-            let body = match reply.into_iter().nth(2) {
-                Some(Value::BulkString(body)) => body,
-                _ => return Err(TakeFailure::Protocol("take-over body".into())),
-            };
-            Ok(Taken::Held(guard, body))
+            Ok(Taken::Held(guard, std::mem::take(body)))
         }
         other => Err(TakeFailure::Protocol(format!("{other:?}"))),
     }

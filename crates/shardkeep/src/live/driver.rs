@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::copies::{Copies, CopyId, Link};
+use super::copies::{Copies, CopyId, Link, LiveCopy};
 use super::finals::{FinalSave, Finals};
 use super::{EvictionCause, Inner, LiveEvent, LiveGame};
 use crate::character::CharacterSnapshot;
@@ -109,23 +109,12 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
         let Some(reason) = copy.phase.due(n, periods) else {
             return;
         };
-        if inner.transfers.busy(id) {
-            // An item transfer's commit is writing this copy's row with a dump of what it will
-            // hold once the commit answers: a dump now, numbered after that one, would outrank
-            // it at a load without the item. The next cadence saves it.
+        let Some(snapshot) = saveable_dump(inner, id, copy) else {
             return;
-        }
-        match inner.game.dump(&copy.character) {
-            Ok(state) => {
-                let snapshot = copy.dump(id, state);
-                match reason {
-                    SaveReason::Checkpoint => checkpoints.push(snapshot),
-                    _ => flushes.push(snapshot),
-                }
-            }
-            Err(error) => {
-                tracing::warn!(event = "dump_refused", character = %id, error, "not saved this cadence")
-            }
+        };
+        match reason {
+            SaveReason::Checkpoint => checkpoints.push(snapshot),
+            _ => flushes.push(snapshot),
         }
     });
     inner.saver.enqueue_many(SaveReason::Flush, flushes);
@@ -140,6 +129,27 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
     }
     if !refreshes.is_empty() {
         super::sessions::refresh_sessions(inner, refreshes);
+    }
+}
+
+/// A dump of `copy` to save now, unless it is leaving (its content travels) or an item transfer
+/// of it is in flight: that commit is writing its row with a dump of what it will hold once
+/// the commit answers, and a dump now, numbered after that one, would outrank it at a load
+/// without the item (the next cadence saves it). A dump the game refuses is logged.
+pub(crate) fn saveable_dump<G: LiveGame>(
+    inner: &Inner<G>,
+    id: Uuid,
+    copy: &mut LiveCopy<G::Character>,
+) -> Option<CharacterSnapshot> {
+    if copy.leaving || inner.transfers.busy(id) {
+        return None;
+    }
+    match inner.game.dump(&copy.character) {
+        Ok(state) => Some(copy.dump(id, state)),
+        Err(error) => {
+            tracing::warn!(event = "dump_refused", character = %id, error, "not saved now");
+            None
+        }
     }
 }
 

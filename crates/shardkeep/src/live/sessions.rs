@@ -308,7 +308,22 @@ fn new_order(epoch: i64) -> SessionOrder {
 
 /// Removes `copy` and queues its final save (see [`Runtime::logout`]).
 fn log_out<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId) -> Result<LoggedOut, LiveError> {
-    let mut removed = inner.copies.remove(copy).ok_or(LiveError::Gone(copy))?;
+    let removed = inner.copies.remove(copy).ok_or(LiveError::Gone(copy))?;
+    let answer = leave(inner, copy, removed)?;
+    Ok(LoggedOut {
+        copy,
+        answer,
+        outcome: None,
+    })
+}
+
+/// What every logout does once `copy` left the registry: its placement becomes a tombstone,
+/// its stream is journaled as ended, and its final save is queued; the save's answer.
+fn leave<G: LiveGame>(
+    inner: &Arc<Inner<G>>,
+    copy: CopyId,
+    mut removed: LiveCopy<G::Character>,
+) -> Result<tokio::sync::oneshot::Receiver<FinalSave>, LiveError> {
     tombstone(inner, copy);
     let snapshot = final_snapshot(inner, copy.character_id, &mut removed)?;
     close_stream(
@@ -319,11 +334,7 @@ fn log_out<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId) -> Result<LoggedOut
     );
     let answer = inner.finals.push(snapshot);
     inner.finals.offer(&inner.saver);
-    Ok(LoggedOut {
-        copy,
-        answer,
-        outcome: None,
-    })
+    Ok(answer)
 }
 
 /// A logged-out copy's final save, on its way ([`Runtime::logout_now`]).
@@ -381,25 +392,12 @@ pub(crate) fn expire_link_dead<G: LiveGame>(inner: &Arc<Inner<G>>, id: CopyId) {
             && !c.leaving
             && !inner.transfers.busy(id.character_id)
     };
-    let Some(mut copy) = inner.copies.remove_if(id, lapsed) else {
+    let Some(copy) = inner.copies.remove_if(id, lapsed) else {
         return;
     };
-    tombstone(inner, id);
-    match final_snapshot(inner, id.character_id, &mut copy) {
-        Ok(snapshot) => {
-            if let Link::LinkDead { token, .. } = &copy.link {
-                close_stream(
-                    inner,
-                    &snapshot,
-                    token.clone(),
-                    SessionLifecycleEffectPlan::PermanentRemoval,
-                );
-            }
-            drop(inner.finals.push(snapshot));
-            inner.finals.offer(&inner.saver);
-        }
-        Err(err) => tracing::error!(event = "final_dump_refused", character = %id.character_id,
-            error = %err, "its last cadence save stands"),
+    if let Err(err) = leave(inner, id, copy) {
+        tracing::error!(event = "final_dump_refused", character = %id.character_id,
+            error = %err, "its last cadence save stands");
     }
     let _ = inner.events.send(LiveEvent::LinkDeadExpired { copy: id });
 }

@@ -102,12 +102,10 @@ fn apply_numbered<G: LiveGame, T>(
 fn numbered_job<G: LiveGame>(
     inner: &Inner<G>,
     copy: CopyId,
-    effect: &G::Effect,
+    (effect, payload): (&G::Effect, PersistenceRetryPayload),
     seq: u64,
     session: Option<String>,
 ) -> Result<PersistenceRetryJob, LiveError> {
-    let payload = PersistenceRetryPayload::effect(copy.character_id, effect)
-        .map_err(LiveError::InvalidEffect)?;
     let envelope = IdempotencyEnvelope {
         idempotency_key: format!("live:{}:{}:{seq}", copy.character_id, copy.owner_epoch),
         owner_epoch: copy.owner_epoch,
@@ -145,8 +143,8 @@ impl<G: LiveGame> Runtime<G> {
     /// answered (the copy holds the grant; its next save carries it).
     pub async fn grant(&self, copy: CopyId, effect: G::Effect) -> Result<Granted, LiveError> {
         let inner = &self.inner;
-        // Checked before anything is applied: an effect no job can carry is refused whole.
-        PersistenceRetryPayload::effect(copy.character_id, &effect)
+        // Made before anything is applied: an effect no job can carry is refused whole.
+        let payload = PersistenceRetryPayload::effect(copy.character_id, &effect)
             .map_err(LiveError::InvalidEffect)?;
         let numbered = apply_numbered(inner, copy, &effect, |c| {
             // Applied and numbered already: a dump that fails now leaves the grant in the
@@ -182,7 +180,7 @@ impl<G: LiveGame> Runtime<G> {
             Ok(Err(err)) => err.to_string(),
             Err(_) => "timed out".to_owned(),
         };
-        let job = numbered_job(inner, copy, &effect, seq, session)?;
+        let job = numbered_job(inner, copy, (&effect, payload), seq, session)?;
         match tokio::time::timeout(inner.config.io_timeout, inner.stores.retry.enqueue(&job)).await
         {
             Ok(Ok(_)) => Ok(Granted::Queued {
@@ -205,10 +203,10 @@ impl<G: LiveGame> Runtime<G> {
     /// holds both in the order the copy played them.
     pub fn grant_now(&self, copy: CopyId, effect: G::Effect) -> Result<GrantedNow, LiveError> {
         let inner = &self.inner;
-        PersistenceRetryPayload::effect(copy.character_id, &effect)
+        let payload = PersistenceRetryPayload::effect(copy.character_id, &effect)
             .map_err(LiveError::InvalidEffect)?;
         let Numbered { seq, session, .. } = apply_numbered(inner, copy, &effect, |_| Ok(()))?;
-        let job = numbered_job(inner, copy, &effect, seq, session)?;
+        let job = numbered_job(inner, copy, (&effect, payload), seq, session)?;
         let granted = GrantedNow {
             issue_seq: seq,
             retry_job_id: job.retry_job_id(),
@@ -336,15 +334,7 @@ impl<G: LiveGame> Runtime<G> {
         let inner = &self.inner;
         let mut flushes = Vec::new();
         inner.copies.each(|id, copy| {
-            if copy.leaving || inner.transfers.busy(id) {
-                return;
-            }
-            match inner.game.dump(&copy.character) {
-                Ok(state) => flushes.push(copy.dump(id, state)),
-                Err(error) => {
-                    tracing::warn!(event = "dump_refused", character = %id, error, "not flushed")
-                }
-            }
+            flushes.extend(super::driver::saveable_dump(inner, id, copy));
         });
         let queued = flushes.len();
         match inner.saver.enqueue_many(SaveReason::Flush, flushes) {
