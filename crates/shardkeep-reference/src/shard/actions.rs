@@ -35,6 +35,9 @@ pub enum ActionError {
     /// A character involved already waits on a transfer commit; one at a time each.
     #[error("character {0} already has an item transfer in flight")]
     TransferPending(Uuid),
+    /// The live-copy runtime refused the call (a shard on the runtime only).
+    #[error("{0}")]
+    Runtime(String),
 }
 
 impl Shard {

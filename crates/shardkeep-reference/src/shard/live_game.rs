@@ -5,10 +5,10 @@
 //! by [`shardkeep::live::CopyId`] once it holds its players in a [`shardkeep::live::Runtime`]).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use shardkeep::character::{CharacterSnapshot, StateJson};
-use shardkeep::live::{Arrival, Landed, LiveGame};
+use shardkeep::live::{Arrival, CopyId, Landed, LiveGame};
 use shardkeep::model::{Anchor, GameModel, ModelHandle};
 
 use super::landing::login_zone;
@@ -24,6 +24,18 @@ pub struct ReferenceGame {
     limits: CarryLimits,
     zones: BTreeMap<String, ZoneDef>,
     home_zone: String,
+    /// Copies the runtime evicted, with the items they held, until the shard takes them.
+    evicted: Mutex<Vec<EvictedCopy>>,
+}
+
+/// A copy the runtime evicted (another copy owns the character), with the ids of every item it
+/// held: they leave the world with it (the live owner's copies of them live on there).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EvictedCopy {
+    /// The copy.
+    pub copy: CopyId,
+    /// Every item it held, worn or carried, containers' contents included.
+    pub items: Vec<uuid::Uuid>,
 }
 
 impl ReferenceGame {
@@ -46,7 +58,16 @@ impl ReferenceGame {
             limits: CarryLimits::default(),
             zones,
             home_zone: home_zone.to_owned(),
+            evicted: Mutex::default(),
         })
+    }
+
+    /// The copies evicted since the last call, oldest first.
+    pub fn take_evicted(&self) -> Vec<EvictedCopy> {
+        self.evicted
+            .lock()
+            .map(|mut evicted| std::mem::take(&mut *evicted))
+            .unwrap_or_default()
     }
 
     fn hosts(&self, zone: &str) -> bool {
@@ -165,6 +186,13 @@ impl LiveGame for ReferenceGame {
 
     fn fresh(&self) -> LiveCharacter {
         self.played(&blank_snapshot(), true)
+    }
+
+    fn evicted(&self, copy: CopyId, character: LiveCharacter) {
+        let items = character.items().iter().filter_map(|i| i.id).collect();
+        if let Ok(mut evicted) = self.evicted.lock() {
+            evicted.push(EvictedCopy { copy, items });
+        }
     }
 }
 

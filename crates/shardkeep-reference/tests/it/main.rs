@@ -15,6 +15,7 @@ mod item_self_pickups;
 mod item_transfers;
 mod ladder_shard;
 mod live_game;
+mod live_shard;
 mod retry_effects;
 mod saver_backlog;
 mod scene;

@@ -1,0 +1,313 @@
+//! Items between players and the floor, and the other actions that change a live character.
+//! An item put down carries who put it down (its [`Released`] marker, read by the runtime as a
+//! [`ReleaseMark`]); the runtime decides whether its pickup is a plain move or a transfer whose
+//! two rows and audit row commit together, and runs the transfer. Until a transfer answers the
+//! item is held by neither side; its answer, taken in on a tick, hands it over, gives it back to
+//! the copy that put it down (or the floor), or voids it.
+
+use serde_json::json;
+use uuid::Uuid;
+
+use super::{LiveShard, Resident};
+use crate::game::items::{Item, Released};
+use crate::game::world::FloorItem;
+use crate::game::{LiveCharacter, ReferenceEffect};
+use shardkeep::audit::AuditEvent;
+use shardkeep::live::{CopyId, GrantedNow, LiveError, PickedUp, ReleaseMark, pickup_commits};
+
+pub use crate::shard::ActionError;
+
+/// How a pickup went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pickup {
+    /// A plain move: the item is in the player's inventory.
+    Moved,
+    /// A transfer: the item is held by neither side until its commit answers (a later tick
+    /// hands it over, gives it back or voids it).
+    Transferring,
+}
+
+/// A transfer's answer, for the tick.
+pub(super) struct Answer {
+    acquirer: CopyId,
+    item: Item,
+    mark: ReleaseMark,
+    released: Released,
+    room: String,
+    zone: String,
+    result: Result<PickedUp, LiveError>,
+}
+
+impl LiveShard {
+    /// Grants `effect` to a player now (a reward of the tick): applied and numbered at once,
+    /// its job stored in the background (see [`shardkeep::live::Runtime::grant_now`]).
+    pub fn grant(
+        &mut self,
+        character_id: Uuid,
+        effect: ReferenceEffect,
+    ) -> Result<GrantedNow, ActionError> {
+        let copy = self.resident(character_id)?.copy;
+        Ok(self.runtime.grant_now(copy, effect)?)
+    }
+
+    /// Changes a player's live character (play the cadences carry to the stores).
+    pub fn update<T>(
+        &mut self,
+        character_id: Uuid,
+        f: impl FnOnce(&mut LiveCharacter) -> T,
+    ) -> Result<T, ActionError> {
+        let copy = self.resident(character_id)?.copy;
+        Ok(self.runtime.update(copy, f)?)
+    }
+
+    /// The player dies: recorded once on the audit trail (the latch holds until respawn).
+    pub fn die(
+        &mut self,
+        character_id: Uuid,
+        killer: Option<Uuid>,
+    ) -> Result<Option<AuditEvent>, ActionError> {
+        let Resident { zone, room, .. } = self.resident(character_id)?.clone();
+        let first = self.update(character_id, |c| {
+            if c.dying {
+                return false;
+            }
+            c.dying = true;
+            if let Some(hp) = c.pools.get_mut("hp") {
+                hp.cur = 0;
+            }
+            true
+        })?;
+        if !first {
+            return Ok(None);
+        }
+        let event = AuditEvent::died(
+            character_id,
+            Uuid::now_v7(),
+            killer,
+            json!({ "zone": zone, "room": room }),
+        );
+        self.runtime.audit(event.clone());
+        Ok(Some(event))
+    }
+
+    /// The player respawns: the latch clears and its pools refill.
+    pub fn respawn(&mut self, character_id: Uuid) -> Result<(), ActionError> {
+        self.update(character_id, |c| {
+            c.dying = false;
+            for pool in c.pools.values_mut() {
+                pool.cur = pool.max;
+            }
+        })
+    }
+
+    /// Moves an item from the player's inventory to the floor of its room, marked as put down
+    /// by this copy. Bound items never leave their owner.
+    pub fn drop_item(&mut self, character_id: Uuid, item_id: Uuid) -> Result<(), ActionError> {
+        let Resident { copy, zone, room } = self.resident(character_id)?.clone();
+        self.floor_of(&zone)?;
+        let pulse = self.pulse;
+        let item = self.update(character_id, |c| {
+            let index = c
+                .inventory
+                .iter()
+                .position(|i| i.id == Some(item_id))
+                .ok_or(ActionError::NoSuchItem(item_id))?;
+            if c.inventory[index].delta.bound {
+                return Err(ActionError::Bound(item_id));
+            }
+            let mut item = c.inventory.remove(index);
+            item.released = Some(Released {
+                by: character_id,
+                by_name: c.name.clone(),
+                epoch: copy.owner_epoch,
+                at_pulse: pulse,
+            });
+            Ok(item)
+        })??;
+        self.floor_of(&zone)?.push(FloorItem {
+            item,
+            room,
+            reset_op: None,
+        });
+        Ok(())
+    }
+
+    /// Picks an item up from the floor of the player's room: a plain move when nobody or this
+    /// very copy put it down, else a transfer (one in flight per character at a time).
+    pub fn get_item(&mut self, character_id: Uuid, item_id: Uuid) -> Result<Pickup, ActionError> {
+        let Resident { copy, zone, room } = self.resident(character_id)?.clone();
+        let floor = self.floor_of(&zone)?;
+        let index = floor
+            .iter()
+            .position(|f| f.room == room && f.item.id == Some(item_id))
+            .ok_or(ActionError::NoSuchItem(item_id))?;
+        let released = floor[index].item.released.clone();
+        let mark = released.as_ref().map(|r| ReleaseMark {
+            by: r.by,
+            epoch: r.epoch,
+        });
+        let Some((mark, released)) = mark
+            .zip(released)
+            .filter(|(m, _)| pickup_commits(copy, Some(*m)))
+        else {
+            let item = self.floor_of(&zone)?.remove(index).item;
+            self.update(character_id, |c| c.inventory.push(picked(item)))?;
+            return Ok(Pickup::Moved);
+        };
+        for side in [character_id, mark.by] {
+            if self.runtime.in_transfer(side) || self.transferring.contains(&side) {
+                return Err(ActionError::TransferPending(side));
+            }
+        }
+        let item = self.floor_of(&zone)?.remove(index).item;
+        self.transfer(copy, item, mark, released, zone, room);
+        Ok(Pickup::Transferring)
+    }
+
+    /// Runs a pickup's transfer in a task; its answer comes back to the tick.
+    fn transfer(
+        &mut self,
+        acquirer: CopyId,
+        item: Item,
+        mark: ReleaseMark,
+        released: Released,
+        zone: String,
+        room: String,
+    ) {
+        let acquirer_name = self.runtime.name(acquirer).unwrap_or_default();
+        let details = json!({
+            "item_ref": item.proto.proto_ref,
+            "stack": item.delta.stack.max(1),
+            "acquirer_name": acquirer_name,
+            "releaser_name": released.by_name,
+            "zone": zone,
+            "room": room,
+        });
+        self.transferring.insert(acquirer.character_id);
+        self.transferring.insert(mark.by);
+        self.pickups_in_flight += 1;
+        let runtime = self.runtime.clone();
+        let back = self.pickups.0.clone();
+        let item_id = item.id.unwrap_or_default();
+        let given = picked(item.clone());
+        tokio::spawn(async move {
+            let result = runtime
+                .pick_up(acquirer, item_id, Some(mark), details, |c| {
+                    c.inventory.push(given.clone());
+                })
+                .await;
+            let _ = back.send(Answer {
+                acquirer,
+                item,
+                mark,
+                released,
+                room,
+                zone,
+                result,
+            });
+        });
+    }
+
+    /// Takes in the transfers' answers: a refused one gives the item back to the copy that put
+    /// it down when it is still here (else to the floor it lay on, marked as it was); a voided
+    /// one leaves the world; one that never reached a commit lies on the floor again.
+    pub(super) fn take_pickup_answers(&mut self) {
+        while let Ok(answer) = self.pickups.1.try_recv() {
+            self.pickups_in_flight = self.pickups_in_flight.saturating_sub(1);
+            self.transferring.remove(&answer.acquirer.character_id);
+            self.transferring.remove(&answer.mark.by);
+            match answer.result {
+                Ok(PickedUp::Moved | PickedUp::Committed) => {}
+                Ok(PickedUp::Void { reason }) => {
+                    tracing::warn!(event = "item_voided", item = ?answer.item.id, %reason);
+                    answer.item.walk(&mut |i| self.voided_items.extend(i.id));
+                }
+                Ok(PickedUp::GiveBack { .. }) | Err(_) => {
+                    let releaser = self
+                        .residents
+                        .get(&answer.mark.by)
+                        .map(|r| r.copy)
+                        .filter(|c| c.owner_epoch == answer.mark.epoch);
+                    let back = picked(answer.item.clone());
+                    let kept = releaser.is_some_and(|copy| {
+                        self.runtime
+                            .update(copy, |c| c.inventory.push(back))
+                            .is_ok()
+                    });
+                    if !kept {
+                        let mut item = answer.item;
+                        item.released = Some(answer.released);
+                        let lying = FloorItem {
+                            item,
+                            room: answer.room,
+                            reset_op: None,
+                        };
+                        match self.floor_of(&answer.zone) {
+                            Ok(floor) => floor.push(lying),
+                            Err(_) => lying.item.walk(&mut |i| self.voided_items.extend(i.id)),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Removes from the floors every item put down by `copy` (an evicted zombie): what it put
+    /// down may be a phantom, so nobody may pick it up.
+    pub(super) fn void_released_by(&mut self, copy: CopyId) {
+        let by_copy = |item: &Item| {
+            item.released
+                .as_ref()
+                .is_some_and(|r| r.by == copy.character_id && r.epoch == copy.owner_epoch)
+        };
+        let mut voided = Vec::new();
+        for zone in self.zones.values_mut() {
+            zone.entities.floor.retain(|floor| {
+                if by_copy(&floor.item) {
+                    floor.item.walk(&mut |i| voided.extend(i.id));
+                    return false;
+                }
+                true
+            });
+        }
+        self.voided_items.extend(voided);
+    }
+
+    /// Removes from the floors every item put down at least `lifetime` pulses ago.
+    pub(super) fn decay_floors(&mut self, lifetime: u64) {
+        let pulse = self.pulse;
+        let expired = |item: &Item| {
+            item.released
+                .as_ref()
+                .is_some_and(|r| r.at_pulse.saturating_add(lifetime) <= pulse)
+        };
+        let mut decayed = Vec::new();
+        for zone in self.zones.values_mut() {
+            zone.entities.floor.retain(|floor| {
+                if expired(&floor.item) {
+                    floor.item.walk(&mut |i| decayed.extend(i.id));
+                    return false;
+                }
+                true
+            });
+        }
+        self.decayed_items.extend(decayed);
+    }
+
+    /// The floor of `zone` (every player stands in a zone hosted here).
+    fn floor_of(&mut self, zone: &str) -> Result<&mut Vec<FloorItem>, ActionError> {
+        self.zones
+            .get_mut(zone)
+            .map(|z| &mut z.entities.floor)
+            .ok_or_else(|| ActionError::Runtime(format!("zone {zone:?} is not hosted here")))
+    }
+}
+
+/// An item as it goes into an inventory: its marker cleared, bound when it binds on pickup.
+fn picked(mut item: Item) -> Item {
+    item.released = None;
+    if item.proto.bind_on_pickup {
+        item.delta.bound = true;
+    }
+    item
+}

@@ -1,0 +1,244 @@
+//! The reference shard on the live-copy runtime (`LiveShard`): players log in, pick items up
+//! from each other (the runtime commits the transfer), walk into another shard's zone by
+//! handoff, survive a crash through their checkpoint, and a zombie copy is evicted with what it
+//! held and put down. On Postgres with Redis and on the embedded file.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use shardkeep::character::NewCharacter;
+use shardkeep::live::{Cadence, FinalSave, LiveConfig, SessionStart};
+use shardkeep::{Services, ServicesConfig};
+use shardkeep_reference::game::{Catalog, ItemJson, ReferenceEffect, ReferenceModel, ZoneDef};
+use shardkeep_reference::live_shard::{
+    ActionError, Gone, LiveShard, LiveShardConfig, Pickup, Walk,
+};
+use shardkeep_reference::shard::ZoneDirectory;
+use shardkeep_testkit::{TestRedis, TestSqlite};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::support::zones;
+
+/// Zones of a four-zone ring without the instance (played by the older shard only).
+fn ring(ids: &[usize]) -> Vec<ZoneDef> {
+    zones(ids, 4).into_iter().filter(|z| !z.instance).collect()
+}
+
+fn boot(services: &Services, shard: &str, ids: &[usize], directory: &ZoneDirectory) -> LiveShard {
+    let mut config = LiveShardConfig::new(shard, &format!("zone-{}", ids[0]));
+    // A pulse of 10 ms: a checkpoint every 4 pulses, a flush every 40.
+    config.live = LiveConfig {
+        cadence: Cadence::new(Duration::from_millis(40), Duration::from_millis(400)),
+        io_timeout: Duration::from_secs(3),
+        ..LiveConfig::new(shard)
+    };
+    LiveShard::boot(
+        services,
+        config,
+        ring(ids),
+        Arc::new(Catalog::reference()),
+        directory.clone(),
+    )
+    .unwrap()
+}
+
+async fn new_character(services: &Services, name: &str) -> Uuid {
+    let id = Uuid::now_v7();
+    services
+        .characters
+        .create(&NewCharacter {
+            character_id: id,
+            account_id: Uuid::now_v7(),
+            name: name.into(),
+            zone_ref: Some("zone-0".into()),
+            room_ref: Some("r0".into()),
+            state: json!({}).into(),
+            chargen: None,
+            schema_version: 1,
+        })
+        .await
+        .unwrap();
+    id
+}
+
+fn gem(id: Uuid) -> ReferenceEffect {
+    let gem: ItemJson = serde_json::from_value(json!({ "proto": "gem", "id": id })).unwrap();
+    ReferenceEffect::CombatRewards {
+        experience: 10,
+        currency: 5,
+        items: vec![gem],
+    }
+}
+
+fn holds(shard: &LiveShard, character: Uuid, item: Uuid) -> bool {
+    shard
+        .read(character, |c| c.items().iter().any(|i| i.id == Some(item)))
+        .unwrap_or(false)
+}
+
+/// Ticks `shard` every 10 ms until `done` or 10 s.
+async fn tick_until(
+    shard: &mut LiveShard,
+    what: &str,
+    mut done: impl FnMut(&mut LiveShard) -> bool,
+) {
+    for _ in 0..1000 {
+        shard.tick();
+        if done(shard) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{what}: not within 10 s");
+}
+
+/// The items of `character`'s row.
+async fn row_items(services: &Services, character: Uuid) -> Vec<Uuid> {
+    let row = services.characters.load(character).await.unwrap().unwrap();
+    shardkeep_reference::game::state::stored_item_ids(row.state.value())
+}
+
+async fn plays_through_the_runtime(services: Services, driver: &str) {
+    let directory = ZoneDirectory::new();
+    let mut a = boot(&services, "shard-a", &[0], &directory);
+    let mut b = boot(&services, "shard-b", &[1], &directory);
+    let (ana, bo) = (
+        new_character(&services, "Ana").await,
+        new_character(&services, "Bo").await,
+    );
+    for id in [ana, bo] {
+        let entered = a.login(id, SessionStart::default()).await.unwrap();
+        assert_eq!(
+            (entered.zone.as_str(), entered.room.as_str()),
+            ("zone-0", "r0")
+        );
+    }
+    // Ana is rewarded a gem and drops it; Bo picks it up: a transfer the runtime commits.
+    let first = Uuid::now_v7();
+    a.grant(ana, gem(first)).unwrap();
+    a.drop_item(ana, first).unwrap();
+    assert_eq!(
+        a.get_item(bo, first).unwrap(),
+        Pickup::Transferring,
+        "{driver}"
+    );
+    assert!(
+        matches!(a.get_item(bo, first), Err(ActionError::NoSuchItem(_))),
+        "{driver}: held by neither side meanwhile"
+    );
+    tick_until(&mut a, "the transfer", |a| holds(a, bo, first)).await;
+    assert!(!holds(&a, ana, first), "{driver}");
+    assert!(
+        row_items(&services, bo).await.contains(&first),
+        "{driver}: Bo's row holds it"
+    );
+    assert!(
+        !row_items(&services, ana).await.contains(&first),
+        "{driver}: Ana's does not"
+    );
+    // Her own drop, picked up by the same copy: a plain move.
+    let second = Uuid::now_v7();
+    a.grant(ana, gem(second)).unwrap();
+    a.drop_item(ana, second).unwrap();
+    assert_eq!(a.get_item(ana, second).unwrap(), Pickup::Moved, "{driver}");
+    assert!(holds(&a, ana, second), "{driver}");
+    // Bo walks east into zone-1, which shard-b hosts: handed off with the gem.
+    let Walk::Leaving(departure) = a.walk(bo, "east").unwrap() else {
+        panic!("{driver}: zone-1 is shard-b's");
+    };
+    assert_eq!(departure.target_shard, "shard-b");
+    assert_eq!(a.location(bo), None, "{driver}: off shard-a's map");
+    let ticket = departure.ticket().await.unwrap();
+    let arrived = b
+        .arrive(&ticket.token, SessionStart::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        (arrived.zone.as_str(), arrived.room.as_str()),
+        ("zone-1", "r0")
+    );
+    assert!(holds(&b, bo, first), "{driver}: the gem travelled");
+    let mut out = b.logout(bo).unwrap();
+    tick_until(&mut b, "Bo's final save", |_| out.outcome().is_some()).await;
+    assert!(
+        matches!(out.outcome(), Some(FinalSave::Saved { .. })),
+        "{driver}"
+    );
+    let row = services.characters.load(bo).await.unwrap().unwrap();
+    assert_eq!(row.zone_ref.as_deref(), Some("zone-1"), "{driver}");
+    assert!(row_items(&services, bo).await.contains(&first), "{driver}");
+
+    // A crash: Ana's reward reached her checkpoint, not her row; the next shard loads it once.
+    let third = Uuid::now_v7();
+    a.grant(ana, gem(third)).unwrap();
+    let checkpoints = a.runtime().saver().stats().checkpoint_landed;
+    tick_until(&mut a, "a checkpoint", |a| {
+        a.runtime().saver().stats().checkpoint_landed > checkpoints + 1
+    })
+    .await;
+    a.kill();
+    let mut a = boot(&services, "shard-a2", &[0], &directory);
+    a.login(ana, SessionStart::default()).await.unwrap();
+    let (gems, coins) = a
+        .read(ana, |c| {
+            let gems = c.items().iter().filter(|i| i.id == Some(third)).count();
+            (gems, c.currency)
+        })
+        .unwrap();
+    assert_eq!(gems, 1, "{driver}: the checkpointed reward, once");
+    assert_eq!(coins, 15, "{driver}: three rewards of 5, each once");
+
+    // A zombie: Ana drops the second gem here, then logs in on shard-b. This copy's next write
+    // meets the newer claim; it is evicted, and what it held and put down leaves the world.
+    a.drop_item(ana, second).unwrap();
+    b.login(ana, SessionStart::default()).await.unwrap();
+    tick_until(&mut a, "the zombie's eviction", |a| {
+        a.take_gone()
+            .iter()
+            .any(|(copy, why)| copy.character_id == ana && *why == Gone::Evicted)
+    })
+    .await;
+    assert_eq!(a.location(ana), None, "{driver}");
+    let voided = a.take_voided_items();
+    assert!(
+        voided.contains(&second),
+        "{driver}: its drop is voided: {voided:?}"
+    );
+    assert!(
+        voided.contains(&third),
+        "{driver}: what it held is voided: {voided:?}"
+    );
+    assert!(
+        holds(&b, ana, third),
+        "{driver}: the live copy keeps its own"
+    );
+    let report = b.shutdown(Duration::from_secs(10)).await;
+    assert_eq!(report.unsaved_finals.total(), 0, "{driver}: {report:?}");
+    a.kill();
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn the_reference_shard_plays_through_the_runtime(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let services = Services::build(
+        shardkeep_testkit::pg(&pool),
+        redis.backend(),
+        ReferenceModel::handle(),
+        ServicesConfig::new("it-live-shard", "game_server"),
+    )
+    .unwrap();
+    plays_through_the_runtime(services, "postgres").await;
+    let sqlite = TestSqlite::new().await;
+    let keys = shardkeep::Keyspace::new(&format!("t-{}", Uuid::now_v7().simple())).unwrap();
+    let services = Services::embedded(
+        sqlite.backend(),
+        &keys,
+        ReferenceModel::handle(),
+        ServicesConfig::new("it-live-shard", "game_server"),
+        Arc::new(shardkeep::clock::SystemClock),
+    )
+    .unwrap();
+    plays_through_the_runtime(services, "embedded").await;
+}
