@@ -100,13 +100,106 @@ impl LiveShard {
         })
     }
 
+    /// A permanent base-attribute grant, recorded on the audit trail under the grant's key.
+    pub fn grant_attribute(
+        &mut self,
+        character_id: Uuid,
+        attribute: &str,
+        delta: i32,
+        grant_key: &str,
+    ) -> Result<AuditEvent, ActionError> {
+        self.update(character_id, |c| {
+            *c.base
+                .entry(attribute.to_owned())
+                .or_insert(crate::game::state::DEFAULT_ATTRIBUTE) += delta;
+            c.recompute();
+        })?;
+        let event = AuditEvent::attribute(
+            character_id,
+            grant_key,
+            json!({ "attribute": attribute, "delta": delta }),
+        );
+        self.runtime.audit(event.clone());
+        Ok(event)
+    }
+
+    /// One step on an advancement track, recorded on the audit trail.
+    pub fn advance_track(
+        &mut self,
+        character_id: Uuid,
+        track: &str,
+    ) -> Result<AuditEvent, ActionError> {
+        let step = self.update(character_id, |c| {
+            let step = c.tracks.entry(track.to_owned()).or_insert(0);
+            *step += 1;
+            *step
+        })?;
+        let event = AuditEvent::track(character_id, track, step);
+        self.runtime.audit(event.clone());
+        Ok(event)
+    }
+
+    /// A mob or the engine moves a floor item to another room of its zone: nothing is
+    /// recorded, and who put it down is forgotten.
+    pub fn engine_move(
+        &mut self,
+        zone: &str,
+        item_id: Uuid,
+        to_room: &str,
+    ) -> Result<(), ActionError> {
+        let lying = self
+            .floor_of(zone)?
+            .iter_mut()
+            .find(|f| f.item.id == Some(item_id))
+            .ok_or(ActionError::NoSuchItem(item_id))?;
+        lying.item.released = None;
+        to_room.clone_into(&mut lying.room);
+        Ok(())
+    }
+
     /// Moves an item from the player's inventory to the floor of its room, marked as put down
     /// by this copy. Bound items never leave their owner.
     pub fn drop_item(&mut self, character_id: Uuid, item_id: Uuid) -> Result<(), ActionError> {
-        let Resident { copy, zone, room } = self.resident(character_id)?.clone();
+        let Resident { zone, room, .. } = self.resident(character_id)?.clone();
         self.floor_of(&zone)?;
+        let item = self.release(character_id, item_id)?;
+        self.floor_of(&zone)?.push(FloorItem {
+            item,
+            room,
+            reset_op: None,
+        });
+        Ok(())
+    }
+
+    /// Moves an item from the player's inventory into a container on the floor of its room,
+    /// marked as put down by this copy.
+    pub fn put_item(
+        &mut self,
+        character_id: Uuid,
+        item_id: Uuid,
+        container_id: Uuid,
+    ) -> Result<(), ActionError> {
+        let Resident { zone, room, .. } = self.resident(character_id)?.clone();
+        let container = self.lying(&zone, &room, None, container_id)?;
+        if !container.proto.container {
+            return Err(ActionError::NotAContainer(container_id));
+        }
+        let item = self.release(character_id, item_id)?;
+        self.floor_of(&zone)?
+            .iter_mut()
+            .find(|f| f.room == room && f.item.id == Some(container_id))
+            .ok_or(ActionError::NoSuchItem(container_id))?
+            .item
+            .contents
+            .push(item);
+        Ok(())
+    }
+
+    /// Takes an item out of the player's inventory, marked as put down by its copy now.
+    fn release(&mut self, character_id: Uuid, item_id: Uuid) -> Result<Item, ActionError> {
+        let copy = self.resident(character_id)?.copy;
         let pulse = self.pulse;
-        let item = self.update(character_id, |c| {
+        self.update(character_id, |c| {
             let index = c
                 .inventory
                 .iter()
@@ -123,25 +216,37 @@ impl LiveShard {
                 at_pulse: pulse,
             });
             Ok(item)
-        })??;
-        self.floor_of(&zone)?.push(FloorItem {
-            item,
-            room,
-            reset_op: None,
-        });
-        Ok(())
+        })?
     }
 
     /// Picks an item up from the floor of the player's room: a plain move when nobody or this
     /// very copy put it down, else a transfer (one in flight per character at a time).
     pub fn get_item(&mut self, character_id: Uuid, item_id: Uuid) -> Result<Pickup, ActionError> {
+        self.pick(character_id, None, item_id)
+    }
+
+    /// Takes an item out of a container on the floor of the player's room, as
+    /// [`LiveShard::get_item`] picks one up.
+    pub fn get_from_container(
+        &mut self,
+        character_id: Uuid,
+        container_id: Uuid,
+        item_id: Uuid,
+    ) -> Result<Pickup, ActionError> {
+        self.pick(character_id, Some(container_id), item_id)
+    }
+
+    fn pick(
+        &mut self,
+        character_id: Uuid,
+        container: Option<Uuid>,
+        item_id: Uuid,
+    ) -> Result<Pickup, ActionError> {
         let Resident { copy, zone, room } = self.resident(character_id)?.clone();
-        let floor = self.floor_of(&zone)?;
-        let index = floor
-            .iter()
-            .position(|f| f.room == room && f.item.id == Some(item_id))
-            .ok_or(ActionError::NoSuchItem(item_id))?;
-        let released = floor[index].item.released.clone();
+        let released = self
+            .lying(&zone, &room, container, item_id)?
+            .released
+            .clone();
         let mark = released.as_ref().map(|r| ReleaseMark {
             by: r.by,
             epoch: r.epoch,
@@ -150,7 +255,7 @@ impl LiveShard {
             .zip(released)
             .filter(|(m, _)| pickup_commits(copy, Some(*m)))
         else {
-            let item = self.floor_of(&zone)?.remove(index).item;
+            let item = self.take_lying(&zone, &room, container, item_id)?;
             self.update(character_id, |c| c.inventory.push(picked(item)))?;
             return Ok(Pickup::Moved);
         };
@@ -159,9 +264,64 @@ impl LiveShard {
                 return Err(ActionError::TransferPending(side));
             }
         }
-        let item = self.floor_of(&zone)?.remove(index).item;
+        let item = self.take_lying(&zone, &room, container, item_id)?;
         self.transfer(copy, item, mark, released, zone, room);
         Ok(Pickup::Transferring)
+    }
+
+    /// The item `item_id` lying in `room` (inside `container` when one is named).
+    fn lying(
+        &self,
+        zone: &str,
+        room: &str,
+        container: Option<Uuid>,
+        item_id: Uuid,
+    ) -> Result<&Item, ActionError> {
+        let floor = self
+            .zones
+            .get(zone)
+            .map(|z| z.entities.floor.as_slice())
+            .unwrap_or_default();
+        let on_floor = |id: Uuid| {
+            floor
+                .iter()
+                .find(|f| f.room == room && f.item.id == Some(id))
+                .map(|f| &f.item)
+        };
+        match container {
+            None => on_floor(item_id).ok_or(ActionError::NoSuchItem(item_id)),
+            Some(container_id) => on_floor(container_id)
+                .ok_or(ActionError::NoSuchItem(container_id))?
+                .contents
+                .iter()
+                .find(|i| i.id == Some(item_id))
+                .ok_or(ActionError::NoSuchItem(item_id)),
+        }
+    }
+
+    /// Takes the item `item_id` lying in `room` (inside `container` when one is named).
+    fn take_lying(
+        &mut self,
+        zone: &str,
+        room: &str,
+        container: Option<Uuid>,
+        item_id: Uuid,
+    ) -> Result<Item, ActionError> {
+        let floor = self.floor_of(zone)?;
+        let holder = container.unwrap_or(item_id);
+        let index = floor
+            .iter()
+            .position(|f| f.room == room && f.item.id == Some(holder))
+            .ok_or(ActionError::NoSuchItem(holder))?;
+        if container.is_none() {
+            return Ok(floor.remove(index).item);
+        }
+        let contents = &mut floor[index].item.contents;
+        let inner = contents
+            .iter()
+            .position(|i| i.id == Some(item_id))
+            .ok_or(ActionError::NoSuchItem(item_id))?;
+        Ok(contents.remove(inner))
     }
 
     /// Runs a pickup's transfer in a task; its answer comes back to the tick.
@@ -185,7 +345,7 @@ impl LiveShard {
         });
         self.transferring.insert(acquirer.character_id);
         self.transferring.insert(mark.by);
-        self.pickups_in_flight += 1;
+        self.in_flight.push(item.clone());
         let runtime = self.runtime.clone();
         let back = self.pickups.0.clone();
         let item_id = item.id.unwrap_or_default();
@@ -213,16 +373,20 @@ impl LiveShard {
     /// one leaves the world; one that never reached a commit lies on the floor again.
     pub(super) fn take_pickup_answers(&mut self) {
         while let Ok(answer) = self.pickups.1.try_recv() {
-            self.pickups_in_flight = self.pickups_in_flight.saturating_sub(1);
+            if let Some(at) = self.in_flight.iter().position(|i| i.id == answer.item.id) {
+                self.in_flight.swap_remove(at);
+            }
             self.transferring.remove(&answer.acquirer.character_id);
             self.transferring.remove(&answer.mark.by);
             match answer.result {
-                Ok(PickedUp::Moved | PickedUp::Committed) => {}
+                Ok(PickedUp::Moved | PickedUp::Committed) => self.transfer_counts.0 += 1,
                 Ok(PickedUp::Void { reason }) => {
+                    self.transfer_counts.1 += 1;
                     tracing::warn!(event = "item_voided", item = ?answer.item.id, %reason);
                     answer.item.walk(&mut |i| self.voided_items.extend(i.id));
                 }
                 Ok(PickedUp::GiveBack { .. }) | Err(_) => {
+                    self.transfer_counts.1 += 1;
                     let releaser = self
                         .residents
                         .get(&answer.mark.by)
@@ -252,46 +416,50 @@ impl LiveShard {
         }
     }
 
-    /// Removes from the floors every item put down by `copy` (an evicted zombie): what it put
-    /// down may be a phantom, so nobody may pick it up.
+    /// Removes from the floors (and from containers lying there) every item put down by `copy`
+    /// (an evicted zombie): what it put down may be a phantom, so nobody may pick it up.
     pub(super) fn void_released_by(&mut self, copy: CopyId) {
-        let by_copy = |item: &Item| {
+        let voided = self.sweep_floors(|item| {
             item.released
                 .as_ref()
                 .is_some_and(|r| r.by == copy.character_id && r.epoch == copy.owner_epoch)
-        };
-        let mut voided = Vec::new();
-        for zone in self.zones.values_mut() {
-            zone.entities.floor.retain(|floor| {
-                if by_copy(&floor.item) {
-                    floor.item.walk(&mut |i| voided.extend(i.id));
-                    return false;
-                }
-                true
-            });
-        }
+        });
         self.voided_items.extend(voided);
     }
 
-    /// Removes from the floors every item put down at least `lifetime` pulses ago.
+    /// Removes from the floors (and from containers lying there) every item put down at least
+    /// `lifetime` pulses ago; what the zones spawned themselves stays until picked up.
     pub(super) fn decay_floors(&mut self, lifetime: u64) {
         let pulse = self.pulse;
-        let expired = |item: &Item| {
+        let decayed = self.sweep_floors(|item| {
             item.released
                 .as_ref()
                 .is_some_and(|r| r.at_pulse.saturating_add(lifetime) <= pulse)
-        };
-        let mut decayed = Vec::new();
+        });
+        self.decayed_items.extend(decayed);
+    }
+
+    /// Removes every floor item (or container content) `gone` names; the ids of all it removed,
+    /// contents included.
+    fn sweep_floors(&mut self, gone: impl Fn(&Item) -> bool) -> Vec<Uuid> {
+        let mut removed = Vec::new();
         for zone in self.zones.values_mut() {
-            zone.entities.floor.retain(|floor| {
-                if expired(&floor.item) {
-                    floor.item.walk(&mut |i| decayed.extend(i.id));
+            zone.entities.floor.retain_mut(|floor| {
+                if gone(&floor.item) {
+                    floor.item.walk(&mut |i| removed.extend(i.id));
                     return false;
                 }
+                floor.item.contents.retain(|inner| {
+                    if gone(inner) {
+                        inner.walk(&mut |i| removed.extend(i.id));
+                        return false;
+                    }
+                    true
+                });
                 true
             });
         }
-        self.decayed_items.extend(decayed);
+        removed
     }
 
     /// The floor of `zone` (every player stands in a zone hosted here).

@@ -25,7 +25,7 @@ use std::time::Duration;
 use tokio::sync::{broadcast, mpsc};
 use uuid::Uuid;
 
-use crate::game::world::{ZoneDef, ZoneEntities, run_resets};
+use crate::game::world::{FloorItem, ZoneDef, ZoneEntities, run_resets};
 use crate::game::{Catalog, LiveCharacter};
 use crate::shard::{ReferenceGame, ZoneDirectory};
 use shardkeep::Services;
@@ -60,8 +60,7 @@ impl LiveShardConfig {
 /// A shard could not boot.
 #[derive(Debug, thiserror::Error)]
 pub enum BootError {
-    /// The zones are refused (the home zone is not among them, or an instance is: instances
-    /// are played by [`crate::shard::Shard`] only so far).
+    /// The zones are refused (the home zone is not among them, or is an instance).
     #[error("zones: {0}")]
     Zones(String),
     /// The runtime refused its configuration.
@@ -100,7 +99,10 @@ pub struct LiveShard {
         mpsc::UnboundedSender<items::Answer>,
         mpsc::UnboundedReceiver<items::Answer>,
     ),
-    pickups_in_flight: usize,
+    /// Items of pickups whose transfers have not answered: held by neither side.
+    in_flight: Vec<crate::game::Item>,
+    /// Transfers handed over (committed) and given back or voided, so far.
+    transfer_counts: (u64, u64),
     /// Characters with a pickup's transfer started here and not answered yet.
     transferring: HashSet<Uuid>,
     departures: (
@@ -145,12 +147,6 @@ impl LiveShard {
         catalog: Arc<Catalog>,
         directory: ZoneDirectory,
     ) -> Result<Self, BootError> {
-        if let Some(instance) = zones.iter().find(|z| z.instance) {
-            return Err(BootError::Zones(format!(
-                "{:?} is an instance, which only the reference `Shard` plays so far",
-                instance.id
-            )));
-        }
         let game = ReferenceGame::new(Arc::clone(&catalog), zones.clone(), &config.home_zone)
             .map_err(BootError::Zones)?;
         let mut live = config.live;
@@ -179,7 +175,8 @@ impl LiveShard {
             residents: HashMap::new(),
             floor_lifetime: config.floor_lifetime_pulses,
             pickups: mpsc::unbounded_channel(),
-            pickups_in_flight: 0,
+            in_flight: Vec::new(),
+            transfer_counts: (0, 0),
             transferring: HashSet::new(),
             departures: mpsc::unbounded_channel(),
             departing: HashMap::new(),
@@ -235,9 +232,26 @@ impl LiveShard {
             .map_err(|_| ActionError::NotHere(character_id))
     }
 
-    /// The floor items of `zone` (for game actions and checks).
-    pub fn floor(&self, zone: &str) -> Option<&[crate::game::world::FloorItem]> {
-        self.zones.get(zone).map(|z| z.entities.floor.as_slice())
+    /// Every zone hosted here with what lies on its floors.
+    pub fn floors(&self) -> impl Iterator<Item = (&ZoneDef, &[FloorItem])> {
+        self.zones
+            .values()
+            .map(|z| (z.def.as_ref(), z.entities.floor.as_slice()))
+    }
+
+    /// Items whose pickups' transfers have not answered yet (held by neither side: a crash
+    /// now loses them unless a row already holds them).
+    pub fn items_in_transfer(&self) -> Vec<Uuid> {
+        let mut ids = Vec::new();
+        for item in &self.in_flight {
+            item.walk(&mut |i| ids.extend(i.id));
+        }
+        ids
+    }
+
+    /// Transfers committed, and given back or voided, so far.
+    pub fn transfer_counts(&self) -> (u64, u64) {
+        self.transfer_counts
     }
 
     /// Why players left without a logout of their own since the last call.
@@ -349,7 +363,7 @@ impl LiveShard {
         loop {
             self.take_pickup_answers();
             self.take_departures();
-            if self.pickups_in_flight == 0 && self.departing.is_empty() {
+            if self.in_flight.is_empty() && self.departing.is_empty() {
                 return true;
             }
             if tokio::time::Instant::now() >= deadline {
@@ -365,7 +379,7 @@ impl LiveShard {
         if !self.settle(bound).await {
             tracing::warn!(
                 event = "shutdown_unsettled",
-                pickups = self.pickups_in_flight,
+                pickups = self.in_flight.len(),
                 handoffs = self.departing.len(),
                 "pickups or handoffs still wait for their answers"
             );

@@ -152,8 +152,12 @@ impl LiveShard {
             zone_ref: Some(exit.zone.clone()),
             room_ref: Some(exit.room.clone()),
         };
-        if self.zones.contains_key(&exit.zone) {
-            self.runtime.set_anchor(resident.copy, anchor)?;
+        if let Some(to) = self.zones.get(&exit.zone) {
+            // Inside an instance (shard-local) the copy stays anchored at its entrance: only a
+            // step into a zone that is not an instance moves where it is saved.
+            if !to.def.instance {
+                self.runtime.set_anchor(resident.copy, anchor)?;
+            }
             if let Some(held) = self.residents.get_mut(&character_id) {
                 held.zone.clone_from(&exit.zone);
                 held.room.clone_from(&exit.room);

@@ -21,9 +21,9 @@ use uuid::Uuid;
 
 use super::support::zones;
 
-/// Zones of a four-zone ring without the instance (played by the older shard only).
+/// Zones of a four-zone ring (zone-0 with its instance, the crypt).
 fn ring(ids: &[usize]) -> Vec<ZoneDef> {
-    zones(ids, 4).into_iter().filter(|z| !z.instance).collect()
+    zones(ids, 4)
 }
 
 fn boot(services: &Services, shard: &str, ids: &[usize], directory: &ZoneDirectory) -> LiveShard {
@@ -104,11 +104,12 @@ async fn plays_through_the_runtime(services: Services, driver: &str) {
     let directory = ZoneDirectory::new();
     let mut a = boot(&services, "shard-a", &[0], &directory);
     let mut b = boot(&services, "shard-b", &[1], &directory);
-    let (ana, bo) = (
+    let (ana, bo, cy) = (
         new_character(&services, "Ana").await,
         new_character(&services, "Bo").await,
+        new_character(&services, "Cy").await,
     );
-    for id in [ana, bo] {
+    for id in [ana, bo, cy] {
         let entered = a.login(id, SessionStart::default()).await.unwrap();
         assert_eq!(
             (entered.zone.as_str(), entered.room.as_str()),
@@ -170,6 +171,45 @@ async fn plays_through_the_runtime(services: Services, driver: &str) {
     assert_eq!(row.zone_ref.as_deref(), Some("zone-1"), "{driver}");
     assert!(row_items(&services, bo).await.contains(&first), "{driver}");
 
+    // Ana puts her gem into the chest in r2; Cy takes it out: a transfer again.
+    for who in [ana, cy] {
+        for _ in 0..2 {
+            assert!(matches!(a.walk(who, "north").unwrap(), Walk::Moved { .. }));
+        }
+    }
+    let chest = a
+        .floors()
+        .flat_map(|(_, floor)| floor.iter())
+        .find(|f| f.room == "r2" && f.item.proto.container)
+        .and_then(|f| f.item.id)
+        .expect("the zone's reset put a chest in r2");
+    a.put_item(ana, second, chest).unwrap();
+    assert_eq!(
+        a.get_from_container(cy, chest, second).unwrap(),
+        Pickup::Transferring,
+        "{driver}"
+    );
+    tick_until(&mut a, "the transfer out of the chest", |a| {
+        holds(a, cy, second)
+    })
+    .await;
+    assert!(row_items(&services, cy).await.contains(&second), "{driver}");
+    assert_eq!(a.transfer_counts(), (2, 0), "{driver}");
+    // Cy goes down into the crypt (an instance) and logs out there: saved at its entrance.
+    assert!(matches!(a.walk(cy, "north").unwrap(), Walk::Moved { .. }));
+    let Walk::Moved { zone, .. } = a.walk(cy, "down").unwrap() else {
+        panic!("{driver}: the crypt is down from r3");
+    };
+    assert_eq!(zone, "crypt-0");
+    let mut out = a.logout(cy).unwrap();
+    tick_until(&mut a, "Cy's final save", |_| out.outcome().is_some()).await;
+    let row = services.characters.load(cy).await.unwrap().unwrap();
+    assert_eq!(
+        (row.zone_ref.as_deref(), row.room_ref.as_deref()),
+        (Some("zone-0"), Some("r3")),
+        "{driver}: an instance is saved at its entrance"
+    );
+
     // A crash: Ana's reward reached her checkpoint, not her row; the next shard loads it once.
     let third = Uuid::now_v7();
     a.grant(ana, gem(third)).unwrap();
@@ -190,22 +230,40 @@ async fn plays_through_the_runtime(services: Services, driver: &str) {
     assert_eq!(gems, 1, "{driver}: the checkpointed reward, once");
     assert_eq!(coins, 15, "{driver}: three rewards of 5, each once");
 
-    // A zombie: Ana drops the second gem here, then logs in on shard-b. This copy's next write
-    // meets the newer claim; it is evicted, and what it held and put down leaves the world.
-    a.drop_item(ana, second).unwrap();
+    // A zombie: Ana drops a gem here, then logs in on shard-b. Cy's pickup of it meets the
+    // newer claim (its releaser was superseded): voided, as an unsaved drop may be a phantom.
+    // The zombie's next write meets the claim too: it is evicted with what it held.
+    let fourth = Uuid::now_v7();
+    a.grant(ana, gem(fourth)).unwrap();
+    a.drop_item(ana, fourth).unwrap();
+    let entered = a.login(cy, SessionStart::default()).await.unwrap();
+    assert_eq!(entered.room, "r3", "{driver}");
+    assert!(matches!(a.walk(cy, "south").unwrap(), Walk::Moved { .. }));
     b.login(ana, SessionStart::default()).await.unwrap();
-    tick_until(&mut a, "the zombie's eviction", |a| {
-        a.take_gone()
-            .iter()
-            .any(|(copy, why)| copy.character_id == ana && *why == Gone::Evicted)
+    assert_eq!(
+        a.get_item(cy, fourth).unwrap(),
+        Pickup::Transferring,
+        "{driver}"
+    );
+    // The eviction may come before or after the pickup's answer.
+    let (mut voided, mut gone) = (Vec::new(), Vec::new());
+    tick_until(&mut a, "the pickup's answer and the eviction", |a| {
+        voided.extend(a.take_voided_items());
+        gone.extend(a.take_gone());
+        a.transfer_counts() == (0, 1) && gone.iter().any(|(copy, _)| copy.character_id == ana)
     })
     .await;
-    assert_eq!(a.location(ana), None, "{driver}");
-    let voided = a.take_voided_items();
+    assert!(!holds(&a, cy, fourth), "{driver}");
     assert!(
-        voided.contains(&second),
-        "{driver}: its drop is voided: {voided:?}"
+        voided.contains(&fourth),
+        "{driver}: the pickup voided: {voided:?}"
     );
+    assert!(
+        gone.iter()
+            .any(|(copy, why)| copy.character_id == ana && *why == Gone::Evicted),
+        "{driver}: {gone:?}"
+    );
+    assert_eq!(a.location(ana), None, "{driver}");
     assert!(
         voided.contains(&third),
         "{driver}: what it held is voided: {voided:?}"
@@ -213,6 +271,10 @@ async fn plays_through_the_runtime(services: Services, driver: &str) {
     assert!(
         holds(&b, ana, third),
         "{driver}: the live copy keeps its own"
+    );
+    assert!(
+        !row_items(&services, cy).await.contains(&fourth),
+        "{driver}"
     );
     let report = b.shutdown(Duration::from_secs(10)).await;
     assert_eq!(report.unsaved_finals.total(), 0, "{driver}: {report:?}");
