@@ -272,6 +272,27 @@ impl Services {
         &self.config
     }
 
+    /// Another set of the same handles, for another part of this process (a live-copy runtime
+    /// beside the workers): its retry jobs signal the workers these services spawn, and it
+    /// spawns none itself ([`ServicesError::WorkersRunning`]).
+    pub fn share(&self) -> Services {
+        Services {
+            stores: self.stores.clone(),
+            model: self.model.clone(),
+            characters: self.characters.clone(),
+            checkpoints: self.checkpoints.clone(),
+            loader: self.loader.clone(),
+            coord: self.coord.clone(),
+            retry: self.retry.clone(),
+            journal: self.journal.clone(),
+            audit: self.audit.clone(),
+            placement: self.placement.clone(),
+            clock: Arc::clone(&self.clock),
+            config: self.config.clone(),
+            retry_signals: None,
+        }
+    }
+
     /// Spawns the background workers under `cancel`: the retry worker, the journal worker (its
     /// consumer claimed first, so a consumer id held by a live process fails here), keyspace
     /// maintenance with this process's registry entry, bookkeeping pruning and dead-letter

@@ -44,6 +44,12 @@ pub struct LiveShardConfig {
     pub home_zone: String,
     /// Pulses an item put down stays on the floor before it decays (`None`: until picked up).
     pub floor_lifetime_pulses: Option<u64>,
+    /// Ticks after boot that do not pulse the runtime (0: none), so its cadences save nothing
+    /// yet: the simulator's double crash boots a replacement so, to kill it before its first
+    /// write.
+    pub quiet_pulses: u64,
+    /// Told what the runtime reports of the copies' writes, streams and handoffs.
+    pub observer: Option<Arc<dyn crate::shard::Observer>>,
 }
 
 impl LiveShardConfig {
@@ -53,6 +59,8 @@ impl LiveShardConfig {
             live: LiveConfig::new(shard_id),
             home_zone: home_zone.to_owned(),
             floor_lifetime_pulses: None,
+            quiet_pulses: 0,
+            observer: None,
         }
     }
 }
@@ -95,6 +103,7 @@ pub struct LiveShard {
     residents: HashMap<Uuid, Resident>,
     events: broadcast::Receiver<LiveEvent>,
     floor_lifetime: Option<u64>,
+    quiet_pulses: u64,
     pickups: (
         mpsc::UnboundedSender<items::Answer>,
         mpsc::UnboundedReceiver<items::Answer>,
@@ -147,8 +156,11 @@ impl LiveShard {
         catalog: Arc<Catalog>,
         directory: ZoneDirectory,
     ) -> Result<Self, BootError> {
-        let game = ReferenceGame::new(Arc::clone(&catalog), zones.clone(), &config.home_zone)
+        let mut game = ReferenceGame::new(Arc::clone(&catalog), zones.clone(), &config.home_zone)
             .map_err(BootError::Zones)?;
+        if let Some(observer) = config.observer {
+            game = game.observed_by(observer);
+        }
         let mut live = config.live;
         live.own_pulse = false;
         let shard_id = live.shard_id.clone();
@@ -174,6 +186,7 @@ impl LiveShard {
             zones: hosted,
             residents: HashMap::new(),
             floor_lifetime: config.floor_lifetime_pulses,
+            quiet_pulses: config.quiet_pulses,
             pickups: mpsc::unbounded_channel(),
             in_flight: Vec::new(),
             transfer_counts: (0, 0),
@@ -278,7 +291,9 @@ impl LiveShard {
         self.take_pickup_answers();
         self.take_departures();
         self.take_runtime_news();
-        self.runtime.pulse();
+        if self.pulse > self.quiet_pulses {
+            self.runtime.pulse();
+        }
         self.advance_timers();
         let pulse = self.pulse;
         for zone in self.zones.values_mut() {
@@ -375,7 +390,8 @@ impl LiveShard {
 
     /// Graceful shutdown: pickups and handoffs answer first (within `bound`), then the runtime
     /// logs every player out and waits for the final saves, journal entries and placements.
-    pub async fn shutdown(mut self, bound: Duration) -> shardkeep::live::ShutdownReport {
+    /// Nobody plays here afterwards.
+    pub async fn shutdown(&mut self, bound: Duration) -> shardkeep::live::ShutdownReport {
         if !self.settle(bound).await {
             tracing::warn!(
                 event = "shutdown_unsettled",
@@ -384,7 +400,15 @@ impl LiveShard {
                 "pickups or handoffs still wait for their answers"
             );
         }
-        self.runtime.clone().shutdown(bound).await
+        let report = self.runtime.clone().shutdown(bound).await;
+        self.residents.clear();
+        report
+    }
+
+    /// True while an item transfer of `character_id` started here has not answered (its
+    /// logout, handoff and saves wait for it).
+    pub fn in_transfer(&self, character_id: Uuid) -> bool {
+        self.transferring.contains(&character_id) || self.runtime.in_transfer(character_id)
     }
 
     /// Stops everything at once without saving (a crash).

@@ -122,6 +122,9 @@ impl LiveShard {
     /// transfer of the character is in flight (try again on a later tick).
     pub fn logout(&mut self, character_id: Uuid) -> Result<LoggedOut, ActionError> {
         let copy = self.resident(character_id)?.copy;
+        if self.in_transfer(character_id) {
+            return Err(ActionError::TransferPending(character_id));
+        }
         let out = self.runtime.logout_now(copy)?;
         self.residents.remove(&character_id);
         Ok(out)

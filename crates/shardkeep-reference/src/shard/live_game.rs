@@ -8,8 +8,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use shardkeep::character::{CharacterSnapshot, StateJson};
+use shardkeep::coord::SessionOrder;
+use shardkeep::journal::SessionLifecycleEffectPlan;
 use shardkeep::live::{Arrival, CopyId, Landed, LiveGame};
 use shardkeep::model::{Anchor, GameModel, ModelHandle};
+use shardkeep::saver::SaveReason;
 
 use super::landing::login_zone;
 use crate::game::world::resolve_room;
@@ -26,6 +29,32 @@ pub struct ReferenceGame {
     home_zone: String,
     /// Copies the runtime evicted, with the items they held, until the shard takes them.
     evicted: Mutex<Vec<EvictedCopy>>,
+    observer: Option<Arc<dyn Observer>>,
+}
+
+/// What a host of the reference game hears of its copies besides play: the row writes that
+/// landed, the closed streams made durable, the handoffs settled (the simulator's checks read
+/// them). Each call comes from the runtime's own tasks: it must not block or call the runtime.
+pub trait Observer: Send + Sync + std::fmt::Debug + 'static {
+    /// A write of `copy`'s row landed at `version` ([`LiveGame::saved`]).
+    fn saved(&self, copy: CopyId, reason: SaveReason, version: i64) {
+        let _ = (copy, reason, version);
+    }
+
+    /// A closed stream was journaled ([`LiveGame::journaled`]).
+    fn journaled(
+        &self,
+        character_id: uuid::Uuid,
+        order: SessionOrder,
+        plan: SessionLifecycleEffectPlan,
+    ) {
+        let _ = (character_id, order, plan);
+    }
+
+    /// A handoff that left here is settled ([`LiveGame::handed_off`]).
+    fn handed_off(&self, copy: CopyId, token: &str, activated: bool) {
+        let _ = (copy, token, activated);
+    }
 }
 
 /// A copy the runtime evicted (another copy owns the character), with the ids of every item it
@@ -59,7 +88,15 @@ impl ReferenceGame {
             zones,
             home_zone: home_zone.to_owned(),
             evicted: Mutex::default(),
+            observer: None,
         })
+    }
+
+    /// The same game, telling `observer` what the runtime reports.
+    #[must_use]
+    pub fn observed_by(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// The copies evicted since the last call, oldest first.
@@ -192,6 +229,29 @@ impl LiveGame for ReferenceGame {
         let items = character.items().iter().filter_map(|i| i.id).collect();
         if let Ok(mut evicted) = self.evicted.lock() {
             evicted.push(EvictedCopy { copy, items });
+        }
+    }
+
+    fn saved(&self, copy: CopyId, reason: SaveReason, version: i64) {
+        if let Some(observer) = &self.observer {
+            observer.saved(copy, reason, version);
+        }
+    }
+
+    fn journaled(
+        &self,
+        character_id: uuid::Uuid,
+        order: SessionOrder,
+        plan: SessionLifecycleEffectPlan,
+    ) {
+        if let Some(observer) = &self.observer {
+            observer.journaled(character_id, order, plan);
+        }
+    }
+
+    fn handed_off(&self, copy: CopyId, token: &str, activated: bool) {
+        if let Some(observer) = &self.observer {
+            observer.handed_off(copy, token, activated);
         }
     }
 }

@@ -41,7 +41,7 @@ use shardkeep::saver::{SaveReason, Saver, SaverConfig, SaverEvent, SaverSinks};
 pub use actions::ActionError;
 pub use directory::ZoneDirectory;
 pub use landing::LandingCase;
-pub use live_game::{EvictedCopy, ReferenceGame};
+pub use live_game::{EvictedCopy, Observer, ReferenceGame};
 pub use residency::ResidencyIndex;
 pub use sessions::{
     AdmitError, Admitted, Arrival, MAX_DEFERRED_FINALS, OutboundHandoff, SHUTDOWN_FINAL_SLICE,
