@@ -38,8 +38,6 @@ pub(super) struct Agent {
     pub(super) character_id: Uuid,
     pub(super) account_id: Uuid,
     pub(super) name: String,
-    /// Rewards granted so far (part of every reward key).
-    pub(super) reward_seq: u64,
     /// Its shard index at first login.
     pub(super) home_shard: usize,
     /// A zombie copy's driver: it never logs in, and is dropped (never parked) when its copy
@@ -66,7 +64,6 @@ impl Agent {
             character_id,
             account_id,
             name: format!("player{index:05}"),
-            reward_seq: 0,
             home_shard: index % shards.max(1),
             ghost: false,
             escapes: false,
@@ -142,12 +139,6 @@ impl Agent {
         let gold = self.rng.random_range(0..=10i64);
         (xp, gold, self.rng.random_bool(0.15))
     }
-
-    /// The idempotency key of the next reward granted by the copy at `epoch`.
-    pub(super) fn next_reward_key(&mut self, epoch: i64) -> String {
-        self.reward_seq += 1;
-        format!("reward:{}:{epoch}:{}", self.character_id, self.reward_seq)
-    }
 }
 
 #[cfg(test)]
@@ -166,12 +157,5 @@ mod tests {
         let mut other = Agent::new(7, 43, 3);
         assert_ne!(other.character_id, a.character_id);
         assert_ne!(choices(&mut other), choices(&mut a));
-    }
-
-    #[test]
-    fn reward_keys_are_unique() {
-        let mut agent = Agent::new(1, 1, 1);
-        let key = agent.next_reward_key(3);
-        assert_ne!(agent.next_reward_key(3), key);
     }
 }

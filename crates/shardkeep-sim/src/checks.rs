@@ -348,13 +348,22 @@ pub(super) async fn untaken_handoffs(coord: &Coordination) -> Result<usize, shar
     Ok(keys.iter().filter(|k| !k.ends_with(":consumed")).count())
 }
 
-/// Transfers still pending, and activation markers whose transfer no longer is.
+/// Transfers still pending, and activation markers whose transfer no longer is. A transfer
+/// whose source was killed while it waited (`orphaned`) is not counted: nobody but its source
+/// completes it, so it stays pending until its lifetime ends.
 pub(super) async fn transfer_leftovers(
     coord: &Coordination,
+    orphaned: &HashSet<String>,
 ) -> Result<(usize, usize), shardkeep::CoordError> {
+    let orphaned: HashSet<String> = orphaned
+        .iter()
+        .filter_map(|token| coord.keys().transfer_pending(token).ok())
+        .collect();
     let pending = scan(coord, &coord.keys().transfer_pending_pattern())
         .await?
-        .len();
+        .into_iter()
+        .filter(|key| !orphaned.contains(key))
+        .count();
     let markers = scan(coord, &coord.keys().transfer_activated_pattern()).await?;
     let mut stale = 0;
     for key in markers {

@@ -81,6 +81,9 @@ pub(super) struct SimEnv {
     /// The handles above and the workers `serve` runs, built once over the proxies; taken when
     /// the workers start.
     pub(super) services: Option<Services>,
+    /// The same handles for the shards' live-copy runtimes (their retry jobs signal those
+    /// workers).
+    pub(super) shard_services: Services,
 }
 
 /// The engines of a run.
@@ -251,6 +254,7 @@ impl SimEnv {
             retry: services.retry.clone(),
             journal: services.journal.clone(),
             loader: services.loader.clone(),
+            shard_services: services.share(),
             services: Some(services),
         }
     }

@@ -1,7 +1,7 @@
-//! One shard's task: it owns the [`Shard`], the bodies of the players on it, and their agents.
-//! Each pulse the agents act, the shard ticks, and saver outcomes, evictions and voided items are
-//! recorded. Messages bring logins, loaded characters, handoffs and faults; settle steps end the
-//! run.
+//! One shard's task: it owns the [`LiveShard`] (the reference shard on the live-copy runtime),
+//! the bodies of the players on it, and their agents. Each pulse the agents act, the shard
+//! ticks, and evictions, lapsed link-dead copies and voided items are recorded. Messages bring
+//! logins, admitted characters, handoffs and faults; settle steps end the run.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -14,21 +14,21 @@ use uuid::Uuid;
 
 use super::agent::Agent;
 use super::inbound::{Inbound, SettleStep};
+use super::observer::SimObserver;
 use super::travel;
 use super::world::{World, bump};
-use shardkeep::character::{HandoffLoad, LoadedCharacter};
-use shardkeep::journal::{PlayerSnapshot, SessionLifecycleEffectPlan};
-use shardkeep::saver::{SaveReason, SaverEvent};
+use shardkeep::character::LoadSource;
+use shardkeep::live::{Admitted, LoggedOut};
 use shardkeep_reference::game::world::ZoneDef;
-use shardkeep_reference::shard::{Arrival, Shard};
+use shardkeep_reference::live_shard::{Gone, LiveShard};
 
 /// Where a body is in its session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Phase {
     /// Playing; dead until the pulse given.
     Attached { dead_until: Option<u64> },
-    /// The connection dropped; logged out at the pulse given.
-    LinkDead { until: u64 },
+    /// The connection dropped: the runtime keeps the copy for its link-dead grace.
+    LinkDead,
     /// A zombie copy that keeps playing.
     Ghost,
 }
@@ -38,7 +38,6 @@ pub(super) struct Body {
     /// The agent driving it (`None` while link-dead: the agent is reconnecting).
     pub(super) agent: Option<Agent>,
     pub(super) phase: Phase,
-    pub(super) session: String,
     pub(super) session_end: u64,
 }
 
@@ -46,8 +45,7 @@ pub(super) struct Body {
 pub(super) struct Leaving {
     pub(super) agent: Option<Agent>,
     since: u64,
-    session: String,
-    player: PlayerSnapshot,
+    out: LoggedOut,
     /// What the copy held as it left: only its final save carries these until that save has
     /// an outcome (a shard killed before then takes them with it).
     pub(super) items: Vec<Uuid>,
@@ -55,15 +53,15 @@ pub(super) struct Leaving {
 
 /// Pulses a logout waits for its final save's outcome (longer than the saver's outage budget).
 const FINAL_WAIT_PULSES: u64 = 650;
-/// How long a login put off by its character's logout save still in flight waits to try again.
-const FINAL_WAIT_RETRY_MS: u64 = 250;
 
 /// One shard's task.
 pub(super) struct Host {
     pub(super) index: usize,
     pub(super) id: String,
     pub(super) world: Arc<World>,
-    pub(super) shard: Shard,
+    pub(super) shard: LiveShard,
+    /// What the shard's runtime reports (a new one per boot).
+    pub(super) observer: Arc<SimObserver>,
     pub(super) bodies: BTreeMap<Uuid, Body>,
     pub(super) leaving: BTreeMap<Uuid, Leaving>,
     /// Every zone of the world, for exits.
@@ -85,8 +83,10 @@ impl Host {
             .flatten()
             .map(|z| (z.id.clone(), z.clone()))
             .collect();
+        let (shard, observer) = super::host_faults::boot(world, index, false);
         Self {
-            shard: super::host_faults::boot(world, index),
+            shard,
+            observer,
             index,
             id,
             world: Arc::clone(world),
@@ -129,7 +129,6 @@ impl Host {
         if !self.world.is_settling() {
             self.act_all();
         }
-        self.expire_link_dead();
         self.shard.tick();
         self.record_outcomes();
         self.finish_logouts();
@@ -141,7 +140,7 @@ impl Host {
                 .count();
             self.world.online[self.index].store(online, Ordering::Relaxed);
             if let Ok(mut live) = self.world.saver_live.lock() {
-                live[self.index] = self.shard.saver().stats();
+                live[self.index] = self.shard.runtime().saver().stats();
             }
         }
     }
@@ -156,15 +155,14 @@ impl Host {
         travel::go_offline(&self.world, agent, after_ms);
     }
 
-    /// Seats an arrived agent's body, attached under `session` for one session's length.
-    fn attach(&mut self, id: Uuid, mut agent: Agent, session: String) {
+    /// Seats an arrived agent's body, attached for one session's length.
+    fn attach(&mut self, id: Uuid, mut agent: Agent) {
         let session_end = self.pulse + agent.session_pulses();
         self.bodies.insert(
             id,
             Body {
                 agent: Some(agent),
                 phase: Phase::Attached { dead_until: None },
-                session,
                 session_end,
             },
         );
@@ -176,91 +174,45 @@ impl Host {
         self.world.in_transit.fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// The owner epoch of the copy of `id` held here (0 when none is).
-    fn epoch_of(&self, id: Uuid) -> i64 {
-        self.shard.player(id).map_or(0, |p| p.character.owner_epoch)
+    /// Every item the copy of `id` held here holds (worn, carried, in containers).
+    pub(super) fn items_of(&self, id: Uuid) -> Vec<Uuid> {
+        self.shard
+            .read(id, |c| c.items().iter().filter_map(|i| i.id).collect())
+            .unwrap_or_default()
     }
 
-    /// The journal's view of a held player.
-    pub(super) fn player_snapshot(&self, character_id: Uuid) -> Option<PlayerSnapshot> {
-        let entry = self.shard.player(character_id)?;
-        let (zone, room) = self.shard.durable_location(character_id)?;
-        Some(PlayerSnapshot {
-            character_id,
-            account_id: entry.character.account_id,
-            character_name: entry.character.name.clone(),
-            shard_id: self.id.clone(),
-            zone,
-            room,
-            owner_epoch: entry.character.owner_epoch,
-            state_version: Some(entry.character.state_version),
-        })
-    }
-
-    /// A clean logout: the final save is queued; the session closes once it has an outcome.
-    pub(super) fn log_out(&mut self, character_id: Uuid, body: Body) {
-        let Some(player) = self.player_snapshot(character_id) else {
-            return;
+    /// A clean logout: the runtime saves the copy; the agent leaves once the save has an
+    /// outcome. An item transfer of the character in flight puts it off: the body comes back
+    /// (a later turn tries again).
+    pub(super) fn log_out(&mut self, character_id: Uuid, body: Body) -> Option<Body> {
+        let items = self.items_of(character_id);
+        let epoch = self.shard.copy_of(character_id).map(|c| c.owner_epoch);
+        let Ok(out) = self.shard.logout(character_id) else {
+            return Some(body);
         };
-        let items = self
-            .shard
-            .player(character_id)
-            .map(|e| e.character.items().iter().filter_map(|i| i.id).collect())
-            .unwrap_or_default();
-        if self.shard.logout(character_id).is_err() {
-            return;
-        }
-        tracing::debug!(event = "sim_logout", shard = %self.id, character = %character_id,
-            epoch = player.owner_epoch);
+        tracing::debug!(event = "sim_logout", shard = %self.id, character = %character_id, ?epoch);
         bump(&self.world.counters.logouts);
         self.leaving.insert(
             character_id,
             Leaving {
                 agent: body.agent,
                 since: self.pulse,
-                session: body.session,
-                player,
+                out,
                 items,
             },
         );
-    }
-
-    fn expire_link_dead(&mut self) {
-        let expired: Vec<Uuid> = self
-            .bodies
-            .iter()
-            .filter(|(_, b)| matches!(b.phase, Phase::LinkDead { until } if self.pulse >= until))
-            .map(|(id, _)| *id)
-            .collect();
-        for id in expired {
-            if let Some(body) = self.bodies.remove(&id) {
-                bump(&self.world.counters.linkdead_timeouts);
-                self.log_out(id, body);
-            }
-        }
+        None
     }
 
     fn finish_logouts(&mut self) {
-        // A logout that waited for its item transfer left with what its copy held then (an
-        // item handed over or given back meanwhile): its final carries that too.
-        for (id, epoch, items) in self.shard.take_departed_after_transfer() {
-            if let Some(leaving) = self
-                .leaving
-                .get_mut(&id)
-                .filter(|l| l.player.owner_epoch == epoch)
-            {
-                for item in items {
-                    if !leaving.items.contains(&item) {
-                        leaving.items.push(item);
-                    }
-                }
-            }
-        }
+        let pulse = self.pulse;
         let done: Vec<Uuid> = self
             .leaving
-            .iter()
-            .filter(|(_, l)| self.pulse >= l.since + FINAL_WAIT_PULSES)
-            .map(|(id, _)| *id)
+            .iter_mut()
+            .filter_map(|(id, l)| {
+                let over = l.out.outcome().is_some() || pulse >= l.since + FINAL_WAIT_PULSES;
+                over.then_some(*id)
+            })
             .collect();
         for id in done {
             self.finish_logout(id);
@@ -271,13 +223,8 @@ impl Host {
         let Some(mut leaving) = self.leaving.remove(&character_id) else {
             return;
         };
-        tracing::debug!(event = "sim_logout_done", shard = %self.id, character = %character_id);
-        travel::close_stream(
-            &self.world,
-            leaving.session,
-            leaving.player,
-            SessionLifecycleEffectPlan::PermanentRemoval,
-        );
+        tracing::debug!(event = "sim_logout_done", shard = %self.id, character = %character_id,
+            outcome = ?leaving.out.outcome());
         if let Some(mut agent) = leaving.agent.take() {
             let after = agent.offline_millis();
             self.release(agent, after);
@@ -286,54 +233,24 @@ impl Host {
 
     /// Records what the shard reported since the last pulse.
     pub(super) fn record_outcomes(&mut self) {
-        let mut finals = Vec::new();
-        let events = self.shard.take_saver_events();
-        for event in &events {
-            let routine = matches!(event, SaverEvent::Saved { reason, .. } if !reason.writes_row());
-            if !routine {
-                tracing::debug!(event = "sim_saver_event", shard = %self.id, outcome = ?event);
-            }
-        }
-        self.world.with_ledger(|ledger| {
-            for event in &events {
-                match *event {
-                    SaverEvent::Saved {
-                        character_id,
-                        reason,
-                        new_version,
-                        ..
-                    } => {
-                        if reason.writes_row() {
-                            let acked = ledger.acked.entry(character_id).or_insert(new_version);
-                            *acked = (*acked).max(new_version);
-                        }
-                        if reason == SaveReason::Final {
-                            finals.push(character_id);
-                        }
-                    }
-                    SaverEvent::FinalDropped { character_id, .. }
-                    | SaverEvent::FinalQueuedAsJob { character_id, .. }
-                    | SaverEvent::OwnershipLost { character_id, .. }
-                    | SaverEvent::NotFound { character_id, .. } => finals.push(character_id),
-                    _ => {}
+        let mut evicted = 0;
+        for (copy, why) in self.shard.take_gone() {
+            let id = copy.character_id;
+            match why {
+                Gone::Evicted => {
+                    tracing::debug!(event = "sim_evicted", shard = %self.id, character = %id,
+                        epoch = copy.owner_epoch);
+                    bump(&self.world.counters.evictions);
+                    evicted += 1;
                 }
+                Gone::LinkDeadExpired => bump(&self.world.counters.linkdead_timeouts),
             }
-        });
-        for id in finals {
-            if self.leaving.contains_key(&id) {
-                self.finish_logout(id);
-            }
-        }
-        let evictions = self.shard.take_evictions();
-        for eviction in &evictions {
-            tracing::debug!(event = "sim_evicted", shard = %self.id, character = %eviction.character_id,
-                epoch = eviction.evicted_epoch);
-            bump(&self.world.counters.evictions);
-            if let Some(body) = self.bodies.remove(&eviction.character_id)
+            if let Some(body) = self.bodies.remove(&id)
                 && body.phase != Phase::Ghost
                 && let Some(agent) = body.agent
             {
-                // A live player's copy was stale (claimed elsewhere): it logs in again.
+                // A live player's copy was stale (claimed elsewhere), or its grace ran out
+                // while its agent still played: it logs in again.
                 self.release(agent, 200);
             }
         }
@@ -343,9 +260,9 @@ impl Host {
             .counters
             .floor_items_decayed
             .fetch_add(decayed.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        if !evictions.is_empty() || !voided.is_empty() || !decayed.is_empty() {
+        if evicted > 0 || !voided.is_empty() || !decayed.is_empty() {
             self.world.with_ledger(|ledger| {
-                ledger.evicted += evictions.len() as u64;
+                ledger.evicted += evicted;
                 ledger.voided += voided.len() as u64;
                 ledger.destroyed.extend(voided);
                 ledger.destroyed.extend(decayed);
@@ -355,104 +272,47 @@ impl Host {
 
     async fn handle(&mut self, message: Inbound) {
         match message {
-            Inbound::Login { agent, floor, held } => self.login(agent, floor, held),
-            Inbound::Loaded { agent, loaded } => self.admit_login(agent, loaded),
+            Inbound::Login { agent } => travel::admit(
+                &self.world,
+                self.shard.runtime().clone(),
+                self.id.clone(),
+                agent,
+            ),
+            Inbound::Admitted { agent, admitted } => self.admit_login(agent, admitted),
             Inbound::Handoff {
                 agent,
                 token,
-                retained,
-                old_session,
-                old_player,
+                dumped_under,
             } => travel::arrive(
                 &self.world,
+                self.shard.runtime().clone(),
                 self.id.clone(),
                 agent,
-                (token, *retained),
-                old_session,
-                old_player,
+                (token, dumped_under),
             ),
-            Inbound::HandoffLoaded {
+            Inbound::Arrived {
                 agent,
                 token,
-                loaded,
-                old_session,
-                old_player,
-            } => self.admit_handoff(agent, token, *loaded, old_session, old_player),
+                admitted,
+            } => self.admit_handoff(agent, token, admitted),
             Inbound::Zombify { target } => self.zombify(&target),
             Inbound::Kill { quiet } => self.kill(quiet),
             Inbound::Settle(step) => self.settle(step).await,
         }
     }
 
-    fn login(&mut self, mut agent: Agent, floor: i64, held: bool) {
+    fn admit_login(&mut self, agent: Agent, admitted: Admitted) {
         let id = agent.character_id;
-        let reconnectable = held
-            && self
-                .bodies
-                .get(&id)
-                .is_some_and(|b| matches!(b.phase, Phase::LinkDead { .. }) && b.agent.is_none());
-        if reconnectable {
-            let token = agent.token("session");
-            if let Some(admitted) = self.shard.resume(id, &token) {
-                let epoch = self.epoch_of(id);
-                travel::start_session(
-                    &self.world,
-                    &self.id,
-                    &agent,
-                    (&token, epoch),
-                    &admitted.zone,
-                );
-                bump(&self.world.counters.resumes);
-                self.attach(id, agent, token);
-                return;
-            }
-        }
-        let link_dead_here = self
-            .bodies
-            .get(&id)
-            .is_some_and(|b| matches!(b.phase, Phase::LinkDead { .. }));
-        if self.shard.final_save_in_flight(id) || link_dead_here {
-            // The last session's copy is still here (link-dead, its placement unreadable) or its
-            // logout is still saving: claiming now would load the older row and fence that copy's
-            // save out. The player tries again shortly. (A zombie's ghost is no such copy: the
-            // claim supersedes it.)
-            bump(&self.world.counters.logins_waiting_for_last_copy);
-            travel::go_offline(&self.world, agent, FINAL_WAIT_RETRY_MS);
-            return;
-        }
-        travel::claim(&self.world, self.id.clone(), agent, floor);
-    }
-
-    /// Drops any older copy of a character about to be admitted.
-    fn clear_older_copy(&mut self, character_id: Uuid, epoch: i64) {
-        if self.shard.residency().contains(character_id) {
-            self.shard.evict_if_older(character_id, epoch);
-            self.record_outcomes();
-        }
-    }
-
-    fn admit_login(&mut self, mut agent: Agent, loaded: LoadedCharacter) {
-        let id = agent.character_id;
-        self.clear_older_copy(id, loaded.snapshot.owner_epoch);
-        let token = agent.token("session");
-        let arrival = Arrival::Login {
-            session_token: token.clone(),
-        };
-        match self.shard.admit(loaded, arrival) {
-            Ok(admitted) => {
+        let resumed = admitted.resumed.is_some();
+        match self.shard.enter(admitted) {
+            Ok(entered) => {
                 tracing::debug!(event = "sim_login", shard = %self.id, character = %id,
-                    source = ?admitted.source, zone = %admitted.zone,
-                    epoch = ?self.shard.player(id).map(|e| e.character.owner_epoch));
-                let epoch = self.epoch_of(id);
-                travel::start_session(
-                    &self.world,
-                    &self.id,
-                    &agent,
-                    (&token, epoch),
-                    &admitted.zone,
-                );
-                bump(&self.world.counters.logins);
-                self.attach(id, agent, token);
+                    source = ?entered.admitted.source, zone = %entered.zone, resumed,
+                    epoch = entered.admitted.copy.owner_epoch);
+                if !resumed {
+                    bump(&self.world.counters.logins);
+                }
+                self.attach(id, agent);
             }
             Err(err) => {
                 tracing::debug!(event = "sim_admit_failed", error = %err);
@@ -461,64 +321,29 @@ impl Host {
         }
     }
 
-    fn admit_handoff(
-        &mut self,
-        mut agent: Agent,
-        token: String,
-        load: HandoffLoad,
-        old_session: String,
-        old_player: PlayerSnapshot,
-    ) {
-        let superseded = load.is_superseded();
-        if superseded {
-            bump(&self.world.counters.handoffs_superseded);
-        }
-        let loaded = load.into_loaded();
+    fn admit_handoff(&mut self, agent: Agent, token: String, admitted: Admitted) {
         let id = agent.character_id;
-        let epoch = loaded.snapshot.owner_epoch;
-        self.clear_older_copy(id, epoch);
-        let admitted = self.shard.admit(
-            loaded,
-            Arrival::Handoff {
-                handoff_token: token.clone(),
-            },
-        );
-        let session = agent.token("session");
-        let redialed = admitted.and_then(|_| self.shard.redial(&token, &session));
-        match redialed {
-            Ok(admitted) => {
-                tracing::debug!(event = "sim_handoff_in", shard = %self.id, character = %id, epoch, %token);
-                travel::start_session(
-                    &self.world,
-                    &self.id,
-                    &agent,
-                    (&session, epoch),
-                    &admitted.zone,
-                );
-                travel::confirm_transfer(
-                    &self.world,
-                    &self.id,
-                    &token,
-                    &admitted.zone,
-                    epoch,
-                    old_session,
-                    old_player,
-                );
+        let superseded = admitted.source != Some(LoadSource::Handoff);
+        let epoch = admitted.copy.owner_epoch;
+        match self.shard.enter(admitted) {
+            Ok(_) => {
+                tracing::debug!(event = "sim_handoff_in", shard = %self.id, character = %id, epoch);
                 bump(&self.world.counters.handoffs);
                 if !agent.ghost {
-                    return self.attach(id, agent, session);
+                    return self.attach(id, agent);
                 }
                 let body = Body {
                     agent: Some(agent),
                     phase: Phase::Ghost,
-                    session,
                     session_end: self.pulse,
                 };
                 if superseded {
                     // A zombie's handoff was refused: the destination loaded the durable copy
                     // under a new epoch, and the zombie's session leaves at once. The copy that
                     // played on elsewhere meets the new epoch at its next save.
-                    self.log_out(id, body);
+                    if let Some(body) = self.log_out(id, body) {
+                        self.bodies.insert(id, body);
+                    }
                 } else {
                     // Adopted before the real login's claim landed: it plays on as a zombie
                     // until that claim fences it.
@@ -526,6 +351,8 @@ impl Host {
                 }
             }
             Err(err) => {
+                // Taken by a runtime killed since (its activation never marked): the transfer
+                // ends here, and the player logs in again.
                 tracing::debug!(event = "sim_handoff_admit_failed", error = %err);
                 bump(&self.world.counters.handoffs_lost);
                 travel::abandon_transfer(&self.world, token);

@@ -9,9 +9,11 @@ use uuid::Uuid;
 
 use super::host::{Host, Phase};
 use super::inbound::Inbound;
+use super::observer::SimObserver;
 use super::travel;
 use super::world::{World, add_saver_stats, bump};
-use shardkeep_reference::shard::{Shard, ShardConfig};
+use shardkeep::live::{Cadence, LiveConfig};
+use shardkeep_reference::live_shard::{LiveShard, LiveShardConfig};
 
 impl Host {
     pub(super) fn zombify(&mut self, target: &str) {
@@ -21,7 +23,7 @@ impl Host {
             .filter(|(id, b)| {
                 b.phase == (Phase::Attached { dead_until: None })
                     && b.agent.is_some()
-                    && !self.shard.has_pending_transfer(**id)
+                    && !self.shard.in_transfer(**id)
             })
             .map(|(id, _)| *id)
             .collect();
@@ -40,24 +42,15 @@ impl Host {
         tracing::debug!(event = "sim_zombie", shard = %self.id, character = %id, %target);
         bump(&self.world.counters.zombies_made);
         self.world.in_transit.fetch_add(1, Ordering::Relaxed);
-        travel::deliver(
-            &self.world,
-            target,
-            Inbound::Login {
-                agent: real,
-                floor: 0,
-                held: false,
-            },
-        );
+        travel::deliver(&self.world, target, Inbound::Login { agent: real });
     }
 
-    /// Every item id on this shard's floors, containers' contents included.
     /// Every item on this shard's floors, with who released it and at which epoch.
     pub(super) fn floor_releases(&self) -> Vec<(Uuid, Option<(Uuid, i64)>)> {
         let mut found = Vec::new();
-        for zone in self.shard.zones() {
-            for floor in &zone.entities.floor {
-                floor.item.walk(&mut |i| {
+        for (_, floor) in self.shard.floors() {
+            for lying in floor {
+                lying.item.walk(&mut |i| {
                     if let Some(id) = i.id {
                         found.push((id, i.released.as_ref().map(|r| (r.by, r.epoch))));
                     }
@@ -68,32 +61,27 @@ impl Host {
     }
 
     pub(super) fn floor_items(&self) -> Vec<Uuid> {
-        let mut ids = Vec::new();
-        for zone in self.shard.zones() {
-            for floor in &zone.entities.floor {
-                floor.item.walk(&mut |i| ids.extend(i.id));
-            }
-        }
-        ids
+        self.floor_releases()
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect()
     }
 
     pub(super) fn kill(&mut self, quiet: bool) {
         // Everything on this shard dies with it: floors, items between rows, and what its
         // players hold (what is durable elsewhere lives on there).
         let mut destroyed = self.floor_items();
-        for zone in self.shard.zones() {
-            for entry in zone.players() {
-                destroyed.extend(entry.character.items().iter().filter_map(|i| i.id));
-            }
+        for id in self.shard.players() {
+            destroyed.extend(self.items_of(id));
         }
-        destroyed.extend(self.shard.pending_transfer_items());
+        destroyed.extend(self.shard.items_in_transfer());
         // Logouts whose final save has no outcome yet: what it carried dies with the shard
         // unless its checkpoint landed (then the next login holds it again).
         for leaving in self.leaving.values() {
             destroyed.extend(leaving.items.iter().copied());
         }
         destroyed.extend(self.shard.take_voided_items());
-        let stats = self.shard.saver().stats();
+        let stats = self.shard.runtime().saver().stats();
         let transfers = self.shard.transfer_counts();
         self.world.with_ledger(|ledger| {
             ledger.destroyed.extend(destroyed);
@@ -105,11 +93,7 @@ impl Host {
             .bodies
             .iter()
             .filter(|(_, b)| b.phase != Phase::Ghost)
-            .filter_map(|(id, _)| {
-                self.shard
-                    .player(*id)
-                    .map(|p| (*id, p.character.owner_epoch))
-            })
+            .filter_map(|(id, _)| self.shard.copy_of(*id).map(|c| (*id, c.owner_epoch)))
             .collect();
         let shard = self.id.clone();
         self.world.with_ledger(|ledger| {
@@ -135,13 +119,10 @@ impl Host {
                 self.release(agent, 500);
             }
         }
-        let replacement = if quiet {
-            boot_quiet(&self.world, self.index)
-        } else {
-            boot(&self.world, self.index)
-        };
+        let (replacement, observer) = boot(&self.world, self.index, quiet);
         let dead = std::mem::replace(&mut self.shard, replacement);
         dead.kill();
+        std::mem::replace(&mut self.observer, observer).died(&self.world);
         if let Ok(mut live) = self.world.saver_live.lock() {
             live[self.index] = Default::default();
         }
@@ -150,17 +131,30 @@ impl Host {
     }
 }
 
-fn shard_config(world: &World, index: usize) -> ShardConfig {
+fn shard_config(world: &World, index: usize) -> LiveShardConfig {
     let zones = &world.shard_zones[index];
     let home = zones.first().map(|z| z.id.clone()).unwrap_or_default();
-    let mut config = ShardConfig::new(&World::shard_id(index), &home);
-    config.checkpoint_pulses = world.config.checkpoint_pulses;
-    config.flush_pulses = world.config.flush_pulses;
+    let shard_id = World::shard_id(index);
+    let pulse = world.config.pulse;
+    let pulses = |n: u64| pulse.saturating_mul(u32::try_from(n).unwrap_or(u32::MAX));
+    let mut live = LiveConfig::new(&shard_id);
+    // The runtime is pulsed by the shard's tick, so its periods are the run's pulses.
+    live.cadence = Cadence {
+        pulse,
+        checkpoint_every: pulses(world.config.checkpoint_pulses),
+        flush_every: pulses(world.config.flush_pulses),
+    };
     // Time is compressed: a logout save that a Postgres outage holds up for 2 s becomes a
     // durable retry job, as one held up for 60 s does in production.
-    config.saver.final_outage_budget = FINAL_OUTAGE_BUDGET;
+    live.saver.final_outage_budget = FINAL_OUTAGE_BUDGET;
+    live.io_timeout = travel::IO_BOUND;
+    live.session_ttl = travel::SESSION_TTL;
+    live.handoff_ttl = travel::HANDOFF_TTL;
+    live.link_dead_for = pulses(super::play::LINK_DEAD_PULSES);
+    let mut config = LiveShardConfig::new(&shard_id, &home);
+    config.live = live;
     config.floor_lifetime_pulses = Some(
-        (FLOOR_LIFETIME.as_millis() / world.config.pulse.as_millis().max(1))
+        (FLOOR_LIFETIME.as_millis() / pulse.as_millis().max(1))
             .try_into()
             .unwrap_or(u64::MAX),
     );
@@ -175,29 +169,25 @@ pub(super) const FLOOR_LIFETIME: std::time::Duration = std::time::Duration::from
 /// How long a simulated logout save retries directly before it becomes a retry job.
 const FINAL_OUTAGE_BUDGET: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Boots shard `index` with its zones, writing through the proxied stores.
-pub(super) fn boot(world: &World, index: usize) -> Shard {
-    Shard::boot(
-        shard_config(world, index),
-        world.shard_zones[index].clone(),
-        Arc::clone(&world.catalog),
-        world.env.shard_stores(),
-        world.directory.clone(),
-    )
-}
-
-/// Boots shard `index` with its cadences held for a while: a replacement that a double crash
-/// kills before it wrote anything.
-fn boot_quiet(world: &World, index: usize) -> Shard {
+/// Boots shard `index` with its zones on the run's stores (through the fault proxies), with a
+/// new observer; `quiet` holds its cadences for a while (a replacement that a double crash
+/// kills before it wrote anything).
+pub(super) fn boot(world: &Arc<World>, index: usize, quiet: bool) -> (LiveShard, Arc<SimObserver>) {
+    let observer = Arc::new(SimObserver::new(Arc::downgrade(world)));
     let mut config = shard_config(world, index);
-    config.quiet_pulses = QUIET_PULSES;
-    Shard::boot(
+    config.observer = Some(Arc::clone(&observer) as Arc<dyn shardkeep_reference::shard::Observer>);
+    if quiet {
+        config.quiet_pulses = QUIET_PULSES;
+    }
+    let shard = LiveShard::boot(
+        &world.env.shard_services,
         config,
         world.shard_zones[index].clone(),
         Arc::clone(&world.catalog),
-        world.env.shard_stores(),
         world.directory.clone(),
     )
+    .unwrap_or_else(|err| panic!("shard {index} cannot boot: {err}"));
+    (shard, observer)
 }
 
 /// Pulses a double crash's replacement saves nothing on the cadences (longer than the gap
@@ -237,17 +227,4 @@ fn record_crash_floors(world: &Arc<World>, shard: &str, crashed: Vec<(Uuid, i64)
             });
         }
     });
-}
-
-/// A storeless placeholder that stands in after a shutdown (it hosts no zones).
-pub(super) fn boot_idle(world: &World, index: usize) -> Shard {
-    let mut config = shard_config(world, index);
-    config.shard_id = format!("{}-stopped", config.shard_id);
-    Shard::boot(
-        config,
-        Vec::new(),
-        Arc::clone(&world.catalog),
-        Default::default(),
-        shardkeep_reference::shard::ZoneDirectory::new(),
-    )
 }

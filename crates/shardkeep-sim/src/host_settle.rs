@@ -7,24 +7,22 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::host::{Host, Phase};
-use super::host_faults::boot_idle;
 use super::inbound::SettleStep;
-use super::travel;
 use super::world::add_saver_stats;
-use shardkeep::journal::SessionLifecycleEffectPlan;
-use shardkeep::saver::SaveReason;
-use shardkeep_reference::shard::Link;
 
 impl Host {
     pub(super) async fn settle(&mut self, step: SettleStep) {
         match step {
             SettleStep::Reconcile(reply) => {
-                self.shard.save_all(SaveReason::Flush);
+                self.shard.runtime().flush_all();
                 let _ = reply.send(());
             }
             SettleStep::RefreshPlacements(reply) => {
-                self.shard.refresh_placements();
-                self.shard.placement_barrier(Duration::from_secs(5)).await;
+                self.shard.runtime().refresh_placements();
+                self.shard
+                    .runtime()
+                    .placement_barrier(Duration::from_secs(5))
+                    .await;
                 let _ = reply.send(());
             }
             SettleStep::CheckPlacements(reply) => {
@@ -44,20 +42,25 @@ impl Host {
         let mut problems = Vec::new();
         let mut checked = 0;
         for (id, body) in &self.bodies {
-            let Some(entry) = self.shard.player(*id) else {
+            let Some(copy) = self.shard.copy_of(*id) else {
                 continue;
             };
-            if matches!(entry.link, Link::Pending { .. }) {
-                continue;
-            }
+            let epoch = copy.owner_epoch;
             if body.phase == Phase::Ghost {
                 problems.push(format!(
-                    "{id}: a zombie copy at epoch {} still plays on {}",
-                    entry.character.owner_epoch, self.id
+                    "{id}: a zombie copy at epoch {epoch} still plays on {}",
+                    self.id
                 ));
                 continue;
             }
-            let Some((zone, _)) = self.shard.durable_location(*id) else {
+            // Placement names the zone the copy is saved in (inside an instance, its entrance).
+            let Some(zone) = self
+                .shard
+                .runtime()
+                .anchor(copy)
+                .ok()
+                .and_then(|(anchor, _)| anchor.zone_ref)
+            else {
                 continue;
             };
             checked += 1;
@@ -65,10 +68,10 @@ impl Host {
                 Ok(Some(record))
                     if record.shard_id.as_deref() == Some(self.id.as_str())
                         && record.zone_id.as_deref() == Some(zone.as_str())
-                        && record.owner_epoch == entry.character.owner_epoch => {}
+                        && record.owner_epoch == epoch => {}
                 Ok(other) => problems.push(format!(
-                    "{id}: live on {}/{zone} at epoch {}, placement says {other:?}",
-                    self.id, entry.character.owner_epoch
+                    "{id}: live on {}/{zone} at epoch {epoch}, placement says {other:?}",
+                    self.id
                 )),
                 Err(err) => problems.push(format!("{id}: placement unreadable: {err}")),
             }
@@ -77,22 +80,12 @@ impl Host {
     }
 
     pub(super) async fn shutdown(&mut self) {
-        self.shard.settle_transfers(Duration::from_secs(10)).await;
+        self.shard.settle(Duration::from_secs(10)).await;
         self.shard.tick();
         self.record_outcomes();
         let floors = self.floor_releases();
         let bodies = std::mem::take(&mut self.bodies);
-        for (id, body) in bodies {
-            if body.phase != Phase::Ghost
-                && let Some(player) = self.player_snapshot(id)
-            {
-                travel::close_stream(
-                    &self.world,
-                    body.session,
-                    player,
-                    SessionLifecycleEffectPlan::PermanentRemoval,
-                );
-            }
+        for (_, body) in bodies {
             if body.phase != Phase::Ghost
                 && let Some(agent) = body.agent
             {
@@ -103,18 +96,19 @@ impl Host {
         for id in leaving {
             self.finish_logout(id);
         }
-        let saver = self.shard.saver().clone();
         let transfers = self.shard.transfer_counts();
-        let shard = std::mem::replace(&mut self.shard, boot_idle(&self.world, self.index));
-        let report = shard.shutdown(Duration::from_secs(20)).await;
+        // The runtime logs every player out (its stream journaled, its final save queued) and
+        // waits for the saves, journal entries, handoffs and placements.
+        let report = self.shard.shutdown(Duration::from_secs(20)).await;
         tracing::info!(event = "sim_shard_shutdown", shard = %self.id, finalized = report.finalized,
             saver = ?report.saver, unsaved_finals = report.unsaved_finals.total(),
-            placement = ?report.placement, auditor = ?report.auditor);
+            unjournaled = report.unjournaled, unsettled_handoffs = report.unsettled_handoffs,
+            placement = ?report.placement);
         self.world
             .counters
             .finals_unsaved_at_shutdown
             .fetch_add(report.unsaved_finals.total() as u64, Ordering::Relaxed);
-        let stats = saver.stats();
+        let stats = self.shard.runtime().saver().stats();
         self.world.with_ledger(|ledger| {
             ledger.destroyed.extend(floors.iter().map(|(id, _)| *id));
             ledger.end_floors.extend(floors);

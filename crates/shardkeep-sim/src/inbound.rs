@@ -1,43 +1,30 @@
-//! What a shard host receives: logins, loaded characters, handoffs, faults and the settle
+//! What a shard host receives: logins, admitted characters, handoffs, faults and the settle
 //! steps. Shared by the host and everything that talks to it (the world's routing, travel,
 //! faults), so none of them depends on the host itself.
 
 use tokio::sync::oneshot;
 
 use super::agent::Agent;
-use shardkeep::character::{CharacterSnapshot, HandoffLoad, LoadedCharacter};
-use shardkeep::journal::PlayerSnapshot;
+use shardkeep::live::Admitted;
 
 /// A message to a host.
 pub(super) enum Inbound {
     /// A login routed here by the gate.
-    Login {
-        agent: Agent,
-        floor: i64,
-        held: bool,
-    },
-    /// A login's claim landed.
-    Loaded {
-        agent: Agent,
-        loaded: LoadedCharacter,
-    },
-    /// A player arrives through an exit from another shard. The source keeps its copy of the
-    /// snapshot until the destination has it (a take whose reply was lost consumed the stored
-    /// one).
+    Login { agent: Agent },
+    /// A login's claim (or a resume of the copy held here) landed in this host's runtime.
+    Admitted { agent: Agent, admitted: Admitted },
+    /// A player arrives through an exit from another shard with the handoff's token; the copy
+    /// that left was at `dumped_under`.
     Handoff {
         agent: Agent,
         token: String,
-        retained: Box<CharacterSnapshot>,
-        old_session: String,
-        old_player: PlayerSnapshot,
+        dumped_under: i64,
     },
-    /// A handoff's claim landed.
-    HandoffLoaded {
+    /// A handoff (under `token`) taken in by this host's runtime.
+    Arrived {
         agent: Agent,
         token: String,
-        loaded: Box<HandoffLoad>,
-        old_session: String,
-        old_player: PlayerSnapshot,
+        admitted: Admitted,
     },
     /// Fault: one player here logs in on `target` while this shard keeps playing it.
     Zombify { target: String },
@@ -55,7 +42,7 @@ impl Inbound {
     /// The transfer a handoff message belongs to, if it is one.
     pub(super) fn transfer_token(&self) -> Option<&str> {
         match self {
-            Inbound::Handoff { token, .. } | Inbound::HandoffLoaded { token, .. } => Some(token),
+            Inbound::Handoff { token, .. } | Inbound::Arrived { token, .. } => Some(token),
             _ => None,
         }
     }
@@ -63,10 +50,10 @@ impl Inbound {
     /// The agent a message carries, if any.
     pub(super) fn into_agent(self) -> Option<Agent> {
         match self {
-            Inbound::Login { agent, .. }
-            | Inbound::Loaded { agent, .. }
+            Inbound::Login { agent }
+            | Inbound::Admitted { agent, .. }
             | Inbound::Handoff { agent, .. }
-            | Inbound::HandoffLoaded { agent, .. } => Some(agent),
+            | Inbound::Arrived { agent, .. } => Some(agent),
             _ => None,
         }
     }

@@ -36,6 +36,7 @@ mod host;
 mod host_faults;
 mod host_settle;
 mod inbound;
+mod observer;
 mod order_checks;
 mod play;
 pub mod plot;
@@ -296,6 +297,18 @@ impl SimConfig {
         }
         if self.pulse.is_zero() || self.checkpoint_pulses == 0 || self.flush_pulses == 0 {
             return bad("pulse and cadences must be positive".into());
+        }
+        let pulses = |n: u64| {
+            self.pulse
+                .saturating_mul(u32::try_from(n).unwrap_or(u32::MAX))
+        };
+        let cadence = shardkeep::live::Cadence {
+            pulse: self.pulse,
+            checkpoint_every: pulses(self.checkpoint_pulses),
+            flush_every: pulses(self.flush_pulses),
+        };
+        if let Err(err) = cadence.validate(shardkeep::keyspace::CHECKPOINT_TTL.duration()) {
+            return bad(format!("the shards' cadence: {err}"));
         }
         if self.serves > MAX_SERVES {
             return bad(format!(

@@ -8,20 +8,18 @@ use uuid::Uuid;
 
 use super::agent::{Action, SessionEnd};
 use super::host::{Body, Host, Phase};
+use super::inbound::Inbound;
 use super::travel;
 use super::world::bump;
-use shardkeep::journal::SessionLifecycleEffectPlan;
-use shardkeep::retry::{Origin, PersistenceRetryPayload};
 use shardkeep_reference::game::ReferenceEffect;
 use shardkeep_reference::game::items::{CarryLimits, Item, dump_one};
-use shardkeep_reference::shard::WalkOutcome;
+use shardkeep_reference::live_shard::{Pickup, Walk};
 
 /// Pulses a dead player waits to respawn.
 const RESPAWN_PULSES: u64 = 20;
-/// Pulses a reconnecting player's copy stays link-dead.
-const RECONNECT_WINDOW_PULSES: u64 = 80;
-/// Pulses a vanished player's copy stays link-dead.
-const VANISH_WINDOW_PULSES: u64 = 30;
+/// Pulses a copy whose connection dropped stays link-dead (its runtime's grace): a reconnect
+/// comes back well within it, a vanished player after it.
+pub(super) const LINK_DEAD_PULSES: u64 = 80;
 /// Most items a player carries (top level): loot and pickups beyond it are turned down, so
 /// documents stop growing once the players have lived a while (with floor decay, the world's
 /// item count stays bounded over a long run).
@@ -35,7 +33,7 @@ impl Host {
             let Some(mut body) = self.bodies.remove(&id) else {
                 continue;
             };
-            if self.shard.player(id).is_none() {
+            if self.shard.copy_of(id).is_none() {
                 // Evicted or gone without an event: the agent logs in again.
                 if body.phase != Phase::Ghost
                     && let Some(agent) = body.agent.take()
@@ -53,7 +51,7 @@ impl Host {
     /// One body's turn; false when the body left this host.
     fn turn(&mut self, id: Uuid, body: &mut Body) -> bool {
         match body.phase {
-            Phase::LinkDead { .. } => return true,
+            Phase::LinkDead => return true,
             Phase::Attached {
                 dead_until: Some(until),
             } => {
@@ -65,7 +63,7 @@ impl Host {
             Phase::Attached { dead_until: None } | Phase::Ghost => {}
         }
         let ghost = body.phase == Phase::Ghost;
-        if !ghost && self.pulse >= body.session_end && !self.shard.has_pending_transfer(id) {
+        if !ghost && self.pulse >= body.session_end && !self.shard.in_transfer(id) {
             return self.end_session(id, body);
         }
         let Some(agent) = body.agent.as_mut() else {
@@ -108,37 +106,33 @@ impl Host {
         };
         match agent.session_end() {
             SessionEnd::Logout => {
-                let body = Body {
+                let leaving = Body {
                     agent: Some(agent),
                     phase: body.phase,
-                    session: std::mem::take(&mut body.session),
                     session_end: body.session_end,
                 };
-                self.log_out(id, body);
-                false
+                match self.log_out(id, leaving) {
+                    None => false,
+                    Some(stays) => {
+                        body.agent = stays.agent;
+                        true
+                    }
+                }
             }
             end => {
-                let Some(player) = self.player_snapshot(id) else {
-                    return false;
-                };
-                if self.shard.detach(id).is_err() {
-                    return false;
+                // The runtime journals the closed stream with its resume ledger and keeps the
+                // copy, link-dead, for its grace.
+                if self.shard.detach(id, 0).is_err() {
+                    body.agent = Some(agent);
+                    return true;
                 }
                 bump(&self.world.counters.disconnects);
-                travel::close_stream(
-                    &self.world,
-                    body.session.clone(),
-                    player,
-                    SessionLifecycleEffectPlan::Reconnectable,
-                );
-                let (window, after) = if end == SessionEnd::Reconnect {
-                    (RECONNECT_WINDOW_PULSES, agent.between(300, 2500))
+                let after = if end == SessionEnd::Reconnect {
+                    agent.between(300, 2500)
                 } else {
-                    (VANISH_WINDOW_PULSES, agent.between(5000, 9000))
+                    agent.between(9000, 12000)
                 };
-                body.phase = Phase::LinkDead {
-                    until: self.pulse + window,
-                };
+                body.phase = Phase::LinkDead;
                 self.release(agent, after);
                 true
             }
@@ -149,7 +143,7 @@ impl Host {
         let Some((zone, room)) = self.shard.location(id) else {
             return true;
         };
-        let hosted = |zone: &str| self.shard.zones().any(|z| z.def.id == zone);
+        let hosted = |zone: &str| self.shard.floors().any(|(def, _)| def.id == zone);
         let mut exits: Vec<(String, String, String)> = self
             .zones
             .get(&zone)
@@ -178,47 +172,56 @@ impl Host {
             return true;
         }
         let (direction, to_zone, _) = exits[agent.pick(exits.len())].clone();
-        let leaves_shard = !hosted(&to_zone);
-        if leaves_shard && self.shard.has_pending_transfer(id) {
-            // An item waiting on its transfer commit must not travel. Zombies do travel: the
-            // destination refuses the carried copy once the live owner has claimed.
+        if !hosted(&to_zone) && self.shard.in_transfer(id) {
+            // The runtime would hold the handoff until the transfer answers; the player waits.
             return true;
         }
-        let before = self.player_snapshot(id);
+        let epoch = self.shard.copy_of(id).map_or(0, |c| c.owner_epoch);
         match self.shard.walk(id, &direction) {
-            Ok(WalkOutcome::Moved { zone: to, .. }) => {
+            Ok(Walk::Moved { zone: to, .. }) => {
                 bump(&self.world.counters.walks);
-                let is_instance =
-                    |id: &str| self.shard.zones().any(|z| z.def.id == id && z.def.instance);
+                let is_instance = |id: &str| {
+                    self.shard
+                        .floors()
+                        .any(|(def, _)| def.id == id && def.instance)
+                };
                 if is_instance(&to) && !is_instance(&zone) {
                     bump(&self.world.counters.instance_entries);
                 }
                 true
             }
-            Ok(WalkOutcome::Handoff(handoff)) => {
+            Ok(Walk::Leaving(departure)) => {
                 tracing::debug!(event = "sim_handoff_out", shard = %self.id, character = %id,
-                    epoch = handoff.snapshot.owner_epoch, target = ?handoff.target_shard);
-                let (Some(agent), Some(old_player)) = (body.agent.take(), before) else {
+                    epoch, target = %departure.target_shard);
+                let Some(agent) = body.agent.take() else {
                     return false;
                 };
-                let target = handoff
-                    .target_shard
-                    .clone()
-                    .unwrap_or_else(|| super::world::World::shard_id(agent.home_shard));
                 if !agent.ghost {
                     self.world.in_transit.fetch_add(1, Ordering::Relaxed);
                 }
-                travel::hand_off(
-                    &self.world,
-                    agent,
-                    handoff.snapshot,
-                    target,
-                    std::mem::take(&mut body.session),
-                    old_player,
+                let (world, observer, here) = (
+                    std::sync::Arc::clone(&self.world),
+                    std::sync::Arc::clone(&self.observer),
+                    self.id.clone(),
                 );
+                tokio::spawn(async move {
+                    match departure.ticket().await {
+                        Ok(ticket) => {
+                            observer.left(&world, &ticket.token);
+                            travel::carry(&world, &ticket.target_shard, agent, ticket.token, epoch);
+                        }
+                        Err(err) => {
+                            // Not stored: the copy stays where it stood; its player picks it up
+                            // again (the runtime resumes the copy it still holds).
+                            tracing::debug!(event = "sim_handoff_not_stored", error = %err);
+                            bump(&world.counters.handoff_retries);
+                            travel::deliver(&world, &here, Inbound::Login { agent });
+                        }
+                    }
+                });
                 false
             }
-            Ok(WalkOutcome::NoExit) | Err(_) => true,
+            Ok(Walk::NoExit) | Err(_) => true,
         }
     }
 
@@ -226,63 +229,50 @@ impl Host {
         let Some(agent) = body.agent.as_mut() else {
             return;
         };
-        let herb = self.world.catalog.get("herb").cloned();
-        let Some(entry) = self.shard.player_mut(id) else {
+        let Some(epoch) = self.shard.copy_of(id).map(|c| c.owner_epoch) else {
             return;
         };
-        let epoch = entry.character.owner_epoch;
         let (xp, gold, loot) = agent.reward();
-        let key = agent.next_reward_key(epoch);
-        let full = entry.character.inventory.len() >= INVENTORY_CAP;
+        let full = self
+            .shard
+            .read(id, |c| c.inventory.len() >= INVENTORY_CAP)
+            .unwrap_or(true);
         if loot && full {
             bump(&self.world.counters.inventory_full);
         }
-        let loot = (loot && !full)
+        let herb = self.world.catalog.get("herb").cloned();
+        let items: Vec<_> = (loot && !full)
             .then_some(herb)
             .flatten()
-            .map(|p| Item::spawn(&p));
-        entry.character.experience += xp;
-        entry.character.currency += gold;
-        let mut items = Vec::new();
-        if let Some(item) = loot {
-            let mut nodes = 0;
-            if let Ok(stored) = dump_one(&item, CarryLimits::default(), &mut nodes) {
-                items.push(stored);
+            .map(|p| Item::spawn(&p))
+            .and_then(|item| dump_one(&item, CarryLimits::default(), &mut 0).ok())
+            .into_iter()
+            .collect();
+        let reward = ReferenceEffect::CombatRewards {
+            experience: xp,
+            currency: gold,
+            items,
+        };
+        // Applied, numbered and made durable by the runtime: the number goes in the ledger.
+        match self.shard.grant(id, reward) {
+            Ok(granted) => {
+                self.world.with_ledger(|ledger| {
+                    ledger
+                        .rewards
+                        .issued(id, epoch, granted.issue_seq, (xp, gold))
+                });
+                bump(&self.world.counters.fights);
+                bump(&self.world.counters.retry_enqueued);
             }
-            entry.character.inventory.push(item);
-        }
-        // Granted in memory first, then issued: every later dump holds it.
-        let seq = entry.character.issue();
-        self.world
-            .with_ledger(|ledger| ledger.rewards.issued(id, epoch, seq, (xp, gold)));
-        bump(&self.world.counters.fights);
-        let payload = PersistenceRetryPayload::effect(
-            id,
-            &ReferenceEffect::CombatRewards {
-                experience: xp,
-                currency: gold,
-                items,
-            },
-        );
-        if let Some(job) = travel::job(
-            payload,
-            key,
-            (epoch, seq),
-            Origin::CombatRewards,
-            &self.id,
-            &body.session,
-        ) {
-            travel::enqueue_job(&self.world, job);
+            Err(err) => tracing::debug!(event = "sim_reward_refused", error = %err),
         }
     }
 
     /// Inventory items that can leave their owner.
     fn loose_items(&self, id: Uuid) -> Vec<Uuid> {
         self.shard
-            .player(id)
-            .map(|e| {
-                e.character
-                    .inventory
+            .read(id, |c| {
+                c.inventory
                     .iter()
                     .filter(|i| !i.delta.bound && !i.proto.container)
                     .filter_map(|i| i.id)
@@ -296,12 +286,12 @@ impl Host {
         let Some((zone, room)) = self.shard.location(id) else {
             return Default::default();
         };
-        let Some(zone) = self.shard.zones().find(|z| z.def.id == zone) else {
+        let Some((_, floor)) = self.shard.floors().find(|(def, _)| def.id == zone) else {
             return Default::default();
         };
         let mut loose = Vec::new();
         let mut containers = Vec::new();
-        for floor in zone.entities.floor.iter().filter(|f| f.room == room) {
+        for floor in floor.iter().filter(|f| f.room == room) {
             let Some(item_id) = floor.item.id else {
                 continue;
             };
@@ -334,8 +324,8 @@ impl Host {
     fn inventory_full(&self, id: Uuid) -> bool {
         let full = self
             .shard
-            .player(id)
-            .is_some_and(|e| e.character.inventory.len() >= INVENTORY_CAP);
+            .read(id, |c| c.inventory.len() >= INVENTORY_CAP)
+            .unwrap_or(true);
         if full {
             bump(&self.world.counters.inventory_full);
         }
@@ -354,8 +344,9 @@ impl Host {
             return;
         }
         let item = loose[agent.pick(loose.len())];
-        if let Ok(transfer) = self.shard.get_item(id, item) {
-            tracing::debug!(event = "sim_get", shard = %self.id, character = %id, %item, transfer = transfer.is_some());
+        if let Ok(pickup) = self.shard.get_item(id, item) {
+            tracing::debug!(event = "sim_get", shard = %self.id, character = %id, %item,
+                transfer = pickup == Pickup::Transferring);
             bump(&self.world.counters.item_moves);
         }
     }
@@ -391,8 +382,9 @@ impl Host {
         }
         let (container, contents) = full[agent.pick(full.len())];
         let item = contents[agent.pick(contents.len())];
-        if let Ok(transfer) = self.shard.get_from_container(id, *container, item) {
-            tracing::debug!(event = "sim_take", shard = %self.id, character = %id, %item, transfer = transfer.is_some());
+        if let Ok(pickup) = self.shard.get_from_container(id, *container, item) {
+            tracing::debug!(event = "sim_take", shard = %self.id, character = %id, %item,
+                transfer = pickup == Pickup::Transferring);
             bump(&self.world.counters.item_moves);
         }
     }
@@ -403,30 +395,18 @@ impl Host {
             return;
         };
         let outfit = OUTFITS[agent.pick(OUTFITS.len())];
-        let seq = agent.between(0, u64::from(u32::MAX));
-        let Some(entry) = self.shard.player_mut(id) else {
+        let Ok(mut appearance) = self.shard.read(id, |c| c.appearance.clone()) else {
             return;
         };
-        entry.character.appearance.outfit = outfit.to_owned();
-        let epoch = entry.character.owner_epoch;
-        let issued = entry.character.issue();
-        let payload = PersistenceRetryPayload::effect(
-            id,
-            &ReferenceEffect::CharacterAppearance {
-                appearance: entry.character.appearance.clone(),
-            },
-        );
-        bump(&self.world.counters.appearance_changes);
-        let key = format!("appearance:{id}:{epoch}:{seq}");
-        if let Some(job) = travel::job(
-            payload,
-            key,
-            (epoch, issued),
-            Origin::ClientAppearance,
-            &self.id,
-            &body.session,
-        ) {
-            travel::enqueue_job(&self.world, job);
+        outfit.clone_into(&mut appearance.outfit);
+        // A client's change made durable as a numbered grant of the runtime.
+        if self
+            .shard
+            .grant(id, ReferenceEffect::CharacterAppearance { appearance })
+            .is_ok()
+        {
+            bump(&self.world.counters.appearance_changes);
+            bump(&self.world.counters.retry_enqueued);
         }
     }
 
@@ -438,38 +418,42 @@ impl Host {
             return;
         };
         let roll = agent.pick(100);
-        let Some(entry) = self.shard.player_mut(id) else {
-            return;
-        };
-        let character = &mut entry.character;
-        let wearables: Vec<usize> = character
-            .inventory
-            .iter()
-            .enumerate()
-            .filter(|(_, i)| i.proto.slot.is_some())
-            .map(|(n, _)| n)
-            .collect();
-        if roll < 70 && !wearables.is_empty() {
-            let item = character
+        let changed = self.shard.update(id, |character| {
+            let wearables: Vec<usize> = character
                 .inventory
-                .remove(wearables[roll % wearables.len()]);
-            let Some(slot) = item.proto.slot else { return };
-            if let Some(worn) = character.equipment.insert(slot, item) {
-                character.inventory.push(worn);
+                .iter()
+                .enumerate()
+                .filter(|(_, i)| i.proto.slot.is_some())
+                .map(|(n, _)| n)
+                .collect();
+            if roll < 70 && !wearables.is_empty() {
+                let item = character
+                    .inventory
+                    .remove(wearables[roll % wearables.len()]);
+                let Some(slot) = item.proto.slot else {
+                    character.inventory.push(item);
+                    return false;
+                };
+                if let Some(worn) = character.equipment.insert(slot, item) {
+                    character.inventory.push(worn);
+                }
+            } else if let Some(slot) = character
+                .equipment
+                .keys()
+                .nth(roll % character.equipment.len().max(1))
+                .copied()
+            {
+                if let Some(worn) = character.equipment.remove(&slot) {
+                    character.inventory.push(worn);
+                }
+            } else {
+                return false;
             }
-        } else if let Some(slot) = character
-            .equipment
-            .keys()
-            .nth(roll % character.equipment.len().max(1))
-            .copied()
-        {
-            if let Some(worn) = character.equipment.remove(&slot) {
-                character.inventory.push(worn);
-            }
-        } else {
-            return;
+            character.recompute();
+            true
+        });
+        if changed.unwrap_or(false) {
+            bump(&self.world.counters.equipment_changes);
         }
-        character.recompute();
-        bump(&self.world.counters.equipment_changes);
     }
 }

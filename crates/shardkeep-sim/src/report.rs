@@ -58,12 +58,9 @@ pub struct TierCounts {
 /// The retry jobs.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct RetryCounts {
-    /// Jobs stored by the simulation (rewards, appearance, transfer activations).
+    /// Grants the shards' runtimes made (rewards, appearance), each stored as a numbered job
+    /// (a store that refuses one leaves the grant to the copy's next save).
     pub queued: u64,
-    /// Of those, stored while the signal channel was full (found by polling).
-    pub queued_durable_only: u64,
-    /// Enqueues that failed (Postgres down): the live copy's next flush carries the change.
-    pub enqueue_failed: u64,
     /// Jobs applied.
     pub applied: u64,
     /// Reward jobs whose grant had already landed with a flush.
@@ -79,10 +76,8 @@ pub struct RetryCounts {
 /// The journal.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct JournalCounts {
-    /// Entries appended by closing streams.
+    /// Entries appended by closing streams (each retried by its runtime until it landed).
     pub appended: u64,
-    /// Appends retried because Redis was unreachable.
-    pub append_retries: u64,
     /// Entries whose effects were applied.
     pub processed: u64,
     /// Entries skipped because the session reconnected first.
@@ -177,26 +172,14 @@ impl fmt::Display for SimReport {
         let r = &self.retry;
         let _ = writeln!(
             out,
-            "retry jobs      queued {} (durable-only {}, enqueue failed {}), applied {}, already applied {}, superseded {}, retried {}, dead-lettered {}",
-            r.queued,
-            r.queued_durable_only,
-            r.enqueue_failed,
-            r.applied,
-            r.already_applied,
-            r.superseded,
-            r.retried,
-            r.dead_lettered
+            "retry jobs      granted {}, applied {}, already applied {}, superseded {}, retried {}, dead-lettered {}",
+            r.queued, r.applied, r.already_applied, r.superseded, r.retried, r.dead_lettered
         );
         let j = &self.journal;
         let _ = writeln!(
             out,
-            "journal         appended {} (append retries {}), processed {}, skipped (reconnected) {}, skipped (older than a newer session event) {}, dead-lettered {}",
-            j.appended,
-            j.append_retries,
-            j.processed,
-            j.skipped_reconnected,
-            j.skipped_stale,
-            j.dead_lettered
+            "journal         appended {}, processed {}, skipped (reconnected) {}, skipped (older than a newer session event) {}, dead-lettered {}",
+            j.appended, j.processed, j.skipped_reconnected, j.skipped_stale, j.dead_lettered
         );
         let kinds: Vec<String> = self
             .audit_events

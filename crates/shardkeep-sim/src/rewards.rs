@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use uuid::Uuid;
 
-use shardkeep::character::{ContentOrigin, LoadedCharacter};
+use shardkeep::character::ContentOrigin;
 
 /// Experience and currency.
 type Amounts = (i64, i64);
@@ -101,18 +101,6 @@ impl RewardLedger {
                 }
             }
         }
-    }
-
-    /// A copy was loaded at `epoch` from `origin`, holding `holds`: checked, then remembered as
-    /// that copy's start.
-    pub(super) fn loaded(&mut self, character: Uuid, loaded: &LoadedCharacter) {
-        let epoch = loaded.snapshot.owner_epoch;
-        let what = format!(
-            "the copy loaded at epoch {epoch} (from the {:?})",
-            loaded.source
-        );
-        let holds = amounts_of(&loaded.snapshot.state);
-        self.loaded_from(character, epoch, &loaded.origin, holds, &what);
     }
 
     /// A copy at `epoch` started out holding `holds`, from `origin`.

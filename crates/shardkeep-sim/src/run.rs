@@ -510,7 +510,10 @@ async fn settle(world: &Arc<World>, journal: Option<&SessionJournal>) -> Settled
     if let Err(err) = coord.transfer_markers_reconcile_pending(100_000).await {
         tracing::warn!(event = "sim_marker_reconcile_failed", error = %err);
     }
-    let (pending_transfers, stale_markers) = checks::transfer_leftovers(&coord)
+    let orphaned = world
+        .with_ledger(|l| l.orphaned_transfers.clone())
+        .unwrap_or_default();
+    let (pending_transfers, stale_markers) = checks::transfer_leftovers(&coord, &orphaned)
         .await
         .unwrap_or((usize::MAX, usize::MAX));
     let count = |sql: &'static str| {

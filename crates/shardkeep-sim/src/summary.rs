@@ -60,7 +60,10 @@ pub(super) fn build_report(
         ("handoffs lost", get(&c.handoffs_lost)),
         ("zombie handoffs refused", get(&c.handoffs_superseded)),
         ("transfers completed", get(&c.transfers_completed)),
-        ("handoff takes recovered", get(&c.handoff_takes_recovered)),
+        (
+            "handoffs left pending by a killed source (their lifetime ends them)",
+            get(&c.transfers_orphaned),
+        ),
         ("fights", get(&c.fights)),
         ("deaths", get(&c.deaths)),
         ("item moves", get(&c.item_moves)),
@@ -71,11 +74,6 @@ pub(super) fn build_report(
         ),
         ("appearance changes", get(&c.appearance_changes)),
         ("equipment changes", get(&c.equipment_changes)),
-        ("session marker failures", get(&c.session_marker_failures)),
-        (
-            "session starts older than a seen event",
-            get(&c.session_starts_stale),
-        ),
         ("keyspace upkeep passes", get(&c.upkeep_passes)),
         (
             "bookkeeping rows pruned",
@@ -161,8 +159,6 @@ pub(super) fn build_report(
         ownership_fences: saver.row_ownership_lost + saver.checkpoint_refused + evicted,
         retry: RetryCounts {
             queued: get(&c.retry_enqueued),
-            queued_durable_only: get(&c.retry_durable_only),
-            enqueue_failed: get(&c.retry_enqueue_failed),
             applied: load(&retry.applied),
             already_applied: load(&retry.already_applied),
             superseded: load(&retry.superseded),
@@ -171,7 +167,6 @@ pub(super) fn build_report(
         },
         journal: JournalCounts {
             appended: get(&c.journal_appended),
-            append_retries: get(&c.journal_append_retries),
             processed: load(&journal.processed),
             skipped_reconnected: load(&journal.skipped_reconnected),
             skipped_stale: load(&journal.skipped_stale),

@@ -13,8 +13,7 @@ use super::SimConfig;
 use super::agent::Agent;
 use super::env::SimEnv;
 use super::inbound::Inbound;
-use shardkeep::character::{CharacterLoader, CharacterStore};
-use shardkeep::journal::ActiveSessions;
+use shardkeep::character::CharacterStore;
 use shardkeep::placement::PlacementStore;
 use shardkeep::saver::SaverStatsSnapshot;
 use shardkeep_reference::game::Catalog;
@@ -36,11 +35,12 @@ pub(super) struct Counters {
     pub(super) handoffs_superseded: AtomicU64,
     pub(super) transfers_completed: AtomicU64,
     pub(super) transfers_awaiting: AtomicU64,
+    /// Handoffs whose source shard was killed while it waited for their activation.
+    pub(super) transfers_orphaned: AtomicU64,
     pub(super) instance_entries: AtomicU64,
     pub(super) handoffs: AtomicU64,
     pub(super) handoff_retries: AtomicU64,
     pub(super) handoffs_lost: AtomicU64,
-    pub(super) handoff_takes_recovered: AtomicU64,
     pub(super) fights: AtomicU64,
     pub(super) deaths: AtomicU64,
     pub(super) item_moves: AtomicU64,
@@ -53,13 +53,7 @@ pub(super) struct Counters {
     pub(super) appearance_changes: AtomicU64,
     pub(super) equipment_changes: AtomicU64,
     pub(super) retry_enqueued: AtomicU64,
-    pub(super) retry_durable_only: AtomicU64,
-    pub(super) retry_enqueue_failed: AtomicU64,
     pub(super) journal_appended: AtomicU64,
-    pub(super) journal_append_retries: AtomicU64,
-    pub(super) journal_appends_abandoned: AtomicU64,
-    pub(super) session_marker_failures: AtomicU64,
-    pub(super) session_starts_stale: AtomicU64,
     pub(super) evictions: AtomicU64,
     pub(super) faults_injected: AtomicU64,
     pub(super) shards_killed: AtomicU64,
@@ -108,6 +102,9 @@ pub(super) struct Ledger {
     pub(super) evicted: u64,
     /// Phantom items voided.
     pub(super) voided: u64,
+    /// Handoff tokens whose source shard was killed while it waited for their activation: their
+    /// transfers stay pending until their lifetime ends (nobody else completes them).
+    pub(super) orphaned_transfers: HashSet<String>,
     /// Sessions found without a matching placement at the end.
     pub(super) placement_violations: Vec<String>,
     /// Every claim whose reply arrived (logins and handoffs).
@@ -167,14 +164,12 @@ pub(super) struct World {
     pub(super) env: SimEnv,
     pub(super) store: CharacterStore,
     pub(super) placement: PlacementStore,
-    pub(super) loader: CharacterLoader,
     /// The handoff protocol's steps (the library's; the simulator meters and retries them).
     pub(super) transit: shardkeep::live::Transit,
     pub(super) directory: ZoneDirectory,
     pub(super) catalog: Arc<Catalog>,
     /// Zones of each shard, by shard index.
     pub(super) shard_zones: Vec<Vec<ZoneDef>>,
-    pub(super) sessions: ActiveSessions,
     hosts: RwLock<HashMap<String, mpsc::UnboundedSender<Inbound>>>,
     /// Bounds the I/O tasks in flight.
     pub(super) io: Semaphore,
@@ -257,7 +252,6 @@ impl World {
             bookkeeping_pruned: std::sync::OnceLock::new(),
             store: env.sut_characters(),
             placement: env.sut_placement(),
-            loader: env.loader(),
             transit: shardkeep::live::Transit::new(
                 env.coord.clone(),
                 env.loader(),
@@ -270,7 +264,6 @@ impl World {
             directory,
             catalog,
             shard_zones,
-            sessions: ActiveSessions::default(),
             hosts: RwLock::new(HashMap::new()),
             io: Semaphore::new(256),
             counters: Counters::default(),

@@ -12,8 +12,9 @@
 //! - `moves` — entering (after a login or an arrival), logout, detach, walks and handoffs.
 //! - `items` — drops and pickups, with the runtime deciding which pickups commit as transfers.
 //!
-//! This is the shard's move onto the runtime in progress: [`crate::shard::Shard`] still plays
-//! the simulator's players with its own orchestration.
+//! The simulator plays its shards through it. The older [`crate::shard::Shard`], which
+//! orchestrates durability itself, remains only for the reference crate's own tests and the
+//! capacity benchmark until they move here.
 
 mod items;
 mod moves;

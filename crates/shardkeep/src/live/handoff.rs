@@ -86,6 +86,7 @@ impl<G: LiveGame> Runtime<G> {
         match stored {
             Ok(Ok(())) => {}
             failed => {
+                withdraw(inner, token, target_shard.to_owned());
                 inner.copies.with(copy, |c| c.leaving = false);
                 return Err(match failed {
                     Ok(Err(err)) => err,
@@ -107,7 +108,8 @@ impl<G: LiveGame> Runtime<G> {
     /// session starts here.
     pub async fn arrive(&self, token: &str, start: SessionStart) -> Result<Admitted, LiveError> {
         let inner = &self.inner;
-        if inner.closing.load(std::sync::atomic::Ordering::Acquire) {
+        // A stopped (or killed) runtime takes nothing: the handoff waits for a live one.
+        if inner.cancel.is_cancelled() || inner.closing.load(std::sync::atomic::Ordering::Acquire) {
             return Err(LiveError::Stopped);
         }
         // Checked before the handoff is taken: a refused token takes nothing.
@@ -202,6 +204,31 @@ fn mark_activation<G: LiveGame>(
         if let Ok(job) = job {
             let _ = tokio::time::timeout(inner.config.io_timeout, inner.stores.retry.enqueue(&job))
                 .await;
+        }
+    });
+}
+
+/// A handoff that failed to store (or timed out) may have landed all the same: its payload is
+/// taken back and its transfer ended, retried until both land (within the handoff's lifetime,
+/// which bounds them anyway), so the copy that stays leaves nothing pending behind it.
+fn withdraw<G: LiveGame>(inner: &Arc<Inner<G>>, token: String, target_shard: String) {
+    let inner = Arc::clone(inner);
+    tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + inner.config.handoff_ttl.duration();
+        let transit = &inner.stores.transit;
+        while tokio::time::Instant::now() < deadline {
+            let done = tokio::time::timeout(
+                inner.config.io_timeout,
+                transit.withdraw(&token, &target_shard),
+            )
+            .await;
+            if matches!(done, Ok(Ok(()))) {
+                return;
+            }
+            tokio::select! {
+                () = inner.cancel.cancelled() => return,
+                () = tokio::time::sleep(RETRY_PAUSE) => {}
+            }
         }
     });
 }

@@ -121,6 +121,19 @@ impl Transit {
         Ok(())
     }
 
+    /// The source's step when its handoff failed (an error or a timeout: the payload and the
+    /// pending mark may have landed all the same): the payload stored for `target_shard` under
+    /// `token` is taken back and the transfer ended, so neither is left for their lifetime.
+    /// Nobody else holds the token, so nothing else can take it meanwhile. Idempotent.
+    pub async fn withdraw(&self, token: &str, target_shard: &str) -> Result<(), CoordError> {
+        self.coord.transfer_complete(token).await?;
+        match self.take(token, target_shard).await {
+            // Nothing can be stored under a key that cannot be made (a refused shard id).
+            Ok(_) | Err(CoordError::InvalidKey(_)) => Ok(()),
+            Err(err) => Err(err),
+        }
+    }
+
     /// The destination's first step: takes the payload stored for `shard_id` under `token`.
     pub async fn take(&self, token: &str, shard_id: &str) -> Result<Taken, CoordError> {
         let scope = [HandoffScope::Placement(shard_id.to_owned())];

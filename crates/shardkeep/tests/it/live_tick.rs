@@ -637,3 +637,36 @@ async fn a_game_lands_its_players_and_applies_creation_input_once(pool: PgPool) 
         live.stop().await;
     }
 }
+
+/// A handoff that cannot be stored (here a target no key can name: its pending mark lands, its
+/// payload is refused) leaves the copy playing here and nothing pending behind it.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_handoff_that_cannot_be_stored_leaves_nothing_pending(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let a = Live::on(&d, &redis, "shard-a").await;
+        let (_, copy) = a.player("Lune").await;
+        let refused = a.runtime.hand_off(copy, "", anchor("zone-1")).await;
+        assert!(refused.is_err(), "{}: {refused:?}", d.name());
+        assert_eq!(
+            a.runtime.copy_of(copy.character_id),
+            Some(copy),
+            "{}",
+            d.name()
+        );
+        let coord = &a.services.coord;
+        let pattern = coord.keys().transfer_pending_pattern();
+        let mut pending = coord.keys_matching(&pattern, 100).await.unwrap();
+        for _ in 0..100 {
+            if pending.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            pending = coord.keys_matching(&pattern, 100).await.unwrap();
+        }
+        assert_eq!(pending, Vec::<String>::new(), "{}: withdrawn", d.name());
+        a.runtime.set_anchor(copy, anchor("zone-0")).unwrap();
+        a.stop().await;
+    }
+}
