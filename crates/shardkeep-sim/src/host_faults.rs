@@ -71,9 +71,7 @@ impl Host {
         // Everything on this shard dies with it: floors, items between rows, and what its
         // players hold (what is durable elsewhere lives on there).
         let mut destroyed = self.floor_items();
-        for id in self.shard.players() {
-            destroyed.extend(self.items_of(id));
-        }
+        destroyed.extend(self.shard.held_items());
         destroyed.extend(self.shard.items_in_transfer());
         // Logouts whose final save has no outcome yet: what it carried dies with the shard
         // unless its checkpoint landed (then the next login holds it again).

@@ -23,8 +23,10 @@ use shardkeep_reference::shard::gate::route_login;
 const RETRY_PAUSE: Duration = Duration::from_millis(250);
 /// Bound on one store call.
 pub(super) const IO_BOUND: Duration = Duration::from_secs(3);
-/// Lifetime of a handoff payload.
-pub(super) const HANDOFF_TTL: Ttl = Ttl::from_static_secs(120);
+/// Lifetime of a handoff payload and its pending mark (compressed with time: 120 s in
+/// production). A source waits this long for the activation, so a handoff whose destination
+/// was killed before marking it ends within the run's settle.
+pub(super) const HANDOFF_TTL: Ttl = Ttl::from_static_secs(15);
 /// Lifetime of session markers and presence records.
 pub(super) const SESSION_TTL: Ttl = Ttl::from_static_secs(120);
 /// How long a login put off by its character's logout save still in flight waits to try again.
@@ -270,9 +272,9 @@ fn record_claim(
     };
     let copy = admitted.copy;
     let (character_id, minted) = (copy.character_id, copy.owner_epoch);
-    let Ok(holds) = runtime.read(copy, |c| (c.experience, c.currency)) else {
-        return;
-    };
+    // What it started out holding, read before anything played it (gone already: evicted at
+    // once, so nothing of it can reach a row).
+    let holds = runtime.read(copy, |c| (c.experience, c.currency)).ok();
     let adopted = admitted.source == Some(LoadSource::Handoff);
     if handoff.is_some() && !adopted {
         bump(&world.counters.handoffs_superseded);
@@ -282,9 +284,11 @@ fn record_claim(
             "the copy loaded at epoch {minted} (from the {:?})",
             admitted.source
         );
-        ledger
-            .rewards
-            .loaded_from(character_id, minted, origin, holds, &what);
+        if let Some(holds) = holds {
+            ledger
+                .rewards
+                .loaded_from(character_id, minted, origin, holds, &what);
+        }
         let place = super::crash_floors::place_of(origin);
         match handoff {
             None => ledger

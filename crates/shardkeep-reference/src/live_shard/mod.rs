@@ -253,6 +253,19 @@ impl LiveShard {
             .map(|z| (z.def.as_ref(), z.entities.floor.as_slice()))
     }
 
+    /// Every item a copy held by this shard's runtime holds: the players on the map, those
+    /// link-dead, and those on their way to another shard whose handoff has not left yet (what
+    /// a crash now takes with it, unless a row, a checkpoint or a handoff already holds it).
+    pub fn held_items(&self) -> Vec<Uuid> {
+        let mut ids = Vec::new();
+        for copy in self.runtime.copies() {
+            let _ = self.runtime.read(copy, |c| {
+                ids.extend(c.items().iter().filter_map(|i| i.id));
+            });
+        }
+        ids
+    }
+
     /// Items whose pickups' transfers have not answered yet (held by neither side: a crash
     /// now loses them unless a row already holds them).
     pub fn items_in_transfer(&self) -> Vec<Uuid> {
