@@ -80,9 +80,15 @@ impl Host {
     }
 
     pub(super) async fn shutdown(&mut self) {
-        self.shard.settle(Duration::from_secs(10)).await;
+        // Every pickup answers first (a transfer retries through an outage for its budget), so
+        // the floors recorded are the last ones; one still unanswered is recorded destroyed
+        // (a crash would take it: it is in no row until its commit lands).
+        self.shard.settle(Duration::from_secs(40)).await;
         self.shard.tick();
         self.record_outcomes();
+        let unanswered = self.shard.items_in_transfer();
+        self.world
+            .with_ledger(|ledger| ledger.destroyed.extend(unanswered));
         let floors = self.floor_releases();
         let bodies = std::mem::take(&mut self.bodies);
         for (_, body) in bodies {

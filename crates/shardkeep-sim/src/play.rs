@@ -212,10 +212,13 @@ impl Host {
                         }
                         Err(err) => {
                             // Not stored: the copy stays where it stood; its player picks it up
-                            // again (the runtime resumes the copy it still holds).
+                            // again (the runtime resumes the copy it still holds). A zombie's
+                            // driver never logs in: its copy stays until its fence evicts it.
                             tracing::debug!(event = "sim_handoff_not_stored", error = %err);
                             bump(&world.counters.handoff_retries);
-                            travel::deliver(&world, &here, Inbound::Login { agent });
+                            if !agent.ghost {
+                                travel::deliver(&world, &here, Inbound::Login { agent });
+                            }
                         }
                     }
                 });

@@ -256,7 +256,16 @@ impl LiveShard {
             .filter(|(m, _)| pickup_commits(copy, Some(*m)))
         else {
             let item = self.take_lying(&zone, &room, container, item_id)?;
-            self.update(character_id, |c| c.inventory.push(picked(item)))?;
+            let given = picked(item.clone());
+            if let Err(err) = self.update(character_id, |c| c.inventory.push(given)) {
+                // The copy is gone (evicted since the last tick): the item lies where it was.
+                self.floor_of(&zone)?.push(FloorItem {
+                    item,
+                    room,
+                    reset_op: None,
+                });
+                return Err(err);
+            }
             return Ok(Pickup::Moved);
         };
         for side in [character_id, mark.by] {

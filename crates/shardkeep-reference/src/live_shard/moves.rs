@@ -170,6 +170,10 @@ impl LiveShard {
                 room: exit.room,
             });
         }
+        // The content that travels must hold the pickup's outcome: the player waits for it.
+        if self.in_transfer(character_id) {
+            return Err(ActionError::TransferPending(character_id));
+        }
         let target_shard = self
             .directory
             .shard_for_zone(&exit.zone)

@@ -304,3 +304,85 @@ async fn the_reference_shard_plays_through_the_runtime(pool: PgPool) {
     .unwrap();
     plays_through_the_runtime(services, "embedded").await;
 }
+
+/// Between the runtime evicting a copy and the shard's next tick the player still stands on
+/// the map: a pickup then is refused and the item stays where it lay. A walk into another
+/// shard's zone waits for the player's pickup in flight.
+async fn a_stale_or_busy_player_moves_nothing(services: Services, driver: &str) {
+    let directory = ZoneDirectory::new();
+    let mut a = boot(&services, "shard-a", &[0], &directory);
+    let mut b = boot(&services, "shard-b", &[1], &directory);
+    let (ana, bo) = (
+        new_character(&services, "Ana").await,
+        new_character(&services, "Bo").await,
+    );
+    for id in [ana, bo] {
+        a.login(id, SessionStart::default()).await.unwrap();
+    }
+    let gem_id = Uuid::now_v7();
+    a.grant(ana, gem(gem_id)).unwrap();
+    a.drop_item(ana, gem_id).unwrap();
+    assert_eq!(a.get_item(bo, gem_id).unwrap(), Pickup::Transferring);
+    assert!(
+        matches!(a.walk(bo, "east"), Err(ActionError::TransferPending(_))),
+        "{driver}: the handoff waits for the pickup"
+    );
+    tick_until(&mut a, "the transfer", |a| holds(a, bo, gem_id)).await;
+    // Ana walks to r3, where the zone's reset put ore, and logs in on shard-b: shard-a's flush
+    // meets the claim and the runtime evicts its copy, which still stands in r3 until shard-a
+    // ticks.
+    for _ in 0..3 {
+        assert!(matches!(a.walk(ana, "north").unwrap(), Walk::Moved { .. }));
+    }
+    let ore = a
+        .floors()
+        .flat_map(|(_, floor)| floor.iter())
+        .find(|f| f.room == "r3" && f.item.released.is_none())
+        .and_then(|f| f.item.id)
+        .expect("the zone's reset put ore in r3");
+    b.login(ana, SessionStart::default()).await.unwrap();
+    let copy = a.copy_of(ana).unwrap();
+    a.runtime().flush_all();
+    for _ in 0..500 {
+        if a.runtime().copy_of(ana) != Some(copy) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_ne!(a.runtime().copy_of(ana), Some(copy), "{driver}: evicted");
+    assert_eq!(a.copy_of(ana), Some(copy), "{driver}: still on the map");
+    // A spawned item is a plain move: the path that gave the item to a copy that was gone.
+    assert!(a.get_item(ana, ore).is_err(), "{driver}");
+    assert!(
+        a.floors()
+            .flat_map(|(_, floor)| floor.iter())
+            .any(|f| f.item.id == Some(ore) && f.room == "r3"),
+        "{driver}: the ore lies where it was"
+    );
+    a.kill();
+    b.kill();
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_stale_or_busy_player_moves_nothing_on_either_driver(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let services = Services::build(
+        shardkeep_testkit::pg(&pool),
+        redis.backend(),
+        ReferenceModel::handle(),
+        ServicesConfig::new("it-live-shard", "game_server"),
+    )
+    .unwrap();
+    a_stale_or_busy_player_moves_nothing(services, "postgres").await;
+    let sqlite = TestSqlite::new().await;
+    let keys = shardkeep::Keyspace::new(&format!("t-{}", Uuid::now_v7().simple())).unwrap();
+    let services = Services::embedded(
+        sqlite.backend(),
+        &keys,
+        ReferenceModel::handle(),
+        ServicesConfig::new("it-live-shard", "game_server"),
+        Arc::new(shardkeep::clock::SystemClock),
+    )
+    .unwrap();
+    a_stale_or_busy_player_moves_nothing(services, "embedded").await;
+}
