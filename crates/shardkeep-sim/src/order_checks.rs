@@ -241,8 +241,26 @@ pub(super) async fn journal_order_kept(
                     .as_ref()
                     .is_some_and(|m| m >= newest_cleanup && known.contains(m));
                 if !fine {
+                    // The character's last events, for whoever reads the failure.
+                    let mut last: Vec<(&SessionOrder, bool)> = events
+                        .iter()
+                        .filter(|e| e.character_id == *id)
+                        .map(|e| (&e.order, e.cleanup))
+                        .collect();
+                    last.sort_by_key(|(order, _)| place(order));
+                    let last: Vec<String> = last
+                        .iter()
+                        .rev()
+                        .take(4)
+                        .map(|(o, cleanup)| {
+                            let what = if *cleanup { "cleanup" } else { "start" };
+                            format!("{what} {:?}", place(o))
+                        })
+                        .collect();
                     details.push(format!(
-                        "{id}: newest cleanup appended is {newest_cleanup:?}, the order mark says {mark:?}"
+                        "{id}: newest cleanup appended is {newest_cleanup:?}, the order mark says \
+                         {mark:?} (last events, newest first: {})",
+                        last.join("; ")
                     ));
                 }
             }

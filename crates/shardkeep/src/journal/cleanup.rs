@@ -68,8 +68,15 @@ pub struct CleanupOutcome {
     pub enqueue_error: Option<crate::queue::QueueError>,
 }
 
-/// Cleans up after a closed stream: append the journal entry, and only then remove the active
-/// session (here and its Redis marker).
+/// Cleans up after a closed stream: clear the session's Redis marker, append the journal entry,
+/// and only then remove the active session here.
+///
+/// The marker goes before the append: once the entry is in the journal a worker may take it at
+/// once, and a marker still set then reads as a reconnect, so a reconnectable cleanup would be
+/// skipped (its order, resume ledger and location never applied) while its closer was a moment
+/// from clearing the marker. The marker only says the stream is open, which it no longer is; a
+/// reconnect that sets it again under the same token is still seen. A failed append leaves the
+/// session active here, for the caller to append again.
 pub async fn cleanup_stream(
     journal: &SessionJournal,
     sessions: &ActiveSessions,
@@ -77,6 +84,10 @@ pub async fn cleanup_stream(
     cleanup: RealtimeStreamCleanup,
 ) -> CleanupOutcome {
     let token = cleanup.session_token.clone();
+    if let Err(err) = coord.session_deactivate(&token).await {
+        // The marker expires on its own; the journal entry is what must land.
+        tracing::warn!(event = "session_marker_clear_failed", session = %token, error = %err);
+    }
     match journal.append(cleanup).await {
         Err(err) => {
             tracing::warn!(event = "stream_cleanup_enqueue_failed", session = %token, error = %err,
@@ -88,17 +99,10 @@ pub async fn cleanup_stream(
                 enqueue_error: Some(err),
             }
         }
-        Ok(entry_id) => {
-            let removed = sessions.remove(&token);
-            if let Err(err) = coord.session_deactivate(&token).await {
-                // The marker expires on its own; the journal entry is already durable.
-                tracing::warn!(event = "session_marker_clear_failed", session = %token, error = %err);
-            }
-            CleanupOutcome {
-                entry_id: Some(entry_id),
-                session_removed: removed,
-                enqueue_error: None,
-            }
-        }
+        Ok(entry_id) => CleanupOutcome {
+            entry_id: Some(entry_id),
+            session_removed: sessions.remove(&token),
+            enqueue_error: None,
+        },
     }
 }

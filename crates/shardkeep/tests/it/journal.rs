@@ -410,6 +410,27 @@ async fn an_append_failure_leaves_the_session_active_with_the_error_on(env: &Env
     assert!(!outcome.session_removed && outcome.entry_id.is_none());
     assert!(sessions.contains("s-6"), "the session stays active");
     assert_eq!(env.journal.queue().depths().await.unwrap().pending, 0);
+    // The stream's marker is cleared before its entry can be seen: with the journal cut and
+    // the coordination records reachable, the append fails and the marker is gone all the same
+    // (cleared after the append, a worker taking the entry at once read the closer's own
+    // marker as a reconnect and skipped the cleanup).
+    env.coord
+        .session_activate("s-7", shardkeep::ttl::Ttl::from_static_secs(60))
+        .await
+        .unwrap();
+    let outcome = cleanup_stream(
+        &journal,
+        &sessions,
+        &env.coord,
+        cleanup(&player, "s-7", SessionLifecycleEffectPlan::Reconnectable),
+    )
+    .await;
+    assert!(outcome.enqueue_error.is_some(), "{}", env.name());
+    assert!(
+        !env.coord.session_is_active("s-7").await.unwrap(),
+        "{}: the marker goes before the append",
+        env.name()
+    );
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
