@@ -6,19 +6,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
+use shardkeep::Services;
 use shardkeep::character::NewCharacter;
 use shardkeep::live::{FinalSave, Granted, LiveConfig, Runtime, SessionStart};
 use shardkeep::model::{Anchor, GameModel};
-use shardkeep::{Services, ServicesConfig};
 use shardkeep_reference::game::{
     Catalog, ItemJson, ReferenceEffect, ReferenceModel, StateDocument,
 };
 use shardkeep_reference::shard::ReferenceGame;
-use shardkeep_testkit::{TestRedis, TestSqlite};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::support::zones;
+use super::support::{on_both_drivers, zones};
 
 fn game() -> ReferenceGame {
     ReferenceGame::new(Arc::new(Catalog::reference()), zones(&[0, 1], 4), "zone-0").unwrap()
@@ -179,24 +178,5 @@ async fn plays_through_the_runtime(services: Services, driver: &str) {
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn the_reference_game_plays_through_the_runtime(pool: PgPool) {
-    let redis = TestRedis::new().await;
-    let services = Services::build(
-        shardkeep_testkit::pg(&pool),
-        redis.backend(),
-        ReferenceModel::handle(),
-        ServicesConfig::new("it-live-game", "game_server"),
-    )
-    .unwrap();
-    plays_through_the_runtime(services, "postgres").await;
-    let sqlite = TestSqlite::new().await;
-    let keys = shardkeep::Keyspace::new(&format!("t-{}", Uuid::now_v7().simple())).unwrap();
-    let services = Services::embedded(
-        sqlite.backend(),
-        &keys,
-        ReferenceModel::handle(),
-        ServicesConfig::new("it-live-game", "game_server"),
-        Arc::new(shardkeep::clock::SystemClock),
-    )
-    .unwrap();
-    plays_through_the_runtime(services, "embedded").await;
+    on_both_drivers(&pool, "it-live-game", plays_through_the_runtime).await;
 }

@@ -7,19 +7,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
+use shardkeep::Services;
 use shardkeep::character::NewCharacter;
 use shardkeep::live::{Cadence, FinalSave, LiveConfig, SessionStart};
-use shardkeep::{Services, ServicesConfig};
-use shardkeep_reference::game::{Catalog, ItemJson, ReferenceEffect, ReferenceModel, ZoneDef};
+use shardkeep_reference::game::{Catalog, ItemJson, ReferenceEffect, ZoneDef};
 use shardkeep_reference::live_shard::{
     ActionError, Gone, LiveShard, LiveShardConfig, Pickup, Walk,
 };
 use shardkeep_reference::shard::ZoneDirectory;
-use shardkeep_testkit::{TestRedis, TestSqlite};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::support::zones;
+use super::support::{on_both_drivers, zones};
 
 /// Zones of a four-zone ring (zone-0 with its instance, the crypt).
 fn ring(ids: &[usize]) -> Vec<ZoneDef> {
@@ -283,26 +282,7 @@ async fn plays_through_the_runtime(services: Services, driver: &str) {
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn the_reference_shard_plays_through_the_runtime(pool: PgPool) {
-    let redis = TestRedis::new().await;
-    let services = Services::build(
-        shardkeep_testkit::pg(&pool),
-        redis.backend(),
-        ReferenceModel::handle(),
-        ServicesConfig::new("it-live-shard", "game_server"),
-    )
-    .unwrap();
-    plays_through_the_runtime(services, "postgres").await;
-    let sqlite = TestSqlite::new().await;
-    let keys = shardkeep::Keyspace::new(&format!("t-{}", Uuid::now_v7().simple())).unwrap();
-    let services = Services::embedded(
-        sqlite.backend(),
-        &keys,
-        ReferenceModel::handle(),
-        ServicesConfig::new("it-live-shard", "game_server"),
-        Arc::new(shardkeep::clock::SystemClock),
-    )
-    .unwrap();
-    plays_through_the_runtime(services, "embedded").await;
+    on_both_drivers(&pool, "it-live-shard", plays_through_the_runtime).await;
 }
 
 /// Between the runtime evicting a copy and the shard's next tick the player still stands on
@@ -365,24 +345,5 @@ async fn a_stale_or_busy_player_moves_nothing(services: Services, driver: &str) 
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_stale_or_busy_player_moves_nothing_on_either_driver(pool: PgPool) {
-    let redis = TestRedis::new().await;
-    let services = Services::build(
-        shardkeep_testkit::pg(&pool),
-        redis.backend(),
-        ReferenceModel::handle(),
-        ServicesConfig::new("it-live-shard", "game_server"),
-    )
-    .unwrap();
-    a_stale_or_busy_player_moves_nothing(services, "postgres").await;
-    let sqlite = TestSqlite::new().await;
-    let keys = shardkeep::Keyspace::new(&format!("t-{}", Uuid::now_v7().simple())).unwrap();
-    let services = Services::embedded(
-        sqlite.backend(),
-        &keys,
-        ReferenceModel::handle(),
-        ServicesConfig::new("it-live-shard", "game_server"),
-        Arc::new(shardkeep::clock::SystemClock),
-    )
-    .unwrap();
-    a_stale_or_busy_player_moves_nothing(services, "embedded").await;
+    on_both_drivers(&pool, "it-live-shard", a_stale_or_busy_player_moves_nothing).await;
 }

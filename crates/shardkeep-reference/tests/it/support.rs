@@ -226,3 +226,32 @@ pub(crate) fn rows_checkpoints_and_jobs(pg: PostgresBackend, redis: RedisBackend
         retry: Some(retry),
     }
 }
+
+/// Runs `body` over services on Postgres with Redis, then over services on a fresh embedded
+/// store's file, naming each driver.
+pub(crate) async fn on_both_drivers<F, Fut>(pool: &PgPool, process: &str, body: F)
+where
+    F: Fn(Services, &'static str) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let redis = shardkeep_testkit::TestRedis::new().await;
+    let services = Services::build(
+        shardkeep_testkit::pg(pool),
+        redis.backend(),
+        ReferenceModel::handle(),
+        ServicesConfig::new(process, "game_server"),
+    )
+    .unwrap();
+    body(services, "postgres").await;
+    let sqlite = shardkeep_testkit::TestSqlite::new().await;
+    let keys = shardkeep::Keyspace::new(&format!("t-{}", Uuid::now_v7().simple())).unwrap();
+    let services = Services::embedded(
+        sqlite.backend(),
+        &keys,
+        ReferenceModel::handle(),
+        ServicesConfig::new(process, "game_server"),
+        Arc::new(shardkeep::clock::SystemClock),
+    )
+    .unwrap();
+    body(services, "embedded").await;
+}
