@@ -14,9 +14,12 @@
 //! - `env` — the scratch database and namespace, the fault proxies, the proxied stores.
 //! - `world` — what every task shares: stores, routing to shard hosts, counters, the ledger.
 //! - `agent` — a synthetic player: its choices come from a seeded generator.
-//! - `host` — one shard's task: the pulse loop, messages, sessions; `play` — the players'
+//! - `host` — one shard's task: a `LiveShard` (the reference game on the live-copy runtime,
+//!   which owns every durability rule), the pulse loop, messages; `play` — the players'
 //!   actions; `host_faults` — zombies and kills; `host_settle` — the end of a run.
-//! - `travel` — the I/O of logins, cross-shard handoffs and stream cleanup.
+//! - `travel` — logins routed through the gate to a shard's runtime, handoff tickets carried
+//!   to the destination's runtime, and what the checks must know of each claim.
+//! - `observer` — what the runtimes report: landed row writes, journaled closes, handoffs.
 //! - `faults` — the fault plan (pure) and its injection.
 //! - `checks` — the durable-state scanner and the end-of-run invariants.
 //! - [`series`] — the time series of a run and its stability verdict.
