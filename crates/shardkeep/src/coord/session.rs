@@ -18,6 +18,18 @@ impl Coordination {
         Ok(())
     }
 
+    /// Extends the marker of `session_token` to `ttl` from now, only while it is still set:
+    /// false when it is not (its stream closed, and a refresh queued before the close must not
+    /// set it again — a journal worker would read that as a reconnect).
+    pub async fn session_refresh(&self, session_token: &str, ttl: Ttl) -> Result<bool, CoordError> {
+        let key = self.keys().active_session(session_token)?;
+        if let Some(file) = self.file() {
+            return file.refresh(&key, ttl).await;
+        }
+        let extended: bool = self.conn()?.pexpire(key, ttl.as_millis() as i64).await?;
+        Ok(extended)
+    }
+
     /// Clears the marker of `session_token`.
     pub async fn session_deactivate(&self, session_token: &str) -> Result<(), CoordError> {
         let key = self.keys().active_session(session_token)?;

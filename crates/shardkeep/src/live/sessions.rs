@@ -188,7 +188,11 @@ fn start_session<G: LiveGame>(
         },
     );
     placed(inner, id, zone.clone());
-    write_session_records(inner, vec![(id, token.to_owned(), account_id, order, zone)]);
+    write_session_records(
+        inner,
+        vec![(id, token.to_owned(), account_id, order, zone)],
+        Marker::Set,
+    );
 }
 
 /// Queues the placement of `id` in `zone` on this shard. Called under the copy's registry lock
@@ -233,7 +237,21 @@ pub(crate) fn start_arrival<G: LiveGame>(
 pub(crate) type SessionRecords = (CopyId, String, Uuid, SessionOrder, String);
 
 /// Writes the marker and the ordered presence of each session, in the background.
-fn write_session_records<G: LiveGame>(inner: &Arc<Inner<G>>, sessions: Vec<SessionRecords>) {
+/// How a write of session records treats the session's active marker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Marker {
+    /// A session starting: the marker is set.
+    Set,
+    /// A session living on: the marker is extended only while it is still set, so a refresh
+    /// queued before the stream closed never sets a closed session's marker again.
+    Extend,
+}
+
+fn write_session_records<G: LiveGame>(
+    inner: &Arc<Inner<G>>,
+    sessions: Vec<SessionRecords>,
+    marker: Marker,
+) {
     let inner = Arc::clone(inner);
     tokio::spawn(async move {
         let coord = &inner.stores.coord;
@@ -251,7 +269,15 @@ fn write_session_records<G: LiveGame>(inner: &Arc<Inner<G>>, sessions: Vec<Sessi
                     ),
             };
             let written = tokio::time::timeout(inner.config.io_timeout, async {
-                coord.session_activate(&token, ttl).await?;
+                match marker {
+                    Marker::Set => coord.session_activate(&token, ttl).await?,
+                    Marker::Extend => {
+                        if !coord.session_refresh(&token, ttl).await? {
+                            // Closed since the refresh was queued: nothing of it to write.
+                            return Ok(crate::coord::OrderCheck::Current);
+                        }
+                    }
+                }
                 coord.presence_put_ordered(&record, &order).await
             })
             .await;
@@ -288,7 +314,7 @@ pub(crate) fn refresh_sessions<G: LiveGame>(
                 .flatten()
         })
         .collect();
-    write_session_records(inner, sessions);
+    write_session_records(inner, sessions, Marker::Extend);
 }
 
 fn zone_of<G: LiveGame>(inner: &Inner<G>, anchor: &Anchor) -> String {

@@ -661,7 +661,28 @@ async fn sessions_and_console_sessions_live_until_deleted_or_expired() {
             d.name()
         );
         assert!(!coord.console_session_exists("digest-1").await.unwrap());
+        // A refresh extends a live marker, and never sets one that was cleared or expired.
+        assert!(
+            coord.session_refresh("s-1", short).await.unwrap(),
+            "{}",
+            d.name()
+        );
+        assert!(
+            !coord.session_refresh("s-2", short).await.unwrap(),
+            "{}",
+            d.name()
+        );
+        assert!(
+            !coord.session_is_active("s-2").await.unwrap(),
+            "{}",
+            d.name()
+        );
         coord.session_deactivate("s-1").await.unwrap();
+        assert!(
+            !coord.session_refresh("s-1", short).await.unwrap(),
+            "{}",
+            d.name()
+        );
         coord.console_session_delete("digest-2").await.unwrap();
         assert!(!coord.session_is_active("s-1").await.unwrap());
         assert!(!coord.console_session_exists("digest-2").await.unwrap());
