@@ -1,6 +1,6 @@
-//! The producer side of the journal: when a realtime stream closes, the cleanup entry is
-//! appended durably *before* the active session is removed. If the append fails the session
-//! stays active, and the outcome says why.
+//! The producer side of the journal: when a realtime stream closes, its Redis marker is
+//! cleared, then the cleanup entry is appended durably *before* the active session is removed.
+//! If the append fails the session stays active, and the outcome says why.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

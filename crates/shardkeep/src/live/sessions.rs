@@ -98,9 +98,9 @@ fn player_of(inner: &Inner<impl LiveGame>, snapshot: &CharacterSnapshot) -> Play
     }
 }
 
-/// Journals the close of `token`'s stream, then removes the session (the order the seeds give:
-/// an append that fails leaves the session active), retrying until the entry lands or the
-/// runtime stops.
+/// Journals the close of `token`'s stream (its marker cleared first, the in-memory session
+/// removed once the entry is durable: an append that fails leaves the session active, as the
+/// seeds give), retrying until the entry lands or the runtime stops.
 pub(crate) fn close_stream<G: LiveGame>(
     inner: &Arc<Inner<G>>,
     last: &CharacterSnapshot,
@@ -236,7 +236,6 @@ pub(crate) fn start_arrival<G: LiveGame>(
 /// One session's records: (copy, token, account, its place in the order, zone).
 pub(crate) type SessionRecords = (CopyId, String, Uuid, SessionOrder, String);
 
-/// Writes the marker and the ordered presence of each session, in the background.
 /// How a write of session records treats the session's active marker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Marker {
@@ -247,6 +246,7 @@ enum Marker {
     Extend,
 }
 
+/// Writes the marker and the ordered presence of each session, in the background.
 fn write_session_records<G: LiveGame>(
     inner: &Arc<Inner<G>>,
     sessions: Vec<SessionRecords>,
@@ -272,9 +272,14 @@ fn write_session_records<G: LiveGame>(
                 match marker {
                     Marker::Set => coord.session_activate(&token, ttl).await?,
                     Marker::Extend => {
-                        if !coord.session_refresh(&token, ttl).await? {
-                            // Closed since the refresh was queued: nothing of it to write.
-                            return Ok(crate::coord::OrderCheck::Current);
+                        // Not set: its stream closed since the refresh was queued (it stays
+                        // unset: a journal worker would read it as a reconnect), or it was
+                        // lost (a Redis restart, a start write that failed) and is set again
+                        // while the copy still plays under this token.
+                        if !coord.session_refresh(&token, ttl).await?
+                            && still_attached(&inner, id, &token)
+                        {
+                            coord.session_activate(&token, ttl).await?;
                         }
                     }
                 }
@@ -287,6 +292,16 @@ fn write_session_records<G: LiveGame>(
             }
         }
     });
+}
+
+/// True while `copy` is here, not leaving, and attached under `token`.
+fn still_attached<G: LiveGame>(inner: &Inner<G>, copy: CopyId, token: &str) -> bool {
+    inner
+        .copies
+        .with(copy, |c| {
+            !c.leaving && matches!(&c.link, Link::Attached(t) if t == token)
+        })
+        .unwrap_or(false)
 }
 
 /// Refreshes the records of attached sessions (the pulse calls it for those due).
