@@ -670,3 +670,46 @@ async fn a_handoff_that_cannot_be_stored_leaves_nothing_pending(pool: PgPool) {
         a.stop().await;
     }
 }
+
+/// A killed runtime takes no handoff (it would consume the payload for a copy nobody plays):
+/// the payload stays for the runtime that replaces it.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_killed_runtime_takes_no_handoff(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let a = Live::on(&d, &redis, "shard-a").await;
+        let b = Live::on(&d, &redis, "shard-b").await;
+        let (_, copy) = a.player("Mave").await;
+        let ticket = a
+            .runtime
+            .hand_off(copy, "shard-b", anchor("zone-1"))
+            .await
+            .unwrap();
+        b.runtime.kill();
+        let refused = b
+            .runtime
+            .arrive(&ticket.token, SessionStart::default())
+            .await;
+        assert!(
+            matches!(refused, Err(LiveError::Stopped)),
+            "{}: {refused:?}",
+            d.name()
+        );
+        b.stop_workers().await;
+        let again = Live::on(&d, &redis, "shard-b").await;
+        let arrived = again
+            .runtime
+            .arrive(&ticket.token, SessionStart::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            arrived.copy.character_id,
+            copy.character_id,
+            "{}: the replacement takes it",
+            d.name()
+        );
+        again.stop().await;
+        a.stop().await;
+    }
+}
