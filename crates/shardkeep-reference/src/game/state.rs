@@ -203,6 +203,43 @@ impl LiveCharacter {
         self.attributes = attributes;
     }
 
+    /// The character dies: the latch is set and its hit points emptied. False when it was
+    /// already dying (a death is recorded once, until the respawn).
+    pub fn die(&mut self) -> bool {
+        if self.dying {
+            return false;
+        }
+        self.dying = true;
+        if let Some(hp) = self.pools.get_mut("hp") {
+            hp.cur = 0;
+        }
+        true
+    }
+
+    /// The character respawns: the latch clears and its pools refill.
+    pub fn respawn(&mut self) {
+        self.dying = false;
+        for pool in self.pools.values_mut() {
+            pool.cur = pool.max;
+        }
+    }
+
+    /// A permanent change of the base `attribute` by `delta` (derived values recomputed).
+    pub fn grant_base(&mut self, attribute: &str, delta: i32) {
+        *self
+            .base
+            .entry(attribute.to_owned())
+            .or_insert(DEFAULT_ATTRIBUTE) += delta;
+        self.recompute();
+    }
+
+    /// One step on advancement `track`; the step reached.
+    pub fn step_track(&mut self, track: &str) -> u32 {
+        let step = self.tracks.entry(track.to_owned()).or_insert(0);
+        *step += 1;
+        *step
+    }
+
     /// Every item the character holds, worn or carried, containers' contents included.
     pub fn items(&self) -> Vec<&Item> {
         let mut all = Vec::new();

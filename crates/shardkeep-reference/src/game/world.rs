@@ -103,6 +103,28 @@ pub struct ZoneEntities {
     pub floor: Vec<FloorItem>,
 }
 
+/// Removes from `floor` (and from containers lying on it) every item `gone` names; the ids of
+/// everything removed, contents included. The shards sweep what decayed and what an evicted
+/// copy put down with it.
+pub fn sweep_floor(floor: &mut Vec<FloorItem>, gone: impl Fn(&Item) -> bool) -> Vec<Uuid> {
+    let mut removed = Vec::new();
+    floor.retain_mut(|lying| {
+        if gone(&lying.item) {
+            lying.item.walk(&mut |i| removed.extend(i.id));
+            return false;
+        }
+        lying.item.contents.retain(|inner| {
+            if gone(inner) {
+                inner.walk(&mut |i| removed.extend(i.id));
+                return false;
+            }
+            true
+        });
+        true
+    });
+    removed
+}
+
 /// What one reset pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ResetReport {

@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use super::{LiveShard, Resident};
 use crate::game::items::{Item, Released};
-use crate::game::world::FloorItem;
+use crate::game::world::{FloorItem, sweep_floor};
 use crate::game::{LiveCharacter, ReferenceEffect};
 use shardkeep::audit::AuditEvent;
 use shardkeep::live::{CopyId, GrantedNow, LiveError, PickedUp, ReleaseMark, pickup_commits};
@@ -67,16 +67,7 @@ impl LiveShard {
         killer: Option<Uuid>,
     ) -> Result<Option<AuditEvent>, ActionError> {
         let Resident { zone, room, .. } = self.resident(character_id)?.clone();
-        let first = self.update(character_id, |c| {
-            if c.dying {
-                return false;
-            }
-            c.dying = true;
-            if let Some(hp) = c.pools.get_mut("hp") {
-                hp.cur = 0;
-            }
-            true
-        })?;
+        let first = self.update(character_id, LiveCharacter::die)?;
         if !first {
             return Ok(None);
         }
@@ -92,12 +83,7 @@ impl LiveShard {
 
     /// The player respawns: the latch clears and its pools refill.
     pub fn respawn(&mut self, character_id: Uuid) -> Result<(), ActionError> {
-        self.update(character_id, |c| {
-            c.dying = false;
-            for pool in c.pools.values_mut() {
-                pool.cur = pool.max;
-            }
-        })
+        self.update(character_id, LiveCharacter::respawn)
     }
 
     /// A permanent base-attribute grant, recorded on the audit trail under the grant's key.
@@ -108,12 +94,7 @@ impl LiveShard {
         delta: i32,
         grant_key: &str,
     ) -> Result<AuditEvent, ActionError> {
-        self.update(character_id, |c| {
-            *c.base
-                .entry(attribute.to_owned())
-                .or_insert(crate::game::state::DEFAULT_ATTRIBUTE) += delta;
-            c.recompute();
-        })?;
+        self.update(character_id, |c| c.grant_base(attribute, delta))?;
         let event = AuditEvent::attribute(
             character_id,
             grant_key,
@@ -129,11 +110,7 @@ impl LiveShard {
         character_id: Uuid,
         track: &str,
     ) -> Result<AuditEvent, ActionError> {
-        let step = self.update(character_id, |c| {
-            let step = c.tracks.entry(track.to_owned()).or_insert(0);
-            *step += 1;
-            *step
-        })?;
+        let step = self.update(character_id, |c| c.step_track(track))?;
         let event = AuditEvent::track(character_id, track, step);
         self.runtime.audit(event.clone());
         Ok(event)
@@ -448,25 +425,12 @@ impl LiveShard {
         self.decayed_items.extend(decayed);
     }
 
-    /// Removes every floor item (or container content) `gone` names; the ids of all it removed,
-    /// contents included.
+    /// Removes every floor item (or container content) `gone` names, on every floor here; the
+    /// ids of all it removed, contents included.
     fn sweep_floors(&mut self, gone: impl Fn(&Item) -> bool) -> Vec<Uuid> {
         let mut removed = Vec::new();
         for zone in self.zones.values_mut() {
-            zone.entities.floor.retain_mut(|floor| {
-                if gone(&floor.item) {
-                    floor.item.walk(&mut |i| removed.extend(i.id));
-                    return false;
-                }
-                floor.item.contents.retain(|inner| {
-                    if gone(inner) {
-                        inner.walk(&mut |i| removed.extend(i.id));
-                        return false;
-                    }
-                    true
-                });
-                true
-            });
+            removed.extend(sweep_floor(&mut zone.entities.floor, &gone));
         }
         removed
     }

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::{PlayerEntry, Shard};
 use crate::game::items::{Item, Released};
-use crate::game::world::FloorItem;
+use crate::game::world::{FloorItem, sweep_floor};
 use shardkeep::audit::AuditEvent;
 
 /// An action could not happen; nothing changed.
@@ -307,12 +307,8 @@ impl Shard {
         let entry = self
             .player_mut(character_id)
             .ok_or(ActionError::NotHere(character_id))?;
-        if entry.character.dying {
+        if !entry.character.die() {
             return Ok(None);
-        }
-        entry.character.dying = true;
-        if let Some(hp) = entry.character.pools.get_mut("hp") {
-            hp.cur = 0;
         }
         let event = AuditEvent::died(
             character_id,
@@ -329,10 +325,7 @@ impl Shard {
         let entry = self
             .player_mut(character_id)
             .ok_or(ActionError::NotHere(character_id))?;
-        entry.character.dying = false;
-        for pool in entry.character.pools.values_mut() {
-            pool.cur = pool.max;
-        }
+        entry.character.respawn();
         Ok(())
     }
 
@@ -347,13 +340,7 @@ impl Shard {
         let entry = self
             .player_mut(character_id)
             .ok_or(ActionError::NotHere(character_id))?;
-        let base = entry
-            .character
-            .base
-            .entry(attribute.to_owned())
-            .or_insert(crate::game::state::DEFAULT_ATTRIBUTE);
-        *base += delta;
-        entry.character.recompute();
+        entry.character.grant_base(attribute, delta);
         let event = AuditEvent::attribute(
             character_id,
             grant_key,
@@ -372,9 +359,8 @@ impl Shard {
         let entry = self
             .player_mut(character_id)
             .ok_or(ActionError::NotHere(character_id))?;
-        let step = entry.character.tracks.entry(track.to_owned()).or_insert(0);
-        *step += 1;
-        let event = AuditEvent::track(character_id, track, *step);
+        let step = entry.character.step_track(track);
+        let event = AuditEvent::track(character_id, track, step);
         self.auditor.emit(event.clone());
         Ok(event)
     }
@@ -394,25 +380,9 @@ impl Shard {
                 .as_ref()
                 .is_some_and(|r| r.by == character_id && r.epoch == epoch)
         };
-        let mut voided = Vec::new();
         for zone in self.zones.values_mut() {
-            zone.entities.floor.retain_mut(|floor| {
-                if released_here(&floor.item) {
-                    voided.push(floor.item.clone());
-                    return false;
-                }
-                floor.item.contents.retain(|inner| {
-                    if released_here(inner) {
-                        voided.push(inner.clone());
-                        return false;
-                    }
-                    true
-                });
-                true
-            });
-        }
-        for item in &voided {
-            self.void_item(item);
+            self.voided_items
+                .extend(sweep_floor(&mut zone.entities.floor, released_here));
         }
     }
 
@@ -435,24 +405,10 @@ impl Shard {
                 .as_ref()
                 .is_some_and(|r| r.at_pulse.saturating_add(lifetime) <= pulse)
         };
-        let mut decayed = Vec::new();
         for zone in self.zones.values_mut() {
-            zone.entities.floor.retain_mut(|floor| {
-                if expired(&floor.item) {
-                    floor.item.walk(&mut |i| decayed.extend(i.id));
-                    return false;
-                }
-                floor.item.contents.retain(|inner| {
-                    if expired(inner) {
-                        inner.walk(&mut |i| decayed.extend(i.id));
-                        return false;
-                    }
-                    true
-                });
-                true
-            });
+            self.decayed_items
+                .extend(sweep_floor(&mut zone.entities.floor, expired));
         }
-        self.decayed_items.extend(decayed);
     }
 
     /// The floor of `zone`, where `character_id` acts.
