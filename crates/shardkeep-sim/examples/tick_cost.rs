@@ -1,6 +1,10 @@
-//! Measures one shard pulse with many online characters and no stores: the pure CPU cost of a
-//! pulse (timed effects, the save wheel, dumps). `cargo run --release --example tick_cost 250000`;
-//! set NO_TIMED=1 to drop the template's affects and cooldowns.
+//! Measures the CPU cost of one pulse of the reference shard on the live-copy runtime with many
+//! online characters, its parts apart: the shard's own tick (affects and cooldowns run down on
+//! every player, zone resets) with the runtime not pulsed, then the runtime's pulse alone (the
+//! cadences' dumps handed to the saver), then one dump of everyone. The characters live in a
+//! scratch embedded file and log in through the runtime.
+//! `cargo run --release --example tick_cost 100000`; set NO_TIMED=1 to drop the template's
+//! affects and cooldowns.
 #![allow(missing_docs, clippy::unwrap_used)]
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,110 +12,114 @@ use std::time::Instant;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use shardkeep::character::{CharacterSnapshot, LoadSource, LoadedCharacter};
-use shardkeep_reference::game::{Catalog, reference_world};
-use shardkeep_reference::shard::{Arrival, Shard, ShardConfig, ShardStores, ZoneDirectory};
+use shardkeep::character::StateJson;
+use shardkeep::live::SessionStart;
+use shardkeep::{Keyspace, Services, ServicesConfig};
+use shardkeep_reference::game::{Catalog, ReferenceModel, reference_world};
+use shardkeep_reference::live_shard::{LiveShard, LiveShardConfig};
+use shardkeep_reference::shard::ZoneDirectory;
+use shardkeep_sim::bench::documents::{template_state, with_timers_shifted};
+use shardkeep_sim::bench::embedded_cas::ScratchFile;
+use shardkeep_sim::bench::ladder::snapshot;
+
+/// Times `runs` calls of `step`, yielding between them; prints mean, p99 and worst.
+async fn timed(what: &str, runs: usize, mut step: impl FnMut()) {
+    let mut took = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let t = Instant::now();
+        step();
+        took.push(t.elapsed().as_secs_f64() * 1000.0);
+        tokio::task::yield_now().await;
+    }
+    let mean = took.iter().sum::<f64>() / took.len() as f64;
+    let p99 = shardkeep_sim::bench::percentile(&took, 0.99);
+    let worst = took.iter().copied().fold(0.0, f64::max);
+    println!("{what}: mean {mean:.1} ms, p99 {p99:.1} ms, worst {worst:.1} ms");
+}
 
 #[tokio::main]
 async fn main() {
     let online: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
-        .unwrap_or(250_000);
-    let mut shard = Shard::boot(
-        ShardConfig::new("probe", "zone-0"),
+        .unwrap_or(100_000);
+    let mut template = template_state();
+    if std::env::var("NO_TIMED").is_ok() {
+        template["affects"] = serde_json::json!([]);
+        template["cooldowns"] = serde_json::json!({});
+    }
+    // Timers started at different moments, as in the capacity benchmark.
+    let variants: Vec<StateJson> = (0..97)
+        .map(|k| StateJson::from(with_timers_shifted(&template, k)))
+        .collect();
+    let scratch = ScratchFile::new().await.unwrap();
+    let ids: Vec<uuid::Uuid> = (0..online).map(|_| uuid::Uuid::now_v7()).collect();
+    for (slice, chunk) in ids.chunks(50_000).enumerate() {
+        let rows: Vec<_> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let n = slice * 50_000 + i;
+                snapshot(*id, &format!("p{n}"), &variants[n % variants.len()])
+            })
+            .collect();
+        scratch.insert(&rows).await.unwrap();
+    }
+    let keys = Keyspace::new(&format!("tick-{}", uuid::Uuid::now_v7().simple())).unwrap();
+    let services = Services::embedded(
+        scratch.db.clone(),
+        &keys,
+        ReferenceModel::handle(),
+        ServicesConfig::new("tick-cost", "game_server"),
+        Arc::new(shardkeep::clock::SystemClock),
+    )
+    .unwrap();
+    let mut config = LiveShardConfig::new("probe", "zone-0");
+    // The shard's tick never pulses the runtime here: the two are timed apart below.
+    config.quiet_pulses = u64::MAX;
+    let mut shard = LiveShard::boot(
+        &services,
+        config,
         reference_world(1),
         Arc::new(Catalog::reference()),
-        ShardStores::default(),
         ZoneDirectory::new(),
-    );
+    )
+    .unwrap();
     let t = Instant::now();
-    let mut first = None;
-    for i in 0..online {
-        let id = uuid::Uuid::new_v4();
-        first.get_or_insert(id);
-        let snapshot = CharacterSnapshot {
-            character_id: id,
-            account_id: uuid::Uuid::nil(),
-            name: format!("p{i}"),
-            zone_ref: Some("zone-0".into()),
-            room_ref: Some("r0".into()),
-            state: {
-                let mut v = shardkeep_sim::bench::documents::template_state();
-                if std::env::var("NO_TIMED").is_ok() {
-                    v["affects"] = serde_json::json!([]);
-                    v["cooldowns"] = serde_json::json!({});
-                }
-                // Timers started at different moments, as in the capacity benchmark.
-                shardkeep_sim::bench::documents::with_timers_shifted(&v, (i % 97) as u32).into()
-            },
-            chargen: None,
-            state_version: 0,
-            owner_epoch: 1,
-            issue_mark: 0,
-            schema_version: 1,
-        };
-        let loaded = LoadedCharacter {
-            snapshot,
-            source: LoadSource::Row,
-            brand_new: false,
-            origin: Default::default(),
-        };
-        shard
-            .admit(
-                loaded,
-                Arrival::Login {
-                    session_token: id.to_string(),
-                },
-            )
-            .unwrap();
-    }
-    println!("admit {online}: {:?}", t.elapsed());
-    if let Some(id) = first {
-        let character = &shard.player(id).unwrap().character;
-        let t = Instant::now();
-        for _ in 0..100_000 {
-            std::hint::black_box(
-                shardkeep_reference::game::dump_character(
-                    character,
-                    Some("zone-0"),
-                    Some("r0"),
-                    Default::default(),
-                )
-                .unwrap(),
-            );
+    let mut logins = tokio::task::JoinSet::new();
+    let mut next = ids.iter().copied();
+    loop {
+        while logins.len() < 256 {
+            let Some(id) = next.next() else { break };
+            let runtime = shard.runtime().clone();
+            logins.spawn(async move { runtime.login(id, SessionStart::default()).await });
         }
-        println!(
-            "dump one character: {:.2} µs",
-            t.elapsed().as_secs_f64() * 1e6 / 100_000.0
-        );
-        let t = Instant::now();
-        for _ in 0..100_000 {
-            std::hint::black_box(
-                shardkeep::character::StateJson::encode(&std::hint::black_box(1u8)).unwrap(),
-            );
-        }
-        println!(
-            "encode a byte: {:.3} µs",
-            t.elapsed().as_secs_f64() * 1e6 / 100_000.0
-        );
+        let Some(joined) = logins.join_next().await else {
+            break;
+        };
+        shard.enter(joined.unwrap().unwrap()).unwrap();
     }
-    let t = Instant::now();
-    shard.save_all(shardkeep::saver::SaveReason::Checkpoint);
     println!(
-        "dump every character once: {:.2} µs each",
+        "log {online} in through the runtime: {:?} ({:.0}/s)",
+        t.elapsed(),
+        online as f64 / t.elapsed().as_secs_f64()
+    );
+    timed(
+        "shard tick without the runtime (timers, resets)",
+        160,
+        || shard.tick(),
+    )
+    .await;
+    let runtime = shard.runtime().clone();
+    timed("runtime pulse alone (cadence dumps)", 160, || {
+        runtime.pulse()
+    })
+    .await;
+    let t = Instant::now();
+    let queued = runtime.flush_all();
+    println!(
+        "dump every character once: {:.2} µs each ({queued} queued)",
         t.elapsed().as_secs_f64() * 1e6 / online as f64
     );
-    let mut pulses = Vec::new();
-    for _ in 0..160 {
-        let t = Instant::now();
-        shard.tick();
-        pulses.push(t.elapsed().as_secs_f64() * 1000.0);
-        let _ = shard.take_saver_events();
-        tokio::task::yield_now().await;
-    }
-    let mean = pulses.iter().sum::<f64>() / pulses.len() as f64;
-    let p99 = shardkeep_sim::bench::percentile(&pulses, 0.99);
-    let worst = pulses.iter().copied().fold(0.0, f64::max);
-    println!("tick: mean {mean:.1} ms, p99 {p99:.1} ms, worst {worst:.1} ms");
+    shard.kill();
 }

@@ -217,3 +217,106 @@ pub(crate) async fn faultable_checkpoints(
     };
     (scene, checkpoints, outage)
 }
+
+/// Services of either driver for a shard on the runtime, over a path the test can cut or stall
+/// (Postgres behind a fault proxy with Redis direct, or a second connection to the embedded
+/// file, every tier behind it), and the test's own services beside them, never faulted.
+pub(crate) struct FaultableServices {
+    _keep: Keep,
+    /// The test's own handles over the same stores (reads, claims elsewhere).
+    pub(crate) own: shardkeep::Services,
+    /// The shard's services, over the faultable path.
+    pub(crate) shard: shardkeep::Services,
+    /// Switches the shard's path off and on.
+    pub(crate) outage: Outage,
+    /// The retry jobs' store (never faulted), to read them and to run a worker.
+    pub(crate) jobs: JobDriver,
+    /// `postgres` or `embedded`.
+    pub(crate) driver: &'static str,
+}
+
+impl FaultableServices {
+    /// Fresh stores of `driver` (Postgres: the test's database `pool`).
+    pub(crate) async fn new(pool: &PgPool, driver: Driver) -> Self {
+        let config = || shardkeep::ServicesConfig::new("it-faultable", "game_server");
+        match driver {
+            Driver::Servers => {
+                let redis = TestRedis::new().await;
+                let own = shardkeep::Services::build(
+                    shardkeep_testkit::pg(pool),
+                    redis.backend(),
+                    ReferenceModel::handle(),
+                    config(),
+                )
+                .unwrap();
+                let proxy = FaultProxy::start(pg_addr()).await.unwrap();
+                let proxied = proxied_pg(pool, &proxy).await;
+                let shard = shardkeep::Services::build(
+                    proxied,
+                    redis.backend(),
+                    ReferenceModel::handle(),
+                    config(),
+                )
+                .unwrap();
+                Self {
+                    _keep: Keep::Redis(Box::new(redis)),
+                    own,
+                    shard,
+                    outage: Outage::Proxy(proxy),
+                    jobs: JobDriver::Postgres(pool.clone()),
+                    driver: "postgres",
+                }
+            }
+            Driver::Embedded => {
+                let sqlite = TestSqlite::new().await;
+                let keys =
+                    shardkeep::Keyspace::new(&format!("t-{}", uuid::Uuid::now_v7().simple()))
+                        .unwrap();
+                let embedded = |db: SqliteBackend| {
+                    shardkeep::Services::embedded(
+                        db,
+                        &keys,
+                        ReferenceModel::handle(),
+                        config(),
+                        Arc::new(SystemClock),
+                    )
+                    .unwrap()
+                };
+                let own = embedded(sqlite.backend());
+                let shard_db = SqliteBackend::connect("DATABASE_URL", sqlite.url())
+                    .await
+                    .unwrap();
+                let shard = embedded(shard_db.clone());
+                Self {
+                    jobs: JobDriver::Embedded(sqlite.backend()),
+                    _keep: Keep::File(sqlite),
+                    own,
+                    shard,
+                    outage: Outage::File(shard_db),
+                    driver: "embedded",
+                }
+            }
+        }
+    }
+
+    /// Whether the checkpoints share the rows' faultable path (the embedded file).
+    pub(crate) fn checkpoints_share_the_outage(&self) -> bool {
+        matches!(self.outage, Outage::File(_))
+    }
+
+    /// Runs a retry worker of the reference game until no job is due; returns the jobs it
+    /// settled and how many of them were superseded.
+    pub(crate) async fn run_retry_worker(&self) -> (usize, u64) {
+        let clock = Arc::new(SystemClock);
+        let (_, signals) = self.jobs.queue(4, clock.clone());
+        let mut worker = self.jobs.worker_for(
+            ReferenceModel::handle(),
+            signals,
+            RetryWorkerConfig::new("w"),
+            clock,
+        );
+        let stats = worker.stats();
+        let settled = worker.run_until_idle().await.unwrap();
+        (settled, RetryStats::get(&stats.superseded))
+    }
+}

@@ -3,101 +3,17 @@
 //! handoff, survive a crash through their checkpoint, and a zombie copy is evicted with what it
 //! held and put down. On Postgres with Redis and on the embedded file.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::json;
 use shardkeep::Services;
-use shardkeep::character::NewCharacter;
-use shardkeep::live::{Cadence, FinalSave, LiveConfig, SessionStart};
-use shardkeep_reference::game::{Catalog, ItemJson, ReferenceEffect, ZoneDef};
-use shardkeep_reference::live_shard::{
-    ActionError, Gone, LiveShard, LiveShardConfig, Pickup, Walk,
-};
+use shardkeep::live::{FinalSave, SessionStart};
+use shardkeep_reference::live_shard::{ActionError, Gone, Pickup, Walk};
 use shardkeep_reference::shard::ZoneDirectory;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::support::{on_both_drivers, zones};
-
-/// Zones of a four-zone ring (zone-0 with its instance, the crypt).
-fn ring(ids: &[usize]) -> Vec<ZoneDef> {
-    zones(ids, 4)
-}
-
-fn boot(services: &Services, shard: &str, ids: &[usize], directory: &ZoneDirectory) -> LiveShard {
-    let mut config = LiveShardConfig::new(shard, &format!("zone-{}", ids[0]));
-    // A pulse of 10 ms: a checkpoint every 4 pulses, a flush every 40.
-    config.live = LiveConfig {
-        cadence: Cadence::new(Duration::from_millis(40), Duration::from_millis(400)),
-        io_timeout: Duration::from_secs(3),
-        ..LiveConfig::new(shard)
-    };
-    LiveShard::boot(
-        services,
-        config,
-        ring(ids),
-        Arc::new(Catalog::reference()),
-        directory.clone(),
-    )
-    .unwrap()
-}
-
-async fn new_character(services: &Services, name: &str) -> Uuid {
-    let id = Uuid::now_v7();
-    services
-        .characters
-        .create(&NewCharacter {
-            character_id: id,
-            account_id: Uuid::now_v7(),
-            name: name.into(),
-            zone_ref: Some("zone-0".into()),
-            room_ref: Some("r0".into()),
-            state: json!({}).into(),
-            chargen: None,
-            schema_version: 1,
-        })
-        .await
-        .unwrap();
-    id
-}
-
-fn gem(id: Uuid) -> ReferenceEffect {
-    let gem: ItemJson = serde_json::from_value(json!({ "proto": "gem", "id": id })).unwrap();
-    ReferenceEffect::CombatRewards {
-        experience: 10,
-        currency: 5,
-        items: vec![gem],
-    }
-}
-
-fn holds(shard: &LiveShard, character: Uuid, item: Uuid) -> bool {
-    shard
-        .read(character, |c| c.items().iter().any(|i| i.id == Some(item)))
-        .unwrap_or(false)
-}
-
-/// Ticks `shard` every 10 ms until `done` or 10 s.
-async fn tick_until(
-    shard: &mut LiveShard,
-    what: &str,
-    mut done: impl FnMut(&mut LiveShard) -> bool,
-) {
-    for _ in 0..1000 {
-        shard.tick();
-        if done(shard) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{what}: not within 10 s");
-}
-
-/// The items of `character`'s row.
-async fn row_items(services: &Services, character: Uuid) -> Vec<Uuid> {
-    let row = services.characters.load(character).await.unwrap().unwrap();
-    shardkeep_reference::game::state::stored_item_ids(row.state.value())
-}
+use super::live_support::{boot, gem, holds, new_character, row_items, tick_until};
+use super::support::on_both_drivers;
 
 async fn plays_through_the_runtime(services: Services, driver: &str) {
     let directory = ZoneDirectory::new();

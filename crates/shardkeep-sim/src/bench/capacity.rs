@@ -1,8 +1,9 @@
 //! How many online characters one shard process sustains at the default cadences (a checkpoint
 //! every 40 pulses, a flush every 240, pulses of 250 ms), with Postgres and Redis on the same
-//! machine: the reference shard runs at real pulse speed, and the run counts drops, failures,
-//! pulses over budget and the rates reached against what the cadences ask for. It also reports
-//! the memory the process holds per online character.
+//! machine: the reference shard on the live-copy runtime (`LiveShard`, every character logged
+//! in through the runtime's claim and load, with its session records) runs at real pulse speed,
+//! and the run counts drops, failures, pulses over budget and the rates reached against what
+//! the cadences ask for. It also reports the memory the process holds per online character.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,11 +14,15 @@ use super::documents::DocumentKind;
 use super::embedded_cas::ScratchFile;
 use super::ladder::{insert_rows, snapshot};
 use super::{BenchEnv, BenchError, Goal, Progress, Row, Unit};
-use shardkeep::character::{
-    CharacterStore, CheckpointStore, LoadSource, LoadedCharacter, StateJson,
+use shardkeep::character::StateJson;
+use shardkeep::clock::SystemClock;
+use shardkeep::live::{Cadence, LiveConfig, SessionStart};
+use shardkeep::{Keyspace, Services, ServicesConfig};
+use shardkeep_reference::game::{
+    ApplyOptions, Catalog, ReferenceModel, apply_snapshot, reference_world,
 };
-use shardkeep_reference::game::{ApplyOptions, Catalog, apply_snapshot, reference_world};
-use shardkeep_reference::shard::{Arrival, Shard, ShardConfig, ShardStores, ZoneDirectory};
+use shardkeep_reference::live_shard::{LiveShard, LiveShardConfig};
+use shardkeep_reference::shard::ZoneDirectory;
 
 const BENCH: &str = "capacity";
 /// Distinct timer offsets among the characters of a run.
@@ -80,7 +85,11 @@ pub fn resident_bytes() -> Option<u64> {
     Some(pages * 4096)
 }
 
-/// Boots one shard with `config.online` characters holding `state` and runs it at real pulse
+/// Logins in flight at once while the shard fills.
+const LOGINS_AT_ONCE: usize = 256;
+
+/// Boots one reference shard on the live-copy runtime, logs `config.online` characters holding
+/// `state` in through it (each claimed and loaded, as a real login is) and runs it at real pulse
 /// speed.
 pub async fn run(
     env: Option<&BenchEnv>,
@@ -100,43 +109,6 @@ pub async fn run(
     let prefix = format!("on{}-", Uuid::now_v7().simple());
     let catalog = Arc::new(Catalog::reference());
     let encoded = StateJson::from(state);
-    let (rows, stores, _scratch) = if config.embedded {
-        let scratch = ScratchFile::new().await?;
-        let rows: Vec<(Uuid, String)> = (0..config.online)
-            .map(|n| (Uuid::now_v7(), format!("{prefix}{n}")))
-            .collect();
-        let snapshots: Vec<_> = rows
-            .iter()
-            .map(|(id, name)| snapshot(*id, name, &encoded))
-            .collect();
-        scratch.insert(&snapshots).await?;
-        let stores = ShardStores {
-            characters: Some(CharacterStore::embedded(scratch.db.clone())),
-            checkpoints: Some(CheckpointStore::embedded(scratch.db.clone())),
-            placement: None,
-            audit: None,
-            retry: None,
-        };
-        (rows, stores, Some(scratch))
-    } else {
-        let env = env.ok_or_else(|| {
-            BenchError::other("a capacity run on the servers needs Postgres and Redis")
-        })?;
-        let rows = insert_rows(&env.pool, config.online, &prefix, state).await?;
-        let stores = ShardStores {
-            characters: Some(CharacterStore::new(env.pg.clone())),
-            checkpoints: Some(CheckpointStore::new(env.redis.clone())),
-            placement: None,
-            audit: None,
-            retry: None,
-        };
-        (rows, stores, None)
-    };
-    // Players' buffs and cooldowns started at different times: the same document with its
-    // timers shifted, a variant per character in turn, so they do not all run out on one pulse.
-    let variants: Vec<StateJson> = (0..TIMER_VARIANTS)
-        .map(|k| StateJson::from(super::documents::with_timers_shifted(state, k)))
-        .collect();
     let probe = apply_snapshot(
         &snapshot(Uuid::nil(), "probe", &encoded),
         &catalog,
@@ -148,33 +120,82 @@ pub async fn run(
             probe.warnings
         )));
     }
-    let pulse = shardkeep_reference::shard::PULSE;
+    // Players' buffs and cooldowns started at different times: the same document with its
+    // timers shifted, a variant per character in turn, so they do not all run out on one pulse.
+    let variants: Vec<serde_json::Value> = (0..TIMER_VARIANTS)
+        .map(|k| super::documents::with_timers_shifted(state, k))
+        .collect();
+    let services_config = ServicesConfig::new("bench-capacity", "game_server");
+    let (ids, services, _scratch) = if config.embedded {
+        let scratch = ScratchFile::new().await?;
+        let encoded: Vec<StateJson> = variants.iter().map(StateJson::from).collect();
+        let ids: Vec<Uuid> = (0..config.online).map(|_| Uuid::now_v7()).collect();
+        for (slice, chunk) in ids.chunks(50_000).enumerate() {
+            let snapshots: Vec<_> = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, id)| {
+                    let n = slice * 50_000 + i;
+                    snapshot(*id, &format!("{prefix}{n}"), &encoded[n % encoded.len()])
+                })
+                .collect();
+            scratch.insert(&snapshots).await?;
+        }
+        let keys = Keyspace::new(&format!("bench-{}", Uuid::now_v7().simple()))
+            .map_err(BenchError::other)?;
+        let services = Services::embedded(
+            scratch.db.clone(),
+            &keys,
+            ReferenceModel::handle(),
+            services_config,
+            Arc::new(SystemClock),
+        )
+        .map_err(BenchError::other)?;
+        (ids, services, Some(scratch))
+    } else {
+        let env = env.ok_or_else(|| {
+            BenchError::other("a capacity run on the servers needs Postgres and Redis")
+        })?;
+        let rows = insert_rows(&env.pool, config.online, &prefix, state).await?;
+        let ids: Vec<Uuid> = rows.into_iter().map(|(id, _)| id).collect();
+        for (k, variant) in variants.iter().enumerate() {
+            let group: Vec<Uuid> = ids
+                .iter()
+                .skip(k)
+                .step_by(variants.len())
+                .copied()
+                .collect();
+            sqlx::query("UPDATE characters SET state = $1 WHERE id = ANY($2)")
+                .bind(variant)
+                .bind(&group)
+                .execute(&env.pool)
+                .await?;
+        }
+        let services = Services::build(
+            env.pg.clone(),
+            env.redis.clone(),
+            ReferenceModel::handle(),
+            services_config,
+        )
+        .map_err(BenchError::other)?;
+        (ids, services, None)
+    };
+    let pulse = Cadence::default().pulse();
     let resident_before = resident_bytes();
-    let mut shard = Shard::boot(
-        ShardConfig::new("bench", "zone-0"),
+    let mut live = LiveShardConfig::new("bench", "zone-0");
+    // The runtime's own bound on a store call, as in production.
+    live.live = LiveConfig::new("bench");
+    let mut shard = LiveShard::boot(
+        &services,
+        live,
         reference_world(1),
         Arc::clone(&catalog),
-        stores,
         ZoneDirectory::new(),
-    );
-    progress.step(BENCH, format!("admitting {} characters", rows.len()));
-    for (n, (id, name)) in rows.iter().enumerate() {
-        let loaded = LoadedCharacter {
-            snapshot: snapshot(*id, name, &variants[n % variants.len()]),
-            source: LoadSource::Row,
-            brand_new: false,
-            origin: Default::default(),
-        };
-        shard
-            .admit(
-                loaded,
-                Arrival::Login {
-                    session_token: id.to_string(),
-                },
-            )
-            .map_err(BenchError::other)?;
-    }
-    drop(rows);
+    )
+    .map_err(BenchError::other)?;
+    progress.step(BENCH, format!("logging {} characters in", ids.len()));
+    log_everyone_in(&mut shard, &ids, progress).await?;
+    drop(ids);
     progress.step(
         BENCH,
         format!(
@@ -183,7 +204,8 @@ pub async fn run(
             config.sustain.as_secs_f64()
         ),
     );
-    let before = shard.saver().stats();
+    let saver = shard.runtime().saver().clone();
+    let before = saver.stats();
     let started = Instant::now();
     let mut ticker = tokio::time::interval(pulse);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -196,17 +218,15 @@ pub async fn run(
         let due = ticker.tick().await;
         first_and_last_due = Some(first_and_last_due.map_or((due, due), |(first, _)| (first, due)));
         shard.tick();
-        // Events are the game's to read; the benchmark only keeps them from piling up.
-        let _ = shard.take_saver_events();
         let took = due.elapsed();
         pulses += 1;
         max_pulse = max_pulse.max(took);
         if took > pulse {
             overruns += 1;
         }
-        max_depth = max_depth.max(shard.saver().depth());
+        max_depth = max_depth.max(saver.depth());
         progress.tick(BENCH, || {
-            let now = shard.saver().stats();
+            let now = saver.stats();
             let secs = started.elapsed().as_secs_f64();
             format!(
                 "{secs:.0} s of {:.0}: {:.0} checkpoints/s, {:.0} flush rows/s, slowest pulse {:.0} ms, overruns {overruns}, queue depth {}",
@@ -214,7 +234,7 @@ pub async fn run(
                 (now.checkpoint_landed - before.checkpoint_landed) as f64 / secs,
                 (now.row_landed - before.row_landed) as f64 / secs,
                 max_pulse.as_secs_f64() * 1000.0,
-                shard.saver().depth()
+                saver.depth()
             )
         });
     }
@@ -224,9 +244,9 @@ pub async fn run(
         tokio::time::Instant::from_std(started + config.sustain).min(tokio::time::Instant::now());
     // Rates count what was written while the shard ran, not what a queue that fell behind
     // writes after it (the drain below); drops and failures count both.
-    let at_end = shard.saver().stats();
-    let barrier = shard.saver().barrier(Duration::from_secs(30)).await;
-    let after = shard.saver().stats();
+    let at_end = saver.stats();
+    let barrier = saver.barrier(Duration::from_secs(30)).await;
+    let after = saver.stats();
     let resident_after = resident_bytes();
     shard.kill();
     let dropped = (after.dropped_checkpoint + after.dropped_row)
@@ -257,6 +277,7 @@ pub async fn run(
     }
     let checkpoints = at_end.checkpoint_landed - before.checkpoint_landed;
     let flushes = at_end.row_landed - before.row_landed;
+    let (checkpoint_pulses, flush_pulses) = Cadence::default().periods();
     let pulse_s = pulse.as_secs_f64();
     Ok(CapacityReport {
         document,
@@ -270,8 +291,8 @@ pub async fn run(
         seconds,
         checkpoints_per_second: checkpoints as f64 / seconds,
         flush_rows_per_second: flushes as f64 / seconds,
-        checkpoints_needed: config.online as f64 / (40.0 * pulse_s),
-        flushes_needed: config.online as f64 / (240.0 * pulse_s),
+        checkpoints_needed: config.online as f64 / (checkpoint_pulses as f64 * pulse_s),
+        flushes_needed: config.online as f64 / (flush_pulses as f64 * pulse_s),
         attempted: (after.checkpoint_attempted - before.checkpoint_attempted)
             + (after.row_attempted - before.row_attempted),
         dropped,
@@ -283,6 +304,34 @@ pub async fn run(
             .zip(resident_after)
             .map(|(b, a)| a.saturating_sub(b) as f64 / config.online.max(1) as f64),
     })
+}
+
+/// Logs every one of `ids` in through the shard's runtime (claim, load, land), at most
+/// [`LOGINS_AT_ONCE`] at a time, and puts each on the map. Any refused login fails the run.
+async fn log_everyone_in(
+    shard: &mut LiveShard,
+    ids: &[Uuid],
+    progress: &Progress,
+) -> Result<(), BenchError> {
+    let mut next = ids.iter().copied();
+    let mut logins = tokio::task::JoinSet::new();
+    let mut entered = 0usize;
+    loop {
+        while logins.len() < LOGINS_AT_ONCE {
+            let Some(id) = next.next() else { break };
+            let runtime = shard.runtime().clone();
+            logins.spawn(async move { runtime.login(id, SessionStart::default()).await });
+        }
+        let Some(joined) = logins.join_next().await else {
+            return Ok(());
+        };
+        let admitted = joined
+            .map_err(BenchError::other)?
+            .map_err(BenchError::other)?;
+        shard.enter(admitted).map_err(BenchError::other)?;
+        entered += 1;
+        progress.tick(BENCH, || format!("{entered} of {} logged in", ids.len()));
+    }
 }
 
 /// The report's rows for one run.

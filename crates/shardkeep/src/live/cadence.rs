@@ -99,6 +99,11 @@ impl Cadence {
         Ok(())
     }
 
+    /// The pulse the cadences count in (a game pulsing the runtime itself ticks at this rate).
+    pub fn pulse(&self) -> Duration {
+        self.pulse
+    }
+
     /// The periods in pulses (checkpoint, flush), each at least one.
     pub fn periods(&self) -> (u64, u64) {
         let pulses = |every: Duration| {
