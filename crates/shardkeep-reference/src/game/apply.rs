@@ -85,6 +85,7 @@ pub fn apply_snapshot(
         owner_epoch: snapshot.owner_epoch,
         issued: snapshot.issue_mark,
         dying: false,
+        timers_at: 0,
     };
     // 3. gear
     let mut budget = LoadBudget::new(options.limits);

@@ -15,7 +15,9 @@ pub mod items;
 pub mod state;
 pub mod world;
 
-pub use apply::{Applied, ApplyOptions, DumpError, apply_snapshot, dump_character};
+pub use apply::{
+    Applied, ApplyOptions, DumpError, apply_snapshot, dump_character, dump_character_after,
+};
 pub use effects::{ReferenceEffect, ReferenceModel};
 pub use items::{CarryLimits, CarryTreeError, Catalog, Item, ItemJson, Prototype, Slot};
 pub use state::{LiveCharacter, StateDocument};

@@ -146,6 +146,10 @@ pub struct LiveCharacter {
     /// Transient death latch: set when a death is recorded, cleared on respawn, so one death is
     /// emitted once. Never persisted.
     pub dying: bool,
+    /// The host's pulse its affects and cooldowns were last advanced to: a host that advances
+    /// timers only when they run out or the character is touched ([`LiveCharacter::advance`]
+    /// by the pulses since) dumps them as of its current pulse. Never persisted.
+    pub timers_at: u64,
 }
 
 impl LiveCharacter {

@@ -57,7 +57,15 @@ impl LiveShard {
         f: impl FnOnce(&mut LiveCharacter) -> T,
     ) -> Result<T, ActionError> {
         let copy = self.resident(character_id)?.copy;
-        Ok(self.runtime.update(copy, f)?)
+        // Brought up to date first; a timer `f` starts or changes is scheduled after.
+        let now = self.pulse;
+        let (out, next) = self.runtime.update(copy, |c| {
+            super::timers::catch_up(c, now);
+            let out = f(c);
+            (out, c.next_expiry())
+        })?;
+        self.schedule(character_id, next);
+        Ok(out)
     }
 
     /// The player dies: recorded once on the audit trail (the latch holds until respawn).
@@ -219,7 +227,9 @@ impl LiveShard {
         container: Option<Uuid>,
         item_id: Uuid,
     ) -> Result<Pickup, ActionError> {
-        let Resident { copy, zone, room } = self.resident(character_id)?.clone();
+        let Resident {
+            copy, zone, room, ..
+        } = self.resident(character_id)?.clone();
         let released = self
             .lying(&zone, &room, container, item_id)?
             .released

@@ -18,8 +18,10 @@
 
 mod items;
 mod moves;
+mod timers;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -90,6 +92,8 @@ pub(crate) struct Resident {
     pub(crate) copy: CopyId,
     pub(crate) zone: String,
     pub(crate) room: String,
+    /// The pulse its next affect or cooldown runs out on (`None`: none runs).
+    pub(crate) timer_due: Option<u64>,
 }
 
 /// Pulses between two sweeps of the floors for decayed items.
@@ -125,6 +129,9 @@ pub struct LiveShard {
     decayed_items: Vec<Uuid>,
     gone: Vec<(CopyId, Gone)>,
     pulse: u64,
+    /// Players by the pulse their next timer runs out on, earliest first (an entry whose pulse
+    /// is no longer the player's `timer_due` is stale and skipped).
+    timers: BinaryHeap<Reverse<(u64, Uuid)>>,
 }
 
 /// Why a player left this shard without a logout of its own.
@@ -198,6 +205,7 @@ impl LiveShard {
             decayed_items: Vec::new(),
             gone: Vec::new(),
             pulse: 0,
+            timers: BinaryHeap::new(),
         })
     }
 
@@ -234,15 +242,20 @@ impl LiveShard {
             .map(|r| (r.zone.clone(), r.room.clone()))
     }
 
-    /// Reads the live character of a player held here.
+    /// Reads the live character of a player held here, its timers as of this pulse.
     pub fn read<T>(
         &self,
         character_id: Uuid,
         f: impl FnOnce(&LiveCharacter) -> T,
     ) -> Result<T, ActionError> {
         let copy = self.resident(character_id)?.copy;
+        // Its timers as of this pulse (catching up moves no expiry: the schedule stands).
+        let now = self.pulse;
         self.runtime
-            .read(copy, f)
+            .update(copy, |c| {
+                timers::catch_up(c, now);
+                f(c)
+            })
             .map_err(|_| ActionError::NotHere(character_id))
     }
 
@@ -302,13 +315,14 @@ impl LiveShard {
     /// graces), timers advanced, zones reset and floors swept. Never waits on I/O.
     pub fn tick(&mut self) {
         self.pulse += 1;
+        self.runtime.game().set_pulse(self.pulse);
         self.take_pickup_answers();
         self.take_departures();
         self.take_runtime_news();
         if self.pulse > self.quiet_pulses {
             self.runtime.pulse();
         }
-        self.advance_timers();
+        self.run_timers();
         let pulse = self.pulse;
         for zone in self.zones.values_mut() {
             let repop = u64::from(zone.def.repop_pulses.max(1));
@@ -320,17 +334,6 @@ impl LiveShard {
             && pulse.is_multiple_of(FLOOR_SWEEP_PULSES)
         {
             self.decay_floors(lifetime);
-        }
-    }
-
-    /// Affects and cooldowns run down one pulse on every player held here.
-    fn advance_timers(&self) {
-        for resident in self.residents.values() {
-            let _ = self.runtime.update(resident.copy, |c| {
-                if c.has_timed_effects() {
-                    c.pulse();
-                }
-            });
         }
     }
 

@@ -108,8 +108,10 @@ impl LiveShard {
                 copy,
                 zone: zone.clone(),
                 room: room.clone(),
+                timer_due: None,
             },
         );
+        self.refresh_timers(copy.character_id);
         Ok(Entered {
             admitted,
             zone,
@@ -216,6 +218,7 @@ impl LiveShard {
                 self.residents
                     .entry(departed.copy.character_id)
                     .or_insert(resident);
+                self.refresh_timers(departed.copy.character_id);
             }
         }
     }

@@ -5,6 +5,7 @@
 //! by [`shardkeep::live::CopyId`] once it holds its players in a [`shardkeep::live::Runtime`]).
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use shardkeep::character::{CharacterSnapshot, StateJson};
@@ -18,7 +19,7 @@ use super::landing::login_zone;
 use crate::game::world::resolve_room;
 use crate::game::{
     ApplyOptions, CarryLimits, Catalog, LiveCharacter, ReferenceEffect, ReferenceModel,
-    StateDocument, ZoneDef, apply_snapshot, dump_character,
+    StateDocument, ZoneDef, apply_snapshot, dump_character_after,
 };
 
 /// The reference game on one shard: its catalog, carry limits, and the zones it hosts.
@@ -29,6 +30,8 @@ pub struct ReferenceGame {
     home_zone: String,
     /// Copies the runtime evicted, with the items they held, until the shard takes them.
     evicted: Mutex<Vec<EvictedCopy>>,
+    /// The host's pulse, for timers advanced lazily ([`ReferenceGame::set_pulse`]).
+    pulse: AtomicU64,
     observer: Option<Arc<dyn Observer>>,
 }
 
@@ -88,6 +91,7 @@ impl ReferenceGame {
             zones,
             home_zone: home_zone.to_owned(),
             evicted: Mutex::default(),
+            pulse: AtomicU64::new(0),
             observer: None,
         })
     }
@@ -105,6 +109,20 @@ impl ReferenceGame {
             .lock()
             .map(|mut evicted| std::mem::take(&mut *evicted))
             .unwrap_or_default()
+    }
+
+    /// Sets the host's pulse. A host that advances its players' timers only when they run out
+    /// or the player is touched (bringing [`LiveCharacter::timers_at`] up to it) sets it every
+    /// pulse: every dump then writes affects and cooldowns as of this pulse, and a character
+    /// loaded or replayed starts its timers from it. A host that never sets it advances timers
+    /// itself (or has none): the dumps write them as they are.
+    pub fn set_pulse(&self, pulse: u64) {
+        self.pulse.store(pulse, Ordering::Release);
+    }
+
+    /// The host's pulse ([`ReferenceGame::set_pulse`]).
+    pub fn pulse(&self) -> u64 {
+        self.pulse.load(Ordering::Acquire)
     }
 
     fn hosts(&self, zone: &str) -> bool {
@@ -133,8 +151,10 @@ impl ReferenceGame {
     }
 
     /// `character` as a snapshot of its own (identity and fences as the character holds them).
+    /// The character's snapshot, its timers as of the host's pulse.
     fn snapshot_of(&self, character: &LiveCharacter) -> Result<CharacterSnapshot, String> {
-        dump_character(character, None, None, self.limits).map_err(|e| e.to_string())
+        let lag = self.pulse().saturating_sub(character.timers_at);
+        dump_character_after(character, lag, None, None, self.limits).map_err(|e| e.to_string())
     }
 }
 
@@ -257,8 +277,9 @@ impl LiveGame for ReferenceGame {
 }
 
 impl ReferenceGame {
+    /// The character a snapshot plays as, its timers running from the host's pulse.
     fn played(&self, snapshot: &CharacterSnapshot, fresh_login: bool) -> LiveCharacter {
-        apply_snapshot(
+        let mut character = apply_snapshot(
             snapshot,
             &self.catalog,
             ApplyOptions {
@@ -266,7 +287,9 @@ impl ReferenceGame {
                 limits: self.limits,
             },
         )
-        .character
+        .character;
+        character.timers_at = self.pulse();
+        character
     }
 }
 

@@ -308,3 +308,81 @@ async fn deaths_latch(services: Services, driver: &str) {
 async fn each_death_is_recorded_once_until_respawn(pool: PgPool) {
     on_both_drivers(&pool, "it-live-world", deaths_latch).await;
 }
+
+/// A player's timers run down lazily (a pulse visits only the players whose timer runs out on
+/// it) and read, save and expire exactly as a countdown pulse by pulse would: an affect's
+/// attribute bonus holds until its last pulse and goes on it, a cooldown given later by the
+/// game runs from that pulse, and a checkpoint in between writes the timers as of its pulse.
+async fn lazy_timers(services: Services, driver: &str) {
+    let directory = ZoneDirectory::new();
+    let mut shard = boot(&services, "shard-a", &[0], &directory);
+    let id = brand_new(&services, "Aria").await;
+    shard.login(id, SessionStart::default()).await.unwrap();
+    let base = shard.read(id, |c| c.attributes["str"]).unwrap();
+    shard
+        .update(id, |c| {
+            c.affects.push(shardkeep_reference::game::state::Affect {
+                name: "might".into(),
+                remaining_pulses: 30,
+                attribute_mods: [("str".to_owned(), 5)].into(),
+                pool_mods: Default::default(),
+            });
+            c.recompute();
+        })
+        .unwrap();
+    let state = |s: &LiveShard| {
+        s.read(id, |c| {
+            (
+                c.attributes["str"],
+                c.affects.first().map(|a| a.remaining_pulses),
+                c.cooldowns.get("kick").copied(),
+            )
+        })
+        .unwrap()
+    };
+    for _ in 0..10 {
+        shard.tick();
+    }
+    assert_eq!(state(&shard), (base + 5, Some(20), None), "{driver}");
+    shard
+        .update(id, |c| c.cooldowns.insert("kick".into(), 15))
+        .unwrap();
+    for _ in 0..14 {
+        shard.tick();
+    }
+    // A save at this pulse, nothing having looked since the cooldown began: the row holds the
+    // timers as of now.
+    let copy = shard.copy_of(id).unwrap();
+    shard.runtime().save_now(copy).await.unwrap();
+    let row = services.characters.load(id).await.unwrap().unwrap();
+    assert_eq!(row.state["affects"][0]["remaining_pulses"], 6, "{driver}");
+    assert_eq!(row.state["cooldowns"]["kick"], 1, "{driver}");
+    assert_eq!(state(&shard), (base + 5, Some(6), Some(1)), "{driver}");
+    shard.tick();
+    assert_eq!(
+        state(&shard),
+        (base + 5, Some(5), None),
+        "{driver}: the cooldown ran out"
+    );
+    for _ in 0..4 {
+        shard.tick();
+    }
+    assert_eq!(state(&shard), (base + 5, Some(1), None), "{driver}");
+    shard.tick();
+    // Read through the runtime without catching up: the pulse that ran it out did it.
+    let (strength, affects) = shard
+        .runtime()
+        .read(copy, |c| (c.attributes["str"], c.affects.len()))
+        .unwrap();
+    assert_eq!(
+        (strength, affects),
+        (base, 0),
+        "{driver}: the affect ran out on its pulse"
+    );
+    shard.kill();
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn timers_run_down_lazily_as_a_countdown_would(pool: PgPool) {
+    on_both_drivers(&pool, "it-live-world", lazy_timers).await;
+}
