@@ -13,7 +13,6 @@ use std::sync::Arc;
 use super::SimError;
 use super::probe::Probe;
 use shardkeep::SqliteBackend;
-use shardkeep::audit::AuditStore;
 use shardkeep::backend::redis::RedisTimeouts;
 use shardkeep::backend::{PostgresBackend, RedisBackend};
 use shardkeep::character::{
@@ -32,7 +31,6 @@ use shardkeep_reference::game::ReferenceModel;
 use shardkeep_testkit::faults::{ProxyControl, ProxyMode};
 
 use super::workers::UPKEEP_PERIOD;
-use shardkeep_reference::shard::ShardStores;
 use shardkeep_testkit::faults::{FaultProxy, ProxySet};
 
 /// Consumed-handoff markers in a run: twice the handoff payload's lifetime (a take retried
@@ -292,23 +290,11 @@ fn services_config(signal_depth: usize) -> ServicesConfig {
 }
 
 impl SimEnv {
-    /// The stores a shard writes through (the proxies, or the faulted file).
-    pub(super) fn shard_stores(&self) -> ShardStores {
+    /// The checkpoint store a shard writes through (the proxies, or the faulted file).
+    pub(super) fn sut_checkpoints(&self) -> CheckpointStore {
         match &self.engines {
-            Engines::Servers(s) => ShardStores {
-                characters: Some(CharacterStore::new(s.pg.clone())),
-                checkpoints: Some(CheckpointStore::new(s.redis.clone())),
-                placement: Some(PlacementStore::new(s.redis.clone())),
-                audit: Some(AuditStore::new(s.pg.clone())),
-                retry: Some(self.retry.clone()),
-            },
-            Engines::Embedded(f) => ShardStores {
-                characters: Some(CharacterStore::embedded(f.db.clone())),
-                checkpoints: Some(CheckpointStore::embedded(f.db.clone())),
-                placement: Some(self.sut_placement()),
-                audit: Some(AuditStore::embedded(f.db.clone())),
-                retry: Some(self.retry.clone()),
-            },
+            Engines::Servers(s) => CheckpointStore::new(s.redis.clone()),
+            Engines::Embedded(f) => CheckpointStore::embedded(f.db.clone()),
         }
     }
 

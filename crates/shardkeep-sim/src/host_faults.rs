@@ -196,9 +196,7 @@ const QUIET_PULSES: u64 = 60;
 /// guarded by the dead copy's epoch holds progress that copy made durable, which the next load
 /// of the character must keep (a read that fails records nothing).
 fn record_crash_floors(world: &Arc<World>, shard: &str, crashed: Vec<(Uuid, i64)>) {
-    let Some(checkpoints) = world.env.shard_stores().checkpoints else {
-        return;
-    };
+    let checkpoints = world.env.sut_checkpoints();
     let world = Arc::clone(world);
     let shard = shard.to_owned();
     tokio::spawn(async move {

@@ -171,7 +171,7 @@ pub struct Released {
     /// cannot tell a real item from a zombie's phantom, so the store fences on it.
     pub epoch: i64,
     /// The shard's pulse when it was put down: a floor item decays after the shard's floor
-    /// lifetime ([`crate::shard::ShardConfig::floor_lifetime_pulses`]).
+    /// lifetime ([`crate::live_shard::LiveShardConfig::floor_lifetime_pulses`]).
     pub at_pulse: u64,
 }
 

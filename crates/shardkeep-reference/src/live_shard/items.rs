@@ -15,7 +15,28 @@ use crate::game::{LiveCharacter, ReferenceEffect};
 use shardkeep::audit::AuditEvent;
 use shardkeep::live::{CopyId, GrantedNow, LiveError, PickedUp, ReleaseMark, pickup_commits};
 
-pub use crate::shard::ActionError;
+/// An action could not happen; nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ActionError {
+    /// The character is not on this shard.
+    #[error("character {0} is not on this shard")]
+    NotHere(Uuid),
+    /// No such item where the action looked.
+    #[error("no item {0} here")]
+    NoSuchItem(Uuid),
+    /// Bound items never leave their owner.
+    #[error("item {0} is bound to its owner")]
+    Bound(Uuid),
+    /// The target is not a container.
+    #[error("item {0} is not a container")]
+    NotAContainer(Uuid),
+    /// A character involved already waits on a transfer commit; one at a time each.
+    #[error("character {0} already has an item transfer in flight")]
+    TransferPending(Uuid),
+    /// The live-copy runtime refused the call.
+    #[error("{0}")]
+    Runtime(String),
+}
 
 /// How a pickup went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

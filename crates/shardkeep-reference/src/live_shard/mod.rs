@@ -11,10 +11,10 @@
 //!
 //! - `moves` — entering (after a login or an arrival), logout, detach, walks and handoffs.
 //! - `items` — drops and pickups, with the runtime deciding which pickups commit as transfers.
+//! - `timers` — affects and cooldowns run down lazily: a pulse visits only the players whose
+//!   timer runs out on it.
 //!
-//! The simulator plays its shards through it. The older [`crate::shard::Shard`], which
-//! orchestrates durability itself, remains only for the reference crate's own tests and the
-//! capacity benchmark until they move here.
+//! The simulator and the capacity benchmark play their shards through it.
 
 mod items;
 mod moves;

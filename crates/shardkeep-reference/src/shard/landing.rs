@@ -1,22 +1,17 @@
 //! Where a returning player lands (pure).
 //!
-//! | case | attaches to |
+//! | case | lands in |
 //! | --- | --- |
-//! | handoff re-dial (carries a handoff token) | the zone holding the matching pending player |
 //! | rehydrating login | the zone named by the durable `zone_ref` |
 //! | brand-new character | the shard's home zone |
 //! | a `zone_ref` this shard does not host | the home zone, with a warning |
 //!
-//! A token-less reconnect is routed by the in-memory residency index before any of this: a
-//! session still held in a zone attaches there.
+//! A reconnect to a copy still held and a handoff's arrival never come here: the runtime
+//! resumes the held copy where it stands, and an arrival lands where its handoff was going.
 
 /// Which row of the landing table applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LandingCase {
-    /// A handoff re-dial attached to its pending player.
-    HandoffRedial,
-    /// A link-dead session still held in a zone was resumed.
-    Resumed,
     /// A login rehydrated into its durable zone.
     Rehydrate,
     /// A brand-new character went to the home zone.

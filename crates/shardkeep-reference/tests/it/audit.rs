@@ -13,7 +13,6 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::scene::{Driver, Scene};
-use crate::support::{boot, login};
 
 /// The account store over the scene's driver.
 fn accounts(scene: &Scene) -> AccountStore {
@@ -262,42 +261,6 @@ async fn each_driver_folds_only_the_owning_accounts_tier_changes_into_the_staff_
             reader.staff_view(staff, "nobody", None, 10).await,
             Err(AuditReadError::NotFound(_))
         ));
-    }
-}
-
-#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
-async fn two_deaths_in_separate_sessions_are_both_recorded(pool: PgPool) {
-    for driver in Driver::ALL {
-        let Scene {
-            stores,
-            rows,
-            keep: _keep,
-        } = Scene::new(&pool, driver).await;
-        let id = stores.new_character("Aria").await;
-        let mut shard = boot(&stores, "shard-a", &[0], 1);
-        login(&stores, &mut shard, id, "s1").await;
-        assert!(shard.die(id, None).unwrap().is_some());
-        assert!(
-            shard.die(id, None).unwrap().is_none(),
-            "the latch holds until respawn"
-        );
-        shard.logout(id).unwrap();
-        assert_eq!(
-            shard.saver().barrier(Duration::from_secs(5)).await,
-            BarrierOutcome::Drained
-        );
-        login(&stores, &mut shard, id, "s2").await;
-        assert!(
-            shard.die(id, None).unwrap().is_some(),
-            "a fresh session starts unlatched"
-        );
-        shard.respawn(id).unwrap();
-        assert!(shard.die(id, None).unwrap().is_some());
-        assert_eq!(
-            shard.auditor().barrier(Duration::from_secs(5)).await,
-            BarrierOutcome::Drained
-        );
-        assert_eq!(kinds(&rows, id).await, vec!["died", "died", "died"]);
     }
 }
 

@@ -8,17 +8,16 @@ use std::time::Duration;
 
 use shardkeep::SqliteBackend;
 use shardkeep::backend::redis::RedisTimeouts;
-use shardkeep::character::{CharacterStore, CheckpointStore};
+use shardkeep::character::CheckpointStore;
 use shardkeep::clock::SystemClock;
-use shardkeep::retry::{RetryQueue, RetryStats, RetryWorkerConfig};
+use shardkeep::retry::{RetryStats, RetryWorkerConfig};
 use shardkeep_reference::game::ReferenceModel;
-use shardkeep_reference::shard::ShardStores;
 use shardkeep_testkit::faults::{FaultProxy, ProxyControl, ProxyMode, ProxySet};
 use shardkeep_testkit::{JobDriver, TestRedis, TestSqlite};
 use sqlx::PgPool;
 
 pub(crate) use crate::scene::{Driver, Keep, Scene};
-use crate::support::{Stores, pg_addr, proxied_pg, rows_checkpoints_and_jobs};
+use crate::support::{pg_addr, proxied_pg};
 
 /// A store outage a test turns on and off on the shard's path only.
 pub(crate) enum Outage {
@@ -55,108 +54,6 @@ impl Outage {
             Self::File(db) => db.end_outage(),
         }
     }
-
-    /// Heals after `millis`, on a task of its own.
-    pub(crate) fn heal_after(self, millis: u64) -> (Arc<Outage>, tokio::task::JoinHandle<()>) {
-        let outage = Arc::new(self);
-        let healing = Arc::clone(&outage);
-        let heal = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(millis)).await;
-            healing.heal();
-        });
-        (outage, heal)
-    }
-}
-
-/// One driver's stores, the shard's faultable path to them, and the jobs' driver.
-pub(crate) struct Faultable {
-    _keep: Keep,
-    /// The test's own handles (never faulted).
-    pub(crate) stores: Stores,
-    /// Switches the shard's path off and on.
-    pub(crate) outage: Outage,
-    /// The shard's rows, checkpoints and retry jobs, over the faultable path. No worker takes
-    /// the retry signals; jobs wait in their table.
-    pub(crate) shard_stores: ShardStores,
-    /// The retry jobs' store (never faulted), to read them and to run a worker.
-    pub(crate) jobs: JobDriver,
-}
-
-impl Faultable {
-    /// Fresh stores of `driver` (Postgres: the test's database `pool`).
-    pub(crate) async fn new(pool: &PgPool, driver: Driver) -> Self {
-        match driver {
-            Driver::Servers => {
-                let redis = TestRedis::new().await;
-                let stores = Stores::new(pool, redis.backend());
-                let proxy = FaultProxy::start(pg_addr()).await.unwrap();
-                let proxied = proxied_pg(pool, &proxy).await;
-                let shard_stores = rows_checkpoints_and_jobs(proxied, redis.backend());
-                Self {
-                    _keep: Keep::Redis(Box::new(redis)),
-                    stores,
-                    outage: Outage::Proxy(proxy),
-                    shard_stores,
-                    jobs: JobDriver::Postgres(pool.clone()),
-                }
-            }
-            Driver::Embedded => {
-                let sqlite = TestSqlite::new().await;
-                let stores = Stores::embedded(&sqlite);
-                let shard_db = SqliteBackend::connect("DATABASE_URL", sqlite.url())
-                    .await
-                    .unwrap();
-                let (retry, _signals) =
-                    RetryQueue::embedded(shard_db.clone(), 16, Arc::new(SystemClock));
-                let shard_stores = ShardStores {
-                    characters: Some(CharacterStore::embedded(shard_db.clone())),
-                    checkpoints: Some(CheckpointStore::embedded(shard_db.clone())),
-                    placement: None,
-                    audit: None,
-                    retry: Some(retry),
-                };
-                let jobs = JobDriver::Embedded(sqlite.backend());
-                Self {
-                    _keep: Keep::File(sqlite),
-                    stores,
-                    outage: Outage::File(shard_db),
-                    shard_stores,
-                    jobs,
-                }
-            }
-        }
-    }
-
-    /// Whether the checkpoints share the rows' faultable path (the embedded file).
-    pub(crate) fn checkpoints_share_the_outage(&self) -> bool {
-        matches!(self.outage, Outage::File(_))
-    }
-
-    /// Runs a retry worker of the reference game until no job is due; returns the jobs it
-    /// settled and how many of them were superseded.
-    pub(crate) async fn run_retry_worker(&self) -> (usize, u64) {
-        let clock = Arc::new(SystemClock);
-        let (_, signals) = self.jobs.queue(4, clock.clone());
-        let mut worker = self.jobs.worker_for(
-            ReferenceModel::handle(),
-            signals,
-            RetryWorkerConfig::new("w"),
-            clock,
-        );
-        let stats = worker.stats();
-        let settled = worker.run_until_idle().await.unwrap();
-        (settled, RetryStats::get(&stats.superseded))
-    }
-}
-
-impl Faultable {
-    /// The shard's rows alone, over the faultable path (no checkpoints, placement or jobs).
-    pub(crate) fn rows_only(&self) -> ShardStores {
-        ShardStores {
-            characters: self.shard_stores.characters.clone(),
-            ..ShardStores::default()
-        }
-    }
 }
 
 /// An outage of the fast tier on the shard's path only.
@@ -173,14 +70,6 @@ impl FastOutage {
         match self {
             Self::Redis(proxies) => proxies.set_mode(ProxyMode::Cut),
             Self::File(db) => db.fail_for(UNTIL_HEALED),
-        }
-    }
-
-    /// Calls go through again.
-    pub(crate) fn heal(&self) {
-        match self {
-            Self::Redis(proxies) => proxies.set_mode(ProxyMode::Pass),
-            Self::File(db) => db.end_outage(),
         }
     }
 }

@@ -433,3 +433,54 @@ async fn the_tick_never_waits_on_a_stalled_store(pool: PgPool) {
         scene.shard.kill();
     }
 }
+
+/// The crash window the runtime's saver measures: how old the newest durable copy of a player
+/// is, per tier. A Postgres outage grows the row age while checkpoints keep the Redis age small;
+/// an outage of the embedded file grows both, since both tiers are in it.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_store_outage_shows_as_a_growing_age_of_each_tier_it_takes(pool: PgPool) {
+    use std::time::Instant;
+    for driver in Driver::ALL {
+        let mut scene = Scene::logged_in(&pool, driver, |_| {}).await;
+        let (name, id) = (scene.stores.driver, scene.id);
+        let saver = scene.shard.runtime().saver().clone();
+        tick_until(&mut scene.shard, "both tiers landing", |_| {
+            saver.stats().row_landed >= 1 && saver.stats().checkpoint_landed >= 1
+        })
+        .await;
+        let fresh = saver.landed().measure(Instant::now(), &[id]);
+        assert!(
+            fresh.row_worst < Duration::from_secs(2),
+            "{name}: {fresh:?}"
+        );
+        scene.stores.outage.cut();
+        let cut_at = Instant::now();
+        tick_until(&mut scene.shard, "the outage lasting", |_| {
+            cut_at.elapsed() > Duration::from_millis(1_500)
+        })
+        .await;
+        let during = saver.landed().measure(Instant::now(), &[id]);
+        assert!(
+            during.row_worst >= Duration::from_millis(1_500),
+            "{name}: the row age grows through the outage: {during:?}"
+        );
+        if scene.stores.checkpoints_share_the_outage() {
+            assert!(
+                during.checkpoint_worst >= Duration::from_millis(1_500),
+                "{name}: the checkpoints are in the file too: {during:?}"
+            );
+        } else {
+            assert!(
+                during.checkpoint_worst < Duration::from_secs(1),
+                "{name}: checkpoints still land: {during:?}"
+            );
+        }
+        scene.stores.outage.heal();
+        tick_until(&mut scene.shard, "both tiers catching up", |_| {
+            let now = saver.landed().measure(Instant::now(), &[id]);
+            now.row_worst < Duration::from_secs(2) && now.checkpoint_worst < Duration::from_secs(1)
+        })
+        .await;
+        scene.shard.kill();
+    }
+}
