@@ -1,7 +1,8 @@
 //! Measures the CPU cost of one pulse of the reference shard on the live-copy runtime with many
-//! online characters, its parts apart: the shard's own tick (affects and cooldowns run down on
-//! every player, zone resets) with the runtime not pulsed, then the runtime's pulse alone (the
-//! cadences' dumps handed to the saver), then one dump of everyone. The characters live in a
+//! online characters, its parts apart: the shard's own tick (the players whose affect or
+//! cooldown runs out on it brought up to date, zone resets) with the runtime not pulsed, then
+//! the runtime's pulse alone (the cadences' dumps handed to the saver), then one dump of
+//! everyone. The characters live in a
 //! scratch embedded file and log in through the runtime.
 //! `cargo run --release --example tick_cost 100000`; set NO_TIMED=1 to drop the template's
 //! affects and cooldowns.

@@ -264,11 +264,25 @@ impl LiveCharacter {
     }
 
     /// Advances affects and cooldowns by `pulses` at once, dropping the expired ones: the same
-    /// as that many [`LiveCharacter::pulse`]s when nothing looked in between.
+    /// as that many [`LiveCharacter::pulse`]s when nothing looked in between. It steps from one
+    /// affect's expiry to the next, recomputing at each, so the pools are clamped at each
+    /// expiry in the order the pulses would have clamped them.
     pub fn advance(&mut self, pulses: u64) {
-        if pulses == 0 || (self.affects.is_empty() && self.cooldowns.is_empty()) {
-            return;
+        let mut left = pulses;
+        while left > 0 && self.has_timed_effects() {
+            let next_affect = self
+                .affects
+                .iter()
+                .map(|a| u64::from(a.remaining_pulses))
+                .min();
+            let step = next_affect.map_or(left, |next| next.clamp(1, left));
+            self.advance_by(step);
+            left -= step;
         }
+    }
+
+    /// Advances every timer by `pulses`, at most up to the first affect's expiry.
+    fn advance_by(&mut self, pulses: u64) {
         let by = u32::try_from(pulses).unwrap_or(u32::MAX);
         if !self.cooldowns.is_empty() {
             self.cooldowns.retain(|_, left| {

@@ -60,6 +60,10 @@ impl LiveShard {
     pub(super) fn schedule(&mut self, character_id: Uuid, left: Option<u64>) {
         let due = left.map(|left| self.pulse + left.max(1));
         if let Some(resident) = self.residents.get_mut(&character_id) {
+            // The entry already queued for this pulse stands (no entry per call).
+            if resident.timer_due == due {
+                return;
+            }
             resident.timer_due = due;
             if let Some(due) = due {
                 self.timers.push(Reverse((due, character_id)));

@@ -1,8 +1,7 @@
 //! The reference game as the live-copy runtime plays it: a [`LiveGame`] whose characters are
 //! [`LiveCharacter`]s, landed by the shard's landing table, with creation input applied on a
 //! first spawn, and effects applied live exactly as the model applies them to a stored document.
-//! The first step of the shard's move onto the runtime (its zones, floors and items name copies
-//! by [`shardkeep::live::CopyId`] once it holds its players in a [`shardkeep::live::Runtime`]).
+//! [`crate::live_shard::LiveShard`] holds its players in a [`shardkeep::live::Runtime`] of it.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

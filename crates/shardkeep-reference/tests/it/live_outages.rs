@@ -402,13 +402,18 @@ async fn a_zombies_logout_writes_nothing(pool: PgPool) {
     }
 }
 
-/// The store stalls: the tick goes on at its pace (the saves wait in the saver's queue).
+/// The store stalls and the saver's queue (8 entries here) fills: the tick goes on at its
+/// pace, the cadences' saves that find no room are dropped and counted (the next cadence
+/// saves the copy again), and the queue never grows past its depth.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
-async fn the_tick_never_waits_on_a_stalled_store(pool: PgPool) {
+async fn a_full_saver_drops_cadence_saves_and_the_tick_never_waits(pool: PgPool) {
     for driver in Driver::ALL {
-        let mut scene = Scene::logged_in(&pool, driver, |_| {}).await;
+        let mut scene = Scene::logged_in(&pool, driver, |c| {
+            c.live.saver.queue_depth = 8;
+        })
+        .await;
         let name = scene.stores.driver;
-        for n in 0..20 {
+        for n in 0..40 {
             let id = new_character(&scene.stores.own, &format!("P{n}")).await;
             scene
                 .shard
@@ -417,20 +422,73 @@ async fn the_tick_never_waits_on_a_stalled_store(pool: PgPool) {
                 .unwrap();
         }
         scene.stores.outage.stall();
+        let saver = scene.shard.runtime().saver().clone();
         let before = scene.shard.pulse_count();
-        let shard = &mut scene.shard;
-        let ticked = tokio::time::timeout(Duration::from_secs(5), async {
-            for _ in 0..50 {
-                shard.runtime().flush_all();
-                shard.tick();
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        })
-        .await;
-        assert!(ticked.is_ok(), "{name}: 50 ticks took over 5 s");
-        assert_eq!(scene.shard.pulse_count(), before + 50, "{name}");
+        let started = std::time::Instant::now();
+        let mut deepest = 0;
+        for _ in 0..100 {
+            scene.shard.runtime().flush_all();
+            scene.shard.tick();
+            deepest = deepest.max(saver.depth());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{name}: 100 ticks took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(scene.shard.pulse_count(), before + 100, "{name}");
+        assert!(deepest <= 8, "{name}: the queue grew to {deepest}");
+        let stats = saver.stats();
+        assert!(
+            stats.dropped_checkpoint + stats.dropped_row > 0,
+            "{name}: {stats:?}"
+        );
         scene.stores.outage.heal();
         scene.shard.kill();
+    }
+}
+
+/// More players than the saver's queue holds (one entry here) shut down: the shutdown offers
+/// their final saves as room frees up, and every one lands within its bound.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn shutdown_waits_for_room_for_every_final_save(pool: PgPool) {
+    for driver in Driver::ALL {
+        let mut scene = Scene::logged_in(&pool, driver, |c| {
+            c.live.saver.queue_depth = 1;
+            c.live.saver.max_batch = 1;
+        })
+        .await;
+        let name = scene.stores.driver;
+        let mut ids = vec![scene.id];
+        for n in 0..11 {
+            let id = new_character(&scene.stores.own, &format!("P{n}")).await;
+            scene
+                .shard
+                .login(id, SessionStart::default())
+                .await
+                .unwrap();
+            ids.push(id);
+        }
+        for (n, id) in ids.iter().enumerate() {
+            let coins = 100 + i64::try_from(n).unwrap();
+            scene.shard.update(*id, |c| c.currency = coins).unwrap();
+        }
+        let report = scene.shard.shutdown(Duration::from_secs(15)).await;
+        assert_eq!(report.finalized, ids.len(), "{name}");
+        assert_eq!(report.saver, BarrierOutcome::Drained, "{name}: {report:?}");
+        assert_eq!(report.unsaved_finals, UnsavedFinals::default(), "{name}");
+        for (n, id) in ids.iter().enumerate() {
+            let row = scene
+                .stores
+                .own
+                .characters
+                .load(*id)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(row.state["currency"], 100 + n, "{name}: player {n}");
+        }
     }
 }
 

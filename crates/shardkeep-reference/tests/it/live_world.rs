@@ -386,3 +386,55 @@ async fn lazy_timers(services: Services, driver: &str) {
 async fn timers_run_down_lazily_as_a_countdown_would(pool: PgPool) {
     on_both_drivers(&pool, "it-live-world", lazy_timers).await;
 }
+
+/// A character loaded when the shard has long been running starts its timers from the shard's
+/// pulse (not from pulse 0, which would run them out at its first look), keeps them through a
+/// grant (the game replays the character), and saves them as of the pulse it saves on.
+async fn timers_from_a_late_login(services: Services, driver: &str) {
+    let directory = ZoneDirectory::new();
+    let mut shard = boot(&services, "shard-a", &[0], &directory);
+    for _ in 0..50 {
+        shard.tick();
+    }
+    let id = Uuid::now_v7();
+    services
+        .characters
+        .create(&shardkeep::character::NewCharacter {
+            character_id: id,
+            account_id: Uuid::now_v7(),
+            name: "Late".into(),
+            zone_ref: Some("zone-0".into()),
+            room_ref: Some("r0".into()),
+            state: serde_json::json!({
+                "affects": [{ "name": "might", "remaining_pulses": 30, "attribute_mods": { "str": 5 } }],
+            })
+            .into(),
+            chargen: None,
+            schema_version: 1,
+        })
+        .await
+        .unwrap();
+    shard.login(id, SessionStart::default()).await.unwrap();
+    let might = |s: &LiveShard| {
+        s.read(id, |c| c.affects.first().map(|a| a.remaining_pulses))
+            .unwrap()
+    };
+    assert_eq!(might(&shard), Some(30), "{driver}: as stored");
+    shard
+        .grant(id, super::live_support::gem(Uuid::now_v7()))
+        .unwrap();
+    for _ in 0..5 {
+        shard.tick();
+    }
+    let copy = shard.copy_of(id).unwrap();
+    shard.runtime().save_now(copy).await.unwrap();
+    let row = services.characters.load(id).await.unwrap().unwrap();
+    assert_eq!(row.state["affects"][0]["remaining_pulses"], 25, "{driver}");
+    assert_eq!(might(&shard), Some(25), "{driver}");
+    shard.kill();
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_late_login_starts_its_timers_from_the_shards_pulse(pool: PgPool) {
+    on_both_drivers(&pool, "it-live-world", timers_from_a_late_login).await;
+}

@@ -349,3 +349,35 @@ fn a_dump_encodes_what_a_state_document_of_the_character_would() {
         "the same text, field order included"
     );
 }
+
+/// Timers advanced `n` pulses at once leave a character exactly as `n` single pulses do, even
+/// when several affects run out in between and each expiry clamps the pools in turn.
+#[test]
+fn advancing_at_once_matches_a_pulse_by_pulse_countdown() {
+    // hp max 70: +20 until pulse 3 (90), then −30 until pulse 5 (40), then 70 again.
+    let state = json!({
+        "resources": { "hp": 90 },
+        "affects": [
+            { "name": "fortitude", "remaining_pulses": 3, "pool_mods": { "hp": 20 } },
+            { "name": "wasting", "remaining_pulses": 5, "pool_mods": { "hp": -30 } },
+            { "name": "haste", "remaining_pulses": 9, "attribute_mods": { "dex": 2 } },
+        ],
+        "cooldowns": { "kick": 4, "bash": 12 },
+    });
+    let start = apply_snapshot(&snapshot(state), &Catalog::reference(), options()).character;
+    for n in [1, 3, 4, 5, 8, 9, 12, 40] {
+        let mut stepped = start.clone();
+        for _ in 0..n {
+            stepped.pulse();
+        }
+        let mut at_once = start.clone();
+        at_once.advance(n);
+        assert_eq!(at_once, stepped, "after {n} pulses");
+    }
+    let mut after = start.clone();
+    after.advance(6);
+    assert_eq!(
+        after.pools["hp"].cur, 40,
+        "clamped by the wasting affect after the fortitude ran out"
+    );
+}
