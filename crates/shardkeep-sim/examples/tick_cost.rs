@@ -13,15 +13,13 @@ use std::time::Instant;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use shardkeep::character::StateJson;
-use shardkeep::live::SessionStart;
 use shardkeep::{Keyspace, Services, ServicesConfig};
 use shardkeep_reference::game::{Catalog, ReferenceModel, reference_world};
 use shardkeep_reference::live_shard::{LiveShard, LiveShardConfig};
 use shardkeep_reference::shard::ZoneDirectory;
+use shardkeep_sim::bench::Progress;
+use shardkeep_sim::bench::capacity::{embedded_population, log_everyone_in};
 use shardkeep_sim::bench::documents::{template_state, with_timers_shifted};
-use shardkeep_sim::bench::embedded_cas::ScratchFile;
-use shardkeep_sim::bench::ladder::snapshot;
 
 /// Times `runs` calls of `step`, yielding between them; prints mean, p99 and worst.
 async fn timed(what: &str, runs: usize, mut step: impl FnMut()) {
@@ -50,22 +48,9 @@ async fn main() {
         template["cooldowns"] = serde_json::json!({});
     }
     // Timers started at different moments, as in the capacity benchmark.
-    let variants: Vec<StateJson> = (0..97)
-        .map(|k| StateJson::from(with_timers_shifted(&template, k)))
-        .collect();
-    let scratch = ScratchFile::new().await.unwrap();
-    let ids: Vec<uuid::Uuid> = (0..online).map(|_| uuid::Uuid::now_v7()).collect();
-    for (slice, chunk) in ids.chunks(50_000).enumerate() {
-        let rows: Vec<_> = chunk
-            .iter()
-            .enumerate()
-            .map(|(i, id)| {
-                let n = slice * 50_000 + i;
-                snapshot(*id, &format!("p{n}"), &variants[n % variants.len()])
-            })
-            .collect();
-        scratch.insert(&rows).await.unwrap();
-    }
+    let variants: Vec<serde_json::Value> =
+        (0..97).map(|k| with_timers_shifted(&template, k)).collect();
+    let (scratch, ids) = embedded_population(online, "p", &variants).await.unwrap();
     let keys = Keyspace::new(&format!("tick-{}", uuid::Uuid::now_v7().simple())).unwrap();
     let services = Services::embedded(
         scratch.db.clone(),
@@ -87,19 +72,10 @@ async fn main() {
     )
     .unwrap();
     let t = Instant::now();
-    let mut logins = tokio::task::JoinSet::new();
-    let mut next = ids.iter().copied();
-    loop {
-        while logins.len() < 256 {
-            let Some(id) = next.next() else { break };
-            let runtime = shard.runtime().clone();
-            logins.spawn(async move { runtime.login(id, SessionStart::default()).await });
-        }
-        let Some(joined) = logins.join_next().await else {
-            break;
-        };
-        shard.enter(joined.unwrap().unwrap()).unwrap();
-    }
+    let pulse = shardkeep::live::Cadence::default().pulse();
+    log_everyone_in(&mut shard, &ids, pulse, &Progress::quiet())
+        .await
+        .unwrap();
     println!(
         "log {online} in through the runtime: {:?} ({:.0}/s)",
         t.elapsed(),

@@ -17,32 +17,18 @@ use shardkeep_reference::shard::ReferenceGame;
 use sqlx::PgPool;
 use uuid::Uuid;
 
+use super::live_support::create;
 use super::support::{on_both_drivers, zones};
 
 fn game() -> ReferenceGame {
     ReferenceGame::new(Arc::new(Catalog::reference()), zones(&[0, 1], 4), "zone-0").unwrap()
 }
 
-/// A character in `zone`, or never placed (`None`) with a starting kit (a bag) in its creation
-/// input.
+/// A character in `zone` (room r9), or never placed (`None`) with a starting kit (a bag) in
+/// its creation input: a starting kit is for a first spawn, so only such a character has one.
 async fn new_character(services: &Services, name: &str, zone: Option<&str>) -> Uuid {
-    let id = Uuid::now_v7();
-    services
-        .characters
-        .create(&NewCharacter {
-            character_id: id,
-            account_id: Uuid::now_v7(),
-            name: name.into(),
-            zone_ref: zone.map(str::to_owned),
-            room_ref: zone.map(|_| "r9".to_owned()),
-            state: json!({}).into(),
-            // A starting kit is for a first spawn: only a character never placed has one.
-            chargen: zone.is_none().then(|| json!({ "items": ["bag"] })),
-            schema_version: 1,
-        })
-        .await
-        .unwrap();
-    id
+    let kit = zone.is_none().then(|| json!({ "items": ["bag"] }));
+    create(services, name, zone.map(|z| (z, "r9")), json!({}), kit).await
 }
 
 async fn plays_through_the_runtime(services: Services, driver: &str) {

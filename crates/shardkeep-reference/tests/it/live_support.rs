@@ -59,18 +59,28 @@ pub(crate) fn boot(
 
 /// A character placed in zone-0's first room, with no creation input.
 pub(crate) async fn new_character(services: &Services, name: &str) -> Uuid {
-    create(services, name, Some("zone-0"), None).await
+    create(services, name, Some(("zone-0", "r0")), json!({}), None).await
 }
 
 /// A character never placed, whose creation input is a starting bag.
 pub(crate) async fn brand_new(services: &Services, name: &str) -> Uuid {
-    create(services, name, None, Some(json!({ "items": ["bag"] }))).await
+    create(
+        services,
+        name,
+        None,
+        json!({}),
+        Some(json!({ "items": ["bag"] })),
+    )
+    .await
 }
 
-async fn create(
+/// A character saved at `place` (zone, room; `None`: never placed) holding `state`, with
+/// creation input `chargen`.
+pub(crate) async fn create(
     services: &Services,
     name: &str,
-    zone: Option<&str>,
+    place: Option<(&str, &str)>,
+    state: serde_json::Value,
     chargen: Option<serde_json::Value>,
 ) -> Uuid {
     let id = Uuid::now_v7();
@@ -80,9 +90,9 @@ async fn create(
             character_id: id,
             account_id: Uuid::now_v7(),
             name: name.into(),
-            zone_ref: zone.map(str::to_owned),
-            room_ref: zone.map(|_| "r0".to_owned()),
-            state: json!({}).into(),
+            zone_ref: place.map(|(zone, _)| zone.to_owned()),
+            room_ref: place.map(|(_, room)| room.to_owned()),
+            state: state.into(),
             chargen,
             schema_version: 1,
         })

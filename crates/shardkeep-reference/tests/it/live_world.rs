@@ -13,7 +13,7 @@ use shardkeep_reference::shard::gate::route_login;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use super::live_support::{boot_in, brand_new, config, lying, tick_until};
+use super::live_support::{boot_in, brand_new, config, create, lying, tick_until};
 use super::support::on_both_drivers;
 
 /// A shard of a two-zone world hosting `ids`.
@@ -396,24 +396,10 @@ async fn timers_from_a_late_login(services: Services, driver: &str) {
     for _ in 0..50 {
         shard.tick();
     }
-    let id = Uuid::now_v7();
-    services
-        .characters
-        .create(&shardkeep::character::NewCharacter {
-            character_id: id,
-            account_id: Uuid::now_v7(),
-            name: "Late".into(),
-            zone_ref: Some("zone-0".into()),
-            room_ref: Some("r0".into()),
-            state: serde_json::json!({
-                "affects": [{ "name": "might", "remaining_pulses": 30, "attribute_mods": { "str": 5 } }],
-            })
-            .into(),
-            chargen: None,
-            schema_version: 1,
-        })
-        .await
-        .unwrap();
+    let state = serde_json::json!({
+        "affects": [{ "name": "might", "remaining_pulses": 30, "attribute_mods": { "str": 5 } }],
+    });
+    let id = create(&services, "Late", Some(("zone-0", "r0")), state, None).await;
     shard.login(id, SessionStart::default()).await.unwrap();
     let might = |s: &LiveShard| {
         s.read(id, |c| c.affects.first().map(|a| a.remaining_pulses))

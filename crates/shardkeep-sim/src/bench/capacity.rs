@@ -131,20 +131,7 @@ pub async fn run(
         .collect();
     let services_config = ServicesConfig::new("bench-capacity", "game_server");
     let (ids, services, _scratch) = if config.embedded {
-        let scratch = ScratchFile::new().await?;
-        let encoded: Vec<StateJson> = variants.iter().map(StateJson::from).collect();
-        let ids: Vec<Uuid> = (0..config.online).map(|_| Uuid::now_v7()).collect();
-        for (slice, chunk) in ids.chunks(50_000).enumerate() {
-            let snapshots: Vec<_> = chunk
-                .iter()
-                .enumerate()
-                .map(|(i, id)| {
-                    let n = slice * 50_000 + i;
-                    snapshot(*id, &format!("{prefix}{n}"), &encoded[n % encoded.len()])
-                })
-                .collect();
-            scratch.insert(&snapshots).await?;
-        }
+        let (scratch, ids) = embedded_population(config.online, &prefix, &variants).await?;
         let keys = Keyspace::new(&format!("bench-{}", Uuid::now_v7().simple()))
             .map_err(BenchError::other)?;
         let services = Services::embedded(
@@ -310,12 +297,36 @@ pub async fn run(
     })
 }
 
+/// A scratch embedded file holding `online` characters named `prefix` and a number, each with
+/// the next of `variants` as its document (version 0, epoch 1), and their ids in order.
+pub async fn embedded_population(
+    online: usize,
+    prefix: &str,
+    variants: &[serde_json::Value],
+) -> Result<(ScratchFile, Vec<Uuid>), BenchError> {
+    let scratch = ScratchFile::new().await?;
+    let encoded: Vec<StateJson> = variants.iter().map(StateJson::from).collect();
+    let ids: Vec<Uuid> = (0..online).map(|_| Uuid::now_v7()).collect();
+    for (slice, chunk) in ids.chunks(50_000).enumerate() {
+        let snapshots: Vec<_> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let n = slice * 50_000 + i;
+                snapshot(*id, &format!("{prefix}{n}"), &encoded[n % encoded.len()])
+            })
+            .collect();
+        scratch.insert(&snapshots).await?;
+    }
+    Ok((scratch, ids))
+}
+
 /// Logs every one of `ids` in through the shard's runtime (claim, load, land), at most
 /// [`LOGINS_AT_ONCE`] at a time, and puts each on the map, the shard ticking at its pulse
 /// meanwhile as a running shard does (so the first players' sessions and saves run while the
 /// last log in). A login refused by a passing store error is tried again, up to three times;
 /// one refused after that fails the run.
-async fn log_everyone_in(
+pub async fn log_everyone_in(
     shard: &mut LiveShard,
     ids: &[Uuid],
     pulse: Duration,
