@@ -90,7 +90,7 @@ pub fn resident_bytes() -> Option<u64> {
 }
 
 /// Logins in flight at once while the shard fills.
-const LOGINS_AT_ONCE: usize = 256;
+pub const LOGINS_AT_ONCE: usize = 256;
 
 /// Boots one reference shard on the live-copy runtime, logs `config.online` characters holding
 /// `state` in through it (each claimed and loaded, as a real login is) and runs it at real pulse

@@ -124,13 +124,23 @@ pub struct Phase {
 }
 
 impl Phase {
-    /// The phase of `character_id` for periods of `(checkpoint, flush)` pulses.
+    /// The phase of `character_id` for periods of `(checkpoint, flush)` pulses. When the flush
+    /// period is a whole number of checkpoint periods (the default's six), the flush falls on
+    /// one of the copy's checkpoint pulses and takes its place: a flush writes both tiers, so a
+    /// checkpoint beside it would write the same snapshot's tier twice.
     pub fn of(character_id: Uuid, (checkpoint, flush): (u64, u64)) -> Self {
         let (hi, lo) = character_id.as_u64_pair();
         let spread = mix(hi ^ mix(lo));
+        let (checkpoint, flush) = (checkpoint.max(1), flush.max(1));
+        let checkpoint_phase = spread % checkpoint;
+        let flush_phase = if flush.is_multiple_of(checkpoint) {
+            checkpoint_phase + checkpoint * (mix(spread) % (flush / checkpoint))
+        } else {
+            mix(spread) % flush
+        };
         Self {
-            checkpoint: spread % checkpoint.max(1),
-            flush: mix(spread) % flush.max(1),
+            checkpoint: checkpoint_phase,
+            flush: flush_phase,
             spread: mix(spread.rotate_left(21)),
         }
     }
@@ -219,6 +229,24 @@ mod tests {
     }
 
     #[test]
+    fn periods_that_do_not_divide_keep_a_flush_beside_the_checkpoints() {
+        let periods = (40, 250);
+        for _ in 0..200 {
+            let phase = Phase::of(Uuid::now_v7(), periods);
+            let dues: Vec<Option<SaveReason>> = (0..250 * 40)
+                .map(|pulse| phase.due(pulse, periods))
+                .collect();
+            let flushes = dues
+                .iter()
+                .filter(|d| **d == Some(SaveReason::Flush))
+                .count();
+            assert_eq!(flushes, 40, "one flush per flush period");
+            let saves: Vec<usize> = (0..dues.len()).filter(|p| dues[*p].is_some()).collect();
+            assert!(saves.windows(2).all(|w| w[1] - w[0] <= 40), "{saves:?}");
+        }
+    }
+
+    #[test]
     fn every_copy_is_flushed_once_and_checkpointed_every_period_and_shards_spread() {
         let periods = (40, 240);
         let copies: Vec<Uuid> = (0..2000).map(|_| Uuid::now_v7()).collect();
@@ -243,7 +271,13 @@ mod tests {
                 }
             }
         }
-        // 2000 copies, each saved 6 times per 240 pulses: 50 a pulse on average.
+        // 2000 copies, each saved 6 times per 240 pulses (a flush in place of one of its six
+        // checkpoints): 50 a pulse on average.
+        assert_eq!(
+            per_pulse.iter().sum::<usize>(),
+            2000 * 6,
+            "a flush replaces a checkpoint"
+        );
         let (low, high) = (
             per_pulse.iter().min().copied().unwrap_or(0),
             per_pulse.iter().max().copied().unwrap_or(0),
