@@ -72,6 +72,14 @@ impl FastOutage {
             Self::File(db) => db.fail_for(UNTIL_HEALED),
         }
     }
+
+    /// Calls go through again.
+    pub(crate) fn heal(&self) {
+        match self {
+            Self::Redis(proxies) => proxies.set_mode(ProxyMode::Pass),
+            Self::File(db) => db.end_outage(),
+        }
+    }
 }
 
 /// Fresh stores of `driver`, and a checkpoint tier over a path of the shard's own that the
@@ -116,8 +124,10 @@ pub(crate) struct FaultableServices {
     pub(crate) own: shardkeep::Services,
     /// The shard's services, over the faultable path.
     pub(crate) shard: shardkeep::Services,
-    /// Switches the shard's path off and on.
+    /// Switches the shard's path to the rows and jobs off and on.
     pub(crate) outage: Outage,
+    /// Switches the shard's path to its fast tier (Redis, or the same embedded file) off and on.
+    pub(crate) fast: FastOutage,
     /// The retry jobs' store (never faulted), to read them and to run a worker.
     pub(crate) jobs: JobDriver,
     /// `postgres` or `embedded`.
@@ -140,18 +150,26 @@ impl FaultableServices {
                 .unwrap();
                 let proxy = FaultProxy::start(pg_addr()).await.unwrap();
                 let proxied = proxied_pg(pool, &proxy).await;
-                let shard = shardkeep::Services::build(
-                    proxied,
-                    redis.backend(),
-                    ReferenceModel::handle(),
-                    config(),
+                let timeouts = RedisTimeouts {
+                    connect: Duration::from_millis(300),
+                    response: Duration::from_millis(500),
+                };
+                let (proxies, fast) = shardkeep_testkit::faults::proxied_redis(
+                    &shardkeep_testkit::redis_url(),
+                    redis.keys().clone(),
+                    timeouts,
                 )
+                .await
                 .unwrap();
+                let shard =
+                    shardkeep::Services::build(proxied, fast, ReferenceModel::handle(), config())
+                        .unwrap();
                 Self {
                     _keep: Keep::Redis(Box::new(redis)),
                     own,
                     shard,
                     outage: Outage::Proxy(proxy),
+                    fast: FastOutage::Redis(proxies),
                     jobs: JobDriver::Postgres(pool.clone()),
                     driver: "postgres",
                 }
@@ -181,7 +199,8 @@ impl FaultableServices {
                     _keep: Keep::File(sqlite),
                     own,
                     shard,
-                    outage: Outage::File(shard_db),
+                    outage: Outage::File(shard_db.clone()),
+                    fast: FastOutage::File(shard_db),
                     driver: "embedded",
                 }
             }

@@ -365,6 +365,50 @@ async fn cadence_flushes_recover_after_an_outage(pool: PgPool) {
     }
 }
 
+/// The checkpoint tier goes away (Redis cut on the shard's path; on the embedded file, the
+/// file): the checkpoints fail and the copy plays on; once it answers again a later cadence
+/// writes the copy's checkpoint, with what changed meanwhile.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn cadence_checkpoints_recover_after_an_outage_of_their_tier(pool: PgPool) {
+    for driver in Driver::ALL {
+        let mut scene = Scene::logged_in(&pool, driver, |_| {}).await;
+        let (name, id) = (scene.stores.driver, scene.id);
+        scene.stores.fast.cut();
+        scene.shard.update(id, |c| c.currency = 42).unwrap();
+        let saver = scene.shard.runtime().saver().clone();
+        let failed = saver.stats().checkpoint_failed;
+        tick_until(&mut scene.shard, "a failed checkpoint", |_| {
+            saver.stats().checkpoint_failed > failed
+        })
+        .await;
+        let held = |c: Option<shardkeep::character::CharacterSnapshot>| {
+            c.is_some_and(|c| c.state["currency"] == 42)
+        };
+        assert!(
+            !held(scene.stores.own.checkpoints.read(id).await.unwrap()),
+            "{name}: not written through the outage"
+        );
+        assert!(
+            scene.shard.copy_of(id).is_some(),
+            "{name}: the copy plays on"
+        );
+        scene.stores.fast.heal();
+        let mut landed = false;
+        for _ in 0..100 {
+            if held(scene.stores.own.checkpoints.read(id).await.unwrap()) {
+                landed = true;
+                break;
+            }
+            for _ in 0..5 {
+                scene.shard.tick();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        assert!(landed, "{name}: a later cadence wrote the checkpoint");
+        scene.shard.kill();
+    }
+}
+
 /// A zombie (a copy whose character logged in elsewhere since) logs out: its final save meets
 /// the newer claim, writes nothing and becomes no job.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
