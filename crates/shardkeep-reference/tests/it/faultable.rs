@@ -82,6 +82,22 @@ impl FastOutage {
     }
 }
 
+/// The test's Redis namespace through proxies of its own (cut them to cut it), answers bounded
+/// by `response_ms`.
+async fn proxied_redis(redis: &TestRedis, response_ms: u64) -> (ProxySet, shardkeep::RedisBackend) {
+    let timeouts = RedisTimeouts {
+        connect: Duration::from_millis(300),
+        response: Duration::from_millis(response_ms),
+    };
+    shardkeep_testkit::faults::proxied_redis(
+        &shardkeep_testkit::redis_url(),
+        redis.keys().clone(),
+        timeouts,
+    )
+    .await
+    .unwrap()
+}
+
 /// Fresh stores of `driver`, and a checkpoint tier over a path of the shard's own that the
 /// test can cut while its reads through the scene's stores go on: proxies before Redis, or a
 /// second connection to the embedded file.
@@ -92,17 +108,7 @@ pub(crate) async fn faultable_checkpoints(
     let scene = Scene::new(pool, driver).await;
     let (checkpoints, outage) = match &scene.keep {
         Keep::Redis(redis) => {
-            let timeouts = RedisTimeouts {
-                connect: Duration::from_millis(300),
-                response: Duration::from_millis(300),
-            };
-            let (proxies, proxied) = shardkeep_testkit::faults::proxied_redis(
-                &shardkeep_testkit::redis_url(),
-                redis.keys().clone(),
-                timeouts,
-            )
-            .await
-            .unwrap();
+            let (proxies, proxied) = proxied_redis(redis, 300).await;
             (CheckpointStore::new(proxied), FastOutage::Redis(proxies))
         }
         Keep::File(sqlite) => {
@@ -150,17 +156,7 @@ impl FaultableServices {
                 .unwrap();
                 let proxy = FaultProxy::start(pg_addr()).await.unwrap();
                 let proxied = proxied_pg(pool, &proxy).await;
-                let timeouts = RedisTimeouts {
-                    connect: Duration::from_millis(300),
-                    response: Duration::from_millis(500),
-                };
-                let (proxies, fast) = shardkeep_testkit::faults::proxied_redis(
-                    &shardkeep_testkit::redis_url(),
-                    redis.keys().clone(),
-                    timeouts,
-                )
-                .await
-                .unwrap();
+                let (proxies, fast) = proxied_redis(&redis, 500).await;
                 let shard =
                     shardkeep::Services::build(proxied, fast, ReferenceModel::handle(), config())
                         .unwrap();
