@@ -270,9 +270,23 @@ sk_start_pgbouncer() {
   [ "$userinfo" != "$user" ] && password=${userinfo#*:}
   [ -z "$user" ] && user=${PGUSER:-$(id -un)}
   sk_tmpdir
+  # The port is free when picked and taken when PgBouncer binds it; another process can take
+  # it in between, so a start that fails is tried again on another port.
+  local attempt
+  for attempt in 1 2 3; do
+    sk_pgbouncer_attempt && return 0
+    sk_stop_pgbouncer >/dev/null 2>&1
+    sk_log "PgBouncer start $attempt of 3 failed; trying another port"
+  done
+  return 1
+}
+
+# One start of PgBouncer on a newly picked free port (uses sk_start_pgbouncer's locals).
+sk_pgbouncer_attempt() {
   port=$(sk_free_port) || { sk_log "no free port for PgBouncer"; return 1; }
   SK_PGBOUNCER_DIR="$SK_TMP/pgbouncer"
   mkdir -p "$SK_PGBOUNCER_DIR"
+  rm -f "$SK_PGBOUNCER_DIR/pgbouncer.log" "$SK_PGBOUNCER_DIR/pgbouncer.pid"
   printf '"%s" "%s"\n' "$user" "$password" >"$SK_PGBOUNCER_DIR/users.txt"
   # Small server pools per database: the suite's databases share one server's connections.
   cat >"$SK_PGBOUNCER_DIR/pgbouncer.ini" <<INI
@@ -308,8 +322,14 @@ INI
     cat "$SK_PGBOUNCER_DIR/pgbouncer.log" >&2
     return 1
   fi
+  local pid
   for _ in $(seq 1 100); do
-    if sk_tcp_open 127.0.0.1 "$port"; then
+    # Listening, and by PgBouncer: one that lost the port to another process exits.
+    pid=$(cat "$SK_PGBOUNCER_DIR/pgbouncer.pid" 2>/dev/null)
+    if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
+      break
+    fi
+    if [ -n "$pid" ] && sk_tcp_open 127.0.0.1 "$port" && sleep 0.2 && kill -0 "$pid" 2>/dev/null; then
       SK_PGBOUNCER_URL="postgres://$userinfo@127.0.0.1:$port/${DATABASE_URL##*/}"
       [ -z "$userinfo" ] && SK_PGBOUNCER_URL="postgres://$user@127.0.0.1:$port/${DATABASE_URL##*/}"
       export SK_PGBOUNCER_URL
