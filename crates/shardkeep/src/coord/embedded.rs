@@ -144,6 +144,31 @@ impl RecordFile {
         Ok(done.rows_affected() == 1)
     }
 
+    /// [`RecordFile::refresh`] of each of `keys`, in one write transaction: per key, in order,
+    /// true when a live record was there.
+    pub(crate) async fn refresh_many(
+        &self,
+        keys: &[&str],
+        ttl: Ttl,
+    ) -> Result<Vec<bool>, CoordError> {
+        let (mut tx, now) = self.begin().await?;
+        let mut found = Vec::with_capacity(keys.len());
+        for key in keys {
+            let done = sqlx::query(concat!(
+                "UPDATE coord_records SET expires_at = ?3 WHERE key = ?1 AND ",
+                live!("?2")
+            ))
+            .bind(key)
+            .bind(now)
+            .bind(expiry(now, ttl))
+            .execute(&mut *tx)
+            .await?;
+            found.push(done.rows_affected() == 1);
+        }
+        tx.commit().await?;
+        Ok(found)
+    }
+
     /// Live records whose key starts with `prefix`, after `after` (exclusive), in key order, at
     /// most `limit`.
     pub(crate) async fn page(

@@ -32,6 +32,7 @@ pub use nonce::{NonceRegistration, nonce_lifetime};
 pub use presence::{PresencePrune, PresenceRecord};
 pub use registry::{InstanceRecord, RegistryListing};
 pub use resume::ResumeLedgerRecord;
+pub use session::{LiveSession, SessionRefreshed};
 pub use session_order::{OrderCheck, SESSION_ORDER_TTL, SessionOrder};
 pub use throttle::{ThrottlePolicy, ThrottleStatus};
 pub use transfer::{TransferActivation, TransferReconcile};

@@ -35,7 +35,8 @@ pub struct PresenceRecord {
     pub shard_id: String,
     /// The zone holding the character, when known.
     pub zone_id: Option<String>,
-    /// When the record lapses.
+    /// When the record lapses. A session's refresh extends the record in the store without
+    /// writing it again; a read reports the extended lapse.
     pub expires_at: DateTime<Utc>,
 }
 
@@ -159,7 +160,9 @@ impl Coordination {
                 .invoke_async(&mut conn)
                 .await?;
             match reply.as_slice() {
-                [tag, _] if is(tag, "ok") => return Ok(Some(record)),
+                [tag, _, Value::Int(left)] if is(tag, "ok") => {
+                    return Ok(Some(lapsing_in(record, *left)));
+                }
                 [tag] if is(tag, "missing") || is(tag, "mismatch") => return Ok(None),
                 [tag] if is(tag, "changed") => continue,
                 other => return Err(CoordError::Protocol(format!("presence verify: {other:?}"))),
@@ -179,7 +182,7 @@ impl Coordination {
         key: &str,
     ) -> Result<Option<PresenceRecord>, CoordError> {
         let (mut tx, now) = file.begin().await?;
-        let Some((raw, _)) = embedded::read(&mut tx, key, now).await? else {
+        let Some((raw, left)) = embedded::read(&mut tx, key, now).await? else {
             return Ok(None);
         };
         let record: Option<PresenceRecord> = match decode(key, &raw) {
@@ -207,7 +210,10 @@ impl Coordination {
             None => false,
         };
         if consistent {
-            return Ok(record);
+            return Ok(record.map(|r| match left {
+                Some(left) => lapsing_in(r, left),
+                None => r,
+            }));
         }
         embedded::remove(&mut tx, key, now).await?;
         tx.commit().await?;
@@ -295,4 +301,15 @@ impl Coordination {
         }
         Ok(report)
     }
+}
+
+/// `record` with its lapse moved to `left_ms` from now (as the store counts it) when a refresh
+/// extended the record past the lapse it was written with (by more than a second: the store
+/// counts in milliseconds, and a record read back as written keeps its own time).
+fn lapsing_in(mut record: PresenceRecord, left_ms: i64) -> PresenceRecord {
+    let lapse = Utc::now() + chrono::Duration::milliseconds(left_ms);
+    if lapse > record.expires_at + chrono::Duration::seconds(1) {
+        record.expires_at = lapse;
+    }
+    record
 }

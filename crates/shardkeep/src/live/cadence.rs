@@ -151,6 +151,21 @@ impl Phase {
         (pulse % every + self.spread % every).is_multiple_of(every)
     }
 
+    /// The first pulse after `after` on which the copy is due for anything: a save (`periods`:
+    /// checkpoint and flush, as [`Phase::due`] takes them) or, one pulse in `refresh`, its
+    /// session records. The runtime's pulse looks at a copy only on those pulses.
+    pub fn next_visit(&self, after: u64, (checkpoint, flush): (u64, u64), refresh: u64) -> u64 {
+        let from = after.saturating_add(1);
+        let next = |every: u64, offset: u64| {
+            let every = every.max(1);
+            let wait = (every - (from % every + offset % every) % every) % every;
+            from.saturating_add(wait)
+        };
+        next(checkpoint, self.checkpoint)
+            .min(next(flush, self.flush))
+            .min(next(refresh, self.spread))
+    }
+
     /// What the copy is due for on `pulse`: a flush once per flush period, a checkpoint once per
     /// checkpoint period, the flush when both fall on one pulse (it writes both tiers).
     pub fn due(&self, pulse: u64, (checkpoint, flush): (u64, u64)) -> Option<SaveReason> {
@@ -226,6 +241,24 @@ mod tests {
             cadence.validate(ttl),
             Err(CadenceError::Pulse { .. })
         ));
+    }
+
+    #[test]
+    fn the_next_visit_is_the_first_pulse_with_a_save_or_a_refresh_due() {
+        for (periods, refresh) in [((40, 240), 160), ((40, 250), 160), ((4, 8), 1), ((7, 7), 3)] {
+            for _ in 0..100 {
+                let phase = Phase::of(Uuid::now_v7(), periods);
+                let due = |p: u64| phase.due(p, periods).is_some() || phase.refresh_due(p, refresh);
+                for after in [0, 1, 39, 40, 239, 240, 1_000_003] {
+                    let expected = (after + 1..).find(|p| due(*p));
+                    assert_eq!(
+                        Some(phase.next_visit(after, periods, refresh)),
+                        expected,
+                        "{phase:?} after {after} with {periods:?}/{refresh}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

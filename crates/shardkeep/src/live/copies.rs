@@ -9,6 +9,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use uuid::Uuid;
 
 use super::cadence::Phase;
+use super::schedule::{Schedule, UNPLACED};
 use crate::character::{CharacterSnapshot, StateJson};
 use crate::model::Anchor;
 
@@ -79,6 +80,8 @@ pub(crate) struct LiveCopy<C> {
     /// The attached session's place in the character's session order (its presence is
     /// refreshed under it).
     pub(crate) session_order: Option<crate::coord::SessionOrder>,
+    /// The pulse the schedule looks at the copy next ([`UNPLACED`] until its first visit).
+    pub(crate) next_visit: u64,
 }
 
 impl<C> LiveCopy<C> {
@@ -129,26 +132,40 @@ impl<C> LiveCopy<C> {
     }
 }
 
-/// The registry. Cheap to share behind an `Arc`.
+/// The registry, with the pulse's schedule of its copies. Cheap to share behind an `Arc`.
 pub(crate) struct Copies<C> {
     stripes: Vec<Mutex<HashMap<Uuid, LiveCopy<C>>>>,
+    schedule: Mutex<Schedule>,
 }
 
 impl<C> Default for Copies<C> {
     fn default() -> Self {
         Self {
             stripes: (0..STRIPES).map(|_| Mutex::default()).collect(),
+            schedule: Mutex::default(),
         }
     }
 }
 
+/// The stripe holding `character_id`.
+fn stripe_of(character_id: Uuid) -> usize {
+    let (_, lo) = character_id.as_u64_pair();
+    usize::try_from(lo % STRIPES as u64).unwrap_or(0)
+}
+
 impl<C> Copies<C> {
     fn stripe(&self, character_id: Uuid) -> MutexGuard<'_, HashMap<Uuid, LiveCopy<C>>> {
-        let (_, lo) = character_id.as_u64_pair();
-        let index = usize::try_from(lo % STRIPES as u64).unwrap_or(0);
-        self.stripes[index]
+        self.stripe_at(stripe_of(character_id))
+    }
+
+    fn stripe_at(&self, index: usize) -> MutexGuard<'_, HashMap<Uuid, LiveCopy<C>>> {
+        self.stripes[index % STRIPES]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn schedule(&self) -> MutexGuard<'_, Schedule> {
+        self.schedule.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Runs `f` on the copy `id` (the character's copy at that very epoch), if held.
@@ -202,13 +219,81 @@ impl<C> Copies<C> {
 
     /// Adds a copy; when a copy of the same character is already held, the new one is handed
     /// back instead.
-    pub(crate) fn admit(&self, character_id: Uuid, copy: LiveCopy<C>) -> Option<LiveCopy<C>> {
-        let mut stripe = self.stripe(character_id);
-        if stripe.contains_key(&character_id) {
-            return Some(copy);
+    /// The copy is visited at the next pulse, and then whenever it is due for something.
+    pub(crate) fn admit(&self, character_id: Uuid, mut copy: LiveCopy<C>) -> Option<LiveCopy<C>> {
+        let id = copy.id(character_id);
+        {
+            let mut stripe = self.stripe(character_id);
+            if stripe.contains_key(&character_id) {
+                return Some(copy);
+            }
+            copy.next_visit = UNPLACED;
+            stripe.insert(character_id, copy);
         }
-        stripe.insert(character_id, copy);
+        self.schedule().admitted(id);
         None
+    }
+
+    /// Runs `f` on each copy the schedule has due on `pulse` (a stripe at a time, each locked
+    /// only while its copies run), then places each again at the pulse `next` names for its
+    /// phase (after `pulse`).
+    pub(crate) fn visit_due(
+        &self,
+        pulse: u64,
+        next: impl Fn(&Phase) -> u64,
+        mut f: impl FnMut(Uuid, &mut LiveCopy<C>),
+    ) {
+        let mut visits = self.schedule().take(pulse);
+        visits.sort_unstable_by_key(|(_, id)| stripe_of(id.character_id));
+        let mut placed = Vec::with_capacity(visits.len());
+        for run in
+            visits.chunk_by(|a, b| stripe_of(a.1.character_id) == stripe_of(b.1.character_id))
+        {
+            let Some((_, first)) = run.first() else {
+                continue;
+            };
+            let mut stripe = self.stripe_at(stripe_of(first.character_id));
+            for (at, id) in run {
+                // Stale: the copy left, another copy of the character replaced it, or it was
+                // placed again since this entry was made.
+                let Some(copy) = stripe
+                    .get_mut(&id.character_id)
+                    .filter(|c| c.epoch == id.owner_epoch && c.next_visit == *at)
+                else {
+                    continue;
+                };
+                f(id.character_id, copy);
+                copy.next_visit = next(&copy.phase).max(pulse.saturating_add(1));
+                placed.push((copy.next_visit, *id));
+            }
+        }
+        let mut schedule = self.schedule();
+        for (at, id) in placed {
+            schedule.place(at, id);
+        }
+    }
+
+    /// Watches the link-dead copy `id` until its grace runs out or it is attached again.
+    pub(crate) fn watch_link_dead(&self, id: CopyId) {
+        self.schedule().watch_link_dead(id);
+    }
+
+    /// The link-dead copies whose grace ran out by `now`; copies no longer link-dead (attached
+    /// again, or gone) stop being watched.
+    pub(crate) fn link_dead_lapsed(&self, now: tokio::time::Instant) -> Vec<CopyId> {
+        let watched = self.schedule().link_dead();
+        let mut lapsed = Vec::new();
+        for id in watched {
+            match self.with(id, |c| match c.link {
+                Link::LinkDead { until, .. } => Some(until <= now),
+                Link::Attached(_) => None,
+            }) {
+                Some(Some(true)) => lapsed.push(id),
+                Some(Some(false)) => {}
+                Some(None) | None => self.schedule().unwatch(id),
+            }
+        }
+        lapsed
     }
 
     /// Removes the copy `id`, if it is the one held.

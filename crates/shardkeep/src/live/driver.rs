@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use super::copies::{Copies, CopyId, Link, LiveCopy};
 use super::finals::{FinalSave, Finals};
+use super::sessions::RefreshDue;
 use super::{EvictionCause, Inner, LiveEvent, LiveGame};
 use crate::character::CharacterSnapshot;
 use crate::journal::SessionLifecycleEffectPlan;
@@ -78,7 +79,7 @@ pub(crate) async fn run<G: LiveGame>(
 }
 
 /// One pulse: deferred finals first (they wait longest), then the cadences, link-dead
-/// deadlines and session refreshes.
+/// deadlines and session refreshes. It looks only at the copies its schedule has due.
 pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
     let n = inner
         .pulse
@@ -87,21 +88,29 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
     inner.finals.offer(&inner.saver);
     let periods = inner.periods;
     let refresh = refresh_period(inner);
-    let now = tokio::time::Instant::now();
     let (mut flushes, mut checkpoints) = (Vec::new(), Vec::new());
-    let mut expired = Vec::new();
+    let now = tokio::time::Instant::now();
+    let expired = inner.copies.link_dead_lapsed(now);
     let mut refreshes = Vec::new();
-    inner.copies.each(|id, copy| {
+    let next = |phase: &super::cadence::Phase| phase.next_visit(n, periods, refresh);
+    inner.copies.visit_due(n, next, |id, copy| {
         if let Link::LinkDead { until, .. } = &copy.link
             && *until <= now
         {
-            expired.push(copy.id(id));
+            // Its final save is queued below.
             return;
         }
         if let Link::Attached(token) = &copy.link
             && copy.phase.refresh_due(n, refresh)
         {
-            refreshes.push((copy.id(id), token.clone(), copy.account_id));
+            refreshes.push(RefreshDue {
+                copy: copy.id(id),
+                token: token.clone(),
+                account_id: copy.account_id,
+                placement: copy
+                    .phase
+                    .refresh_due(n, refresh.saturating_mul(PLACEMENT_EVERY)),
+            });
         }
         if copy.leaving {
             return;
@@ -180,6 +189,11 @@ fn export_crash_window<G: LiveGame>(inner: &Arc<Inner<G>>) {
             .store(false, std::sync::atomic::Ordering::Release);
     }));
 }
+
+/// A copy's placement (kept a month) is written again with every this many refreshes of its
+/// session records (a record a failed write left wrong is repaired within that), and at once
+/// when a refresh finds the session's records lost.
+const PLACEMENT_EVERY: u64 = 8;
 
 /// Pulses between two refreshes of a session's records: a third of their lifetime.
 fn refresh_period<G: LiveGame>(inner: &Inner<G>) -> u64 {

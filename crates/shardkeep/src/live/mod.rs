@@ -37,6 +37,7 @@ pub mod game;
 mod handoff;
 mod items;
 mod launch;
+mod schedule;
 mod sessions;
 pub mod transit;
 mod writes;
@@ -544,7 +545,8 @@ impl<G: LiveGame> Runtime<G> {
 
     /// Writes the placement of every copy held here again (a repair after a Redis outage: the
     /// records are fenced by epoch, so a stale one never wins). The pulse also rewrites each
-    /// attached copy's placement with its session records.
+    /// attached copy's placement with every eighth refresh of its session records, and at once
+    /// when a refresh finds them lost.
     pub fn refresh_placements(&self) {
         for copy in self.inner.copies.ids() {
             sessions::place(&self.inner, copy);

@@ -16,7 +16,7 @@ use super::copies::{CopyId, Link, LiveCopy};
 use super::game::Arrival;
 use super::{EvictionCause, Inner, LiveError, LiveEvent, LiveGame, Runtime, SessionStart};
 use crate::character::{CharacterSnapshot, LoadSource, LoadedCharacter};
-use crate::coord::{PresenceRecord, ResumeLedgerRecord, SessionOrder};
+use crate::coord::{LiveSession, PresenceRecord, ResumeLedgerRecord, SessionOrder};
 use crate::drain::BarrierOutcome;
 use crate::journal::{
     ActiveSession, PlayerSnapshot, RealtimeStreamCleanup, SessionLifecycleEffectPlan,
@@ -241,9 +241,12 @@ pub(crate) type SessionRecords = (CopyId, String, Uuid, SessionOrder, String);
 enum Marker {
     /// A session starting: the marker is set.
     Set,
-    /// A session living on: the marker is extended only while it is still set, so a refresh
-    /// queued before the stream closed never sets a closed session's marker again.
-    Extend,
+    /// A session living on whose marker a refresh found missing: it is set again only while
+    /// the copy still plays under the session's token (a marker cleared because the stream
+    /// closed stays unset: a journal worker would read it as a reconnect).
+    Restore,
+    /// A session living on whose marker is there: only its presence is written.
+    Keep,
 }
 
 /// Writes the marker and the ordered presence of each session, in the background.
@@ -254,44 +257,45 @@ fn write_session_records<G: LiveGame>(
 ) {
     let inner = Arc::clone(inner);
     tokio::spawn(async move {
-        let coord = &inner.stores.coord;
-        let ttl = inner.config.session_ttl;
-        for (id, token, account, order, zone) in sessions {
-            let record = PresenceRecord {
-                account_id: account.to_string(),
-                character_id: id.character_id.to_string(),
-                session_token: token.clone(),
-                shard_id: inner.config.shard_id.clone(),
-                zone_id: Some(zone),
-                expires_at: Utc::now()
-                    + chrono::Duration::milliseconds(
-                        i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX),
-                    ),
-            };
-            let written = tokio::time::timeout(inner.config.io_timeout, async {
-                match marker {
-                    Marker::Set => coord.session_activate(&token, ttl).await?,
-                    Marker::Extend => {
-                        // Not set: its stream closed since the refresh was queued (it stays
-                        // unset: a journal worker would read it as a reconnect), or it was
-                        // lost (a Redis restart, a start write that failed) and is set again
-                        // while the copy still plays under this token.
-                        if !coord.session_refresh(&token, ttl).await?
-                            && still_attached(&inner, id, &token)
-                        {
-                            coord.session_activate(&token, ttl).await?;
-                        }
-                    }
-                }
-                coord.presence_put_ordered(&record, &order).await
-            })
-            .await;
-            if !matches!(written, Ok(Ok(_))) {
-                tracing::warn!(event = "session_records_unwritten", character = %id.character_id,
-                    "written again at the next refresh");
-            }
+        for record in sessions {
+            write_one_session(&inner, record, marker).await;
         }
     });
+}
+
+/// Writes one session's marker (as `marker` says) and its ordered presence, within the I/O
+/// bound; a failure is logged (the next refresh writes them again).
+async fn write_one_session<G: LiveGame>(
+    inner: &Arc<Inner<G>>,
+    (id, token, account, order, zone): SessionRecords,
+    marker: Marker,
+) {
+    let coord = &inner.stores.coord;
+    let ttl = inner.config.session_ttl;
+    let record = PresenceRecord {
+        account_id: account.to_string(),
+        character_id: id.character_id.to_string(),
+        session_token: token.clone(),
+        shard_id: inner.config.shard_id.clone(),
+        zone_id: Some(zone),
+        expires_at: Utc::now()
+            + chrono::Duration::milliseconds(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)),
+    };
+    let written = tokio::time::timeout(inner.config.io_timeout, async {
+        match marker {
+            Marker::Set => coord.session_activate(&token, ttl).await?,
+            Marker::Restore if still_attached(inner, id, &token) => {
+                coord.session_activate(&token, ttl).await?;
+            }
+            Marker::Restore | Marker::Keep => {}
+        }
+        coord.presence_put_ordered(&record, &order).await
+    })
+    .await;
+    if !matches!(written, Ok(Ok(_))) {
+        tracing::warn!(event = "session_records_unwritten", character = %id.character_id,
+            "written again at the next refresh");
+    }
 }
 
 /// True while `copy` is here, not leaving, and attached under `token`.
@@ -304,32 +308,98 @@ fn still_attached<G: LiveGame>(inner: &Inner<G>, copy: CopyId, token: &str) -> b
         .unwrap_or(false)
 }
 
-/// Refreshes the records of attached sessions (the pulse calls it for those due).
-pub(crate) fn refresh_sessions<G: LiveGame>(
-    inner: &Arc<Inner<G>>,
-    due: Vec<(CopyId, String, Uuid)>,
-) {
+/// A session the pulse found due for a refresh: its copy, token and account, and whether its
+/// placement is written again with it.
+pub(crate) struct RefreshDue {
+    pub(crate) copy: CopyId,
+    pub(crate) token: String,
+    pub(crate) account_id: Uuid,
+    pub(crate) placement: bool,
+}
+
+/// Refreshes the records of attached sessions (the pulse calls it for those due): their
+/// markers and presence are extended where they stand, all in one round trip, and a session
+/// whose records are found missing (lost in a Redis restart, or a start write that failed)
+/// while its copy still plays has them written again the full way, placement included.
+pub(crate) fn refresh_sessions<G: LiveGame>(inner: &Arc<Inner<G>>, due: Vec<RefreshDue>) {
     let sessions: Vec<SessionRecords> = due
         .into_iter()
-        .filter_map(|(id, token, account)| {
+        .filter_map(|d| {
             inner
                 .copies
-                .with(id, |c| {
+                .with(d.copy, |c| {
                     if c.leaving {
                         return None;
                     }
-                    // The placement goes with them (a record lost in an outage is written
-                    // again), queued under the lock so a logout's tombstone comes after it.
-                    placed(inner, id, c.zone.clone());
+                    if d.placement {
+                        // A placement record lost or left wrong (a write that failed) is
+                        // written again; queued under the lock so a logout's tombstone comes
+                        // after it.
+                        placed(inner, d.copy, c.zone.clone());
+                    }
                     c.session_order.map(|order| {
                         let zone = c.zone.clone();
-                        (id, token.clone(), account, order, zone)
+                        (d.copy, d.token.clone(), d.account_id, order, zone)
                     })
                 })
                 .flatten()
         })
         .collect();
-    write_session_records(inner, sessions, Marker::Extend);
+    if sessions.is_empty() {
+        return;
+    }
+    let inner = Arc::clone(inner);
+    tokio::spawn(async move {
+        let live: Vec<LiveSession> = sessions
+            .iter()
+            .map(|(id, token, account, _, _)| LiveSession {
+                session_token: token.clone(),
+                account_id: account.to_string(),
+                character_id: id.character_id.to_string(),
+            })
+            .collect();
+        let ttl = inner.config.session_ttl;
+        let found = tokio::time::timeout(
+            inner.config.io_timeout,
+            inner.stores.coord.sessions_refresh(&live, ttl),
+        )
+        .await;
+        let found = match found {
+            Ok(Ok(found)) => found,
+            Ok(Err(err)) => {
+                tracing::warn!(event = "session_records_unwritten", count = sessions.len(),
+                    error = %err, "written again at the next refresh");
+                return;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    event = "session_records_unwritten",
+                    count = sessions.len(),
+                    error = "timed out",
+                    "written again at the next refresh"
+                );
+                return;
+            }
+        };
+        for (record, found) in sessions.into_iter().zip(found) {
+            if found.marker && found.presence {
+                continue;
+            }
+            if !still_attached(&inner, record.0, &record.1) {
+                continue;
+            }
+            if !found.marker {
+                // The marker gone while the copy plays: Redis lost records, placement too.
+                place(&inner, record.0);
+            }
+            let marker = if found.marker {
+                Marker::Keep
+            } else {
+                Marker::Restore
+            };
+            write_one_session(&inner, record, marker).await;
+        }
+    });
 }
 
 fn zone_of<G: LiveGame>(inner: &Inner<G>, anchor: &Anchor) -> String {
@@ -485,6 +555,7 @@ pub(crate) fn admit<G: LiveGame>(
         link: Link::Attached(token.to_owned()),
         leaving: false,
         session_order: Some(order),
+        next_visit: super::schedule::UNPLACED,
     };
     let copy_id = CopyId {
         character_id: id,
@@ -648,6 +719,7 @@ impl<G: LiveGame> Runtime<G> {
                 Some((token, c.dump(copy.character_id, state)))
             })
             .ok_or(LiveError::Gone(copy))?;
+        inner.copies.watch_link_dead(copy);
         if let Some((token, snapshot)) = closed {
             close_stream_with(
                 inner,

@@ -690,3 +690,86 @@ async fn sessions_and_console_sessions_live_until_deleted_or_expired() {
         assert!(d.all_keys().await.is_empty(), "{}", d.name());
     }
 }
+
+#[tokio::test]
+async fn a_sessions_refresh_extends_what_is_there_and_writes_back_nothing_missing() {
+    for d in coord_drivers().await {
+        let coord = d.coordination();
+        let short = Ttl::from_secs(2).unwrap();
+        let long = Ttl::from_secs(60).unwrap();
+        let session = |n: u8| shardkeep::coord::LiveSession {
+            session_token: format!("s-{n}"),
+            account_id: format!("acc-{n}"),
+            character_id: format!("chr-{n}"),
+        };
+        // s-1: marker and presence; s-2: the marker only; s-3: nothing (its stream closed).
+        coord.session_activate("s-1", short).await.unwrap();
+        let written = presence("acc-1", "chr-1", "s-1", 2_000);
+        coord.presence_put(&written).await.unwrap();
+        coord.session_activate("s-2", short).await.unwrap();
+        let found = coord
+            .sessions_refresh(&[session(1), session(2), session(3)], long)
+            .await
+            .unwrap();
+        let refreshed = |marker, presence| shardkeep::coord::SessionRefreshed { marker, presence };
+        assert_eq!(
+            found,
+            vec![
+                refreshed(true, true),
+                refreshed(true, false),
+                refreshed(false, false)
+            ],
+            "{}",
+            d.name()
+        );
+        for key in [
+            d.keys().active_session("s-1").unwrap(),
+            d.keys().presence_account("acc-1").unwrap(),
+            d.keys().presence_character("chr-1").unwrap(),
+            d.keys().active_session("s-2").unwrap(),
+        ] {
+            let pttl = d.pttl(&key).await.unwrap();
+            assert!(
+                (58_000..=60_000).contains(&pttl),
+                "{} {key}: {pttl}",
+                d.name()
+            );
+        }
+        assert!(
+            !coord.session_is_active("s-3").await.unwrap(),
+            "{}",
+            d.name()
+        );
+        assert_eq!(coord.presence_by_character("chr-2").await.unwrap(), None);
+        assert_eq!(coord.presence_by_character("chr-3").await.unwrap(), None);
+        // The record reads back as written, with the lapse the refresh gave it.
+        let read = coord.presence_by_character("chr-1").await.unwrap().unwrap();
+        assert_eq!(read.session_token, "s-1", "{}", d.name());
+        let left = read.expires_at - Utc::now();
+        assert!(left > chrono::Duration::seconds(55), "{}: {left}", d.name());
+        let by_account = coord.presence_by_account("acc-1").await.unwrap().unwrap();
+        assert!(
+            by_account.expires_at - Utc::now() > chrono::Duration::seconds(55),
+            "{}",
+            d.name()
+        );
+        // Nothing to refresh is no call; a malformed token refuses the whole batch before
+        // anything is extended.
+        assert_eq!(coord.sessions_refresh(&[], long).await.unwrap(), vec![]);
+        let mut bad = session(1);
+        bad.session_token = String::new();
+        assert!(
+            coord
+                .sessions_refresh(&[session(2), bad], Ttl::from_secs(600).unwrap())
+                .await
+                .is_err(),
+            "{}",
+            d.name()
+        );
+        let pttl = d
+            .pttl(&d.keys().active_session("s-2").unwrap())
+            .await
+            .unwrap();
+        assert!(pttl <= 60_000, "{} extended: {pttl}", d.name());
+    }
+}

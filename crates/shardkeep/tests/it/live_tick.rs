@@ -713,3 +713,86 @@ async fn a_killed_runtime_takes_no_handoff(pool: PgPool) {
         a.stop().await;
     }
 }
+
+/// A session's records live as long as the session does, past their own lifetime, by the
+/// pulse's refreshes (extended where they stand); records lost meanwhile (a Redis restart, a
+/// start write that failed) are written again by the next refresh, placement included.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn session_records_outlive_their_ttl_and_lost_ones_are_written_again(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let mut config = LiveConfig::new("shard-a");
+        // Refreshed every 300 ms.
+        config.session_ttl = shardkeep::Ttl::from_millis(900).unwrap();
+        let live = Live::with(&d, &redis, config).await;
+        let id = live
+            .runtime
+            .create("Ress", Uuid::now_v7(), anchor("zone-0"))
+            .await
+            .unwrap();
+        let admitted = live
+            .runtime
+            .login(id, SessionStart::default())
+            .await
+            .unwrap();
+        let (copy, token) = (admitted.copy, admitted.session_token);
+        let coord = live.services.coord.clone();
+        let placement = live.services.placement.clone();
+        let whole = || async {
+            let presence = coord.presence_by_character(&id.to_string()).await.unwrap();
+            live.runtime.placement_barrier(Duration::from_secs(5)).await;
+            let placed = placement.read(id).await.unwrap();
+            coord.session_is_active(&token).await.unwrap()
+                && presence.is_some_and(|p| p.session_token == token)
+                && placed.is_some_and(|p| p.shard_id.as_deref() == Some("shard-a"))
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !whole().await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{}: never written",
+                d.name()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Three lifetimes later every record is still there.
+        tokio::time::sleep(Duration::from_millis(2_700)).await;
+        assert!(
+            whole().await,
+            "{}: a record lapsed under a live session",
+            d.name()
+        );
+        // Lost: the placement left wrong, the presence and then the marker gone (a refresh
+        // that finds the marker gone writes everything again).
+        placement
+            .write(&PlacementRecord {
+                character_id: id,
+                shard_id: Some("shard-z".into()),
+                zone_id: Some("zone-9".into()),
+                owner_epoch: copy.owner_epoch,
+                updated_at: chrono::Utc::now(),
+            })
+            .await
+            .unwrap();
+        let mut gone = coord
+            .presence_by_character(&id.to_string())
+            .await
+            .unwrap()
+            .unwrap();
+        gone.expires_at = chrono::Utc::now() + chrono::Duration::milliseconds(30);
+        coord.presence_put(&gone).await.unwrap();
+        coord.session_deactivate(&token).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+        while !whole().await {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{}: lost records not written again",
+                d.name()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        live.stop().await;
+    }
+}

@@ -1,7 +1,7 @@
 -- Return a presence record only if its counterpart agrees; otherwise delete it.
 -- KEYS[1] record key, KEYS[2] index set holding the record's id, KEYS[3] counterpart record key
 -- ARGV[1] the record's id in KEYS[2], ARGV[2] the raw record the caller read
--- Reply: {'ok', raw} | {'missing'} | {'changed'} | {'mismatch'}
+-- Reply: {'ok', raw, milliseconds the record has left} | {'missing'} | {'changed'} | {'mismatch'}
 local raw = redis.call('GET', KEYS[1])
 if not raw then
   redis.call('SREM', KEYS[2], ARGV[1])
@@ -22,7 +22,7 @@ if other_raw then
   end
 end
 if consistent then
-  return {'ok', raw}
+  return {'ok', raw, redis.call('PTTL', KEYS[1])}
 end
 redis.call('DEL', KEYS[1])
 redis.call('SREM', KEYS[2], ARGV[1])

@@ -1,0 +1,117 @@
+//! The pulse's schedule (pure): on which pulse to look at which copy, so a pulse visits only the
+//! copies due for something on it — a save, a session refresh, a first look after admission —
+//! instead of every copy held (at 500,000 copies a scan of them all took a core's share of
+//! every pulse), and which link-dead copies to watch for their grace running out.
+//!
+//! An entry names a copy and the pulse it was placed at; the copy keeps that pulse too, so an
+//! entry left behind by a copy that was removed, replaced or already visited is recognised as
+//! stale and skipped.
+
+use std::collections::{BTreeMap, HashSet};
+
+use super::copies::CopyId;
+
+/// The pulse a copy is placed at between its admission and its first visit.
+pub(crate) const UNPLACED: u64 = u64::MAX;
+
+/// Which copies a pulse looks at.
+#[derive(Debug, Default)]
+pub(crate) struct Schedule {
+    /// Admitted since the last pulse: visited at the next one.
+    admitted: Vec<CopyId>,
+    by_pulse: BTreeMap<u64, Vec<CopyId>>,
+    link_dead: HashSet<CopyId>,
+}
+
+impl Schedule {
+    /// `id` was admitted: it is visited at the next pulse.
+    pub(crate) fn admitted(&mut self, id: CopyId) {
+        self.admitted.push(id);
+    }
+
+    /// Places `id` at `pulse`.
+    pub(crate) fn place(&mut self, pulse: u64, id: CopyId) {
+        self.by_pulse.entry(pulse).or_default().push(id);
+    }
+
+    /// Takes the visits due on `pulse`, each with the pulse it was placed at ([`UNPLACED`] for
+    /// a copy admitted since): everything placed at or before `pulse`.
+    pub(crate) fn take(&mut self, pulse: u64) -> Vec<(u64, CopyId)> {
+        let mut visits: Vec<(u64, CopyId)> =
+            self.admitted.drain(..).map(|id| (UNPLACED, id)).collect();
+        let later = match pulse.checked_add(1) {
+            Some(next) => self.by_pulse.split_off(&next),
+            None => BTreeMap::new(),
+        };
+        for (at, ids) in std::mem::replace(&mut self.by_pulse, later) {
+            visits.extend(ids.into_iter().map(|id| (at, id)));
+        }
+        visits
+    }
+
+    /// Watches `id`, whose stream closed, until its grace runs out or it is attached again.
+    pub(crate) fn watch_link_dead(&mut self, id: CopyId) {
+        self.link_dead.insert(id);
+    }
+
+    /// The link-dead copies watched.
+    pub(crate) fn link_dead(&self) -> Vec<CopyId> {
+        self.link_dead.iter().copied().collect()
+    }
+
+    /// Stops watching `id` (it is attached again, or gone).
+    pub(crate) fn unwatch(&mut self, id: CopyId) {
+        self.link_dead.remove(&id);
+    }
+
+    /// Entries held (stale ones included), for tests.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.admitted.len() + self.by_pulse.values().map(Vec::len).sum::<usize>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn copy(n: u128, epoch: i64) -> CopyId {
+        CopyId {
+            character_id: uuid::Uuid::from_u128(n),
+            owner_epoch: epoch,
+        }
+    }
+
+    #[test]
+    fn a_pulse_takes_the_admitted_and_everything_placed_up_to_it_once() {
+        let mut schedule = Schedule::default();
+        schedule.admitted(copy(1, 1));
+        schedule.place(3, copy(2, 1));
+        schedule.place(5, copy(3, 1));
+        schedule.place(4, copy(4, 1));
+        assert_eq!(schedule.take(2), vec![(UNPLACED, copy(1, 1))]);
+        assert_eq!(schedule.take(2), vec![]);
+        // A pulse that runs after a gap takes what it skipped too.
+        assert_eq!(
+            schedule.take(4),
+            vec![(3, copy(2, 1)), (4, copy(4, 1))],
+            "in pulse order"
+        );
+        assert_eq!(schedule.len(), 1);
+        assert_eq!(schedule.take(u64::MAX - 1), vec![(5, copy(3, 1))]);
+        assert_eq!(schedule.take(u64::MAX), vec![]);
+    }
+
+    #[test]
+    fn link_dead_copies_are_watched_once_until_unwatched() {
+        let mut schedule = Schedule::default();
+        schedule.watch_link_dead(copy(1, 1));
+        schedule.watch_link_dead(copy(1, 1));
+        schedule.watch_link_dead(copy(2, 1));
+        let mut watched = schedule.link_dead();
+        watched.sort_by_key(|c| c.character_id);
+        assert_eq!(watched, vec![copy(1, 1), copy(2, 1)]);
+        schedule.unwatch(copy(1, 1));
+        assert_eq!(schedule.link_dead(), vec![copy(2, 1)]);
+    }
+}
