@@ -446,9 +446,9 @@ async fn a_zombies_logout_writes_nothing(pool: PgPool) {
     }
 }
 
-/// The store stalls and the saver's queue (8 entries here) fills: the tick goes on at its
-/// pace, the cadences' saves that find no room are dropped and counted (the next cadence
-/// saves the copy again), and the queue never grows past its depth.
+/// The store stalls and the saver's queue (8 entries here) fills with reconciling flushes: the
+/// tick goes on at its pace, the saves that find no room are dropped and counted (the next
+/// cadence saves the copy again), and the queue never grows past its depth.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_full_saver_drops_cadence_saves_and_the_tick_never_waits(pool: PgPool) {
     for driver in Driver::ALL {
@@ -489,6 +489,62 @@ async fn a_full_saver_drops_cadence_saves_and_the_tick_never_waits(pool: PgPool)
             "{name}: {stats:?}"
         );
         scene.stores.outage.heal();
+        scene.shard.kill();
+    }
+}
+
+/// The store stalls and the saver falls behind: the pulse puts its cadence visits off instead of
+/// dumping saves the queue has no room for — none is dropped, the tick goes on at its pace —
+/// and once the store answers every copy is saved again.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_saver_behind_puts_the_cadences_off_and_drops_none(pool: PgPool) {
+    for driver in Driver::ALL {
+        let mut scene = Scene::logged_in(&pool, driver, |c| {
+            c.live.saver.queue_depth = 8;
+        })
+        .await;
+        let name = scene.stores.driver;
+        for n in 0..40 {
+            let id = new_character(&scene.stores.own, &format!("P{n}")).await;
+            scene
+                .shard
+                .login(id, SessionStart::default())
+                .await
+                .unwrap();
+        }
+        let saver = scene.shard.runtime().saver().clone();
+        scene.stores.outage.stall();
+        let started = std::time::Instant::now();
+        let mut deepest = 0;
+        for _ in 0..100 {
+            scene.shard.tick();
+            deepest = deepest.max(saver.depth());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{name}: 100 ticks took {:?}",
+            started.elapsed()
+        );
+        let stalled = saver.stats();
+        assert_eq!(
+            (stalled.dropped_checkpoint, stalled.dropped_row),
+            (0, 0),
+            "{name}: the queue reached {deepest}"
+        );
+        scene.stores.outage.heal();
+        // Every copy is checkpointed again once the saver drains (41 players).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while saver.stats().checkpoint_landed < stalled.checkpoint_landed + 41 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name}: {:?}",
+                saver.stats()
+            );
+            scene.shard.tick();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(saver.stats().dropped_checkpoint, 0, "{name}");
         scene.shard.kill();
     }
 }

@@ -161,7 +161,7 @@ impl Coordination {
                 .await?;
             match reply.as_slice() {
                 [tag, _, Value::Int(left)] if is(tag, "ok") => {
-                    return Ok(Some(lapsing_in(record, *left)));
+                    return Ok(Some(lapsing_in(record, Utc::now(), *left)));
                 }
                 [tag] if is(tag, "missing") || is(tag, "mismatch") => return Ok(None),
                 [tag] if is(tag, "changed") => continue,
@@ -211,7 +211,10 @@ impl Coordination {
         };
         if consistent {
             return Ok(record.map(|r| match left {
-                Some(left) => lapsing_in(r, left),
+                Some(left) => {
+                    let now = DateTime::from_timestamp_micros(now).unwrap_or_else(Utc::now);
+                    lapsing_in(r, now, left)
+                }
                 None => r,
             }));
         }
@@ -303,11 +306,11 @@ impl Coordination {
     }
 }
 
-/// `record` with its lapse moved to `left_ms` from now (as the store counts it) when a refresh
-/// extended the record past the lapse it was written with (by more than a second: the store
-/// counts in milliseconds, and a record read back as written keeps its own time).
-fn lapsing_in(mut record: PresenceRecord, left_ms: i64) -> PresenceRecord {
-    let lapse = Utc::now() + chrono::Duration::milliseconds(left_ms);
+/// `record` with its lapse moved to `left_ms` after `now` (the store's clock and count) when a
+/// refresh extended the record past the lapse it was written with (by more than a second: the
+/// store counts in milliseconds, and a record read back as written keeps its own time).
+fn lapsing_in(mut record: PresenceRecord, now: DateTime<Utc>, left_ms: i64) -> PresenceRecord {
+    let lapse = now + chrono::Duration::milliseconds(left_ms);
     if lapse > record.expires_at + chrono::Duration::seconds(1) {
         record.expires_at = lapse;
     }

@@ -71,6 +71,9 @@ pub(crate) struct LiveCopy<C> {
     /// The zone its placement and presence name: where it landed, then the last zone its
     /// anchor named (an anchor without a zone, an instance, keeps it).
     pub(crate) zone: String,
+    /// The zone its session's presence was last written with (a refresh that finds it behind
+    /// `zone` writes the presence in full).
+    pub(crate) presence_zone: String,
     pub(crate) chargen: Option<serde_json::Value>,
     pub(crate) schema_version: u32,
     pub(crate) phase: Phase,
@@ -147,6 +150,31 @@ impl<C> Default for Copies<C> {
     }
 }
 
+/// The entries one pulse took from the schedule; on drop (the pass ended, or a panic unwound
+/// it) the visited ones are placed at their next pulse and the rest put back where they were.
+struct Taken<'a> {
+    schedule: &'a Mutex<Schedule>,
+    visits: Vec<(u64, CopyId)>,
+    /// Entries of `visits` looked at so far.
+    done: usize,
+    placed: Vec<(u64, CopyId)>,
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        let mut schedule = self.schedule.lock().unwrap_or_else(PoisonError::into_inner);
+        for (at, id) in self.placed.drain(..) {
+            schedule.place(at, id);
+        }
+        for &(at, id) in self.visits.get(self.done..).unwrap_or_default() {
+            schedule.put_back(at, id);
+        }
+    }
+}
+
+/// One stripe of the registry, locked.
+type Stripe<'a, C> = MutexGuard<'a, HashMap<Uuid, LiveCopy<C>>>;
+
 /// The stripe holding `character_id`.
 fn stripe_of(character_id: Uuid) -> usize {
     let (_, lo) = character_id.as_u64_pair();
@@ -154,11 +182,11 @@ fn stripe_of(character_id: Uuid) -> usize {
 }
 
 impl<C> Copies<C> {
-    fn stripe(&self, character_id: Uuid) -> MutexGuard<'_, HashMap<Uuid, LiveCopy<C>>> {
+    fn stripe(&self, character_id: Uuid) -> Stripe<'_, C> {
         self.stripe_at(stripe_of(character_id))
     }
 
-    fn stripe_at(&self, index: usize) -> MutexGuard<'_, HashMap<Uuid, LiveCopy<C>>> {
+    fn stripe_at(&self, index: usize) -> Stripe<'_, C> {
         self.stripes[index % STRIPES]
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -234,42 +262,51 @@ impl<C> Copies<C> {
         None
     }
 
-    /// Runs `f` on each copy the schedule has due on `pulse` (a stripe at a time, each locked
-    /// only while its copies run), then places each again at the pulse `next` names for its
-    /// phase (after `pulse`).
+    /// Runs `f` on at most `most` of the copies the schedule has due on `pulse`, the longest due
+    /// first (a stripe at a time, each locked only while its copies run), with the pulse whose
+    /// dues the visit does: `pulse`, or an earlier one whose visit was put off (the rest stay due
+    /// for the next pass) or that a pulse running beside this one left. Each copy is placed again first,
+    /// at the pulse `next` names for its phase (after `pulse`); whatever happens to the pass (a
+    /// game's dump that panics included), every entry taken goes back to the schedule.
     pub(crate) fn visit_due(
         &self,
         pulse: u64,
+        most: usize,
         next: impl Fn(&Phase) -> u64,
-        mut f: impl FnMut(Uuid, &mut LiveCopy<C>),
+        mut f: impl FnMut(Uuid, &mut LiveCopy<C>, u64),
     ) {
-        let mut visits = self.schedule().take(pulse);
+        let mut visits = self.schedule().take(pulse, most);
         visits.sort_unstable_by_key(|(_, id)| stripe_of(id.character_id));
-        let mut placed = Vec::with_capacity(visits.len());
-        for run in
-            visits.chunk_by(|a, b| stripe_of(a.1.character_id) == stripe_of(b.1.character_id))
-        {
-            let Some((_, first)) = run.first() else {
+        let mut taken = Taken {
+            schedule: &self.schedule,
+            visits,
+            done: 0,
+            placed: Vec::new(),
+        };
+        let mut held: Option<(usize, Stripe<'_, C>)> = None;
+        while let Some(&(at, id)) = taken.visits.get(taken.done) {
+            taken.done += 1;
+            let index = stripe_of(id.character_id);
+            if held.as_ref().map(|(i, _)| *i) != Some(index) {
+                // The stripe before is let go first: one stripe lock at a time.
+                drop(held.take());
+                held = Some((index, self.stripe_at(index)));
+            }
+            let Some((_, stripe)) = held.as_mut() else {
                 continue;
             };
-            let mut stripe = self.stripe_at(stripe_of(first.character_id));
-            for (at, id) in run {
-                // Stale: the copy left, another copy of the character replaced it, or it was
-                // placed again since this entry was made.
-                let Some(copy) = stripe
-                    .get_mut(&id.character_id)
-                    .filter(|c| c.epoch == id.owner_epoch && c.next_visit == *at)
-                else {
-                    continue;
-                };
-                f(id.character_id, copy);
-                copy.next_visit = next(&copy.phase).max(pulse.saturating_add(1));
-                placed.push((copy.next_visit, *id));
-            }
-        }
-        let mut schedule = self.schedule();
-        for (at, id) in placed {
-            schedule.place(at, id);
+            // Stale: the copy left, another copy of the character replaced it, or it was
+            // placed again since this entry was made.
+            let Some(copy) = stripe
+                .get_mut(&id.character_id)
+                .filter(|c| c.epoch == id.owner_epoch && c.next_visit == at)
+            else {
+                continue;
+            };
+            copy.next_visit = next(&copy.phase).max(pulse.saturating_add(1));
+            taken.placed.push((copy.next_visit, id));
+            let dues_of = if at == UNPLACED { pulse } else { at.min(pulse) };
+            f(id.character_id, copy, dues_of);
         }
     }
 
@@ -279,19 +316,26 @@ impl<C> Copies<C> {
     }
 
     /// The link-dead copies whose grace ran out by `now`; copies no longer link-dead (attached
-    /// again, or gone) stop being watched.
+    /// again, or gone) stop being watched — decided under the copy's stripe lock, so a detach
+    /// (which sets the link under that lock, then watches) is never unwatched after it.
     pub(crate) fn link_dead_lapsed(&self, now: tokio::time::Instant) -> Vec<CopyId> {
         let watched = self.schedule().link_dead();
         let mut lapsed = Vec::new();
         for id in watched {
-            match self.with(id, |c| match c.link {
-                Link::LinkDead { until, .. } => Some(until <= now),
-                Link::Attached(_) => None,
-            }) {
+            let stripe = self.stripe(id.character_id);
+            let link = stripe
+                .get(&id.character_id)
+                .filter(|c| c.epoch == id.owner_epoch)
+                .map(|c| match c.link {
+                    Link::LinkDead { until, .. } => Some(until <= now),
+                    Link::Attached(_) => None,
+                });
+            match link {
                 Some(Some(true)) => lapsed.push(id),
                 Some(Some(false)) => {}
                 Some(None) | None => self.schedule().unwatch(id),
             }
+            drop(stripe);
         }
         lapsed
     }
@@ -332,5 +376,128 @@ impl<C> Copies<C> {
             .iter()
             .map(|s| s.lock().unwrap_or_else(PoisonError::into_inner).len())
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PERIODS: (u64, u64) = (4, 8);
+
+    fn copy(character_id: Uuid) -> LiveCopy<()> {
+        LiveCopy {
+            character: (),
+            account_id: Uuid::nil(),
+            name: "c".into(),
+            epoch: 1,
+            version: 1,
+            issued: 0,
+            anchor: Anchor::default(),
+            zone: "zone-0".into(),
+            presence_zone: "zone-0".into(),
+            chargen: None,
+            schema_version: 1,
+            phase: Phase::of(character_id, PERIODS),
+            link: Link::Attached("t".into()),
+            leaving: false,
+            session_order: None,
+            next_visit: 0,
+        }
+    }
+
+    /// Every copy due on `pulse` visited, each with the pulse whose dues it does.
+    fn visit(copies: &Copies<()>, pulse: u64) -> Vec<(Uuid, u64)> {
+        let mut seen = Vec::new();
+        copies.visit_due(
+            pulse,
+            usize::MAX,
+            |phase| phase.next_visit(pulse, PERIODS, u64::MAX),
+            |id, _, dues_of| seen.push((id, dues_of)),
+        );
+        seen.sort();
+        seen
+    }
+
+    fn held(n: usize) -> (Copies<()>, Vec<Uuid>) {
+        let copies = Copies::default();
+        let mut ids: Vec<Uuid> = (0..n).map(|_| Uuid::now_v7()).collect();
+        ids.sort();
+        for id in &ids {
+            assert!(copies.admit(*id, copy(*id)).is_none());
+        }
+        (copies, ids)
+    }
+
+    #[test]
+    fn a_pulse_visits_each_copy_on_the_pulses_it_is_due_and_no_other() {
+        let (copies, ids) = held(50);
+        // First look at the next pulse, then only when a save is due.
+        assert_eq!(visit(&copies, 1).len(), 50);
+        for pulse in 2..40 {
+            let due: Vec<(Uuid, u64)> = ids
+                .iter()
+                .filter(|id| Phase::of(**id, PERIODS).due(pulse, PERIODS).is_some())
+                .map(|id| (*id, pulse))
+                .collect();
+            assert_eq!(visit(&copies, pulse), due, "pulse {pulse}");
+        }
+    }
+
+    #[test]
+    fn a_late_visit_does_the_dues_of_the_pulse_it_was_placed_at() {
+        let (copies, ids) = held(1);
+        visit(&copies, 1);
+        let at = Phase::of(ids[0], PERIODS).next_visit(1, PERIODS, u64::MAX);
+        // A pulse running beside this one took the pulses in between.
+        assert_eq!(visit(&copies, at + 2), vec![(ids[0], at)]);
+    }
+
+    #[test]
+    fn a_pass_that_panics_leaves_every_copy_in_the_schedule() {
+        let (copies, ids) = held(20);
+        let mut visited = 0;
+        let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            copies.visit_due(
+                1,
+                usize::MAX,
+                |phase| phase.next_visit(1, PERIODS, u64::MAX),
+                |_, _, _| {
+                    visited += 1;
+                    assert!(visited < 7, "a game's dump panics");
+                },
+            );
+        }));
+        assert!(pass.is_err());
+        // The ones not visited are put back and seen at the next pulse; each copy is then due
+        // again within a checkpoint period.
+        let mut seen: Vec<Uuid> = Vec::new();
+        for pulse in 2..2 + PERIODS.0 + 1 {
+            seen.extend(visit(&copies, pulse).into_iter().map(|(id, _)| id));
+        }
+        seen.sort();
+        seen.dedup();
+        assert_eq!(seen, ids);
+    }
+
+    #[test]
+    fn a_copy_attached_again_is_unwatched_and_a_lapsed_one_reported() {
+        let (copies, ids) = held(2);
+        let now = tokio::time::Instant::now();
+        for id in &ids {
+            let copy = copies.current(*id).unwrap_or_else(|| panic!("held"));
+            copies.with(copy, |c| {
+                c.link = Link::LinkDead {
+                    token: "t".into(),
+                    until: now,
+                }
+            });
+            copies.watch_link_dead(copy);
+        }
+        let first = copies.current(ids[0]).unwrap_or_else(|| panic!("held"));
+        copies.with(first, |c| c.link = Link::Attached("t2".into()));
+        let second = copies.current(ids[1]).unwrap_or_else(|| panic!("held"));
+        assert_eq!(copies.link_dead_lapsed(now), vec![second]);
+        assert_eq!(copies.schedule().link_dead(), vec![second]);
     }
 }

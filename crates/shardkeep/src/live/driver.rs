@@ -93,39 +93,42 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
     let expired = inner.copies.link_dead_lapsed(now);
     let mut refreshes = Vec::new();
     let next = |phase: &super::cadence::Phase| phase.next_visit(n, periods, refresh);
-    inner.copies.visit_due(n, next, |id, copy| {
-        if let Link::LinkDead { until, .. } = &copy.link
-            && *until <= now
-        {
-            // Its final save is queued below.
-            return;
-        }
-        if let Link::Attached(token) = &copy.link
-            && copy.phase.refresh_due(n, refresh)
-        {
-            refreshes.push(RefreshDue {
-                copy: copy.id(id),
-                token: token.clone(),
-                account_id: copy.account_id,
-                placement: copy
-                    .phase
-                    .refresh_due(n, refresh.saturating_mul(PLACEMENT_EVERY)),
-            });
-        }
-        if copy.leaving {
-            return;
-        }
-        let Some(reason) = copy.phase.due(n, periods) else {
-            return;
-        };
-        let Some(snapshot) = saveable_dump(inner, id, copy) else {
-            return;
-        };
-        match reason {
-            SaveReason::Checkpoint => checkpoints.push(snapshot),
-            _ => flushes.push(snapshot),
-        }
-    });
+    inner
+        .copies
+        .visit_due(n, visits_this_pulse(inner), next, |id, copy, dues_of| {
+            if let Link::LinkDead { until, .. } = &copy.link
+                && *until <= now
+            {
+                // Its final save is queued below.
+                return;
+            }
+            if let Link::Attached(token) = &copy.link
+                && copy.phase.refresh_due(dues_of, refresh)
+            {
+                refreshes.push(RefreshDue {
+                    copy: copy.id(id),
+                    token: token.clone(),
+                    account_id: copy.account_id,
+                    full: copy.presence_zone != copy.zone
+                        || copy
+                            .phase
+                            .refresh_due(dues_of, refresh.saturating_mul(FULL_REFRESH_EVERY)),
+                });
+            }
+            if copy.leaving {
+                return;
+            }
+            let Some(reason) = copy.phase.due(dues_of, periods) else {
+                return;
+            };
+            let Some(snapshot) = saveable_dump(inner, id, copy) else {
+                return;
+            };
+            match reason {
+                SaveReason::Checkpoint => checkpoints.push(snapshot),
+                _ => flushes.push(snapshot),
+            }
+        });
     inner.saver.enqueue_many(SaveReason::Flush, flushes);
     inner
         .saver
@@ -190,10 +193,27 @@ fn export_crash_window<G: LiveGame>(inner: &Arc<Inner<G>>) {
     }));
 }
 
-/// A copy's placement (kept a month) is written again with every this many refreshes of its
-/// session records (a record a failed write left wrong is repaired within that), and at once
-/// when a refresh finds the session's records lost.
-const PLACEMENT_EVERY: u64 = 8;
+/// Entries (pulse slices) the saver's queue may hold before a pulse puts its visits off: two
+/// pulses' worth. A save it could not queue would be dumped for nothing and dropped, and its
+/// copy would wait a whole period; put off, it stays due and is saved as soon as there is room.
+const SAVER_BEHIND: usize = 4;
+
+/// How many due copies this pulse looks at: none while the saver is behind; otherwise twice
+/// a pulse's share of the copies held (a pass after one put off catches up, spread over the
+/// next pulses), at least 1,024.
+fn visits_this_pulse<G: LiveGame>(inner: &Inner<G>) -> usize {
+    if inner.saver.depth() >= SAVER_BEHIND {
+        return 0;
+    }
+    let share = inner.copies.len() / usize::try_from(inner.periods.0.max(1)).unwrap_or(1);
+    share.saturating_mul(2).max(1024)
+}
+
+/// Every this many refreshes a session's records are written in full — its presence (with the
+/// order mark it is written under) and its placement (kept a month) — instead of extended
+/// where they stand, so a record a failed write left wrong is repaired within that; they are
+/// also written in full when the copy's zone changed since, and when a refresh finds them lost.
+const FULL_REFRESH_EVERY: u64 = 8;
 
 /// Pulses between two refreshes of a session's records: a third of their lifetime.
 fn refresh_period<G: LiveGame>(inner: &Inner<G>) -> u64 {

@@ -23,7 +23,8 @@
 //! - offline grants, which reach whichever copy owns the character when they land.
 //!
 //! Layout: [`game`] (what the game supplies), [`cadence`] (when copies save, pure), `copies`
-//! (the registry), `driver` (the pulse: cadences, the saver's answers, deferred finals),
+//! (the registry), `schedule` (which copies a pulse looks at, pure), `driver` (the pulse:
+//! cadences, session refreshes, the saver's answers, deferred finals),
 //! `sessions` (login, resume, detach, logout, shutdown), `finals` (logout saves and journal
 //! entries owed), `writes` (grants, saves, merges), `handoff` (leaving for and arriving from
 //! another shard), [`transit`] (the handoff protocol's steps, shared with hosts that drive their

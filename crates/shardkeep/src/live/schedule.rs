@@ -34,16 +34,40 @@ impl Schedule {
         self.by_pulse.entry(pulse).or_default().push(id);
     }
 
-    /// Takes the visits due on `pulse`, each with the pulse it was placed at ([`UNPLACED`] for
-    /// a copy admitted since): everything placed at or before `pulse`.
-    pub(crate) fn take(&mut self, pulse: u64) -> Vec<(u64, CopyId)> {
-        let mut visits: Vec<(u64, CopyId)> =
-            self.admitted.drain(..).map(|id| (UNPLACED, id)).collect();
-        let later = match pulse.checked_add(1) {
-            Some(next) => self.by_pulse.split_off(&next),
-            None => BTreeMap::new(),
-        };
-        for (at, ids) in std::mem::replace(&mut self.by_pulse, later) {
+    /// Puts back an entry [`Schedule::take`] handed out and nobody visited.
+    pub(crate) fn put_back(&mut self, at: u64, id: CopyId) {
+        if at == UNPLACED {
+            self.admitted.push(id);
+        } else {
+            self.place(at, id);
+        }
+    }
+
+    /// Takes at most `most` of the visits due on `pulse`, each with the pulse it was placed at
+    /// ([`UNPLACED`] for a copy admitted since): the copies admitted first, then what was
+    /// placed at or before `pulse`, oldest first. What is left stays due for the next pulse.
+    pub(crate) fn take(&mut self, pulse: u64, most: usize) -> Vec<(u64, CopyId)> {
+        let admitted = self.admitted.len().min(most);
+        let mut visits: Vec<(u64, CopyId)> = self
+            .admitted
+            .drain(..admitted)
+            .map(|id| (UNPLACED, id))
+            .collect();
+        while visits.len() < most {
+            let Some(mut bucket) = self.by_pulse.first_entry() else {
+                break;
+            };
+            let at = *bucket.key();
+            if at > pulse {
+                break;
+            }
+            let room = most - visits.len();
+            let ids = if bucket.get().len() <= room {
+                bucket.remove()
+            } else {
+                let rest = bucket.get_mut().split_off(room);
+                std::mem::replace(bucket.get_mut(), rest)
+            };
             visits.extend(ids.into_iter().map(|id| (at, id)));
         }
         visits
@@ -75,6 +99,8 @@ impl Schedule {
 mod tests {
     use super::*;
 
+    const ALL: usize = usize::MAX;
+
     fn copy(n: u128, epoch: i64) -> CopyId {
         CopyId {
             character_id: uuid::Uuid::from_u128(n),
@@ -89,17 +115,49 @@ mod tests {
         schedule.place(3, copy(2, 1));
         schedule.place(5, copy(3, 1));
         schedule.place(4, copy(4, 1));
-        assert_eq!(schedule.take(2), vec![(UNPLACED, copy(1, 1))]);
-        assert_eq!(schedule.take(2), vec![]);
+        assert_eq!(schedule.take(2, ALL), vec![(UNPLACED, copy(1, 1))]);
+        assert_eq!(schedule.take(2, ALL), vec![]);
         // A pulse that runs after a gap takes what it skipped too.
         assert_eq!(
-            schedule.take(4),
+            schedule.take(4, ALL),
             vec![(3, copy(2, 1)), (4, copy(4, 1))],
             "in pulse order"
         );
         assert_eq!(schedule.len(), 1);
-        assert_eq!(schedule.take(u64::MAX - 1), vec![(5, copy(3, 1))]);
-        assert_eq!(schedule.take(u64::MAX), vec![]);
+        assert_eq!(schedule.take(u64::MAX - 1, ALL), vec![(5, copy(3, 1))]);
+        assert_eq!(schedule.take(u64::MAX, ALL), vec![]);
+    }
+
+    #[test]
+    fn a_pulse_takes_at_most_what_it_is_given_room_for_oldest_first() {
+        let mut schedule = Schedule::default();
+        schedule.admitted(copy(1, 1));
+        for n in 2..6 {
+            schedule.place(3, copy(n, 1));
+        }
+        schedule.place(4, copy(9, 1));
+        // Nothing while the saver is behind: everything stays due.
+        assert_eq!(schedule.take(4, 0), vec![]);
+        assert_eq!(
+            schedule.take(4, 3),
+            vec![(UNPLACED, copy(1, 1)), (3, copy(2, 1)), (3, copy(3, 1))]
+        );
+        assert_eq!(
+            schedule.take(5, ALL),
+            vec![(3, copy(4, 1)), (3, copy(5, 1)), (4, copy(9, 1))]
+        );
+    }
+
+    #[test]
+    fn entries_put_back_are_taken_again_as_they_were() {
+        let mut schedule = Schedule::default();
+        schedule.admitted(copy(1, 1));
+        schedule.place(3, copy(2, 1));
+        let taken = schedule.take(3, ALL);
+        for (at, id) in taken.iter().rev() {
+            schedule.put_back(*at, *id);
+        }
+        assert_eq!(schedule.take(3, ALL), taken);
     }
 
     #[test]

@@ -309,20 +309,20 @@ fn still_attached<G: LiveGame>(inner: &Inner<G>, copy: CopyId, token: &str) -> b
 }
 
 /// A session the pulse found due for a refresh: its copy, token and account, and whether its
-/// placement is written again with it.
+/// records are written in full (presence and placement) rather than extended where they stand.
 pub(crate) struct RefreshDue {
     pub(crate) copy: CopyId,
     pub(crate) token: String,
     pub(crate) account_id: Uuid,
-    pub(crate) placement: bool,
+    pub(crate) full: bool,
 }
 
 /// Refreshes the records of attached sessions (the pulse calls it for those due): their
-/// markers and presence are extended where they stand, all in one round trip, and a session
-/// whose records are found missing (lost in a Redis restart, or a start write that failed)
-/// while its copy still plays has them written again the full way, placement included.
+/// markers and presence are extended where they stand, all in one round trip; a session due
+/// for a full write, or whose records are found missing (lost in a Redis restart, or a start
+/// write that failed) while its copy still plays, has them written again the full way.
 pub(crate) fn refresh_sessions<G: LiveGame>(inner: &Arc<Inner<G>>, due: Vec<RefreshDue>) {
-    let sessions: Vec<SessionRecords> = due
+    let sessions: Vec<(SessionRecords, bool)> = due
         .into_iter()
         .filter_map(|d| {
             inner
@@ -331,16 +331,14 @@ pub(crate) fn refresh_sessions<G: LiveGame>(inner: &Arc<Inner<G>>, due: Vec<Refr
                     if c.leaving {
                         return None;
                     }
-                    if d.placement {
-                        // A placement record lost or left wrong (a write that failed) is
-                        // written again; queued under the lock so a logout's tombstone comes
-                        // after it.
+                    let order = c.session_order?;
+                    if d.full {
+                        // Queued under the lock so a logout's tombstone comes after it.
                         placed(inner, d.copy, c.zone.clone());
+                        c.presence_zone.clone_from(&c.zone);
                     }
-                    c.session_order.map(|order| {
-                        let zone = c.zone.clone();
-                        (d.copy, d.token.clone(), d.account_id, order, zone)
-                    })
+                    let zone = c.zone.clone();
+                    Some(((d.copy, d.token.clone(), d.account_id, order, zone), d.full))
                 })
                 .flatten()
         })
@@ -352,7 +350,7 @@ pub(crate) fn refresh_sessions<G: LiveGame>(inner: &Arc<Inner<G>>, due: Vec<Refr
     tokio::spawn(async move {
         let live: Vec<LiveSession> = sessions
             .iter()
-            .map(|(id, token, account, _, _)| LiveSession {
+            .map(|((id, token, account, _, _), _)| LiveSession {
                 session_token: token.clone(),
                 account_id: account.to_string(),
                 character_id: id.character_id.to_string(),
@@ -381,8 +379,8 @@ pub(crate) fn refresh_sessions<G: LiveGame>(inner: &Arc<Inner<G>>, due: Vec<Refr
                 return;
             }
         };
-        for (record, found) in sessions.into_iter().zip(found) {
-            if found.marker && found.presence {
+        for ((record, full), found) in sessions.into_iter().zip(found) {
+            if found.marker && found.presence && !full {
                 continue;
             }
             if !still_attached(&inner, record.0, &record.1) {
@@ -549,6 +547,7 @@ pub(crate) fn admit<G: LiveGame>(
         issued: 0,
         anchor: landed.anchor,
         zone: zone.clone(),
+        presence_zone: zone.clone(),
         chargen: landed.chargen,
         schema_version: snapshot.schema_version,
         phase: Phase::of(id, inner.periods),
@@ -660,6 +659,7 @@ impl<G: LiveGame> Runtime<G> {
                 Link::LinkDead { token, .. } => (token.clone(), false),
             };
             c.link = Link::Attached(token.to_owned());
+            c.presence_zone.clone_from(&c.zone);
             let last = c.snapshot(character_id, Default::default());
             (previous, last, c.account_id, c.zone.clone())
         })?;

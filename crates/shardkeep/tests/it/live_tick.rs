@@ -796,3 +796,43 @@ async fn session_records_outlive_their_ttl_and_lost_ones_are_written_again(pool:
         live.stop().await;
     }
 }
+
+/// A copy that changes zone has its presence name the new zone by its next session refresh
+/// (written in full then, not only extended).
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn presence_follows_a_zone_change_by_the_next_refresh(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let mut config = LiveConfig::new("shard-a");
+        // Refreshed every 2 s; written in full only every 16 s otherwise.
+        config.session_ttl = shardkeep::Ttl::from_secs(6).unwrap();
+        let live = Live::with(&d, &redis, config).await;
+        let (id, copy) = live.player("Wend").await;
+        let coord = live.services.coord.clone();
+        let zone = || async {
+            coord
+                .presence_by_character(&id.to_string())
+                .await
+                .unwrap()
+                .and_then(|p| p.zone_id)
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while zone().await.as_deref() != Some("zone-0") {
+            assert!(tokio::time::Instant::now() < deadline, "{}", d.name());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        live.runtime.set_anchor(copy, anchor("zone-1")).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(3_000);
+        while zone().await.as_deref() != Some("zone-1") {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{}: presence still names {:?}",
+                d.name(),
+                zone().await
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        live.stop().await;
+    }
+}
