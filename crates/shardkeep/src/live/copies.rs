@@ -85,6 +85,8 @@ pub(crate) struct LiveCopy<C> {
     pub(crate) session_order: Option<crate::coord::SessionOrder>,
     /// The pulse the schedule looks at the copy next ([`UNPLACED`] until its first visit).
     pub(crate) next_visit: u64,
+    /// A save the cadence owes it (due while the saver was behind), queued when there is room.
+    pub(crate) owed: Option<crate::saver::SaveReason>,
 }
 
 impl<C> LiveCopy<C> {
@@ -262,20 +264,18 @@ impl<C> Copies<C> {
         None
     }
 
-    /// Runs `f` on at most `most` of the copies the schedule has due on `pulse`, the longest due
-    /// first (a stripe at a time, each locked only while its copies run), with the pulse whose
-    /// dues the visit does: `pulse`, or an earlier one whose visit was put off (the rest stay due
-    /// for the next pass) or that a pulse running beside this one left. Each copy is placed again first,
+    /// Runs `f` on each copy the schedule has due on `pulse` (a stripe at a time, each locked
+    /// only while its copies run), with the pulse whose dues the visit does: `pulse`, or an
+    /// earlier one a pulse running beside this one left behind. Each copy is placed again first,
     /// at the pulse `next` names for its phase (after `pulse`); whatever happens to the pass (a
     /// game's dump that panics included), every entry taken goes back to the schedule.
     pub(crate) fn visit_due(
         &self,
         pulse: u64,
-        most: usize,
         next: impl Fn(&Phase) -> u64,
         mut f: impl FnMut(Uuid, &mut LiveCopy<C>, u64),
     ) {
-        let mut visits = self.schedule().take(pulse, most);
+        let mut visits = self.schedule().take(pulse);
         visits.sort_unstable_by_key(|(_, id)| stripe_of(id.character_id));
         let mut taken = Taken {
             schedule: &self.schedule,
@@ -307,6 +307,34 @@ impl<C> Copies<C> {
             taken.placed.push((copy.next_visit, id));
             let dues_of = if at == UNPLACED { pulse } else { at.min(pulse) };
             f(id.character_id, copy, dues_of);
+        }
+    }
+
+    /// Queues the saves `ids` are owed (each copy's `owed` says which).
+    pub(crate) fn owe(&self, ids: Vec<CopyId>) {
+        if !ids.is_empty() {
+            self.schedule().owe(ids);
+        }
+    }
+
+    /// Runs `f` on at most `most` of the copies owed a save, the longest owed first, a stripe
+    /// at a time; a copy that left, or whose save went out since, is passed over.
+    pub(crate) fn visit_owed(&self, most: usize, mut f: impl FnMut(Uuid, &mut LiveCopy<C>)) {
+        let mut ids = self.schedule().take_owed(most);
+        ids.sort_unstable_by_key(|id| stripe_of(id.character_id));
+        for run in ids.chunk_by(|a, b| stripe_of(a.character_id) == stripe_of(b.character_id)) {
+            let Some(first) = run.first() else {
+                continue;
+            };
+            let mut stripe = self.stripe_at(stripe_of(first.character_id));
+            for id in run {
+                if let Some(copy) = stripe
+                    .get_mut(&id.character_id)
+                    .filter(|c| c.epoch == id.owner_epoch && c.owed.is_some())
+                {
+                    f(id.character_id, copy);
+                }
+            }
         }
     }
 
@@ -403,6 +431,7 @@ mod tests {
             leaving: false,
             session_order: None,
             next_visit: 0,
+            owed: None,
         }
     }
 
@@ -411,7 +440,6 @@ mod tests {
         let mut seen = Vec::new();
         copies.visit_due(
             pulse,
-            usize::MAX,
             |phase| phase.next_visit(pulse, PERIODS, u64::MAX),
             |id, _, dues_of| seen.push((id, dues_of)),
         );
@@ -460,7 +488,6 @@ mod tests {
         let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             copies.visit_due(
                 1,
-                usize::MAX,
                 |phase| phase.next_visit(1, PERIODS, u64::MAX),
                 |_, _, _| {
                     visited += 1;

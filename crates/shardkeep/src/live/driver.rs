@@ -88,47 +88,64 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
     inner.finals.offer(&inner.saver);
     let periods = inner.periods;
     let refresh = refresh_period(inner);
-    let (mut flushes, mut checkpoints) = (Vec::new(), Vec::new());
+    let mut saves = Saves::default();
     let now = tokio::time::Instant::now();
     let expired = inner.copies.link_dead_lapsed(now);
     let mut refreshes = Vec::new();
+    // While the saver is behind, the saves due are owed instead of dumped (a save its full
+    // queue drops is dumped for nothing, and its copy waits a whole period): an owed save goes
+    // out as soon as there is room, before the cadence comes round again.
+    let room = inner.saver.depth() < SAVER_BEHIND;
+    let mut owed = Vec::new();
     let next = |phase: &super::cadence::Phase| phase.next_visit(n, periods, refresh);
-    inner
-        .copies
-        .visit_due(n, visits_this_pulse(inner), next, |id, copy, dues_of| {
-            if let Link::LinkDead { until, .. } = &copy.link
-                && *until <= now
-            {
-                // Its final save is queued below.
-                return;
+    inner.copies.visit_due(n, next, |id, copy, dues_of| {
+        if let Link::LinkDead { until, .. } = &copy.link
+            && *until <= now
+        {
+            // Its final save is queued below.
+            return;
+        }
+        if let Link::Attached(token) = &copy.link
+            && copy.phase.refresh_due(dues_of, refresh)
+        {
+            refreshes.push(RefreshDue {
+                copy: copy.id(id),
+                token: token.clone(),
+                account_id: copy.account_id,
+                full: copy.presence_zone != copy.zone
+                    || copy
+                        .phase
+                        .refresh_due(dues_of, refresh.saturating_mul(FULL_REFRESH_EVERY)),
+            });
+        }
+        if copy.leaving {
+            return;
+        }
+        let Some(reason) = widest(copy.owed, copy.phase.due(dues_of, periods)) else {
+            return;
+        };
+        if room {
+            copy.owed = None;
+            saves.add(inner, id, copy, reason);
+        } else {
+            if copy.owed.is_none() {
+                owed.push(copy.id(id));
             }
-            if let Link::Attached(token) = &copy.link
-                && copy.phase.refresh_due(dues_of, refresh)
-            {
-                refreshes.push(RefreshDue {
-                    copy: copy.id(id),
-                    token: token.clone(),
-                    account_id: copy.account_id,
-                    full: copy.presence_zone != copy.zone
-                        || copy
-                            .phase
-                            .refresh_due(dues_of, refresh.saturating_mul(FULL_REFRESH_EVERY)),
-                });
-            }
-            if copy.leaving {
-                return;
-            }
-            let Some(reason) = copy.phase.due(dues_of, periods) else {
-                return;
-            };
-            let Some(snapshot) = saveable_dump(inner, id, copy) else {
-                return;
-            };
-            match reason {
-                SaveReason::Checkpoint => checkpoints.push(snapshot),
-                _ => flushes.push(snapshot),
+            copy.owed = Some(reason);
+        }
+    });
+    inner.copies.owe(owed);
+    if room {
+        inner.copies.visit_owed(owed_this_pulse(inner), |id, copy| {
+            if let Some(reason) = copy.owed.take() {
+                saves.add(inner, id, copy, reason);
             }
         });
+    }
+    let Saves {
+        flushes,
+        checkpoints,
+    } = saves;
     inner.saver.enqueue_many(SaveReason::Flush, flushes);
     inner
         .saver
@@ -141,6 +158,43 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
     }
     if !refreshes.is_empty() {
         super::sessions::refresh_sessions(inner, refreshes);
+    }
+}
+
+/// The saves one pulse queues.
+#[derive(Default)]
+struct Saves {
+    flushes: Vec<CharacterSnapshot>,
+    checkpoints: Vec<CharacterSnapshot>,
+}
+
+impl Saves {
+    /// A dump of `copy` for `reason`, when it can be saved now.
+    fn add<G: LiveGame>(
+        &mut self,
+        inner: &Inner<G>,
+        id: Uuid,
+        copy: &mut LiveCopy<G::Character>,
+        reason: SaveReason,
+    ) {
+        let Some(snapshot) = saveable_dump(inner, id, copy) else {
+            return;
+        };
+        match reason {
+            SaveReason::Checkpoint => self.checkpoints.push(snapshot),
+            _ => self.flushes.push(snapshot),
+        }
+    }
+}
+
+/// The save that covers both `a` and `b`: a flush writes both tiers.
+fn widest(a: Option<SaveReason>, b: Option<SaveReason>) -> Option<SaveReason> {
+    match (a, b) {
+        (Some(SaveReason::Checkpoint), Some(SaveReason::Checkpoint)) => {
+            Some(SaveReason::Checkpoint)
+        }
+        (Some(_), Some(_)) => Some(SaveReason::Flush),
+        (one, None) | (None, one) => one,
     }
 }
 
@@ -193,20 +247,15 @@ fn export_crash_window<G: LiveGame>(inner: &Arc<Inner<G>>) {
     }));
 }
 
-/// Entries (pulse slices) the saver's queue may hold before a pulse puts its visits off: two
-/// pulses' worth. A save it could not queue would be dumped for nothing and dropped, and its
-/// copy would wait a whole period; put off, it stays due and is saved as soon as there is room.
+/// Entries (pulse slices) the saver's queue may hold before a pulse owes its saves instead of
+/// queueing them: two pulses' worth.
 const SAVER_BEHIND: usize = 4;
 
-/// How many due copies this pulse looks at: none while the saver is behind; otherwise twice
-/// a pulse's share of the copies held (a pass after one put off catches up, spread over the
-/// next pulses), at least 1,024.
-fn visits_this_pulse<G: LiveGame>(inner: &Inner<G>) -> usize {
-    if inner.saver.depth() >= SAVER_BEHIND {
-        return 0;
-    }
+/// How many owed saves a pulse with room queues: a pulse's share of the copies held (the
+/// cadence's own saves come on top), at least 1,024, so catching up spreads over pulses.
+fn owed_this_pulse<G: LiveGame>(inner: &Inner<G>) -> usize {
     let share = inner.copies.len() / usize::try_from(inner.periods.0.max(1)).unwrap_or(1);
-    share.saturating_mul(2).max(1024)
+    share.max(1024)
 }
 
 /// Every this many refreshes a session's records are written in full — its presence (with the

@@ -7,7 +7,7 @@
 //! entry left behind by a copy that was removed, replaced or already visited is recognised as
 //! stale and skipped.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 
 use super::copies::CopyId;
 
@@ -20,6 +20,7 @@ pub(crate) struct Schedule {
     /// Admitted since the last pulse: visited at the next one.
     admitted: Vec<CopyId>,
     by_pulse: BTreeMap<u64, Vec<CopyId>>,
+    owed: VecDeque<CopyId>,
     link_dead: HashSet<CopyId>,
 }
 
@@ -43,34 +44,30 @@ impl Schedule {
         }
     }
 
-    /// Takes at most `most` of the visits due on `pulse`, each with the pulse it was placed at
-    /// ([`UNPLACED`] for a copy admitted since): the copies admitted first, then what was
-    /// placed at or before `pulse`, oldest first. What is left stays due for the next pulse.
-    pub(crate) fn take(&mut self, pulse: u64, most: usize) -> Vec<(u64, CopyId)> {
-        let admitted = self.admitted.len().min(most);
-        let mut visits: Vec<(u64, CopyId)> = self
-            .admitted
-            .drain(..admitted)
-            .map(|id| (UNPLACED, id))
-            .collect();
-        while visits.len() < most {
-            let Some(mut bucket) = self.by_pulse.first_entry() else {
-                break;
-            };
-            let at = *bucket.key();
-            if at > pulse {
-                break;
-            }
-            let room = most - visits.len();
-            let ids = if bucket.get().len() <= room {
-                bucket.remove()
-            } else {
-                let rest = bucket.get_mut().split_off(room);
-                std::mem::replace(bucket.get_mut(), rest)
-            };
+    /// Takes the visits due on `pulse`, each with the pulse it was placed at ([`UNPLACED`] for
+    /// a copy admitted since): everything placed at or before `pulse`.
+    pub(crate) fn take(&mut self, pulse: u64) -> Vec<(u64, CopyId)> {
+        let mut visits: Vec<(u64, CopyId)> =
+            self.admitted.drain(..).map(|id| (UNPLACED, id)).collect();
+        let later = match pulse.checked_add(1) {
+            Some(next) => self.by_pulse.split_off(&next),
+            None => BTreeMap::new(),
+        };
+        for (at, ids) in std::mem::replace(&mut self.by_pulse, later) {
             visits.extend(ids.into_iter().map(|id| (at, id)));
         }
         visits
+    }
+
+    /// Copies owed a save (the saver was behind when it was due), in the order owed.
+    pub(crate) fn owe(&mut self, ids: Vec<CopyId>) {
+        self.owed.extend(ids);
+    }
+
+    /// Takes at most `most` of the copies owed a save, the longest owed first.
+    pub(crate) fn take_owed(&mut self, most: usize) -> Vec<CopyId> {
+        let n = self.owed.len().min(most);
+        self.owed.drain(..n).collect()
     }
 
     /// Watches `id`, whose stream closed, until its grace runs out or it is attached again.
@@ -99,8 +96,6 @@ impl Schedule {
 mod tests {
     use super::*;
 
-    const ALL: usize = usize::MAX;
-
     fn copy(n: u128, epoch: i64) -> CopyId {
         CopyId {
             character_id: uuid::Uuid::from_u128(n),
@@ -115,37 +110,28 @@ mod tests {
         schedule.place(3, copy(2, 1));
         schedule.place(5, copy(3, 1));
         schedule.place(4, copy(4, 1));
-        assert_eq!(schedule.take(2, ALL), vec![(UNPLACED, copy(1, 1))]);
-        assert_eq!(schedule.take(2, ALL), vec![]);
+        assert_eq!(schedule.take(2), vec![(UNPLACED, copy(1, 1))]);
+        assert_eq!(schedule.take(2), vec![]);
         // A pulse that runs after a gap takes what it skipped too.
         assert_eq!(
-            schedule.take(4, ALL),
+            schedule.take(4),
             vec![(3, copy(2, 1)), (4, copy(4, 1))],
             "in pulse order"
         );
         assert_eq!(schedule.len(), 1);
-        assert_eq!(schedule.take(u64::MAX - 1, ALL), vec![(5, copy(3, 1))]);
-        assert_eq!(schedule.take(u64::MAX, ALL), vec![]);
+        assert_eq!(schedule.take(u64::MAX - 1), vec![(5, copy(3, 1))]);
+        assert_eq!(schedule.take(u64::MAX), vec![]);
     }
 
     #[test]
-    fn a_pulse_takes_at_most_what_it_is_given_room_for_oldest_first() {
+    fn owed_saves_are_taken_longest_owed_first_and_at_most_as_many_as_asked() {
         let mut schedule = Schedule::default();
-        schedule.admitted(copy(1, 1));
-        for n in 2..6 {
-            schedule.place(3, copy(n, 1));
-        }
-        schedule.place(4, copy(9, 1));
-        // Nothing while the saver is behind: everything stays due.
-        assert_eq!(schedule.take(4, 0), vec![]);
-        assert_eq!(
-            schedule.take(4, 3),
-            vec![(UNPLACED, copy(1, 1)), (3, copy(2, 1)), (3, copy(3, 1))]
-        );
-        assert_eq!(
-            schedule.take(5, ALL),
-            vec![(3, copy(4, 1)), (3, copy(5, 1)), (4, copy(9, 1))]
-        );
+        schedule.owe(vec![copy(1, 1), copy(2, 1)]);
+        schedule.owe(vec![copy(3, 1)]);
+        assert_eq!(schedule.take_owed(0), vec![]);
+        assert_eq!(schedule.take_owed(2), vec![copy(1, 1), copy(2, 1)]);
+        assert_eq!(schedule.take_owed(usize::MAX), vec![copy(3, 1)]);
+        assert_eq!(schedule.take_owed(usize::MAX), vec![]);
     }
 
     #[test]
@@ -153,11 +139,11 @@ mod tests {
         let mut schedule = Schedule::default();
         schedule.admitted(copy(1, 1));
         schedule.place(3, copy(2, 1));
-        let taken = schedule.take(3, ALL);
+        let taken = schedule.take(3);
         for (at, id) in taken.iter().rev() {
             schedule.put_back(*at, *id);
         }
-        assert_eq!(schedule.take(3, ALL), taken);
+        assert_eq!(schedule.take(3), taken);
     }
 
     #[test]

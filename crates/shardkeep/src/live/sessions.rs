@@ -555,6 +555,7 @@ pub(crate) fn admit<G: LiveGame>(
         leaving: false,
         session_order: Some(order),
         next_visit: super::schedule::UNPLACED,
+        owed: None,
     };
     let copy_id = CopyId {
         character_id: id,
