@@ -187,6 +187,30 @@ pub fn dump_character_after(
     room_ref: Option<&str>,
     limits: CarryLimits,
 ) -> Result<CharacterSnapshot, DumpError> {
+    let state = dump_state_after(character, elapsed, limits)?;
+    Ok(CharacterSnapshot {
+        character_id: character.character_id,
+        account_id: character.account_id,
+        name: character.name.clone(),
+        zone_ref: zone_ref.map(str::to_owned),
+        room_ref: zone_ref.and(room_ref).map(str::to_owned),
+        state,
+        chargen: character.chargen.clone(),
+        state_version: character.state_version,
+        owner_epoch: character.owner_epoch,
+        issue_mark: character.issued,
+        schema_version:
+            <super::effects::ReferenceModel as shardkeep::model::GameModel>::SCHEMA_VERSION,
+    })
+}
+
+/// The state document alone of [`dump_character_after`] (a host that keeps the rest of the
+/// snapshot itself, as the live-copy runtime does, saves building and dropping it).
+pub fn dump_state_after(
+    character: &LiveCharacter,
+    elapsed: u64,
+    limits: CarryLimits,
+) -> Result<StateJson, DumpError> {
     let by = u32::try_from(elapsed).unwrap_or(u32::MAX);
     super::dump::check_carry(character, limits)?;
     let state = StateJson::encode(&super::dump::Document { character, by })
@@ -203,20 +227,7 @@ pub fn dump_character_after(
             .into());
         }
     }
-    Ok(CharacterSnapshot {
-        character_id: character.character_id,
-        account_id: character.account_id,
-        name: character.name.clone(),
-        zone_ref: zone_ref.map(str::to_owned),
-        room_ref: zone_ref.and(room_ref).map(str::to_owned),
-        state,
-        chargen: character.chargen.clone(),
-        state_version: character.state_version,
-        owner_epoch: character.owner_epoch,
-        issue_mark: character.issued,
-        schema_version:
-            <super::effects::ReferenceModel as shardkeep::model::GameModel>::SCHEMA_VERSION,
-    })
+    Ok(state)
 }
 
 pub(crate) use shardkeep::model::encoded_len;

@@ -17,6 +17,7 @@ pub mod world;
 
 pub use apply::{
     Applied, ApplyOptions, DumpError, apply_snapshot, dump_character, dump_character_after,
+    dump_state_after,
 };
 pub use effects::{ReferenceEffect, ReferenceModel};
 pub use items::{CarryLimits, CarryTreeError, Catalog, Item, ItemJson, Prototype, Slot};

@@ -18,7 +18,7 @@ use super::landing::login_zone;
 use crate::game::world::resolve_room;
 use crate::game::{
     ApplyOptions, CarryLimits, Catalog, LiveCharacter, ReferenceEffect, ReferenceModel,
-    StateDocument, ZoneDef, apply_snapshot, dump_character_after,
+    StateDocument, ZoneDef, apply_snapshot, dump_character_after, dump_state_after,
 };
 
 /// The reference game on one shard: its catalog, carry limits, and the zones it hosts.
@@ -202,7 +202,8 @@ impl LiveGame for ReferenceGame {
     }
 
     fn dump(&self, character: &LiveCharacter) -> Result<StateJson, String> {
-        Ok(self.snapshot_of(character)?.state)
+        let lag = self.pulse().saturating_sub(character.timers_at);
+        dump_state_after(character, lag, self.limits).map_err(|e| e.to_string())
     }
 
     /// The effect applied to the character's document by the model, and the document played

@@ -493,11 +493,11 @@ async fn a_full_saver_drops_cadence_saves_and_the_tick_never_waits(pool: PgPool)
     }
 }
 
-/// The store stalls and the saver falls behind: the pulse puts its cadence visits off instead of
+/// The store stalls and the saver falls behind: the pulse owes the cadence's saves instead of
 /// dumping saves the queue has no room for — none is dropped, the tick goes on at its pace —
-/// and once the store answers every copy is saved again.
+/// and once the store answers the copies are saved again.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
-async fn a_saver_behind_puts_the_cadences_off_and_drops_none(pool: PgPool) {
+async fn a_saver_behind_owes_the_cadences_saves_and_drops_none(pool: PgPool) {
     for driver in Driver::ALL {
         let mut scene = Scene::logged_in(&pool, driver, |c| {
             c.live.saver.queue_depth = 8;

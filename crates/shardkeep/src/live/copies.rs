@@ -496,11 +496,18 @@ mod tests {
             );
         }));
         assert!(pass.is_err());
-        // The ones not visited are put back and seen at the next pulse; each copy is then due
-        // again within a checkpoint period.
+        // The ones not visited are put back and seen at the next pulse, the others when next
+        // due: within a checkpoint period every copy is seen, none twice in one pulse.
         let mut seen: Vec<Uuid> = Vec::new();
         for pulse in 2..2 + PERIODS.0 + 1 {
-            seen.extend(visit(&copies, pulse).into_iter().map(|(id, _)| id));
+            let visited: Vec<Uuid> = visit(&copies, pulse)
+                .into_iter()
+                .map(|(id, _)| id)
+                .collect();
+            let mut once = visited.clone();
+            once.dedup();
+            assert_eq!(once, visited, "pulse {pulse}");
+            seen.extend(visited);
         }
         seen.sort();
         seen.dedup();

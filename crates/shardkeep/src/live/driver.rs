@@ -125,8 +125,9 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
             return;
         };
         if room {
-            copy.owed = None;
-            saves.add(inner, id, copy, reason);
+            // Not saveable now (an item transfer in flight, a dump refused): owed to its next
+            // visit.
+            copy.owed = (!saves.add(inner, id, copy, reason)).then_some(reason);
         } else {
             if copy.owed.is_none() {
                 owed.push(copy.id(id));
@@ -134,14 +135,29 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
             copy.owed = Some(reason);
         }
     });
-    inner.copies.owe(owed);
     if room {
         inner.copies.visit_owed(owed_this_pulse(inner), |id, copy| {
-            if let Some(reason) = copy.owed.take() {
-                saves.add(inner, id, copy, reason);
+            let Some(reason) = copy.owed else {
+                return;
+            };
+            // A lapsed link-dead copy's final save is queued below; a leaving copy's content
+            // travels (its owed save stays, for a handoff that is withdrawn).
+            let lapsed = matches!(copy.link, Link::LinkDead { until, .. } if until <= now);
+            if lapsed || copy.leaving {
+                return;
+            }
+            if saves.add(inner, id, copy, reason) {
+                copy.owed = None;
+            } else if inner.transfers.busy(id) {
+                // An item transfer in flight: owed again, at the back.
+                owed.push(copy.id(id));
+            } else {
+                // The game refused the dump (logged): the cadence tries again.
+                copy.owed = None;
             }
         });
     }
+    inner.copies.owe(owed);
     let Saves {
         flushes,
         checkpoints,
@@ -169,21 +185,22 @@ struct Saves {
 }
 
 impl Saves {
-    /// A dump of `copy` for `reason`, when it can be saved now.
+    /// A dump of `copy` for `reason`, when it can be saved now; false when it cannot.
     fn add<G: LiveGame>(
         &mut self,
         inner: &Inner<G>,
         id: Uuid,
         copy: &mut LiveCopy<G::Character>,
         reason: SaveReason,
-    ) {
+    ) -> bool {
         let Some(snapshot) = saveable_dump(inner, id, copy) else {
-            return;
+            return false;
         };
         match reason {
             SaveReason::Checkpoint => self.checkpoints.push(snapshot),
             _ => self.flushes.push(snapshot),
         }
+        true
     }
 }
 

@@ -264,12 +264,12 @@ fn write_session_records<G: LiveGame>(
 }
 
 /// Writes one session's marker (as `marker` says) and its ordered presence, within the I/O
-/// bound; a failure is logged (the next refresh writes them again).
+/// bound; true when written. A failure is logged (a later refresh writes them again).
 async fn write_one_session<G: LiveGame>(
     inner: &Arc<Inner<G>>,
     (id, token, account, order, zone): SessionRecords,
     marker: Marker,
-) {
+) -> bool {
     let coord = &inner.stores.coord;
     let ttl = inner.config.session_ttl;
     let record = PresenceRecord {
@@ -292,10 +292,12 @@ async fn write_one_session<G: LiveGame>(
         coord.presence_put_ordered(&record, &order).await
     })
     .await;
-    if !matches!(written, Ok(Ok(_))) {
+    let written = matches!(written, Ok(Ok(_)));
+    if !written {
         tracing::warn!(event = "session_records_unwritten", character = %id.character_id,
-            "written again at the next refresh");
+            "written again at a later refresh");
     }
+    written
 }
 
 /// True while `copy` is here, not leaving, and attached under `token`.
@@ -335,7 +337,6 @@ pub(crate) fn refresh_sessions<G: LiveGame>(inner: &Arc<Inner<G>>, due: Vec<Refr
                     if d.full {
                         // Queued under the lock so a logout's tombstone comes after it.
                         placed(inner, d.copy, c.zone.clone());
-                        c.presence_zone.clone_from(&c.zone);
                     }
                     let zone = c.zone.clone();
                     Some(((d.copy, d.token.clone(), d.account_id, order, zone), d.full))
@@ -395,7 +396,11 @@ pub(crate) fn refresh_sessions<G: LiveGame>(inner: &Arc<Inner<G>>, due: Vec<Refr
             } else {
                 Marker::Restore
             };
-            write_one_session(&inner, record, marker).await;
+            let (copy, zone) = (record.0, record.4.clone());
+            if write_one_session(&inner, record, marker).await {
+                // What presence names now; a zone change since is still ahead of it.
+                inner.copies.with(copy, |c| c.presence_zone = zone);
+            }
         }
     });
 }
