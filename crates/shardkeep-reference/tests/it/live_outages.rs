@@ -42,6 +42,14 @@ impl Scene {
         Self { stores, shard, id }
     }
 
+    /// `n` more players logged in.
+    async fn more_players(&mut self, n: usize) {
+        for n in 0..n {
+            let id = new_character(&self.stores.own, &format!("P{n}")).await;
+            self.shard.login(id, SessionStart::default()).await.unwrap();
+        }
+    }
+
     async fn currency(&self) -> serde_json::Value {
         let row = self
             .stores
@@ -457,14 +465,7 @@ async fn a_full_saver_drops_cadence_saves_and_the_tick_never_waits(pool: PgPool)
         })
         .await;
         let name = scene.stores.driver;
-        for n in 0..40 {
-            let id = new_character(&scene.stores.own, &format!("P{n}")).await;
-            scene
-                .shard
-                .login(id, SessionStart::default())
-                .await
-                .unwrap();
-        }
+        scene.more_players(40).await;
         scene.stores.outage.stall();
         let saver = scene.shard.runtime().saver().clone();
         let before = scene.shard.pulse_count();
@@ -504,14 +505,7 @@ async fn a_saver_behind_owes_the_cadences_saves_and_drops_none(pool: PgPool) {
         })
         .await;
         let name = scene.stores.driver;
-        for n in 0..40 {
-            let id = new_character(&scene.stores.own, &format!("P{n}")).await;
-            scene
-                .shard
-                .login(id, SessionStart::default())
-                .await
-                .unwrap();
-        }
+        scene.more_players(40).await;
         let saver = scene.shard.runtime().saver().clone();
         scene.stores.outage.stall();
         let started = std::time::Instant::now();

@@ -130,18 +130,7 @@ impl RecordFile {
 
     /// Moves the expiry of the live record at `key` to `ttl` from now; false when there is none.
     pub(crate) async fn refresh(&self, key: &str, ttl: Ttl) -> Result<bool, CoordError> {
-        let (mut tx, now) = self.begin().await?;
-        let done = sqlx::query(concat!(
-            "UPDATE coord_records SET expires_at = ?3 WHERE key = ?1 AND ",
-            live!("?2")
-        ))
-        .bind(key)
-        .bind(now)
-        .bind(expiry(now, ttl))
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(done.rows_affected() == 1)
+        Ok(self.refresh_many(&[key], ttl).await?.first() == Some(&true))
     }
 
     /// [`RecordFile::refresh`] of each of `keys`, in one write transaction: per key, in order,

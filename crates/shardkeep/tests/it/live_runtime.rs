@@ -82,18 +82,23 @@ impl<G: LiveGame> Live<G> {
 
     /// A new character logged in here.
     pub(super) async fn player(&self, name: &str) -> (Uuid, CopyId) {
+        let (id, admitted) = self.admitted(name).await;
+        (id, admitted.copy)
+    }
+
+    /// A new character logged in here, with what its login answered (its session token).
+    pub(super) async fn admitted(&self, name: &str) -> (Uuid, shardkeep::live::Admitted) {
         let id = self
             .runtime
             .create(name, Uuid::now_v7(), anchor("zone-0"))
             .await
             .unwrap();
-        let copy = self
+        let admitted = self
             .runtime
             .login(id, SessionStart::default())
             .await
-            .unwrap()
-            .copy;
-        (id, copy)
+            .unwrap();
+        (id, admitted)
     }
 
     pub(super) async fn row(&self, id: Uuid) -> Value {

@@ -202,16 +202,7 @@ async fn the_game_hears_of_every_landed_write_and_journaled_stream(pool: PgPool)
     for d in drivers.drivers() {
         let (game, seen) = Recording::new();
         let live = Live::hosting(&d, &redis, LiveConfig::new("shard-a"), game).await;
-        let id = live
-            .runtime
-            .create("Esme", Uuid::now_v7(), anchor("zone-0"))
-            .await
-            .unwrap();
-        let admitted = live
-            .runtime
-            .login(id, SessionStart::default())
-            .await
-            .unwrap();
+        let (id, admitted) = live.admitted("Esme").await;
         let copy = admitted.copy;
         assert_eq!(
             admitted.session_order.owner_epoch,
@@ -234,14 +225,27 @@ async fn the_game_hears_of_every_landed_write_and_journaled_stream(pool: PgPool)
         let FinalSave::Saved { version: last } = live.runtime.logout(copy).await.unwrap() else {
             panic!("{}: the final save", d.name());
         };
+        // The copy's own cadence flush (once a minute, its place in the period from its id) may
+        // land in between on a slow machine: a row write too, reported like the others.
         let saved = seen.lock().unwrap().saved.clone();
         assert_eq!(
-            saved,
-            vec![
-                (copy, SaveReason::Flush, version),
-                (copy, SaveReason::Final, last)
-            ],
+            saved.first(),
+            Some(&(copy, SaveReason::Flush, version)),
             "{}",
+            d.name()
+        );
+        assert_eq!(
+            saved.last(),
+            Some(&(copy, SaveReason::Final, last)),
+            "{}",
+            d.name()
+        );
+        assert!(
+            saved
+                .iter()
+                .all(|(c, reason, _)| *c == copy && reason.writes_row())
+                && saved.windows(2).all(|w| w[0].2 < w[1].2),
+            "{}: {saved:?}",
             d.name()
         );
         until("the closed stream was journaled", || {
@@ -726,16 +730,7 @@ async fn session_records_outlive_their_ttl_and_lost_ones_are_written_again(pool:
         // Refreshed every 300 ms.
         config.session_ttl = shardkeep::Ttl::from_millis(900).unwrap();
         let live = Live::with(&d, &redis, config).await;
-        let id = live
-            .runtime
-            .create("Ress", Uuid::now_v7(), anchor("zone-0"))
-            .await
-            .unwrap();
-        let admitted = live
-            .runtime
-            .login(id, SessionStart::default())
-            .await
-            .unwrap();
+        let (id, admitted) = live.admitted("Ress").await;
         let (copy, token) = (admitted.copy, admitted.session_token);
         let coord = live.services.coord.clone();
         let placement = live.services.placement.clone();

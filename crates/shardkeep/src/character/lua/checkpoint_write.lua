@@ -9,10 +9,12 @@
 -- reader refuses it too, so it holds nothing a login could use). A corrupt schema beside an
 -- epoch the writer is entitled to is replaced the same way.
 local function write_one(key, writer_epoch, body, writer_schema, ttl)
-  local kind = redis.call('TYPE', key).ok
-  local corrupt = kind ~= 'none' and kind ~= 'hash'
-  if kind == 'hash' then
-    local stored = redis.call('HMGET', key, 'epoch', 'schema')
+  -- One read tells the three cases apart: an error is a key of another type (corrupt), two
+  -- missing fields a key with nothing to compare (absent, or a hash holding neither), anything
+  -- else a hash whose fence and schema are checked.
+  local stored = redis.pcall('HMGET', key, 'epoch', 'schema')
+  local corrupt = stored.err ~= nil
+  if not corrupt and (stored[1] or stored[2]) then
     local epoch = canon_int(stored[1])
     if stored[1] and not epoch then
       corrupt = true
