@@ -458,7 +458,7 @@ async fn a_zombies_logout_writes_nothing(pool: PgPool) {
 /// tick goes on at its pace, the saves that find no room are dropped and counted (the next
 /// cadence saves the copy again), and the queue never grows past its depth.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
-async fn a_full_saver_drops_cadence_saves_and_the_tick_never_waits(pool: PgPool) {
+async fn a_full_saver_drops_flushes_without_room_and_the_tick_never_waits(pool: PgPool) {
     for driver in Driver::ALL {
         let mut scene = Scene::logged_in(&pool, driver, |c| {
             c.live.saver.queue_depth = 8;
