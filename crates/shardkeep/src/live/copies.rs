@@ -54,6 +54,15 @@ impl Link {
     }
 }
 
+/// A fingerprint of `zone`, kept where a copy only needs to know whether a zone changed (a
+/// copy holds it in place of a second copy of the name).
+pub(crate) fn zone_mark(zone: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    zone.hash(&mut hasher);
+    hasher.finish()
+}
+
 /// One live copy.
 pub(crate) struct LiveCopy<C> {
     pub(crate) character: C,
@@ -71,9 +80,9 @@ pub(crate) struct LiveCopy<C> {
     /// The zone its placement and presence name: where it landed, then the last zone its
     /// anchor named (an anchor without a zone, an instance, keeps it).
     pub(crate) zone: String,
-    /// The zone its session's presence was last written with (a refresh that finds it behind
-    /// `zone` writes the presence in full).
-    pub(crate) presence_zone: String,
+    /// The [`zone_mark`] of the zone its session's presence was last written with (a refresh
+    /// that finds it other than `zone`'s writes the presence in full).
+    pub(crate) presence_zone: u64,
     pub(crate) chargen: Option<serde_json::Value>,
     pub(crate) schema_version: u32,
     pub(crate) phase: Phase,
@@ -139,7 +148,9 @@ impl<C> LiveCopy<C> {
 
 /// The registry, with the pulse's schedule of its copies. Cheap to share behind an `Arc`.
 pub(crate) struct Copies<C> {
-    stripes: Vec<Mutex<HashMap<Uuid, LiveCopy<C>>>>,
+    /// Boxed: a stripe's table keeps spare slots (up to twice its entries), and a slot of a
+    /// box is a pointer where a slot of the copy is the whole game character.
+    stripes: Vec<Mutex<HashMap<Uuid, Box<LiveCopy<C>>>>>,
     schedule: Mutex<Schedule>,
 }
 
@@ -175,7 +186,7 @@ impl Drop for Taken<'_> {
 }
 
 /// One stripe of the registry, locked.
-type Stripe<'a, C> = MutexGuard<'a, HashMap<Uuid, LiveCopy<C>>>;
+type Stripe<'a, C> = MutexGuard<'a, HashMap<Uuid, Box<LiveCopy<C>>>>;
 
 /// The stripe holding `character_id`.
 fn stripe_of(character_id: Uuid) -> usize {
@@ -229,7 +240,7 @@ impl<C> Copies<C> {
             .get(&id.character_id)
             .is_some_and(|c| c.epoch == id.owner_epoch && remove(c));
         if held {
-            stripe.remove(&id.character_id)
+            stripe.remove(&id.character_id).map(|copy| *copy)
         } else {
             None
         }
@@ -258,7 +269,7 @@ impl<C> Copies<C> {
                 return Some(copy);
             }
             copy.next_visit = UNPLACED;
-            stripe.insert(character_id, copy);
+            stripe.insert(character_id, Box::new(copy));
         }
         self.schedule().admitted(id);
         None
@@ -375,7 +386,7 @@ impl<C> Copies<C> {
             .get(&id.character_id)
             .is_some_and(|c| c.epoch == id.owner_epoch)
         {
-            stripe.remove(&id.character_id)
+            stripe.remove(&id.character_id).map(|copy| *copy)
         } else {
             None
         }
@@ -389,6 +400,16 @@ impl<C> Copies<C> {
                 f(*id, copy);
             }
         }
+    }
+
+    /// The characters of every copy held now: the stripes' keys only, so a pulse that asks
+    /// touches no copy (each is a box of its own).
+    pub(crate) fn character_ids(&self) -> Vec<Uuid> {
+        let mut ids = Vec::new();
+        for stripe in &self.stripes {
+            ids.extend(stripe.lock().unwrap_or_else(PoisonError::into_inner).keys());
+        }
+        ids
     }
 
     /// Every copy held now.
@@ -423,7 +444,7 @@ mod tests {
             issued: 0,
             anchor: Anchor::default(),
             zone: "zone-0".into(),
-            presence_zone: "zone-0".into(),
+            presence_zone: zone_mark("zone-0"),
             chargen: None,
             schema_version: 1,
             phase: Phase::of(character_id, PERIODS),
@@ -470,6 +491,27 @@ mod tests {
                 .collect();
             assert_eq!(visit(&copies, pulse), due, "pulse {pulse}");
         }
+    }
+
+    #[test]
+    fn character_ids_name_every_copy_held_and_only_those() {
+        let (copies, ids) = held(70);
+        let gone = copies.ids()[0];
+        assert!(copies.remove(gone).is_some());
+        let mut found = copies.character_ids();
+        found.sort();
+        let kept: Vec<Uuid> = ids
+            .into_iter()
+            .filter(|id| *id != gone.character_id)
+            .collect();
+        assert_eq!(found, kept);
+    }
+
+    #[test]
+    fn a_zone_mark_tells_zones_apart_and_is_stable() {
+        assert_eq!(zone_mark("zone-1"), zone_mark("zone-1"));
+        assert_ne!(zone_mark("zone-1"), zone_mark("zone-2"));
+        assert_ne!(zone_mark(""), zone_mark("zone-0"));
     }
 
     #[test]

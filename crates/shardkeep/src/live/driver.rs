@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-use super::copies::{Copies, CopyId, Link, LiveCopy};
+use super::copies::{Copies, CopyId, Link, LiveCopy, zone_mark};
 use super::finals::{FinalSave, Finals};
 use super::sessions::RefreshDue;
 use super::{EvictionCause, Inner, LiveEvent, LiveGame};
@@ -112,7 +112,7 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
                 copy: copy.id(id),
                 token: token.clone(),
                 account_id: copy.account_id,
-                full: copy.presence_zone != copy.zone
+                full: copy.presence_zone != zone_mark(&copy.zone)
                     || copy
                         .phase
                         .refresh_due(dues_of, refresh.saturating_mul(FULL_REFRESH_EVERY)),
@@ -246,12 +246,7 @@ fn export_crash_window<G: LiveGame>(inner: &Arc<Inner<G>>) {
     {
         return;
     }
-    let residents: Vec<Uuid> = inner
-        .copies
-        .ids()
-        .into_iter()
-        .map(|c| c.character_id)
-        .collect();
+    let residents = inner.copies.character_ids();
     let inner = Arc::clone(inner);
     drop(tokio::task::spawn_blocking(move || {
         inner
@@ -277,9 +272,12 @@ fn owed_this_pulse<G: LiveGame>(inner: &Inner<G>) -> usize {
 
 /// Every this many refreshes a session's records are written in full — its presence (with the
 /// order mark it is written under) and its placement (kept a month) — instead of extended
-/// where they stand, so a record a failed write left wrong is repaired within that; they are
-/// also written in full when the copy's zone changed since, and when a refresh finds them lost.
-const FULL_REFRESH_EVERY: u64 = 8;
+/// where they stand (about 21 minutes at the default TTL), so a record a failed write left
+/// wrong (a placement write that failed in its queue) is repaired within that; they are also
+/// written in full at the next refresh when the copy's zone changed since, and when a refresh
+/// finds them lost. A full write is two scripted calls of its own, where the extensions of all
+/// the sessions due go in one pipeline.
+const FULL_REFRESH_EVERY: u64 = 32;
 
 /// Pulses between two refreshes of a session's records: a third of their lifetime.
 fn refresh_period<G: LiveGame>(inner: &Inner<G>) -> u64 {

@@ -12,7 +12,7 @@ use chrono::Utc;
 use uuid::Uuid;
 
 use super::cadence::Phase;
-use super::copies::{CopyId, Link, LiveCopy};
+use super::copies::{CopyId, Link, LiveCopy, zone_mark};
 use super::game::Arrival;
 use super::{EvictionCause, Inner, LiveError, LiveEvent, LiveGame, Runtime, SessionStart};
 use crate::character::{CharacterSnapshot, LoadSource, LoadedCharacter};
@@ -396,7 +396,7 @@ pub(crate) fn refresh_sessions<G: LiveGame>(inner: &Arc<Inner<G>>, due: Vec<Refr
             } else {
                 Marker::Restore
             };
-            let (copy, zone) = (record.0, record.4.clone());
+            let (copy, zone) = (record.0, zone_mark(&record.4));
             if write_one_session(&inner, record, marker).await {
                 // What presence names now; a zone change since is still ahead of it.
                 inner.copies.with(copy, |c| c.presence_zone = zone);
@@ -552,7 +552,7 @@ pub(crate) fn admit<G: LiveGame>(
         issued: 0,
         anchor: landed.anchor,
         zone: zone.clone(),
-        presence_zone: zone.clone(),
+        presence_zone: zone_mark(&zone),
         chargen: landed.chargen,
         schema_version: snapshot.schema_version,
         phase: Phase::of(id, inner.periods),
@@ -665,7 +665,7 @@ impl<G: LiveGame> Runtime<G> {
                 Link::LinkDead { token, .. } => (token.clone(), false),
             };
             c.link = Link::Attached(token.to_owned());
-            c.presence_zone.clone_from(&c.zone);
+            c.presence_zone = zone_mark(&c.zone);
             let last = c.snapshot(character_id, Default::default());
             (previous, last, c.account_id, c.zone.clone())
         })?;

@@ -800,7 +800,7 @@ async fn presence_follows_a_zone_change_by_the_next_refresh(pool: PgPool) {
     let redis = TestRedis::new().await;
     for d in drivers.drivers() {
         let mut config = LiveConfig::new("shard-a");
-        // Refreshed every 3 s; written in full only every 24 s otherwise.
+        // Refreshed every 3 s; written in full only every 96 s otherwise.
         config.session_ttl = shardkeep::Ttl::from_secs(9).unwrap();
         let live = Live::with(&d, &redis, config).await;
         let (id, copy) = live.player("Wend").await;
