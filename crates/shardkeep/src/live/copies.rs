@@ -83,6 +83,9 @@ pub(crate) struct LiveCopy<C> {
     /// The [`zone_mark`] of the zone its session's presence was last written with (a refresh
     /// that finds it other than `zone`'s writes the presence in full).
     pub(crate) presence_zone: u64,
+    /// A write of its session records (presence, placement) failed or was dropped: its next
+    /// refresh writes them in full.
+    pub(crate) records_owed: bool,
     pub(crate) chargen: Option<serde_json::Value>,
     pub(crate) schema_version: u32,
     pub(crate) phase: Phase,
@@ -445,6 +448,7 @@ mod tests {
             anchor: Anchor::default(),
             zone: "zone-0".into(),
             presence_zone: zone_mark("zone-0"),
+            records_owed: false,
             chargen: None,
             schema_version: 1,
             phase: Phase::of(character_id, PERIODS),

@@ -86,6 +86,7 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         + 1;
     inner.finals.offer(&inner.saver);
+    owe_failed_placements(inner);
     let periods = inner.periods;
     let refresh = refresh_period(inner);
     let mut saves = Saves::default();
@@ -112,7 +113,8 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
                 copy: copy.id(id),
                 token: token.clone(),
                 account_id: copy.account_id,
-                full: copy.presence_zone != zone_mark(&copy.zone)
+                full: copy.records_owed
+                    || copy.presence_zone != zone_mark(&copy.zone)
                     || copy
                         .phase
                         .refresh_due(dues_of, refresh.saturating_mul(FULL_REFRESH_EVERY)),
@@ -174,6 +176,17 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
     }
     if !refreshes.is_empty() {
         super::sessions::refresh_sessions(inner, refreshes);
+    }
+}
+
+/// Copies whose placement writes failed or were dropped owe their session records: their next
+/// refresh writes them in full (the extension a refresh does otherwise only finds whether a
+/// record is there, not whether it is right).
+fn owe_failed_placements<G: LiveGame>(inner: &Inner<G>) {
+    for character_id in inner.placement.take_failed() {
+        if let Some(copy) = inner.copies.current(character_id) {
+            inner.copies.with(copy, |c| c.records_owed = true);
+        }
     }
 }
 
@@ -272,11 +285,12 @@ fn owed_this_pulse<G: LiveGame>(inner: &Inner<G>) -> usize {
 
 /// Every this many refreshes a session's records are written in full — its presence (with the
 /// order mark it is written under) and its placement (kept a month) — instead of extended
-/// where they stand (about 21 minutes at the default TTL), so a record a failed write left
-/// wrong (a placement write that failed in its queue) is repaired within that; they are also
-/// written in full at the next refresh when the copy's zone changed since, and when a refresh
-/// finds them lost. A full write is two scripted calls of its own, where the extensions of all
-/// the sessions due go in one pipeline.
+/// where they stand (about 21 minutes at the default TTL), so a record wrong in a way no write
+/// reported is repaired within that. They are written in full at the next refresh when the
+/// copy's zone changed since, when a write of them failed or was dropped (the session's start,
+/// a full write, a placement: `LiveCopy::records_owed`), and when a refresh finds them lost. A
+/// full write is two scripted calls of its own, where the extensions of all the sessions due go
+/// in one pipeline.
 const FULL_REFRESH_EVERY: u64 = 32;
 
 /// Pulses between two refreshes of a session's records: a third of their lifetime.

@@ -258,7 +258,10 @@ fn write_session_records<G: LiveGame>(
     let inner = Arc::clone(inner);
     tokio::spawn(async move {
         for record in sessions {
-            write_one_session(&inner, record, marker).await;
+            let copy = record.0;
+            if !write_one_session(&inner, record, marker).await {
+                inner.copies.with(copy, |c| c.records_owed = true);
+            }
         }
     });
 }
@@ -335,6 +338,9 @@ pub(crate) fn refresh_sessions<G: LiveGame>(inner: &Arc<Inner<G>>, due: Vec<Refr
                     }
                     let order = c.session_order?;
                     if d.full {
+                        // Owed no more once written in full: a failure of this write owes
+                        // them again (a placement's, reported by its writer, at a pulse).
+                        c.records_owed = false;
                         // Queued under the lock so a logout's tombstone comes after it.
                         placed(inner, d.copy, c.zone.clone());
                     }
@@ -397,10 +403,15 @@ pub(crate) fn refresh_sessions<G: LiveGame>(inner: &Arc<Inner<G>>, due: Vec<Refr
                 Marker::Restore
             };
             let (copy, zone) = (record.0, zone_mark(&record.4));
-            if write_one_session(&inner, record, marker).await {
-                // What presence names now; a zone change since is still ahead of it.
-                inner.copies.with(copy, |c| c.presence_zone = zone);
-            }
+            let written = write_one_session(&inner, record, marker).await;
+            inner.copies.with(copy, |c| {
+                if written {
+                    // What presence names now; a zone change since is still ahead of it.
+                    c.presence_zone = zone;
+                } else {
+                    c.records_owed = true;
+                }
+            });
         }
     });
 }
@@ -553,6 +564,7 @@ pub(crate) fn admit<G: LiveGame>(
         anchor: landed.anchor,
         zone: zone.clone(),
         presence_zone: zone_mark(&zone),
+        records_owed: false,
         chargen: landed.chargen,
         schema_version: snapshot.schema_version,
         phase: Phase::of(id, inner.periods),

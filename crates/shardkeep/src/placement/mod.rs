@@ -5,7 +5,8 @@
 //! Writes go through a background [`PlacementWriter`] with the same shutdown barrier as the
 //! saver, so a quitting player's tombstone lands before shutdown.
 
-use std::sync::LazyLock;
+use std::collections::HashSet;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -243,9 +244,36 @@ async fn write_in_file(
     Ok(writes)
 }
 
+/// Characters whose placement writes failed or were dropped, until their writer's owner takes
+/// them ([`PlacementWriter::take_failed`]).
+#[derive(Debug, Clone, Default)]
+struct Failed(Arc<Mutex<HashSet<Uuid>>>);
+
+/// The most characters [`Failed`] keeps (16 MiB of ids): an owner that never takes them cannot
+/// make it grow without bound; past it further failures are only logged.
+const MOST_FAILED: usize = 1 << 20;
+
+impl Failed {
+    fn add(&self, characters: impl IntoIterator<Item = Uuid>) {
+        let mut failed = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        for character in characters {
+            if failed.len() >= MOST_FAILED {
+                break;
+            }
+            failed.insert(character);
+        }
+    }
+
+    fn take(&self) -> Vec<Uuid> {
+        let mut failed = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        failed.drain().collect()
+    }
+}
+
 struct PlacementWorker {
     store: PlacementStore,
     io_timeout: Duration,
+    failed: Failed,
 }
 
 impl BatchHandler<PlacementRecord> for PlacementWorker {
@@ -273,13 +301,17 @@ impl BatchHandler<PlacementRecord> for PlacementWorker {
                 }
             }
             Ok(Err(err)) => {
-                tracing::warn!(event = "placement_write_failed", count = latest.len(), error = %err)
+                tracing::warn!(event = "placement_write_failed", count = latest.len(), error = %err);
+                self.failed.add(latest.iter().map(|r| r.character_id));
             }
-            Err(_) => tracing::warn!(
-                event = "placement_write_failed",
-                count = latest.len(),
-                error = "timed out"
-            ),
+            Err(_) => {
+                tracing::warn!(
+                    event = "placement_write_failed",
+                    count = latest.len(),
+                    error = "timed out"
+                );
+                self.failed.add(latest.iter().map(|r| r.character_id));
+            }
         }
     }
 }
@@ -288,6 +320,7 @@ impl BatchHandler<PlacementRecord> for PlacementWorker {
 #[derive(Clone)]
 pub struct PlacementWriter {
     queue: Option<DrainQueue<PlacementRecord>>,
+    failed: Failed,
 }
 
 impl std::fmt::Debug for PlacementWriter {
@@ -304,10 +337,22 @@ impl PlacementWriter {
         io_timeout: Duration,
         cancel: CancellationToken,
     ) -> Self {
+        let failed = Failed::default();
         let queue = store.map(|store| {
-            DrainQueue::spawn(depth, 256, PlacementWorker { store, io_timeout }, cancel).0
+            let worker = PlacementWorker {
+                store,
+                io_timeout,
+                failed: failed.clone(),
+            };
+            DrainQueue::spawn(depth, 256, worker, cancel).0
         });
-        Self { queue }
+        Self { queue, failed }
+    }
+
+    /// The characters whose placement writes failed or were dropped since the last call (at
+    /// most about a million are kept): their owner writes them again.
+    pub fn take_failed(&self) -> Vec<Uuid> {
+        self.failed.take()
     }
 
     /// Queues an update without blocking; false when it was dropped.
@@ -315,10 +360,12 @@ impl PlacementWriter {
         let Some(queue) = &self.queue else {
             return true;
         };
+        let character = record.character_id;
         let queued = queue.try_enqueue(record).is_ok();
         if !queued {
             metrics::counter!(telemetry::PLACEMENT_DROPPED_TOTAL).increment(1);
             tracing::warn!(event = "placement_dropped");
+            self.failed.add([character]);
         }
         queued
     }

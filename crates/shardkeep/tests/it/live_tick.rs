@@ -831,3 +831,54 @@ async fn presence_follows_a_zone_change_by_the_next_refresh(pool: PgPool) {
         live.stop().await;
     }
 }
+
+/// A placement write that fails (here the embedded file refuses placement rows) is written
+/// again at the session's next refresh, not only at the periodic full write: a refresh that
+/// only extends records finds a placement that is there but wrong, or never written, right.
+/// The embedded file is where a test can fail placement writes alone; the mechanism above the
+/// writer is the same on every driver (`placement_records::a_writer_names_…` covers both).
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_placement_write_that_failed_is_written_again_at_the_next_refresh(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    let d = JobDriver::Embedded(drivers.sqlite.backend());
+    let JobDriver::Embedded(file) = &d else {
+        unreachable!()
+    };
+    let mut config = LiveConfig::new("shard-a");
+    // Refreshed every 3 s; written in full only every 96 s otherwise.
+    config.session_ttl = shardkeep::Ttl::from_secs(9).unwrap();
+    let live = Live::with(&d, &redis, config).await;
+    for trigger in [
+        "CREATE TRIGGER refuse_placement_insert BEFORE INSERT ON coord_records \
+         WHEN NEW.key LIKE '%:placement:%' \
+         BEGIN SELECT RAISE(ABORT, 'placement refused by the test'); END",
+        "CREATE TRIGGER refuse_placement_update BEFORE UPDATE ON coord_records \
+         WHEN NEW.key LIKE '%:placement:%' \
+         BEGIN SELECT RAISE(ABORT, 'placement refused by the test'); END",
+    ] {
+        sqlx::query(trigger).execute(file.pool()).await.unwrap();
+    }
+    let (id, _copy) = live.player("Orla").await;
+    let placement = live.services.placement.clone();
+    // The login's placement write fails (the writer's bound is the runtime's I/O bound).
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(placement.read(id).await.unwrap(), None, "the refusal held");
+    for drop in [
+        "DROP TRIGGER refuse_placement_insert",
+        "DROP TRIGGER refuse_placement_update",
+    ] {
+        sqlx::query(drop).execute(file.pool()).await.unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
+    while placement.read(id).await.unwrap().is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the failed placement was not written again by the next refresh"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let placed = placement.read(id).await.unwrap().unwrap();
+    assert_eq!(placed.shard_id.as_deref(), Some("shard-a"));
+    live.stop().await;
+}

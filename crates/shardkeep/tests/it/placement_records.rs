@@ -116,3 +116,48 @@ async fn a_record_no_writer_wrote_is_replaced_and_fences_after() {
         }
     }
 }
+
+/// A writer names the characters whose placement updates it dropped (here: a writer already
+/// stopped) so their owner can write them again, and forgets them once taken; writes that land
+/// name nobody. A write that fails in its batch names its characters the same way
+/// (`live_tick::a_placement_write_that_failed_is_written_again_at_the_next_refresh`).
+#[tokio::test]
+async fn a_writer_names_the_characters_whose_updates_it_dropped() {
+    use shardkeep::placement::PlacementWriter;
+    use std::time::Duration;
+    use tokio_util::sync::CancellationToken;
+
+    for d in coord_drivers().await {
+        let cancel = CancellationToken::new();
+        let (a, b) = (Uuid::now_v7(), Uuid::now_v7());
+        let landing = PlacementWriter::spawn(
+            Some(d.placement()),
+            16,
+            Duration::from_secs(10),
+            cancel.child_token(),
+        );
+        assert!(landing.enqueue(record(a, 1, Some("z-2"))));
+        landing.barrier(Duration::from_secs(10)).await;
+        assert!(landing.take_failed().is_empty(), "{}", d.name());
+        assert_eq!(
+            d.placement().read(a).await.unwrap().and_then(|r| r.zone_id),
+            Some("z-2".to_owned()),
+            "{}",
+            d.name()
+        );
+        // Stopped: its queue refuses what comes after.
+        cancel.cancel();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while landing.enqueue(record(b, 1, Some("z-1"))) {
+            assert!(tokio::time::Instant::now() < deadline, "{}", d.name());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(!landing.enqueue(record(a, 2, Some("z-3"))));
+        let mut failed = landing.take_failed();
+        failed.sort();
+        let mut both = vec![a, b];
+        both.sort();
+        assert_eq!(failed, both, "{}", d.name());
+        assert!(landing.take_failed().is_empty(), "{}: taken once", d.name());
+    }
+}
