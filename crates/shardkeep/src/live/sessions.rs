@@ -333,7 +333,10 @@ pub(crate) fn refresh_sessions<G: LiveGame>(inner: &Arc<Inner<G>>, due: Vec<Refr
             inner
                 .copies
                 .with(d.copy, |c| {
-                    if c.leaving {
+                    // Attached under another token since the pulse looked (a resume): that
+                    // session's start writes its records, and owes them if it fails.
+                    let attached = matches!(&c.link, Link::Attached(t) if *t == d.token);
+                    if c.leaving || !attached {
                         return None;
                     }
                     let order = c.session_order?;
@@ -374,6 +377,7 @@ pub(crate) fn refresh_sessions<G: LiveGame>(inner: &Arc<Inner<G>>, due: Vec<Refr
             Ok(Err(err)) => {
                 tracing::warn!(event = "session_records_unwritten", count = sessions.len(),
                     error = %err, "written again at the next refresh");
+                owe_full_writes(&inner, &sessions);
                 return;
             }
             Err(_) => {
@@ -383,6 +387,7 @@ pub(crate) fn refresh_sessions<G: LiveGame>(inner: &Arc<Inner<G>>, due: Vec<Refr
                     error = "timed out",
                     "written again at the next refresh"
                 );
+                owe_full_writes(&inner, &sessions);
                 return;
             }
         };
@@ -414,6 +419,16 @@ pub(crate) fn refresh_sessions<G: LiveGame>(inner: &Arc<Inner<G>>, due: Vec<Refr
             });
         }
     });
+}
+
+/// The full writes among `sessions` never went out (the refresh's round trip failed): their
+/// copies owe them again, at their next refresh.
+fn owe_full_writes<G: LiveGame>(inner: &Inner<G>, sessions: &[(SessionRecords, bool)]) {
+    for (record, full) in sessions {
+        if *full {
+            inner.copies.with(record.0, |c| c.records_owed = true);
+        }
+    }
 }
 
 fn zone_of<G: LiveGame>(inner: &Inner<G>, anchor: &Anchor) -> String {

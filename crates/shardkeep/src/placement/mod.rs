@@ -249,8 +249,8 @@ async fn write_in_file(
 #[derive(Debug, Clone, Default)]
 struct Failed(Arc<Mutex<HashSet<Uuid>>>);
 
-/// The most characters [`Failed`] keeps (16 MiB of ids): an owner that never takes them cannot
-/// make it grow without bound; past it further failures are only logged.
+/// The most characters [`Failed`] keeps (about a million ids): an owner that never takes them
+/// cannot make it grow without bound; past it further failures are only logged.
 const MOST_FAILED: usize = 1 << 20;
 
 impl Failed {
@@ -266,7 +266,8 @@ impl Failed {
 
     fn take(&self) -> Vec<Uuid> {
         let mut failed = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        failed.drain().collect()
+        // Taken whole, so the memory of a long outage's failures goes with them.
+        std::mem::take(&mut *failed).into_iter().collect()
     }
 }
 

@@ -870,6 +870,9 @@ async fn a_placement_write_that_failed_is_written_again_at_the_next_refresh(pool
     ] {
         sqlx::query(drop).execute(file.pool()).await.unwrap();
     }
+    // Within one refresh (3 s) and its write. Without the repair the placement waits for the
+    // periodic full write, which falls in this window for about one character in sixteen (its
+    // phase is the character's own): the test then passes for that reason.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
     while placement.read(id).await.unwrap().is_none() {
         assert!(
