@@ -547,7 +547,7 @@ impl<G: LiveGame> Runtime<G> {
     /// Writes the placement of every copy held here again (a repair after a Redis outage: the
     /// records are fenced by epoch, so a stale one never wins). The pulse also rewrites each
     /// attached copy's placement with every thirty-second refresh of its session records, and at
-    /// once when a refresh finds them lost.
+    /// its next refresh when a write of them failed or was dropped or a refresh finds them lost.
     pub fn refresh_placements(&self) {
         for copy in self.inner.copies.ids() {
             sessions::place(&self.inner, copy);
