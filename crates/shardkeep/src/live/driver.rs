@@ -86,7 +86,7 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         + 1;
     inner.finals.offer(&inner.saver);
-    owe_failed_placements(inner);
+    owe_failed_placements(inner, n);
     let periods = inner.periods;
     let refresh = refresh_period(inner);
     let mut saves = Saves::default();
@@ -181,12 +181,31 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
 
 /// Copies whose placement writes failed or were dropped owe their session records: their next
 /// refresh writes them in full (the extension a refresh does otherwise only finds whether a
-/// record is there, not whether it is right).
-fn owe_failed_placements<G: LiveGame>(inner: &Inner<G>) {
-    for character_id in inner.placement.take_failed() {
-        if let Some(copy) = inner.copies.current(character_id) {
-            inner.copies.with(copy, |c| c.records_owed = true);
+/// record is there, not whether it is right). A logout's tombstone that failed, its copy gone
+/// from here, is written again — once an I/O bound at most, until it lands: the placement it
+/// replaces would otherwise name this shard for the record's month.
+fn owe_failed_placements<G: LiveGame>(inner: &Inner<G>, pulse: u64) {
+    let mut tombstones = Vec::new();
+    for record in inner.placement.take_failed() {
+        match inner.copies.current(record.character_id) {
+            Some(copy) => {
+                inner.copies.with(copy, |c| c.records_owed = true);
+            }
+            None if record.is_tombstone() => tombstones.push(record),
+            // A copy that has left: its tombstone was queued after this update.
+            None => {}
         }
+    }
+    if tombstones.is_empty() {
+        return;
+    }
+    let every = inner.config.io_timeout.as_nanos() / inner.config.cadence.pulse.as_nanos().max(1);
+    if pulse.is_multiple_of(u64::try_from(every).unwrap_or(u64::MAX).max(1)) {
+        for tombstone in tombstones {
+            inner.placement.enqueue(tombstone);
+        }
+    } else {
+        inner.placement.owe(tombstones);
     }
 }
 

@@ -5,7 +5,8 @@
 //! Writes go through a background [`PlacementWriter`] with the same shutdown barrier as the
 //! saver, so a quitting player's tombstone lands before shutdown.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -17,7 +18,7 @@ use uuid::Uuid;
 use crate::backend::RedisBackend;
 use crate::coord::embedded::{self, RecordFile};
 use crate::coord::handoff::is;
-use crate::drain::{BarrierOutcome, BatchHandler, DrainQueue};
+use crate::drain::{BarrierOutcome, BatchHandler, DrainQueue, EnqueueError};
 use crate::keyspace::{KeyError, Keyspace, PLACEMENT_TTL};
 use crate::telemetry;
 
@@ -244,30 +245,39 @@ async fn write_in_file(
     Ok(writes)
 }
 
-/// Characters whose placement writes failed or were dropped, until their writer's owner takes
-/// them ([`PlacementWriter::take_failed`]).
+/// The latest update of each character whose placement write failed or was dropped, until the
+/// writer's owner takes them ([`PlacementWriter::take_failed`]).
 #[derive(Debug, Clone, Default)]
-struct Failed(Arc<Mutex<HashSet<Uuid>>>);
+struct Failed(Arc<Mutex<HashMap<Uuid, PlacementRecord>>>);
 
-/// The most characters [`Failed`] keeps (about a million ids): an owner that never takes them
+/// The most characters [`Failed`] keeps (about a million): an owner that never takes them
 /// cannot make it grow without bound; past it further failures are only logged.
 const MOST_FAILED: usize = 1 << 20;
 
 impl Failed {
-    fn add(&self, characters: impl IntoIterator<Item = Uuid>) {
+    fn add(&self, records: impl IntoIterator<Item = PlacementRecord>) {
         let mut failed = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        for character in characters {
-            if failed.len() >= MOST_FAILED {
-                break;
+        for record in records {
+            let full = failed.len() >= MOST_FAILED;
+            match failed.entry(record.character_id) {
+                // The later update of one epoch wins (a copy's tombstone follows its placement),
+                // and a newer copy's over an older one's.
+                Entry::Occupied(mut kept) if record.owner_epoch >= kept.get().owner_epoch => {
+                    kept.insert(record);
+                }
+                Entry::Occupied(_) => {}
+                Entry::Vacant(_) if full => {}
+                Entry::Vacant(slot) => {
+                    slot.insert(record);
+                }
             }
-            failed.insert(character);
         }
     }
 
-    fn take(&self) -> Vec<Uuid> {
+    fn take(&self) -> Vec<PlacementRecord> {
         let mut failed = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         // Taken whole, so the memory of a long outage's failures goes with them.
-        std::mem::take(&mut *failed).into_iter().collect()
+        std::mem::take(&mut *failed).into_values().collect()
     }
 }
 
@@ -303,7 +313,7 @@ impl BatchHandler<PlacementRecord> for PlacementWorker {
             }
             Ok(Err(err)) => {
                 tracing::warn!(event = "placement_write_failed", count = latest.len(), error = %err);
-                self.failed.add(latest.iter().map(|r| r.character_id));
+                self.failed.add(latest);
             }
             Err(_) => {
                 tracing::warn!(
@@ -311,7 +321,7 @@ impl BatchHandler<PlacementRecord> for PlacementWorker {
                     count = latest.len(),
                     error = "timed out"
                 );
-                self.failed.add(latest.iter().map(|r| r.character_id));
+                self.failed.add(latest);
             }
         }
     }
@@ -350,10 +360,16 @@ impl PlacementWriter {
         Self { queue, failed }
     }
 
-    /// The characters whose placement writes failed or were dropped since the last call (at
-    /// most about a million are kept): their owner writes them again.
-    pub fn take_failed(&self) -> Vec<Uuid> {
+    /// The latest update of each character whose placement write failed or was dropped since
+    /// the last call (at most about a million are kept): their owner writes them again.
+    pub fn take_failed(&self) -> Vec<PlacementRecord> {
         self.failed.take()
+    }
+
+    /// Keeps `records` among the failed ones without writing them: they are taken again at the
+    /// next [`PlacementWriter::take_failed`].
+    pub fn owe(&self, records: impl IntoIterator<Item = PlacementRecord>) {
+        self.failed.add(records);
     }
 
     /// Queues an update without blocking; false when it was dropped.
@@ -361,14 +377,15 @@ impl PlacementWriter {
         let Some(queue) = &self.queue else {
             return true;
         };
-        let character = record.character_id;
-        let queued = queue.try_enqueue(record).is_ok();
-        if !queued {
-            metrics::counter!(telemetry::PLACEMENT_DROPPED_TOTAL).increment(1);
-            tracing::warn!(event = "placement_dropped");
-            self.failed.add([character]);
+        match queue.try_enqueue(record) {
+            Ok(()) => true,
+            Err(EnqueueError::Full(record) | EnqueueError::Closed(record)) => {
+                metrics::counter!(telemetry::PLACEMENT_DROPPED_TOTAL).increment(1);
+                tracing::warn!(event = "placement_dropped");
+                self.failed.add([record]);
+                false
+            }
         }
-        queued
     }
 
     /// Waits, at most `bound`, until every queued update is written.

@@ -118,9 +118,9 @@ async fn a_record_no_writer_wrote_is_replaced_and_fences_after() {
 }
 
 /// A writer names the characters whose placement updates it dropped (here: a writer already
-/// stopped) so their owner can write them again, and forgets them once taken; writes that land
-/// name nobody. A write that fails in its batch names its characters the same way
-/// (`live_tick::a_placement_write_that_failed_is_written_again_at_the_next_refresh`).
+/// stopped), with the latest update of each, so their owner can write them again, and forgets
+/// them once taken; writes that land name nobody. A write that fails in its batch names its characters the same way
+/// (`live_placements::a_placement_write_that_failed_is_written_again_at_the_next_refresh`).
 #[tokio::test]
 async fn a_writer_names_the_characters_whose_updates_it_dropped() {
     use shardkeep::placement::PlacementWriter;
@@ -153,11 +153,40 @@ async fn a_writer_names_the_characters_whose_updates_it_dropped() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert!(!landing.enqueue(record(a, 2, Some("z-3"))));
-        let mut failed = landing.take_failed();
-        failed.sort();
-        let mut both = vec![a, b];
-        both.sort();
-        assert_eq!(failed, both, "{}", d.name());
+        // An older copy's update dropped after a newer one's does not replace it.
+        assert!(!landing.enqueue(record(a, 1, None)));
+        let failed = landing.take_failed();
+        let kept = |failed: &[PlacementRecord], id| {
+            failed
+                .iter()
+                .find(|r| r.character_id == id)
+                .map(|r| (r.owner_epoch, r.zone_id.clone()))
+        };
+        assert_eq!(failed.len(), 2, "{}: {failed:?}", d.name());
+        assert_eq!(
+            kept(&failed, a),
+            Some((2, Some("z-3".to_owned()))),
+            "{}",
+            d.name()
+        );
+        assert_eq!(
+            kept(&failed, b),
+            Some((1, Some("z-1".to_owned()))),
+            "{}",
+            d.name()
+        );
         assert!(landing.take_failed().is_empty(), "{}: taken once", d.name());
+        // Owed again without a write: taken at the next call, the later update of one epoch
+        // (a copy's tombstone after its placement) kept.
+        landing.owe(failed);
+        landing.owe([record(b, 1, None)]);
+        let again = landing.take_failed();
+        assert_eq!(
+            kept(&again, a),
+            Some((2, Some("z-3".to_owned()))),
+            "{}",
+            d.name()
+        );
+        assert_eq!(kept(&again, b), Some((1, None)), "{}", d.name());
     }
 }
