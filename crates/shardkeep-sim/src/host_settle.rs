@@ -15,7 +15,16 @@ impl Host {
         match step {
             SettleStep::Reconcile(reply) => {
                 self.shard.runtime().flush_all();
-                let _ = reply.send(());
+                let mut zombies = 0;
+                for (id, body) in &self.bodies {
+                    if body.phase == Phase::Ghost
+                        && let Some(copy) = self.shard.copy_of(*id)
+                        && !matches!(self.ghost(*id, copy.owner_epoch).await, Ghost::Owner)
+                    {
+                        zombies += 1;
+                    }
+                }
+                let _ = reply.send(zombies);
             }
             SettleStep::RefreshPlacements(reply) => {
                 self.shard.runtime().refresh_placements();
@@ -47,11 +56,21 @@ impl Host {
             };
             let epoch = copy.owner_epoch;
             if body.phase == Phase::Ghost {
-                problems.push(format!(
-                    "{id}: a zombie copy at epoch {epoch} still plays on {}",
-                    self.id
-                ));
-                continue;
+                match self.ghost(*id, epoch).await {
+                    Ghost::Owner => {}
+                    Ghost::Superseded(owner) => {
+                        problems.push(format!(
+                            "{id}: a zombie copy at epoch {epoch} still plays on {} (the row's \
+                             owner epoch is {owner:?})",
+                            self.id
+                        ));
+                        continue;
+                    }
+                    Ghost::Unreadable(err) => {
+                        problems.push(format!("{id}: row unreadable: {err}"));
+                        continue;
+                    }
+                }
             }
             // Placement names the zone the copy is saved in (inside an instance, its entrance).
             let Some(zone) = self
@@ -126,5 +145,26 @@ impl Host {
             live[self.index] = Default::default();
         }
         self.world.online[self.index].store(0, Ordering::Relaxed);
+    }
+}
+
+/// What a copy whose player went to log in elsewhere (a zombie in the making) is at the end.
+enum Ghost {
+    /// It still owns the character: the login elsewhere never claimed (it failed, and the
+    /// settle parked the player), so it is a live session like any other.
+    Owner,
+    /// A newer claim superseded it (the row's owner epoch, or none for a row not found).
+    Superseded(Option<i64>),
+    /// The row could not be read.
+    Unreadable(String),
+}
+
+impl Host {
+    async fn ghost(&self, id: Uuid, epoch: i64) -> Ghost {
+        match self.world.store.version_of(id).await {
+            Ok(Some((_, owner))) if owner == epoch => Ghost::Owner,
+            Ok(found) => Ghost::Superseded(found.map(|(_, owner)| owner)),
+            Err(err) => Ghost::Unreadable(err.to_string()),
+        }
     }
 }

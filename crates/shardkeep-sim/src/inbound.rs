@@ -61,8 +61,9 @@ impl Inbound {
 
 /// A step of the end of the run.
 pub(super) enum SettleStep {
-    /// Flush every live player, so zombie copies meet their fence.
-    Reconcile(oneshot::Sender<()>),
+    /// Flush every live player, so zombie copies meet their fence; answers how many copies a
+    /// newer claim superseded are still held (before this flush lands).
+    Reconcile(oneshot::Sender<usize>),
     /// Re-assert every placement and wait for the writes.
     RefreshPlacements(oneshot::Sender<()>),
     /// List live sessions whose placement record does not name them.

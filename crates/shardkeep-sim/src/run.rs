@@ -39,6 +39,8 @@ const SCAN_INTERVAL: Duration = Duration::from_secs(2);
 const RATE_WINDOW: Duration = Duration::from_secs(3);
 /// Bound on each wait of the settle phase.
 const SETTLE_BOUND: Duration = Duration::from_secs(60);
+/// Most reconciling passes of the settle (2 s apart).
+const MOST_RECONCILES: usize = 10;
 
 /// Runs a simulation against `database_url` and `redis_url` (a scratch database and namespace
 /// are created and removed), reporting progress to `progress` twice a second.
@@ -480,9 +482,21 @@ async fn settle(world: &Arc<World>, journal: Option<&SessionJournal>) -> Settled
         world.in_transit.load(Ordering::Relaxed) == 0
     })
     .await;
-    for _ in 0..2 {
-        each_host(world, SettleStep::Reconcile).await;
+    // Two passes at least; then more while zombies are still held (their flushes meet the
+    // fence and evict them; a machine busy after the healed outages can take longer), up to a
+    // bound, after which the placement check names each one left.
+    for pass in 0..MOST_RECONCILES {
+        let zombies: usize = each_host(world, SettleStep::Reconcile)
+            .await
+            .into_iter()
+            .sum();
         tokio::time::sleep(Duration::from_secs(2)).await;
+        if pass >= 1 && zombies == 0 {
+            break;
+        }
+        if pass + 1 == MOST_RECONCILES {
+            tracing::warn!(event = "sim_zombies_held_at_settle", zombies);
+        }
     }
     each_host(world, SettleStep::RefreshPlacements).await;
     let checked = each_host(world, SettleStep::CheckPlacements).await;
