@@ -91,6 +91,11 @@ impl<T: Send + 'static> DrainQueue<T> {
         self.tx.max_capacity() - self.tx.capacity()
     }
 
+    /// Items the queue holds at most.
+    pub fn capacity(&self) -> usize {
+        self.tx.max_capacity()
+    }
+
     /// Waits, at most `bound`, until everything queued so far has been handled.
     pub async fn barrier(&self, bound: Duration) -> BarrierOutcome {
         let deadline = Instant::now() + bound;

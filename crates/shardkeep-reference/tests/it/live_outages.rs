@@ -543,6 +543,62 @@ async fn a_saver_behind_owes_the_cadences_saves_and_drops_none(pool: PgPool) {
     }
 }
 
+/// Single saves waiting in the saver's queue (a wave of detaches, one entry each) do not put
+/// the cadence off while the writer has room: backpressure counts the saves waiting, not the
+/// queue's entries (four entries of one save each made every copy's cadence owe before).
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn single_saves_waiting_do_not_put_the_cadence_off(pool: PgPool) {
+    for driver in Driver::ALL {
+        let mut scene = Scene::logged_in(&pool, driver, |c| {
+            c.live.saver.queue_depth = 64;
+        })
+        .await;
+        let name = scene.stores.driver;
+        let mut ids = Vec::new();
+        for n in 0..40 {
+            let id = new_character(&scene.stores.own, &format!("P{n}")).await;
+            scene
+                .shard
+                .login(id, SessionStart::default())
+                .await
+                .unwrap();
+            ids.push(id);
+        }
+        let saver = scene.shard.runtime().saver().clone();
+        scene.stores.outage.stall();
+        // The writer takes what is queued and hangs on the stalled store (for its I/O bound).
+        for _ in 0..3 {
+            scene.shard.tick();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let before = saver.depth();
+        for id in &ids[..6] {
+            scene.shard.detach(*id, 0).unwrap();
+        }
+        assert_eq!(saver.depth(), before + 6, "{name}: one entry a detach");
+        let mut deepest = 0;
+        for _ in 0..15 {
+            scene.shard.tick();
+            deepest = deepest.max(saver.depth());
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(
+            deepest >= before + 6 + 3,
+            "{name}: the cadence queued nothing behind six single saves ({before} before, \
+             {deepest} at most)"
+        );
+        assert!(deepest < 64, "{name}: the queue filled ({deepest})");
+        let stalled = saver.stats();
+        assert_eq!(
+            (stalled.dropped_checkpoint, stalled.dropped_row),
+            (0, 0),
+            "{name}"
+        );
+        scene.stores.outage.heal();
+        scene.shard.kill();
+    }
+}
+
 /// More players than the saver's queue holds (one entry here) shut down: the shutdown offers
 /// their final saves as room frees up, and every one lands within its bound.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]

@@ -96,7 +96,7 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
     // While the saver is behind, the saves due are owed instead of dumped (a save its full
     // queue drops is dumped for nothing, and its copy waits a whole period): an owed save goes
     // out as soon as there is room, before the cadence comes round again.
-    let room = inner.saver.depth() < SAVER_BEHIND;
+    let room = saver_has_room(inner);
     let mut owed = Vec::new();
     let next = |phase: &super::cadence::Phase| phase.next_visit(n, periods, refresh);
     inner.copies.visit_due(n, next, |id, copy, dues_of| {
@@ -291,9 +291,15 @@ fn export_crash_window<G: LiveGame>(inner: &Arc<Inner<G>>) {
     }));
 }
 
-/// Entries (pulse slices) the saver's queue may hold before a pulse owes its saves instead of
-/// queueing them: two pulses' worth.
-const SAVER_BEHIND: usize = 4;
+/// Whether the saver can take a pulse's saves: fewer than two pulses' worth of saves wait in
+/// its queue, and half its entries are free (kept for the saves that are never put off: a
+/// logout's, a grant's, a detach's, one entry each). Counting saves, not entries, a wave of
+/// single saves does not put the cadence off while the writer has room.
+fn saver_has_room<G: LiveGame>(inner: &Inner<G>) -> bool {
+    let saver = &inner.saver;
+    saver.waiting_saves() < 2 * owed_this_pulse(inner)
+        && saver.depth() < (saver.capacity() / 2).max(1)
+}
 
 /// How many owed saves a pulse with room queues: a pulse's share of the copies held (the
 /// cadence's own saves come on top), at least 1,024, so catching up spreads over pulses.

@@ -19,6 +19,7 @@ pub mod stats;
 mod worker;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -267,6 +268,8 @@ pub struct SaverSinks {
 #[derive(Clone)]
 pub struct Saver {
     queue: DrainQueue<Vec<SaveRequest>>,
+    /// Saves in the queue's entries, not yet taken by the writer.
+    waiting: Arc<AtomicUsize>,
     stats: Arc<SaverStats>,
     pending: pending::PendingFinals,
     landed: LandedWrites,
@@ -292,6 +295,7 @@ impl Saver {
         let stats = Arc::new(SaverStats::default());
         let pending = pending::PendingFinals::default();
         let landed = LandedWrites::default();
+        let waiting = Arc::new(AtomicUsize::new(0));
         let finals = sinks.rows.clone().map(|store| final_retry::FinalRetries {
             store,
             retry: sinks.retry.clone(),
@@ -310,11 +314,13 @@ impl Saver {
             finals,
         )
         .counting_finals(pending.clone())
+        .counting_waiting(Arc::clone(&waiting))
         .recording(landed.clone());
         let (queue, _task) =
             DrainQueue::spawn(config.queue_depth, config.max_batch, worker, cancel);
         Self {
             queue,
+            waiting,
             stats,
             pending,
             landed,
@@ -396,16 +402,17 @@ impl Saver {
         };
         // Counted before the drainer can see them, taken back if the queue refuses them.
         self.pending.queued(finals.iter().copied());
+        let count = requests.len();
+        self.waiting.fetch_add(count, Ordering::Relaxed);
+        let refused = |requests: Vec<SaveRequest>| {
+            self.pending.dequeued(finals);
+            self.waiting.fetch_sub(count, Ordering::Relaxed);
+            unwrap(requests)
+        };
         let result = match self.queue.try_enqueue(requests) {
             Ok(()) => Ok(()),
-            Err(EnqueueError::Full(requests)) => {
-                self.pending.dequeued(finals);
-                Err(EnqueueError::Full(unwrap(requests)))
-            }
-            Err(EnqueueError::Closed(requests)) => {
-                self.pending.dequeued(finals);
-                Err(EnqueueError::Closed(unwrap(requests)))
-            }
+            Err(EnqueueError::Full(requests)) => Err(EnqueueError::Full(refused(requests))),
+            Err(EnqueueError::Closed(requests)) => Err(EnqueueError::Closed(refused(requests))),
         };
         metrics::gauge!(telemetry::SAVER_QUEUE_DEPTH).set(self.queue.depth() as f64);
         result
@@ -464,6 +471,17 @@ impl Saver {
     /// Queue entries waiting.
     pub fn depth(&self) -> usize {
         self.queue.depth()
+    }
+
+    /// Queue entries the queue holds at most.
+    pub fn capacity(&self) -> usize {
+        self.queue.capacity()
+    }
+
+    /// Saves waiting in the queue's entries (an entry is one save or a pulse's slice of many),
+    /// not yet taken by the writer.
+    pub fn waiting_saves(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// Counters since start.

@@ -6,6 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use uuid::Uuid;
@@ -28,6 +29,8 @@ pub(super) struct SaverWorker {
     stats: Arc<SaverStats>,
     finals: Option<FinalRetries>,
     queued_finals: Option<super::pending::PendingFinals>,
+    /// The saver's count of saves waiting in its queue, taken down as this worker takes them.
+    waiting: Option<Arc<AtomicUsize>>,
     landed: LandedWrites,
 }
 
@@ -41,6 +44,12 @@ impl SaverWorker {
     /// Records every landed write in `landed`.
     pub(super) fn recording(mut self, landed: LandedWrites) -> Self {
         self.landed = landed;
+        self
+    }
+
+    /// Takes the saves this worker takes off the queue out of `waiting`.
+    pub(super) fn counting_waiting(mut self, waiting: Arc<AtomicUsize>) -> Self {
+        self.waiting = Some(waiting);
         self
     }
 
@@ -66,6 +75,7 @@ impl SaverWorker {
             stats,
             finals,
             queued_finals: None,
+            waiting: None,
             landed: LandedWrites::default(),
         }
     }
@@ -77,6 +87,9 @@ type Unlanded = (SaveRequest, Start);
 impl BatchHandler<Vec<SaveRequest>> for SaverWorker {
     async fn handle(&mut self, batch: Vec<Vec<SaveRequest>>) {
         let requests: Vec<SaveRequest> = batch.into_iter().flatten().collect();
+        if let Some(waiting) = &self.waiting {
+            waiting.fetch_sub(requests.len(), Ordering::Relaxed);
+        }
         let finals: Vec<Uuid> = requests
             .iter()
             .filter(|r| r.reason == SaveReason::Final)
