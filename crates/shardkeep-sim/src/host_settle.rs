@@ -161,10 +161,12 @@ enum Ghost {
 
 impl Host {
     async fn ghost(&self, id: Uuid, epoch: i64) -> Ghost {
-        match self.world.store.version_of(id).await {
-            Ok(Some((_, owner))) if owner == epoch => Ghost::Owner,
-            Ok(found) => Ghost::Superseded(found.map(|(_, owner)| owner)),
-            Err(err) => Ghost::Unreadable(err.to_string()),
+        let read = tokio::time::timeout(Duration::from_secs(5), self.world.store.version_of(id));
+        match read.await {
+            Ok(Ok(Some((_, owner)))) if owner == epoch => Ghost::Owner,
+            Ok(Ok(found)) => Ghost::Superseded(found.map(|(_, owner)| owner)),
+            Ok(Err(err)) => Ghost::Unreadable(err.to_string()),
+            Err(_) => Ghost::Unreadable("timed out".into()),
         }
     }
 }

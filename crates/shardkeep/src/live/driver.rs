@@ -182,8 +182,9 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
 /// Copies whose placement writes failed or were dropped owe their session records: their next
 /// refresh writes them in full (the extension a refresh does otherwise only finds whether a
 /// record is there, not whether it is right). A logout's tombstone that failed, its copy gone
-/// from here, is written again — once an I/O bound at most, until it lands: the placement it
-/// replaces would otherwise name this shard for the record's month.
+/// from here, is written again while the runtime runs — a writer's batch of them once an I/O
+/// bound at most, until each lands: the placement it replaces would otherwise name this shard
+/// for the record's month.
 fn owe_failed_placements<G: LiveGame>(inner: &Inner<G>, pulse: u64) {
     let mut tombstones = Vec::new();
     for record in inner.placement.take_failed() {
@@ -192,7 +193,8 @@ fn owe_failed_placements<G: LiveGame>(inner: &Inner<G>, pulse: u64) {
                 inner.copies.with(copy, |c| c.records_owed = true);
             }
             None if record.is_tombstone() => tombstones.push(record),
-            // A copy that has left: its tombstone was queued after this update.
+            // A copy that has left: its tombstone is the last word (kept over this update when
+            // both failed; queued after it otherwise).
             None => {}
         }
     }
@@ -200,14 +202,20 @@ fn owe_failed_placements<G: LiveGame>(inner: &Inner<G>, pulse: u64) {
         return;
     }
     let every = inner.config.io_timeout.as_nanos() / inner.config.cadence.pulse.as_nanos().max(1);
-    if pulse.is_multiple_of(u64::try_from(every).unwrap_or(u64::MAX).max(1)) {
-        for tombstone in tombstones {
-            inner.placement.enqueue(tombstone);
-        }
+    let retry_now = pulse.is_multiple_of(u64::try_from(every).unwrap_or(u64::MAX).max(1));
+    let now = if retry_now {
+        tombstones.len().min(TOMBSTONES_RETRIED)
     } else {
-        inner.placement.owe(tombstones);
-    }
+        0
+    };
+    let later = tombstones.split_off(now);
+    inner.placement.retry(tombstones);
+    inner.placement.owe(later);
 }
+
+/// Most failed tombstones written again at once: one writer's batch, so an outage's backlog
+/// never fills the writer's queue ahead of the live placements.
+const TOMBSTONES_RETRIED: usize = 256;
 
 /// The saves one pulse queues.
 #[derive(Default)]

@@ -250,6 +250,16 @@ async fn write_in_file(
 #[derive(Debug, Clone, Default)]
 struct Failed(Arc<Mutex<HashMap<Uuid, PlacementRecord>>>);
 
+/// Whether `record` replaces `kept`, both failed updates of one character: a newer copy's
+/// over an older one's, and within one copy its tombstone over its placement, whichever failure
+/// was reported last (a dropped tombstone is reported at once, the batch of the placement
+/// before it only when its write gives up).
+fn supersedes(record: &PlacementRecord, kept: &PlacementRecord) -> bool {
+    record.owner_epoch > kept.owner_epoch
+        || (record.owner_epoch == kept.owner_epoch
+            && (record.is_tombstone() || !kept.is_tombstone()))
+}
+
 /// The most characters [`Failed`] keeps (about a million): an owner that never takes them
 /// cannot make it grow without bound; past it further failures are only logged.
 const MOST_FAILED: usize = 1 << 20;
@@ -257,20 +267,26 @@ const MOST_FAILED: usize = 1 << 20;
 impl Failed {
     fn add(&self, records: impl IntoIterator<Item = PlacementRecord>) {
         let mut failed = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut unkept = 0;
         for record in records {
             let full = failed.len() >= MOST_FAILED;
             match failed.entry(record.character_id) {
-                // The later update of one epoch wins (a copy's tombstone follows its placement),
-                // and a newer copy's over an older one's.
-                Entry::Occupied(mut kept) if record.owner_epoch >= kept.get().owner_epoch => {
+                Entry::Occupied(mut kept) if supersedes(&record, kept.get()) => {
                     kept.insert(record);
                 }
                 Entry::Occupied(_) => {}
-                Entry::Vacant(_) if full => {}
+                Entry::Vacant(_) if full => unkept += 1,
                 Entry::Vacant(slot) => {
                     slot.insert(record);
                 }
             }
+        }
+        if unkept > 0 {
+            tracing::warn!(
+                event = "placement_failures_unkept",
+                count = unkept,
+                "too many failed placement writes kept: these are repaired only by the periodic write"
+            );
         }
     }
 
@@ -370,6 +386,24 @@ impl PlacementWriter {
     /// next [`PlacementWriter::take_failed`].
     pub fn owe(&self, records: impl IntoIterator<Item = PlacementRecord>) {
         self.failed.add(records);
+    }
+
+    /// Queues `records` again, written or failed like any update; what the queue has no room
+    /// for is kept among the failed ones quietly (neither counted nor logged as dropped: it was
+    /// reported when it first failed).
+    pub fn retry(&self, records: impl IntoIterator<Item = PlacementRecord>) {
+        let Some(queue) = &self.queue else {
+            return;
+        };
+        let mut unqueued = Vec::new();
+        for record in records {
+            if let Err(EnqueueError::Full(record) | EnqueueError::Closed(record)) =
+                queue.try_enqueue(record)
+            {
+                unqueued.push(record);
+            }
+        }
+        self.failed.add(unqueued);
     }
 
     /// Queues an update without blocking; false when it was dropped.

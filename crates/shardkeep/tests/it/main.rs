@@ -20,7 +20,7 @@ mod journal_order;
 mod ladder_store;
 mod launch;
 mod live_pickups;
-mod live_placements;
+mod live_records;
 mod live_runtime;
 mod live_tick;
 mod lock_order;

@@ -120,7 +120,7 @@ async fn a_record_no_writer_wrote_is_replaced_and_fences_after() {
 /// A writer names the characters whose placement updates it dropped (here: a writer already
 /// stopped), with the latest update of each, so their owner can write them again, and forgets
 /// them once taken; writes that land name nobody. A write that fails in its batch names its characters the same way
-/// (`live_placements::a_placement_write_that_failed_is_written_again_at_the_next_refresh`).
+/// (`live_records::a_placement_write_that_failed_is_written_again_at_the_next_refresh`).
 #[tokio::test]
 async fn a_writer_names_the_characters_whose_updates_it_dropped() {
     use shardkeep::placement::PlacementWriter;
@@ -176,10 +176,12 @@ async fn a_writer_names_the_characters_whose_updates_it_dropped() {
             d.name()
         );
         assert!(landing.take_failed().is_empty(), "{}: taken once", d.name());
-        // Owed again without a write: taken at the next call, the later update of one epoch
-        // (a copy's tombstone after its placement) kept.
+        // Owed again without a write: taken at the next call. Within one epoch the copy's
+        // tombstone is kept, whichever failure was reported last (a dropped tombstone is
+        // reported before the failed batch of the placement it follows).
         landing.owe(failed);
         landing.owe([record(b, 1, None)]);
+        landing.owe([record(b, 1, Some("z-1"))]);
         let again = landing.take_failed();
         assert_eq!(
             kept(&again, a),
@@ -188,5 +190,13 @@ async fn a_writer_names_the_characters_whose_updates_it_dropped() {
             d.name()
         );
         assert_eq!(kept(&again, b), Some((1, None)), "{}", d.name());
+        // A retry the stopped writer cannot queue is kept among the failed ones.
+        landing.retry([record(a, 3, None)]);
+        assert_eq!(
+            kept(&landing.take_failed(), a),
+            Some((3, None)),
+            "{}",
+            d.name()
+        );
     }
 }
