@@ -299,10 +299,11 @@ fn export_crash_window<G: LiveGame>(inner: &Arc<Inner<G>>) {
     }));
 }
 
-/// Whether the saver can take a pulse's saves: fewer than two pulses' worth of saves wait in
-/// its queue, and half its entries are free (kept for the saves that are never put off: a
-/// logout's, a grant's, a detach's, one entry each). Counting saves, not entries, a wave of
-/// single saves does not put the cadence off while the writer has room.
+/// Whether the saver can take a pulse's saves: fewer saves wait in its queue than two pulses'
+/// worth (at least 2,048), and at most half its entries are taken — the other half is kept for
+/// the saves that are never put off (a detach's flush, a grant's save, one entry each; logout
+/// finals, a slice each). Counting saves, not entries, a wave of single saves does not put the
+/// cadence off while the writer has room.
 fn saver_has_room<G: LiveGame>(inner: &Inner<G>) -> bool {
     let saver = &inner.saver;
     saver.waiting_saves() < 2 * owed_this_pulse(inner)

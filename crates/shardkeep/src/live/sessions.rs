@@ -631,7 +631,7 @@ pub(crate) struct Admission {
 impl<G: LiveGame> Runtime<G> {
     /// Logs `character_id` in: a copy still held here (link-dead, or attached to a connection
     /// that died silently) is resumed — its old stream journaled first — and its resume ledger
-    /// handed back; otherwise the character is claimed (minting this copy's epoch), the freshest
+    /// handed back, unless its row names a newer owner (one read); otherwise the character is claimed (minting this copy's epoch), the freshest
     /// of its row and checkpoint loaded, the copy admitted and its session started. A logout of
     /// the character still saving here is waited for (within the I/O bound) so the claim loads
     /// it.
@@ -646,7 +646,9 @@ impl<G: LiveGame> Runtime<G> {
         }
         let token = start.token()?;
         self.schema_current().await?;
-        if let Some(resumed) = self.resume(character_id, &token).await {
+        if !self.held_copy_superseded(character_id).await
+            && let Some(resumed) = self.resume(character_id, &token).await
+        {
             return Ok(resumed);
         }
         self.wait_for_final(character_id).await?;
@@ -665,6 +667,24 @@ impl<G: LiveGame> Runtime<G> {
             origin: Some(loaded.origin.clone()),
             session_order: order,
         })
+    }
+
+    /// True when a copy of `character_id` is held here and its row names a newer owner: a
+    /// claim elsewhere superseded the copy (this login came by a stale route), so it is not
+    /// resumed to play until its next save meets the fence — the login claims afresh, and
+    /// admitting the new copy evicts it. A row that cannot be read within the I/O bound lets
+    /// the copy resume (its writes still meet their fence).
+    async fn held_copy_superseded(&self, character_id: Uuid) -> bool {
+        let inner = &self.inner;
+        let Some(held) = inner.copies.current(character_id) else {
+            return false;
+        };
+        let row = tokio::time::timeout(
+            inner.config.io_timeout,
+            inner.stores.characters.version_of(character_id),
+        )
+        .await;
+        matches!(row, Ok(Ok(Some((_, owner)))) if owner > held.owner_epoch)
     }
 
     /// Waits (within the I/O bound) until no logout of `character_id` is saving here.

@@ -285,7 +285,8 @@ impl Failed {
             tracing::warn!(
                 event = "placement_failures_unkept",
                 count = unkept,
-                "too many failed placement writes kept: these are repaired only by the periodic write"
+                "too many failed placement writes kept: a live copy's waits for its periodic \
+                 full write, a tombstone is not written again"
             );
         }
     }
