@@ -631,10 +631,10 @@ pub(crate) struct Admission {
 impl<G: LiveGame> Runtime<G> {
     /// Logs `character_id` in: a copy still held here (link-dead, or attached to a connection
     /// that died silently) is resumed — its old stream journaled first — and its resume ledger
-    /// handed back, unless its row names a newer owner (one read); otherwise the character is claimed (minting this copy's epoch), the freshest
-    /// of its row and checkpoint loaded, the copy admitted and its session started. A logout of
-    /// the character still saving here is waited for (within the I/O bound) so the claim loads
-    /// it.
+    /// handed back, unless its row names a newer owner (one read); otherwise the character is
+    /// claimed (minting this copy's epoch), the freshest of its row and checkpoint loaded, the
+    /// copy admitted and its session started. A logout of the character still saving here is
+    /// waited for (within the I/O bound) so the claim loads it.
     pub async fn login(
         &self,
         character_id: Uuid,
