@@ -106,11 +106,16 @@ impl Cadence {
 
     /// The periods in pulses (checkpoint, flush), each at least one.
     pub fn periods(&self) -> (u64, u64) {
-        let pulses = |every: Duration| {
-            let n = every.as_nanos() / self.pulse.as_nanos().max(1);
-            u64::try_from(n).unwrap_or(u64::MAX).max(1)
-        };
-        (pulses(self.checkpoint_every), pulses(self.flush_every))
+        (
+            self.pulses_in(self.checkpoint_every),
+            self.pulses_in(self.flush_every),
+        )
+    }
+
+    /// Whole pulses in `span`, at least one.
+    pub(crate) fn pulses_in(&self, span: Duration) -> u64 {
+        let n = span.as_nanos() / self.pulse.as_nanos().max(1);
+        u64::try_from(n).unwrap_or(u64::MAX).max(1)
     }
 }
 

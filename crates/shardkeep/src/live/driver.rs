@@ -201,8 +201,7 @@ fn owe_failed_placements<G: LiveGame>(inner: &Inner<G>, pulse: u64) {
     if tombstones.is_empty() {
         return;
     }
-    let every = inner.config.io_timeout.as_nanos() / inner.config.cadence.pulse.as_nanos().max(1);
-    let retry_now = pulse.is_multiple_of(u64::try_from(every).unwrap_or(u64::MAX).max(1));
+    let retry_now = pulse.is_multiple_of(inner.config.cadence.pulses_in(inner.config.io_timeout));
     let now = if retry_now {
         tombstones.len().min(TOMBSTONES_RETRIED)
     } else {
@@ -329,9 +328,10 @@ const FULL_REFRESH_EVERY: u64 = 32;
 
 /// Pulses between two refreshes of a session's records: a third of their lifetime.
 fn refresh_period<G: LiveGame>(inner: &Inner<G>) -> u64 {
-    let third = inner.config.session_ttl.duration() / 3;
-    let pulses = third.as_nanos() / inner.config.cadence.pulse.as_nanos().max(1);
-    u64::try_from(pulses).unwrap_or(u64::MAX).max(1)
+    inner
+        .config
+        .cadence
+        .pulses_in(inner.config.session_ttl.duration() / 3)
 }
 
 /// Acts on one of the saver's answers.

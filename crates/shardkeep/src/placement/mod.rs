@@ -393,33 +393,30 @@ impl PlacementWriter {
     /// for is kept among the failed ones quietly (neither counted nor logged as dropped: it was
     /// reported when it first failed).
     pub fn retry(&self, records: impl IntoIterator<Item = PlacementRecord>) {
-        let Some(queue) = &self.queue else {
-            return;
-        };
-        let mut unqueued = Vec::new();
-        for record in records {
-            if let Err(EnqueueError::Full(record) | EnqueueError::Closed(record)) =
-                queue.try_enqueue(record)
-            {
-                unqueued.push(record);
-            }
-        }
+        let unqueued: Vec<PlacementRecord> = records
+            .into_iter()
+            .filter_map(|record| self.push(record).err())
+            .collect();
         self.failed.add(unqueued);
     }
 
     /// Queues an update without blocking; false when it was dropped.
     pub fn enqueue(&self, record: PlacementRecord) -> bool {
-        let Some(queue) = &self.queue else {
+        let Err(record) = self.push(record) else {
             return true;
         };
-        match queue.try_enqueue(record) {
-            Ok(()) => true,
-            Err(EnqueueError::Full(record) | EnqueueError::Closed(record)) => {
-                metrics::counter!(telemetry::PLACEMENT_DROPPED_TOTAL).increment(1);
-                tracing::warn!(event = "placement_dropped");
-                self.failed.add([record]);
-                false
-            }
+        metrics::counter!(telemetry::PLACEMENT_DROPPED_TOTAL).increment(1);
+        tracing::warn!(event = "placement_dropped");
+        self.failed.add([record]);
+        false
+    }
+
+    /// Queues `record`; a queue without room (full, or its writer stopped) hands it back. A
+    /// storeless writer takes everything.
+    fn push(&self, record: PlacementRecord) -> Result<(), PlacementRecord> {
+        match self.queue.as_ref().map(|queue| queue.try_enqueue(record)) {
+            None | Some(Ok(())) => Ok(()),
+            Some(Err(EnqueueError::Full(record) | EnqueueError::Closed(record))) => Err(record),
         }
     }
 
