@@ -184,8 +184,12 @@ pub fn redis_is_cluster() -> bool {
 impl Drop for TestRedis {
     fn drop(&mut self) {
         // Writers left running stop first: they are suspended while this runs, and find the
-        // signal the next time they are polled, before they write again.
+        // signal the next time they are polled, before they write again. Every clone of the
+        // namespace's handle is closed, so a writer that does not watch the signal (a runtime
+        // or workers a test left running) has each later command refused: nothing is written
+        // into the namespace after its sweep.
         self.stop.cancel();
+        self.backend.close();
         NAMESPACE_STOPS
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

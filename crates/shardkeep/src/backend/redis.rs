@@ -4,6 +4,7 @@
 //! two or more selects Redis Cluster, those URLs being its seed nodes.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -11,6 +12,7 @@ use redis::cluster::NodeAddress;
 use redis::cluster::{ClusterClient, ClusterConfig};
 
 use super::cluster_link::ClusterLink;
+use super::redis_conn::Link;
 pub use super::redis_conn::RedisConn;
 pub use super::redis_nodes::{EvictionCheck, ScanCursor};
 use super::redis_nodes::{MasterNodes, check_eviction_policy};
@@ -29,6 +31,8 @@ pub struct RedisBackend {
     keys: Keyspace,
     timeouts: RedisTimeouts,
     pub(super) masters: Arc<MasterNodes>,
+    /// Set by [`close`](RedisBackend::close); shared by every clone and connection.
+    pub(super) closed: Arc<AtomicBool>,
 }
 
 /// How the deployment is reached.
@@ -139,6 +143,7 @@ impl RedisBackend {
             reason,
         };
         let seeds = redis_seeds(url).map_err(fail)?;
+        let closed = Arc::new(AtomicBool::new(false));
         let connect = async {
             if let [single] = seeds.as_slice() {
                 let client = redis::Client::open(*single)?;
@@ -148,7 +153,7 @@ impl RedisBackend {
                     .set_number_of_retries(1)
                     .set_max_delay(Duration::from_millis(500));
                 let conn = ConnectionManager::new_with_config(client.clone(), config).await?;
-                let conn = RedisConn::Standalone(conn);
+                let conn = RedisConn::new(Link::Standalone(conn), &closed);
                 Ok((Topology::Standalone(client), conn.clone(), conn))
             } else {
                 let map = node_map
@@ -178,8 +183,8 @@ impl RedisBackend {
                 let durable = ClusterLink::connect(client.clone(), config, bound, stuck).await?;
                 Ok::<_, redis::RedisError>((
                     Topology::Cluster(client),
-                    RedisConn::Cluster(Arc::new(conn)),
-                    RedisConn::Cluster(Arc::new(durable)),
+                    RedisConn::new(Link::Cluster(Arc::new(conn)), &closed),
+                    RedisConn::new(Link::Cluster(Arc::new(durable)), &closed),
                 ))
             }
         };
@@ -197,6 +202,7 @@ impl RedisBackend {
             keys,
             timeouts,
             masters: Arc::new(MasterNodes::new(seed_info, node_map)),
+            closed,
         };
         backend.ping().await.map_err(|e| fail(one_line(&e)))?;
         if eviction == EvictionCheck::Require {
@@ -233,29 +239,45 @@ impl RedisBackend {
         self.timeouts
     }
 
+    /// Closes this handle and every clone of it: each later command on any of their
+    /// connections, those taken before the close included, fails at once without reaching the
+    /// server, and no new connection is opened. For a process that ends its use of Redis at a
+    /// known point (a test sweeping its namespace, a tool about to exit) so that nothing still
+    /// running writes afterwards. Other handles on the same server are not affected.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+
+    /// True once [`close`](Self::close) was called on this handle or a clone of it.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
     /// A dedicated connection whose answers may take up to `response` (blocking commands), so
     /// other traffic never waits behind it.
     pub async fn dedicated_conn(&self, response: Duration) -> redis::RedisResult<RedisConn> {
+        if self.is_closed() {
+            return Err(super::redis_conn::closed_error());
+        }
         match &self.topology {
             Topology::Standalone(client) => {
                 let config = redis::AsyncConnectionConfig::new()
                     .set_connection_timeout(Some(self.timeouts.connect))
                     .set_response_timeout(Some(response));
-                Ok(RedisConn::Node(
-                    client
-                        .get_multiplexed_async_connection_with_config(&config)
-                        .await?,
-                ))
+                let conn = client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?;
+                Ok(RedisConn::new(Link::Node(conn), &self.closed))
             }
             Topology::Cluster(client) => {
                 let config = ClusterConfig::new()
                     .set_connection_timeout(self.timeouts.connect)
                     .set_response_timeout(response);
                 let bound = self.timeouts.connect + response;
-                Ok(RedisConn::Cluster(Arc::new(
+                let link =
                     ClusterLink::connect(client.clone(), config, bound, stuck_after(response))
-                        .await?,
-                )))
+                        .await?;
+                Ok(RedisConn::new(Link::Cluster(Arc::new(link)), &self.closed))
             }
         }
     }

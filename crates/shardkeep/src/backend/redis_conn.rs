@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::cluster_link::ClusterLink;
 
@@ -13,9 +14,18 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, SlotAddr};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
-/// A cheap-to-clone Redis connection, standalone or cluster.
+/// A cheap-to-clone Redis connection, standalone or cluster. Every connection of a
+/// [`RedisBackend`](super::redis::RedisBackend) shares its handle's closed flag: once the
+/// handle is closed, each command on any of them fails at once without reaching the server.
 #[derive(Clone)]
-pub enum RedisConn {
+pub struct RedisConn {
+    link: Link,
+    closed: Arc<AtomicBool>,
+}
+
+/// How a [`RedisConn`] reaches the deployment.
+#[derive(Clone)]
+pub(crate) enum Link {
     /// A standalone server through a reconnecting multiplexed link.
     Standalone(ConnectionManager),
     /// One node of a cluster addressed directly (SCAN and configuration checks per master).
@@ -24,12 +34,36 @@ pub enum RedisConn {
     Cluster(Arc<ClusterLink>),
 }
 
+impl RedisConn {
+    /// A connection over `link`, refused once `closed` is set.
+    pub(crate) fn new(link: Link, closed: &Arc<AtomicBool>) -> Self {
+        Self {
+            link,
+            closed: Arc::clone(closed),
+        }
+    }
+
+    /// The error every command of a closed handle answers.
+    fn refused(&self) -> Option<redis::RedisError> {
+        self.closed.load(Ordering::Acquire).then(closed_error)
+    }
+}
+
+/// What a command on a closed handle answers.
+pub(crate) fn closed_error() -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::Client,
+        "refused",
+        "this Redis handle was closed".to_owned(),
+    ))
+}
+
 impl std::fmt::Debug for RedisConn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Standalone(_) => "RedisConn::Standalone",
-            Self::Node(_) => "RedisConn::Node",
-            Self::Cluster(_) => "RedisConn::Cluster",
+        f.write_str(match self.link {
+            Link::Standalone(_) => "RedisConn::Standalone",
+            Link::Node(_) => "RedisConn::Node",
+            Link::Cluster(_) => "RedisConn::Cluster",
         })
     }
 }
@@ -37,10 +71,13 @@ impl std::fmt::Debug for RedisConn {
 impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
-            let reply = match self {
-                Self::Standalone(conn) => conn.req_packed_command(cmd).await,
-                Self::Node(conn) => conn.req_packed_command(cmd).await,
-                Self::Cluster(link) => {
+            if let Some(err) = self.refused() {
+                return Err(err);
+            }
+            let reply = match &mut self.link {
+                Link::Standalone(conn) => conn.req_packed_command(cmd).await,
+                Link::Node(conn) => conn.req_packed_command(cmd).await,
+                Link::Cluster(link) => {
                     let (generation, mut conn) = link.get();
                     let reply = conn.req_packed_command(cmd).await;
                     match &reply {
@@ -64,10 +101,13 @@ impl ConnectionLike for RedisConn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
-            let replies = match self {
-                Self::Standalone(conn) => conn.req_packed_commands(pipeline, offset, count).await,
-                Self::Node(conn) => conn.req_packed_commands(pipeline, offset, count).await,
-                Self::Cluster(link) => {
+            if let Some(err) = self.refused() {
+                return Err(err);
+            }
+            let replies = match &mut self.link {
+                Link::Standalone(conn) => conn.req_packed_commands(pipeline, offset, count).await,
+                Link::Node(conn) => conn.req_packed_commands(pipeline, offset, count).await,
+                Link::Cluster(link) => {
                     let (generation, mut conn) = link.get();
                     let replies = cluster_pipeline(&mut conn, pipeline, offset, count).await;
                     match &replies {
@@ -92,10 +132,10 @@ impl ConnectionLike for RedisConn {
     }
 
     fn get_db(&self) -> i64 {
-        match self {
-            Self::Standalone(conn) => conn.get_db(),
-            Self::Node(conn) => conn.get_db(),
-            Self::Cluster(link) => link.get().1.get_db(),
+        match &self.link {
+            Link::Standalone(conn) => conn.get_db(),
+            Link::Node(conn) => conn.get_db(),
+            Link::Cluster(link) => link.get().1.get_db(),
         }
     }
 }

@@ -7,6 +7,7 @@ use redis::ConnectionAddr;
 use tokio::sync::Mutex;
 
 use super::redis::{RedisBackend, RedisConn};
+use super::redis_conn::Link;
 
 /// Whether connecting refuses a server that may evict keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,11 +168,10 @@ impl MasterNodes {
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeouts.connect))
             .set_response_timeout(Some(timeouts.response));
-        Ok(RedisConn::Node(
-            client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await?,
-        ))
+        let conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        Ok(RedisConn::new(Link::Node(conn), &backend.closed))
     }
 }
 

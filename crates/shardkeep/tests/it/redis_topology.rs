@@ -357,3 +357,55 @@ async fn after_every_node_restarted_both_connections_write_again_within_seconds(
         writer.await.unwrap();
     }
 }
+
+/// A closed handle refuses every later command on every clone of it, connections taken before
+/// the close included, and writes nothing; another handle on the same server is unaffected.
+#[tokio::test]
+async fn a_closed_handle_refuses_every_later_command_on_every_clone() {
+    let redis = TestRedis::new().await;
+    let backend = redis.backend();
+    let ns = redis.keys().namespace().to_owned();
+    let key = format!("{ns}:closed:probe");
+    let mut taken = backend.conn();
+    let mut durable = backend.durable_conn();
+    let clone = backend.clone();
+    let _: () = taken.set(&key, 1).await.unwrap();
+    backend.close();
+    assert!(clone.is_closed());
+    let refused: redis::RedisResult<()> = taken.set(&key, 2).await;
+    let err = refused.expect_err("a connection taken before the close is refused");
+    assert!(err.to_string().contains("closed"), "{err}");
+    let refused: redis::RedisResult<()> = durable.set(&key, 3).await;
+    assert!(refused.is_err());
+    let refused: redis::RedisResult<()> = clone.conn().set(&key, 4).await;
+    assert!(refused.is_err());
+    let piped: redis::RedisResult<(i64,)> = redis::pipe()
+        .incr(&key, 10)
+        .query_async(&mut clone.conn())
+        .await;
+    assert!(piped.is_err(), "a pipeline is refused too");
+    assert!(clone.dedicated_conn(Duration::from_secs(1)).await.is_err());
+    let other = shardkeep_testkit::redis_backend(&ns).await;
+    let stored: i64 = other.conn().get(&key).await.unwrap();
+    assert_eq!(stored, 1, "nothing after the close reached the server");
+    let _: () = other.conn().del(&key).await.unwrap();
+}
+
+/// A writer a test leaves running (a clone of its namespace's handle) writes nothing after
+/// the namespace is swept.
+#[tokio::test]
+async fn a_swept_test_namespace_takes_no_write_from_a_handle_left_running() {
+    let redis = TestRedis::new().await;
+    let left_running = redis.backend();
+    let ns = redis.keys().namespace().to_owned();
+    drop(redis);
+    let key = format!("{ns}:late:write");
+    let late: redis::RedisResult<()> = left_running.conn().set(&key, 1).await;
+    assert!(late.is_err(), "a write after the sweep is refused");
+    let other = shardkeep_testkit::redis_backend(&ns).await;
+    let found = shardkeep_testkit::keys_matching(&other, &format!("*{ns}*")).await;
+    assert!(
+        found.is_empty(),
+        "the swept namespace stays empty: {found:?}"
+    );
+}
