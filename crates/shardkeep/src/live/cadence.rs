@@ -114,9 +114,28 @@ impl Cadence {
 
     /// Whole pulses in `span`, at least one.
     pub(crate) fn pulses_in(&self, span: Duration) -> u64 {
-        let n = span.as_nanos() / self.pulse.as_nanos().max(1);
-        u64::try_from(n).unwrap_or(u64::MAX).max(1)
+        self.whole_pulses(span).max(1)
     }
+
+    /// The number of a pulse run `elapsed` after the runtime started, the one before it being
+    /// `previous`: the next one, or, when the pulse runs late, as many as the clock has counted
+    /// since the start. A late pulse then does the dues of the pulses it stands in for, and the
+    /// cadences keep their periods in time rather than stretching with every late pulse.
+    pub(crate) fn pulse_after(&self, previous: u64, elapsed: Duration) -> u64 {
+        previous.saturating_add(1).max(self.whole_pulses(elapsed))
+    }
+
+    fn whole_pulses(&self, span: Duration) -> u64 {
+        let n = span.as_nanos() / self.pulse.as_nanos().max(1);
+        u64::try_from(n).unwrap_or(u64::MAX)
+    }
+}
+
+/// True when the pulses after `from` up to `to` include a multiple of `every`: what runs once
+/// every `every` pulses runs on a late pulse that stands in for the one it was due on.
+pub(crate) fn passes_multiple(from: u64, to: u64, every: u64) -> bool {
+    let every = every.max(1);
+    to / every > from / every
 }
 
 /// A copy's fixed places in both periods: the pulses it is due on, from its id, so copies of one
@@ -195,6 +214,28 @@ fn mix(mut x: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_late_pulse_is_numbered_by_the_clock_and_an_early_one_is_the_next() {
+        let cadence = Cadence::default();
+        let ms = Duration::from_millis;
+        // On time, and early (a game ticking faster than its pulse): the next number.
+        assert_eq!(cadence.pulse_after(4, ms(1_000)), 5);
+        assert_eq!(cadence.pulse_after(4, ms(10)), 5);
+        // Late: the pulses the clock counted since the start (250 ms each).
+        assert_eq!(cadence.pulse_after(4, ms(2_600)), 10);
+        assert_eq!(cadence.pulse_after(u64::MAX, Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn a_multiple_passed_over_by_a_late_pulse_counts() {
+        assert!(passes_multiple(39, 40, 40));
+        assert!(passes_multiple(38, 45, 40), "40 was stood in for");
+        assert!(!passes_multiple(40, 79, 40));
+        assert!(passes_multiple(40, 200, 40));
+        assert!(!passes_multiple(5, 5, 40));
+        assert!(passes_multiple(5, 6, 0), "a period of zero is one pulse");
+    }
 
     #[test]
     fn the_default_cadence_is_the_seeds_and_fits_an_hours_checkpoint() {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
+use super::cadence::passes_multiple;
 use super::copies::{Copies, CopyId, Link, LiveCopy, zone_mark};
 use super::finals::{FinalSave, Finals};
 use super::sessions::RefreshDue;
@@ -81,12 +82,9 @@ pub(crate) async fn run<G: LiveGame>(
 /// One pulse: deferred finals first (they wait longest), then the cadences, link-dead
 /// deadlines and session refreshes. It looks only at the copies its schedule has due.
 pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
-    let n = inner
-        .pulse
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-        + 1;
+    let (previous, n) = number_pulse(inner);
     inner.finals.offer(&inner.saver);
-    owe_failed_placements(inner, n);
+    owe_failed_placements(inner, previous, n);
     let periods = inner.periods;
     let refresh = refresh_period(inner);
     let mut saves = Saves::default();
@@ -138,7 +136,10 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
         }
     });
     if room {
-        inner.copies.visit_owed(owed_this_pulse(inner), |id, copy| {
+        // A late pulse stands in for the pulses it missed: their shares of owed saves too.
+        let stands_for = usize::try_from((n - previous).min(periods.0)).unwrap_or(1);
+        let most = owed_this_pulse(inner).saturating_mul(stands_for);
+        inner.copies.visit_owed(most, |id, copy| {
             let Some(reason) = copy.owed else {
                 return;
             };
@@ -171,11 +172,32 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
     for copy in expired {
         super::sessions::expire_link_dead(inner, copy);
     }
-    if n.is_multiple_of(periods.0) {
+    if passes_multiple(previous, n, periods.0) {
         export_crash_window(inner);
     }
     if !refreshes.is_empty() {
         super::sessions::refresh_sessions(inner, refreshes);
+    }
+}
+
+/// Numbers this pulse (the one before, this one): the next number, or the clock's count of
+/// pulses since the runtime started when this one runs late ([`Cadence::pulse_after`]), so a
+/// shard whose pulses run late still saves each copy once per period of time.
+///
+/// [`Cadence::pulse_after`]: super::cadence::Cadence::pulse_after
+fn number_pulse<G: LiveGame>(inner: &Inner<G>) -> (u64, u64) {
+    use std::sync::atomic::Ordering;
+    let elapsed = inner.started.elapsed();
+    let mut previous = inner.pulse.load(Ordering::Acquire);
+    loop {
+        let n = inner.config.cadence.pulse_after(previous, elapsed);
+        match inner
+            .pulse
+            .compare_exchange(previous, n, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => return (previous, n),
+            Err(actual) => previous = actual,
+        }
     }
 }
 
@@ -185,7 +207,7 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
 /// from here, is written again while the runtime runs — a writer's batch of them once an I/O
 /// bound at most, until each lands: the placement it replaces would otherwise name this shard
 /// for the record's month.
-fn owe_failed_placements<G: LiveGame>(inner: &Inner<G>, pulse: u64) {
+fn owe_failed_placements<G: LiveGame>(inner: &Inner<G>, previous: u64, pulse: u64) {
     let mut tombstones = Vec::new();
     for record in inner.placement.take_failed() {
         match inner.copies.current(record.character_id) {
@@ -201,7 +223,8 @@ fn owe_failed_placements<G: LiveGame>(inner: &Inner<G>, pulse: u64) {
     if tombstones.is_empty() {
         return;
     }
-    let retry_now = pulse.is_multiple_of(inner.config.cadence.pulses_in(inner.config.io_timeout));
+    let every = inner.config.cadence.pulses_in(inner.config.io_timeout);
+    let retry_now = passes_multiple(previous, pulse, every);
     let now = if retry_now {
         tombstones.len().min(TOMBSTONES_RETRIED)
     } else {

@@ -256,7 +256,10 @@ pub(crate) struct Inner<G: LiveGame> {
     pub(crate) transfers: items::Transfers,
     pub(crate) events: broadcast::Sender<LiveEvent>,
     pub(crate) cancel: CancellationToken,
+    /// The number of the last pulse run (`driver::number_pulse`).
     pub(crate) pulse: std::sync::atomic::AtomicU64,
+    /// When the runtime started: pulses are numbered by the clock from here when they run late.
+    pub(crate) started: tokio::time::Instant,
     /// A crash-window measure is running.
     pub(crate) exporting: std::sync::atomic::AtomicBool,
     /// A shutdown started: no copy is admitted any more.
@@ -442,6 +445,7 @@ impl<G: LiveGame> Runtime<G> {
             events,
             cancel,
             pulse: std::sync::atomic::AtomicU64::new(0),
+            started: tokio::time::Instant::now(),
             exporting: std::sync::atomic::AtomicBool::new(false),
             closing: std::sync::atomic::AtomicBool::new(false),
             schema: SchemaGate {

@@ -19,6 +19,7 @@ mod journal;
 mod journal_order;
 mod ladder_store;
 mod launch;
+mod live_cadence;
 mod live_logins;
 mod live_pickups;
 mod live_records;
