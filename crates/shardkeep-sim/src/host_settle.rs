@@ -128,7 +128,7 @@ impl Host {
         tracing::info!(event = "sim_shard_shutdown", shard = %self.id, finalized = report.finalized,
             saver = ?report.saver, unsaved_finals = report.unsaved_finals.total(),
             unjournaled = report.unjournaled, unsettled_handoffs = report.unsettled_handoffs,
-            placement = ?report.placement);
+            placement = ?report.placement, unfinished_writes = report.unfinished_writes);
         self.world
             .counters
             .finals_unsaved_at_shutdown

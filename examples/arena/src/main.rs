@@ -146,7 +146,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let report = launched.shutdown(Duration::from_secs(10)).await;
     let journaled = report.finalized.saturating_sub(report.unjournaled);
     println!("arena: journaled {journaled} closed streams at shutdown");
-    if report.unjournaled > 0 || report.unsettled_handoffs > 0 || report.unsaved_finals.total() > 0
+    if report.unjournaled > 0
+        || report.unsettled_handoffs > 0
+        || report.unsaved_finals.total() > 0
+        || report.unfinished_writes > 0
     {
         eprintln!("arena: not durable at shutdown: {report:?}");
     }

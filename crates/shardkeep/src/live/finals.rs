@@ -219,8 +219,9 @@ pub(crate) fn final_as_job<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId) {
         return;
     };
     inner.finals.working(copy.character_id, true);
+    let background = inner.background.clone();
     let inner = Arc::clone(inner);
-    tokio::spawn(async move {
+    background.spawn(async move {
         store_final_job(&inner, copy, &snapshot).await;
         inner.finals.working(copy.character_id, false);
     });

@@ -185,8 +185,9 @@ fn mark_activation<G: LiveGame>(
         copy.owner_epoch,
         &format!("live-{}", inner.config.shard_id),
     );
+    let background = inner.background.clone();
     let inner = Arc::clone(inner);
-    tokio::spawn(async move {
+    background.spawn(async move {
         loop {
             let set = tokio::time::timeout(
                 inner.config.io_timeout,
@@ -212,8 +213,9 @@ fn mark_activation<G: LiveGame>(
 /// taken back and its transfer ended, retried until both land (within the handoff's lifetime,
 /// which bounds them anyway), so the copy that stays leaves nothing pending behind it.
 fn withdraw<G: LiveGame>(inner: &Arc<Inner<G>>, token: String, target_shard: String) {
+    let background = inner.background.clone();
     let inner = Arc::clone(inner);
-    tokio::spawn(async move {
+    background.spawn(async move {
         let deadline = tokio::time::Instant::now() + inner.config.handoff_ttl.duration();
         let transit = &inner.stores.transit;
         while tokio::time::Instant::now() < deadline {
@@ -248,9 +250,10 @@ fn await_activation<G: LiveGame>(
     snapshot: CharacterSnapshot,
     session: Option<String>,
 ) {
+    let background = inner.background.clone();
     let inner = Arc::clone(inner);
     let tracked = inner.handoffs.track();
-    tokio::spawn(async move {
+    background.spawn(async move {
         let _tracked = tracked;
         let deadline = tokio::time::Instant::now() + inner.config.handoff_ttl.duration();
         let transit = &inner.stores.transit;

@@ -238,6 +238,40 @@ pub(crate) struct Stores {
     pub(crate) transit: Transit,
 }
 
+/// The runtime's work in the background (writes and their retries off the caller's path): a
+/// shutdown waits for it within its bound, and when the runtime is killed or has stopped, each
+/// task stops where it stands at its next step — nothing of a stopped runtime writes on.
+#[derive(Clone)]
+pub(crate) struct Background {
+    tasks: tokio_util::task::TaskTracker,
+    cancel: CancellationToken,
+}
+
+impl Background {
+    /// Runs `work` in the background until it ends or the runtime stops.
+    pub(crate) fn spawn<F>(&self, work: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let cancel = self.cancel.clone();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                biased;
+                () = cancel.cancelled() => {}
+                () = work => {}
+            }
+        });
+    }
+
+    /// Waits at most `bound` for the work running to end; the number still running then.
+    pub(crate) async fn settled_by(&self, bound: Duration) -> usize {
+        self.tasks.close();
+        let _ = tokio::time::timeout(bound, self.tasks.wait()).await;
+        self.tasks.reopen();
+        self.tasks.len()
+    }
+}
+
 /// The runtime's shared state.
 pub(crate) struct Inner<G: LiveGame> {
     pub(crate) game: G,
@@ -256,6 +290,8 @@ pub(crate) struct Inner<G: LiveGame> {
     pub(crate) transfers: items::Transfers,
     pub(crate) events: broadcast::Sender<LiveEvent>,
     pub(crate) cancel: CancellationToken,
+    /// The runtime's work in the background: writes and their retries, off the caller's path.
+    pub(crate) background: Background,
     /// The number of the last pulse run (`driver::number_pulse`).
     pub(crate) pulse: std::sync::atomic::AtomicU64,
     /// When the runtime started: pulses are numbered by the clock from here when they run late.
@@ -443,6 +479,10 @@ impl<G: LiveGame> Runtime<G> {
             handoffs: Arc::default(),
             transfers: items::Transfers::default(),
             events,
+            background: Background {
+                tasks: tokio_util::task::TaskTracker::new(),
+                cancel: cancel.clone(),
+            },
             cancel,
             pulse: std::sync::atomic::AtomicU64::new(0),
             started: tokio::time::Instant::now(),
@@ -667,7 +707,8 @@ impl<G: LiveGame> Runtime<G> {
     }
 
     /// Stops everything at once without saving (a crash, for tests and the simulator): every
-    /// copy held here is abandoned, as a killed process abandons them.
+    /// copy held here is abandoned, as a killed process abandons them, and the writes it had
+    /// in the background stop where they stand (what already reached a store stays there).
     pub fn kill(&self) {
         self.inner.cancel.cancel();
         self.inner.saver.abort();

@@ -79,6 +79,10 @@ pub struct ShutdownReport {
     pub unsettled_handoffs: usize,
     /// The placement writer's barrier.
     pub placement: BarrierOutcome,
+    /// Writes in the background (session records, a handoff's withdrawal, a grant's job)
+    /// still running when the bound ran out: stopped where they stood, their records written
+    /// again by the TTLs and the next login.
+    pub unfinished_writes: usize,
 }
 
 /// The player as a closed stream leaves it, for its journal entry.
@@ -137,8 +141,9 @@ fn close_stream_with<G: LiveGame>(
         closed_at,
     };
     inner.closes.begin();
+    let background = inner.background.clone();
     let inner = Arc::clone(inner);
-    tokio::spawn(async move {
+    background.spawn(async move {
         let mut pause = Duration::from_millis(100);
         loop {
             let outcome = cleanup_stream(
@@ -255,8 +260,9 @@ fn write_session_records<G: LiveGame>(
     sessions: Vec<SessionRecords>,
     marker: Marker,
 ) {
+    let background = inner.background.clone();
     let inner = Arc::clone(inner);
-    tokio::spawn(async move {
+    background.spawn(async move {
         for record in sessions {
             let copy = record.0;
             if !write_one_session(&inner, record, marker).await {
@@ -356,8 +362,9 @@ pub(crate) fn refresh_sessions<G: LiveGame>(inner: &Arc<Inner<G>>, due: Vec<Refr
     if sessions.is_empty() {
         return;
     }
+    let background = inner.background.clone();
     let inner = Arc::clone(inner);
-    tokio::spawn(async move {
+    background.spawn(async move {
         let live: Vec<LiveSession> = sessions
             .iter()
             .map(|((id, token, account, _, _), _)| LiveSession {
@@ -891,7 +898,15 @@ impl<G: LiveGame> Runtime<G> {
             .auditor
             .barrier(deadline.saturating_duration_since(tokio::time::Instant::now()))
             .await;
-        if unsaved_finals.total() > 0 || unjournaled > 0 || unsettled_handoffs > 0 {
+        let unfinished_writes = inner
+            .background
+            .settled_by(deadline.saturating_duration_since(tokio::time::Instant::now()))
+            .await;
+        if unsaved_finals.total() > 0
+            || unjournaled > 0
+            || unsettled_handoffs > 0
+            || unfinished_writes > 0
+        {
             tracing::warn!(
                 event = "shutdown_unsaved",
                 queued = unsaved_finals.queued,
@@ -899,6 +914,7 @@ impl<G: LiveGame> Runtime<G> {
                 deferred = left,
                 unjournaled,
                 unsettled_handoffs,
+                unfinished_writes,
                 "not everything was durable when the bound ran out"
             );
         }
@@ -906,6 +922,8 @@ impl<G: LiveGame> Runtime<G> {
         if let Some(task) = self.driver.lock().await.take() {
             let _ = task.await;
         }
+        // What still ran stops at its next step: once this returns, nothing of it writes.
+        let _ = inner.background.settled_by(inner.config.io_timeout).await;
         ShutdownReport {
             finalized,
             saver,
@@ -913,6 +931,7 @@ impl<G: LiveGame> Runtime<G> {
             unjournaled,
             unsettled_handoffs,
             placement,
+            unfinished_writes,
         }
     }
 }

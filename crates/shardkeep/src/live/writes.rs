@@ -213,7 +213,7 @@ impl<G: LiveGame> Runtime<G> {
         };
         let retry = inner.stores.retry.clone();
         let io_timeout = inner.config.io_timeout;
-        tokio::spawn(async move {
+        inner.background.spawn(async move {
             match tokio::time::timeout(io_timeout, retry.enqueue(&job)).await {
                 Ok(Ok(_)) => {}
                 Ok(Err(err)) => tracing::warn!(event = "grant_job_unstored",
@@ -425,8 +425,9 @@ pub(crate) fn merge_final<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, curr
         return;
     };
     inner.finals.working(copy.character_id, true);
+    let background = inner.background.clone();
     let inner = Arc::clone(inner);
-    tokio::spawn(async move {
+    background.spawn(async move {
         let known = snapshot.state_version;
         let read = tokio::time::timeout(
             inner.config.io_timeout,
@@ -496,8 +497,9 @@ fn merged_document<G: LiveGame>(
 
 /// A flush of `copy` lost the version race: merge what landed, then flush again.
 pub(crate) fn merge_and_flush<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, current: i64) {
+    let background = inner.background.clone();
     let inner = Arc::clone(inner);
-    tokio::spawn(async move {
+    background.spawn(async move {
         merge(&inner, copy, current).await;
         let dump = inner.copies.with(copy, |c| {
             if c.leaving {

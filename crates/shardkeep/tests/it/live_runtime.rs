@@ -489,6 +489,7 @@ async fn shutdown_saves_everyone_and_reports_nothing_unsaved(pool: PgPool) {
         assert_eq!(report.saver, shardkeep::drain::BarrierOutcome::Drained);
         assert_eq!(report.unsaved_finals.total(), 0);
         assert_eq!(report.unjournaled, 0);
+        assert_eq!(report.unfinished_writes, 0, "{}", d.name());
         for (id, xp) in ids {
             assert_eq!(live.row(id).await["experience"], xp, "{}", d.name());
         }

@@ -24,6 +24,7 @@ mod live_logins;
 mod live_pickups;
 mod live_records;
 mod live_runtime;
+mod live_stops;
 mod live_tick;
 mod lock_order;
 mod migrate;
