@@ -63,6 +63,8 @@ pub struct TestRedis {
     keys: Keyspace,
     backend: RedisBackend,
     stop: tokio_util::sync::CancellationToken,
+    /// Other handles on this namespace (through fault proxies), closed with it.
+    others: std::sync::Mutex<Vec<RedisBackend>>,
 }
 
 /// The stop signals of the namespaces alive in this process, by namespace.
@@ -108,7 +110,18 @@ impl TestRedis {
             keys,
             backend,
             stop,
+            others: std::sync::Mutex::default(),
         }
+    }
+
+    /// Closes `backend` (another handle on this namespace, such as one through a fault proxy)
+    /// when this namespace is swept, as its own handle is: a writer left running on it writes
+    /// nothing into the namespace afterwards.
+    pub fn closes_with(&self, backend: &RedisBackend) {
+        self.others
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(backend.clone());
     }
 
     /// The server URL.
@@ -190,6 +203,14 @@ impl Drop for TestRedis {
         // into the namespace after its sweep.
         self.stop.cancel();
         self.backend.close();
+        for other in self
+            .others
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+        {
+            other.close();
+        }
         NAMESPACE_STOPS
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

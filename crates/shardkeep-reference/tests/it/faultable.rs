@@ -89,13 +89,15 @@ async fn proxied_redis(redis: &TestRedis, response_ms: u64) -> (ProxySet, shardk
         connect: Duration::from_millis(300),
         response: Duration::from_millis(response_ms),
     };
-    shardkeep_testkit::faults::proxied_redis(
+    let (proxies, proxied) = shardkeep_testkit::faults::proxied_redis(
         &shardkeep_testkit::redis_url(),
         redis.keys().clone(),
         timeouts,
     )
     .await
-    .unwrap()
+    .unwrap();
+    redis.closes_with(&proxied);
+    (proxies, proxied)
 }
 
 /// Fresh stores of `driver`, and a checkpoint tier over a path of the shard's own that the
