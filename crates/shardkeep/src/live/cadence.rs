@@ -2,6 +2,7 @@
 //! staggered so a shard's saves spread evenly over the pulses instead of arriving together, and
 //! the rules a configuration must keep.
 
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use uuid::Uuid;
@@ -99,7 +100,8 @@ impl Cadence {
         Ok(())
     }
 
-    /// The pulse the cadences count in (a game pulsing the runtime itself ticks at this rate).
+    /// The pulse the cadences count in (a game pulsing the runtime itself ticks at this rate;
+    /// a tick that comes late stands in for the pulses it missed).
     pub fn pulse(&self) -> Duration {
         self.pulse
     }
@@ -171,8 +173,13 @@ impl Phase {
 
     /// True on the pulses, one in `every`, on which the copy's session records are refreshed.
     pub fn refresh_due(&self, pulse: u64, every: u64) -> bool {
-        let every = every.max(1);
-        (pulse % every + self.spread % every).is_multiple_of(every)
+        self.refresh_due_within(pulse..=pulse, every)
+    }
+
+    /// True when a refresh of the copy's session records falls on one of `pulses` (a late
+    /// pulse stands in for the pulses it missed).
+    pub fn refresh_due_within(&self, pulses: RangeInclusive<u64>, every: u64) -> bool {
+        falls_within(&pulses, every, self.spread)
     }
 
     /// The first pulse after `after` on which the copy is due for anything: a save (`periods`:
@@ -180,27 +187,45 @@ impl Phase {
     /// session records. The runtime's pulse looks at a copy only on those pulses.
     pub fn next_visit(&self, after: u64, (checkpoint, flush): (u64, u64), refresh: u64) -> u64 {
         let from = after.saturating_add(1);
-        let next = |every: u64, offset: u64| {
-            let every = every.max(1);
-            let wait = (every - (from % every + offset % every) % every) % every;
-            from.saturating_add(wait)
-        };
-        next(checkpoint, self.checkpoint)
-            .min(next(flush, self.flush))
-            .min(next(refresh, self.spread))
+        first_from(from, checkpoint, self.checkpoint)
+            .min(first_from(from, flush, self.flush))
+            .min(first_from(from, refresh, self.spread))
     }
 
     /// What the copy is due for on `pulse`: a flush once per flush period, a checkpoint once per
     /// checkpoint period, the flush when both fall on one pulse (it writes both tiers).
-    pub fn due(&self, pulse: u64, (checkpoint, flush): (u64, u64)) -> Option<SaveReason> {
-        if (pulse + self.flush).is_multiple_of(flush.max(1)) {
+    pub fn due(&self, pulse: u64, periods: (u64, u64)) -> Option<SaveReason> {
+        self.due_within(pulse..=pulse, periods)
+    }
+
+    /// The widest save due on any of `pulses` (a late pulse stands in for the pulses it
+    /// missed): the flush when one falls among them, else a checkpoint when one does.
+    pub fn due_within(
+        &self,
+        pulses: RangeInclusive<u64>,
+        (checkpoint, flush): (u64, u64),
+    ) -> Option<SaveReason> {
+        if falls_within(&pulses, flush, self.flush) {
             Some(SaveReason::Flush)
-        } else if (pulse + self.checkpoint).is_multiple_of(checkpoint.max(1)) {
+        } else if falls_within(&pulses, checkpoint, self.checkpoint) {
             Some(SaveReason::Checkpoint)
         } else {
             None
         }
     }
+}
+
+/// The first pulse from `from` on that is `offset` short of a multiple of `every` (the pulses a
+/// copy's place in a period of `every` falls on).
+fn first_from(from: u64, every: u64, offset: u64) -> u64 {
+    let every = every.max(1);
+    let wait = (every - (from % every + offset % every) % every) % every;
+    from.saturating_add(wait)
+}
+
+/// True when a pulse of `pulses` is `offset` short of a multiple of `every`.
+fn falls_within(pulses: &RangeInclusive<u64>, every: u64, offset: u64) -> bool {
+    !pulses.is_empty() && first_from(*pulses.start(), every, offset) <= *pulses.end()
 }
 
 /// The splitmix64 finalizer: ids made close together (time-ordered ones share their leading
@@ -225,6 +250,32 @@ mod tests {
         // Late: the pulses the clock counted since the start (250 ms each).
         assert_eq!(cadence.pulse_after(4, ms(2_600)), 10);
         assert_eq!(cadence.pulse_after(u64::MAX, Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn a_span_of_pulses_is_due_for_what_falls_on_any_of_them() {
+        let periods = (40, 240);
+        for n in 0..200u128 {
+            let phase = Phase::of(Uuid::from_u128(n * 7919), periods);
+            for (from, to) in [(0, 0), (3, 50), (100, 139), (17, 300), (239, 480)] {
+                let widest = (from..=to)
+                    .filter_map(|p| phase.due(p, periods))
+                    .max_by_key(|r| matches!(r, SaveReason::Flush));
+                assert_eq!(
+                    phase.due_within(from..=to, periods),
+                    widest,
+                    "{from}..={to}"
+                );
+                let refreshed = (from..=to).any(|p| phase.refresh_due(p, 160));
+                assert_eq!(phase.refresh_due_within(from..=to, 160), refreshed);
+            }
+        }
+        let phase = Phase::of(Uuid::from_u128(1), periods);
+        assert_eq!(
+            phase.due_within(std::ops::RangeInclusive::new(5, 4), periods),
+            None
+        );
+        assert!(!phase.refresh_due_within(RangeInclusive::new(u64::MAX, 0), 160));
     }
 
     #[test]

@@ -279,15 +279,16 @@ impl<C> Copies<C> {
     }
 
     /// Runs `f` on each copy the schedule has due on `pulse` (a stripe at a time, each locked
-    /// only while its copies run), with the pulse whose dues the visit does: `pulse`, or an
-    /// earlier one a pulse running beside this one left behind. Each copy is placed again first,
+    /// only while its copies run), with the pulses whose dues the visit does: from the one the
+    /// copy was placed at (earlier than `pulse` when a late pulse stands in for it, or a pulse
+    /// running beside this one left it behind) to `pulse`. Each copy is placed again first,
     /// at the pulse `next` names for its phase (after `pulse`); whatever happens to the pass (a
     /// game's dump that panics included), every entry taken goes back to the schedule.
     pub(crate) fn visit_due(
         &self,
         pulse: u64,
         next: impl Fn(&Phase) -> u64,
-        mut f: impl FnMut(Uuid, &mut LiveCopy<C>, u64),
+        mut f: impl FnMut(Uuid, &mut LiveCopy<C>, std::ops::RangeInclusive<u64>),
     ) {
         let mut visits = self.schedule().take(pulse);
         visits.sort_unstable_by_key(|(_, id)| stripe_of(id.character_id));
@@ -319,8 +320,10 @@ impl<C> Copies<C> {
             };
             copy.next_visit = next(&copy.phase).max(pulse.saturating_add(1));
             taken.placed.push((copy.next_visit, id));
-            let dues_of = if at == UNPLACED { pulse } else { at.min(pulse) };
-            f(id.character_id, copy, dues_of);
+            // The pulses this visit stands for: from the one it was placed at (the copy's
+            // first due since its last visit) to this one.
+            let from = if at == UNPLACED { pulse } else { at.min(pulse) };
+            f(id.character_id, copy, from..=pulse);
         }
     }
 
@@ -466,7 +469,7 @@ mod tests {
         copies.visit_due(
             pulse,
             |phase| phase.next_visit(pulse, PERIODS, u64::MAX),
-            |id, _, dues_of| seen.push((id, dues_of)),
+            |id, _, dues| seen.push((id, *dues.start())),
         );
         seen.sort();
         seen
@@ -519,12 +522,18 @@ mod tests {
     }
 
     #[test]
-    fn a_late_visit_does_the_dues_of_the_pulse_it_was_placed_at() {
+    fn a_late_visit_does_the_dues_of_every_pulse_it_stands_for() {
         let (copies, ids) = held(1);
         visit(&copies, 1);
         let at = Phase::of(ids[0], PERIODS).next_visit(1, PERIODS, u64::MAX);
-        // A pulse running beside this one took the pulses in between.
-        assert_eq!(visit(&copies, at + 2), vec![(ids[0], at)]);
+        // A late pulse (or one running beside this one) took the pulses in between.
+        let mut spans = Vec::new();
+        copies.visit_due(
+            at + 2,
+            |phase| phase.next_visit(at + 2, PERIODS, u64::MAX),
+            |id, _, dues| spans.push((id, dues)),
+        );
+        assert_eq!(spans, vec![(ids[0], at..=at + 2)]);
     }
 
     #[test]

@@ -95,9 +95,18 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
     // queue drops is dumped for nothing, and its copy waits a whole period): an owed save goes
     // out as soon as there is room, before the cadence comes round again.
     let room = saver_has_room(inner);
+    // A late pulse stands in for the pulses it missed (a few at most, for what it dumps): their
+    // shares of saves and of owed saves.
+    let stands_for = usize::try_from(n - previous)
+        .unwrap_or(usize::MAX)
+        .min(MOST_STOOD_FOR);
+    let share = owed_this_pulse(inner).saturating_mul(stands_for);
+    // What one pulse dumps on the cadence is bounded (a pulse after a long pause has every
+    // copy due): past twice its share, the saves due are owed and go out over the next pulses.
+    let most_dumped = share.saturating_mul(2);
     let mut owed = Vec::new();
     let next = |phase: &super::cadence::Phase| phase.next_visit(n, periods, refresh);
-    inner.copies.visit_due(n, next, |id, copy, dues_of| {
+    inner.copies.visit_due(n, next, |id, copy, dues| {
         if let Link::LinkDead { until, .. } = &copy.link
             && *until <= now
         {
@@ -105,7 +114,7 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
             return;
         }
         if let Link::Attached(token) = &copy.link
-            && copy.phase.refresh_due(dues_of, refresh)
+            && copy.phase.refresh_due_within(dues.clone(), refresh)
         {
             refreshes.push(RefreshDue {
                 copy: copy.id(id),
@@ -113,18 +122,19 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
                 account_id: copy.account_id,
                 full: copy.records_owed
                     || copy.presence_zone != zone_mark(&copy.zone)
-                    || copy
-                        .phase
-                        .refresh_due(dues_of, refresh.saturating_mul(FULL_REFRESH_EVERY)),
+                    || copy.phase.refresh_due_within(
+                        dues.clone(),
+                        refresh.saturating_mul(FULL_REFRESH_EVERY),
+                    ),
             });
         }
         if copy.leaving {
             return;
         }
-        let Some(reason) = widest(copy.owed, copy.phase.due(dues_of, periods)) else {
+        let Some(reason) = widest(copy.owed, copy.phase.due_within(dues, periods)) else {
             return;
         };
-        if room {
+        if room && saves.len() < most_dumped {
             // Not saveable now (an item transfer in flight, a dump refused): owed to its next
             // visit.
             copy.owed = (!saves.add(inner, id, copy, reason)).then_some(reason);
@@ -136,10 +146,7 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
         }
     });
     if room {
-        // A late pulse stands in for the pulses it missed: their shares of owed saves too.
-        let stands_for = usize::try_from((n - previous).min(periods.0)).unwrap_or(1);
-        let most = owed_this_pulse(inner).saturating_mul(stands_for);
-        inner.copies.visit_owed(most, |id, copy| {
+        inner.copies.visit_owed(share, |id, copy| {
             let Some(reason) = copy.owed else {
                 return;
             };
@@ -246,7 +253,16 @@ struct Saves {
     checkpoints: Vec<CharacterSnapshot>,
 }
 
+/// The most pulses one late pulse takes the shares of saves of: a pulse running up to this
+/// many pulses late keeps up with the cadence on its own; after a longer pause, what is past
+/// its bound is owed.
+const MOST_STOOD_FOR: usize = 4;
+
 impl Saves {
+    fn len(&self) -> usize {
+        self.flushes.len() + self.checkpoints.len()
+    }
+
     /// A dump of `copy` for `reason`, when it can be saved now; false when it cannot.
     fn add<G: LiveGame>(
         &mut self,

@@ -158,6 +158,16 @@ impl Finals {
         }
     }
 
+    /// Marks `character_id`'s final as being worked on (merged or made a job) until the guard
+    /// answered is dropped, however the work ends (a stopped runtime drops it mid-way).
+    pub(crate) fn hold_working(self: &Arc<Self>, character_id: Uuid) -> Working {
+        self.working(character_id, true);
+        Working {
+            finals: Arc::clone(self),
+            character_id,
+        }
+    }
+
     /// Finals in the runtime's hands: waiting for room in the saver's queue, or being merged
     /// or made a job.
     pub(crate) fn in_hand(&self) -> usize {
@@ -181,11 +191,11 @@ impl Default for Outstanding {
 }
 
 impl Outstanding {
-    pub(crate) fn begin(&self) {
+    fn begin(&self) {
         self.pending.send_modify(|n| *n += 1);
     }
 
-    pub(crate) fn end(&self) {
+    fn end(&self) {
         self.pending.send_modify(|n| *n = n.saturating_sub(1));
     }
 
@@ -212,18 +222,30 @@ impl Drop for Tracked {
     }
 }
 
+/// A final being worked on, from [`Finals::hold_working`]: no longer once dropped.
+pub(crate) struct Working {
+    finals: Arc<Finals>,
+    character_id: Uuid,
+}
+
+impl Drop for Working {
+    fn drop(&mut self) {
+        self.finals.working(self.character_id, false);
+    }
+}
+
 /// The saver gave a final save up: it becomes a durable job here, retried until Postgres takes
 /// it (or the runtime stops; its checkpoint holds it then).
 pub(crate) fn final_as_job<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId) {
     let Some(snapshot) = inner.finals.retained(copy) else {
         return;
     };
-    inner.finals.working(copy.character_id, true);
+    let working = inner.finals.hold_working(copy.character_id);
     let background = inner.background.clone();
     let inner = Arc::clone(inner);
     background.spawn(async move {
+        let _working = working;
         store_final_job(&inner, copy, &snapshot).await;
-        inner.finals.working(copy.character_id, false);
     });
 }
 

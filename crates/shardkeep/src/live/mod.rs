@@ -79,7 +79,9 @@ pub struct LiveConfig {
     pub cadence: Cadence,
     /// True (the default): the runtime pulses on a timer of its own. A game with a tick of its
     /// own (a zone's pulse) sets it false and calls [`Runtime::pulse`] from that tick, so its
-    /// saves stay in step with its simulation (and its tests can step them).
+    /// saves are taken between its simulation's steps (and its tests can step them). Either
+    /// way the cadences keep their periods in time: a pulse that comes late does the dues of
+    /// the pulses it missed.
     pub own_pulse: bool,
     /// The saver's tunables.
     pub saver: SaverConfig,
@@ -284,7 +286,7 @@ pub(crate) struct Inner<G: LiveGame> {
     pub(crate) copies: Arc<copies::Copies<G::Character>>,
     pub(crate) sessions: ActiveSessions,
     pub(crate) finals: Arc<finals::Finals>,
-    pub(crate) closes: finals::Outstanding,
+    pub(crate) closes: Arc<finals::Outstanding>,
     /// Handoffs that left here and whose source side is not settled yet.
     pub(crate) handoffs: Arc<finals::Outstanding>,
     pub(crate) transfers: items::Transfers,
@@ -475,7 +477,7 @@ impl<G: LiveGame> Runtime<G> {
             copies,
             sessions: ActiveSessions::default(),
             finals,
-            closes: finals::Outstanding::default(),
+            closes: Arc::default(),
             handoffs: Arc::default(),
             transfers: items::Transfers::default(),
             events,
@@ -519,7 +521,9 @@ impl<G: LiveGame> Runtime<G> {
     /// Runs one pulse now: deferred logout saves offered, the copies due on the cadences dumped
     /// and queued, link-dead graces checked, session records refreshed. Never waits on I/O. A
     /// runtime started with `own_pulse` does this on its own timer; one without waits for the
-    /// game's tick to call it.
+    /// game's tick to call it. Each call is the next pulse, or, when it comes later than the
+    /// cadence's pulse allows, stands in for the pulses the clock has counted since the last
+    /// (their saves, up to four pulses' worth at once, and the rest over the next pulses).
     pub fn pulse(&self) {
         driver::pulse(&self.inner);
     }

@@ -79,9 +79,9 @@ pub struct ShutdownReport {
     pub unsettled_handoffs: usize,
     /// The placement writer's barrier.
     pub placement: BarrierOutcome,
-    /// Writes in the background (session records, a handoff's withdrawal, a grant's job)
-    /// still running when the bound ran out: stopped where they stood, their records written
-    /// again by the TTLs and the next login.
+    /// The runtime's work in the background still running when the bound ran out, stopped
+    /// where it stood: session records, a handoff's withdrawal or activation mark, a grant's
+    /// job, and also the journal appends, handoff waits and finals made jobs counted above.
     pub unfinished_writes: usize,
 }
 
@@ -140,10 +140,11 @@ fn close_stream_with<G: LiveGame>(
         plan,
         closed_at,
     };
-    inner.closes.begin();
+    let tracked = inner.closes.track();
     let background = inner.background.clone();
     let inner = Arc::clone(inner);
     background.spawn(async move {
+        let _tracked = tracked;
         let mut pause = Duration::from_millis(100);
         loop {
             let outcome = cleanup_stream(
@@ -171,7 +172,6 @@ fn close_stream_with<G: LiveGame>(
             }
             pause = (pause * 2).min(Duration::from_secs(4));
         }
-        inner.closes.end();
     });
 }
 

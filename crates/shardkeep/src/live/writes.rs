@@ -424,10 +424,11 @@ pub(crate) fn merge_final<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, curr
         inner.finals.working(copy.character_id, false);
         return;
     };
-    inner.finals.working(copy.character_id, true);
+    let working = inner.finals.hold_working(copy.character_id);
     let background = inner.background.clone();
     let inner = Arc::clone(inner);
     background.spawn(async move {
+        let _working = working;
         let known = snapshot.state_version;
         let read = tokio::time::timeout(
             inner.config.io_timeout,
@@ -446,7 +447,6 @@ pub(crate) fn merge_final<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, curr
                 tracing::warn!(event = "live_merge_failed", character = %copy.character_id,
                     "the final save goes down as a durable job");
                 super::finals::store_final_job(&inner, copy, &snapshot).await;
-                inner.finals.working(copy.character_id, false);
                 return;
             }
         };
@@ -472,7 +472,7 @@ pub(crate) fn merge_final<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, curr
         }
         snapshot.state_version = current;
         inner.finals.again(snapshot);
-        inner.finals.working(copy.character_id, false);
+        drop(_working);
         inner.finals.offer(&inner.saver);
     });
 }
