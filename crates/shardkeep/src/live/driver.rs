@@ -94,13 +94,13 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
     // While the saver is behind, the saves due are owed instead of dumped (a save its full
     // queue drops is dumped for nothing, and its copy waits a whole period): an owed save goes
     // out as soon as there is room, before the cadence comes round again.
+    let room = saver_has_room(inner);
     // A late pulse stands in for the pulses it missed (a few at most, for what it dumps): their
     // shares of saves and of owed saves.
     let stands_for = usize::try_from(n - previous)
         .unwrap_or(usize::MAX)
         .min(MOST_STOOD_FOR);
     let share = owed_this_pulse(inner).saturating_mul(stands_for);
-    let room = saver_has_room(inner, share);
     // What one pulse dumps on the cadence is bounded (a pulse after a long pause has every
     // copy due): past twice its share, the saves due are owed and go out over the next pulses.
     let most_dumped = share.saturating_mul(2);
@@ -337,16 +337,15 @@ fn export_crash_window<G: LiveGame>(inner: &Arc<Inner<G>>) {
     }));
 }
 
-/// Whether the saver can take a pulse's saves (`share`: this pulse's share of them, the shares
-/// of the pulses a late one stands for included): fewer saves wait in its queue than two such
-/// shares (at least 2,048), and at most half its entries are taken — the other half is kept for
+/// Whether the saver can take a pulse's saves: fewer saves wait in its queue than two pulses'
+/// worth (at least 2,048), and at most half its entries are taken — the other half is kept for
 /// the saves that are never put off (a detach's flush, a grant's save, one entry each; logout
 /// finals, a slice each). Counting saves, not entries, a wave of single saves does not put the
-/// cadence off while the writer has room; scaling with the pulses stood for, a late pulse's
-/// larger slice does not put the next pulse's saves off while the writer keeps up.
-fn saver_has_room<G: LiveGame>(inner: &Inner<G>, share: usize) -> bool {
+/// cadence off while the writer has room.
+fn saver_has_room<G: LiveGame>(inner: &Inner<G>) -> bool {
     let saver = &inner.saver;
-    saver.waiting_saves() < share.saturating_mul(2) && saver.depth() < (saver.capacity() / 2).max(1)
+    saver.waiting_saves() < 2 * owed_this_pulse(inner)
+        && saver.depth() < (saver.capacity() / 2).max(1)
 }
 
 /// How many owed saves a pulse with room queues: a pulse's share of the copies held (the
