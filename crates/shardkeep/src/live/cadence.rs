@@ -119,12 +119,21 @@ impl Cadence {
         self.whole_pulses(span).max(1)
     }
 
-    /// The number of a pulse run `elapsed` after the runtime started, the one before it being
-    /// `previous`: the next one, or, when the pulse runs late, as many as the clock has counted
-    /// since the start. A late pulse then does the dues of the pulses it stands in for, and the
-    /// cadences keep their periods in time rather than stretching with every late pulse.
-    pub(crate) fn pulse_after(&self, previous: u64, elapsed: Duration) -> u64 {
-        previous.saturating_add(1).max(self.whole_pulses(elapsed))
+    /// How many pulses a pulse stands for, run `since` after the time the last one stood at,
+    /// and how far that time moves: one when on time or early; the whole pulses elapsed when
+    /// late, so the periods keep their length in time; at most [`MOST_STOOD_FOR`] — a longer
+    /// pause (a stalled tick, a suspended host) is forgiven rather than owed all at once, and
+    /// the time moves up to now.
+    pub(crate) fn pulses_stood_for(&self, since: Duration) -> (u64, Duration) {
+        match self.whole_pulses(since) {
+            0 | 1 => (1, self.pulse),
+            late if late <= MOST_STOOD_FOR => (
+                late,
+                self.pulse
+                    .saturating_mul(u32::try_from(late).unwrap_or(u32::MAX)),
+            ),
+            _ => (MOST_STOOD_FOR, since),
+        }
     }
 
     fn whole_pulses(&self, span: Duration) -> u64 {
@@ -132,6 +141,11 @@ impl Cadence {
         u64::try_from(n).unwrap_or(u64::MAX)
     }
 }
+
+/// The most pulses one late pulse stands for (their saves, their refreshes): a pulse running up
+/// to this many pulses late keeps the cadences in time; a longer pause stretches them by the
+/// rest instead of piling it on one pulse.
+pub(crate) const MOST_STOOD_FOR: u64 = 4;
 
 /// True when the pulses after `from` up to `to` include a multiple of `every`: what runs once
 /// every `every` pulses runs on a late pulse that stands in for the one it was due on.
@@ -241,15 +255,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_late_pulse_is_numbered_by_the_clock_and_an_early_one_is_the_next() {
+    fn a_late_pulse_stands_for_the_pulses_it_missed_up_to_a_bound() {
         let cadence = Cadence::default();
         let ms = Duration::from_millis;
-        // On time, and early (a game ticking faster than its pulse): the next number.
-        assert_eq!(cadence.pulse_after(4, ms(1_000)), 5);
-        assert_eq!(cadence.pulse_after(4, ms(10)), 5);
-        // Late: the pulses the clock counted since the start (250 ms each).
-        assert_eq!(cadence.pulse_after(4, ms(2_600)), 10);
-        assert_eq!(cadence.pulse_after(u64::MAX, Duration::MAX), u64::MAX);
+        // On time, and early (a game ticking faster than its pulse): one pulse.
+        assert_eq!(cadence.pulses_stood_for(ms(260)), (1, ms(250)));
+        assert_eq!(cadence.pulses_stood_for(ms(10)), (1, ms(250)));
+        // Late: the whole pulses elapsed (250 ms each), the remainder kept for the next.
+        assert_eq!(cadence.pulses_stood_for(ms(620)), (2, ms(500)));
+        assert_eq!(cadence.pulses_stood_for(ms(1_000)), (4, ms(1_000)));
+        // A long pause: four pulses, and the time moves to now.
+        assert_eq!(cadence.pulses_stood_for(ms(30_000)), (4, ms(30_000)));
+        assert_eq!(cadence.pulses_stood_for(Duration::MAX), (4, Duration::MAX));
     }
 
     #[test]

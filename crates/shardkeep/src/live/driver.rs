@@ -95,11 +95,9 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
     // queue drops is dumped for nothing, and its copy waits a whole period): an owed save goes
     // out as soon as there is room, before the cadence comes round again.
     let room = saver_has_room(inner);
-    // A late pulse stands in for the pulses it missed (a few at most, for what it dumps): their
-    // shares of saves and of owed saves.
-    let stands_for = usize::try_from(n - previous)
-        .unwrap_or(usize::MAX)
-        .min(MOST_STOOD_FOR);
+    // A late pulse stands in for the pulses it missed (four at most): their shares of saves
+    // and of owed saves.
+    let stands_for = usize::try_from(n - previous).unwrap_or(1);
     let share = owed_this_pulse(inner).saturating_mul(stands_for);
     // What one pulse dumps on the cadence is bounded (a pulse after a long pause has every
     // copy due): past twice its share, the saves due are owed and go out over the next pulses.
@@ -187,25 +185,23 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
     }
 }
 
-/// Numbers this pulse (the one before, this one): the next number, or the clock's count of
-/// pulses since the runtime started when this one runs late ([`Cadence::pulse_after`]), so a
-/// shard whose pulses run late still saves each copy once per period of time.
+/// Numbers this pulse (the one before, this one): the next number, or, when this pulse runs
+/// late, as many more as the pulses it stands for ([`Cadence::pulses_stood_for`]), so a shard
+/// whose pulses run late still saves each copy once per period of time.
 ///
-/// [`Cadence::pulse_after`]: super::cadence::Cadence::pulse_after
+/// [`Cadence::pulses_stood_for`]: super::cadence::Cadence::pulses_stood_for
 fn number_pulse<G: LiveGame>(inner: &Inner<G>) -> (u64, u64) {
-    use std::sync::atomic::Ordering;
-    let elapsed = inner.started.elapsed();
-    let mut previous = inner.pulse.load(Ordering::Acquire);
-    loop {
-        let n = inner.config.cadence.pulse_after(previous, elapsed);
-        match inner
-            .pulse
-            .compare_exchange(previous, n, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => return (previous, n),
-            Err(actual) => previous = actual,
-        }
-    }
+    let mut clock = inner
+        .pulse_clock
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (previous, stood_at) = *clock;
+    let since = tokio::time::Instant::now().saturating_duration_since(stood_at);
+    let (stands_for, moved) = inner.config.cadence.pulses_stood_for(since);
+    let n = previous.saturating_add(stands_for);
+    let now = stood_at + since;
+    *clock = (n, stood_at.checked_add(moved).unwrap_or(now));
+    (previous, n)
 }
 
 /// Copies whose placement writes failed or were dropped owe their session records: their next
@@ -252,11 +248,6 @@ struct Saves {
     flushes: Vec<CharacterSnapshot>,
     checkpoints: Vec<CharacterSnapshot>,
 }
-
-/// The most pulses one late pulse takes the shares of saves of: a pulse running up to this
-/// many pulses late keeps up with the cadence on its own; after a longer pause, what is past
-/// its bound is owed.
-const MOST_STOOD_FOR: usize = 4;
 
 impl Saves {
     fn len(&self) -> usize {

@@ -294,10 +294,8 @@ pub(crate) struct Inner<G: LiveGame> {
     pub(crate) cancel: CancellationToken,
     /// The runtime's work in the background: writes and their retries, off the caller's path.
     pub(crate) background: Background,
-    /// The number of the last pulse run (`driver::number_pulse`).
-    pub(crate) pulse: std::sync::atomic::AtomicU64,
-    /// When the runtime started: pulses are numbered by the clock from here when they run late.
-    pub(crate) started: tokio::time::Instant,
+    /// The number of the last pulse run and the time it stands at (`driver::number_pulse`).
+    pub(crate) pulse_clock: std::sync::Mutex<(u64, tokio::time::Instant)>,
     /// A crash-window measure is running.
     pub(crate) exporting: std::sync::atomic::AtomicBool,
     /// A shutdown started: no copy is admitted any more.
@@ -486,8 +484,7 @@ impl<G: LiveGame> Runtime<G> {
                 cancel: cancel.clone(),
             },
             cancel,
-            pulse: std::sync::atomic::AtomicU64::new(0),
-            started: tokio::time::Instant::now(),
+            pulse_clock: std::sync::Mutex::new((0, tokio::time::Instant::now())),
             exporting: std::sync::atomic::AtomicBool::new(false),
             closing: std::sync::atomic::AtomicBool::new(false),
             schema: SchemaGate {
@@ -522,8 +519,8 @@ impl<G: LiveGame> Runtime<G> {
     /// and queued, link-dead graces checked, session records refreshed. Never waits on I/O. A
     /// runtime started with `own_pulse` does this on its own timer; one without waits for the
     /// game's tick to call it. Each call is the next pulse, or, when it comes later than the
-    /// cadence's pulse allows, stands in for the pulses the clock has counted since the last
-    /// (their saves, up to four pulses' worth at once, and the rest over the next pulses).
+    /// cadence's pulse, stands in for the pulses it missed (up to four; a longer pause
+    /// stretches the cadences by the rest).
     pub fn pulse(&self) {
         driver::pulse(&self.inner);
     }
