@@ -5,6 +5,8 @@
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use uuid::Uuid;
 
 use crate::saver::SaveReason;
@@ -119,21 +121,33 @@ impl Cadence {
         self.whole_pulses(span).max(1)
     }
 
-    /// How many pulses a pulse stands for, run `since` after the time the last one stood at,
-    /// and how far that time moves: one when on time or early; the whole pulses elapsed when
-    /// late, so the periods keep their length in time; at most [`MOST_STOOD_FOR`] — a longer
-    /// pause (a stalled tick, a suspended host) is forgiven rather than owed all at once, and
-    /// the time moves up to now.
-    pub(crate) fn pulses_stood_for(&self, since: Duration) -> (u64, Duration) {
-        match self.whole_pulses(since) {
-            0 | 1 => (1, self.pulse),
+    /// Numbers a pulse run at `now`, the pulse clock standing at `clock` (the last pulse's
+    /// number and the time it stands at): this pulse's number and the clock after it. A pulse
+    /// on time or early is the next number. A late one stands for the whole pulses elapsed
+    /// since the time the clock stands at, so the periods keep their length in time (the
+    /// remainder is kept for the next pulse), at most [`MOST_STOOD_FOR`]: a longer gap (a
+    /// stalled or too slow tick, a suspended host) is forgiven rather than owed all at once,
+    /// the cadences stretching by it, and the clock moves to now. The clock never runs ahead
+    /// of now, so a tick faster than the pulse banks no time.
+    pub(crate) fn advance(
+        &self,
+        (previous, stood_at): PulseClock,
+        now: Instant,
+    ) -> (u64, PulseClock) {
+        let late = self.whole_pulses(now.saturating_duration_since(stood_at));
+        let (stands_for, moved_to) = match late {
+            0 | 1 => (1, stood_at.checked_add(self.pulse)),
             late if late <= MOST_STOOD_FOR => (
                 late,
-                self.pulse
-                    .saturating_mul(u32::try_from(late).unwrap_or(u32::MAX)),
+                u32::try_from(late)
+                    .ok()
+                    .and_then(|k| self.pulse.checked_mul(k))
+                    .and_then(|span| stood_at.checked_add(span)),
             ),
-            _ => (MOST_STOOD_FOR, since),
-        }
+            _ => (MOST_STOOD_FOR, Some(now)),
+        };
+        let n = previous.saturating_add(stands_for);
+        (n, (n, moved_to.map_or(now, |t| t.min(now))))
     }
 
     fn whole_pulses(&self, span: Duration) -> u64 {
@@ -141,6 +155,9 @@ impl Cadence {
         u64::try_from(n).unwrap_or(u64::MAX)
     }
 }
+
+/// The pulse clock: the number of the last pulse run and the time it stands at.
+pub(crate) type PulseClock = (u64, Instant);
 
 /// The most pulses one late pulse stands for (their saves, their refreshes): a pulse running up
 /// to this many pulses late keeps the cadences in time; a longer pause stretches them by the
@@ -258,15 +275,57 @@ mod tests {
     fn a_late_pulse_stands_for_the_pulses_it_missed_up_to_a_bound() {
         let cadence = Cadence::default();
         let ms = Duration::from_millis;
-        // On time, and early (a game ticking faster than its pulse): one pulse.
-        assert_eq!(cadence.pulses_stood_for(ms(260)), (1, ms(250)));
-        assert_eq!(cadence.pulses_stood_for(ms(10)), (1, ms(250)));
-        // Late: the whole pulses elapsed (250 ms each), the remainder kept for the next.
-        assert_eq!(cadence.pulses_stood_for(ms(620)), (2, ms(500)));
-        assert_eq!(cadence.pulses_stood_for(ms(1_000)), (4, ms(1_000)));
-        // A long pause: four pulses, and the time moves to now.
-        assert_eq!(cadence.pulses_stood_for(ms(30_000)), (4, ms(30_000)));
-        assert_eq!(cadence.pulses_stood_for(Duration::MAX), (4, Duration::MAX));
+        let t0 = Instant::now();
+        // On time: the next number, the clock a pulse on.
+        assert_eq!(
+            cadence.advance((7, t0), t0 + ms(260)),
+            (8, (8, t0 + ms(250)))
+        );
+        // Early (a tick faster than the pulse): the next number, the clock no further than now.
+        assert_eq!(cadence.advance((7, t0), t0 + ms(10)), (8, (8, t0 + ms(10))));
+        // Late: the whole pulses elapsed, the remainder kept for the next pulse.
+        assert_eq!(
+            cadence.advance((7, t0), t0 + ms(620)),
+            (9, (9, t0 + ms(500)))
+        );
+        assert_eq!(
+            cadence.advance((7, t0), t0 + ms(1_000)),
+            (11, (11, t0 + ms(1_000)))
+        );
+        assert_eq!(
+            cadence.advance((7, t0), t0 + ms(1_100)),
+            (11, (11, t0 + ms(1_000)))
+        );
+        // Five pulses or more: four, the rest forgiven, the clock at now.
+        assert_eq!(
+            cadence.advance((7, t0), t0 + ms(1_300)),
+            (11, (11, t0 + ms(1_300)))
+        );
+        assert_eq!(
+            cadence.advance((7, t0), t0 + ms(30_000)),
+            (11, (11, t0 + ms(30_000)))
+        );
+        assert_eq!(cadence.advance((u64::MAX, t0), t0 + ms(600)).0, u64::MAX);
+    }
+
+    #[test]
+    fn a_steadily_late_tick_keeps_the_clocks_count_and_a_fast_one_banks_nothing() {
+        let cadence = Cadence::default();
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        // 400 ticks 255 ms apart (102 s): the numbers keep up with the clock's 408 pulses.
+        let mut clock = (0, t0);
+        for tick in 1..=400u32 {
+            clock = cadence.advance(clock, t0 + ms(255) * tick).1;
+        }
+        assert!((406..=408).contains(&clock.0), "{}", clock.0);
+        // 600 ticks 10 ms apart, then one 2 s later: it stands for four, not for one.
+        let mut clock = (0, t0);
+        for tick in 1..=600u32 {
+            clock = cadence.advance(clock, t0 + ms(10) * tick).1;
+        }
+        assert_eq!(clock, (600, t0 + ms(6_000)));
+        assert_eq!(cadence.advance(clock, t0 + ms(8_000)).0, 604);
     }
 
     #[test]

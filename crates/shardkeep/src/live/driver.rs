@@ -99,8 +99,8 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
     // and of owed saves.
     let stands_for = usize::try_from(n - previous).unwrap_or(1);
     let share = owed_this_pulse(inner).saturating_mul(stands_for);
-    // What one pulse dumps on the cadence is bounded (a pulse after a long pause has every
-    // copy due): past twice its share, the saves due are owed and go out over the next pulses.
+    // What one pulse dumps on the cadence is bounded: past twice its share, the saves due are
+    // owed and go out over the next pulses.
     let most_dumped = share.saturating_mul(2);
     let mut owed = Vec::new();
     let next = |phase: &super::cadence::Phase| phase.next_visit(n, periods, refresh);
@@ -186,21 +186,21 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
 }
 
 /// Numbers this pulse (the one before, this one): the next number, or, when this pulse runs
-/// late, as many more as the pulses it stands for ([`Cadence::pulses_stood_for`]), so a shard
-/// whose pulses run late still saves each copy once per period of time.
+/// late, as many more as the pulses it stands for, four at most ([`Cadence::advance`]), so a
+/// shard whose pulses run late still saves each copy once per period of time.
 ///
-/// [`Cadence::pulses_stood_for`]: super::cadence::Cadence::pulses_stood_for
+/// [`Cadence::advance`]: super::cadence::Cadence::advance
 fn number_pulse<G: LiveGame>(inner: &Inner<G>) -> (u64, u64) {
     let mut clock = inner
         .pulse_clock
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let (previous, stood_at) = *clock;
-    let since = tokio::time::Instant::now().saturating_duration_since(stood_at);
-    let (stands_for, moved) = inner.config.cadence.pulses_stood_for(since);
-    let n = previous.saturating_add(stands_for);
-    let now = stood_at + since;
-    *clock = (n, stood_at.checked_add(moved).unwrap_or(now));
+    let previous = clock.0;
+    let (n, after) = inner
+        .config
+        .cadence
+        .advance(*clock, tokio::time::Instant::now());
+    *clock = after;
     (previous, n)
 }
 

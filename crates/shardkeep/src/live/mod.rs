@@ -79,9 +79,10 @@ pub struct LiveConfig {
     pub cadence: Cadence,
     /// True (the default): the runtime pulses on a timer of its own. A game with a tick of its
     /// own (a zone's pulse) sets it false and calls [`Runtime::pulse`] from that tick, so its
-    /// saves are taken between its simulation's steps (and its tests can step them). Either
-    /// way the cadences keep their periods in time: a pulse that comes late does the dues of
-    /// the pulses it missed.
+    /// saves are taken between its simulation's steps (and its tests can step them); its tick
+    /// comes once a [`Cadence::pulse`] or more often. Either way the cadences keep their
+    /// periods in time while pulses come at most four pulses late: a late pulse does the dues
+    /// of the pulses it missed; a longer gap stretches the cadences by the rest.
     pub own_pulse: bool,
     /// The saver's tunables.
     pub saver: SaverConfig,
@@ -295,7 +296,7 @@ pub(crate) struct Inner<G: LiveGame> {
     /// The runtime's work in the background: writes and their retries, off the caller's path.
     pub(crate) background: Background,
     /// The number of the last pulse run and the time it stands at (`driver::number_pulse`).
-    pub(crate) pulse_clock: std::sync::Mutex<(u64, tokio::time::Instant)>,
+    pub(crate) pulse_clock: std::sync::Mutex<cadence::PulseClock>,
     /// A crash-window measure is running.
     pub(crate) exporting: std::sync::atomic::AtomicBool,
     /// A shutdown started: no copy is admitted any more.
@@ -518,9 +519,10 @@ impl<G: LiveGame> Runtime<G> {
     /// Runs one pulse now: deferred logout saves offered, the copies due on the cadences dumped
     /// and queued, link-dead graces checked, session records refreshed. Never waits on I/O. A
     /// runtime started with `own_pulse` does this on its own timer; one without waits for the
-    /// game's tick to call it. Each call is the next pulse, or, when it comes later than the
-    /// cadence's pulse, stands in for the pulses it missed (up to four; a longer pause
-    /// stretches the cadences by the rest).
+    /// game's tick to call it. Each call is the next pulse, or, when it comes two or more
+    /// pulses after the last one stood, stands in for the pulses it missed (up to four; a
+    /// longer gap stretches the cadences by the rest). A tick faster than the pulse banks no
+    /// time.
     pub fn pulse(&self) {
         driver::pulse(&self.inner);
     }

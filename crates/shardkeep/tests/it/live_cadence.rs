@@ -1,5 +1,5 @@
-//! The save cadences keep their wall-clock periods when the pulse runs late: a checkpoint
-//! period is a crash window the runtime promises in time, not in pulses.
+//! The save cadences keep their wall-clock periods when the pulse runs late (up to four pulses
+//! late): a checkpoint period is a crash window the runtime promises in time, not in pulses.
 
 use std::time::Duration;
 
