@@ -215,7 +215,8 @@ impl Phase {
 
     /// The first pulse after `after` on which the copy is due for anything: a save (`periods`:
     /// checkpoint and flush, as [`Phase::due`] takes them) or, one pulse in `refresh`, its
-    /// session records. The runtime's pulse looks at a copy only on those pulses.
+    /// session records. The runtime's pulse looks at a copy only on those pulses (or on the
+    /// first pulse run after one, when pulses come late).
     pub fn next_visit(&self, after: u64, (checkpoint, flush): (u64, u64), refresh: u64) -> u64 {
         let from = after.saturating_add(1);
         first_from(from, checkpoint, self.checkpoint)

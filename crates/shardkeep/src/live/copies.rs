@@ -463,7 +463,7 @@ mod tests {
         }
     }
 
-    /// Every copy due on `pulse` visited, each with the pulse whose dues it does.
+    /// Every copy due on `pulse` visited, each with the first pulse of the span it does.
     fn visit(copies: &Copies<()>, pulse: u64) -> Vec<(Uuid, u64)> {
         let mut seen = Vec::new();
         copies.visit_due(

@@ -98,7 +98,7 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
     // A late pulse stands in for the pulses it missed (four at most): their shares of saves
     // and of owed saves.
     let stands_for = usize::try_from(n - previous).unwrap_or(1);
-    let share = owed_this_pulse(inner).saturating_mul(stands_for);
+    let share = pulse_share(inner).saturating_mul(stands_for);
     // What one pulse dumps on the cadence is bounded: past twice its share, the saves due are
     // owed and go out over the next pulses.
     let most_dumped = share.saturating_mul(2);
@@ -335,13 +335,14 @@ fn export_crash_window<G: LiveGame>(inner: &Arc<Inner<G>>) {
 /// cadence off while the writer has room.
 fn saver_has_room<G: LiveGame>(inner: &Inner<G>) -> bool {
     let saver = &inner.saver;
-    saver.waiting_saves() < 2 * owed_this_pulse(inner)
-        && saver.depth() < (saver.capacity() / 2).max(1)
+    saver.waiting_saves() < 2 * pulse_share(inner) && saver.depth() < (saver.capacity() / 2).max(1)
 }
 
-/// How many owed saves a pulse with room queues: a pulse's share of the copies held (the
-/// cadence's own saves come on top), at least 1,024, so catching up spreads over pulses.
-fn owed_this_pulse<G: LiveGame>(inner: &Inner<G>) -> usize {
+/// A pulse's share of the saves: the copies held over the pulses of a checkpoint period, at
+/// least 1,024. A pulse dumps at most twice its share on the cadence (the shares of the pulses
+/// a late one stands for), queues up to its share of owed saves on top, and finds the saver
+/// with room while fewer than two shares wait in it.
+fn pulse_share<G: LiveGame>(inner: &Inner<G>) -> usize {
     let share = inner.copies.len() / usize::try_from(inner.periods.0.max(1)).unwrap_or(1);
     share.max(1024)
 }

@@ -79,10 +79,11 @@ pub struct LiveConfig {
     pub cadence: Cadence,
     /// True (the default): the runtime pulses on a timer of its own. A game with a tick of its
     /// own (a zone's pulse) sets it false and calls [`Runtime::pulse`] from that tick, so its
-    /// saves are taken between its simulation's steps (and its tests can step them); its tick
-    /// comes once a [`Cadence::pulse`] or more often. Either way the cadences keep their
-    /// periods in time while pulses come at most four pulses late: a late pulse does the dues
-    /// of the pulses it missed; a longer gap stretches the cadences by the rest.
+    /// saves are taken between its simulation's steps (and its tests can step them); it sets
+    /// [`Cadence::pulse`] to its tick, since each call is one pulse (a tick faster than the
+    /// pulse saves that much more often). Either way a pulse that comes late, up to four pulses
+    /// late, does the dues of the pulses it missed, so the periods keep their length in time; a
+    /// longer gap stretches the cadences by the rest.
     pub own_pulse: bool,
     /// The saver's tunables.
     pub saver: SaverConfig,

@@ -81,7 +81,8 @@ pub struct ShutdownReport {
     pub placement: BarrierOutcome,
     /// The runtime's work in the background still running when the bound ran out, stopped
     /// where it stood: session records, a handoff's withdrawal or activation mark, a grant's
-    /// job, and also the journal appends, handoff waits and finals made jobs counted above.
+    /// job, a flush's merge after a lost version race, and also the journal appends, handoff
+    /// waits and finals made jobs counted above.
     pub unfinished_writes: usize,
 }
 
@@ -922,8 +923,15 @@ impl<G: LiveGame> Runtime<G> {
         if let Some(task) = self.driver.lock().await.take() {
             let _ = task.await;
         }
-        // What still ran stops at its next step: once this returns, nothing of it writes.
-        let _ = inner.background.settled_by(inner.config.io_timeout).await;
+        // What still ran stops at its next step (a command already sent may still land).
+        let still = inner.background.settled_by(inner.config.io_timeout).await;
+        if still > 0 {
+            tracing::warn!(
+                event = "shutdown_tasks_running",
+                still,
+                "background work had not stopped within the I/O bound"
+            );
+        }
         ShutdownReport {
             finalized,
             saver,

@@ -428,7 +428,6 @@ pub(crate) fn merge_final<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, curr
     let background = inner.background.clone();
     let inner = Arc::clone(inner);
     background.spawn(async move {
-        let _working = working;
         let known = snapshot.state_version;
         let read = tokio::time::timeout(
             inner.config.io_timeout,
@@ -472,7 +471,7 @@ pub(crate) fn merge_final<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId, curr
         }
         snapshot.state_version = current;
         inner.finals.again(snapshot);
-        drop(_working);
+        drop(working);
         inner.finals.offer(&inner.saver);
     });
 }

@@ -25,6 +25,7 @@ async fn a_killed_runtime_sends_nothing_more_of_its_background_writes(pool: PgPo
         proxied_redis(redis.url(), redis.keys().clone(), RedisTimeouts::default())
             .await
             .unwrap();
+    redis.closes_with(&slow);
     let services = Services::build(
         shardkeep_testkit::pg(&pool),
         slow,
