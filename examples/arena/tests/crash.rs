@@ -84,6 +84,8 @@ struct Shard {
     child: Child,
     /// What it printed.
     said: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// The task reading what it prints, until its output ends.
+    reader: Option<tokio::task::JoinHandle<()>>,
 }
 
 async fn start(
@@ -141,7 +143,7 @@ async fn start_with(
     assert!(ready.contains("listening"), "{ready}");
     let said = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let heard = std::sync::Arc::clone(&said);
-    tokio::spawn(async move {
+    let reader = tokio::spawn(async move {
         while let Ok(Some(line)) = lines.next_line().await {
             heard.lock().unwrap().push(line);
         }
@@ -151,6 +153,7 @@ async fn start_with(
         port,
         child,
         said,
+        reader: Some(reader),
     }
 }
 
@@ -506,6 +509,14 @@ async fn stop(shard: &mut Shard) {
         "shard {} exited with {status}",
         shard.name
     );
+    // What it printed last is read before anyone looks at it: the process can be gone while
+    // its last lines still wait in the pipe.
+    if let Some(reader) = shard.reader.take() {
+        tokio::time::timeout(Duration::from_secs(10), reader)
+            .await
+            .expect("the shard's output ends with it")
+            .unwrap();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
