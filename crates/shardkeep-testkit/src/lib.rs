@@ -220,7 +220,22 @@ impl Drop for TestRedis {
         let backend = self.backend.clone();
         let url = self.url.clone();
         let keys = self.keys.clone();
+        let mut closed = vec![self.backend.clone()];
+        closed.extend(
+            self.others
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .cloned(),
+        );
         let sweep = std::thread::spawn(move || {
+            // Commands let through before the close reach the server first, so the sweep
+            // finds what they wrote: their answers, or 200 ms (a command whose answer waits
+            // for this thread's runtime, or a blocking read, was on the server long before).
+            let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+            while closed.iter().any(|b| b.in_flight() > 0) && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
             let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()

@@ -4,7 +4,6 @@
 //! two or more selects Redis Cluster, those URLs being its seed nodes.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -12,8 +11,8 @@ use redis::cluster::NodeAddress;
 use redis::cluster::{ClusterClient, ClusterConfig};
 
 use super::cluster_link::ClusterLink;
-use super::redis_conn::Link;
 pub use super::redis_conn::RedisConn;
+use super::redis_conn::{Gate, Link};
 pub use super::redis_nodes::{EvictionCheck, ScanCursor};
 use super::redis_nodes::{MasterNodes, check_eviction_policy};
 use super::{ConnectError, one_line, redact_url};
@@ -32,7 +31,7 @@ pub struct RedisBackend {
     timeouts: RedisTimeouts,
     pub(super) masters: Arc<MasterNodes>,
     /// Set by [`close`](RedisBackend::close); shared by every clone and connection.
-    pub(super) closed: Arc<AtomicBool>,
+    pub(super) closed: Arc<Gate>,
 }
 
 /// How the deployment is reached.
@@ -143,7 +142,7 @@ impl RedisBackend {
             reason,
         };
         let seeds = redis_seeds(url).map_err(fail)?;
-        let closed = Arc::new(AtomicBool::new(false));
+        let closed = Arc::new(Gate::default());
         let connect = async {
             if let [single] = seeds.as_slice() {
                 let client = redis::Client::open(*single)?;
@@ -245,12 +244,18 @@ impl RedisBackend {
     /// known point (a test sweeping its namespace, a tool about to exit) so that nothing still
     /// running writes afterwards. Other handles on the same server are not affected.
     pub fn close(&self) {
-        self.closed.store(true, Ordering::Release);
+        self.closed.close();
     }
 
     /// True once [`close`](Self::close) was called on this handle or a clone of it.
     pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.closed.is_closed()
+    }
+
+    /// Commands on this handle's connections sent and not yet answered (after a
+    /// [`close`](Self::close), what may still land on the server).
+    pub fn in_flight(&self) -> usize {
+        self.closed.in_flight()
     }
 
     /// A dedicated connection whose answers may take up to `response` (blocking commands), so

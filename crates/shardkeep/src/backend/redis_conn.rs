@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::cluster_link::ClusterLink;
 
@@ -20,7 +20,52 @@ use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 #[derive(Clone)]
 pub struct RedisConn {
     link: Link,
-    closed: Arc<AtomicBool>,
+    gate: Arc<Gate>,
+}
+
+/// What every connection of one handle shares: whether the handle was closed, and how many
+/// commands are on their way (so a closer can wait for them to land before it looks).
+#[derive(Debug, Default)]
+pub(crate) struct Gate {
+    closed: AtomicBool,
+    in_flight: AtomicUsize,
+}
+
+impl Gate {
+    /// Closes the gate: commands not yet let through are refused.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// True once closed.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Commands let through and not yet answered.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Lets one command through, counted until the answer is dropped; refused once closed (a
+    /// command counted before the close is seen by the closer's wait).
+    fn enter(self: &Arc<Self>) -> Result<Passage, redis::RedisError> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let passage = Passage(Arc::clone(self));
+        if self.is_closed() {
+            return Err(closed_error());
+        }
+        Ok(passage)
+    }
+}
+
+/// One command let through a [`Gate`].
+struct Passage(Arc<Gate>);
+
+impl Drop for Passage {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// How a [`RedisConn`] reaches the deployment.
@@ -35,17 +80,12 @@ pub(crate) enum Link {
 }
 
 impl RedisConn {
-    /// A connection over `link`, refused once `closed` is set.
-    pub(crate) fn new(link: Link, closed: &Arc<AtomicBool>) -> Self {
+    /// A connection over `link`, refused once `gate` is closed.
+    pub(crate) fn new(link: Link, gate: &Arc<Gate>) -> Self {
         Self {
             link,
-            closed: Arc::clone(closed),
+            gate: Arc::clone(gate),
         }
-    }
-
-    /// The error every command of a closed handle answers.
-    fn refused(&self) -> Option<redis::RedisError> {
-        self.closed.load(Ordering::Acquire).then(closed_error)
     }
 }
 
@@ -71,9 +111,7 @@ impl std::fmt::Debug for RedisConn {
 impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         Box::pin(async move {
-            if let Some(err) = self.refused() {
-                return Err(err);
-            }
+            let _passage = self.gate.enter()?;
             let reply = match &mut self.link {
                 Link::Standalone(conn) => conn.req_packed_command(cmd).await,
                 Link::Node(conn) => conn.req_packed_command(cmd).await,
@@ -101,9 +139,7 @@ impl ConnectionLike for RedisConn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
-            if let Some(err) = self.refused() {
-                return Err(err);
-            }
+            let _passage = self.gate.enter()?;
             let replies = match &mut self.link {
                 Link::Standalone(conn) => conn.req_packed_commands(pipeline, offset, count).await,
                 Link::Node(conn) => conn.req_packed_commands(pipeline, offset, count).await,
