@@ -201,8 +201,10 @@ fn start_session<G: LiveGame>(
     );
 }
 
-/// Queues the placement of `id` in `zone` on this shard. Called under the copy's registry lock
-/// wherever the copy may be leaving meanwhile, so a logout's tombstone is queued after it.
+/// Queues the placement of `id` in `zone` on this shard. A placement queued after its copy's
+/// logout (a resume's, queued outside the copy's registry lock) cannot outlive the tombstone:
+/// the writer keeps a copy's tombstone over its placements, and the store refuses a placement
+/// over its own copy's tombstone ([`crate::placement::PlacementWrite::Left`]).
 pub(crate) fn placed<G: LiveGame>(inner: &Inner<G>, id: CopyId, zone: String) {
     inner.placement.enqueue(PlacementRecord {
         character_id: id.character_id,

@@ -1,6 +1,9 @@
 //! Placement records: which shard and zone hold a character, written on every residency change
 //! and fenced by owner epoch; a clean logout leaves a tombstone (no shard, no zone) that still
-//! carries the epoch, which is the directory's floor for the next claim.
+//! carries the epoch, which is the directory's floor for the next claim. A tombstone is the last
+//! word of its epoch: a live placement of the copy that left, queued before its logout and
+//! landing after it, is refused ([`PlacementWrite::Left`]), so the record never names a shard
+//! its copy has left.
 //!
 //! Writes go through a background [`PlacementWriter`] with the same shutdown barrier as the
 //! saver, so a quitting player's tombstone lands before shutdown.
@@ -87,6 +90,12 @@ pub enum PlacementWrite {
         /// The stored epoch.
         stored_epoch: i64,
     },
+    /// Refused: the record is the writer's own copy's tombstone (the copy left; a live
+    /// placement of it queued before its logout landed after it).
+    Left {
+        /// The stored epoch (the writer's own).
+        epoch: i64,
+    },
 }
 
 /// Handle on placement records. Cheap to clone.
@@ -146,7 +155,8 @@ impl PlacementStore {
             call.key(redis.keys().placement(&record.character_id.to_string())?)
                 .arg(record.owner_epoch)
                 .arg(body)
-                .arg(PLACEMENT_TTL.as_millis());
+                .arg(PLACEMENT_TTL.as_millis())
+                .arg(if record.is_tombstone() { "1" } else { "0" });
             calls.push(call);
         }
         let mut pipe = redis::pipe();
@@ -155,15 +165,22 @@ impl PlacementStore {
             pipe.invoke_script(call);
         }
         let replies: Vec<Vec<Value>> = pipe.query_async(&mut redis.conn()).await?;
+        let epoch = |text: &[u8]| {
+            std::str::from_utf8(text)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| PlacementError::Corrupt("stored epoch".into()))
+        };
         replies
             .iter()
             .map(|reply| match reply.as_slice() {
                 [tag] if is(tag, "ok") => Ok(PlacementWrite::Written),
-                [tag, Value::BulkString(epoch)] if is(tag, "stale") => std::str::from_utf8(epoch)
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .map(|stored_epoch| PlacementWrite::Stale { stored_epoch })
-                    .ok_or_else(|| PlacementError::Corrupt("stale epoch".into())),
+                [tag, Value::BulkString(text)] if is(tag, "stale") => {
+                    epoch(text).map(|stored_epoch| PlacementWrite::Stale { stored_epoch })
+                }
+                [tag, Value::BulkString(text)] if is(tag, "left") => {
+                    epoch(text).map(|epoch| PlacementWrite::Left { epoch })
+                }
                 other => Err(PlacementError::Corrupt(format!("script reply {other:?}"))),
             })
             .collect()
@@ -203,12 +220,21 @@ impl PlacementStore {
 
 /// Just the fence of a stored record: a record of a newer shape still fences by its epoch.
 #[derive(serde::Deserialize)]
-struct StoredEpoch {
+struct StoredFence {
     owner_epoch: i64,
+    /// `null` in a tombstone; a record without the field is not one.
+    #[serde(default = "zone_unnamed")]
+    zone_id: serde_json::Value,
+}
+
+/// What a stored record without a `zone_id` reads as: not a tombstone.
+fn zone_unnamed() -> serde_json::Value {
+    serde_json::Value::Bool(false)
 }
 
 /// The fenced write in the embedded store's file, every record in one transaction: a record
-/// whose stored epoch is newer is refused; a stored record that does not decode is replaced.
+/// whose stored epoch is newer is refused, and a live placement over its own copy's tombstone;
+/// a stored record that does not decode is replaced.
 async fn write_in_file(
     file: &RecordFile,
     keys: &Keyspace,
@@ -224,13 +250,23 @@ async fn write_in_file(
     let (mut tx, now) = file.begin().await?;
     let mut writes = Vec::with_capacity(records.len());
     for (record, (key, body)) in records.iter().zip(&bodies) {
-        let stored_epoch = embedded::read(&mut tx, key, now)
+        let stored = embedded::read(&mut tx, key, now)
             .await?
-            .and_then(|(raw, _)| serde_json::from_slice::<StoredEpoch>(&raw).ok())
-            .map(|stored| stored.owner_epoch);
-        match stored_epoch {
-            Some(stored_epoch) if stored_epoch > record.owner_epoch => {
-                writes.push(PlacementWrite::Stale { stored_epoch });
+            .and_then(|(raw, _)| serde_json::from_slice::<StoredFence>(&raw).ok());
+        match stored {
+            Some(stored) if stored.owner_epoch > record.owner_epoch => {
+                writes.push(PlacementWrite::Stale {
+                    stored_epoch: stored.owner_epoch,
+                });
+            }
+            Some(stored)
+                if stored.owner_epoch == record.owner_epoch
+                    && stored.zone_id.is_null()
+                    && !record.is_tombstone() =>
+            {
+                writes.push(PlacementWrite::Left {
+                    epoch: stored.owner_epoch,
+                });
             }
             _ => {
                 let expires = embedded::expiry(now, PLACEMENT_TTL);
@@ -250,10 +286,11 @@ async fn write_in_file(
 #[derive(Debug, Clone, Default)]
 struct Failed(Arc<Mutex<HashMap<Uuid, PlacementRecord>>>);
 
-/// Whether `record` replaces `kept`, both failed updates of one character: a newer copy's
-/// over an older one's, and within one copy its tombstone over its placement, whichever failure
-/// was reported last (a dropped tombstone is reported at once, the batch of the placement
-/// before it only when its write gives up).
+/// Whether `record` replaces `kept`, both updates of one character (failed ones, or two in one
+/// batch): a newer copy's over an older one's, and within one copy its tombstone over its
+/// placement, whichever came last (a dropped tombstone is reported at once, the batch of the
+/// placement before it only when its write gives up; a placement queued outside the copy's
+/// lock can follow its tombstone).
 fn supersedes(record: &PlacementRecord, kept: &PlacementRecord) -> bool {
     record.owner_epoch > kept.owner_epoch
         || (record.owner_epoch == kept.owner_epoch
@@ -306,14 +343,14 @@ struct PlacementWorker {
 
 impl BatchHandler<PlacementRecord> for PlacementWorker {
     async fn handle(&mut self, batch: Vec<PlacementRecord>) {
-        // Only the last update per character matters.
+        // Only the last update per character matters (within a copy, its tombstone).
         let mut latest: Vec<PlacementRecord> = Vec::with_capacity(batch.len());
         for record in batch {
             match latest
                 .iter_mut()
                 .find(|r| r.character_id == record.character_id)
             {
-                Some(kept) if record.owner_epoch >= kept.owner_epoch => *kept = record,
+                Some(kept) if supersedes(&record, kept) => *kept = record,
                 Some(_) => {}
                 None => latest.push(record),
             }
@@ -321,11 +358,14 @@ impl BatchHandler<PlacementRecord> for PlacementWorker {
         match tokio::time::timeout(self.io_timeout, self.store.write_many(&latest)).await {
             Ok(Ok(writes)) => {
                 for (record, write) in latest.iter().zip(writes) {
-                    if let PlacementWrite::Stale { stored_epoch } = write {
-                        metrics::counter!(telemetry::PLACEMENT_STALE_TOTAL).increment(1);
-                        tracing::debug!(event = "placement_stale", character = %record.character_id,
-                            writer_epoch = record.owner_epoch, stored_epoch);
-                    }
+                    let stored_epoch = match write {
+                        PlacementWrite::Written => continue,
+                        PlacementWrite::Stale { stored_epoch } => stored_epoch,
+                        PlacementWrite::Left { epoch } => epoch,
+                    };
+                    metrics::counter!(telemetry::PLACEMENT_STALE_TOTAL).increment(1);
+                    tracing::debug!(event = "placement_stale", character = %record.character_id,
+                        writer_epoch = record.owner_epoch, stored_epoch);
                 }
             }
             Ok(Err(err)) => {

@@ -61,6 +61,88 @@ async fn a_newer_owner_fences_an_older_writer() {
     }
 }
 
+/// A copy's tombstone is the last word of its epoch: a live placement of that copy queued
+/// before its logout and landing after it (a resume's, queued outside the copy's lock) is
+/// refused, alone and in a batch, and a writer handed both keeps the tombstone; the copy's own
+/// tombstone may be written again, and the next copy places over it.
+#[tokio::test]
+async fn a_copys_tombstone_is_the_last_word_of_its_epoch() {
+    use shardkeep::drain::BarrierOutcome;
+    use shardkeep::placement::PlacementWriter;
+    use std::time::Duration;
+    use tokio_util::sync::CancellationToken;
+
+    for d in coord_drivers().await {
+        let store = d.placement();
+        let character = Uuid::now_v7();
+        let tombstone = |epoch| record(character, epoch, None);
+        store
+            .write(&record(character, 3, Some("z-1")))
+            .await
+            .unwrap();
+        store.write(&tombstone(3)).await.unwrap();
+        assert_eq!(
+            store
+                .write(&record(character, 3, Some("z-1")))
+                .await
+                .unwrap(),
+            PlacementWrite::Left { epoch: 3 },
+            "{}",
+            d.name()
+        );
+        let read = store.read(character).await.unwrap().unwrap();
+        assert!(read.is_tombstone(), "{}: {read:?}", d.name());
+        assert_eq!(
+            store.write(&tombstone(3)).await.unwrap(),
+            PlacementWrite::Written,
+            "{}: a tombstone written again",
+            d.name()
+        );
+        let writes = store
+            .write_many(&[
+                record(character, 4, Some("z-2")),
+                tombstone(4),
+                record(character, 4, Some("z-2")),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(
+            writes,
+            vec![
+                PlacementWrite::Written,
+                PlacementWrite::Written,
+                PlacementWrite::Left { epoch: 4 }
+            ],
+            "{}",
+            d.name()
+        );
+        assert!(
+            store.read(character).await.unwrap().unwrap().is_tombstone(),
+            "{}",
+            d.name()
+        );
+        // The writer: the late placement queued after the tombstone (one batch or two).
+        let other = Uuid::now_v7();
+        let cancel = CancellationToken::new();
+        let writer = PlacementWriter::spawn(
+            Some(d.placement()),
+            16,
+            Duration::from_secs(10),
+            cancel.child_token(),
+        );
+        assert!(writer.enqueue(record(other, 2, Some("z-1"))));
+        assert!(writer.enqueue(record(other, 2, None)));
+        assert!(writer.enqueue(record(other, 2, Some("z-1"))));
+        assert_eq!(
+            writer.barrier(Duration::from_secs(10)).await,
+            BarrierOutcome::Drained
+        );
+        let read = store.read(other).await.unwrap().unwrap();
+        assert!(read.is_tombstone(), "{}: {read:?}", d.name());
+        cancel.cancel();
+    }
+}
+
 #[tokio::test]
 async fn a_batch_answers_each_record_in_order() {
     for d in coord_drivers().await {
