@@ -43,7 +43,11 @@ impl<C: Send + 'static> SaveFeedback for Feedback<C> {
         // A logout save that lost a version race is in nobody's hands between the saver letting
         // go of it and the pulse merging it: marked here, at once, so no login claims the
         // character meanwhile (its claim would fence the save out).
-        if let SaverEvent::FlushConflict { character_id, .. } = &event
+        if let SaverEvent::FlushConflict {
+            character_id,
+            reason: SaveReason::Final,
+            ..
+        } = &event
             && self.finals.held(*character_id)
             && !self.copies.holds(*character_id)
         {
@@ -394,7 +398,9 @@ fn answer<G: LiveGame>(inner: &Arc<Inner<G>>, event: SaverEvent) {
             }
         }
         SaverEvent::FlushConflict {
-            current_version, ..
+            current_version,
+            reason,
+            ..
         } => {
             if inner.copies.with(copy, |_| ()).is_some() {
                 // A copy with an item transfer in flight adopts the commit's version when the
@@ -402,8 +408,13 @@ fn answer<G: LiveGame>(inner: &Arc<Inner<G>>, event: SaverEvent) {
                 if !inner.transfers.busy(copy.character_id) {
                     super::writes::merge_and_flush(inner, copy, current_version);
                 }
-            } else {
+            } else if reason == SaveReason::Final {
                 super::writes::merge_final(inner, copy, current_version);
+            } else {
+                // A flush of a copy that has left since: its final save (or the content it
+                // carried away) holds everything the flush did, and answers for its own race.
+                tracing::debug!(event = "live_conflict_after_leaving", character = %copy.character_id,
+                    epoch = copy.owner_epoch, "a flush of a copy that left lost its race");
             }
         }
         SaverEvent::OwnershipLost { current_epoch, .. } => {

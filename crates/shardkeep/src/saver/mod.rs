@@ -89,6 +89,10 @@ pub enum SaverEvent {
         owner_epoch: i64,
         /// The row's version.
         current_version: i64,
+        /// The save that lost: a flush, or a logout's final save while its game still holds
+        /// it ([`SaveFeedback::is_present`]). A flush answered after its copy left needs
+        /// nothing: the copy's final save, dumped after it, holds everything it did.
+        reason: SaveReason,
     },
     /// A newer owner holds the character: evict this copy. Terminal; never retried.
     OwnershipLost {

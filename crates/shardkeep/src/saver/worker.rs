@@ -392,6 +392,7 @@ impl SaverWorker {
                         character_id,
                         owner_epoch: snapshot.owner_epoch,
                         current_version,
+                        reason: request.reason,
                     });
                 }
             }

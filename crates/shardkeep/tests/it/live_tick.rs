@@ -831,3 +831,72 @@ async fn presence_follows_a_zone_change_by_the_next_refresh(pool: PgPool) {
         live.stop().await;
     }
 }
+
+/// Postgres only: a row lock holds a flush in flight while its copy logs out. The flush loses
+/// its version race (a job's write landed under it) and is answered after the copy left: the
+/// logout's final save, dumped after the flush, answers for everything the copy held, so the
+/// flush's conflict must not start a merge of the final of its own — the final is merged once
+/// and written once.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_flush_conflict_answered_after_its_copy_left_writes_the_final_once(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let d = JobDriver::Postgres(pool.clone());
+    let (game, seen) = Recording::new();
+    let mut config = LiveConfig::new("shard-a");
+    config.own_pulse = false;
+    let live = Live::hosting(&d, &redis, config, game).await;
+    let rt = live.runtime.clone();
+    let (id, copy) = live.player("Vale").await;
+    set(copy, &rt, "experience", 7);
+    let version = || async {
+        sqlx::query_scalar::<_, i64>("SELECT state_version FROM characters WHERE id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    let before = version().await;
+    // A write that lands under the copy (as a job's would), holding the row until it commits.
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("UPDATE characters SET state_version = state_version + 1 WHERE id = $1")
+        .bind(id)
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    assert_eq!(rt.flush_all(), 1);
+    // The saver took the flush; its write waits on the lock. The logout's final queues behind.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut out = rt.logout_now(copy).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    lock.commit().await.unwrap();
+    until("the logout answered", || out.outcome().is_some()).await;
+    assert!(
+        matches!(out.outcome(), Some(FinalSave::Saved { .. })),
+        "{:?}",
+        out.outcome()
+    );
+    // Settled (the stream's cleanup writes the row's location once): nothing more of the copy
+    // is written, and nothing goes down as a job.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(live.row(id).await["experience"], 7);
+    let finals: Vec<(CopyId, SaveReason, i64)> = seen
+        .lock()
+        .unwrap()
+        .saved
+        .iter()
+        .filter(|(c, reason, _)| *c == copy && *reason == SaveReason::Final)
+        .cloned()
+        .collect();
+    assert_eq!(finals.len(), 1, "one final save: {finals:?}");
+    let jobs: i64 = sqlx::query_scalar("SELECT count(*) FROM persistence_retry_jobs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(jobs, 0, "no final went down as a job");
+    let writes = version().await - before;
+    assert!(
+        writes <= 3,
+        "the landed write, the cleanup's location and the final; {writes} writes"
+    );
+    live.stop().await;
+}
