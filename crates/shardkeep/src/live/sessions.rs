@@ -883,7 +883,9 @@ impl<G: LiveGame> Runtime<G> {
                 .await;
             // The barrier's own answers (a conflict to merge) reach the pulse a moment later.
             tokio::time::sleep(Duration::from_millis(20)).await;
-            if inner.finals.in_hand() == 0 {
+            // A merge that ended within the pause has put its final back in the saver's queue:
+            // done only when nothing is in hand and the saver holds no final either.
+            if inner.finals.in_hand() == 0 && inner.saver.unsaved_finals().total() == 0 {
                 break;
             }
         }

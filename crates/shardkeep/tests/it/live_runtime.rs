@@ -973,3 +973,46 @@ async fn a_copy_in_a_transfer_is_not_checkpointed_until_its_commit_answers(pool:
     other.stop().await;
     live.stop_workers().await;
 }
+
+/// Postgres only: a trigger holds the final's second write. A final that lost its version race
+/// is merged and queued again within the shutdown's pause after its barrier: the shutdown waits
+/// for that write rather than reporting the final unsaved (or returning before it lands).
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_shutdown_waits_for_a_final_merged_and_queued_again(pool: PgPool) {
+    let redis = TestRedis::new().await;
+    let d = JobDriver::Postgres(pool.clone());
+    let live = Live::on(&d, &redis, "shard-a").await;
+    let (id, copy) = live.player("Wren").await;
+    set(copy, &live.runtime, "experience", 41);
+    // A write landed under the copy (as a job's would): its final loses the race.
+    sqlx::query("UPDATE characters SET state_version = state_version + 1 WHERE id = $1")
+        .bind(id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        r#"CREATE FUNCTION slow_final() RETURNS trigger LANGUAGE plpgsql AS $$
+           BEGIN
+             IF NEW.state->>'experience' = '41'
+                AND OLD.state->>'experience' IS DISTINCT FROM '41' THEN
+               PERFORM pg_sleep(0.5);
+             END IF;
+             RETURN NEW;
+           END $$;
+           CREATE TRIGGER slow_final BEFORE UPDATE ON characters
+             FOR EACH ROW EXECUTE FUNCTION slow_final();"#,
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let report = live.runtime.clone().shutdown(Duration::from_secs(10)).await;
+    assert_eq!(report.finalized, 1);
+    assert_eq!(
+        report.unsaved_finals.total(),
+        0,
+        "the merged final landed: {:?}",
+        report.unsaved_finals
+    );
+    assert_eq!(live.row(id).await["experience"], 41);
+    live.stop_workers().await;
+}
