@@ -40,18 +40,24 @@ impl<C> Feedback<C> {
 
 impl<C: Send + 'static> SaveFeedback for Feedback<C> {
     fn deliver(&self, event: SaverEvent) {
-        // A logout save that lost a version race is in nobody's hands between the saver letting
-        // go of it and the pulse merging it: marked here, at once, so no login claims the
-        // character meanwhile (its claim would fence the save out).
-        if let SaverEvent::FlushConflict {
-            character_id,
-            reason: SaveReason::Final,
-            ..
-        } = &event
-            && self.finals.held(*character_id)
-            && !self.copies.holds(*character_id)
+        // A logout save that lost a version race, or that the saver gave up, is in nobody's
+        // hands between the saver letting go of it and the pulse merging it or making it a
+        // job: marked here, at once, so no login claims the character meanwhile (its claim
+        // would fence the save out) and a shutdown counts it in hand.
+        let given_back = match &event {
+            SaverEvent::FlushConflict {
+                character_id,
+                reason: SaveReason::Final,
+                ..
+            }
+            | SaverEvent::FinalDropped { character_id, .. } => Some(*character_id),
+            _ => None,
+        };
+        if let Some(character_id) = given_back
+            && self.finals.held(character_id)
+            && !self.copies.holds(character_id)
         {
-            self.finals.working(*character_id, true);
+            self.finals.working(character_id, true);
         }
         if self.events.send(event).is_err() {
             tracing::debug!(event = "live_event_after_stop");

@@ -238,6 +238,8 @@ impl Drop for Working {
 /// it (or the runtime stops; its checkpoint holds it then).
 pub(crate) fn final_as_job<G: LiveGame>(inner: &Arc<Inner<G>>, copy: CopyId) {
     let Some(snapshot) = inner.finals.retained(copy) else {
+        // Answered meanwhile: in hand no more (its mark was set when the saver gave it up).
+        inner.finals.working(copy.character_id, false);
         return;
     };
     let working = inner.finals.hold_working(copy.character_id);

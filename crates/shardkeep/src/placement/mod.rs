@@ -358,14 +358,19 @@ impl BatchHandler<PlacementRecord> for PlacementWorker {
         match tokio::time::timeout(self.io_timeout, self.store.write_many(&latest)).await {
             Ok(Ok(writes)) => {
                 for (record, write) in latest.iter().zip(writes) {
-                    let stored_epoch = match write {
-                        PlacementWrite::Written => continue,
-                        PlacementWrite::Stale { stored_epoch } => stored_epoch,
-                        PlacementWrite::Left { epoch } => epoch,
-                    };
-                    metrics::counter!(telemetry::PLACEMENT_STALE_TOTAL).increment(1);
-                    tracing::debug!(event = "placement_stale", character = %record.character_id,
-                        writer_epoch = record.owner_epoch, stored_epoch);
+                    match write {
+                        PlacementWrite::Written => {}
+                        PlacementWrite::Stale { stored_epoch } => {
+                            metrics::counter!(telemetry::PLACEMENT_STALE_TOTAL).increment(1);
+                            tracing::debug!(event = "placement_stale", character = %record.character_id,
+                                writer_epoch = record.owner_epoch, stored_epoch);
+                        }
+                        // A race between one copy's own writes, not a zombie's: not counted.
+                        PlacementWrite::Left { epoch } => {
+                            tracing::debug!(event = "placement_after_tombstone",
+                                character = %record.character_id, epoch);
+                        }
+                    }
                 }
             }
             Ok(Err(err)) => {

@@ -161,8 +161,8 @@ pub(super) struct Coalesced {
     pub(super) superseded_finals: Vec<(SaveRequest, i64)>,
 }
 
-/// Keeps one request per character. Requests of one owner merge: the latest snapshot and the
-/// strongest reason. A newer owner's request replaces an older owner's outright, reason and
+/// Keeps one request per character. Requests of one owner merge: the latest snapshot (the
+/// highest issue mark; the later queued on a tie) and the strongest reason. A newer owner's request replaces an older owner's outright, reason and
 /// all: an older copy's logout must not lend its final-save treatment (rebase over conflicts,
 /// background retry, a state job) to a live copy's snapshot, which would then overwrite the
 /// live copy's later saves. An older owner's final set aside so is in `superseded_finals` (its
@@ -181,8 +181,14 @@ pub(super) fn coalesce(batch: Vec<SaveRequest>) -> Coalesced {
         let (kept_epoch, epoch) = (kept.snapshot.owner_epoch, request.snapshot.owner_epoch);
         if epoch == kept_epoch {
             kept.reason = kept.reason.max(request.reason);
-            kept.snapshot = request.snapshot;
-            kept.dumped_at = request.dumped_at;
+            // The copy's later dump: each dump takes the next number of the copy's issue
+            // sequence, so the higher mark (the later queued on a tie). A dump queued after a
+            // newer one (a pulse's dump queued after the logout's final it raced) must not
+            // replace it, or the final would write the older content.
+            if request.snapshot.issue_mark >= kept.snapshot.issue_mark {
+                kept.snapshot = request.snapshot;
+                kept.dumped_at = request.dumped_at;
+            }
             continue;
         }
         let (older, newer_epoch) = if epoch > kept_epoch {
@@ -545,6 +551,36 @@ mod tests {
             "an older owner's later dump never wins"
         );
         assert_eq!(merged[1].reason, SaveReason::Checkpoint);
+    }
+
+    /// A dump queued after a newer dump of the same copy (the pulse dumps, the game logs the copy
+    /// out and its final is queued, then the pulse queues its older dump) never replaces it: the
+    /// batch writes the final's snapshot, with the final's treatment.
+    #[test]
+    fn an_older_dump_queued_after_a_copys_final_does_not_replace_it() {
+        let a = Uuid::from_u128(1);
+        let dump = |reason, mark: u64| {
+            let mut r = request(a, reason, 3, i64::try_from(mark).unwrap_or(0));
+            r.snapshot.issue_mark = mark;
+            r
+        };
+        for older in [SaveReason::Flush, SaveReason::Checkpoint] {
+            let merged = coalesce(vec![dump(SaveReason::Final, 5), dump(older, 4)]).requests;
+            assert_eq!(merged.len(), 1);
+            assert_eq!(
+                (merged[0].reason, merged[0].snapshot.issue_mark),
+                (SaveReason::Final, 5),
+                "{older:?}"
+            );
+            assert_eq!(merged[0].snapshot.state["m"], 5);
+        }
+        // A later dump (a final merged again keeps its mark) still replaces an earlier one.
+        let merged =
+            coalesce(vec![dump(SaveReason::Flush, 4), dump(SaveReason::Final, 5)]).requests;
+        assert_eq!(merged[0].snapshot.issue_mark, 5);
+        let merged =
+            coalesce(vec![dump(SaveReason::Final, 5), dump(SaveReason::Final, 5)]).requests;
+        assert_eq!(merged[0].reason, SaveReason::Final);
     }
 
     /// A logout of one copy and a later save of the copy a re-login claimed, in one batch: the
