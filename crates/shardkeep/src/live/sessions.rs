@@ -881,6 +881,10 @@ impl<G: LiveGame> Runtime<G> {
                 .saver
                 .barrier(deadline.saturating_duration_since(tokio::time::Instant::now()))
                 .await;
+            if matches!(saver, BarrierOutcome::Stopped | BarrierOutcome::Cancelled) {
+                // The saver writes nothing more: what it holds is reported, not waited for.
+                break;
+            }
             // The barrier's own answers (a conflict to merge) reach the pulse a moment later.
             tokio::time::sleep(Duration::from_millis(20)).await;
             // A merge that ended within the pause has put its final back in the saver's queue:
