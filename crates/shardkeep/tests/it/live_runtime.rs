@@ -1016,3 +1016,29 @@ async fn a_shutdown_waits_for_a_final_merged_and_queued_again(pool: PgPool) {
     assert_eq!(live.row(id).await["experience"], 41);
     live.stop_workers().await;
 }
+
+/// A shutdown of a runtime already killed (its saver stopped with it) has nothing to wait for:
+/// it returns at once and reports the logout saves it could not make, instead of offering them
+/// to a stopped saver until its bound runs out.
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_shutdown_after_a_kill_returns_at_once_and_reports_what_it_could_not_save(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let live = Live::on(&d, &redis, "shard-a").await;
+        let (_, copy) = live.player("Rook").await;
+        set(copy, &live.runtime, "experience", 5);
+        live.runtime.kill();
+        let started = tokio::time::Instant::now();
+        let report = live.runtime.clone().shutdown(Duration::from_secs(10)).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{}: took {:?}",
+            d.name(),
+            started.elapsed()
+        );
+        assert_eq!(report.finalized, 1, "{}", d.name());
+        assert_eq!(report.unsaved_finals.total(), 1, "{}: {report:?}", d.name());
+        live.stop_workers().await;
+    }
+}
