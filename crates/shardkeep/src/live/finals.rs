@@ -168,6 +168,12 @@ impl Finals {
         }
     }
 
+    /// Finals not answered yet: in the runtime's hands, in the saver, or refused by a stopped
+    /// saver.
+    pub(crate) fn unanswered(&self) -> usize {
+        self.lock().retained.len()
+    }
+
     /// Finals in the runtime's hands: waiting for room in the saver's queue, or being merged
     /// or made a job.
     pub(crate) fn in_hand(&self) -> usize {

@@ -872,6 +872,10 @@ impl<G: LiveGame> Runtime<G> {
         // the round repeats while the barrier's answers put finals back in hand.
         let mut saver = BarrierOutcome::TimedOut;
         while tokio::time::Instant::now() < deadline {
+            if inner.cancel.is_cancelled() {
+                // Killed: nothing of this runtime writes any more.
+                break;
+            }
             inner.finals.offer(&inner.saver);
             if inner.finals.in_hand() > 0 {
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -895,7 +899,17 @@ impl<G: LiveGame> Runtime<G> {
         }
         let left = inner.finals.in_hand();
         let mut unsaved_finals = inner.saver.unsaved_finals();
-        unsaved_finals.dropped = left;
+        unsaved_finals.dropped = if inner.cancel.is_cancelled() {
+            // Killed: every final not answered is unsaved, whether it waits in the stopped
+            // saver's queue or the stopped saver refused it.
+            inner
+                .finals
+                .unanswered()
+                .saturating_sub(unsaved_finals.queued + unsaved_finals.pending)
+                .max(left)
+        } else {
+            left
+        };
         // A settled handoff closes its source's stream: handoffs first, then the closes.
         let unsettled_handoffs = inner.handoffs.settled_by(deadline).await;
         let unjournaled = inner.closes.settled_by(deadline).await;

@@ -578,9 +578,12 @@ mod tests {
         let merged =
             coalesce(vec![dump(SaveReason::Flush, 4), dump(SaveReason::Final, 5)]).requests;
         assert_eq!(merged[0].snapshot.issue_mark, 5);
-        let merged =
-            coalesce(vec![dump(SaveReason::Final, 5), dump(SaveReason::Final, 5)]).requests;
+        // On a tie (a final merged and queued again keeps its mark) the later queued wins.
+        let mut again = dump(SaveReason::Final, 5);
+        again.snapshot.state = json!({ "m": "merged" }).into();
+        let merged = coalesce(vec![dump(SaveReason::Final, 5), again]).requests;
         assert_eq!(merged[0].reason, SaveReason::Final);
+        assert_eq!(merged[0].snapshot.state["m"], "merged");
     }
 
     /// A logout of one copy and a later save of the copy a re-login claimed, in one batch: the

@@ -1018,8 +1018,9 @@ async fn a_shutdown_waits_for_a_final_merged_and_queued_again(pool: PgPool) {
 }
 
 /// A shutdown of a runtime already killed (its saver stopped with it) has nothing to wait for:
-/// it returns at once and reports the logout saves it could not make, instead of offering them
-/// to a stopped saver until its bound runs out.
+/// it returns at once and reports the logout saves it could not make (the stopped saver refused
+/// them), instead of offering them to a stopped saver until its bound runs out or reporting
+/// them saved.
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_shutdown_after_a_kill_returns_at_once_and_reports_what_it_could_not_save(pool: PgPool) {
     let drivers = JobDrivers::new(&pool).await;
@@ -1029,6 +1030,8 @@ async fn a_shutdown_after_a_kill_returns_at_once_and_reports_what_it_could_not_s
         let (_, copy) = live.player("Rook").await;
         set(copy, &live.runtime, "experience", 5);
         live.runtime.kill();
+        // The stopped saver's drainer has gone: the final is refused, not queued.
+        tokio::time::sleep(Duration::from_millis(50)).await;
         let started = tokio::time::Instant::now();
         let report = live.runtime.clone().shutdown(Duration::from_secs(10)).await;
         assert!(

@@ -863,9 +863,14 @@ async fn a_flush_conflict_answered_after_its_copy_left_writes_the_final_once(poo
         .execute(&mut *lock)
         .await
         .unwrap();
+    let attempted = rt.saver().stats().row_attempted;
     assert_eq!(rt.flush_all(), 1);
     // The saver took the flush; its write waits on the lock. The logout's final queues behind.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until("the flush's write is on its way", || {
+        rt.saver().stats().row_attempted > attempted
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let mut out = rt.logout_now(copy).unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     lock.commit().await.unwrap();
