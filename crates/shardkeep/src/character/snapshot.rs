@@ -32,7 +32,10 @@ pub struct CharacterSnapshot {
     pub owner_epoch: i64,
     /// The issue mark of the copy that dumped it: every reward and retry job that copy issued
     /// with a sequence up to this is already in `state`. A loaded copy starts again at 0 under
-    /// its new epoch. (Absent in snapshots from before marks existed: 0.)
+    /// its new epoch. (Absent in snapshots from before marks existed: 0.) It also orders one
+    /// copy's dumps: of the saves of one copy a saver pass takes together, the one with the
+    /// highest mark is written (the later queued on a tie), so a game feeding the saver itself
+    /// gives each dump a mark at least that of the dump before, or every dump the same.
     #[serde(default)]
     pub issue_mark: u64,
     /// The game's schema version of `state` ([`crate::model::GameModel::SCHEMA_VERSION`]).
