@@ -419,8 +419,9 @@ fn answer<G: LiveGame>(inner: &Arc<Inner<G>>, event: SaverEvent) {
             } else {
                 // A flush of a copy that has left since: its final save (or the content it
                 // carried away) holds everything the flush did, and answers for its own race.
-                tracing::debug!(event = "live_conflict_after_leaving", character = %copy.character_id,
-                    epoch = copy.owner_epoch, "a flush of a copy that left lost its race");
+                tracing::debug!(event = "live_conflict_after_leaving",
+                    character = %copy.character_id, epoch = copy.owner_epoch,
+                    "a flush of a copy that left lost its race");
             }
         }
         SaverEvent::OwnershipLost { current_epoch, .. } => {

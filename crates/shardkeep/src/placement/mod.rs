@@ -362,7 +362,8 @@ impl BatchHandler<PlacementRecord> for PlacementWorker {
                         PlacementWrite::Written => {}
                         PlacementWrite::Stale { stored_epoch } => {
                             metrics::counter!(telemetry::PLACEMENT_STALE_TOTAL).increment(1);
-                            tracing::debug!(event = "placement_stale", character = %record.character_id,
+                            tracing::debug!(event = "placement_stale",
+                                character = %record.character_id,
                                 writer_epoch = record.owner_epoch, stored_epoch);
                         }
                         // A race between one copy's own writes, not a zombie's: not counted.

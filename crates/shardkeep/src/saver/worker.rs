@@ -162,11 +162,12 @@ pub(super) struct Coalesced {
 }
 
 /// Keeps one request per character. Requests of one owner merge: the latest snapshot (the
-/// highest issue mark; the later queued on a tie) and the strongest reason. A newer owner's request replaces an older owner's outright, reason and
-/// all: an older copy's logout must not lend its final-save treatment (rebase over conflicts,
-/// background retry, a state job) to a live copy's snapshot, which would then overwrite the
-/// live copy's later saves. An older owner's final set aside so is in `superseded_finals` (its
-/// row write would be fenced anyway); any other older request is simply dropped.
+/// highest issue mark; the later queued on a tie) and the strongest reason. A newer owner's
+/// request replaces an older owner's outright, reason and all: an older copy's logout must not
+/// lend its final-save treatment (rebase over conflicts, background retry, a state job) to a
+/// live copy's snapshot, which would then overwrite the live copy's later saves. An older
+/// owner's final set aside so is in `superseded_finals` (its row write would be fenced anyway);
+/// any other older request is simply dropped.
 pub(super) fn coalesce(batch: Vec<SaveRequest>) -> Coalesced {
     let mut order: Vec<Uuid> = Vec::new();
     let mut merged: HashMap<Uuid, SaveRequest> = HashMap::new();
