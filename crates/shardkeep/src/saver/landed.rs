@@ -98,19 +98,35 @@ impl LandedWrites {
         }
     }
 
-    /// `request`'s checkpoint raised to the row version of a landed row write of the same copy
-    /// dumped before it, when that is newer than the version it was dumped at (`None`: it
-    /// stands). A copy learns a version only once it hears its write landed; a checkpoint it
-    /// dumped after a flush's dump but before that carries newer content than the row at an
-    /// older version, and would rank below the row at the next login (freshness compares
-    /// versions within an owner): a crash would then lose what it held beyond the flush. It holds
+    /// The checkpoints among `requests` raised to the row version of a landed row write of the
+    /// same copy dumped before them, when that is newer than the version each was dumped at,
+    /// by their index in `requests` (the rest stand as dumped), all under one hold of the map's
+    /// lock. A copy learns a version only once it hears its write landed; a checkpoint it dumped
+    /// after a flush's dump but before that carries newer content than the row at an older
+    /// version, and would rank below the row at the next login (freshness compares versions
+    /// within an owner): a crash would then lose what it held beyond the flush. It holds
     /// everything that write put in the row, so it goes at the write's version.
-    pub(crate) fn raised(
+    pub(crate) fn raised_many(
         &self,
+        requests: &[super::SaveRequest],
+    ) -> Vec<(usize, crate::character::CharacterSnapshot)> {
+        let Ok(map) = self.by_character.lock() else {
+            return Vec::new();
+        };
+        requests
+            .iter()
+            .enumerate()
+            .filter_map(|(i, request)| Some((i, Self::raised_in(&map, request)?)))
+            .collect()
+    }
+
+    /// One request of [`LandedWrites::raised_many`].
+    fn raised_in(
+        map: &HashMap<Uuid, Landed>,
         request: &super::SaveRequest,
     ) -> Option<crate::character::CharacterSnapshot> {
         let snapshot = &request.snapshot;
-        let landed = *self.by_character.lock().ok()?.get(&snapshot.character_id)?;
+        let landed = map.get(&snapshot.character_id)?;
         let (epoch, version) = landed.row_version?;
         (epoch == snapshot.owner_epoch
             && landed.row <= request.dumped_at
@@ -234,6 +250,17 @@ mod tests {
                 schema_version: 1,
             },
             dumped_at: at,
+        }
+    }
+
+    impl LandedWrites {
+        fn raised(
+            &self,
+            request: &crate::saver::SaveRequest,
+        ) -> Option<crate::character::CharacterSnapshot> {
+            self.raised_many(std::slice::from_ref(request))
+                .pop()
+                .map(|(_, raised)| raised)
         }
     }
 

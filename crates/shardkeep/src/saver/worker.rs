@@ -86,7 +86,12 @@ type Unlanded = (SaveRequest, Start);
 
 impl BatchHandler<Vec<SaveRequest>> for SaverWorker {
     async fn handle(&mut self, batch: Vec<Vec<SaveRequest>>) {
-        let requests: Vec<SaveRequest> = batch.into_iter().flatten().collect();
+        // The first queue entry's buffer takes the rest (most passes hold one entry).
+        let mut entries = batch.into_iter();
+        let mut requests: Vec<SaveRequest> = entries.next().unwrap_or_default();
+        for entry in entries {
+            requests.extend(entry);
+        }
         if let Some(waiting) = &self.waiting {
             waiting.fetch_sub(requests.len(), Ordering::Relaxed);
         }
@@ -169,14 +174,25 @@ pub(super) struct Coalesced {
 /// owner's final set aside so is in `superseded_finals` (its row write would be fenced anyway);
 /// any other older request is simply dropped.
 pub(super) fn coalesce(batch: Vec<SaveRequest>) -> Coalesced {
-    let mut order: Vec<Uuid> = Vec::new();
-    let mut merged: HashMap<Uuid, SaveRequest> = HashMap::new();
+    // Most passes hold one request per character: they go on as they are (a pass holds
+    // thousands of requests, each a few hundred bytes, not worth moving through a map).
+    let mut seen = HashSet::with_capacity(batch.len());
+    if batch.iter().all(|r| seen.insert(r.snapshot.character_id)) {
+        return Coalesced {
+            requests: batch,
+            superseded_finals: Vec::new(),
+        };
+    }
+    drop(seen);
+    // Otherwise the requests stay in their slots; the map holds the slot of each character's.
+    let mut slot_of: HashMap<Uuid, usize> = HashMap::with_capacity(batch.len());
+    let mut kept: Vec<Option<SaveRequest>> = Vec::with_capacity(batch.len());
     let mut superseded_finals = Vec::new();
     for request in batch {
         let id = request.snapshot.character_id;
-        let Some(kept) = merged.get_mut(&id) else {
-            order.push(id);
-            merged.insert(id, request);
+        let slot = *slot_of.entry(id).or_insert(kept.len());
+        let Some(Some(kept)) = kept.get_mut(slot) else {
+            kept.push(Some(request));
             continue;
         };
         let (kept_epoch, epoch) = (kept.snapshot.owner_epoch, request.snapshot.owner_epoch);
@@ -201,12 +217,8 @@ pub(super) fn coalesce(batch: Vec<SaveRequest>) -> Coalesced {
             superseded_finals.push((older, newer_epoch));
         }
     }
-    let requests = order
-        .into_iter()
-        .filter_map(|id| merged.remove(&id))
-        .collect();
     Coalesced {
-        requests,
+        requests: kept.into_iter().flatten().collect(),
         superseded_finals,
     }
 }
@@ -230,14 +242,14 @@ impl SaverWorker {
             return;
         };
         // A checkpoint dumped after a landed row write of its copy, before the copy heard of it,
-        // goes at that write's version (see `LandedWrites::raised`); the rest go as dumped.
-        let raised: Vec<Option<CharacterSnapshot>> =
-            requests.iter().map(|r| self.landed.raised(r)).collect();
-        let snapshots: Vec<&CharacterSnapshot> = requests
-            .iter()
-            .zip(&raised)
-            .map(|(r, up)| up.as_ref().unwrap_or(&r.snapshot))
-            .collect();
+        // goes at that write's version (see `LandedWrites::raised_many`); the rest go as dumped.
+        let raised = self.landed.raised_many(requests);
+        let mut snapshots: Vec<&CharacterSnapshot> = requests.iter().map(|r| &r.snapshot).collect();
+        for (index, up) in &raised {
+            if let Some(slot) = snapshots.get_mut(*index) {
+                *slot = up;
+            }
+        }
         self.stats.checkpoint_attempted(snapshots.len() as u64);
         let started = Instant::now();
         let result =
