@@ -82,6 +82,7 @@ impl From<crate::coord::CoordError> for PlacementError {
 
 /// How a placement write ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum PlacementWrite {
     /// Stored.
     Written,

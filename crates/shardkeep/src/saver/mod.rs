@@ -65,6 +65,7 @@ impl SaveReason {
 /// it is about: a late event for an earlier session of the same character is not the current
 /// session's.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SaverEvent {
     /// The row was written; the character's CAS token moves from `dumped_version` to `new_version`.
     Saved {
