@@ -292,11 +292,12 @@ impl<C> Copies<C> {
     ) {
         let mut visits = self.schedule().take(pulse);
         visits.sort_unstable_by_key(|(_, id)| stripe_of(id.character_id));
+        let placed = Vec::with_capacity(visits.len());
         let mut taken = Taken {
             schedule: &self.schedule,
             visits,
             done: 0,
-            placed: Vec::new(),
+            placed,
         };
         let mut held: Option<(usize, Stripe<'_, C>)> = None;
         while let Some(&(at, id)) = taken.visits.get(taken.done) {

@@ -11,7 +11,7 @@ use uuid::Uuid;
 use super::cadence::passes_multiple;
 use super::copies::{Copies, CopyId, Link, LiveCopy, zone_mark};
 use super::finals::{FinalSave, Finals};
-use super::sessions::RefreshDue;
+use super::sessions::refresh_of;
 use super::{EvictionCause, Inner, LiveEvent, LiveGame};
 use crate::character::CharacterSnapshot;
 use crate::journal::SessionLifecycleEffectPlan;
@@ -112,6 +112,13 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
     // What one pulse dumps on the cadence is bounded: past twice its share, the saves due are
     // owed and go out over the next pulses.
     let most_dumped = share.saturating_mul(2);
+    // The saves due, reserved at once: at a large shard a buffer of megabytes grown by doubling
+    // takes fresh pages at each step (a flush takes the place of one checkpoint in
+    // `flush / checkpoint`; the share's floor is not reserved, a small shard dumps little).
+    let due = inner.copies.len() / usize::try_from(periods.0.max(1)).unwrap_or(1) * stands_for;
+    let flushes_in = usize::try_from((periods.1 / periods.0.max(1)).max(1)).unwrap_or(1);
+    saves.checkpoints.reserve(due);
+    saves.flushes.reserve(due / flushes_in);
     let mut owed = Vec::new();
     let next = |phase: &super::cadence::Phase| phase.next_visit(n, periods, refresh);
     inner.copies.visit_due(n, next, |id, copy, dues| {
@@ -121,20 +128,15 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
             // Its final save is queued below.
             return;
         }
-        if let Link::Attached(token) = &copy.link
+        if matches!(copy.link, Link::Attached(_))
             && copy.phase.refresh_due_within(dues.clone(), refresh)
         {
-            refreshes.push(RefreshDue {
-                copy: copy.id(id),
-                token: token.clone(),
-                account_id: copy.account_id,
-                full: copy.records_owed
-                    || copy.presence_zone != zone_mark(&copy.zone)
-                    || copy.phase.refresh_due_within(
-                        dues.clone(),
-                        refresh.saturating_mul(FULL_REFRESH_EVERY),
-                    ),
-            });
+            let full = copy.records_owed
+                || copy.presence_zone != zone_mark(&copy.zone)
+                || copy
+                    .phase
+                    .refresh_due_within(dues.clone(), refresh.saturating_mul(FULL_REFRESH_EVERY));
+            refreshes.extend(refresh_of(inner, copy.id(id), copy, full));
         }
         if copy.leaving {
             return;

@@ -47,13 +47,15 @@ impl Schedule {
     /// Takes the visits due on `pulse`, each with the pulse it was placed at ([`UNPLACED`] for
     /// a copy admitted since): everything placed at or before `pulse`.
     pub(crate) fn take(&mut self, pulse: u64) -> Vec<(u64, CopyId)> {
-        let mut visits: Vec<(u64, CopyId)> =
-            self.admitted.drain(..).map(|id| (UNPLACED, id)).collect();
         let later = match pulse.checked_add(1) {
             Some(next) => self.by_pulse.split_off(&next),
             None => BTreeMap::new(),
         };
-        for (at, ids) in std::mem::replace(&mut self.by_pulse, later) {
+        let due = std::mem::replace(&mut self.by_pulse, later);
+        let mut visits =
+            Vec::with_capacity(self.admitted.len() + due.values().map(Vec::len).sum::<usize>());
+        visits.extend(self.admitted.drain(..).map(|id| (UNPLACED, id)));
+        for (at, ids) in due {
             visits.extend(ids.into_iter().map(|id| (at, id)));
         }
         visits

@@ -202,9 +202,9 @@ fn start_session<G: LiveGame>(
 }
 
 /// Queues the placement of `id` in `zone` on this shard. A placement queued after its copy's
-/// logout (a resume's, queued outside the copy's registry lock) cannot outlive the tombstone:
-/// the writer keeps a copy's tombstone over its placements, and the store refuses a placement
-/// over its own copy's tombstone ([`crate::placement::PlacementWrite::Left`]).
+/// logout (a session start racing it outside the copy's registry lock) cannot outlive the
+/// tombstone: the writer keeps a copy's tombstone over its placements, and the store refuses a
+/// placement over its own copy's tombstone ([`crate::placement::PlacementWrite::Left`]).
 pub(crate) fn placed<G: LiveGame>(inner: &Inner<G>, id: CopyId, zone: String) {
     inner.placement.enqueue(PlacementRecord {
         character_id: id.character_id,
@@ -322,46 +322,41 @@ fn still_attached<G: LiveGame>(inner: &Inner<G>, copy: CopyId, token: &str) -> b
         .unwrap_or(false)
 }
 
-/// A session the pulse found due for a refresh: its copy, token and account, and whether its
-/// records are written in full (presence and placement) rather than extended where they stand.
-pub(crate) struct RefreshDue {
-    pub(crate) copy: CopyId,
-    pub(crate) token: String,
-    pub(crate) account_id: Uuid,
-    pub(crate) full: bool,
+/// A session due for a refresh, as the pulse's visit of its copy finds it: its records, and
+/// whether they are written in full (presence and placement) rather than extended where they
+/// stand. `None` for a copy leaving or not attached, or whose session has no place in the order.
+/// Made under the copy's lock, in the same visit that found it due (no second lookup); a full
+/// write's placement is queued here, so a logout's tombstone comes after it.
+pub(crate) fn refresh_of<G: LiveGame>(
+    inner: &Inner<G>,
+    copy: CopyId,
+    c: &mut LiveCopy<G::Character>,
+    full: bool,
+) -> Option<(SessionRecords, bool)> {
+    let token = match &c.link {
+        Link::Attached(token) if !c.leaving => token.clone(),
+        _ => return None,
+    };
+    let order = c.session_order?;
+    if full {
+        // Owed no more once written in full: a failure of this write owes them again (a
+        // placement's, reported by its writer, at a pulse).
+        c.records_owed = false;
+        placed(inner, copy, c.zone.clone());
+    }
+    let record = (copy, token, c.account_id, order, c.zone.clone());
+    Some((record, full))
 }
 
-/// Refreshes the records of attached sessions (the pulse calls it for those due): their
-/// markers and presence are extended where they stand, all in one round trip; a session due
-/// for a full write, or whose records are found missing (lost in a Redis restart, or a start
-/// write that failed) while its copy still plays, has them written again the full way.
-pub(crate) fn refresh_sessions<G: LiveGame>(inner: &Arc<Inner<G>>, due: Vec<RefreshDue>) {
-    let sessions: Vec<(SessionRecords, bool)> = due
-        .into_iter()
-        .filter_map(|d| {
-            inner
-                .copies
-                .with(d.copy, |c| {
-                    // Attached under another token since the pulse looked (a resume): that
-                    // session's start writes its records, and owes them if it fails.
-                    let attached = matches!(&c.link, Link::Attached(t) if *t == d.token);
-                    if c.leaving || !attached {
-                        return None;
-                    }
-                    let order = c.session_order?;
-                    if d.full {
-                        // Owed no more once written in full: a failure of this write owes
-                        // them again (a placement's, reported by its writer, at a pulse).
-                        c.records_owed = false;
-                        // Queued under the lock so a logout's tombstone comes after it.
-                        placed(inner, d.copy, c.zone.clone());
-                    }
-                    let zone = c.zone.clone();
-                    Some(((d.copy, d.token.clone(), d.account_id, order, zone), d.full))
-                })
-                .flatten()
-        })
-        .collect();
+/// Refreshes the records of attached sessions (the pulse calls it for those due, made by
+/// [`refresh_of`]): their markers and presence are extended where they stand, all in one round
+/// trip; a session due for a full write, or whose records are found missing (lost in a Redis
+/// restart, or a start write that failed) while its copy still plays, has them written again
+/// the full way.
+pub(crate) fn refresh_sessions<G: LiveGame>(
+    inner: &Arc<Inner<G>>,
+    sessions: Vec<(SessionRecords, bool)>,
+) {
     if sessions.is_empty() {
         return;
     }
@@ -716,28 +711,31 @@ impl<G: LiveGame> Runtime<G> {
     async fn resume(&self, character_id: Uuid, token: &str) -> Option<Admitted> {
         let inner = &self.inner;
         let held = inner.copies.current(character_id)?;
-        let found = inner.copies.with_active(held, |c| {
-            let previous = match &c.link {
+        // All under the copy's lock: a logout from another task comes wholly before the resume
+        // (which then finds no copy, and the login claims afresh) or wholly after it (and
+        // closes the resumed session), never between the attach and the session's start.
+        let (old, order) = inner.copies.with_active(held, |c| {
+            let (old, still_attached) = match &c.link {
                 Link::Attached(old) => (old.clone(), true),
                 Link::LinkDead { token, .. } => (token.clone(), false),
             };
             c.link = Link::Attached(token.to_owned());
             c.presence_zone = zone_mark(&c.zone);
-            let last = c.snapshot(character_id, Default::default());
-            (previous, last, c.account_id, c.zone.clone())
+            if still_attached {
+                let last = c.snapshot(character_id, Default::default());
+                close_stream(
+                    inner,
+                    &last,
+                    old.clone(),
+                    SessionLifecycleEffectPlan::Reconnectable,
+                );
+            }
+            // After that close in the character's order.
+            let order = new_order(held.owner_epoch);
+            c.session_order = Some(order);
+            start_session(inner, held, c.account_id, token, c.zone.clone(), order);
+            (old, order)
         })?;
-        let ((old, still_attached), last, account, zone) = found;
-        if still_attached {
-            close_stream(
-                inner,
-                &last,
-                old.clone(),
-                SessionLifecycleEffectPlan::Reconnectable,
-            );
-        }
-        let order = new_order(held.owner_epoch);
-        inner.copies.with(held, |c| c.session_order = Some(order));
-        start_session(inner, held, account, token, zone, order);
         let ledger = tokio::time::timeout(
             inner.config.io_timeout,
             inner.stores.coord.resume_load(&old),
