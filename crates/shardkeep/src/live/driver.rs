@@ -112,13 +112,18 @@ pub(crate) fn pulse<G: LiveGame>(inner: &Arc<Inner<G>>) {
     // What one pulse dumps on the cadence is bounded: past twice its share, the saves due are
     // owed and go out over the next pulses.
     let most_dumped = share.saturating_mul(2);
-    // The saves due, reserved at once: at a large shard a buffer of megabytes grown by doubling
-    // takes fresh pages at each step (a flush takes the place of one checkpoint in
-    // `flush / checkpoint`; the share's floor is not reserved, a small shard dumps little).
-    let due = inner.copies.len() / usize::try_from(periods.0.max(1)).unwrap_or(1) * stands_for;
-    let flushes_in = usize::try_from((periods.1 / periods.0.max(1)).max(1)).unwrap_or(1);
-    saves.checkpoints.reserve(due);
-    saves.flushes.reserve(due / flushes_in);
+    if room {
+        // The saves due, reserved at once: at a large shard a buffer of megabytes grown by
+        // doubling takes fresh pages at each step. A copy is dumped once a pulse at most; a
+        // flush takes the place of one checkpoint in `flush / checkpoint`; the share's floor is
+        // not reserved (a small shard dumps little).
+        let copies = inner.copies.len();
+        let per_pulse = copies / usize::try_from(periods.0.max(1)).unwrap_or(1);
+        let due = per_pulse.saturating_mul(stands_for).min(copies);
+        let flushes = due / usize::try_from((periods.1 / periods.0.max(1)).max(1)).unwrap_or(1);
+        saves.checkpoints.reserve(due - flushes);
+        saves.flushes.reserve(flushes);
+    }
     let mut owed = Vec::new();
     let next = |phase: &super::cadence::Phase| phase.next_visit(n, periods, refresh);
     inner.copies.visit_due(n, next, |id, copy, dues| {

@@ -713,7 +713,8 @@ impl<G: LiveGame> Runtime<G> {
         let held = inner.copies.current(character_id)?;
         // All under the copy's lock: a logout from another task comes wholly before the resume
         // (which then finds no copy, and the login claims afresh) or wholly after it (and
-        // closes the resumed session), never between the attach and the session's start.
+        // closes the resumed session), never between the attach and the session's start in
+        // this process. (Their writes to Redis run in the background, each in its own task.)
         let (old, order) = inner.copies.with_active(held, |c| {
             let (old, still_attached) = match &c.link {
                 Link::Attached(old) => (old.clone(), true),

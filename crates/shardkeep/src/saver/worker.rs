@@ -186,13 +186,13 @@ pub(super) fn coalesce(batch: Vec<SaveRequest>) -> Coalesced {
     drop(seen);
     // Otherwise the requests stay in their slots; the map holds the slot of each character's.
     let mut slot_of: HashMap<Uuid, usize> = HashMap::with_capacity(batch.len());
-    let mut kept: Vec<Option<SaveRequest>> = Vec::with_capacity(batch.len());
+    let mut kept: Vec<SaveRequest> = Vec::with_capacity(batch.len());
     let mut superseded_finals = Vec::new();
     for request in batch {
         let id = request.snapshot.character_id;
         let slot = *slot_of.entry(id).or_insert(kept.len());
-        let Some(Some(kept)) = kept.get_mut(slot) else {
-            kept.push(Some(request));
+        let Some(kept) = kept.get_mut(slot) else {
+            kept.push(request);
             continue;
         };
         let (kept_epoch, epoch) = (kept.snapshot.owner_epoch, request.snapshot.owner_epoch);
@@ -218,7 +218,7 @@ pub(super) fn coalesce(batch: Vec<SaveRequest>) -> Coalesced {
         }
     }
     Coalesced {
-        requests: kept.into_iter().flatten().collect(),
+        requests: kept,
         superseded_finals,
     }
 }
