@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use shardkeep::audit::AuditEvent;
-use shardkeep::live::{CopyId, FinalSave, Granted, Runtime, SessionStart};
+use shardkeep::live::{Admitted, CopyId, FinalSave, Granted, Runtime, SessionStart};
 use shardkeep::model::Anchor;
 use uuid::Uuid;
 
@@ -64,14 +64,14 @@ impl Game {
     }
 
     /// Runs one command line for the session playing `current`.
-    pub(crate) async fn command(&self, current: &mut Option<CopyId>, line: &str) -> Reply {
+    pub(crate) async fn command(&self, current: &mut Option<Playing>, line: &str) -> Reply {
         let mut words = line.split_whitespace();
         let verb = words.next().unwrap_or_default();
         let arg = words.next();
         if words.next().is_some() {
             return reply("error too many words");
         }
-        match (verb, arg, *current) {
+        match (verb, arg, current.as_ref().map(|playing| playing.copy)) {
             ("login", Some(name), None) => self.login(current, name).await,
             ("arrive", Some(token), None) => self.arrive(current, token).await,
             ("login" | "arrive", _, Some(_)) => reply("error already playing"),
@@ -87,7 +87,7 @@ impl Game {
         }
     }
 
-    async fn login(&self, current: &mut Option<CopyId>, name: &str) -> Reply {
+    async fn login(&self, current: &mut Option<Playing>, name: &str) -> Reply {
         let here = Anchor::at(&self.shard, ROOM);
         let id = match self
             .runtime
@@ -98,17 +98,21 @@ impl Game {
             Err(err) => return reply(format!("error {err}")),
         };
         match self.runtime.login(id, SessionStart::default()).await {
-            Ok(admitted) => self.admit(current, admitted.copy, "ok"),
+            Ok(admitted) => self.admit(current, admitted, "ok"),
             Err(err) => reply(format!("error {err}")),
         }
     }
 
-    fn admit(&self, current: &mut Option<CopyId>, copy: CopyId, word: &str) -> Reply {
+    fn admit(&self, current: &mut Option<Playing>, admitted: Admitted, word: &str) -> Reply {
+        let copy = admitted.copy;
         let Ok(described) = self.runtime.read(copy, |f| f.describe()) else {
             return evicted();
         };
         let name = self.name_of(copy);
-        *current = Some(copy);
+        *current = Some(Playing {
+            copy,
+            token: admitted.session_token,
+        });
         reply(format!("{word} {name} {described}"))
     }
 
@@ -175,7 +179,7 @@ impl Game {
     }
 
     /// Hands the fighter to `shard`; the client presents the token there.
-    async fn travel(&self, current: &mut Option<CopyId>, copy: CopyId, shard: &str) -> Reply {
+    async fn travel(&self, current: &mut Option<Playing>, copy: CopyId, shard: &str) -> Reply {
         let Some(address) = self.peers.get(shard).cloned() else {
             return reply(format!("error no route to shard {shard}"));
         };
@@ -193,14 +197,14 @@ impl Game {
         }
     }
 
-    async fn arrive(&self, current: &mut Option<CopyId>, token: &str) -> Reply {
+    async fn arrive(&self, current: &mut Option<Playing>, token: &str) -> Reply {
         match self.runtime.arrive(token, SessionStart::default()).await {
-            Ok(admitted) => self.admit(current, admitted.copy, "ok arrived"),
+            Ok(admitted) => self.admit(current, admitted, "ok arrived"),
             Err(err) => reply(format!("error {err}")),
         }
     }
 
-    async fn quit(&self, current: &mut Option<CopyId>, copy: CopyId) -> Reply {
+    async fn quit(&self, current: &mut Option<Playing>, copy: CopyId) -> Reply {
         *current = None;
         match self.runtime.logout(copy).await {
             Ok(FinalSave::Saved { .. }) => closing("bye saved"),
@@ -210,8 +214,15 @@ impl Game {
         }
     }
 
-    /// The connection dropped without `quit`: the copy waits, link-dead, for a reconnect.
-    pub(crate) fn disconnected(&self, copy: CopyId) {
-        let _ = self.runtime.detach(copy, 0);
+    /// The connection dropped without `quit`: the copy waits, link-dead, for a reconnect (a
+    /// connection that a reconnect replaced since detaches nothing).
+    pub(crate) fn disconnected(&self, playing: &Playing) {
+        let _ = self.runtime.detach(playing.copy, &playing.token, 0);
     }
+}
+
+/// What one connection plays: the copy and the session it was admitted under.
+pub(crate) struct Playing {
+    copy: CopyId,
+    token: String,
 }

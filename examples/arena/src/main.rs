@@ -182,8 +182,8 @@ async fn serve_player(game: Arc<Game>, stream: TcpStream) {
             break;
         }
     }
-    if let Some(id) = current {
-        game.disconnected(id);
+    if let Some(playing) = &current {
+        game.disconnected(playing);
     }
 }
 

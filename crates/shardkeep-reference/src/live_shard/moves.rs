@@ -85,9 +85,10 @@ impl LiveShard {
     /// game landed it. A resumed copy stays where it stood.
     pub fn enter(&mut self, admitted: Admitted) -> Result<Entered, LiveError> {
         let copy = admitted.copy;
-        if let Some(held) = self.residents.get(&copy.character_id)
+        if let Some(held) = self.residents.get_mut(&copy.character_id)
             && held.copy == copy
         {
+            held.session.clone_from(&admitted.session_token);
             return Ok(Entered {
                 zone: held.zone.clone(),
                 room: held.room.clone(),
@@ -106,6 +107,7 @@ impl LiveShard {
             copy.character_id,
             Resident {
                 copy,
+                session: admitted.session_token.clone(),
                 zone: zone.clone(),
                 room: room.clone(),
                 timer_due: None,
@@ -136,8 +138,9 @@ impl LiveShard {
     /// resumes it or its grace runs out (`last_applied_seq`: the last client input applied,
     /// kept in its resume ledger).
     pub fn detach(&mut self, character_id: Uuid, last_applied_seq: u64) -> Result<(), ActionError> {
-        let copy = self.resident(character_id)?.copy;
-        self.runtime.detach(copy, last_applied_seq)?;
+        let resident = self.resident(character_id)?;
+        self.runtime
+            .detach(resident.copy, &resident.session, last_applied_seq)?;
         Ok(())
     }
 

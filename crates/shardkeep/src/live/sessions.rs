@@ -759,37 +759,54 @@ impl<G: LiveGame> Runtime<G> {
         })
     }
 
-    /// The stream of `copy` closed without a logout: the copy stays, link-dead, for
-    /// [`super::LiveConfig::link_dead_for`] (a reconnect resumes it), its close is journaled
-    /// with a resume ledger (`last_applied_seq`: the last client input applied), and it is
-    /// flushed now.
-    pub fn detach(&self, copy: CopyId, last_applied_seq: u64) -> Result<(), LiveError> {
+    /// The stream of session `session_token` of `copy` closed without a logout: the copy
+    /// stays, link-dead, for [`super::LiveConfig::link_dead_for`] (a reconnect resumes it), its
+    /// close is journaled with a resume ledger (`last_applied_seq`: the last client input
+    /// applied), and it is flushed now. A detach naming a session no longer attached (a
+    /// reconnect resumed the copy under a new token since, or the copy is link-dead already)
+    /// changes nothing: a late close of an old connection never detaches the new one.
+    pub fn detach(
+        &self,
+        copy: CopyId,
+        session_token: &str,
+        last_applied_seq: u64,
+    ) -> Result<(), LiveError> {
         let inner = &self.inner;
         let until = tokio::time::Instant::now() + inner.config.link_dead_for;
-        let closed = inner
+        let (link_dead, flush) = inner
             .copies
             .with(copy, |c| {
-                let Link::Attached(token) = &c.link else {
-                    return None;
-                };
-                let token = token.clone();
+                match &c.link {
+                    Link::Attached(token) if token == session_token => {}
+                    Link::Attached(_) => return (false, None),
+                    Link::LinkDead { .. } => return (true, None),
+                }
                 c.link = Link::LinkDead {
-                    token: token.clone(),
+                    token: session_token.to_owned(),
                     until,
                 };
-                let state = inner.game.dump(&c.character).ok()?;
-                Some((token, c.dump(copy.character_id, state)))
+                // Journaled under the copy's lock: a resume after this close takes its place in
+                // the character's order after it, not before.
+                let last = c.snapshot(copy.character_id, Default::default());
+                close_stream_with(
+                    inner,
+                    &last,
+                    session_token.to_owned(),
+                    SessionLifecycleEffectPlan::Reconnectable,
+                    last_applied_seq,
+                );
+                let flush = inner
+                    .game
+                    .dump(&c.character)
+                    .ok()
+                    .map(|state| c.dump(copy.character_id, state));
+                (true, flush)
             })
             .ok_or(LiveError::Gone(copy))?;
-        inner.copies.watch_link_dead(copy);
-        if let Some((token, snapshot)) = closed {
-            close_stream_with(
-                inner,
-                &snapshot,
-                token,
-                SessionLifecycleEffectPlan::Reconnectable,
-                last_applied_seq,
-            );
+        if link_dead {
+            inner.copies.watch_link_dead(copy);
+        }
+        if let Some(snapshot) = flush {
             inner.saver.enqueue(SaveReason::Flush, snapshot);
         }
         Ok(())

@@ -165,7 +165,9 @@ async fn a_full_write_a_failed_refresh_owed_is_made_by_the_next_refresh(pool: Pg
         assert!(tokio::time::Instant::now() < deadline, "never present");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    live.runtime.detach(first.copy, 1).unwrap();
+    live.runtime
+        .detach(first.copy, &first.session_token, 1)
+        .unwrap();
     // The journal worker writes the resume ledger from the closed stream's entry.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while coord

@@ -307,7 +307,9 @@ async fn a_dropped_stream_resumes_with_its_ledger(pool: PgPool) {
             .await
             .unwrap();
         set(first.copy, &live.runtime, "experience", 9);
-        live.runtime.detach(first.copy, 17).unwrap();
+        live.runtime
+            .detach(first.copy, &first.session_token, 17)
+            .unwrap();
         // The journal worker writes the resume ledger from the closed stream's entry.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         while live
@@ -349,6 +351,61 @@ async fn a_dropped_stream_resumes_with_its_ledger(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
+async fn a_late_close_of_a_replaced_connection_leaves_the_resumed_session_playing(pool: PgPool) {
+    let drivers = JobDrivers::new(&pool).await;
+    let redis = TestRedis::new().await;
+    for d in drivers.drivers() {
+        let mut config = LiveConfig::new("shard-a");
+        config.link_dead_for = Duration::from_millis(300);
+        let live = Live::with(&d, &redis, config).await;
+        let mut events = live.runtime.subscribe();
+        let (id, first) = live.admitted("Dara").await;
+        // The player reconnects before its first connection's close reaches the game.
+        let again = live
+            .runtime
+            .login(id, SessionStart::default())
+            .await
+            .unwrap();
+        assert_eq!(again.copy, first.copy, "{}: resumed", d.name());
+        assert_ne!(again.session_token, first.session_token);
+        live.runtime
+            .detach(first.copy, &first.session_token, 3)
+            .unwrap();
+        // Well past the grace: the resumed session still plays.
+        let lapsed = |events: &mut tokio::sync::broadcast::Receiver<LiveEvent>| {
+            let mut events = events.resubscribe();
+            async move {
+                loop {
+                    match events.recv().await {
+                        Ok(LiveEvent::LinkDeadExpired { copy }) => return copy,
+                        Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                        Err(error) => panic!("{error}"),
+                    }
+                }
+            }
+        };
+        let early = tokio::time::timeout(Duration::from_secs(2), lapsed(&mut events)).await;
+        assert!(
+            early.is_err(),
+            "{}: the live session was detached",
+            d.name()
+        );
+        assert_eq!(live.runtime.copy_of(id), Some(first.copy), "{}", d.name());
+        // Its own close detaches it.
+        let waiting = tokio::spawn(lapsed(&mut events));
+        live.runtime
+            .detach(again.copy, &again.session_token, 4)
+            .unwrap();
+        let expired = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(expired, again.copy, "{}", d.name());
+        live.stop().await;
+    }
+}
+
+#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
 async fn a_link_dead_copy_whose_grace_lapses_logs_out_saved(pool: PgPool) {
     let drivers = JobDrivers::new(&pool).await;
     let redis = TestRedis::new().await;
@@ -357,9 +414,12 @@ async fn a_link_dead_copy_whose_grace_lapses_logs_out_saved(pool: PgPool) {
         config.link_dead_for = Duration::from_millis(300);
         let live = Live::with(&d, &redis, config).await;
         let mut events = live.runtime.subscribe();
-        let (id, copy) = live.player("Dara").await;
+        let (id, admitted) = live.admitted("Dara").await;
+        let copy = admitted.copy;
         set(copy, &live.runtime, "experience", 9);
-        live.runtime.detach(copy, 18).unwrap();
+        live.runtime
+            .detach(copy, &admitted.session_token, 18)
+            .unwrap();
         // Dropped and never back: logged out when the grace runs out, saved.
         let expired = tokio::time::timeout(Duration::from_secs(10), events.recv())
             .await
