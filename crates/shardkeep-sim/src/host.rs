@@ -64,6 +64,8 @@ pub(super) struct Host {
     pub(super) observer: Arc<SimObserver>,
     pub(super) bodies: BTreeMap<Uuid, Body>,
     pub(super) leaving: BTreeMap<Uuid, Leaving>,
+    /// The session each player here was last admitted under (its connection's, for a detach).
+    pub(super) sessions: HashMap<Uuid, String>,
     /// Every zone of the world, for exits.
     pub(super) zones: HashMap<String, ZoneDef>,
     inbox: mpsc::UnboundedReceiver<Inbound>,
@@ -92,6 +94,7 @@ impl Host {
             world: Arc::clone(world),
             bodies: BTreeMap::new(),
             leaving: BTreeMap::new(),
+            sessions: HashMap::new(),
             zones,
             inbox,
             pulse: 0,
@@ -312,6 +315,7 @@ impl Host {
                 if !resumed {
                     bump(&self.world.counters.logins);
                 }
+                self.sessions.insert(id, entered.admitted.session_token);
                 self.attach(id, agent);
             }
             Err(err) => {
@@ -326,7 +330,8 @@ impl Host {
         let superseded = admitted.source != Some(LoadSource::Handoff);
         let epoch = admitted.copy.owner_epoch;
         match self.shard.enter(admitted) {
-            Ok(_) => {
+            Ok(entered) => {
+                self.sessions.insert(id, entered.admitted.session_token);
                 tracing::debug!(event = "sim_handoff_in", shard = %self.id, character = %id, epoch);
                 bump(&self.world.counters.handoffs);
                 if !agent.ghost {

@@ -122,7 +122,8 @@ impl Host {
             end => {
                 // The runtime journals the closed stream with its resume ledger and keeps the
                 // copy, link-dead, for its grace.
-                if self.shard.detach(id, 0).is_err() {
+                let session = self.sessions.get(&id).cloned().unwrap_or_default();
+                if self.shard.detach(id, &session, 0).is_err() {
                     body.agent = Some(agent);
                     return true;
                 }

@@ -90,8 +90,6 @@ pub(crate) struct HostedZone {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Resident {
     pub(crate) copy: CopyId,
-    /// The session it plays under (the last one admitted: a resume replaces it).
-    pub(crate) session: String,
     pub(crate) zone: String,
     pub(crate) room: String,
     /// The pulse its next affect or cooldown runs out on (`None`: none runs).

@@ -85,10 +85,9 @@ impl LiveShard {
     /// game landed it. A resumed copy stays where it stood.
     pub fn enter(&mut self, admitted: Admitted) -> Result<Entered, LiveError> {
         let copy = admitted.copy;
-        if let Some(held) = self.residents.get_mut(&copy.character_id)
+        if let Some(held) = self.residents.get(&copy.character_id)
             && held.copy == copy
         {
-            held.session.clone_from(&admitted.session_token);
             return Ok(Entered {
                 zone: held.zone.clone(),
                 room: held.room.clone(),
@@ -107,7 +106,6 @@ impl LiveShard {
             copy.character_id,
             Resident {
                 copy,
-                session: admitted.session_token.clone(),
                 zone: zone.clone(),
                 room: room.clone(),
                 timer_due: None,
@@ -134,13 +132,18 @@ impl LiveShard {
         Ok(out)
     }
 
-    /// The player's connection dropped: it stays where it stands, link-dead, until a login
-    /// resumes it or its grace runs out (`last_applied_seq`: the last client input applied,
-    /// kept in its resume ledger).
-    pub fn detach(&mut self, character_id: Uuid, last_applied_seq: u64) -> Result<(), ActionError> {
-        let resident = self.resident(character_id)?;
-        self.runtime
-            .detach(resident.copy, &resident.session, last_applied_seq)?;
+    /// The player's connection playing session `session_token` dropped: it stays where it
+    /// stands, link-dead, until a login resumes it or its grace runs out (`last_applied_seq`:
+    /// the last client input applied, kept in its resume ledger). A connection a reconnect
+    /// replaced since detaches nothing.
+    pub fn detach(
+        &mut self,
+        character_id: Uuid,
+        session_token: &str,
+        last_applied_seq: u64,
+    ) -> Result<(), ActionError> {
+        let copy = self.resident(character_id)?.copy;
+        self.runtime.detach(copy, session_token, last_applied_seq)?;
         Ok(())
     }
 

@@ -557,12 +557,12 @@ async fn single_saves_waiting_do_not_put_the_cadence_off(pool: PgPool) {
         let mut ids = Vec::new();
         for n in 0..40 {
             let id = new_character(&scene.stores.own, &format!("P{n}")).await;
-            scene
+            let entered = scene
                 .shard
                 .login(id, SessionStart::default())
                 .await
                 .unwrap();
-            ids.push(id);
+            ids.push((id, entered.admitted.session_token));
         }
         let saver = scene.shard.runtime().saver().clone();
         scene.stores.outage.stall();
@@ -572,8 +572,8 @@ async fn single_saves_waiting_do_not_put_the_cadence_off(pool: PgPool) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let before = saver.depth();
-        for id in &ids[..6] {
-            scene.shard.detach(*id, 0).unwrap();
+        for (id, token) in &ids[..6] {
+            scene.shard.detach(*id, token, 0).unwrap();
         }
         assert_eq!(saver.depth(), before + 6, "{name}: one entry a detach");
         let mut deepest = 0;

@@ -94,7 +94,7 @@ async fn reconnects_after_a_walk(services: Services, driver: &str) {
     let first = shard.login(id, SessionStart::default()).await.unwrap();
     shard.walk(id, "east").unwrap();
     shard.update(id, |c| c.currency = 7).unwrap();
-    shard.detach(id, 0).unwrap();
+    shard.detach(id, &first.admitted.session_token, 0).unwrap();
     let again = shard
         .login(
             id,

@@ -375,7 +375,10 @@ impl<G: LiveGame> std::fmt::Debug for Runtime<G> {
 /// What a new login brings to the runtime.
 #[derive(Debug, Clone, Default)]
 pub struct SessionStart {
-    /// The session's token (1 to 256 bytes); `None`: the runtime makes one.
+    /// The session's token (1 to 256 bytes); `None`: the runtime makes one. A token names one
+    /// connection: a login under the token that already plays the character is refused
+    /// ([`LiveError::InvalidSession`]), and [`Runtime::detach`] takes it to tell a closed
+    /// connection from the one that replaced it.
     pub token: Option<String>,
 }
 

@@ -650,6 +650,11 @@ impl<G: LiveGame> Runtime<G> {
             return Err(LiveError::Stopped);
         }
         let token = start.token()?;
+        if self.attached_under(character_id, &token) {
+            return Err(LiveError::InvalidSession(
+                "this session token already plays the character: a new connection needs a token of its own".into(),
+            ));
+        }
         self.schema_current().await?;
         if !self.held_copy_superseded(character_id).await
             && let Some(resumed) = self.resume(character_id, &token).await
@@ -672,6 +677,17 @@ impl<G: LiveGame> Runtime<G> {
             origin: Some(loaded.origin.clone()),
             session_order: order,
         })
+    }
+
+    /// True when the copy of `character_id` held here plays under session `token` now.
+    fn attached_under(&self, character_id: Uuid, token: &str) -> bool {
+        let copies = &self.inner.copies;
+        copies
+            .current(character_id)
+            .and_then(|held| {
+                copies.with(held, |c| matches!(&c.link, Link::Attached(t) if t == token))
+            })
+            .unwrap_or(false)
     }
 
     /// True when a copy of `character_id` is held here and its row names a newer owner: a
@@ -795,11 +811,14 @@ impl<G: LiveGame> Runtime<G> {
                     SessionLifecycleEffectPlan::Reconnectable,
                     last_applied_seq,
                 );
-                let flush = inner
-                    .game
-                    .dump(&c.character)
-                    .ok()
-                    .map(|state| c.dump(copy.character_id, state));
+                let flush = match inner.game.dump(&c.character) {
+                    Ok(state) => Some(c.dump(copy.character_id, state)),
+                    Err(error) => {
+                        tracing::warn!(event = "dump_refused", character = %copy.character_id,
+                            error, "a detached copy is not flushed now");
+                        None
+                    }
+                };
                 (true, flush)
             })
             .ok_or(LiveError::Gone(copy))?;

@@ -457,6 +457,23 @@ async fn a_session_token_no_job_could_carry_is_refused_before_anything_is_taken(
             .await
             .unwrap()
             .copy;
+        // A second login under the token that already plays the copy is refused (its old
+        // stream's close would clear the new session's records), and the copy plays on.
+        let again = a
+            .runtime
+            .login(
+                id,
+                SessionStart {
+                    token: Some("t".repeat(256)),
+                },
+            )
+            .await;
+        assert!(
+            matches!(again, Err(LiveError::InvalidSession(_))),
+            "{}: {again:?}",
+            d.name()
+        );
+        assert_eq!(a.runtime.copy_of(id), Some(copy), "{}", d.name());
         // A live grant's job carries the session: it is stored with it.
         a.runtime.grant_now(copy, coins(5)).unwrap();
         a.row_reaches(id, "currency", 5).await;
