@@ -98,23 +98,25 @@ impl LandedWrites {
         }
     }
 
-    /// The checkpoints among `requests` raised to the row version of a landed row write of the
-    /// same copy dumped before them, when that is newer than the version each was dumped at,
-    /// by their index in `requests` (the rest stand as dumped), all under one hold of the map's
-    /// lock. A copy learns a version only once it hears its write landed; a checkpoint it dumped
+    /// The saves among `requests` raised to the row version of a landed row write of the same
+    /// copy dumped before them, when that is newer than the version each was dumped at, by
+    /// their index in `requests` (the rest stand as dumped), all under one hold of the map's
+    /// lock. A copy learns a version only once it hears its write landed; a save it dumped
     /// after a flush's dump but before that carries newer content than the row at an older
-    /// version, and would rank below the row at the next login (freshness compares versions
-    /// within an owner): a crash would then lose what it held beyond the flush. It holds
-    /// everything that write put in the row, so it goes at the write's version.
-    pub(crate) fn raised_many(
+    /// version. A checkpoint at that version would rank below the row at the next login
+    /// (freshness compares versions within an owner), and a crash would lose what it held
+    /// beyond the flush; a row write at it would lose its compare-and-swap to the copy's own
+    /// flush and be merged and written again. It holds everything that write put in the row,
+    /// so it goes at the write's version (a write by anyone else since still beats it).
+    pub(crate) fn raised_many<'a>(
         &self,
-        requests: &[super::SaveRequest],
+        requests: impl IntoIterator<Item = &'a super::SaveRequest>,
     ) -> Vec<(usize, crate::character::CharacterSnapshot)> {
         let Ok(map) = self.by_character.lock() else {
             return Vec::new();
         };
         requests
-            .iter()
+            .into_iter()
             .enumerate()
             .filter_map(|(i, request)| Some((i, Self::raised_in(&map, request)?)))
             .collect()
@@ -258,9 +260,7 @@ mod tests {
             &self,
             request: &crate::saver::SaveRequest,
         ) -> Option<crate::character::CharacterSnapshot> {
-            self.raised_many(std::slice::from_ref(request))
-                .pop()
-                .map(|(_, raised)| raised)
+            self.raised_many([request]).pop().map(|(_, raised)| raised)
         }
     }
 
