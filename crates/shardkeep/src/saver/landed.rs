@@ -20,13 +20,12 @@ pub enum Tier {
 }
 
 /// When a character's snapshots last landed, by the time each was dumped, and the row version
-/// the latest landed row write made (latest in its copy's issue sequence), with the epoch of
-/// the copy that made it and the write's issue mark.
+/// the last landed row write made, with the epoch of the copy that made it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Landed {
     checkpoint: Instant,
     row: Instant,
-    row_version: Option<(i64, i64, u64)>,
+    row_version: Option<(i64, i64)>,
 }
 
 /// The worst and p99 age over the residents, per tier.
@@ -93,39 +92,29 @@ impl LandedWrites {
             row: at,
             row_version: None,
         });
-        entry.row = entry.row.max(at);
-        // Ordered by the copy's issue sequence, not by when each was queued: a pulse's dump is
-        // queued at the pulse's end, after a final or a merge the copy dumped later.
-        let latest = entry.row_version.is_none_or(|(epoch, _, mark)| {
-            epoch != snapshot.owner_epoch || snapshot.issue_mark >= mark
-        });
-        if latest {
-            entry.row_version = Some((snapshot.owner_epoch, version, snapshot.issue_mark));
+        if at >= entry.row || entry.row_version.is_none() {
+            entry.row = entry.row.max(at);
+            entry.row_version = Some((snapshot.owner_epoch, version));
         }
     }
 
-    /// The saves among `requests` raised to the row version of a landed row write of the same
-    /// copy dumped before them (a lower issue mark of the same epoch: a dump takes the next
-    /// number of its copy's sequence, so it holds everything a dump with a lower one held; the
-    /// time a save was queued does not tell, since a pulse queues its dumps at its end), when
-    /// that is newer than the version each was dumped at, by their index in `requests` (the
-    /// rest stand as dumped), all under one hold of the map's lock. Saves without marks are
-    /// never raised. A copy learns a version only once it hears its write landed; a save it dumped
+    /// The checkpoints among `requests` raised to the row version of a landed row write of the
+    /// same copy dumped before them, when that is newer than the version each was dumped at,
+    /// by their index in `requests` (the rest stand as dumped), all under one hold of the map's
+    /// lock. A copy learns a version only once it hears its write landed; a checkpoint it dumped
     /// after a flush's dump but before that carries newer content than the row at an older
-    /// version. A checkpoint at that version would rank below the row at the next login
-    /// (freshness compares versions within an owner), and a crash would lose what it held
-    /// beyond the flush; a row write at it would lose its compare-and-swap to the copy's own
-    /// flush and be merged and written again. It holds everything that write put in the row,
-    /// so it goes at the write's version (a write by anyone else since still beats it).
-    pub(crate) fn raised_many<'a>(
+    /// version, and would rank below the row at the next login (freshness compares versions
+    /// within an owner): a crash would then lose what it held beyond the flush. It holds
+    /// everything that write put in the row, so it goes at the write's version.
+    pub(crate) fn raised_many(
         &self,
-        requests: impl IntoIterator<Item = &'a super::SaveRequest>,
+        requests: &[super::SaveRequest],
     ) -> Vec<(usize, crate::character::CharacterSnapshot)> {
         let Ok(map) = self.by_character.lock() else {
             return Vec::new();
         };
         requests
-            .into_iter()
+            .iter()
             .enumerate()
             .filter_map(|(i, request)| Some((i, Self::raised_in(&map, request)?)))
             .collect()
@@ -138,9 +127,9 @@ impl LandedWrites {
     ) -> Option<crate::character::CharacterSnapshot> {
         let snapshot = &request.snapshot;
         let landed = map.get(&snapshot.character_id)?;
-        let (epoch, version, mark) = landed.row_version?;
+        let (epoch, version) = landed.row_version?;
         (epoch == snapshot.owner_epoch
-            && snapshot.issue_mark > mark
+            && landed.row <= request.dumped_at
             && version > snapshot.state_version)
             .then(|| crate::character::CharacterSnapshot {
                 state_version: version,
@@ -245,10 +234,6 @@ mod tests {
     }
 
     fn request(epoch: i64, version: i64, at: Instant) -> crate::saver::SaveRequest {
-        marked(epoch, version, at, 0)
-    }
-
-    fn marked(epoch: i64, version: i64, at: Instant, mark: u64) -> crate::saver::SaveRequest {
         crate::saver::SaveRequest {
             reason: crate::saver::SaveReason::Checkpoint,
             snapshot: crate::character::CharacterSnapshot {
@@ -261,7 +246,7 @@ mod tests {
                 chargen: None,
                 state_version: version,
                 owner_epoch: epoch,
-                issue_mark: mark,
+                issue_mark: 0,
                 schema_version: 1,
             },
             dumped_at: at,
@@ -273,7 +258,9 @@ mod tests {
             &self,
             request: &crate::saver::SaveRequest,
         ) -> Option<crate::character::CharacterSnapshot> {
-            self.raised_many([request]).pop().map(|(_, raised)| raised)
+            self.raised_many(std::slice::from_ref(request))
+                .pop()
+                .map(|(_, raised)| raised)
         }
     }
 
@@ -282,31 +269,19 @@ mod tests {
         let landed = LandedWrites::default();
         let t0 = Instant::now();
         let t1 = t0 + Duration::from_millis(5);
-        // The flush dumped at t0 (version 4, mark 7) landed as version 5.
-        landed.row_landed(&marked(3, 4, t0, 7), 5);
-        // A checkpoint dumped after it (mark 8), before the copy heard of it, still says 4.
-        let raised = landed.raised(&marked(3, 4, t1, 8));
+        // The flush dumped at t0 (version 4) landed as version 5.
+        landed.row_landed(&request(3, 4, t0), 5);
+        // A checkpoint dumped at t1, before the copy heard of it, still says 4.
+        let raised = landed.raised(&request(3, 4, t1));
         assert_eq!(raised.map(|s| s.state_version), Some(5));
-        // One dumped before the flush stands, however late it was queued; another copy's
-        // stands; one at 5 already stands; one without a mark stands.
-        assert!(landed.raised(&marked(3, 4, t1, 6)).is_none());
-        assert!(landed.raised(&marked(4, 4, t1, 8)).is_none());
-        assert!(landed.raised(&marked(3, 5, t1, 8)).is_none());
-        assert!(landed.raised(&request(3, 4, t1)).is_none());
-    }
-
-    #[test]
-    fn a_dump_queued_after_a_later_dump_landed_is_never_raised_over_it() {
-        let landed = LandedWrites::default();
-        let t0 = Instant::now();
-        let t1 = t0 + Duration::from_millis(5);
-        // A logout's final (mark 5) queued at t0 landed as version 2; the pulse's dump of the
-        // copy (mark 4, taken before the final) was queued after it, at t1.
-        landed.row_landed(&marked(3, 1, t0, 5), 2);
-        assert!(landed.raised(&marked(3, 1, t1, 4)).is_none());
-        // Its landing, answered after the final's, does not make it the latest.
-        landed.row_landed(&marked(3, 1, t1, 4), 9);
-        assert!(landed.raised(&marked(3, 1, t1, 6)).map(|s| s.state_version) == Some(2));
+        // One dumped before the flush stands; another copy's stands; one at 5 already stands.
+        assert!(
+            landed
+                .raised(&request(3, 3, t0 - Duration::from_millis(1)))
+                .is_none()
+        );
+        assert!(landed.raised(&request(4, 4, t1)).is_none());
+        assert!(landed.raised(&request(3, 5, t1)).is_none());
     }
 
     #[test]

@@ -328,22 +328,6 @@ impl SaverWorker {
         let Some(store) = &self.store else {
             return Vec::new();
         };
-        // A row write dumped after a landed row write of its copy, before the copy heard of it,
-        // goes at that write's version, as a checkpoint does (`LandedWrites::raised_many`).
-        let mut raised: Vec<Option<SaveRequest>> = vec![None; rows.len()];
-        for (index, snapshot) in self.landed.raised_many(rows.iter().copied()) {
-            if let (Some(slot), Some(request)) = (raised.get_mut(index), rows.get(index)) {
-                *slot = Some(SaveRequest {
-                    snapshot,
-                    ..(*request).clone()
-                });
-            }
-        }
-        let rows: Vec<&SaveRequest> = rows
-            .iter()
-            .zip(&raised)
-            .map(|(row, up)| up.as_ref().unwrap_or(row))
-            .collect();
         let snapshots: Vec<&CharacterSnapshot> = rows.iter().map(|r| &r.snapshot).collect();
         self.stats.row_attempted(snapshots.len() as u64);
         let started = Instant::now();
@@ -353,8 +337,8 @@ impl SaverWorker {
         self.stats.record_write_latency(started.elapsed());
         let outcomes = match result {
             Ok(Ok(outcomes)) => outcomes,
-            Ok(Err(err)) => return self.rows_failed(&rows, &err.to_string()),
-            Err(_) => return self.rows_failed(&rows, "timed out"),
+            Ok(Err(err)) => return self.rows_failed(rows, &err.to_string()),
+            Err(_) => return self.rows_failed(rows, "timed out"),
         };
         let mut unlanded = Vec::new();
         for (request, (_, outcome)) in rows.iter().zip(outcomes) {
@@ -415,9 +399,6 @@ impl SaverWorker {
             }
             SaveOutcome::VersionConflict(current_version) => {
                 self.stats.row_conflicts(1);
-                tracing::debug!(event = "save_conflict", character = %character_id,
-                    reason = request.reason.as_str(), dumped_version = snapshot.state_version,
-                    current_version, issue_mark = snapshot.issue_mark, "another write landed first");
                 metrics::counter!(telemetry::SAVER_CONFLICTS_TOTAL, "reason" => request.reason.as_str())
                     .increment(1);
                 if request.reason == SaveReason::Final && !self.feedback.is_present(character_id) {

@@ -983,62 +983,6 @@ async fn a_departed_players_logout_save_keeps_the_grant_that_moved_its_row(pool:
     });
 }
 
-/// A flush dumped after its copy's last flush landed, before the copy heard of it, goes at that
-/// flush's version: it lands, where it lost its compare-and-swap to the copy's own write (and
-/// was counted a conflict, merged and written again by the runtime).
-#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
-async fn a_flush_dumped_before_its_copy_heard_of_its_last_flush_lands_at_that_version(
-    pool: PgPool,
-) {
-    on_each_driver!(pool, |d| {
-        let clock = system_clock();
-        let (queue, _signals) = d.queue(16, Arc::clone(&clock));
-        let mut live = copy_at_ten(&d, "Dell").await;
-        let saver = saver_over(d.characters(), &queue);
-        live.state = json!({ "experience": 20, "currency": 0 }).into();
-        live.issue_mark = 3;
-        saver.enqueue(shardkeep::saver::SaveReason::Flush, live.clone());
-        let _ = saver.barrier(Duration::from_secs(10)).await;
-        assert_eq!(d.experience(live.character_id).await, 20, "{}", d.name());
-        // The copy has not heard its flush landed: its next one is dumped at the version before.
-        live.state = json!({ "experience": 30, "currency": 0 }).into();
-        live.issue_mark = 4;
-        saver.enqueue(shardkeep::saver::SaveReason::Flush, live.clone());
-        let _ = saver.barrier(Duration::from_secs(10)).await;
-        assert_eq!(saver.stats().row_conflicts, 0, "{}", d.name());
-        assert_eq!(d.experience(live.character_id).await, 30, "{}", d.name());
-    });
-}
-
-/// A dump taken before its copy's logout save but queued after that save landed (a pulse
-/// queues its dumps at its end) is never raised over it: the row keeps the logout's content.
-#[sqlx::test(migrator = "shardkeep::backend::postgres::MIGRATOR")]
-async fn a_dump_queued_after_its_copys_later_save_landed_never_replaces_it(pool: PgPool) {
-    on_each_driver!(pool, |d| {
-        let clock = system_clock();
-        let (queue, _signals) = d.queue(16, Arc::clone(&clock));
-        let live = copy_at_ten(&d, "Erin").await;
-        let saver = saver_over(d.characters(), &queue);
-        let mut pulse_dump = live.clone();
-        pulse_dump.state = json!({ "experience": 20, "currency": 0 }).into();
-        pulse_dump.issue_mark = 3;
-        let mut logout = live.clone();
-        logout.state = json!({ "experience": 30, "currency": 0 }).into();
-        logout.issue_mark = 4;
-        saver.enqueue(shardkeep::saver::SaveReason::Final, logout);
-        let _ = saver.barrier(Duration::from_secs(10)).await;
-        assert_eq!(d.experience(live.character_id).await, 30, "{}", d.name());
-        saver.enqueue(shardkeep::saver::SaveReason::Flush, pulse_dump);
-        let _ = saver.barrier(Duration::from_secs(10)).await;
-        assert_eq!(
-            d.experience(live.character_id).await,
-            30,
-            "{}: the older dump went over the logout",
-            d.name()
-        );
-    });
-}
-
 /// A logout save retried through a Postgres outage finds the row moved when Postgres is back
 /// (a gift landed meanwhile through another connection): it goes down as a state job that keeps
 /// the gift, not as a rebase over it.
