@@ -122,8 +122,12 @@ impl Host {
             end => {
                 // The runtime journals the closed stream with its resume ledger and keeps the
                 // copy, link-dead, for its grace.
-                let session = self.sessions.get(&id).cloned().unwrap_or_default();
-                if self.shard.detach(id, &session, 0).is_err() {
+                // A player with no session known here has no connection to close.
+                let detached = self
+                    .sessions
+                    .get(&id)
+                    .is_some_and(|session| self.shard.detach(id, session, 0).is_ok());
+                if !detached {
                     body.agent = Some(agent);
                     return true;
                 }
